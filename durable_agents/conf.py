@@ -1,0 +1,152 @@
+"""One typed settings object, read from the ``DURABLE_AGENTS`` dict in Django settings.
+
+Defaults live here and nowhere else. Settings are read when asked for (never at import
+time), and ``durable_agents.checks`` validates them at startup with a fix-it hint.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from .engine.errors import ConfigError
+
+DISPATCH_MODES = ("celery", "inline")
+DRIFT_POLICIES = ("warn", "error", "ignore")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a driver retries a retryable failure (provider 5xx, rate limit, DB blip)."""
+
+    max_attempts: int = 5
+    base_delay: float = 1.0
+    max_delay: float = 60.0
+
+    def delay(self, attempt: int) -> float:
+        """Exponential backoff for the ``attempt``-th failure in a row (1-based)."""
+        return float(min(self.max_delay, self.base_delay * (2 ** max(0, attempt - 1))))
+
+
+@dataclass(frozen=True)
+class Settings:
+    agents: tuple[str, ...] = ()
+    dispatch: str = "celery"
+    lease_ttl: float = 30.0
+    recovery_interval: float = 15.0
+    on_drift: str = "warn"
+    celery_queue: str = "durable_agents"
+    database: str = "default"
+    prepared_statements: bool = True
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+_KEYS = {
+    "AGENTS": "agents",
+    "DISPATCH": "dispatch",
+    "LEASE_TTL": "lease_ttl",
+    "RECOVERY_INTERVAL": "recovery_interval",
+    "ON_DRIFT": "on_drift",
+    "CELERY_QUEUE": "celery_queue",
+    "DATABASE": "database",
+    "PREPARED_STATEMENTS": "prepared_statements",
+    "RETRY": "retry",
+}
+_RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
+
+
+def _suggest(key: str, known: Any) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _positive(name: str, value: Any, problems: list[str]) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        problems.append(f"DURABLE_AGENTS[{name!r}] must be a positive number, not {value!r}")
+        return 1.0
+    return float(value)
+
+
+def parse(raw: Any) -> tuple[Settings, list[str]]:
+    """Build ``Settings`` from the raw dict; return it with the list of problems found."""
+    problems: list[str] = []
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        return Settings(), [f"DURABLE_AGENTS must be a dict, not {type(raw).__name__}"]
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in _KEYS:
+            problems.append(f"unknown key DURABLE_AGENTS[{key!r}]{_suggest(str(key), _KEYS)}")
+            continue
+        values[_KEYS[key]] = value
+
+    agents = values.get("agents", ())
+    if isinstance(agents, str):
+        agents = (agents,)
+    if not isinstance(agents, list | tuple) or not all(isinstance(a, str) for a in agents):
+        problems.append("DURABLE_AGENTS['AGENTS'] must be a list of dotted paths")
+        agents = ()
+    values["agents"] = tuple(agents)
+
+    if values.get("dispatch", "celery") not in DISPATCH_MODES:
+        problems.append(
+            f"DURABLE_AGENTS['DISPATCH'] must be one of {DISPATCH_MODES}, "
+            f"not {values['dispatch']!r}"
+        )
+        values.pop("dispatch")
+    if values.get("on_drift", "warn") not in DRIFT_POLICIES:
+        problems.append(
+            f"DURABLE_AGENTS['ON_DRIFT'] must be one of {DRIFT_POLICIES}, "
+            f"not {values['on_drift']!r}"
+        )
+        values.pop("on_drift")
+    for key in ("lease_ttl", "recovery_interval"):
+        if key in values:
+            values[key] = _positive(key.upper(), values[key], problems)
+    for key in ("celery_queue", "database"):
+        if key in values and (not isinstance(values[key], str) or not values[key]):
+            problems.append(f"DURABLE_AGENTS[{key.upper()!r}] must be a non-empty string")
+            values.pop(key)
+
+    if not isinstance(values.get("prepared_statements", True), bool):
+        problems.append("DURABLE_AGENTS['PREPARED_STATEMENTS'] must be True or False")
+        values.pop("prepared_statements")
+
+    retry_raw = values.pop("retry", None) or {}
+    retry_values: dict[str, Any] = {}
+    if not isinstance(retry_raw, dict):
+        problems.append("DURABLE_AGENTS['RETRY'] must be a dict")
+        retry_raw = {}
+    for key, value in retry_raw.items():
+        if key not in _RETRY_KEYS:
+            problems.append(
+                f"unknown key DURABLE_AGENTS['RETRY'][{key!r}]{_suggest(str(key), _RETRY_KEYS)}"
+            )
+            continue
+        if key == "MAX_ATTEMPTS":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                problems.append("DURABLE_AGENTS['RETRY']['MAX_ATTEMPTS'] must be an int >= 1")
+                continue
+            retry_values["max_attempts"] = value
+        else:
+            retry_values[_RETRY_KEYS[key]] = _positive(f"RETRY.{key}", value, problems)
+    values["retry"] = RetryPolicy(**retry_values)
+
+    settings = Settings(**values)
+    if settings.lease_ttl < 1:
+        problems.append("DURABLE_AGENTS['LEASE_TTL'] must be at least 1 second")
+    return settings, problems
+
+
+def get_settings() -> Settings:
+    """The current settings; ``ConfigError`` naming every problem if they are invalid."""
+    from django.conf import settings as django_settings
+
+    settings, problems = parse(getattr(django_settings, "DURABLE_AGENTS", None))
+    if problems:
+        raise ConfigError(
+            "invalid DURABLE_AGENTS setting: " + "; ".join(problems), code="config.settings"
+        )
+    return settings

@@ -1,0 +1,1 @@
+"""The durable engine: plain Python, no Django, Celery or ninja (a test enforces it)."""

@@ -1,0 +1,323 @@
+"""The journal: named steps recorded at most once, over any ``Store``.
+
+``Journal.do(run, name, fn)`` is the whole idea: if ``name`` is recorded, its record comes
+back and ``fn`` is not called; otherwise ``fn`` runs once and its record is inserted, and
+the record the journal holds afterwards is returned — another driver's, if it won the race.
+A step whose ``fn`` raises records nothing.
+
+Before its first write to a run the journal writes the ``@journal`` header naming the
+format; every read checks it, so a run written in another format is refused before
+anything is read from or written to it.
+
+Scope: a step is recorded around a call, not inside it. If the process dies while ``fn``
+runs, nothing is recorded and the next driver runs ``fn`` again; side effects that must not
+repeat are guarded by ``claim_attempt`` (see ``engine.loop``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .errors import ConfigError, JournalVersionError, ProtocolError
+from .ports import Entry, RunInfo, Store
+from .records import (
+    HEADER_NAME,
+    JOURNAL_FORMAT,
+    SUPPORTED_FORMATS,
+    Record,
+    decode,
+    encode,
+    is_reserved_name,
+    validate_run_id,
+    validate_step_name,
+)
+
+_CHECKED_RUNS_LIMIT = 65536
+
+
+def to_record(entry: Entry) -> Record:
+    body = decode(entry.data)
+    if not isinstance(body, dict):
+        raise ProtocolError(
+            f"journal entry {entry.name!r} of run {entry.run_id!r} is not a JSON object",
+            code="protocol.decode",
+        )
+    return Record(
+        run_id=entry.run_id, name=entry.name, seq=entry.seq, body=body, created_at=entry.created_at
+    )
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Journal:
+    """Records and reads a run's steps. Safe to share between threads."""
+
+    def __init__(self, store: Store) -> None:
+        if store is None:
+            raise ConfigError("Journal needs a store", code="config.store")
+        self.store = store
+        self._checked: OrderedDict[str, None] = OrderedDict()
+        self._checked_lock = threading.Lock()
+
+    # -- the header -------------------------------------------------------------------
+
+    def _remember(self, run_id: str) -> None:
+        with self._checked_lock:
+            self._checked[run_id] = None
+            self._checked.move_to_end(run_id)
+            while len(self._checked) > _CHECKED_RUNS_LIMIT:
+                self._checked.popitem(last=False)
+
+    def _is_checked(self, run_id: str) -> bool:
+        with self._checked_lock:
+            return run_id in self._checked
+
+    def forget(self, run_id: str) -> None:
+        """Drop what this journal remembers of a run (after the run was deleted)."""
+        with self._checked_lock:
+            self._checked.pop(run_id, None)
+
+    @staticmethod
+    def _check_header(run_id: str, first: Entry | None) -> None:
+        if first is None:
+            return
+        if first.name != HEADER_NAME:
+            raise JournalVersionError(
+                f"run {run_id!r} has no journal header first (found {first.name!r}); it was "
+                "not written by durable_agents and cannot be resumed",
+                found="",
+                supported=list(SUPPORTED_FORMATS),
+            )
+        fmt = to_record(first).get("format")
+        if fmt not in SUPPORTED_FORMATS:
+            raise JournalVersionError(
+                f"run {run_id!r} is in journal format {fmt!r}; this version reads "
+                f"{', '.join(SUPPORTED_FORMATS)}. Resume it with the version that wrote it",
+                found=fmt,
+                supported=list(SUPPORTED_FORMATS),
+            )
+
+    def check(self, run_id: str) -> None:
+        """Refuse a run whose journal this version cannot read (once per process per run)."""
+        if self._is_checked(run_id):
+            return
+        header = self.store.get(run_id, HEADER_NAME)
+        if header is None:
+            entries = self.store.load(run_id)
+            if entries:
+                self._check_header(run_id, entries[0])
+            return  # an empty run: the first write adds the header
+        self._check_header(run_id, header)
+        self._remember(run_id)
+
+    def _ensure_header(self, run_id: str, fence: str | None) -> None:
+        if self._is_checked(run_id):
+            return
+        self.check(run_id)
+        if self._is_checked(run_id):
+            return
+        if self.store.get_run(run_id) is None:
+            self.store.create_run(RunInfo(run_id=run_id))
+        body = {"kind": "header", "format": JOURNAL_FORMAT}
+        entry, _ = self.store.insert(run_id, HEADER_NAME, encode(body), fence=fence)
+        self._check_header(run_id, entry)
+        self._remember(run_id)
+
+    # -- writes -----------------------------------------------------------------------
+
+    def write(
+        self, run_id: str, name: str, body: dict[str, Any], *, fence: str | None = None
+    ) -> tuple[Record, bool]:
+        """Insert ``body`` as step ``name`` if absent; the engine's own write path.
+
+        Returns the record the journal holds and whether this call stored it.
+        """
+        validate_run_id(run_id, derived=True)
+        validate_step_name(name)
+        if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
+            raise ProtocolError(
+                f"record for step {name!r} must be a dict with a string 'kind'",
+                code="protocol.record",
+            )
+        data = encode(body)  # before the header: bad input writes nothing at all
+        self._ensure_header(run_id, fence)
+        entry, inserted = self.store.insert(run_id, name, data, fence=fence)
+        return to_record(entry), inserted
+
+    def do(
+        self,
+        run_id: str,
+        name: str,
+        fn: Callable[[], dict[str, Any]],
+        *,
+        fence: str | None = None,
+    ) -> Record:
+        """Run ``fn`` as step ``name`` at most once and return the recorded record."""
+        validate_run_id(run_id, derived=True)
+        validate_step_name(name)
+        if is_reserved_name(name):
+            raise ConfigError(
+                f"step name {name!r} is reserved for the engine (names starting with '@'); "
+                "choose another name",
+                code="config.step_name",
+            )
+        existing = self.get(run_id, name)
+        if existing is not None:
+            return existing
+        body = fn()
+        record, _ = self.write(run_id, name, body, fence=fence)
+        return record
+
+    def step(
+        self,
+        run_id: str,
+        name: str,
+        fn: Callable[[], Any],
+        *,
+        fence: str | None = None,
+    ) -> Any:
+        """A user durable step: ``fn()``'s JSON value, recorded once as ``step:<name>``."""
+        record = self.do(
+            run_id,
+            f"step:{validate_step_name(name)}",
+            lambda: {"kind": "step", "value": fn()},
+            fence=fence,
+        )
+        return record.get("value")
+
+    def claim_attempt(
+        self,
+        run_id: str,
+        name: str,
+        *,
+        fence: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> tuple[bool, Record]:
+        """Write the attempt marker ``name`` as an exclusive claim with a fresh claim id.
+
+        Won only if the stored marker carries this call's claim id: exactly one of any
+        number of racing drivers wins, whatever their leases say.
+        """
+        claim = uuid.uuid4().hex
+        body: dict[str, Any] = {"kind": "attempt", "claim": claim, "attempted_at": now_ms()}
+        if extra:
+            body.update(extra)
+        record, _ = self.write(run_id, name, body, fence=fence)
+        return record.get("claim") == claim, record
+
+    def mark_not_started(
+        self, run_id: str, name: str, claim: str, *, fence: str | None = None
+    ) -> Record:
+        """Record that the claimed attempt ``claim`` provably never called its effect."""
+        record, _ = self.write(run_id, name, {"kind": "not-started", "claim": claim}, fence=fence)
+        return record
+
+    # -- reads ------------------------------------------------------------------------
+
+    def get(self, run_id: str, name: str) -> Record | None:
+        entry = self.store.get(run_id, name)
+        if entry is None:
+            return None
+        self.check(run_id)
+        return to_record(entry)
+
+    def history(self, run_id: str) -> list[Record]:
+        """Every record of the run in commit order, the header first, in one read."""
+        entries = self.store.load(run_id)
+        if entries:
+            self._check_header(run_id, entries[0])
+            self._remember(run_id)
+        return [to_record(e) for e in entries]
+
+    def open(self, run_id: str, *, fence: str | None = None) -> RunLog:
+        """Load a run once and keep a view of it for a driver (see ``RunLog``)."""
+        return RunLog(self, run_id, fence=fence)
+
+
+class RunLog:
+    """A driver's view of one run: loaded in one read, then kept current by its own writes.
+
+    Writes go through the store's insert-if-absent, so a name another writer recorded
+    meanwhile comes back as theirs; ``refresh`` reads entries added by others.
+    """
+
+    def __init__(self, journal: Journal, run_id: str, *, fence: str | None = None) -> None:
+        self.journal = journal
+        self.run_id = run_id
+        self.fence = fence
+        self._records: dict[str, Record] = {}
+        self._order: list[Record] = []
+        self.refresh()
+
+    def refresh(self) -> None:
+        # A full read: an entry another writer committed late may carry a lower seq than
+        # one already seen (sequences are drawn at insert, not at commit).
+        entries = self.journal.store.load(self.run_id)
+        if entries and not self._order:
+            self.journal._check_header(self.run_id, entries[0])
+            self.journal._remember(self.run_id)
+        for entry in entries:
+            self._add(to_record(entry))
+
+    def _add(self, record: Record) -> None:
+        if record.name in self._records:
+            return
+        self._records[record.name] = record
+        self._order.append(record)
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(list(self._order))
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def get(self, name: str) -> Record | None:
+        return self._records.get(name)
+
+    def has(self, name: str) -> bool:
+        return name in self._records
+
+    def reread(self, name: str) -> Record | None:
+        """Read one name from the store (for entries other writers may have added)."""
+        record = self._records.get(name)
+        if record is not None:
+            return record
+        record = self.journal.get(self.run_id, name)
+        if record is not None:
+            self._add(record)
+        return record
+
+    def write(self, name: str, body: dict[str, Any]) -> tuple[Record, bool]:
+        existing = self._records.get(name)
+        if existing is not None:
+            return existing, False
+        record, inserted = self.journal.write(self.run_id, name, body, fence=self.fence)
+        self._add(record)
+        return record, inserted
+
+    def do(self, name: str, fn: Callable[[], dict[str, Any]]) -> Record:
+        existing = self._records.get(name)
+        if existing is not None:
+            return existing
+        record, _ = self.write(name, fn())
+        return record
+
+    def claim_attempt(self, name: str, extra: dict[str, Any] | None = None) -> tuple[bool, Record]:
+        existing = self._records.get(name)
+        if existing is not None:
+            return False, existing
+        won, record = self.journal.claim_attempt(self.run_id, name, fence=self.fence, extra=extra)
+        self._add(record)
+        return won, record
+
+    def mark_not_started(self, name: str, claim: str) -> Record:
+        record = self.journal.mark_not_started(self.run_id, name, claim, fence=self.fence)
+        self._add(record)
+        return record

@@ -1,0 +1,182 @@
+"""InMemoryStore: the Store port in one process, for tests and local experiments.
+
+It is a product, not a mock: it passes the same conformance suite as the database stores
+(first writer wins under threads, commit order, byte fidelity, leases, fencing). What it
+cannot do is coordinate processes: everything lives in this process's memory.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from .errors import ConfigError, LeaseLost
+from .ports import RUN_FIELDS, TERMINAL_STATUSES, Entry, LeaseInfo, RunInfo
+
+
+def _dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=UTC)
+
+
+class InMemoryStore:
+    """A thread-safe Store kept in memory. ``clock`` stands in for the database clock."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._runs: dict[str, RunInfo] = {}
+        self._entries: dict[str, dict[str, Entry]] = {}
+        self._ordered: dict[str, list[Entry]] = {}
+        self._leases: dict[str, tuple[str, str, float, float]] = {}  # holder, token, exp, renewed
+        self._seq = 0
+
+    # -- runs -------------------------------------------------------------------------
+
+    def create_run(self, run: RunInfo) -> bool:
+        with self._lock:
+            if run.run_id in self._runs:
+                return False
+            now = _dt(self._clock())
+            self._runs[run.run_id] = replace(run, created_at=now, updated_at=now)
+            return True
+
+    def get_run(self, run_id: str) -> RunInfo | None:
+        with self._lock:
+            return self._runs.get(run_id)
+
+    def update_run(
+        self, run_id: str, changes: Mapping[str, Any], *, fence: str | None = None
+    ) -> None:
+        unknown = set(changes) - RUN_FIELDS
+        if unknown:
+            raise ConfigError(f"unknown run fields {sorted(unknown)}", code="config.run_field")
+        with self._lock:
+            if fence is not None and not self._holds(run_id, fence):
+                raise LeaseLost(f"lease on run {run_id!r} is no longer held by this driver")
+            run = self._runs.get(run_id)
+            if run is None:
+                return
+            now = _dt(self._clock())
+            finished_at = run.finished_at
+            if "status" in changes:
+                finished_at = now if changes["status"] in TERMINAL_STATUSES else None
+            self._runs[run_id] = replace(run, **changes, updated_at=now, finished_at=finished_at)
+
+    def delete_run(self, run_id: str) -> None:
+        with self._lock:
+            self._runs.pop(run_id, None)
+            self._entries.pop(run_id, None)
+            self._ordered.pop(run_id, None)
+            self._leases.pop(run_id, None)
+
+    def _require_run(self, run_id: str, doing: str) -> None:
+        if run_id not in self._runs:
+            raise ConfigError(
+                f"run {run_id!r} does not exist; create it before {doing}",
+                code="config.run_missing",
+            )
+
+    # -- journal ----------------------------------------------------------------------
+
+    def insert(
+        self, run_id: str, name: str, data: str, *, fence: str | None = None
+    ) -> tuple[Entry, bool]:
+        with self._lock:
+            self._require_run(run_id, "writing to its journal")
+            entries = self._entries.setdefault(run_id, {})
+            existing = entries.get(name)
+            if fence is not None and not self._holds(run_id, fence):
+                if existing is not None:
+                    return existing, False
+                raise LeaseLost(
+                    f"lease on run {run_id!r} is no longer held by this driver; "
+                    f"step {name!r} was not recorded"
+                )
+            if existing is not None:
+                return existing, False
+            self._seq += 1
+            entry = Entry(run_id, name, self._seq, str(data), _dt(self._clock()))
+            entries[name] = entry
+            self._ordered.setdefault(run_id, []).append(entry)
+            return entry, True
+
+    def get(self, run_id: str, name: str) -> Entry | None:
+        with self._lock:
+            return self._entries.get(run_id, {}).get(name)
+
+    def load(self, run_id: str, after: int = 0) -> Sequence[Entry]:
+        with self._lock:
+            return [e for e in self._ordered.get(run_id, ()) if e.seq > after]
+
+    # -- leases -----------------------------------------------------------------------
+
+    def _holds(self, run_id: str, token: str) -> bool:
+        lease = self._leases.get(run_id)
+        return lease is not None and lease[1] == token and lease[2] > self._clock()
+
+    def acquire_lease(self, run_id: str, holder: str, token: str, ttl: float) -> bool:
+        with self._lock:
+            self._require_run(run_id, "leasing it")
+            now = self._clock()
+            lease = self._leases.get(run_id)
+            if lease is not None and lease[2] > now and lease[1] != token:
+                return False
+            self._leases[run_id] = (holder, token, now + ttl, now)
+            return True
+
+    def renew_lease(self, run_id: str, token: str, ttl: float) -> bool:
+        with self._lock:
+            if not self._holds(run_id, token):
+                return False
+            holder = self._leases[run_id][0]
+            now = self._clock()
+            self._leases[run_id] = (holder, token, now + ttl, now)
+            return True
+
+    def release_lease(self, run_id: str, token: str) -> None:
+        with self._lock:
+            lease = self._leases.get(run_id)
+            if lease is not None and lease[1] == token:
+                del self._leases[run_id]
+
+    def get_lease(self, run_id: str) -> LeaseInfo | None:
+        with self._lock:
+            lease = self._leases.get(run_id)
+            if lease is None:
+                return None
+            holder, token, expires, renewed = lease
+            return LeaseInfo(
+                run_id, holder, token, _dt(expires), _dt(renewed), expires > self._clock()
+            )
+
+    # -- listing ----------------------------------------------------------------------
+
+    def list_unfinished(
+        self,
+        *,
+        limit: int = 100,
+        after: str | None = None,
+        statuses: Sequence[str] | None = None,
+        lease_free: bool = False,
+    ) -> Sequence[RunInfo]:
+        with self._lock:
+            now = self._clock()
+            found: list[RunInfo] = []
+            for run_id in sorted(self._runs):
+                run = self._runs[run_id]
+                if run.status in TERMINAL_STATUSES or (after is not None and run_id <= after):
+                    continue
+                if statuses is not None and run.status not in statuses:
+                    continue
+                lease = self._leases.get(run_id)
+                free = lease is None or lease[2] <= now
+                if lease_free and not free:
+                    continue
+                found.append(replace(run, lease_expired=free))
+                if len(found) >= limit:
+                    break
+            return found

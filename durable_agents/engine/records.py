@@ -1,0 +1,147 @@
+"""Journal records: the canonical JSON encoding, and the rules for run ids and step names.
+
+The encoding is what every store persists, byte for byte: JSON with keys sorted, no
+insignificant whitespace, no HTML escaping, non-ASCII written as itself, and U+2028/U+2029
+written as escapes (so a record can be embedded in a page or a JS string unchanged).
+Encoding a decoded record again gives the same bytes, so a record read back from any store
+is exactly what was written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .errors import ConfigError, ProtocolError
+
+JOURNAL_FORMAT = "durable_agents.journal.v1"
+SUPPORTED_FORMATS = (JOURNAL_FORMAT,)
+HEADER_NAME = "@journal"
+
+# A caller-chosen run id; ids the engine derives (sessions, sub-runs) may also hold '>' and '/'.
+_CALLER_RUN_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
+_DERIVED_RUN_ID = re.compile(r"[A-Za-z0-9_.:\-/>%]{1,400}")
+MAX_NAME_LENGTH = 500
+
+_ENCODER = json.JSONEncoder(
+    ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
+)
+
+
+def validate_run_id(run_id: object, *, derived: bool = False) -> str:
+    """Return ``run_id`` if it is a valid run id, else raise ``ConfigError`` saying why."""
+    pattern = _DERIVED_RUN_ID if derived else _CALLER_RUN_ID
+    if not isinstance(run_id, str) or not pattern.fullmatch(run_id):
+        limit = (
+            "1-400 characters of A-Za-z0-9_.:-/>%"
+            if derived
+            else ("1-200 characters of A-Za-z0-9_.:-")
+        )
+        raise ConfigError(
+            f"invalid run id {run_id!r}: a run id is {limit}; "
+            "pick an id from your own data (an order number, a ticket id)",
+            code="config.run_id",
+        )
+    return run_id
+
+
+def validate_step_name(name: object) -> str:
+    """Return ``name`` if it can name a journal step, else raise ``ConfigError``."""
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME_LENGTH:
+        raise ConfigError(
+            f"invalid step name {name!r}: a step name is a non-empty string of at most "
+            f"{MAX_NAME_LENGTH} characters",
+            code="config.step_name",
+        )
+    if any(ord(ch) < 0x20 or 0xD800 <= ord(ch) <= 0xDFFF for ch in name):
+        raise ConfigError(
+            f"invalid step name {name!r}: control characters and lone surrogates are not allowed",
+            code="config.step_name",
+        )
+    return name
+
+
+def is_reserved_name(name: str) -> bool:
+    """Names starting with '@' belong to the engine (the header, internal bookkeeping)."""
+    return name.startswith("@")
+
+
+def _check(value: Any, path: str) -> None:
+    """Refuse values that would not round-trip exactly through JSON."""
+    if value is None or isinstance(value, bool | int):
+        return
+    if isinstance(value, str):
+        if any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+            raise ProtocolError(
+                f"record value at {path} holds a lone surrogate, which is not valid UTF-8; "
+                "clean the text before returning it",
+                code="protocol.encoding",
+            )
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ProtocolError(
+                f"record value at {path} is {value!r}, which JSON cannot hold; "
+                "return a finite number or null",
+                code="protocol.encoding",
+            )
+        return
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check(item, f"{path}[{i}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ProtocolError(
+                    f"record value at {path} has a non-string key {key!r}; JSON object keys "
+                    "are strings, so convert it yourself to keep its meaning",
+                    code="protocol.encoding",
+                )
+            _check(key, f"{path} key")
+            _check(item, f"{path}.{key}")
+        return
+    raise ProtocolError(
+        f"record value at {path} is a {type(value).__name__}, which JSON cannot hold; "
+        "convert it to str, int, float, bool, None, list or dict first",
+        code="protocol.encoding",
+    )
+
+
+def encode(value: Any) -> str:
+    """The canonical JSON text of ``value``; ``ProtocolError`` if it does not encode exactly."""
+    _check(value, "$")
+    text = _ENCODER.encode(value)
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def decode(text: str) -> Any:
+    """Decode journal text; ``ProtocolError`` on malformed data."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(
+            f"journal entry is not valid JSON: {exc}", code="protocol.decode"
+        ) from exc
+
+
+@dataclass(frozen=True)
+class Record:
+    """One journaled step, as read back: its name, commit position and decoded body."""
+
+    run_id: str
+    name: str
+    seq: int
+    body: dict[str, Any] = field(repr=False)
+    created_at: datetime | None = None
+
+    @property
+    def kind(self) -> str:
+        return str(self.body.get("kind", ""))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.body.get(key, default)

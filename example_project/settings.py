@@ -1,0 +1,196 @@
+"""Settings for the durable_agents example site.
+
+Every value a deployment changes is read from the environment (or from an optional ``.env``
+file next to ``manage.py``; see ``.env.example`` for the full list).
+
+Two ways to run it:
+
+* **Embedded demo** (no ``DATABASE_URL``): SQLite at ``<BASE_DIR>/.demo/db.sqlite3`` and runs
+  driven inline in the web process. Nothing else to start. The ``.demo`` folder is created by
+  the ``durable_agents demo`` command, not here.
+* **Real deployment** (``DATABASE_URL`` set, e.g. ``docker compose up``): PostgreSQL, runs
+  handed to Celery workers through Redis, Celery beat recovering runs a dead worker left
+  behind.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+# An optional .env next to manage.py; real environment variables win over it.
+_ENV_FILE = BASE_DIR / ".env"
+if _ENV_FILE.is_file():
+    env.read_env(_ENV_FILE)
+
+# --- Core ------------------------------------------------------------------------------------
+
+SECRET_KEY = env.str(
+    "DJANGO_SECRET_KEY",
+    default="django-insecure-durable-agents-example-dev-only-do-not-deploy",
+)
+DEBUG = env.bool("DJANGO_DEBUG", default=True)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "durable_agents",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "example_project.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "example_project.wsgi.application"
+ASGI_APPLICATION = "example_project.asgi.application"
+
+# --- Database --------------------------------------------------------------------------------
+
+# Without DATABASE_URL the site is the embedded demo: one SQLite file under .demo/.
+DEMO_DIR = BASE_DIR / ".demo"
+DEMO_DATABASE_PATH = DEMO_DIR / "db.sqlite3"
+
+HAS_DATABASE_URL = bool(env.str("DATABASE_URL", default=""))
+if not HAS_DATABASE_URL:
+    DEMO_DIR.mkdir(exist_ok=True)
+
+DATABASES = {
+    "default": env.db_url("DATABASE_URL", default=f"sqlite:///{DEMO_DATABASE_PATH}"),
+}
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # IMMEDIATE takes the write lock when a transaction starts, so two writers queue on the
+    # busy timeout instead of failing with "database is locked" halfway through; WAL lets
+    # readers (the admin) proceed while a run is being journaled.
+    DATABASES["default"]["OPTIONS"] = {
+        **DATABASES["default"].get("OPTIONS", {}),
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- durable_agents --------------------------------------------------------------------------
+
+DURABLE_AGENTS = {
+    # Dotted paths to Agent objects (or lists of them); imported when the app is ready and
+    # in every worker process, so a worker can find an agent by name.
+    "AGENTS": ["example_project.agents.support"],
+    # "inline" drives runs in the calling process (embedded demo); "celery" hands them to
+    # a worker after the transaction commits.
+    "DISPATCH": env.str(
+        "DURABLE_AGENTS_DISPATCH",
+        default="celery" if HAS_DATABASE_URL else "inline",
+    ),
+    "LEASE_TTL": 30,
+    "RECOVERY_INTERVAL": 15,
+    "ON_DRIFT": "warn",
+    "CELERY_QUEUE": "durable_agents",
+}
+
+# Shared secret the example webhook view checks on each inbound delivery.
+WEBHOOK_SECRET = env.str("WEBHOOK_SECRET", default="dev-webhook-secret-change-me")
+
+# --- Celery ----------------------------------------------------------------------------------
+# Read by example_project/celery.py through config_from_object(namespace="CELERY").
+
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="redis://127.0.0.1:6379/0")
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Run state lives in the journal, not in Celery results.
+CELERY_TASK_IGNORE_RESULT = True
+# A message is acknowledged only after its task returns, and put back if the worker process
+# dies mid-task; one message at a time per worker process so a slow run does not hold others.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    # How long Redis waits before redelivering an unacknowledged message. Beat recovery, not
+    # redelivery, bounds how long a run can be stranded (one RECOVERY_INTERVAL after its lease
+    # expires), so this stays long: a short value would redeliver runs that are still being
+    # driven (the lease makes that harmless, but it is wasted work).
+    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600),
+}
+
+# Celery beat re-enqueues unfinished runs whose lease is free or expired.
+#
+# To manage the schedule from the admin with django-celery-beat instead: install it, add
+# "django_celery_beat" to INSTALLED_APPS, migrate, start beat with
+# `celery -A example_project beat -S django`, and create a PeriodicTask with
+# task="durable_agents.tasks.recover_runs" on an IntervalSchedule of RECOVERY_INTERVAL
+# seconds (then remove the entry below so it is not scheduled twice).
+CELERY_BEAT_SCHEDULE = {
+    "durable-agents-recover": {
+        "task": "durable_agents.tasks.recover_runs",
+        "schedule": float(DURABLE_AGENTS["RECOVERY_INTERVAL"]),
+        "options": {
+            "queue": DURABLE_AGENTS["CELERY_QUEUE"],
+            # A pass that waited longer than the interval is superseded by the next one.
+            "expires": float(DURABLE_AGENTS["RECOVERY_INTERVAL"]),
+        },
+    },
+}
+
+# --- Internationalization, static files ------------------------------------------------------
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+# --- Logging ---------------------------------------------------------------------------------
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "console": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "console"},
+    },
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {
+        "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        "durable_agents": {
+            "handlers": ["console"],
+            "level": env.str("DURABLE_AGENTS_LOG_LEVEL", default="INFO"),
+            "propagate": False,
+        },
+    },
+}

@@ -1,0 +1,35 @@
+"""The store fixture: every conformance test runs on InMemoryStore, PostgreSQL and SQLite."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from durable_agents.engine.ports import RunInfo
+from durable_agents.storage import DjangoStore
+from durable_agents.testing import InMemoryStore
+
+STORES = ["memory", "postgres", "sqlite"]
+
+# Real commits: threads and child processes must see each other's writes.
+DB = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+
+
+@pytest.fixture(params=STORES)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store(store_kind: str, request: pytest.FixtureRequest):
+    if store_kind == "memory":
+        return InMemoryStore()
+    return DjangoStore(using="default" if store_kind == "postgres" else "sqlite")
+
+
+@pytest.fixture
+def run_id(store) -> str:
+    rid = f"run-{uuid.uuid4().hex[:12]}"
+    store.create_run(RunInfo(run_id=rid, agent="test"))
+    return rid

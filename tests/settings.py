@@ -1,0 +1,83 @@
+"""Settings for the test suite: PostgreSQL as `default`, SQLite as `sqlite`.
+
+Subprocesses started by tests (crash and race tests) point at the test databases through
+DA_PG_NAME / DA_SQLITE_NAME, which the parent sets to the names pytest-django created.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+_sqlite_dir = Path(os.environ.get("DA_SQLITE_DIR", tempfile.gettempdir()))
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("DA_PG_NAME", "durable_agents"),
+        "USER": os.environ.get("DA_PG_USER", "postgres"),
+        "HOST": os.environ.get("DA_PG_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("DA_PG_PORT", "5432"),
+        "TEST": {"NAME": os.environ.get("DA_PG_TEST_NAME") or None},
+    },
+    "sqlite": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("DA_SQLITE_NAME", str(_sqlite_dir / "durable_agents.sqlite3")),
+        "OPTIONS": {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+            "init_command": "PRAGMA journal_mode=WAL;",
+        },
+        "TEST": {
+            "NAME": os.environ.get("DA_SQLITE_TEST_NAME")
+            or str(_sqlite_dir / f"test_durable_agents_{os.getpid()}.sqlite3")
+        },
+    },
+}
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "durable_agents",
+]
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+
+DURABLE_AGENTS = {
+    "AGENTS": ["tests.support.agents"],
+    "DISPATCH": "inline",
+    "LEASE_TTL": 30,
+}

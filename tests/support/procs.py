@@ -1,0 +1,65 @@
+"""Starting test subprocesses that talk to the same test databases as the parent."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from django.db import connections
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for a child process: same settings, pointed at the test databases."""
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = env.get("DJANGO_SETTINGS_MODULE", "tests.settings")
+    env["DA_PG_NAME"] = connections["default"].settings_dict["NAME"]
+    env["DA_SQLITE_NAME"] = connections["sqlite"].settings_dict["NAME"]
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def start(args: Sequence[str], **extra_env: str) -> subprocess.Popen[str]:
+    """Start ``python -m <args>`` with pipes for stdin/stdout."""
+    return subprocess.Popen(
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        env=subprocess_env(**extra_env),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def in_threads(n: int, fn: Callable[[int], Any]) -> list[Any]:
+    """Run ``fn(i)`` in ``n`` threads released together; return results (or raise the first
+    error). Each thread closes its own database connections."""
+    barrier = threading.Barrier(n)
+    results: list[Any] = [None] * n
+    errors: list[BaseException] = []
+
+    def body(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[i] = fn(i)
+        except BaseException as exc:  # collected and re-raised in the caller
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    if errors:
+        raise errors[0]
+    return results
