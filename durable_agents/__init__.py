@@ -3,6 +3,8 @@
 The public API is what ``__all__`` lists; everything else may change.
 """
 
+from .engine.agent import Agent, ModelRetry, RunResult
+from .engine.commands import PendingRun, pending, resume
 from .engine.errors import (
     ApprovalPending,
     BudgetError,
@@ -23,8 +25,12 @@ from .engine.errors import (
     ToolOutcomeUnknown,
 )
 from .engine.journal import Journal
+from .engine.loop import AgentDrift, ResumeToolMissing
+from .engine.tools import Tool, ToolContext, tool
 
 __all__ = [
+    "Agent",
+    "AgentDrift",
     "ApprovalPending",
     "BudgetError",
     "ConfigError",
@@ -34,13 +40,22 @@ __all__ = [
     "JournalVersionError",
     "LeaseLost",
     "ModelError",
+    "ModelRetry",
     "OutcomeUnknown",
     "Pause",
+    "PendingRun",
     "ProtocolError",
+    "ResumeToolMissing",
     "RunBusy",
+    "RunResult",
     "SignalPending",
     "StorageError",
     "TimerPending",
+    "Tool",
+    "ToolContext",
     "ToolError",
     "ToolOutcomeUnknown",
+    "pending",
+    "resume",
+    "tool",
 ]

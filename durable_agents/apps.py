@@ -8,3 +8,14 @@ class DurableAgentsConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .conf import get_settings
+        from .engine import runtime
+        from .registry import load_agents
+        from .storage import DjangoStore
+
+        runtime.configure(
+            store_factory=DjangoStore,
+            agent_loader=load_agents,
+            lease_ttl=lambda: get_settings().lease_ttl,
+            on_drift=lambda: get_settings().on_drift,
+        )

@@ -120,3 +120,50 @@ class Lease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id} held by {self.holder}"
+
+
+class Halt(models.Model):
+    """A run stopped on an operation whose outcome is unknown (a crash mid-effect, or a
+    contended claim). Staff record what really happened; the run then continues."""
+
+    CAUSES = [("crashed", "crashed"), ("contended", "contended")]
+    STATUSES = [(ports.HALT_OPEN, "open"), (ports.HALT_RESOLVED, "resolved")]
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="halts")
+    op_id = models.CharField(max_length=500, help_text="tool call id or step name")
+    tool_name = models.CharField(max_length=200, blank=True, default="")
+    arguments = models.JSONField(null=True, blank=True)
+    attempt = models.CharField(max_length=600, blank=True, default="")
+    attempted_at = models.DateTimeField(null=True, blank=True)
+    cause = models.CharField(max_length=16, choices=CAUSES, default="crashed")
+    status = models.CharField(max_length=16, choices=STATUSES, default=ports.HALT_OPEN)
+    resolution = models.JSONField(null=True, blank=True)
+    resolved_by = models.CharField(max_length=200, null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "op_id"], name="da_halt_run_op"),
+        ]
+        indexes = [models.Index(fields=["status", "-created_at"], name="da_halt_status")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}: {self.tool_name or self.op_id} ({self.status})"
+
+    def to_domain(self) -> ports.HaltInfo:
+        return ports.HaltInfo(
+            run_id=self.run_id,
+            op_id=self.op_id,
+            tool_name=self.tool_name,
+            arguments=self.arguments,
+            attempt=self.attempt,
+            attempted_at=self.attempted_at,
+            cause=self.cause,
+            status=self.status,
+            resolution=self.resolution,
+            resolved_by=self.resolved_by,
+            created_at=self.created_at,
+            resolved_at=self.resolved_at,
+        )

@@ -29,8 +29,16 @@ from django.db.models.functions import Now
 from django.utils.dateparse import parse_datetime
 
 from .engine.errors import ConfigError, LeaseLost, StorageError
-from .engine.ports import RUN_FIELDS, TERMINAL_STATUSES, Entry, LeaseInfo, RunInfo
-from .models import JournalEntry, Lease, Run
+from .engine.ports import (
+    HALT_OPEN,
+    RUN_FIELDS,
+    TERMINAL_STATUSES,
+    Entry,
+    HaltInfo,
+    LeaseInfo,
+    RunInfo,
+)
+from .models import Halt, JournalEntry, Lease, Run
 
 _J = JournalEntry._meta.db_table
 _L = Lease._meta.db_table
@@ -291,6 +299,51 @@ class DjangoStore:
         if row is None:
             return None
         return LeaseInfo(run_id, row[0], row[1], _aware(row[2]), _aware(row[3]), bool(row[4]))
+
+    # -- halts ------------------------------------------------------------------------
+
+    def save_halt(self, halt: HaltInfo) -> bool:
+        rows = Halt.objects.using(self.using)
+        if rows.filter(run_id=halt.run_id, op_id=halt.op_id, status=HALT_OPEN).exists():
+            return False
+        values = {
+            "tool_name": halt.tool_name,
+            "arguments": halt.arguments,
+            "attempt": halt.attempt,
+            "attempted_at": halt.attempted_at,
+            "cause": halt.cause,
+            "status": HALT_OPEN,
+            "resolution": None,
+            "resolved_by": None,
+            "resolved_at": None,
+        }
+        try:
+            with transaction.atomic(using=self.using):
+                rows.update_or_create(run_id=halt.run_id, op_id=halt.op_id, defaults=values)
+        except IntegrityError:
+            return False
+        return True
+
+    def resolve_halt_row(
+        self, run_id: str, op_id: str, resolution: Mapping[str, Any], by: str | None
+    ) -> None:
+        Halt.objects.using(self.using).filter(run_id=run_id, op_id=op_id).update(
+            status="resolved", resolution=dict(resolution), resolved_by=by, resolved_at=Now()
+        )
+
+    def list_halts(
+        self, *, run_id: str | None = None, status: str | None = HALT_OPEN
+    ) -> Sequence[HaltInfo]:
+        rows = Halt.objects.using(self.using).order_by("run_id", "op_id")
+        if run_id is not None:
+            rows = rows.filter(run_id=run_id)
+        if status is not None:
+            rows = rows.filter(status=status)
+        return [row.to_domain() for row in rows]
+
+    def close_thread_resources(self) -> None:
+        """Close this thread's database connections (called by engine worker threads)."""
+        connections.close_all()
 
     # -- listing ----------------------------------------------------------------------
 

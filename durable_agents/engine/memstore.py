@@ -15,7 +15,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .errors import ConfigError, LeaseLost
-from .ports import RUN_FIELDS, TERMINAL_STATUSES, Entry, LeaseInfo, RunInfo
+from .ports import (
+    HALT_OPEN,
+    RUN_FIELDS,
+    TERMINAL_STATUSES,
+    Entry,
+    HaltInfo,
+    LeaseInfo,
+    RunInfo,
+)
 
 
 def _dt(ts: float) -> datetime:
@@ -33,6 +41,7 @@ class InMemoryStore:
         self._ordered: dict[str, list[Entry]] = {}
         self._leases: dict[str, tuple[str, str, float, float]] = {}  # holder, token, exp, renewed
         self._seq = 0
+        self._halts: dict[tuple[str, str], HaltInfo] = {}
 
     # -- runs -------------------------------------------------------------------------
 
@@ -152,6 +161,41 @@ class InMemoryStore:
             return LeaseInfo(
                 run_id, holder, token, _dt(expires), _dt(renewed), expires > self._clock()
             )
+
+    # -- halts ------------------------------------------------------------------------
+
+    def save_halt(self, halt: HaltInfo) -> bool:
+        with self._lock:
+            key = (halt.run_id, halt.op_id)
+            existing = self._halts.get(key)
+            if existing is not None and existing.status == HALT_OPEN:
+                return False
+            self._halts[key] = replace(halt, created_at=_dt(self._clock()))
+            return True
+
+    def resolve_halt_row(
+        self, run_id: str, op_id: str, resolution: Mapping[str, Any], by: str | None
+    ) -> None:
+        with self._lock:
+            halt = self._halts.get((run_id, op_id))
+            if halt is not None:
+                self._halts[(run_id, op_id)] = replace(
+                    halt,
+                    status="resolved",
+                    resolution=dict(resolution),
+                    resolved_by=by,
+                    resolved_at=_dt(self._clock()),
+                )
+
+    def list_halts(
+        self, *, run_id: str | None = None, status: str | None = HALT_OPEN
+    ) -> Sequence[HaltInfo]:
+        with self._lock:
+            return [
+                h
+                for (rid, _), h in sorted(self._halts.items())
+                if (run_id is None or rid == run_id) and (status is None or h.status == status)
+            ]
 
     # -- listing ----------------------------------------------------------------------
 

@@ -129,6 +129,28 @@ class RunInfo:
         return self.status in TERMINAL_STATUSES
 
 
+HALT_OPEN = "open"
+HALT_RESOLVED = "resolved"
+
+
+@dataclass(frozen=True)
+class HaltInfo:
+    """A run stopped on an operation whose outcome is unknown, for a person to resolve."""
+
+    run_id: str
+    op_id: str  # the tool call id, or the step name
+    tool_name: str = ""
+    arguments: Any = None
+    attempt: str = ""  # the journal name of the live attempt marker
+    attempted_at: datetime | None = None
+    cause: str = "crashed"  # or "contended"
+    status: str = HALT_OPEN
+    resolution: Mapping[str, Any] | None = None
+    resolved_by: str | None = None
+    created_at: datetime | None = None
+    resolved_at: datetime | None = None
+
+
 @runtime_checkable
 class Store(Protocol):
     """The storage port. See the module docstring for the contract."""
@@ -163,6 +185,13 @@ class Store(Protocol):
         """Drop the lease if ``token`` holds it; a no-op otherwise."""
 
     def get_lease(self, run_id: str) -> LeaseInfo | None: ...
+
+    def save_halt(self, halt: HaltInfo) -> bool:
+        """Record a halt if none is open for ``(run_id, op_id)``; True if this call did."""
+
+    def list_halts(
+        self, *, run_id: str | None = None, status: str | None = HALT_OPEN
+    ) -> Sequence[HaltInfo]: ...
 
     def list_unfinished(
         self,

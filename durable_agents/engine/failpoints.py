@@ -1,0 +1,22 @@
+"""Named crash points for crash tests: the process kills itself (SIGKILL) at a boundary.
+
+Set ``DURABLE_AGENTS_CRASH_AT`` to a comma-separated list of point names (for example
+``after-model:1,after-attempt:call_1``). Unset — always, outside tests — ``hit`` is one
+dictionary lookup. Points: ``after-start``, ``after-model:<n>``, ``after-attempt:<call>``,
+``after-result:<call>``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+_POINTS = frozenset(p for p in os.environ.get("DURABLE_AGENTS_CRASH_AT", "").split(",") if p)
+
+
+def hit(name: str) -> None:
+    if _POINTS and name in _POINTS:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)

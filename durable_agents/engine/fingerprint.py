@@ -1,0 +1,65 @@
+"""What an agent was when a run started: model id, each tool's schema hash, a hash of the
+instructions, and one short hash over all of them. Code (a tool's body) is not part of it,
+so changing only code never counts as a change."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from .model import Message, ToolSpec
+from .records import encode
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def tool_hash(spec: ToolSpec) -> str:
+    return _sha(encode({"description": spec.description, "parameters": dict(spec.parameters)}))[:16]
+
+
+def instructions_digest(instructions: str) -> str:
+    return _sha("durable_agents.instructions\n" + instructions)[:16] if instructions else ""
+
+
+def tools_digest(specs: Sequence[ToolSpec]) -> str:
+    if not specs:
+        return ""
+    parts = sorted(f"{s.name}:{tool_hash(s)}" for s in specs)
+    return _sha("durable_agents.tools\n" + "\n".join(parts))[:16]
+
+
+def fingerprint(model_id: str, instructions: str, specs: Sequence[ToolSpec]) -> dict[str, Any]:
+    tools = {s.name: tool_hash(s) for s in specs}
+    parts = {"model": model_id, "tools": tools, "instructions": instructions_digest(instructions)}
+    return {**parts, "hash": _sha(encode(parts))[:12]}
+
+
+def diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """What changed between two fingerprints; empty when nothing did."""
+    changes: dict[str, Any] = {}
+    if old.get("hash") == new.get("hash"):
+        return changes
+    if old.get("model") != new.get("model"):
+        changes["model"] = [old.get("model"), new.get("model")]
+    old_tools, new_tools = dict(old.get("tools") or {}), dict(new.get("tools") or {})
+    added = sorted(set(new_tools) - set(old_tools))
+    removed = sorted(set(old_tools) - set(new_tools))
+    changed = sorted(t for t in set(old_tools) & set(new_tools) if old_tools[t] != new_tools[t])
+    if added:
+        changes["tools_added"] = added
+    if removed:
+        changes["tools_removed"] = removed
+    if changed:
+        changes["tools_changed"] = changed
+    if old.get("instructions") != new.get("instructions"):
+        changes["instructions"] = True
+    return changes
+
+
+def prompt_digest(instructions: str, messages: Sequence[Message]) -> str:
+    """Digest of what a turn was sent as instructions (the system prompt)."""
+    del messages  # the transcript is in the journal; the digest pins the instructions
+    return instructions_digest(instructions)

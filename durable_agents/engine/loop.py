@@ -1,0 +1,612 @@
+"""The durable agent loop.
+
+Promises (see docs/guarantees.md):
+
+* A model turn is journaled (``model:<n>``) before any of its tools run and is never
+  generated again: a resume replays it and runs its calls that have no result.
+* A tool result, once journaled (``tool:<call>``), is never re-run.
+* A tool that is not retry-safe runs under an attempt claim (``attempt:<call>:<k>``). A resume
+  that finds a live claim and no result halts (``OutcomeUnknown``) instead of guessing.
+* Retry-safe tools (read-only, idempotent, keyed) simply run again.
+* Every call gets exactly one result, fed back in call order.
+
+Scope: this resumes around tool calls, not inside one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import failpoints, runtime
+from .errors import (
+    ApprovalPending,
+    BudgetError,
+    ConfigError,
+    DurableAgentsError,
+    LeaseLost,
+    ModelError,
+    OutcomeUnknown,
+    Pause,
+    ProtocolError,
+    RunBusy,
+    ToolOutcomeUnknown,
+)
+from .fingerprint import diff, instructions_digest, tools_digest
+from .journal import Journal, RunLog
+from .leases import HeldLease
+from .model import FINISH_FILTERED, FINISH_LENGTH, ModelRequest, ModelResponse, ToolCall
+from .ports import (
+    AWAITING_APPROVAL,
+    FAILED,
+    FINISHED,
+    HALTED,
+    QUEUED,
+    RUNNING,
+    HaltInfo,
+    RunInfo,
+    Store,
+)
+from .records import encode, validate_run_id
+from .redact import error_text
+from .tools import Tool, ToolArgumentsError, ToolContext
+from .transcript import RunState
+
+if TYPE_CHECKING:
+    from .agent import Agent, RunResult
+
+log = logging.getLogger("durable_agents")
+
+
+class AgentDrift(ConfigError):
+    """The run started under a different agent and the drift policy is ``error``."""
+
+    code = "config.agent_drift"
+
+
+class ResumeToolMissing(ConfigError):
+    """A pending call names a tool the agent no longer has."""
+
+    code = "config.resume_tool_missing"
+
+
+def drive(
+    agent: Agent,
+    run_id: str,
+    input: Any,
+    *,
+    store: Store,
+    derived_id: bool = False,
+    seed: list[dict[str, Any]] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> RunResult:
+    """Drive ``run_id`` under a lease until it finishes, pauses or fails."""
+    validate_run_id(run_id, derived=derived_id)
+    store.create_run(
+        RunInfo(run_id=run_id, agent=agent.name, status=QUEUED, input=input, **(meta or {}))
+    )
+    with HeldLease(store, run_id, runtime.lease_ttl()) as lease:
+        return Driver(agent, store, run_id, lease).drive(input, seed)
+
+
+@dataclass
+class _Gate:
+    call: ToolCall
+    tool: Tool
+    args: dict[str, Any]
+
+
+class Driver:
+    """One drive of one run, by one process, under one lease."""
+
+    def __init__(self, agent: Agent, store: Store, run_id: str, lease: HeldLease) -> None:
+        self.agent = agent
+        self.store = store
+        self.run_id = run_id
+        self.lease = lease
+        self.fence = lease.token
+        self.log: RunLog = Journal(store).open(run_id, fence=lease.token)
+        self.state = RunState.of(self.log)
+
+    # -- entry ------------------------------------------------------------------------
+
+    def drive(self, input: Any, seed: list[dict[str, Any]] | None) -> RunResult:
+        self._begin(input, seed)
+        if self.state.complete is not None:
+            return self._result()
+        if self.state.cancelled is not None:
+            raise ConfigError(
+                f"run {self.run_id!r} was cancelled; start a new run to try again",
+                code="run.cancelled",
+            )
+        self._check_drift()
+        try:
+            self._update(status=RUNNING)
+            return self._loop()
+        except Pause:
+            raise
+        except (LeaseLost, RunBusy):
+            raise  # the run is another driver's now; its row is not ours to touch
+        except DurableAgentsError as exc:
+            self._fail(exc.code, str(exc), retryable=exc.retryable)
+            raise
+        except Exception as exc:
+            self._fail("internal", error_text(exc), retryable=False)
+            raise
+
+    def _begin(self, input: Any, seed: list[dict[str, Any]] | None) -> None:
+        start = self.state.start
+        if start is None:
+            if input is None:
+                run = self.store.get_run(self.run_id)
+                input = run.input if run is not None else None
+            if input is None:
+                raise ConfigError(
+                    f"run {self.run_id!r} has no recorded input; start it with an input",
+                    code="config.input_missing",
+                )
+            body: dict[str, Any] = {
+                "kind": "start",
+                "agent": self.agent.name,
+                "input": input,
+                "fingerprint": self.agent.fingerprint(),
+            }
+            if seed:
+                body["seed"] = seed
+            rec, _ = self.log.write("run:start", body)
+            self.state.add(rec)
+            failpoints.hit("after-start")
+            return
+        if start.get("agent") != self.agent.name:
+            raise ConfigError(
+                f"run {self.run_id!r} belongs to agent {start.get('agent')!r}, not "
+                f"{self.agent.name!r}",
+                code="config.agent_mismatch",
+            )
+        if input is not None and encode(input) != encode(start.get("input")):
+            raise ConfigError(
+                f"run {self.run_id!r} was started with a different input; resume it with "
+                "the same input (or none), or use a new run id for a new request",
+                code="config.input_mismatch",
+            )
+
+    def _check_drift(self) -> None:
+        recorded = self.state.start.get("fingerprint") if self.state.start else None
+        if not recorded:
+            return
+        current = self.agent.fingerprint()
+        changes = diff(recorded, current)
+        if not changes:
+            return
+        policy = self.agent.on_drift or runtime.on_drift()
+        if policy == "ignore":
+            return
+        if policy == "error":
+            raise AgentDrift(
+                f"run {self.run_id!r} started under a different agent {self.agent.name!r} "
+                f"({_describe(changes)}); deploy the agent it started with, or set "
+                "on_drift='warn'",
+                changes=changes,
+            )
+        log.warning("run %s resumes under a changed agent: %s", self.run_id, _describe(changes))
+        self.log.write(
+            f"@drift/{current['hash']}", {"kind": "drift", "changes": changes, "to": current}
+        )
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _loop(self) -> RunResult:
+        while True:
+            turns = self.state.turns
+            if turns:
+                last = turns[-1]
+                calls = self.state.calls(last)
+                if not calls:
+                    return self._finish(last)
+                self._settle(calls)
+            if len(turns) >= self.agent.max_turns:
+                raise BudgetError(
+                    f"run {self.run_id!r} used its {self.agent.max_turns} turns without an "
+                    "answer; raise max_turns or change the instructions",
+                    code="budget.max_turns",
+                )
+            self._check_budget()
+            response = self._call_model(len(turns) + 1)
+            self._record_turn(len(turns) + 1, response)
+
+    def _check_budget(self) -> None:
+        budget = self.agent.token_budget
+        if budget is not None and self.state.spend().total_tokens >= budget:
+            raise BudgetError(
+                f"run {self.run_id!r} spent {self.state.spend().total_tokens} tokens of its "
+                f"budget of {budget}; raise token_budget to continue",
+                code="budget.tokens",
+            )
+
+    def _request(self) -> ModelRequest:
+        return ModelRequest(
+            instructions=self.agent.instructions,
+            messages=self.state.messages(),
+            tools=self.agent.tool_specs(),
+        )
+
+    def _call_model(self, n: int) -> ModelResponse:
+        retry = self.agent.model_retry
+        request = self._request()
+        for attempt in range(1, retry.max_attempts + 1):
+            if self.lease.lost.is_set():
+                raise LeaseLost(f"lease on run {self.run_id!r} was lost; stopping")
+            try:
+                response = self.agent.model.generate(request)
+                self._check_response(response)
+                return response
+            except ModelError as exc:
+                usage = exc.details.get("usage")
+                if usage:
+                    self._record_spend(n, usage, exc.code)
+                if not exc.retryable or attempt == retry.max_attempts:
+                    raise
+                log.info("model call for run %s failed (%s); retrying", self.run_id, exc.code)
+                time.sleep(retry.delay(attempt))
+        raise AssertionError("unreachable")
+
+    def _check_response(self, response: ModelResponse) -> None:
+        message = response.message
+        if response.finish in (FINISH_LENGTH, FINISH_FILTERED):
+            self._record_spend(len(self.state.turns) + 1, response.usage.to_json(), response.finish)
+            if response.finish == FINISH_LENGTH:
+                raise ModelError(
+                    "the model's output was cut off at its token limit, so it is not an "
+                    "answer; raise the adapter's max_tokens",
+                    code="model.output_truncated",
+                )
+            raise ModelError(
+                "the model's output was stopped by a content filter or refusal; it was not "
+                "recorded",
+                code="model.output_filtered",
+                retryable=True,
+            )
+        if message.role != "assistant":
+            raise ModelError(
+                "the model returned a non-assistant message", code="model.protocol", retryable=True
+            )
+        usage = response.usage
+        if (
+            min(
+                usage.input_tokens,
+                usage.output_tokens,
+                usage.cache_read_tokens,
+                usage.cache_write_tokens,
+            )
+            < 0
+        ):
+            raise ModelError(
+                "the model reported negative token usage", code="model.protocol", retryable=True
+            )
+        earlier = self.state.call_ids()
+        seen: set[str] = set()
+        for call in message.tool_calls:
+            if not call.id or call.id in seen or call.id in earlier:
+                # The loop keys each result by its call id: a missing or reused id would pass
+                # a call off as done. The turn is not journaled; a fresh attempt can fix it.
+                raise ModelError(
+                    f"the model's tool call id {call.id!r} is missing or reused",
+                    code="model.tool_call_id",
+                    retryable=True,
+                )
+            seen.add(call.id)
+
+    def _record_spend(self, n: int, usage: dict[str, int], why: str) -> None:
+        rec, _ = self.log.write(
+            f"@spend/{n}/{uuid.uuid4().hex[:12]}", {"kind": "spend", "usage": usage, "why": why}
+        )
+        self.state.add(rec)
+
+    def _record_turn(self, n: int, response: ModelResponse) -> None:
+        specs = self.agent.tool_specs()
+        rec, _ = self.log.write(
+            f"model:{n}",
+            {
+                "kind": "model",
+                "message": response.message.to_json(),
+                "usage": response.usage.to_json(),
+                "finish": response.finish,
+                "raw_finish": response.raw_finish,
+                "model": response.model or self.agent.model_id,
+                "prompt_digest": instructions_digest(self.agent.instructions),
+                "tools_digest": tools_digest(specs),
+            },
+        )
+        self.state.add(rec)
+        failpoints.hit(f"after-model:{n}")
+        spend = self.state.spend()
+        self._update(
+            turns=len(self.state.turns), usage=self.state.usage().to_json(), spend=spend.to_json()
+        )
+
+    def _finish(self, last: Any) -> RunResult:
+        answer = self.state.assistant(last).content
+        rec, _ = self.log.write(
+            "run:complete",
+            {"kind": "complete", "answer": answer, "turns": len(self.state.turns)},
+        )
+        self.state.add(rec)
+        self._update(
+            status=FINISHED,
+            answer=rec.get("answer"),
+            last_error=None,
+            attempts=0,
+            turns=len(self.state.turns),
+            usage=self.state.usage().to_json(),
+            spend=self.state.spend().to_json(),
+        )
+        return self._result()
+
+    def _result(self) -> RunResult:
+        from .agent import RunResult
+
+        complete = self.state.complete
+        assert complete is not None
+        return RunResult(
+            run_id=self.run_id,
+            answer=str(complete.get("answer") or ""),
+            usage=self.state.usage(),
+            spend=self.state.spend(),
+            turns=len(self.state.turns),
+        )
+
+    # -- tool calls -------------------------------------------------------------------
+
+    def _settle(self, calls: tuple[ToolCall, ...]) -> None:
+        """Give every call of the last turn a result, or pause on the ones that cannot have
+        one yet (an approval to decide, an outcome to resolve)."""
+        halts: list[HaltInfo] = []
+        gates: list[_Gate] = []
+        runnable: list[tuple[_Gate, int]] = []
+        for call in calls:
+            if call.id in self.state.results:
+                continue
+            tool = self.agent.tools.get(call.name)
+            if tool is None:
+                started_with = (
+                    (self.state.start.get("fingerprint") or {}) if self.state.start else {}
+                )
+                if call.name in (started_with.get("tools") or {}):
+                    raise ResumeToolMissing(
+                        f"run {self.run_id!r} has a pending call {call.id!r} to tool "
+                        f"{call.name!r}, which agent {self.agent.name!r} no longer has; "
+                        "deploy the tool again to resume, or cancel the run",
+                    )
+                self._record_result(call, _unknown_tool(call, self.agent), is_error=True)
+                continue
+            try:
+                args = tool.validate(call.arguments)
+            except ToolArgumentsError as exc:
+                self._record_result(call, {"error": str(exc)}, is_error=True)
+                continue
+            gate = _Gate(call, tool, args)
+            if tool.safety.gated:
+                decision = self.log.reread(f"approval:{call.id}")
+                if decision is None:
+                    gates.append(gate)
+                    continue
+                if not decision.get("approved"):
+                    self._record_result(call, _rejection(decision), is_error=True)
+                    continue
+            attempt = 0
+            if not tool.safety.retry_safe:
+                attempt, live = self._attempt_state(call.id)
+                if live is not None:
+                    halts.append(self._halt(gate, live, "crashed"))
+                    continue
+            runnable.append((gate, attempt))
+        halts.extend(self._run_calls(runnable))
+        if halts:
+            for halt in halts:
+                self.store.save_halt(halt)
+            self._update(status=HALTED)
+            first = halts[0]
+            raise OutcomeUnknown(
+                f"run {self.run_id!r} halted: the outcome of call {first.op_id!r} "
+                f"({first.tool_name}) is unknown ({first.cause}). Check what really happened, "
+                "then record it with durable_agents.resolve_halt(...) or in the admin",
+                run_id=self.run_id,
+                halts=[h.op_id for h in halts],
+                cause=first.cause,
+            )
+        if gates:
+            self._update(status=AWAITING_APPROVAL)
+            names = ", ".join(f"{g.call.id!r} ({g.tool.name})" for g in gates)
+            raise ApprovalPending(
+                f"run {self.run_id!r} awaits approval of call {names}; decide it with "
+                "durable_agents.approve(...) or in the admin",
+                run_id=self.run_id,
+                calls=[g.call.id for g in gates],
+                requests=[
+                    {"call_id": g.call.id, "tool": g.tool.name, "arguments": g.args} for g in gates
+                ],
+            )
+
+    def _attempt_state(self, call_id: str) -> tuple[int, Any]:
+        """The next attempt number for a call, and its live attempt marker if it has one (a
+        claim with no result and no record that it never started)."""
+        k = 1
+        while True:
+            marker = self.log.get(f"attempt:{call_id}:{k}")
+            if marker is None:
+                return k, None
+            if not self.log.has(f"not-started:{call_id}:{k}"):
+                return k, marker
+            k += 1
+
+    def _halt(self, gate: _Gate, marker: Any, cause: str) -> HaltInfo:
+        from datetime import UTC, datetime
+
+        at_ms = marker.get("attempted_at")
+        return HaltInfo(
+            run_id=self.run_id,
+            op_id=gate.call.id,
+            tool_name=gate.tool.name,
+            arguments=gate.args,
+            attempt=marker.name,
+            attempted_at=datetime.fromtimestamp(at_ms / 1000, tz=UTC) if at_ms else None,
+            cause=cause,
+        )
+
+    def _run_calls(self, runnable: list[tuple[_Gate, int]]) -> list[HaltInfo]:
+        if not runnable:
+            return []
+        halts: list[HaltInfo] = []
+        if self.agent.tool_concurrency == 1 or len(runnable) == 1:
+            for gate, attempt in runnable:
+                halt = self._prepare(gate, attempt)
+                if halt is not None:
+                    halts.append(halt)
+                    continue
+                halt = self._settle_call(gate, attempt, self._invoke(gate))
+                if halt is not None:
+                    halts.append(halt)
+            return halts
+        # Claims and results are written by this thread, as each call starts and settles;
+        # only the tool functions run in the pool.
+        queue = list(runnable)
+        running: dict[Future[Any], tuple[_Gate, int]] = {}
+        with ThreadPoolExecutor(self.agent.tool_concurrency) as pool:
+            while queue or running:
+                while queue and len(running) < self.agent.tool_concurrency:
+                    gate, attempt = queue.pop(0)
+                    halt = self._prepare(gate, attempt)
+                    if halt is not None:
+                        halts.append(halt)
+                        continue
+                    running[pool.submit(self._invoke, gate, True)] = (gate, attempt)
+                if not running:
+                    continue
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    gate, attempt = running.pop(future)
+                    halt = self._settle_call(gate, attempt, future.result())
+                    if halt is not None:
+                        halts.append(halt)
+        return halts
+
+    def _prepare(self, gate: _Gate, attempt: int) -> HaltInfo | None:
+        """Claim the attempt of a call that is not retry-safe; a lost claim halts it."""
+        if self.lease.lost.is_set():
+            raise LeaseLost(f"lease on run {self.run_id!r} was lost; stopping")
+        if gate.tool.safety.retry_safe:
+            return None
+        name = f"attempt:{gate.call.id}:{attempt}"
+        won, marker = self.log.claim_attempt(name, extra={"tool": gate.tool.name})
+        if not won:
+            return self._halt(gate, marker, "contended")
+        failpoints.hit(f"after-attempt:{gate.call.id}")
+        return None
+
+    def _invoke(self, gate: _Gate, in_pool: bool = False) -> tuple[str, Any]:
+        """Run the tool function; return ("ok" | "error" | "unknown", value)."""
+        ctx = ToolContext(
+            run_id=self.run_id,
+            call_id=gate.call.id,
+            tool_name=gate.tool.name,
+            idempotency_key=gate.tool.key_for(self.run_id, gate.call.id, gate.args),
+        )
+        try:
+            return "ok", gate.tool.invoke(gate.args, ctx)
+        except ToolOutcomeUnknown as exc:
+            return "unknown", error_text(exc)
+        except Pause:
+            raise
+        except Exception as exc:
+            return "error", error_text(exc)
+        finally:
+            if in_pool:
+                close = getattr(self.store, "close_thread_resources", None)
+                if close is not None:
+                    close()
+
+    def _settle_call(self, gate: _Gate, attempt: int, outcome: tuple[str, Any]) -> HaltInfo | None:
+        kind, value = outcome
+        if kind == "unknown" and not gate.tool.safety.retry_safe:
+            # No result: the tool cannot tell whether its effect happened, so the run halts
+            # on its live claim once the rest of this turn's calls have settled.
+            marker = self.log.get(f"attempt:{gate.call.id}:{attempt}")
+            return self._halt(gate, marker, "crashed")
+        if kind == "ok":
+            try:
+                encode(value)
+            except ProtocolError as exc:
+                value, kind = (
+                    {"error": f"the tool returned a value JSON cannot hold: {exc}"},
+                    "error",
+                )
+        result = value if kind == "ok" else {"error": value} if isinstance(value, str) else value
+        self._record_result(
+            gate.call, result, is_error=kind != "ok", read_only=gate.tool.safety.read_only
+        )
+        return None
+
+    def _record_result(
+        self, call: ToolCall, result: Any, *, is_error: bool, read_only: bool = False
+    ) -> None:
+        rec, _ = self.log.write(
+            f"tool:{call.id}",
+            {
+                "kind": "tool",
+                "call_id": call.id,
+                "name": call.name,
+                "result": result,
+                "is_error": is_error,
+                "read_only": read_only,
+                "reconciled": False,
+            },
+        )
+        self.state.add(rec)
+        failpoints.hit(f"after-result:{call.id}")
+
+    # -- the run row ------------------------------------------------------------------
+
+    def _update(self, **changes: Any) -> None:
+        self.store.update_run(self.run_id, changes, fence=self.fence)
+
+    def _fail(self, code: str, message: str, *, retryable: bool) -> None:
+        run = self.store.get_run(self.run_id)
+        attempts = (run.attempts if run else 0) + 1
+        try:
+            self._update(
+                status=FAILED,
+                last_error={"code": code, "message": message, "retryable": retryable},
+                attempts=attempts,
+            )
+        except LeaseLost:
+            pass
+
+
+def _describe(changes: dict[str, Any]) -> str:
+    parts = []
+    if "model" in changes:
+        parts.append(f"model {changes['model'][0]} -> {changes['model'][1]}")
+    for key in ("tools_added", "tools_removed", "tools_changed"):
+        if key in changes:
+            parts.append(f"{key.replace('_', ' ')}: {', '.join(changes[key])}")
+    if changes.get("instructions"):
+        parts.append("instructions changed")
+    return "; ".join(parts) or "changed"
+
+
+def _unknown_tool(call: ToolCall, agent: Agent) -> dict[str, Any]:
+    available = ", ".join(sorted(agent.tools)) or "none"
+    return {"error": f"unknown tool {call.name!r}; available tools: {available}"}
+
+
+def _rejection(decision: Any) -> dict[str, Any]:
+    return {
+        "error": "denied",
+        "message": "a person denied this call; do not retry it without asking",
+        "note": decision.get("note") or "",
+        "by": decision.get("by") or "",
+    }

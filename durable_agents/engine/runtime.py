@@ -1,0 +1,62 @@
+"""Process-wide wiring the engine reads but does not decide: which store to use, how to
+load agent definitions, lease and drift defaults. The Django app fills it in when it is
+ready; plain-Python users and tests call ``configure`` themselves (or pass ``store=``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+from .ports import Store
+
+
+@dataclass
+class Runtime:
+    store_factory: Callable[[], Store] | None = None
+    agent_loader: Callable[[], None] | None = None
+    lease_ttl: Callable[[], float] = lambda: 30.0
+    on_drift: Callable[[], str] = lambda: "warn"
+
+
+_runtime = Runtime()
+
+
+def configure(**values: Any) -> None:
+    """Set wiring: ``store_factory``, ``agent_loader``, ``lease_ttl``, ``on_drift``."""
+    for key, value in values.items():
+        if not hasattr(_runtime, key):
+            raise ConfigError(f"unknown runtime setting {key!r}", code="config.runtime")
+        setattr(_runtime, key, value)
+
+
+def store() -> Store:
+    if _runtime.store_factory is None:
+        raise ConfigError(
+            "no store is configured: add 'durable_agents' to INSTALLED_APPS, or pass store= "
+            "(e.g. durable_agents.testing.InMemoryStore())",
+            code="config.store",
+        )
+    return _runtime.store_factory()
+
+
+def load_agents() -> None:
+    if _runtime.agent_loader is not None:
+        _runtime.agent_loader()
+
+
+def lease_ttl() -> float:
+    return float(_runtime.lease_ttl())
+
+
+def on_drift() -> str:
+    return str(_runtime.on_drift())
+
+
+def holder_name() -> str:
+    """Who a lease names as its holder: host, process and thread, for people reading it."""
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.current_thread().name}"[:200]

@@ -1,0 +1,187 @@
+"""Tools: typed functions the model can call, each with a safety class.
+
+The safety class decides what a resume does with a call whose outcome is unknown:
+
+* ``read_only=True`` — no side effect; re-run freely.
+* ``idempotent=True`` — a side effect that is safe to repeat (pass ``ctx.idempotency_key``
+  to the system you call); re-run.
+* ``idempotency_key=fn(args)`` — a side effect keyed by your own data; re-run.
+* none of these — a side effect: **at most once**. An attempt marker is journaled before the
+  call; a resume that finds a marker and no result halts for a human.
+
+``requires_approval=True`` (or an ``approval`` policy) adds a staff decision before the call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+import pydantic
+
+from .errors import ConfigError
+from .model import ToolSpec
+
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@dataclass(frozen=True)
+class Safety:
+    read_only: bool = False
+    idempotent: bool = False
+    idempotency_key: Callable[[dict[str, Any]], str] | None = None
+    requires_approval: bool = False
+    approval: Any = None  # an approval policy (e.g. Quorum); implies requires_approval
+
+    @property
+    def retry_safe(self) -> bool:
+        return self.read_only or self.idempotent or self.idempotency_key is not None
+
+    @property
+    def gated(self) -> bool:
+        return self.requires_approval or self.approval is not None
+
+
+class ToolArgumentsError(Exception):
+    """The model's arguments do not fit the tool: sent back to the model as an error result."""
+
+
+@dataclass
+class ToolContext:
+    """What a tool may know about the call it serves.
+
+    ``idempotency_key`` is the same every time this call runs (after a crash too): pass it
+    to the system you write to. ``once_key()`` numbers each idempotent operation the call
+    makes, in call order, so each keeps its key when the call runs again.
+    """
+
+    run_id: str
+    call_id: str
+    tool_name: str
+    idempotency_key: str
+    _counter: int = field(default=0, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def once_key(self) -> str:
+        with self._lock:
+            self._counter += 1
+            return f"{self.idempotency_key}:{self._counter}"
+
+
+def call_key(run_id: str, call_id: str) -> str:
+    """A stable key for one tool call of one run."""
+    return hashlib.sha256(f"{run_id}\x00{call_id}".encode()).hexdigest()[:32]
+
+
+class Tool:
+    """A function the model can call. Build one with ``@durable_agents.tool``."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        safety: Safety = Safety(),
+    ) -> None:
+        self.fn = fn
+        self.name = name or fn.__name__
+        if not _TOOL_NAME.fullmatch(self.name):
+            raise ConfigError(
+                f"tool name {self.name!r} must be 1-64 characters of A-Za-z0-9_- "
+                "(what every provider accepts)",
+                code="config.tool_name",
+            )
+        self.description = (description or inspect.getdoc(fn) or "").strip()
+        self.safety = safety
+        self.context_param, fields = _fields_of(fn)
+        config = pydantic.ConfigDict(extra="forbid", strict=True)
+        self._model = pydantic.create_model(f"{self.name}_arguments", __config__=config, **fields)
+        schema = self._model.model_json_schema()
+        schema.pop("title", None)
+        self.parameters: dict[str, Any] = schema
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)
+
+    def validate(self, arguments: str) -> dict[str, Any]:
+        """Parse and validate the model's JSON arguments strictly, or raise
+        ``ToolArgumentsError`` with a message the model can act on."""
+        text = arguments.strip() or "{}"
+        try:
+            model = self._model.model_validate_json(text)
+        except pydantic.ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
+                for err in exc.errors(include_url=False)
+            )
+            raise ToolArgumentsError(f"invalid arguments for {self.name}: {problems}") from None
+        return {key: getattr(model, key) for key in type(model).model_fields}
+
+    def invoke(self, args: Mapping[str, Any], ctx: ToolContext) -> Any:
+        kwargs = dict(args)
+        if self.context_param is not None:
+            kwargs[self.context_param] = ctx
+        return self.fn(**kwargs)
+
+    def key_for(self, run_id: str, call_id: str, args: Mapping[str, Any]) -> str:
+        if self.safety.idempotency_key is not None:
+            return str(self.safety.idempotency_key(dict(args)))
+        return call_key(run_id, call_id)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Tool {self.name}>"
+
+
+def _fields_of(fn: Callable[..., Any]) -> tuple[str | None, dict[str, Any]]:
+    hints = get_type_hints(fn)
+    context_param = None
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(fn).parameters.values():
+        hint = hints.get(param.name, Any)
+        if hint is ToolContext:
+            context_param = param.name
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ConfigError(
+                f"tool {fn.__name__}: *args/**kwargs cannot be described to a model; "
+                "list the parameters",
+                code="config.tool_signature",
+            )
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (hint, default)
+    return context_param, fields
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    read_only: bool = False,
+    idempotent: bool = False,
+    idempotency_key: Callable[[dict[str, Any]], str] | None = None,
+    requires_approval: bool = False,
+    approval: Any = None,
+) -> Any:
+    """Turn a typed function into a ``Tool``. Its JSON schema comes from the type hints,
+    its description from the docstring. Use bare (``@tool``) or with options."""
+    if read_only and (idempotent or idempotency_key is not None):
+        raise ConfigError(
+            "a tool is read_only or idempotent, not both: read_only already means safe to re-run",
+            code="config.tool_safety",
+        )
+    safety = Safety(read_only, idempotent, idempotency_key, requires_approval, approval)
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return Tool(f, name=name, description=description, safety=safety)
+
+    return wrap(fn) if fn is not None else wrap

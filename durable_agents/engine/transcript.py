@@ -1,0 +1,135 @@
+"""Rebuilding what the model saw from the journal alone.
+
+The transcript of a run is: its input as the first user message (after any seed messages a
+session put before it), then for each recorded model turn ``model:<n>`` its assistant
+message, then one tool message per call **in call order** (the ``tool:<call>`` records),
+then any user message recorded after that turn (``user:<n>``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .model import Message, ToolCall, Usage
+from .records import Record, encode
+
+
+def input_text(value: Any) -> str:
+    return value if isinstance(value, str) else encode(value)
+
+
+def result_text(record: Record | Mapping[str, Any]) -> str:
+    """The text a tool message carries for a recorded result."""
+    body = record.body if isinstance(record, Record) else record
+    result = body.get("result")
+    return result if isinstance(result, str) else encode(result)
+
+
+@dataclass
+class RunState:
+    """What the journal says about a run, read in one pass."""
+
+    start: Record | None = None
+    turns: list[Record] = field(default_factory=list)
+    results: dict[str, Record] = field(default_factory=dict)
+    user_after: dict[int, Record] = field(default_factory=dict)
+    complete: Record | None = None
+    cancelled: Record | None = None
+    spend_records: list[Record] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, records: Iterable[Record]) -> RunState:
+        state = cls()
+        models: dict[int, Record] = {}
+        for rec in records:
+            name = rec.name
+            if name.startswith("model:"):
+                models[int(name.split(":", 1)[1])] = rec
+            elif name.startswith("tool:"):
+                state.results[name[5:]] = rec
+            elif name.startswith("user:"):
+                state.user_after[int(name.split(":", 1)[1])] = rec
+            elif name.startswith("@spend/"):
+                state.spend_records.append(rec)
+            elif name == "run:start":
+                state.start = rec
+            elif name == "run:complete":
+                state.complete = rec
+            elif name == "run:cancelled":
+                state.cancelled = rec
+        n = 1
+        while n in models:  # turns are recorded in order; stop at the first gap
+            state.turns.append(models[n])
+            n += 1
+        return state
+
+    def add(self, rec: Record) -> None:
+        """Fold in a record this driver just wrote."""
+        name = rec.name
+        if name.startswith("model:"):
+            self.turns.append(rec)
+        elif name.startswith("tool:"):
+            self.results[name[5:]] = rec
+        elif name.startswith("user:"):
+            self.user_after[int(name.split(":", 1)[1])] = rec
+        elif name.startswith("@spend/"):
+            self.spend_records.append(rec)
+        elif name == "run:start":
+            self.start = rec
+        elif name == "run:complete":
+            self.complete = rec
+
+    @staticmethod
+    def assistant(turn: Record) -> Message:
+        return Message.from_json(turn.get("message") or {"role": "assistant"})
+
+    def calls(self, turn: Record) -> tuple[ToolCall, ...]:
+        return self.assistant(turn).tool_calls
+
+    def usage(self) -> Usage:
+        total = Usage()
+        for turn in self.turns:
+            total = total + Usage.from_json(turn.get("usage"))
+        return total
+
+    def spend(self) -> Usage:
+        total = self.usage()
+        for rec in self.spend_records:
+            total = total + Usage.from_json(rec.get("usage"))
+        return total
+
+    def seed(self) -> list[Message]:
+        if self.start is None:
+            return []
+        return [Message.from_json(m) for m in self.start.get("seed") or ()]
+
+    def messages(self) -> list[Message]:
+        """The transcript as the model sees it after every recorded step."""
+        out = self.seed()
+        if self.start is not None:
+            out.append(Message("user", input_text(self.start.get("input"))))
+        for n, turn in enumerate(self.turns, start=1):
+            message = self.assistant(turn)
+            out.append(message)
+            for call in message.tool_calls:
+                rec = self.results.get(call.id)
+                if rec is None:
+                    break  # a pending call: nothing after it is sent yet
+                out.append(
+                    Message(
+                        "tool",
+                        result_text(rec),
+                        tool_call_id=call.id,
+                        name=call.name,
+                        is_error=bool(rec.get("is_error")),
+                    )
+                )
+            user = self.user_after.get(n)
+            if user is not None:
+                out.append(Message("user", input_text(user.get("text"))))
+        return out
+
+    def call_ids(self) -> set[str]:
+        return {c.id for turn in self.turns for c in self.calls(turn)}

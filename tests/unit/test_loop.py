@@ -1,0 +1,398 @@
+"""The agent loop on the in-memory store: what runs, what is recorded, what a resume does."""
+
+from __future__ import annotations
+
+import pytest
+
+import durable_agents as da
+from durable_agents.engine.errors import ModelError
+from durable_agents.engine.journal import Journal
+from durable_agents.engine.model import FINISH_LENGTH, Usage
+from durable_agents.providers import scripted
+from durable_agents.providers.scripted import ScriptedModel
+from durable_agents.testing import InMemoryStore
+
+
+class Crash(BaseException):
+    """Stands in for the process dying: nothing below the loop catches it."""
+
+
+@pytest.fixture
+def store():
+    return InMemoryStore()
+
+
+@pytest.fixture
+def fired():
+    return []
+
+
+def history(store, run_id):
+    return [r.name for r in Journal(store).history(run_id)]
+
+
+def make_tools(fired, crash_on=None):
+    crash_on = crash_on if crash_on is not None else set()
+
+    def fire(name, arg):
+        fired.append((name, arg))
+        if (name, arg) in crash_on:
+            crash_on.discard((name, arg))
+            raise Crash()
+
+    @da.tool(read_only=True)
+    def lookup(order_id: str) -> dict:
+        """Look up an order."""
+        fire("lookup", order_id)
+        return {"order": order_id, "total": 42}
+
+    @da.tool(idempotent=True)
+    def receipt(order_id: str, ctx: da.ToolContext) -> str:
+        fire("receipt", order_id)
+        return f"sent {ctx.idempotency_key}"
+
+    @da.tool
+    def refund(order_id: str, cents: int) -> dict:
+        """Refund an order."""
+        fire("refund", order_id)
+        return {"refunded": cents}
+
+    return [lookup, receipt, refund]
+
+
+SCRIPT = [
+    scripted.calls(scripted.call("lookup", {"order_id": "7"})),
+    scripted.calls(
+        scripted.call("refund", {"order_id": "7", "cents": 42}),
+        scripted.call("receipt", {"order_id": "7"}),
+    ),
+    scripted.text("Refunded order 7."),
+]
+
+
+def agent(fired, script=SCRIPT, crash_on=None, **kw):
+    return da.Agent(
+        "support-test",
+        ScriptedModel(script),
+        "You help.",
+        make_tools(fired, crash_on),
+        **kw,
+    )
+
+
+def test_a_run_records_every_step_in_order(store, fired):
+    result = agent(fired).run("r1", "Refund order 7", store=store)
+    assert result.answer == "Refunded order 7."
+    assert result.turns == 3 and result.usage == Usage(30, 15) == result.spend
+    assert fired == [("lookup", "7"), ("refund", "7"), ("receipt", "7")]
+    assert history(store, "r1") == [
+        "@journal",
+        "run:start",
+        "model:1",
+        "tool:call_1_1",
+        "model:2",
+        "attempt:call_2_1:1",
+        "tool:call_2_1",
+        "tool:call_2_2",
+        "model:3",
+        "run:complete",
+    ]
+    run = store.get_run("r1")
+    assert (run.status, run.answer, run.turns) == ("finished", "Refunded order 7.", 3)
+
+
+def test_the_model_sees_results_in_call_order(store, fired):
+    seen = []
+    model = ScriptedModel(SCRIPT, on_request=lambda req: seen.append(req.messages))
+    da.Agent("order-test", model, "", make_tools(fired)).run("r1", "go", store=store)
+    last = seen[-1]
+    assert [m.role for m in last] == ["user", "assistant", "tool", "assistant", "tool", "tool"]
+    assert [m.tool_call_id for m in last if m.role == "tool"] == [
+        "call_1_1",
+        "call_2_1",
+        "call_2_2",
+    ]
+
+
+def test_a_finished_run_is_returned_without_calling_the_model(store, fired):
+    a = agent(fired)
+    first = a.run("r1", "Refund order 7", store=store)
+    requests = a.model.requests
+    again = a.run("r1", "Refund order 7", store=store)
+    assert again == first and a.model.requests == requests and len(fired) == 3
+
+
+def test_resuming_with_another_input_is_refused_and_writes_nothing(store, fired):
+    a = agent(fired)
+    a.run("r1", "Refund order 7", store=store)
+    before = history(store, "r1")
+    with pytest.raises(da.ConfigError, match="different input"):
+        a.run("r1", "Refund order 8", store=store)
+    assert history(store, "r1") == before
+
+
+def test_crash_inside_a_side_effect_halts_instead_of_repeating(store, fired):
+    a = agent(fired, crash_on={("refund", "7")})
+    with pytest.raises(Crash):
+        a.run("r1", "Refund order 7", store=store)
+    with pytest.raises(da.OutcomeUnknown) as info:
+        da.resume("r1", store=store)
+    assert info.value.details["halts"] == ["call_2_1"]
+    assert [f for f in fired if f[0] == "refund"] == [("refund", "7")]
+    halt = store.list_halts(run_id="r1")[0]
+    assert (halt.op_id, halt.tool_name, halt.cause) == ("call_2_1", "refund", "crashed")
+    assert halt.arguments == {"order_id": "7", "cents": 42}
+    assert store.get_run("r1").status == "halted"
+    # The other call of the turn still got its result before the run halted.
+    assert "tool:call_2_2" in history(store, "r1")
+
+
+def test_crash_inside_a_retry_safe_tool_reruns_it(store, fired):
+    a = agent(fired, crash_on={("lookup", "7")})
+    with pytest.raises(Crash):
+        a.run("r1", "Refund order 7", store=store)
+    result = da.resume("r1", store=store)
+    assert result.answer == "Refunded order 7."
+    assert fired.count(("lookup", "7")) == 2 and fired.count(("refund", "7")) == 1
+
+
+def test_usage_and_budget_survive_a_crash(store, fired):
+    a = agent(fired, crash_on={("receipt", "7")})
+    with pytest.raises(Crash):
+        a.run("r1", "Refund order 7", store=store)
+    resumed = da.resume("r1", store=store)
+    clean = agent([]).run("r2", "Refund order 7", store=store)
+    assert resumed.usage == clean.usage and resumed.spend == clean.spend
+    tight = agent([], token_budget=30)
+    with pytest.raises(da.BudgetError, match="budget"):
+        tight.run("r3", "Refund order 7", store=store)
+    assert store.get_run("r3").status == "failed"
+
+
+def test_max_turns(store, fired):
+    with pytest.raises(da.BudgetError, match="2 turns"):
+        agent(fired, max_turns=2).run("r1", "Refund order 7", store=store)
+    assert store.get_run("r1").last_error["code"] == "budget.max_turns"
+
+
+def test_unknown_tools_and_bad_arguments_go_back_to_the_model(store, fired):
+    script = [
+        scripted.calls(
+            scripted.call("teleport", {}),
+            scripted.call("refund", {"order_id": "7", "cents": "42"}),
+            scripted.call("lookup", "{not json"),
+        ),
+        scripted.text("sorry"),
+    ]
+    seen = []
+    model = ScriptedModel(script, on_request=lambda r: seen.append(r.messages))
+    da.Agent("bad-args", model, "", make_tools(fired)).run("r1", "go", store=store)
+    tool_msgs = [m for m in seen[-1] if m.role == "tool"]
+    assert all(m.is_error for m in tool_msgs)
+    assert "unknown tool 'teleport'" in tool_msgs[0].content
+    assert "cents" in tool_msgs[1].content and "valid integer" in tool_msgs[1].content
+    assert "invalid arguments for lookup" in tool_msgs[2].content
+    assert fired == []
+
+
+def test_a_failing_tool_is_an_error_result_with_urls_redacted(store):
+    @da.tool(read_only=True)
+    def fetch(url: str) -> str:
+        raise ConnectionError(f"could not reach {url}")
+
+    script = [scripted.calls(scripted.call("fetch", {"url": "x"})), scripted.text("ok")]
+    seen = []
+    model = ScriptedModel(script, on_request=lambda r: seen.append(r.messages))
+    model.turns[0] = scripted.calls(
+        scripted.call("fetch", {"url": "https://bob:secret@api.example/v1?token=abc&x=1"})
+    )
+    da.Agent("failing", model, "", [fetch]).run("r1", "go", store=store)
+    text = seen[-1][-1].content
+    assert "ConnectionError" in text and "api.example/v1" in text
+    assert "secret" not in text and "abc" not in text and "token=REDACTED" in text
+
+
+def test_outcome_unknown_halts_a_side_effect_but_not_a_read(store):
+    @da.tool
+    def send(to: str) -> str:
+        raise da.ToolOutcomeUnknown("timed out after sending")
+
+    @da.tool(read_only=True)
+    def peek(to: str) -> str:
+        raise da.ToolOutcomeUnknown("timed out")
+
+    script = [
+        scripted.calls(scripted.call("peek", {"to": "a"}), scripted.call("send", {"to": "a"})),
+        scripted.text("done"),
+    ]
+    with pytest.raises(da.OutcomeUnknown):
+        da.Agent("unknowns", ScriptedModel(script), "", [send, peek]).run("r1", "go", store=store)
+    names = history(store, "r1")
+    assert "tool:call_1_1" in names and "tool:call_1_2" not in names
+    assert "attempt:call_1_2:1" in names
+
+
+def test_approval_gate_pauses_then_runs_once(store, fired):
+    @da.tool(requires_approval=True)
+    def wire(cents: int) -> str:
+        fired.append(("wire", cents))
+        return "wired"
+
+    script = [scripted.calls(scripted.call("wire", {"cents": 5})), scripted.text("done")]
+    a = da.Agent("gated", ScriptedModel(script), "", [wire])
+    with pytest.raises(da.ApprovalPending) as info:
+        a.run("r1", "pay", store=store)
+    assert info.value.details["calls"] == ["call_1_1"]
+    assert store.get_run("r1").status == "awaiting_approval" and fired == []
+    Journal(store).write("r1", "approval:call_1_1", {"kind": "approval", "approved": True})
+    assert da.resume("r1", store=store).answer == "done"
+    assert fired == [("wire", 5)]
+
+
+def test_denied_call_gets_a_rejection_result(store, fired):
+    @da.tool(requires_approval=True)
+    def wire(cents: int) -> str:
+        fired.append("wire")
+        return "wired"
+
+    seen = []
+    script = [scripted.calls(scripted.call("wire", {"cents": 5})), scripted.text("ok")]
+    model = ScriptedModel(script, on_request=lambda r: seen.append(r.messages))
+    a = da.Agent("denied", model, "", [wire])
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay", store=store)
+    Journal(store).write(
+        "r1", "approval:call_1_1", {"kind": "approval", "approved": False, "note": "too much"}
+    )
+    a.run("r1", "pay", store=store)
+    assert fired == [] and "too much" in seen[-1][-1].content and seen[-1][-1].is_error
+
+
+def test_model_retries_retryable_errors_only(store, fired):
+    flaky = ModelError("overloaded", code="model.server_error", retryable=True)
+    script = [scripted.error(flaky)]
+    a = da.Agent("flaky", ScriptedModel(script), "", [], model_retry=da.ModelRetry(3, 0.001, 0.001))
+    with pytest.raises(ModelError):
+        a.run("r1", "go", store=store)
+    assert a.model.requests == 3
+    run = store.get_run("r1")
+    assert run.status == "failed" and run.last_error["retryable"] and run.attempts == 1
+
+    auth = ModelError("bad key", code="model.auth")
+    b = da.Agent("auth", ScriptedModel([scripted.error(auth)]), "", [])
+    with pytest.raises(ModelError):
+        b.run("r2", "go", store=store)
+    assert b.model.requests == 1
+
+
+def test_truncated_output_is_not_journaled_but_its_spend_counts(store):
+    script = [scripted.Turn(text="half an ans", usage=Usage(100, 50), finish=FINISH_LENGTH)]
+    a = da.Agent("trunc", ScriptedModel(script), "", [])
+    with pytest.raises(ModelError, match="token limit"):
+        a.run("r1", "go", store=store)
+    names = history(store, "r1")
+    assert not any(n.startswith("model:") for n in names)
+    assert any(n.startswith("@spend/1/") for n in names)
+
+
+def test_reused_tool_call_ids_are_retried_not_journaled(store, fired):
+    dup = scripted.calls(
+        scripted.call("lookup", {"order_id": "1"}, id="x"),
+        scripted.call("lookup", {"order_id": "2"}, id="x"),
+    )
+    a = da.Agent(
+        "dups",
+        ScriptedModel([dup]),
+        "",
+        make_tools(fired),
+        model_retry=da.ModelRetry(2, 0.001, 0.001),
+    )
+    with pytest.raises(ModelError, match="reused"):
+        a.run("r1", "go", store=store)
+    assert not any(n.startswith("model:") for n in history(store, "r1")) and fired == []
+
+
+def test_parallel_calls_record_each_result_and_keep_call_order(store):
+    import threading
+
+    gate = threading.Barrier(3, timeout=10)
+
+    @da.tool(read_only=True)
+    def slow(n: int) -> int:
+        gate.wait()  # all three run at once, or this times out
+        return n * 10
+
+    script = [
+        scripted.calls(*(scripted.call("slow", {"n": i}) for i in (1, 2, 3))),
+        scripted.text("done"),
+    ]
+    seen = []
+    model = ScriptedModel(script, on_request=lambda r: seen.append(r.messages))
+    da.Agent("par", model, "", [slow], tool_concurrency=3).run("r1", "go", store=store)
+    assert [m.content for m in seen[-1] if m.role == "tool"] == ["10", "20", "30"]
+
+
+def test_a_run_held_by_another_driver_is_busy(store, fired):
+    a = agent(fired)
+    from durable_agents.engine.ports import RunInfo
+
+    store.create_run(RunInfo("r1", agent=a.name))
+    store.acquire_lease("r1", "someone", "tok", 30)
+    with pytest.raises(da.RunBusy):
+        a.run("r1", "go", store=store)
+    assert fired == [] and store.load("r1") == []
+
+
+def test_idempotency_keys_are_stable_across_reruns(store):
+    keys = []
+
+    @da.tool(idempotent=True)
+    def post(ctx: da.ToolContext) -> str:
+        keys.append((ctx.idempotency_key, ctx.once_key(), ctx.once_key()))
+        if len(keys) == 1:
+            raise Crash()
+        return "ok"
+
+    script = [scripted.calls(scripted.call("post", {})), scripted.text("done")]
+    a = da.Agent("keys", ScriptedModel(script), "", [post])
+    with pytest.raises(Crash):
+        a.run("r1", "go", store=store)
+    da.resume("r1", store=store)
+    assert keys[0] == keys[1]
+    key, first, second = keys[0]
+    assert (first, second) == (f"{key}:1", f"{key}:2")
+
+
+def test_tool_schema_from_hints_and_docstring():
+    @da.tool
+    def book(table: int, name: str, notes: str = "") -> str:
+        """Book a table."""
+        return ""
+
+    spec = book.spec()
+    assert spec.description == "Book a table."
+    assert spec.parameters["required"] == ["table", "name"]
+    assert spec.parameters["properties"]["table"]["type"] == "integer"
+    assert spec.parameters["additionalProperties"] is False
+    with pytest.raises(da.ConfigError):
+        da.tool(read_only=True, idempotent=True)(lambda: None)
+
+
+def test_removed_tool_with_a_pending_call_refuses_to_resume(store, fired):
+    a = agent(fired, crash_on={("lookup", "7")})
+    with pytest.raises(Crash):
+        a.run("r1", "Refund order 7", store=store)
+    tools = [t for t in make_tools(fired) if t.name != "lookup"]
+    b = da.Agent("support-test", ScriptedModel(SCRIPT), "You help.", tools)
+    with pytest.raises(da.ResumeToolMissing, match="lookup"):
+        b.run("r1", None, store=store)
+
+
+def test_pending_lists_unfinished_runs_with_why(store, fired):
+    a = agent(fired, crash_on={("refund", "7")})
+    with pytest.raises(Crash):
+        a.run("r1", "Refund order 7", store=store)
+    with pytest.raises(da.OutcomeUnknown):
+        da.resume("r1", store=store)
+    [p] = da.pending(store=store)
+    assert (p.run_id, p.status) == ("r1", "halted") and "outcome is unknown" in p.why
