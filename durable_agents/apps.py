@@ -9,8 +9,10 @@ class DurableAgentsConfig(AppConfig):
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
         from .conf import get_settings
+        from .dispatch import enqueue
         from .engine import runtime
         from .registry import load_agents
+        from .shutdown import shutting_down
         from .storage import DjangoStore
 
         runtime.configure(
@@ -18,4 +20,6 @@ class DurableAgentsConfig(AppConfig):
             agent_loader=load_agents,
             lease_ttl=lambda: get_settings().lease_ttl,
             on_drift=lambda: get_settings().on_drift,
+            dispatcher=enqueue,
+            should_stop=shutting_down,
         )

@@ -341,6 +341,16 @@ class DjangoStore:
             rows = rows.filter(status=status)
         return [row.to_domain() for row in rows]
 
+    def check_can_drive(self) -> None:
+        """Driving needs each step to commit on its own: refuse inside ``atomic()``."""
+        if self.connection.in_atomic_block:
+            raise ConfigError(
+                "a run cannot be driven inside transaction.atomic() (or ATOMIC_REQUESTS): its "
+                "steps would not be durable until the transaction commits. Start it with "
+                "agent.start(...) (enqueued on commit) or drive it outside the transaction",
+                code="config.in_transaction",
+            )
+
     def close_thread_resources(self) -> None:
         """Close this thread's database connections (called by engine worker threads)."""
         connections.close_all()

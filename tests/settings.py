@@ -78,6 +78,19 @@ STATIC_URL = "/static/"
 
 DURABLE_AGENTS = {
     "AGENTS": ["tests.support.agents"],
-    "DISPATCH": "inline",
-    "LEASE_TTL": 30,
+    # Tests that start Celery workers set DA_DISPATCH=celery and a queue of their own.
+    "DISPATCH": os.environ.get("DA_DISPATCH", "inline"),
+    "CELERY_QUEUE": os.environ.get("DA_CELERY_QUEUE", "durable_agents"),
+    "RECOVERY_INTERVAL": float(os.environ.get("DA_RECOVERY_INTERVAL", "15")),
+    # Child processes of crash tests run with a short lease, so a killed driver's run can be
+    # taken over quickly by the process that resumes it.
+    "LEASE_TTL": float(os.environ.get("DA_LEASE_TTL", "30")),
 }
+
+# Celery (tests/celery_app.py): a Redis database of its own, late acks, one message at a time.
+CELERY_BROKER_URL = os.environ.get("DA_BROKER_URL", "redis://127.0.0.1:6379/9")
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True

@@ -126,6 +126,20 @@ class Agent:
 
         return drive(self, run_id, input, store=store or runtime.store())
 
+    def start(self, input: Any, run_id: str | None = None, *, store: Store | None = None) -> str:
+        """Create the run, record its input, and hand it to a driver; return its id at once.
+
+        Inside a transaction, the run and its input are written in that transaction and the
+        run is handed over only after it commits (a rolled-back start leaves nothing). The
+        same id started again with the same input just hands it over again.
+        """
+        from .commands import create_run
+
+        store = store or runtime.store()
+        run_id = create_run(self, input, run_id, store=store)
+        runtime.dispatch(run_id)
+        return run_id
+
     def __repr__(self) -> str:
         return f"<Agent {self.name}>"
 

@@ -3,13 +3,17 @@ tasks) calls these; it never edits a run's state itself."""
 
 from __future__ import annotations
 
+import logging
+import re
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from . import runtime
-from .agent import RunResult, get_agent
-from .errors import ConfigError
+from .agent import Agent, RunResult, get_agent
+from .errors import ConfigError, DriveStopped, DurableAgentsError, LeaseLost, Pause, RunBusy
+from .journal import Journal
 from .loop import drive
 from .ports import (
     AWAITING_APPROVAL,
@@ -22,6 +26,9 @@ from .ports import (
     RunInfo,
     Store,
 )
+from .records import encode, validate_run_id
+
+log = logging.getLogger("durable_agents")
 
 _WHY = {
     QUEUED: "waiting for a driver",
@@ -45,6 +52,38 @@ class PendingRun:
     lease_expired: bool | None
 
 
+def new_run_id(agent_name: str) -> str:
+    stem = re.sub(r"[^A-Za-z0-9_.:-]+", "-", agent_name).strip("-.")[:100] or "run"
+    return f"{stem}-{uuid.uuid4().hex[:16]}"
+
+
+def create_run(agent: Agent, input: Any, run_id: str | None, *, store: Store) -> str:
+    """Create a run and journal its start (input and agent fingerprint), first writer wins."""
+    if input is None:
+        raise ConfigError("a run needs an input", code="config.input_missing")
+    run_id = validate_run_id(run_id) if run_id is not None else new_run_id(agent.name)
+    encode(input)  # bad input fails here, before anything is written
+    existing = store.get_run(run_id)
+    if existing is not None and existing.agent and existing.agent != agent.name:
+        raise ConfigError(
+            f"run {run_id!r} belongs to agent {existing.agent!r}; pick another run id",
+            code="config.agent_mismatch",
+        )
+    store.create_run(RunInfo(run_id=run_id, agent=agent.name, status=QUEUED, input=input))
+    start, _ = Journal(store).write(
+        run_id,
+        "run:start",
+        {"kind": "start", "agent": agent.name, "input": input, "fingerprint": agent.fingerprint()},
+    )
+    if encode(start.get("input")) != encode(input):
+        raise ConfigError(
+            f"run {run_id!r} was started with a different input; use a new run id for a new "
+            "request",
+            code="config.input_mismatch",
+        )
+    return run_id
+
+
 def get_run(run_id: str, *, store: Store | None = None) -> RunInfo:
     store = store or runtime.store()
     run = store.get_run(run_id)
@@ -59,6 +98,26 @@ def resume(run_id: str, *, store: Store | None = None) -> RunResult:
     store = store or runtime.store()
     run = get_run(run_id, store=store)
     return drive(get_agent(run.agent), run_id, None, store=store, derived_id=True)
+
+
+def drive_quietly(run_id: str, *, store: Store | None = None) -> str:
+    """Drive a run as a worker does: a pause, a busy run or a lost lease is an outcome, not
+    an error. Returns what happened (``finished``, ``paused``, ``busy``, ``lease_lost``,
+    ``stopped``, ``failed``)."""
+    try:
+        resume(run_id, store=store)
+    except Pause:
+        return "paused"
+    except RunBusy:
+        return "busy"
+    except LeaseLost:
+        return "lease_lost"
+    except DriveStopped:
+        return "stopped"
+    except DurableAgentsError:
+        log.warning("run %s failed", run_id, exc_info=True)
+        return "failed"
+    return "finished"
 
 
 def pending(*, store: Store | None = None, limit: int = 1000) -> Sequence[PendingRun]:

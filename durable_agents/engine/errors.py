@@ -123,6 +123,15 @@ class LeaseLost(DurableAgentsError):
     retryable = True
 
 
+class DriveStopped(DurableAgentsError):
+    """This process is shutting down: the drive stopped after the step in flight and released
+    the run, which any driver may continue."""
+
+    category = "coordination"
+    code = "run.drive_stopped"
+    retryable = True
+
+
 class Pause(Exception):
     """The run stopped durably and is waiting. Not a failure."""
 

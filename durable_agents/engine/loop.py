@@ -27,6 +27,7 @@ from .errors import (
     ApprovalPending,
     BudgetError,
     ConfigError,
+    DriveStopped,
     DurableAgentsError,
     LeaseLost,
     ModelError,
@@ -86,6 +87,9 @@ def drive(
 ) -> RunResult:
     """Drive ``run_id`` under a lease until it finishes, pauses or fails."""
     validate_run_id(run_id, derived=derived_id)
+    check = getattr(store, "check_can_drive", None)
+    if check is not None:
+        check()
     store.create_run(
         RunInfo(run_id=run_id, agent=agent.name, status=QUEUED, input=input, **(meta or {}))
     )
@@ -131,6 +135,9 @@ class Driver:
             raise
         except (LeaseLost, RunBusy):
             raise  # the run is another driver's now; its row is not ours to touch
+        except DriveStopped:
+            self._update(status=QUEUED)
+            raise
         except DurableAgentsError as exc:
             self._fail(exc.code, str(exc), retryable=exc.retryable)
             raise
@@ -238,8 +245,7 @@ class Driver:
         retry = self.agent.model_retry
         request = self._request()
         for attempt in range(1, retry.max_attempts + 1):
-            if self.lease.lost.is_set():
-                raise LeaseLost(f"lease on run {self.run_id!r} was lost; stopping")
+            self._check_continue()
             try:
                 response = self.agent.model.generate(request)
                 self._check_response(response)
@@ -475,11 +481,17 @@ class Driver:
         # only the tool functions run in the pool.
         queue = list(runnable)
         running: dict[Future[Any], tuple[_Gate, int]] = {}
+        stopping: DurableAgentsError | None = None
         with ThreadPoolExecutor(self.agent.tool_concurrency) as pool:
             while queue or running:
-                while queue and len(running) < self.agent.tool_concurrency:
+                while queue and len(running) < self.agent.tool_concurrency and not stopping:
                     gate, attempt = queue.pop(0)
-                    halt = self._prepare(gate, attempt)
+                    try:
+                        halt = self._prepare(gate, attempt)
+                    except (DriveStopped, LeaseLost) as exc:
+                        stopping = exc  # let the calls in flight settle, then stop
+                        queue.clear()
+                        break
                     if halt is not None:
                         halts.append(halt)
                         continue
@@ -492,12 +504,13 @@ class Driver:
                     halt = self._settle_call(gate, attempt, future.result())
                     if halt is not None:
                         halts.append(halt)
+        if stopping is not None:
+            raise stopping
         return halts
 
     def _prepare(self, gate: _Gate, attempt: int) -> HaltInfo | None:
         """Claim the attempt of a call that is not retry-safe; a lost claim halts it."""
-        if self.lease.lost.is_set():
-            raise LeaseLost(f"lease on run {self.run_id!r} was lost; stopping")
+        self._check_continue()
         if gate.tool.safety.retry_safe:
             return None
         name = f"attempt:{gate.call.id}:{attempt}"
@@ -567,6 +580,16 @@ class Driver:
         )
         self.state.add(rec)
         failpoints.hit(f"after-result:{call.id}")
+
+    def _check_continue(self) -> None:
+        """Between steps: stop if the lease was lost or this process is shutting down."""
+        if self.lease.lost.is_set():
+            raise LeaseLost(f"lease on run {self.run_id!r} was lost; stopping")
+        if runtime.should_stop():
+            raise DriveStopped(
+                f"stopped driving run {self.run_id!r} after the step in flight: this worker is "
+                "shutting down; another driver continues it"
+            )
 
     # -- the run row ------------------------------------------------------------------
 

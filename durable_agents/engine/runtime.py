@@ -21,13 +21,18 @@ class Runtime:
     agent_loader: Callable[[], None] | None = None
     lease_ttl: Callable[[], float] = lambda: 30.0
     on_drift: Callable[[], str] = lambda: "warn"
+    # Hands a run to a driver: Celery after commit, or inline. None: drive it right here.
+    dispatcher: Callable[[str], None] | None = None
+    # True once this process is shutting down: drivers stop after the step in flight.
+    should_stop: Callable[[], bool] = lambda: False
 
 
 _runtime = Runtime()
 
 
 def configure(**values: Any) -> None:
-    """Set wiring: ``store_factory``, ``agent_loader``, ``lease_ttl``, ``on_drift``."""
+    """Set wiring: ``store_factory``, ``agent_loader``, ``lease_ttl``, ``on_drift``,
+    ``dispatcher``, ``should_stop``."""
     for key, value in values.items():
         if not hasattr(_runtime, key):
             raise ConfigError(f"unknown runtime setting {key!r}", code="config.runtime")
@@ -55,6 +60,19 @@ def lease_ttl() -> float:
 
 def on_drift() -> str:
     return str(_runtime.on_drift())
+
+
+def dispatch(run_id: str) -> None:
+    if _runtime.dispatcher is not None:
+        _runtime.dispatcher(run_id)
+        return
+    from .commands import drive_quietly
+
+    drive_quietly(run_id)
+
+
+def should_stop() -> bool:
+    return bool(_runtime.should_stop())
 
 
 def holder_name() -> str:

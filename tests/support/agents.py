@@ -1,1 +1,137 @@
-"""Agents the test suite's child processes drive (listed in tests/settings.py AGENTS)."""
+"""Agents the test suite's child processes drive (listed in tests/settings.py AGENTS).
+
+Every tool fire is counted in a table of its own (``test_effects``), written on a separate
+autocommit connection: outside the journal, so a crash test can count side effects the
+journal knows nothing about.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psycopg
+from django.db import connections
+
+import durable_agents as da
+from durable_agents.providers import scripted
+from durable_agents.providers.scripted import ScriptedModel
+
+EFFECTS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS test_effects ("
+    " id bigserial PRIMARY KEY, run_id text NOT NULL, call_id text NOT NULL,"
+    " tool text NOT NULL, key text NOT NULL DEFAULT '')"
+)
+
+
+_table_ready: set[str] = set()
+
+
+def effects_connection() -> psycopg.Connection:
+    settings = connections["default"].settings_dict
+    conn = psycopg.connect(
+        dbname=settings["NAME"],
+        user=settings["USER"],
+        host=settings["HOST"],
+        port=settings["PORT"],
+        autocommit=True,
+    )
+    if settings["NAME"] not in _table_ready:
+        try:
+            conn.execute(EFFECTS_TABLE)
+        except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+            pass  # another process or thread created it at the same moment
+        _table_ready.add(settings["NAME"])
+    return conn
+
+
+def count_effects(run_id: str) -> dict[str, int]:
+    with effects_connection() as conn:
+        rows = conn.execute(
+            "SELECT call_id, count(*) FROM test_effects WHERE run_id = %s GROUP BY call_id",
+            [run_id],
+        ).fetchall()
+    return {call_id: n for call_id, n in rows}
+
+
+def fire(ctx: da.ToolContext, tool: str) -> None:
+    with effects_connection() as conn:
+        conn.execute(
+            "INSERT INTO test_effects (run_id, call_id, tool, key) VALUES (%s, %s, %s, %s)",
+            [ctx.run_id, ctx.call_id, tool, ctx.idempotency_key],
+        )
+    if os.environ.get("DA_CRASH_INSIDE") == ctx.call_id:
+        os.kill(os.getpid(), signal.SIGKILL)  # the effect happened; its result never will
+
+
+SAFETY = {
+    "read_only": {"read_only": True},
+    "idempotent": {"idempotent": True},
+    "keyed": {"idempotency_key": lambda args: f"act:{args['item']}"},
+    "side_effect": {},
+}
+
+# Two calls in turn 1, one in turn 2, then the answer.
+CRASH_SCRIPT = [
+    scripted.calls(scripted.call("act", {"item": "x"}), scripted.call("act", {"item": "y"})),
+    scripted.calls(scripted.call("act", {"item": "z"})),
+    scripted.text("all done"),
+]
+
+
+def _crash_agent(safety: str, concurrency: int) -> da.Agent:
+    @da.tool(**SAFETY[safety])
+    def act(item: str, ctx: da.ToolContext) -> dict:
+        """Do something to an item."""
+        fire(ctx, "act")
+        return {"done": item}
+
+    suffix = f"-c{concurrency}" if concurrency > 1 else ""
+    return da.Agent(
+        f"crash-{safety}{suffix}",
+        ScriptedModel(CRASH_SCRIPT),
+        "Act on every item.",
+        [act],
+        tool_concurrency=concurrency,
+    )
+
+
+crash_agents = [_crash_agent(s, 1) for s in SAFETY] + [_crash_agent("side_effect", 2)]
+
+
+@da.tool(read_only=True)
+def lookup(order_id: str) -> dict:
+    """Look up an order."""
+    return {"order": order_id, "status": "shipped"}
+
+
+@da.tool(requires_approval=True)
+def refund(order_id: str, cents: int, ctx: da.ToolContext) -> dict:
+    """Refund an order (staff approve first)."""
+    fire(ctx, "refund")
+    return {"refunded": cents}
+
+
+echo = da.Agent(
+    "echo",
+    ScriptedModel(
+        [
+            scripted.calls(scripted.call("lookup", {"order_id": "7"})),
+            scripted.text("order 7 shipped"),
+        ]
+    ),
+    "Answer about orders.",
+    [lookup],
+)
+
+gated = da.Agent(
+    "gated",
+    ScriptedModel(
+        [
+            scripted.calls(scripted.call("refund", {"order_id": "7", "cents": 500})),
+            scripted.text("refunded"),
+        ]
+    ),
+    "Refund when asked.",
+    [refund],
+)

@@ -17,19 +17,41 @@ from durable_agents.storage import DjangoStore
 
 
 class Command(BaseCommand):
-    help = "Operate durable agent runs: demo."
+    help = "Operate durable agent runs: runs, recover, demo."
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
+        sub.add_parser("runs", help="list unfinished runs and why each one waits")
+        sub.add_parser("recover", help="one recovery pass: re-enqueue runs nobody drives")
         demo = sub.add_parser("demo", help="show the journal surviving a crash")
         demo.add_argument("--child", help="internal: drive the demo run in this process")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["action"] == "demo":
+        if options["action"] == "runs":
+            self._runs()
+        elif options["action"] == "recover":
+            from durable_agents.recovery import recover
+
+            sent = recover()
+            self.stdout.write(f"re-enqueued {len(sent)} run(s)")
+            for run_id in sent:
+                self.stdout.write(f"  {run_id}")
+        elif options["action"] == "demo":
             if options.get("child"):
                 _demo_steps(options["child"], crash_after=2, out=self.stdout.write)
             else:
                 self._demo()
+
+    def _runs(self) -> None:
+        from durable_agents.engine.commands import pending
+
+        runs = pending()
+        if not runs:
+            self.stdout.write("no unfinished runs")
+            return
+        for run in runs:
+            tries = f", {run.attempts} failed attempt(s)" if run.attempts else ""
+            self.stdout.write(f"{run.run_id}  [{run.agent}] {run.status}: {run.why}{tries}")
 
     def _demo(self) -> None:
         say = self.stdout.write
