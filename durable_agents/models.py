@@ -167,3 +167,120 @@ class Halt(models.Model):
             created_at=self.created_at,
             resolved_at=self.resolved_at,
         )
+
+
+class ApprovalRequest(models.Model):
+    """A gated tool call waiting for staff. The decision that counts is journaled too."""
+
+    STATUSES = [
+        (ports.APPROVAL_PENDING, "pending"),
+        (ports.APPROVAL_APPROVED, "approved"),
+        (ports.APPROVAL_DENIED, "denied"),
+        (ports.APPROVAL_WITHDRAWN, "withdrawn"),
+    ]
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approval_requests")
+    call_id = models.CharField(max_length=500)
+    tool_name = models.CharField(max_length=200)
+    arguments = models.JSONField(null=True, blank=True)
+    policy = models.JSONField(default=dict)
+    start_seq = models.BigIntegerField(help_text="which start of the run asked")
+    status = models.CharField(max_length=16, choices=STATUSES, default=ports.APPROVAL_PENDING)
+    created_at = models.DateTimeField(db_default=Now())
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "call_id"], name="da_approval_run_call"),
+        ]
+        indexes = [models.Index(fields=["status", "-created_at"], name="da_approval_status")]
+        verbose_name = "tool call awaiting approval"
+        verbose_name_plural = "tool calls awaiting approval"
+
+    def __str__(self) -> str:
+        return f"{self.tool_name} in {self.run_id}"
+
+    def to_domain(self) -> ports.ApprovalRequestInfo:
+        return ports.ApprovalRequestInfo(
+            run_id=self.run_id,
+            call_id=self.call_id,
+            tool_name=self.tool_name,
+            arguments=self.arguments,
+            policy=self.policy or {},
+            start_seq=self.start_seq,
+            status=self.status,
+            created_at=self.created_at,
+            decided_at=self.decided_at,
+        )
+
+
+class Decision(models.Model):
+    """One approver's decision on one request: a user counts once."""
+
+    request = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="decisions")
+    approver = models.CharField(max_length=200)
+    approved = models.BooleanField()
+    note = models.TextField(blank=True, default="")
+    signature = models.TextField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["request", "approver"], name="da_decision_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.approver}: {'approve' if self.approved else 'deny'}"
+
+
+class ActionLog(models.Model):
+    """Who did what: every staff or API action on a run. Append-only; kept when a run is
+    deleted (the run id is a plain column, not a foreign key)."""
+
+    actor = models.CharField(max_length=200)
+    action = models.CharField(max_length=32)
+    run_id = models.CharField(max_length=RUN_ID_LENGTH, db_index=True)
+    target = models.CharField(max_length=500, blank=True, default="")
+    payload = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["-created_at"], name="da_action_time")]
+
+    def __str__(self) -> str:
+        return f"{self.actor} {self.action} {self.run_id}"
+
+
+class ApiKey(models.Model):
+    """An API key tied to a user; only its hash is stored. Revoke it in the admin."""
+
+    user = models.ForeignKey(
+        "auth.User", on_delete=models.CASCADE, related_name="durable_agents_api_keys"
+    )
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, db_index=True)
+    key_hash = models.CharField(max_length=128)
+    created_at = models.DateTimeField(db_default=Now())
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
+class ApproverKey(models.Model):
+    """An Ed25519 public key an external approver signs decisions with."""
+
+    approver = models.CharField(max_length=200, db_index=True, help_text="the approver's username")
+    public_key = models.CharField(max_length=100, help_text="raw 32-byte key, base64")
+    created_at = models.DateTimeField(db_default=Now())
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"key of {self.approver}"

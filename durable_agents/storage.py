@@ -27,23 +27,32 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 from django.utils.dateparse import parse_datetime
+from psycopg.types.json import Jsonb
 
 from .engine.errors import ConfigError, LeaseLost, StorageError
 from .engine.ports import (
+    APPROVAL_PENDING,
     HALT_OPEN,
     RUN_FIELDS,
     TERMINAL_STATUSES,
+    ActionInfo,
+    ApprovalRequestInfo,
+    DecisionInfo,
     Entry,
     HaltInfo,
     LeaseInfo,
     RunInfo,
 )
-from .models import Halt, JournalEntry, Lease, Run
+from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Lease, Run
 
 _J = JournalEntry._meta.db_table
 _L = Lease._meta.db_table
 _R = Run._meta.db_table
 _NEVER_AUTO_PREPARE = 2**31 - 1
+_TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
+_C_TIMESTAMPTZ = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEXT)
+
+_JSON_COLUMNS = frozenset({"input", "usage", "spend", "last_error", "fingerprint"})
 
 
 def _aware(value: Any) -> datetime:
@@ -128,6 +137,10 @@ class DjangoStore:
                     # default); a threshold never reached keeps other queries unprepared.
                     raw.prepare_threshold = _NEVER_AUTO_PREPARE
                 cursor = self._cursors[raw] = psycopg.Cursor(raw)
+                # Django's timestamptz loader parses in Python; psycopg's own is C and gives
+                # the same aware datetime (the session time zone is UTC).
+                if _C_TIMESTAMPTZ is not None:
+                    cursor.adapters.register_loader(_TIMESTAMPTZ, _C_TIMESTAMPTZ)
             with conn.wrap_database_errors:
                 cursor.execute(sql, params, prepare=True)
                 return cursor.fetchone() if fetch == "one" else cursor.fetchall()
@@ -175,6 +188,9 @@ class DjangoStore:
         unknown = set(changes) - RUN_FIELDS
         if unknown:
             raise ConfigError(f"unknown run fields {sorted(unknown)}", code="config.run_field")
+        if self.prepared and self.dialect.postgres:
+            self._update_run_sql(run_id, changes, fence)
+            return
         values: dict[str, Any] = dict(changes, updated_at=Now())
         if "status" in changes:
             values["finished_at"] = Now() if changes["status"] in TERMINAL_STATUSES else None
@@ -184,6 +200,39 @@ class DjangoStore:
         updated = rows.update(**values)
         if updated == 0 and fence is not None and self.get_run(run_id) is not None:
             raise LeaseLost(f"lease on run {run_id!r} is no longer held by this driver")
+
+    def _update_run_sql(self, run_id: str, changes: Mapping[str, Any], fence: str | None) -> None:
+        """The driver updates the run row after every turn: one prepared statement, fenced
+        like a journal write."""
+        sets, params = self._run_sets(changes)
+        sql = f"UPDATE {_R} SET {sets} WHERE run_id = %s"
+        params.append(run_id)
+        if fence is not None:
+            sql += (
+                f" AND EXISTS (SELECT 1 FROM {_L} WHERE run_id = %s AND token = %s "
+                "AND expires_at > now())"
+            )
+            params += [run_id, fence]
+        row = self._fetchone(sql + " RETURNING 1", params)
+        if row is None and fence is not None and self.get_run(run_id) is not None:
+            raise LeaseLost(f"lease on run {run_id!r} is no longer held by this driver")
+
+    @staticmethod
+    def _run_sets(changes: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        """The SET clause (PostgreSQL) for projected run fields, and its parameters."""
+        unknown = set(changes) - RUN_FIELDS
+        if unknown:
+            raise ConfigError(f"unknown run fields {sorted(unknown)}", code="config.run_field")
+        columns = sorted(changes)
+        sets = [f"{c} = %s" for c in columns] + ["updated_at = now()"]
+        params: list[Any] = [
+            Jsonb(changes[c]) if c in _JSON_COLUMNS and changes[c] is not None else changes[c]
+            for c in columns
+        ]
+        if "status" in changes:
+            sets.append("finished_at = CASE WHEN %s THEN now() ELSE NULL END")
+            params.append(changes["status"] in TERMINAL_STATUSES)
+        return ", ".join(sets), params
 
     def _live_lease(self, token: str) -> Any:
         return Lease.objects.using(self.using).filter(
@@ -196,9 +245,20 @@ class DjangoStore:
     # -- journal ----------------------------------------------------------------------
 
     def insert(
-        self, run_id: str, name: str, data: str, *, fence: str | None = None
+        self,
+        run_id: str,
+        name: str,
+        data: str,
+        *,
+        fence: str | None = None,
+        run_changes: Mapping[str, Any] | None = None,
     ) -> tuple[Entry, bool]:
         d = self.dialect
+        if run_changes and not (d.postgres and self.prepared):
+            entry, inserted = self.insert(run_id, name, data, fence=fence)
+            if inserted:
+                self.update_run(run_id, run_changes, fence=fence)
+            return entry, inserted
         if fence is None:
             sql = (
                 f"INSERT INTO {_J} (run_id, name, data, created_at) "
@@ -216,6 +276,15 @@ class DjangoStore:
                 "ON CONFLICT (run_id, name) DO NOTHING RETURNING seq, created_at"
             )
             params = [run_id, name, data, run_id, fence]
+        if run_changes:
+            # The run row's projection changes in the same statement as the record it
+            # projects: one round trip, and never out of step with the journal.
+            sets, values = self._run_sets(run_changes)
+            sql = (
+                f"WITH ins AS ({sql}), upd AS (UPDATE {_R} SET {sets} "
+                "WHERE run_id = %s AND EXISTS (SELECT 1 FROM ins)) SELECT seq, created_at FROM ins"
+            )
+            params += [*values, run_id]
         row = self._fetchone(sql, params)
         if row is not None:
             return Entry(run_id, name, int(row[0]), data, _aware(row[1])), True
@@ -248,6 +317,8 @@ class DjangoStore:
             [run_id, after],
             "all",
         )
+        if self.dialect.postgres and self.prepared:  # typed by psycopg's own loaders
+            return [Entry(run_id, name, seq, data, at) for seq, name, data, at in rows]
         return [Entry(run_id, r[1], int(r[0]), r[2], _aware(r[3])) for r in rows]
 
     # -- leases -----------------------------------------------------------------------
@@ -340,6 +411,108 @@ class DjangoStore:
         if status is not None:
             rows = rows.filter(status=status)
         return [row.to_domain() for row in rows]
+
+    # -- approvals and history --------------------------------------------------------
+
+    def save_approval_request(self, request: ApprovalRequestInfo) -> bool:
+        rows = ApprovalRequest.objects.using(self.using)
+        values = {
+            "tool_name": request.tool_name,
+            "arguments": request.arguments,
+            "policy": dict(request.policy),
+            "start_seq": request.start_seq,
+            "status": request.status,
+            "decided_at": None,
+        }
+        with transaction.atomic(using=self.using):
+            existing = (
+                rows.select_for_update()
+                .filter(run_id=request.run_id, call_id=request.call_id)
+                .first()
+            )
+            if existing is not None and existing.start_seq == request.start_seq:
+                return False
+            if existing is not None:  # an earlier incarnation of the run asked: replace it
+                existing.decisions.all().delete()
+                rows.filter(pk=existing.pk).update(**values, created_at=Now())
+                return True
+            try:
+                with transaction.atomic(using=self.using):
+                    rows.create(run_id=request.run_id, call_id=request.call_id, **values)
+            except IntegrityError:
+                return False
+        return True
+
+    def get_approval_request(self, run_id: str, call_id: str) -> ApprovalRequestInfo | None:
+        row = (
+            ApprovalRequest.objects.using(self.using).filter(run_id=run_id, call_id=call_id).first()
+        )
+        return row.to_domain() if row is not None else None
+
+    def set_approval_status(self, run_id: str, call_id: str, status: str) -> None:
+        ApprovalRequest.objects.using(self.using).filter(run_id=run_id, call_id=call_id).update(
+            status=status, decided_at=None if status == APPROVAL_PENDING else Now()
+        )
+
+    def list_approval_requests(
+        self, *, status: str | None = APPROVAL_PENDING, run_id: str | None = None
+    ) -> Sequence[ApprovalRequestInfo]:
+        rows = ApprovalRequest.objects.using(self.using).order_by("run_id", "call_id")
+        if status is not None:
+            rows = rows.filter(status=status)
+        if run_id is not None:
+            rows = rows.filter(run_id=run_id)
+        return [row.to_domain() for row in rows]
+
+    def save_decision(self, decision: DecisionInfo) -> bool:
+        request = (
+            ApprovalRequest.objects.using(self.using)
+            .filter(run_id=decision.run_id, call_id=decision.call_id)
+            .first()
+        )
+        if request is None:
+            raise ConfigError(
+                f"no approval request for call {decision.call_id!r} of run {decision.run_id!r}",
+                code="approval.not_found",
+            )
+        try:
+            with transaction.atomic(using=self.using):
+                Decision.objects.using(self.using).create(
+                    request=request,
+                    approver=decision.approver,
+                    approved=decision.approved,
+                    note=decision.note,
+                    signature=decision.signature,
+                )
+        except IntegrityError:
+            return False
+        return True
+
+    def list_decisions(self, run_id: str, call_id: str) -> Sequence[DecisionInfo]:
+        rows = Decision.objects.using(self.using).filter(
+            request__run_id=run_id, request__call_id=call_id
+        )
+        return [
+            DecisionInfo(run_id, call_id, d.approver, d.approved, d.note, d.signature, d.created_at)
+            for d in rows
+        ]
+
+    def log_action(self, action: ActionInfo) -> None:
+        ActionLog.objects.using(self.using).create(
+            actor=action.actor,
+            action=action.action,
+            run_id=action.run_id,
+            target=action.target,
+            payload=dict(action.payload),
+        )
+
+    def list_actions(self, *, run_id: str | None = None) -> Sequence[ActionInfo]:
+        rows = ActionLog.objects.using(self.using).all()
+        if run_id is not None:
+            rows = rows.filter(run_id=run_id)
+        return [
+            ActionInfo(a.actor, a.action, a.run_id, a.target, a.payload, a.created_at) for a in rows
+        ]
 
     def check_can_drive(self) -> None:
         """Driving needs each step to commit on its own: refuse inside ``atomic()``."""

@@ -101,6 +101,8 @@ class Agent:
         self.tool_concurrency = tool_concurrency
         self.model_retry = model_retry or ModelRetry()
         self.on_drift = on_drift
+        self._specs: list[Any] | None = None
+        self._fingerprint: dict[str, Any] | None = None
         with _REGISTRY_LOCK:
             _REGISTRY[name] = self
 
@@ -109,10 +111,14 @@ class Agent:
         return str(getattr(self.model, "model_id", type(self.model).__name__))
 
     def tool_specs(self) -> list[Any]:
-        return [t.spec() for t in self.tools.values()]
+        if self._specs is None:
+            self._specs = [t.spec() for t in self.tools.values()]
+        return self._specs
 
     def fingerprint(self) -> dict[str, Any]:
-        return fingerprint(self.model_id, self.instructions, self.tool_specs())
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self.model_id, self.instructions, self.tool_specs())
+        return dict(self._fingerprint)
 
     def run(self, run_id: str, input: Any = None, *, store: Store | None = None) -> RunResult:
         """Drive run ``run_id`` to its end in this process, under a lease.

@@ -30,7 +30,6 @@ from .records import (
     JOURNAL_FORMAT,
     SUPPORTED_FORMATS,
     Record,
-    decode,
     encode,
     is_reserved_name,
     validate_run_id,
@@ -41,15 +40,7 @@ _CHECKED_RUNS_LIMIT = 65536
 
 
 def to_record(entry: Entry) -> Record:
-    body = decode(entry.data)
-    if not isinstance(body, dict):
-        raise ProtocolError(
-            f"journal entry {entry.name!r} of run {entry.run_id!r} is not a JSON object",
-            code="protocol.decode",
-        )
-    return Record(
-        run_id=entry.run_id, name=entry.name, seq=entry.seq, body=body, created_at=entry.created_at
-    )
+    return Record(*entry)
 
 
 def now_ms() -> int:
@@ -133,7 +124,13 @@ class Journal:
     # -- writes -----------------------------------------------------------------------
 
     def write(
-        self, run_id: str, name: str, body: dict[str, Any], *, fence: str | None = None
+        self,
+        run_id: str,
+        name: str,
+        body: dict[str, Any],
+        *,
+        fence: str | None = None,
+        run_changes: dict[str, Any] | None = None,
     ) -> tuple[Record, bool]:
         """Insert ``body`` as step ``name`` if absent; the engine's own write path.
 
@@ -148,7 +145,9 @@ class Journal:
             )
         data = encode(body)  # before the header: bad input writes nothing at all
         self._ensure_header(run_id, fence)
-        entry, inserted = self.store.insert(run_id, name, data, fence=fence)
+        entry, inserted = self.store.insert(
+            run_id, name, data, fence=fence, run_changes=run_changes
+        )
         return to_record(entry), inserted
 
     def do(
@@ -256,13 +255,22 @@ class RunLog:
         self._order: list[Record] = []
         self.refresh()
 
-    def refresh(self) -> None:
-        # A full read: an entry another writer committed late may carry a lower seq than
-        # one already seen (sequences are drawn at insert, not at commit).
-        entries = self.journal.store.load(self.run_id)
-        if entries and not self._order:
+    def refresh(self, *, since_last: bool = False) -> None:
+        """Read entries added by others. A full read by default: an entry another writer
+        committed late may carry a lower seq than one already seen (sequences are drawn at
+        insert, not at commit). ``since_last`` reads only later entries: right after taking
+        the lease that is complete for fenced writes, since a fenced insert holds a share
+        lock on the lease row until it commits, so the lease could not be taken before."""
+        after = max((r.seq for r in self._order), default=0) if since_last else 0
+        entries = self.journal.store.load(self.run_id, after=after)
+        if not entries:
+            return
+        if not self._order:  # the first read: one batch, no duplicates possible
             self.journal._check_header(self.run_id, entries[0])
             self.journal._remember(self.run_id)
+            self._order = [Record(*e) for e in entries]
+            self._records = {r.name: r for r in self._order}
+            return
         for entry in entries:
             self._add(to_record(entry))
 
@@ -294,11 +302,15 @@ class RunLog:
             self._add(record)
         return record
 
-    def write(self, name: str, body: dict[str, Any]) -> tuple[Record, bool]:
+    def write(
+        self, name: str, body: dict[str, Any], run_changes: dict[str, Any] | None = None
+    ) -> tuple[Record, bool]:
         existing = self._records.get(name)
         if existing is not None:
             return existing, False
-        record, inserted = self.journal.write(self.run_id, name, body, fence=self.fence)
+        record, inserted = self.journal.write(
+            self.run_id, name, body, fence=self.fence, run_changes=run_changes
+        )
         self._add(record)
         return record, inserted
 

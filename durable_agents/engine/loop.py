@@ -37,10 +37,10 @@ from .errors import (
     RunBusy,
     ToolOutcomeUnknown,
 )
-from .fingerprint import diff, instructions_digest, tools_digest
+from .fingerprint import diff, tools_digest
 from .journal import Journal, RunLog
 from .leases import HeldLease
-from .model import FINISH_FILTERED, FINISH_LENGTH, ModelRequest, ModelResponse, ToolCall
+from .model import FINISH_FILTERED, FINISH_LENGTH, ModelRequest, ModelResponse, ToolCall, Usage
 from .ports import (
     AWAITING_APPROVAL,
     FAILED,
@@ -90,11 +90,36 @@ def drive(
     check = getattr(store, "check_can_drive", None)
     if check is not None:
         check()
-    store.create_run(
-        RunInfo(run_id=run_id, agent=agent.name, status=QUEUED, input=input, **(meta or {}))
-    )
+    log = Journal(store).open(run_id)  # the one full read of the journal
+    state = RunState.of(log)
+    if state.complete is not None:
+        # Finished is final: answer from the journal without leasing or calling anything.
+        Driver.check_start(agent, run_id, state, input)
+        return finished_result(run_id, state)
+    if not len(log):
+        store.create_run(
+            RunInfo(run_id=run_id, agent=agent.name, status=QUEUED, input=input, **(meta or {}))
+        )
     with HeldLease(store, run_id, runtime.lease_ttl()) as lease:
-        return Driver(agent, store, run_id, lease).drive(input, seed)
+        log.fence = lease.token
+        log.refresh(since_last=True)
+        return Driver(agent, store, run_id, lease, log).drive(input, seed)
+
+
+def finished_result(run_id: str, state: RunState) -> RunResult:
+    """A finished run's result, from its `run:complete` record (which holds the totals)."""
+    from .agent import RunResult
+
+    complete = state.complete
+    assert complete is not None
+    usage, spend = complete.get("usage"), complete.get("spend")
+    return RunResult(
+        run_id=run_id,
+        answer=str(complete.get("answer") or ""),
+        usage=Usage.from_json(usage) if usage is not None else state.usage(),
+        spend=Usage.from_json(spend) if spend is not None else state.spend(),
+        turns=int(complete.get("turns") or len(state.turns)),
+    )
 
 
 @dataclass
@@ -107,21 +132,42 @@ class _Gate:
 class Driver:
     """One drive of one run, by one process, under one lease."""
 
-    def __init__(self, agent: Agent, store: Store, run_id: str, lease: HeldLease) -> None:
+    def __init__(
+        self, agent: Agent, store: Store, run_id: str, lease: HeldLease, log: RunLog
+    ) -> None:
         self.agent = agent
         self.store = store
         self.run_id = run_id
         self.lease = lease
         self.fence = lease.token
-        self.log: RunLog = Journal(store).open(run_id, fence=lease.token)
-        self.state = RunState.of(self.log)
+        self.log = log
+        self.state = RunState.of(log)
+        self._tools_digest = tools_digest(agent.tool_specs())
+
+    @staticmethod
+    def check_start(agent: Agent, run_id: str, state: RunState, input: Any) -> None:
+        """Refuse a drive by another agent, or with another input than the run recorded."""
+        start = state.start
+        if start is None:
+            return
+        if start.get("agent") != agent.name:
+            raise ConfigError(
+                f"run {run_id!r} belongs to agent {start.get('agent')!r}, not {agent.name!r}",
+                code="config.agent_mismatch",
+            )
+        if input is not None and encode(input) != encode(start.get("input")):
+            raise ConfigError(
+                f"run {run_id!r} was started with a different input; resume it with the same "
+                "input (or none), or use a new run id for a new request",
+                code="config.input_mismatch",
+            )
 
     # -- entry ------------------------------------------------------------------------
 
     def drive(self, input: Any, seed: list[dict[str, Any]] | None) -> RunResult:
         self._begin(input, seed)
         if self.state.complete is not None:
-            return self._result()
+            return finished_result(self.run_id, self.state)
         if self.state.cancelled is not None:
             raise ConfigError(
                 f"run {self.run_id!r} was cancelled; start a new run to try again",
@@ -168,18 +214,7 @@ class Driver:
             self.state.add(rec)
             failpoints.hit("after-start")
             return
-        if start.get("agent") != self.agent.name:
-            raise ConfigError(
-                f"run {self.run_id!r} belongs to agent {start.get('agent')!r}, not "
-                f"{self.agent.name!r}",
-                code="config.agent_mismatch",
-            )
-        if input is not None and encode(input) != encode(start.get("input")):
-            raise ConfigError(
-                f"run {self.run_id!r} was started with a different input; resume it with "
-                "the same input (or none), or use a new run id for a new request",
-                code="config.input_mismatch",
-            )
+        self.check_start(self.agent, self.run_id, self.state, input)
 
     def _check_drift(self) -> None:
         recorded = self.state.start.get("fingerprint") if self.state.start else None
@@ -313,7 +348,8 @@ class Driver:
         self.state.add(rec)
 
     def _record_turn(self, n: int, response: ModelResponse) -> None:
-        specs = self.agent.tool_specs()
+        usage = self.state.usage() + response.usage
+        spend = self.state.spend() + response.usage
         rec, _ = self.log.write(
             f"model:{n}",
             {
@@ -323,47 +359,38 @@ class Driver:
                 "finish": response.finish,
                 "raw_finish": response.raw_finish,
                 "model": response.model or self.agent.model_id,
-                "prompt_digest": instructions_digest(self.agent.instructions),
-                "tools_digest": tools_digest(specs),
+                "prompt_digest": self.agent.fingerprint()["instructions"],
+                "tools_digest": self._tools_digest,
             },
+            run_changes={"turns": n, "usage": usage.to_json(), "spend": spend.to_json()},
         )
         self.state.add(rec)
         failpoints.hit(f"after-model:{n}")
-        spend = self.state.spend()
-        self._update(
-            turns=len(self.state.turns), usage=self.state.usage().to_json(), spend=spend.to_json()
-        )
 
     def _finish(self, last: Any) -> RunResult:
+        usage, spend, turns = self.state.usage(), self.state.spend(), len(self.state.turns)
         answer = self.state.assistant(last).content
         rec, _ = self.log.write(
             "run:complete",
-            {"kind": "complete", "answer": answer, "turns": len(self.state.turns)},
+            {
+                "kind": "complete",
+                "answer": answer,
+                "turns": turns,
+                "usage": usage.to_json(),
+                "spend": spend.to_json(),
+            },
+            run_changes={
+                "status": FINISHED,
+                "answer": answer,
+                "last_error": None,
+                "attempts": 0,
+                "turns": turns,
+                "usage": usage.to_json(),
+                "spend": spend.to_json(),
+            },
         )
         self.state.add(rec)
-        self._update(
-            status=FINISHED,
-            answer=rec.get("answer"),
-            last_error=None,
-            attempts=0,
-            turns=len(self.state.turns),
-            usage=self.state.usage().to_json(),
-            spend=self.state.spend().to_json(),
-        )
-        return self._result()
-
-    def _result(self) -> RunResult:
-        from .agent import RunResult
-
-        complete = self.state.complete
-        assert complete is not None
-        return RunResult(
-            run_id=self.run_id,
-            answer=str(complete.get("answer") or ""),
-            usage=self.state.usage(),
-            spend=self.state.spend(),
-            turns=len(self.state.turns),
-        )
+        return finished_result(self.run_id, self.state)
 
     # -- tool calls -------------------------------------------------------------------
 

@@ -16,9 +16,13 @@ from typing import Any
 
 from .errors import ConfigError, LeaseLost
 from .ports import (
+    APPROVAL_PENDING,
     HALT_OPEN,
     RUN_FIELDS,
     TERMINAL_STATUSES,
+    ActionInfo,
+    ApprovalRequestInfo,
+    DecisionInfo,
     Entry,
     HaltInfo,
     LeaseInfo,
@@ -42,6 +46,9 @@ class InMemoryStore:
         self._leases: dict[str, tuple[str, str, float, float]] = {}  # holder, token, exp, renewed
         self._seq = 0
         self._halts: dict[tuple[str, str], HaltInfo] = {}
+        self._requests: dict[tuple[str, str], ApprovalRequestInfo] = {}
+        self._decisions: dict[tuple[str, str], list[DecisionInfo]] = {}
+        self._actions: list[ActionInfo] = []
 
     # -- runs -------------------------------------------------------------------------
 
@@ -92,8 +99,21 @@ class InMemoryStore:
     # -- journal ----------------------------------------------------------------------
 
     def insert(
-        self, run_id: str, name: str, data: str, *, fence: str | None = None
+        self,
+        run_id: str,
+        name: str,
+        data: str,
+        *,
+        fence: str | None = None,
+        run_changes: Mapping[str, Any] | None = None,
     ) -> tuple[Entry, bool]:
+        with self._lock:
+            entry, inserted = self._insert(run_id, name, data, fence)
+            if inserted and run_changes:
+                self.update_run(run_id, run_changes, fence=fence)
+            return entry, inserted
+
+    def _insert(self, run_id: str, name: str, data: str, fence: str | None) -> tuple[Entry, bool]:
         with self._lock:
             self._require_run(run_id, "writing to its journal")
             entries = self._entries.setdefault(run_id, {})
@@ -196,6 +216,61 @@ class InMemoryStore:
                 for (rid, _), h in sorted(self._halts.items())
                 if (run_id is None or rid == run_id) and (status is None or h.status == status)
             ]
+
+    # -- approvals and history --------------------------------------------------------
+
+    def save_approval_request(self, request: ApprovalRequestInfo) -> bool:
+        with self._lock:
+            key = (request.run_id, request.call_id)
+            existing = self._requests.get(key)
+            if existing is not None and existing.start_seq == request.start_seq:
+                return False
+            self._requests[key] = replace(request, created_at=_dt(self._clock()))
+            self._decisions.pop(key, None)  # decisions belonged to the earlier incarnation
+            return True
+
+    def get_approval_request(self, run_id: str, call_id: str) -> ApprovalRequestInfo | None:
+        with self._lock:
+            return self._requests.get((run_id, call_id))
+
+    def set_approval_status(self, run_id: str, call_id: str, status: str) -> None:
+        with self._lock:
+            request = self._requests.get((run_id, call_id))
+            if request is not None:
+                decided = None if status == APPROVAL_PENDING else _dt(self._clock())
+                self._requests[(run_id, call_id)] = replace(
+                    request, status=status, decided_at=decided
+                )
+
+    def list_approval_requests(
+        self, *, status: str | None = APPROVAL_PENDING, run_id: str | None = None
+    ) -> Sequence[ApprovalRequestInfo]:
+        with self._lock:
+            return [
+                r
+                for key, r in sorted(self._requests.items())
+                if (status is None or r.status == status) and (run_id is None or key[0] == run_id)
+            ]
+
+    def save_decision(self, decision: DecisionInfo) -> bool:
+        with self._lock:
+            decisions = self._decisions.setdefault((decision.run_id, decision.call_id), [])
+            if any(d.approver == decision.approver for d in decisions):
+                return False
+            decisions.append(replace(decision, created_at=_dt(self._clock())))
+            return True
+
+    def list_decisions(self, run_id: str, call_id: str) -> Sequence[DecisionInfo]:
+        with self._lock:
+            return list(self._decisions.get((run_id, call_id), ()))
+
+    def log_action(self, action: ActionInfo) -> None:
+        with self._lock:
+            self._actions.append(replace(action, created_at=_dt(self._clock())))
+
+    def list_actions(self, *, run_id: str | None = None) -> Sequence[ActionInfo]:
+        with self._lock:
+            return [a for a in self._actions if run_id is None or a.run_id == run_id]
 
     # -- listing ----------------------------------------------------------------------
 

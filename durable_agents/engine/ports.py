@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 # Statuses a run can be in. The journal is the truth; the run row is a projection of it.
 QUEUED = "queued"
@@ -76,9 +76,9 @@ RUN_FIELDS = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One stored journal entry: bytes and position, no meaning."""
+class Entry(NamedTuple):
+    """One stored journal entry: bytes and position, no meaning. (A named tuple: a resume
+    reads thousands of them at once.)"""
 
     run_id: str
     name: str
@@ -151,6 +151,52 @@ class HaltInfo:
     resolved_at: datetime | None = None
 
 
+APPROVAL_PENDING = "pending"
+APPROVAL_APPROVED = "approved"
+APPROVAL_DENIED = "denied"
+APPROVAL_WITHDRAWN = "withdrawn"
+
+
+@dataclass(frozen=True)
+class ApprovalRequestInfo:
+    """One gated tool call waiting for (or past) a staff decision."""
+
+    run_id: str
+    call_id: str
+    tool_name: str
+    arguments: Any
+    policy: Mapping[str, Any]  # {"kind": "single"} or {"kind": "quorum", "need", "group"}
+    start_seq: int  # the run's `run:start` position: which incarnation of the run asked
+    status: str = APPROVAL_PENDING
+    created_at: datetime | None = None
+    decided_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class DecisionInfo:
+    """One approver's decision on one request."""
+
+    run_id: str
+    call_id: str
+    approver: str
+    approved: bool
+    note: str = ""
+    signature: str | None = None
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ActionInfo:
+    """A history row: who did what to which run."""
+
+    actor: str
+    action: str
+    run_id: str
+    target: str = ""
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    created_at: datetime | None = None
+
+
 @runtime_checkable
 class Store(Protocol):
     """The storage port. See the module docstring for the contract."""
@@ -166,9 +212,18 @@ class Store(Protocol):
         """Change projected fields (``RUN_FIELDS``); a terminal status stamps finished_at."""
 
     def insert(
-        self, run_id: str, name: str, data: str, *, fence: str | None = None
+        self,
+        run_id: str,
+        name: str,
+        data: str,
+        *,
+        fence: str | None = None,
+        run_changes: Mapping[str, Any] | None = None,
     ) -> tuple[Entry, bool]:
-        """Insert if absent; return the stored entry and whether this call stored it."""
+        """Insert if absent; return the stored entry and whether this call stored it.
+
+        ``run_changes``, applied only if this call stored the entry, update the run row's
+        projection with it (atomically where the store can)."""
 
     def get(self, run_id: str, name: str) -> Entry | None: ...
 
@@ -192,6 +247,31 @@ class Store(Protocol):
     def list_halts(
         self, *, run_id: str | None = None, status: str | None = HALT_OPEN
     ) -> Sequence[HaltInfo]: ...
+
+    def resolve_halt_row(
+        self, run_id: str, op_id: str, resolution: Mapping[str, Any], by: str | None
+    ) -> None: ...
+
+    def save_approval_request(self, request: ApprovalRequestInfo) -> bool:
+        """Insert the request unless one for ``(run_id, call_id)`` from the same run start
+        exists; one from an earlier incarnation of the run is replaced. True if written."""
+
+    def get_approval_request(self, run_id: str, call_id: str) -> ApprovalRequestInfo | None: ...
+
+    def set_approval_status(self, run_id: str, call_id: str, status: str) -> None: ...
+
+    def list_approval_requests(
+        self, *, status: str | None = APPROVAL_PENDING, run_id: str | None = None
+    ) -> Sequence[ApprovalRequestInfo]: ...
+
+    def save_decision(self, decision: DecisionInfo) -> bool:
+        """Insert unless this approver already decided this request; True if written."""
+
+    def list_decisions(self, run_id: str, call_id: str) -> Sequence[DecisionInfo]: ...
+
+    def log_action(self, action: ActionInfo) -> None: ...
+
+    def list_actions(self, *, run_id: str | None = None) -> Sequence[ActionInfo]: ...
 
     def list_unfinished(
         self,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -75,12 +74,14 @@ def _check(value: Any, path: str) -> None:
     if value is None or isinstance(value, bool | int):
         return
     if isinstance(value, str):
-        if any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
             raise ProtocolError(
                 f"record value at {path} holds a lone surrogate, which is not valid UTF-8; "
                 "clean the text before returning it",
                 code="protocol.encoding",
-            )
+            ) from None
         return
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -129,15 +130,37 @@ def decode(text: str) -> Any:
         ) from exc
 
 
-@dataclass(frozen=True)
 class Record:
-    """One journaled step, as read back: its name, commit position and decoded body."""
+    """One journaled step, as read back: its name, commit position and canonical text.
 
-    run_id: str
-    name: str
-    seq: int
-    body: dict[str, Any] = field(repr=False)
-    created_at: datetime | None = None
+    The body is decoded on first use: a resume reads a whole journal but decodes only the
+    records it needs. Records are immutable.
+    """
+
+    __slots__ = ("_body", "created_at", "data", "name", "run_id", "seq")
+
+    def __init__(
+        self, run_id: str, name: str, seq: int, data: str, created_at: datetime | None = None
+    ) -> None:
+        self.run_id = run_id
+        self.name = name
+        self.seq = seq
+        self.data = data
+        self.created_at = created_at
+        self._body: dict[str, Any] | None = None
+
+    @property
+    def body(self) -> dict[str, Any]:
+        body = self._body
+        if body is None:
+            decoded = decode(self.data)
+            if not isinstance(decoded, dict):
+                raise ProtocolError(
+                    f"journal entry {self.name!r} of run {self.run_id!r} is not a JSON object",
+                    code="protocol.decode",
+                )
+            body = self._body = decoded
+        return body
 
     @property
     def kind(self) -> str:
@@ -145,3 +168,15 @@ class Record:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.body.get(key, default)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Record):
+            return NotImplemented
+        mine = (self.run_id, self.name, self.seq, self.data)
+        return mine == (other.run_id, other.name, other.seq, other.data)
+
+    def __hash__(self) -> int:
+        return hash((self.run_id, self.name, self.seq))
+
+    def __repr__(self) -> str:
+        return f"Record({self.run_id!r}, {self.name!r}, seq={self.seq})"

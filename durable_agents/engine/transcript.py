@@ -38,6 +38,15 @@ class RunState:
     complete: Record | None = None
     cancelled: Record | None = None
     spend_records: list[Record] = field(default_factory=list)
+    # Parsed messages by record name: records never change, and a driver rebuilds the
+    # transcript every turn, which would otherwise re-parse every earlier turn.
+    _parsed: dict[str, Message] = field(default_factory=dict, repr=False, compare=False)
+    # Running totals, caught up when asked (a driver asks after every turn; a finished run's
+    # re-entry never asks, so its records are not even decoded).
+    _usage: Usage = field(default_factory=Usage, repr=False, compare=False)
+    _extra: Usage = field(default_factory=Usage, repr=False, compare=False)
+    _call_ids: set[str] = field(default_factory=set, repr=False, compare=False)
+    _counted: list[int] = field(default_factory=lambda: [0, 0, 0], repr=False, compare=False)
 
     @classmethod
     def of(cls, records: Iterable[Record]) -> RunState:
@@ -45,13 +54,14 @@ class RunState:
         models: dict[int, Record] = {}
         for rec in records:
             name = rec.name
-            if name.startswith("model:"):
-                models[int(name.split(":", 1)[1])] = rec
-            elif name.startswith("tool:"):
+            prefix = name[:5]
+            if prefix == "model":
+                models[int(name[6:])] = rec
+            elif prefix == "tool:":
                 state.results[name[5:]] = rec
-            elif name.startswith("user:"):
-                state.user_after[int(name.split(":", 1)[1])] = rec
-            elif name.startswith("@spend/"):
+            elif prefix == "user:":
+                state.user_after[int(name[5:])] = rec
+            elif prefix == "@spen":
                 state.spend_records.append(rec)
             elif name == "run:start":
                 state.start = rec
@@ -85,20 +95,38 @@ class RunState:
     def assistant(turn: Record) -> Message:
         return Message.from_json(turn.get("message") or {"role": "assistant"})
 
+    def _assistant(self, turn: Record) -> Message:
+        message = self._parsed.get(turn.name)
+        if message is None:
+            message = self._parsed[turn.name] = self.assistant(turn)
+        return message
+
+    def _tool(self, call: ToolCall, rec: Record) -> Message:
+        message = self._parsed.get(rec.name)
+        if message is None:
+            message = self._parsed[rec.name] = Message(
+                "tool",
+                result_text(rec),
+                tool_call_id=call.id,
+                name=call.name,
+                is_error=bool(rec.get("is_error")),
+            )
+        return message
+
     def calls(self, turn: Record) -> tuple[ToolCall, ...]:
-        return self.assistant(turn).tool_calls
+        return self._assistant(turn).tool_calls
 
     def usage(self) -> Usage:
-        total = Usage()
-        for turn in self.turns:
-            total = total + Usage.from_json(turn.get("usage"))
-        return total
+        for turn in self.turns[self._counted[0] :]:
+            self._usage = self._usage + Usage.from_json(turn.get("usage"))
+        self._counted[0] = len(self.turns)
+        return self._usage
 
     def spend(self) -> Usage:
-        total = self.usage()
-        for rec in self.spend_records:
-            total = total + Usage.from_json(rec.get("usage"))
-        return total
+        for rec in self.spend_records[self._counted[1] :]:
+            self._extra = self._extra + Usage.from_json(rec.get("usage"))
+        self._counted[1] = len(self.spend_records)
+        return self.usage() + self._extra
 
     def seed(self) -> list[Message]:
         if self.start is None:
@@ -111,25 +139,20 @@ class RunState:
         if self.start is not None:
             out.append(Message("user", input_text(self.start.get("input"))))
         for n, turn in enumerate(self.turns, start=1):
-            message = self.assistant(turn)
+            message = self._assistant(turn)
             out.append(message)
             for call in message.tool_calls:
                 rec = self.results.get(call.id)
                 if rec is None:
                     break  # a pending call: nothing after it is sent yet
-                out.append(
-                    Message(
-                        "tool",
-                        result_text(rec),
-                        tool_call_id=call.id,
-                        name=call.name,
-                        is_error=bool(rec.get("is_error")),
-                    )
-                )
+                out.append(self._tool(call, rec))
             user = self.user_after.get(n)
             if user is not None:
                 out.append(Message("user", input_text(user.get("text"))))
         return out
 
     def call_ids(self) -> set[str]:
-        return {c.id for turn in self.turns for c in self.calls(turn)}
+        for turn in self.turns[self._counted[2] :]:
+            self._call_ids.update(c.id for c in self.calls(turn))
+        self._counted[2] = len(self.turns)
+        return set(self._call_ids)

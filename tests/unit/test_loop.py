@@ -239,7 +239,7 @@ def test_approval_gate_pauses_then_runs_once(store, fired):
         return "wired"
 
     script = [scripted.calls(scripted.call("wire", {"cents": 5})), scripted.text("done")]
-    a = da.Agent("gated", ScriptedModel(script), "", [wire])
+    a = da.Agent("unit-gated", ScriptedModel(script), "", [wire])
     with pytest.raises(da.ApprovalPending) as info:
         a.run("r1", "pay", store=store)
     assert info.value.details["calls"] == ["call_1_1"]
@@ -258,7 +258,7 @@ def test_denied_call_gets_a_rejection_result(store, fired):
     seen = []
     script = [scripted.calls(scripted.call("wire", {"cents": 5})), scripted.text("ok")]
     model = ScriptedModel(script, on_request=lambda r: seen.append(r.messages))
-    a = da.Agent("denied", model, "", [wire])
+    a = da.Agent("unit-denied", model, "", [wire])
     with pytest.raises(da.ApprovalPending):
         a.run("r1", "pay", store=store)
     Journal(store).write(

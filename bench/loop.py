@@ -1,0 +1,195 @@
+"""The agent loop on PostgreSQL against raw psycopg, measured side by side in one run.
+
+(1) Live steps. A 100-turn run (99 turns that each call one no-op read-only tool, then a
+    text answer; ScriptedModel, so no model latency) through ``DjangoStore``. Its cost per
+    journaled record (wall time of ``agent.run`` / records the run wrote) is compared with
+    the median raw psycopg autocommit INSERT of a ~1 KB row into a table with the same
+    unique index. The two are interleaved turn by turn: the model's request hook does two
+    timed raw inserts per turn (topped up after the run to as many as the run wrote
+    records), and their time is taken off the run's wall time. The loop's cost includes
+    everything a step costs: the run-row projection (one fenced UPDATE per model turn), the
+    lease, transcript rebuilding. Also printed: this process's CPU time per record (engine
+    and driver work, without database waits). Target: <= 3.0.
+
+(2) Resume of a finished run (replay only). A run with ~1,000 recorded steps is built once;
+    then ``agent.run(run_id, input)`` on it must read the journal in one query and return
+    the recorded answer without calling the model (both asserted). Its time is compared
+    with a raw psycopg ``SELECT seq, name, data, created_at ... ORDER BY seq`` (fetchall) of
+    the same rows, interleaved. Target: <= 1.5.
+
+Prints medians; the last two lines are the results, loop first, then resume.
+
+    .venv/bin/python bench/loop.py [--turns 100] [--rounds 5] [--resume-turns 500]
+                                   [--resume-rounds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import uuid
+from typing import Any
+
+from _setup import median_us, payload, raw_connection, setup_django, timed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--turns", type=int, default=100, help="model turns of a live run")
+    parser.add_argument("--rounds", type=int, default=5, help="live runs measured")
+    parser.add_argument("--resume-turns", type=int, default=500, help="turns of the resumed run")
+    parser.add_argument("--resume-rounds", type=int, default=20)
+    args = parser.parse_args()
+    setup_django()
+
+    import durable_agents as da
+    from durable_agents.engine.journal import Journal
+    from durable_agents.providers import scripted
+    from durable_agents.providers.scripted import ScriptedModel
+    from durable_agents.storage import DjangoStore
+
+    class CountingStore(DjangoStore):
+        """Counts the journal reads (a full load, or one name) a resume makes."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.loads = 0
+            self.gets = 0
+
+        def load(self, run_id: str, after: int = 0) -> Any:
+            self.loads += 1
+            return super().load(run_id, after)
+
+        def get(self, run_id: str, name: str) -> Any:
+            self.gets += 1
+            return super().get(run_id, name)
+
+    @da.tool(read_only=True)
+    def noop(n: int) -> dict:
+        """Do nothing."""
+        return {"n": n}
+
+    def make_agent(name: str, turns: int, on_request: Any = None) -> da.Agent:
+        script = [scripted.calls(scripted.call("noop", {"n": i})) for i in range(turns - 1)]
+        script.append(scripted.text("Done."))
+        model = ScriptedModel(script, on_request=on_request)
+        return da.Agent(name, model, "You help.", [noop], max_turns=turns + 1)
+
+    store = DjangoStore()
+    journal = Journal(store)
+    raw = raw_connection()
+    data = payload()
+    tag = uuid.uuid4().hex[:8]
+    raw_run = f"raw-bench-loop-{tag}"
+    created: list[str] = []
+
+    # -- (1) live steps -----------------------------------------------------------------
+    raw_n = 0
+    samples: list[float] = []  # raw inserts of the current run
+    inside = [0.0, 0.0]  # wall and CPU time of raw inserts made inside the current run
+
+    def raw_insert() -> None:
+        nonlocal raw_n
+        raw_n += 1
+        wall, cpu = time.perf_counter(), time.process_time()
+        raw.execute(
+            "INSERT INTO bench_raw_journal (run_id, name, data) VALUES (%s, %s, %s)",
+            [raw_run, f"step:{raw_n}", data],
+        )
+        samples.append(time.perf_counter() - wall)
+        inside[0] += samples[-1]
+        inside[1] += time.process_time() - cpu
+
+    def two_raw_inserts(request: Any) -> None:  # the model's request hook: one per turn
+        raw_insert()
+        raw_insert()
+
+    live = make_agent(f"bench-loop-{tag}", args.turns, two_raw_inserts)
+
+    def live_run(i: int) -> tuple[float, float, int]:
+        """One run: its wall and CPU time without the raw inserts, and its records."""
+        run_id = f"bench-loop-{tag}-{i}"
+        created.append(run_id)
+        samples.clear()
+        inside[:] = [0.0, 0.0]
+        wall, cpu = time.perf_counter(), time.process_time()
+        live.run(run_id, "Go.")
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        records = len(journal.history(run_id))
+        while len(samples) < records:
+            raw_insert()
+        return wall - inside[0], cpu - inside[1], records
+
+    for _ in range(200):  # warm-up: connections, plans, caches
+        raw_insert()
+    live_run(-1)
+    loop_per_record: list[float] = []
+    cpu_per_record: list[float] = []
+    loop_total: list[float] = []
+    raw_inserts: list[float] = []
+    for i in range(args.rounds):
+        elapsed, cpu, records = live_run(i)
+        loop_total.append(elapsed)
+        loop_per_record.append(elapsed / records)
+        cpu_per_record.append(cpu / records)
+        raw_inserts.extend(samples)
+    rl, ri, rc = median_us(loop_per_record), median_us(raw_inserts), median_us(cpu_per_record)
+
+    # -- (2) resume of a finished run ---------------------------------------------------
+    replay = make_agent(f"bench-resume-{tag}", args.resume_turns)
+    resume_id = f"bench-resume-{tag}"
+    created.append(resume_id)
+    first = replay.run(resume_id, "Go.")
+    steps = len(journal.history(resume_id))
+    requests = replay.model.requests
+
+    counting = CountingStore()
+    again = replay.run(resume_id, "Go.", store=counting)
+    assert again.answer == first.answer and again.turns == first.turns
+    assert (counting.loads, counting.gets) == (1, 0), (counting.loads, counting.gets)
+
+    select = (
+        "SELECT seq, name, data, created_at FROM durable_agents_journalentry "
+        "WHERE run_id = %s ORDER BY seq"
+    )
+
+    def raw_select() -> None:
+        rows = raw.execute(select, [resume_id]).fetchall()
+        assert len(rows) == steps
+
+    def resume() -> None:
+        assert replay.run(resume_id, "Go.").answer == first.answer
+
+    for _ in range(5):  # warm-up
+        raw_select()
+        resume()
+    ra_: list[float] = []
+    rs_: list[float] = []
+    for _ in range(args.resume_rounds):
+        ra_.append(timed(raw_select))
+        rs_.append(timed(resume))
+    assert replay.model.requests == requests, "a finished run called the model again"
+    sa, sr = median_us(ra_), median_us(rs_)
+
+    raw.execute("DELETE FROM bench_raw_journal WHERE run_id = %s", [raw_run])
+    for run_id in created:
+        store.delete_run(run_id)
+
+    loop_ratio, resume_ratio = rl / ri, sr / sa
+    print(f"live run               {args.turns} turns, {records} records, {args.rounds} rounds")
+    print(f"(a) raw INSERT         {ri:8.1f} us median ({len(raw_inserts)} interleaved)")
+    print(
+        f"(b) loop per record    {rl:8.1f} us median  ({loop_ratio:.2f}x raw); "
+        f"run {statistics.median(loop_total) * 1e3:.1f} ms median"
+    )
+    print(f"    of which CPU here  {rc:8.1f} us median  (engine + driver, no DB waits)")
+    print(f"resume                 finished run of {steps} records, {args.resume_rounds} rounds")
+    print(f"(c) raw SELECT         {sa:8.1f} us median")
+    print(f"(d) resume (replay)    {sr:8.1f} us median  ({resume_ratio:.2f}x raw); 1 journal read")
+    print(f"RESULT loop ratio={loop_ratio:.2f} target=3.0")
+    print(f"RESULT resume ratio={resume_ratio:.2f} target=1.5")
+
+
+if __name__ == "__main__":
+    main()
