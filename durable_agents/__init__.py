@@ -4,7 +4,18 @@ The public API is what ``__all__`` lists; everything else may change.
 """
 
 from .engine.agent import Agent, ModelRetry, RunResult
-from .engine.commands import PendingRun, pending, resume
+from .engine.approvals import (
+    ApprovalAlreadyDecided,
+    ApprovalBadSignature,
+    ApprovalNotFound,
+    ApprovalOrphaned,
+    ApprovalOutcome,
+    ApproverNotEligible,
+    Quorum,
+    approve,
+    decision_bytes,
+)
+from .engine.commands import PendingRun, cancel, pending, resume
 from .engine.errors import (
     ApprovalPending,
     BudgetError,
@@ -24,6 +35,13 @@ from .engine.errors import (
     ToolError,
     ToolOutcomeUnknown,
 )
+from .engine.halts import (
+    HaltAlreadyResolved,
+    HaltInFlight,
+    HaltTooYoung,
+    NoLiveAttempt,
+    resolve_halt,
+)
 from .engine.journal import Journal
 from .engine.loop import AgentDrift, ResumeToolMissing
 from .engine.tools import Tool, ToolContext, tool
@@ -31,20 +49,31 @@ from .engine.tools import Tool, ToolContext, tool
 __all__ = [
     "Agent",
     "AgentDrift",
+    "ApprovalAlreadyDecided",
+    "ApprovalBadSignature",
+    "ApprovalNotFound",
+    "ApprovalOrphaned",
+    "ApprovalOutcome",
     "ApprovalPending",
+    "ApproverNotEligible",
     "BudgetError",
     "ConfigError",
     "DurableAgentsError",
+    "HaltAlreadyResolved",
+    "HaltInFlight",
+    "HaltTooYoung",
     "InterruptPending",
     "Journal",
     "JournalVersionError",
     "LeaseLost",
     "ModelError",
     "ModelRetry",
+    "NoLiveAttempt",
     "OutcomeUnknown",
     "Pause",
     "PendingRun",
     "ProtocolError",
+    "Quorum",
     "ResumeToolMissing",
     "RunBusy",
     "RunResult",
@@ -55,7 +84,11 @@ __all__ = [
     "ToolContext",
     "ToolError",
     "ToolOutcomeUnknown",
+    "approve",
+    "cancel",
+    "decision_bytes",
     "pending",
+    "resolve_halt",
     "resume",
     "tool",
 ]

@@ -11,6 +11,7 @@ class DurableAgentsConfig(AppConfig):
         from .conf import get_settings
         from .dispatch import enqueue
         from .engine import runtime
+        from .people import approver_keys, eligible_approvers
         from .registry import load_agents
         from .shutdown import shutting_down
         from .storage import DjangoStore
@@ -22,4 +23,6 @@ class DurableAgentsConfig(AppConfig):
             on_drift=lambda: get_settings().on_drift,
             dispatcher=enqueue,
             should_stop=shutting_down,
+            eligible_approvers=eligible_approvers,
+            approver_keys=approver_keys,
         )

@@ -14,15 +14,20 @@ from . import runtime
 from .agent import Agent, RunResult, get_agent
 from .errors import ConfigError, DriveStopped, DurableAgentsError, LeaseLost, Pause, RunBusy
 from .journal import Journal
+from .leases import HeldLease
 from .loop import drive
 from .ports import (
+    APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
     AWAITING_INPUT,
+    CANCELLED,
     FAILED,
+    FINISHED,
     HALTED,
     QUEUED,
     RUNNING,
     SLEEPING,
+    ActionInfo,
     RunInfo,
     Store,
 )
@@ -118,6 +123,30 @@ def drive_quietly(run_id: str, *, store: Store | None = None) -> str:
         log.warning("run %s failed", run_id, exc_info=True)
         return "failed"
     return "finished"
+
+
+def cancel(run_id: str, *, by: str, reason: str = "", store: Store | None = None) -> None:
+    """Cancel an unfinished run: it is never driven again, and its pending approvals are
+    withdrawn. Refused (``RunBusy``) while a driver holds the run: cancel once it pauses."""
+    store = store or runtime.store()
+    run = get_run(run_id, store=store)
+    if run.status == CANCELLED:
+        return
+    if run.status == FINISHED:
+        raise ConfigError(
+            f"run {run_id!r} already finished; nothing to cancel", code="run.finished"
+        )
+    with HeldLease(store, run_id, runtime.lease_ttl()) as lease:
+        Journal(store).write(
+            run_id,
+            "run:cancelled",
+            {"kind": "cancelled", "by": by, "reason": reason},
+            fence=lease.token,
+            run_changes={"status": CANCELLED},
+        )
+    for request in store.list_approval_requests(run_id=run_id):
+        store.set_approval_status(run_id, request.call_id, APPROVAL_WITHDRAWN)
+    store.log_action(ActionInfo(by, "cancel", run_id, "", {"reason": reason}))
 
 
 def pending(*, store: Store | None = None, limit: int = 1000) -> Sequence[PendingRun]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import failpoints, runtime
+from .approvals import policy_for
 from .errors import (
     ApprovalPending,
     BudgetError,
@@ -48,6 +49,7 @@ from .ports import (
     HALTED,
     QUEUED,
     RUNNING,
+    ApprovalRequestInfo,
     HaltInfo,
     RunInfo,
     Store,
@@ -90,20 +92,29 @@ def drive(
     check = getattr(store, "check_can_drive", None)
     if check is not None:
         check()
-    log = Journal(store).open(run_id)  # the one full read of the journal
-    state = RunState.of(log)
-    if state.complete is not None:
-        # Finished is final: answer from the journal without leasing or calling anything.
-        Driver.check_start(agent, run_id, state, input)
-        return finished_result(run_id, state)
-    if not len(log):
-        store.create_run(
-            RunInfo(run_id=run_id, agent=agent.name, status=QUEUED, input=input, **(meta or {}))
-        )
-    with HeldLease(store, run_id, runtime.lease_ttl()) as lease:
-        log.fence = lease.token
-        log.refresh(since_last=True)
-        return Driver(agent, store, run_id, lease, log).drive(input, seed)
+    journal = Journal(store)
+    while True:
+        log = journal.open(run_id)  # the one full read of the journal
+        state = RunState.of(log)
+        if state.complete is not None:
+            # Finished is final: answer from the journal without leasing or calling anything.
+            Driver.check_start(agent, run_id, state, input)
+            return finished_result(run_id, state)
+        if not len(log):
+            store.create_run(
+                RunInfo(run_id=run_id, agent=agent.name, status=QUEUED, input=input, **(meta or {}))
+            )
+        try:
+            with HeldLease(store, run_id, runtime.lease_ttl()) as lease:
+                log.fence = lease.token
+                log.refresh(since_last=True)
+                return Driver(agent, store, run_id, lease, log).drive(input, seed)
+        except ApprovalPending as pause:
+            # A decision that landed while this driver still held the lease was handed to a
+            # driver that found the run busy: having released the lease, look once more.
+            calls = pause.details.get("calls") or ()
+            if not any(journal.get(run_id, f"approval:{c}") is not None for c in calls):
+                raise
 
 
 def finished_result(run_id: str, state: RunState) -> RunResult:
@@ -452,6 +463,18 @@ class Driver:
                 cause=first.cause,
             )
         if gates:
+            assert self.state.start is not None
+            for g in gates:
+                self.store.save_approval_request(
+                    ApprovalRequestInfo(
+                        run_id=self.run_id,
+                        call_id=g.call.id,
+                        tool_name=g.tool.name,
+                        arguments=g.args,
+                        policy=policy_for(g.tool.safety.approval),
+                        start_seq=self.state.start.seq,
+                    )
+                )
             self._update(status=AWAITING_APPROVAL)
             names = ", ".join(f"{g.call.id!r} ({g.tool.name})" for g in gates)
             raise ApprovalPending(

@@ -25,6 +25,9 @@ class Runtime:
     dispatcher: Callable[[str], None] | None = None
     # True once this process is shutting down: drivers stop after the step in flight.
     should_stop: Callable[[], bool] = lambda: False
+    # Who may decide a Quorum gate of a group, and an approver's Ed25519 public keys.
+    eligible_approvers: Callable[[str], list[str]] = lambda group: []
+    approver_keys: Callable[[str], list[str]] = lambda approver: []
 
 
 _runtime = Runtime()
@@ -32,7 +35,7 @@ _runtime = Runtime()
 
 def configure(**values: Any) -> None:
     """Set wiring: ``store_factory``, ``agent_loader``, ``lease_ttl``, ``on_drift``,
-    ``dispatcher``, ``should_stop``."""
+    ``dispatcher``, ``should_stop``, ``eligible_approvers``, ``approver_keys``."""
     for key, value in values.items():
         if not hasattr(_runtime, key):
             raise ConfigError(f"unknown runtime setting {key!r}", code="config.runtime")
@@ -69,6 +72,14 @@ def dispatch(run_id: str) -> None:
     from .commands import drive_quietly
 
     drive_quietly(run_id)
+
+
+def eligible_approvers(group: str) -> list[str]:
+    return list(_runtime.eligible_approvers(group))
+
+
+def approver_keys(approver: str) -> list[str]:
+    return list(_runtime.approver_keys(approver))
 
 
 def should_stop() -> bool:

@@ -1,0 +1,339 @@
+"""Approvals: staff decide gated tool calls, one decision (1-of-1) or a quorum (m-of-n).
+
+The decision that counts is journaled as ``approval:<call>`` — first writer wins, so a call
+is decided once — with the tally of who decided what. An approval hands the run back to a
+driver, which runs the call under its attempt claim: at most once. A denial becomes a
+rejection result the model reads.
+
+A decision continues only the run incarnation that asked for it: deciding a request whose
+run was cancelled, deleted, finished or started again under the same id is refused as
+orphaned, and the request is withdrawn.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from . import runtime
+from .errors import ConfigError
+from .journal import Journal, now_ms
+from .ports import (
+    APPROVAL_APPROVED,
+    APPROVAL_DENIED,
+    APPROVAL_PENDING,
+    APPROVAL_WITHDRAWN,
+    TERMINAL_STATUSES,
+    ActionInfo,
+    ApprovalRequestInfo,
+    DecisionInfo,
+    Store,
+)
+from .records import encode
+
+SIGNATURE_DOMAIN = b"durable_agents.approval.v1\n"
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """``need`` approvals from distinct members of ``group`` who hold the
+    ``approve_toolcall`` permission. It fails as soon as too few undecided approvers remain."""
+
+    need: int
+    group: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.need, int) or self.need < 1:
+            raise ConfigError("Quorum(need=...) must be an int >= 1", code="config.quorum")
+        if not isinstance(self.group, str) or not self.group:
+            raise ConfigError("Quorum(group=...) must name a group", code="config.quorum")
+
+    def to_policy(self) -> dict[str, Any]:
+        return {"kind": "quorum", "need": self.need, "group": self.group}
+
+
+def policy_for(approval: Any) -> dict[str, Any]:
+    if isinstance(approval, Quorum):
+        return approval.to_policy()
+    return {"kind": "single"}
+
+
+class ApprovalError(ConfigError):
+    code = "approval.invalid"
+
+
+class ApprovalNotFound(ApprovalError):
+    code = "approval.not_found"
+
+
+class ApprovalOrphaned(ApprovalError):
+    code = "approval.orphaned"
+
+
+class ApprovalAlreadyDecided(ApprovalError):
+    code = "approval.already_decided"
+
+
+class ApproverNotEligible(ApprovalError):
+    code = "approval.not_eligible"
+
+
+class ApprovalBadSignature(ApprovalError):
+    code = "approval.bad_signature"
+
+
+@dataclass(frozen=True)
+class Tally:
+    need: int
+    eligible: tuple[str, ...]
+    approved_by: tuple[str, ...]
+    denied_by: tuple[str, ...]
+    decisions: tuple[dict[str, Any], ...] = field(default=())
+
+    @property
+    def pending(self) -> tuple[str, ...]:
+        decided = set(self.approved_by) | set(self.denied_by)
+        return tuple(a for a in self.eligible if a not in decided)
+
+    @property
+    def passed(self) -> bool:
+        return len(self.approved_by) >= self.need
+
+    @property
+    def unreachable(self) -> bool:
+        return len(self.approved_by) + len(self.pending) < self.need
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "need": self.need,
+            "eligible": list(self.eligible),
+            "approved_by": list(self.approved_by),
+            "denied_by": list(self.denied_by),
+            "pending": list(self.pending),
+            "decisions": [dict(d) for d in self.decisions],
+        }
+
+
+@dataclass(frozen=True)
+class ApprovalOutcome:
+    """Where a request stands after a decision: ``approved``, ``denied`` or ``pending``."""
+
+    run_id: str
+    call_id: str
+    status: str
+    tally: dict[str, Any]
+
+
+def decision_bytes(
+    run_id: str, call_id: str, tool_name: str, arguments: Any, approver: str, approved: bool
+) -> bytes:
+    """What an external approver signs: this run, this call, this tool, these exact
+    arguments (hashed in their canonical JSON form), this approver, this verdict. Fields are
+    length-prefixed, so no two decisions share the bytes."""
+
+    def field_(text: str) -> bytes:
+        raw = text.encode()
+        return struct.pack(">I", len(raw)) + raw
+
+    args_hash = hashlib.sha256(encode(arguments).encode()).digest()
+    return (
+        SIGNATURE_DOMAIN
+        + field_(run_id)
+        + field_(call_id)
+        + field_(tool_name)
+        + args_hash
+        + field_(approver)
+        + (b"\x01" if approved else b"\x00")
+    )
+
+
+def verify_signature(
+    request: ApprovalRequestInfo, approver: str, approved: bool, signature: str
+) -> None:
+    try:
+        sig = base64.b64decode(signature, validate=True)
+    except (ValueError, TypeError):
+        raise ApprovalBadSignature("the signature is not valid base64") from None
+    message = decision_bytes(
+        request.run_id, request.call_id, request.tool_name, request.arguments, approver, approved
+    )
+    keys = runtime.approver_keys(approver)
+    if not keys:
+        raise ApprovalBadSignature(
+            f"approver {approver!r} has no registered public key; register one in the admin"
+        )
+    for key in keys:
+        try:
+            Ed25519PublicKey.from_public_bytes(base64.b64decode(key)).verify(sig, message)
+            return
+        except (InvalidSignature, ValueError):
+            continue
+    raise ApprovalBadSignature(
+        f"the signature does not verify for approver {approver!r} on call {request.call_id!r} "
+        "of this run with these arguments"
+    )
+
+
+def tally(
+    policy: Mapping[str, Any], decisions: Sequence[DecisionInfo], eligible: Sequence[str]
+) -> Tally:
+    eligible_set = set(eligible)
+    approved: list[str] = []
+    denied: list[str] = []
+    counted: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for d in decisions:
+        if d.approver in seen or d.approver not in eligible_set:
+            continue  # a user counts once; an ineligible user never
+        seen.add(d.approver)
+        (approved if d.approved else denied).append(d.approver)
+        counted.append(
+            {
+                "approver": d.approver,
+                "approved": d.approved,
+                "note": d.note,
+                "at": d.created_at.isoformat() if d.created_at else None,
+                "signed": bool(d.signature),
+            }
+        )
+    return Tally(
+        need=int(policy.get("need", 1)),
+        eligible=tuple(eligible),
+        approved_by=tuple(approved),
+        denied_by=tuple(denied),
+        decisions=tuple(counted),
+    )
+
+
+def approve(
+    run_id: str,
+    call_id: str,
+    approved: bool,
+    by: str,
+    note: str = "",
+    *,
+    signature: str | None = None,
+    store: Store | None = None,
+) -> ApprovalOutcome:
+    """Record ``by``'s decision on call ``call_id`` of run ``run_id``.
+
+    1-of-1: the first decision wins; a second, different one is refused with the standing
+    one. Quorum: each eligible approver counts once; the gate passes at ``need`` approvals
+    and fails as soon as it cannot. A final decision is journaled and the run handed back to
+    a driver. ``signature`` (base64 Ed25519 over ``decision_bytes``) is checked against the
+    approver's registered keys.
+    """
+    if not isinstance(approved, bool):
+        raise ApprovalError("approved must be True or False")
+    if not isinstance(by, str) or not by:
+        raise ApprovalError("a decision needs the approver's name (by=...)")
+    store = store or runtime.store()
+    journal = Journal(store)
+    request = store.get_approval_request(run_id, call_id)
+    if request is None:
+        raise ApprovalNotFound(f"run {run_id!r} has no call {call_id!r} awaiting approval")
+    name = f"approval:{call_id}"
+    standing = journal.get(run_id, name) if store.get_run(run_id) is not None else None
+    if standing is not None:
+        return _standing(request, standing, approved)
+    _refuse_orphans(store, journal, request, by)
+    if signature is not None:
+        verify_signature(request, by, approved, signature)
+    policy = dict(request.policy)
+    if policy.get("kind") == "quorum":
+        eligible = list(runtime.eligible_approvers(str(policy["group"])))
+        if by not in eligible:
+            raise ApproverNotEligible(
+                f"{by!r} may not decide this call: approvers are members of group "
+                f"{policy['group']!r} with the approve_toolcall permission"
+            )
+    else:
+        eligible = [by]
+    decision = DecisionInfo(run_id, call_id, by, approved, note or "", signature)
+    if not store.save_decision(decision):
+        mine = next(d for d in store.list_decisions(run_id, call_id) if d.approver == by)
+        if mine.approved != approved:
+            raise ApprovalAlreadyDecided(
+                f"{by!r} already {'approved' if mine.approved else 'denied'} this call; a "
+                "decision cannot be changed",
+                standing={"approved": mine.approved, "by": by},
+            )
+    decisions = store.list_decisions(run_id, call_id)
+    if policy.get("kind") != "quorum":
+        decisions = [d for d in decisions if d.approver == by]
+    count = tally(policy, decisions, eligible)
+    store.log_action(
+        ActionInfo(
+            by,
+            "approve" if approved else "deny",
+            run_id,
+            call_id,
+            {"note": note or "", "signed": signature is not None},
+        )
+    )
+    if not (count.passed or count.unreachable):
+        return ApprovalOutcome(run_id, call_id, APPROVAL_PENDING, count.to_json())
+    final, inserted = journal.write(
+        run_id,
+        name,
+        {
+            "kind": "approval",
+            "approved": count.passed,
+            "by": by,
+            "note": note or "",
+            "tally": count.to_json(),
+            "at": now_ms(),
+        },
+    )
+    if not inserted:
+        return _standing(request, final, approved)
+    store.set_approval_status(
+        run_id, call_id, APPROVAL_APPROVED if count.passed else APPROVAL_DENIED
+    )
+    runtime.dispatch(run_id)
+    return ApprovalOutcome(
+        run_id, call_id, APPROVAL_APPROVED if count.passed else APPROVAL_DENIED, count.to_json()
+    )
+
+
+def _refuse_orphans(store: Store, journal: Journal, request: ApprovalRequestInfo, by: str) -> None:
+    run = store.get_run(request.run_id)
+    start = journal.get(request.run_id, "run:start") if run is not None else None
+    why = None
+    if run is None:
+        why = "the run was deleted"
+    elif request.status == APPROVAL_WITHDRAWN:
+        why = "the request was withdrawn"
+    elif run.status in TERMINAL_STATUSES:
+        why = f"the run is {run.status}"
+    elif start is None or start.seq != request.start_seq:
+        why = "the run was started again under the same id"
+    if why is None:
+        return
+    if run is not None:
+        store.set_approval_status(request.run_id, request.call_id, APPROVAL_WITHDRAWN)
+        store.log_action(ActionInfo(by, "withdraw", request.run_id, request.call_id, {"why": why}))
+    raise ApprovalOrphaned(
+        f"the approval of call {request.call_id!r} in run {request.run_id!r} is orphaned "
+        f"({why}); nothing was run"
+    )
+
+
+def _standing(request: ApprovalRequestInfo, standing: Any, approved: bool) -> ApprovalOutcome:
+    was = bool(standing.get("approved"))
+    if was != approved:
+        raise ApprovalAlreadyDecided(
+            f"call {request.call_id!r} of run {request.run_id!r} was already "
+            f"{'approved' if was else 'denied'} by {standing.get('by')!r}; the first decision "
+            "stands",
+            standing={"approved": was, "by": standing.get("by"), "note": standing.get("note")},
+        )
+    status = APPROVAL_APPROVED if was else APPROVAL_DENIED
+    return ApprovalOutcome(request.run_id, request.call_id, status, standing.get("tally") or {})

@@ -1,0 +1,264 @@
+"""Approvals (1-of-1, quorum, signed), halts and cancel, on the in-memory store."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+import durable_agents as da
+from durable_agents.engine import runtime
+from durable_agents.engine.journal import Journal
+from durable_agents.providers import scripted
+from durable_agents.providers.scripted import ScriptedModel
+from durable_agents.testing import InMemoryStore
+
+
+class Crash(BaseException):
+    pass
+
+
+@pytest.fixture
+def store():
+    return InMemoryStore()
+
+
+@pytest.fixture
+def wiring(store):
+    """Inline hand-over to this store, and a finance group of three approvers."""
+    saved = dict(runtime._runtime.__dict__)
+    keys: dict[str, list[str]] = {}
+    runtime.configure(
+        dispatcher=lambda run_id: _drive(run_id, store),
+        eligible_approvers=lambda group: ["ann", "bob", "cat"] if group == "finance" else [],
+        approver_keys=lambda who: keys.get(who, []),
+    )
+    yield keys
+    runtime._runtime.__dict__.update(saved)
+
+
+def _drive(run_id, store):
+    from durable_agents.engine.commands import drive_quietly
+
+    drive_quietly(run_id, store=store)
+
+
+@pytest.fixture
+def fired():
+    return []
+
+
+def gated_agent(fired, name="unit-approvals", quorum=None, crash=False):
+    @da.tool(requires_approval=quorum is None, approval=quorum)
+    def pay(cents: int) -> str:
+        """Pay out."""
+        fired.append(cents)
+        if crash and fired.count(cents) == 1:
+            raise Crash()
+        return f"paid {cents}"
+
+    @da.tool(read_only=True)
+    def peek(x: int) -> int:
+        fired.append(("peek", x))
+        return x
+
+    script = [
+        scripted.calls(scripted.call("peek", {"x": 1}), scripted.call("pay", {"cents": 5})),
+        scripted.text("done"),
+    ]
+    return da.Agent(name, ScriptedModel(script), "", [peek, pay])
+
+
+def test_gated_call_pauses_after_the_other_calls_ran(store, wiring, fired):
+    a = gated_agent(fired)
+    with pytest.raises(da.ApprovalPending) as info:
+        a.run("r1", "pay me", store=store)
+    assert fired == [("peek", 1)]
+    [req] = store.list_approval_requests()
+    assert (req.call_id, req.tool_name, req.arguments) == ("call_1_2", "pay", {"cents": 5})
+    assert req.policy == {"kind": "single"}
+    assert info.value.details["requests"][0]["arguments"] == {"cents": 5}
+
+
+def test_approval_runs_the_call_once_and_first_decision_wins(store, wiring, fired):
+    a = gated_agent(fired)
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+    outcome = da.approve("r1", "call_1_2", True, by="ann", note="ok", store=store)
+    assert outcome.status == "approved"
+    assert store.get_run("r1").status == "finished" and fired.count(5) == 1
+    assert da.approve("r1", "call_1_2", True, by="bob", store=store).status == "approved"
+    with pytest.raises(da.ApprovalAlreadyDecided) as info:
+        da.approve("r1", "call_1_2", False, by="bob", store=store)
+    assert info.value.details["standing"]["by"] == "ann"
+    assert fired.count(5) == 1
+    actions = [(a.actor, a.action) for a in store.list_actions(run_id="r1")]
+    assert ("ann", "approve") in actions
+
+
+def test_denial_is_a_rejection_the_model_reads(store, wiring, fired):
+    a = gated_agent(fired)
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+    da.approve("r1", "call_1_2", False, by="ann", note="not this month", store=store)
+    result = Journal(store).get("r1", "tool:call_1_2")
+    assert result.get("is_error") and result.get("result")["note"] == "not this month"
+    assert store.get_run("r1").status == "finished" and 5 not in fired
+
+
+def test_crash_during_an_approved_call_halts_instead_of_repeating(store, wiring, fired):
+    a = gated_agent(fired, crash=True)
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+    with pytest.raises(Crash):
+        da.approve("r1", "call_1_2", True, by="ann", store=store)
+    with pytest.raises(da.OutcomeUnknown):
+        da.resume("r1", store=store)
+    assert fired.count(5) == 1 and store.get_run("r1").status == "halted"
+
+
+def test_quorum_counts_distinct_eligible_approvers(store, wiring, fired):
+    a = gated_agent(fired, "unit-quorum", quorum=da.Quorum(need=2, group="finance"))
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+    assert da.approve("r1", "call_1_2", True, by="ann", store=store).status == "pending"
+    again = da.approve("r1", "call_1_2", True, by="ann", store=store)
+    assert again.status == "pending" and again.tally["approved_by"] == ["ann"]
+    with pytest.raises(da.ApproverNotEligible):
+        da.approve("r1", "call_1_2", True, by="mallory", store=store)
+    done = da.approve("r1", "call_1_2", True, by="cat", store=store)
+    assert done.status == "approved" and done.tally["approved_by"] == ["ann", "cat"]
+    record = Journal(store).get("r1", "approval:call_1_2")
+    assert record.get("tally")["need"] == 2 and fired.count(5) == 1
+
+
+def test_quorum_fails_as_soon_as_it_is_unreachable(store, wiring, fired):
+    a = gated_agent(fired, "unit-quorum-deny", quorum=da.Quorum(need=2, group="finance"))
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+    assert da.approve("r1", "call_1_2", False, by="ann", store=store).status == "pending"
+    out = da.approve("r1", "call_1_2", False, by="bob", store=store)
+    assert out.status == "denied" and out.tally["denied_by"] == ["ann", "bob"]
+    assert 5 not in fired
+
+
+def _keypair():
+    private = Ed25519PrivateKey.generate()
+    public = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return private, base64.b64encode(public).decode()
+
+
+def test_signed_decisions_approve_this_call_and_no_other(store, wiring, fired):
+    private, public = _keypair()
+    wiring["bob"] = [public]
+    a = gated_agent(fired, "unit-signed", quorum=da.Quorum(need=1, group="finance"))
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+    other = da.decision_bytes("r1", "call_1_2", "pay", {"cents": 500}, "bob", True)
+    with pytest.raises(da.ApprovalBadSignature):
+        da.approve(
+            "r1",
+            "call_1_2",
+            True,
+            by="bob",
+            store=store,
+            signature=base64.b64encode(private.sign(other)).decode(),
+        )
+    with pytest.raises(da.ApprovalBadSignature):
+        da.approve("r1", "call_1_2", True, by="bob", signature="bm90LWEtc2ln", store=store)
+    assert store.list_decisions("r1", "call_1_2") == [] and 5 not in fired
+    good = da.decision_bytes("r1", "call_1_2", "pay", {"cents": 5}, "bob", True)
+    out = da.approve(
+        "r1",
+        "call_1_2",
+        True,
+        by="bob",
+        store=store,
+        signature=base64.b64encode(private.sign(good)).decode(),
+    )
+    assert out.status == "approved" and fired.count(5) == 1
+
+
+def test_cancelled_run_orphans_its_approval(store, wiring, fired):
+    a = gated_agent(fired)
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+    da.cancel("r1", by="ann", reason="customer withdrew", store=store)
+    assert store.get_run("r1").status == "cancelled"
+    with pytest.raises(da.ApprovalOrphaned):
+        da.approve("r1", "call_1_2", True, by="ann", store=store)
+    assert 5 not in fired
+    assert store.get_approval_request("r1", "call_1_2").status == "withdrawn"
+
+
+def test_restarted_run_orphans_the_old_approval(store, wiring, fired):
+    a = gated_agent(fired)
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+    old = store.get_approval_request("r1", "call_1_2")
+    store.delete_run("r1")
+    with pytest.raises(da.ApprovalOrphaned):
+        da.approve("r1", "call_1_2", True, by="ann", store=store)
+    Journal(store).forget("r1")
+    store.save_approval_request(old)  # a stale request row left behind, say
+    with pytest.raises(da.ApprovalPending):
+        gated_agent(fired).run("r1", "pay me", store=store)
+    # The new incarnation asked again: its request replaced the old one.
+    assert store.get_approval_request("r1", "call_1_2").start_seq != old.start_seq
+
+
+def halted_run(store, fired):
+    @da.tool
+    def ship(box: str) -> str:
+        fired.append(box)
+        if len(fired) == 1:
+            raise Crash()
+        return "shipped"
+
+    script = [scripted.calls(scripted.call("ship", {"box": "b1"})), scripted.text("done")]
+    a = da.Agent("unit-halts", ScriptedModel(script), "", [ship])
+    with pytest.raises(Crash):
+        a.run("r1", "ship it", store=store)
+    with pytest.raises(da.OutcomeUnknown):
+        da.resume("r1", store=store)
+    return a
+
+
+def test_resolving_a_halt_records_the_outcome_and_continues(store, wiring, fired):
+    halted_run(store, fired)
+    with pytest.raises(da.HaltTooYoung):
+        da.resolve_halt("r1", "call_1_1", "x", by="ann", min_age=3600, store=store)
+    rec = da.resolve_halt(
+        "r1",
+        "call_1_1",
+        {"tracking": "Z1"},
+        evidence={"carrier": "found it"},
+        by="ann",
+        store=store,
+    )
+    assert rec.get("reconciled") and rec.get("evidence") == {"carrier": "found it"}
+    assert store.get_run("r1").status == "finished" and fired == ["b1"]
+    assert store.list_halts(run_id="r1", status="resolved")[0].resolved_by == "ann"
+    assert da.resolve_halt("r1", "call_1_1", {"tracking": "Z1"}, by="bob", store=store)
+    with pytest.raises(da.HaltAlreadyResolved) as info:
+        da.resolve_halt("r1", "call_1_1", {"tracking": "other"}, by="bob", store=store)
+    assert info.value.details["result"] == {"tracking": "Z1"}
+
+
+def test_resolving_while_a_driver_holds_the_run_is_refused(store, wiring, fired):
+    halted_run(store, fired)
+    store.acquire_lease("r1", "another-driver", "tok", 30)
+    with pytest.raises(da.HaltInFlight):
+        da.resolve_halt("r1", "call_1_1", "x", by="ann", store=store)
+    assert Journal(store).get("r1", "tool:call_1_1") is None
+
+
+def test_resolving_a_call_without_a_live_attempt_is_refused(store, wiring, fired):
+    halted_run(store, fired)
+    with pytest.raises(da.NoLiveAttempt):
+        da.resolve_halt("r1", "call_9_9", "x", by="ann", store=store)
+    with pytest.raises(da.ProtocolError):
+        da.resolve_halt("r1", "call_1_1", {"bad": float("nan")}, by="ann", store=store)
+    assert Journal(store).get("r1", "tool:call_1_1") is None
