@@ -44,6 +44,7 @@ from .engine.halts import (
 )
 from .engine.journal import Journal
 from .engine.loop import AgentDrift, ResumeToolMissing
+from .engine.sessions import SendResult, Session
 from .engine.tools import Tool, ToolContext, tool
 
 __all__ = [
@@ -77,6 +78,8 @@ __all__ = [
     "ResumeToolMissing",
     "RunBusy",
     "RunResult",
+    "SendResult",
+    "Session",
     "SignalPending",
     "StorageError",
     "TimerPending",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import runtime
 from .errors import ConfigError
@@ -18,6 +18,9 @@ from .fingerprint import fingerprint
 from .model import Model, Usage
 from .ports import Store
 from .tools import Tool
+
+if TYPE_CHECKING:
+    from .sessions import Session
 
 _REGISTRY: dict[str, Agent] = {}
 _REGISTRY_LOCK = threading.Lock()
@@ -145,6 +148,12 @@ class Agent:
         run_id = create_run(self, input, run_id, store=store)
         runtime.dispatch(run_id)
         return run_id
+
+    def session(self, session_id: str, *, store: Store | None = None) -> Session:
+        """A durable conversation with this agent (see ``engine.sessions``)."""
+        from .sessions import Session
+
+        return Session(self, session_id, store=store)
 
     def __repr__(self) -> str:
         return f"<Agent {self.name}>"

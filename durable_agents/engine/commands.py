@@ -62,11 +62,22 @@ def new_run_id(agent_name: str) -> str:
     return f"{stem}-{uuid.uuid4().hex[:16]}"
 
 
-def create_run(agent: Agent, input: Any, run_id: str | None, *, store: Store) -> str:
+def create_run(
+    agent: Agent,
+    input: Any,
+    run_id: str | None,
+    *,
+    store: Store,
+    derived_id: bool = False,
+    seed: list[dict[str, Any]] | None = None,
+    session_id: str | None = None,
+) -> str:
     """Create a run and journal its start (input and agent fingerprint), first writer wins."""
     if input is None:
         raise ConfigError("a run needs an input", code="config.input_missing")
-    run_id = validate_run_id(run_id) if run_id is not None else new_run_id(agent.name)
+    if run_id is None:
+        run_id = new_run_id(agent.name)
+    validate_run_id(run_id, derived=derived_id)
     encode(input)  # bad input fails here, before anything is written
     existing = store.get_run(run_id)
     if existing is not None and existing.agent and existing.agent != agent.name:
@@ -74,12 +85,18 @@ def create_run(agent: Agent, input: Any, run_id: str | None, *, store: Store) ->
             f"run {run_id!r} belongs to agent {existing.agent!r}; pick another run id",
             code="config.agent_mismatch",
         )
-    store.create_run(RunInfo(run_id=run_id, agent=agent.name, status=QUEUED, input=input))
-    start, _ = Journal(store).write(
-        run_id,
-        "run:start",
-        {"kind": "start", "agent": agent.name, "input": input, "fingerprint": agent.fingerprint()},
+    store.create_run(
+        RunInfo(run_id=run_id, agent=agent.name, status=QUEUED, input=input, session_id=session_id)
     )
+    body: dict[str, Any] = {
+        "kind": "start",
+        "agent": agent.name,
+        "input": input,
+        "fingerprint": agent.fingerprint(),
+    }
+    if seed:
+        body["seed"] = seed
+    start, _ = Journal(store).write(run_id, "run:start", body)
     if encode(start.get("input")) != encode(input):
         raise ConfigError(
             f"run {run_id!r} was started with a different input; use a new run id for a new "
@@ -102,7 +119,14 @@ def resume(run_id: str, *, store: Store | None = None) -> RunResult:
     returns its recorded answer."""
     store = store or runtime.store()
     run = get_run(run_id, store=store)
-    return drive(get_agent(run.agent), run_id, None, store=store, derived_id=True)
+    result = drive(get_agent(run.agent), run_id, None, store=store, derived_id=True)
+    if run.session_id is not None:
+        from .sessions import record_answer
+
+        start = Journal(store).get(run_id, "run:start")
+        text = start.get("input") if start is not None else run.input
+        record_answer(store, run_id, str(text), result.answer)
+    return result
 
 
 def drive_quietly(run_id: str, *, store: Store | None = None) -> str:

@@ -1,0 +1,264 @@
+"""Sessions: durable conversations, one run per turn.
+
+Each turn runs as its own run — ``<session>>turn/<n>`` for ``send``, ``<session>>event/<key>``
+for ``send_once`` — seeded with the transcript before it (recorded in the turn's
+``run:start``, so a turn resumed after a crash sees exactly what its earlier model calls
+saw). The session's own journal, ``<session>>session``, records which message started each
+turn and each finished turn's answer, so the transcript rebuilds after a restart.
+
+``send_once(key, text)`` is the webhook path: the intake is recorded under the delivery key
+(first writer wins) before anything runs, so the same delivery arriving twice — or ten
+times at once, or after a worker crash — opens one turn and never repeats a side effect.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from . import runtime
+from .commands import create_run
+from .errors import ApprovalPending, ConfigError
+from .journal import Journal
+from .loop import drive
+from .model import Message
+from .ports import AWAITING_APPROVAL, FINISHED, RunInfo, Store
+from .records import Record
+
+if TYPE_CHECKING:
+    from .agent import Agent, RunResult
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+MAX_KEY_LENGTH = 500
+
+
+def validate_session_id(session_id: object) -> str:
+    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+        raise ConfigError(
+            f"invalid session id {session_id!r}: a session id is 1-128 characters of "
+            "A-Za-z0-9_- (a chat or ticket id from your own data)",
+            code="config.session_id",
+        )
+    return session_id
+
+
+def encode_key(key: object) -> str:
+    """A delivery key as it appears in a run id: any key is allowed; long ones are hashed."""
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+        raise ConfigError(
+            f"invalid delivery key {key!r}: a key is a non-empty string of at most "
+            f"{MAX_KEY_LENGTH} characters (a webhook's delivery id)",
+            code="config.delivery_key",
+        )
+    encoded = quote(key, safe="")
+    if len(encoded) > 200:
+        encoded = "sha256-" + hashlib.sha256(key.encode()).hexdigest()
+    return encoded
+
+
+def session_of(run_id: str) -> str | None:
+    """The session a turn's run belongs to, or None for any other run."""
+    sid, sep, rest = run_id.partition(">")
+    if sep and (rest.startswith("turn/") or rest.startswith("event/")):
+        return sid
+    return None
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What ``send_once`` did: ``queued`` (the turn was handed to a driver), ``answered``
+    (the turn finished; ``answer`` holds it) or ``paused`` (it waits, e.g. on an approval)."""
+
+    session_id: str
+    key: str
+    run_id: str
+    status: str
+    answer: str | None = None
+
+
+class Session:
+    """A durable conversation with one agent. Get one with ``agent.session(id)``."""
+
+    def __init__(self, agent: Agent, session_id: str, *, store: Store | None = None) -> None:
+        self.agent = agent
+        self.session_id = validate_session_id(session_id)
+        self._store = store
+
+    @property
+    def store(self) -> Store:
+        return self._store or runtime.store()
+
+    @property
+    def journal_id(self) -> str:
+        return f"{self.session_id}>session"
+
+    # -- reading ----------------------------------------------------------------------
+
+    def _records(self) -> list[Record]:
+        return Journal(self.store).history(self.journal_id)
+
+    def _answers(self, records: Sequence[Record]) -> list[Record]:
+        return [r for r in records if r.name.startswith("answer:")]
+
+    def history(self) -> list[Message]:
+        """The user/assistant transcript of the finished turns, in the order they finished."""
+        out: list[Message] = []
+        for rec in self._answers(self._records()):
+            out.append(Message("user", str(rec.get("input"))))
+            out.append(Message("assistant", str(rec.get("answer"))))
+        return out
+
+    @property
+    def turns(self) -> int:
+        return len(self._answers(self._records()))
+
+    def open_turn(self) -> Record | None:
+        """The latest ``send`` turn that has no answer yet."""
+        records = self._records()
+        answered = {r.get("run_id") for r in self._answers(records)}
+        sends = [r for r in records if r.name.startswith("turn:")]
+        for rec in reversed(sends):
+            if rec.get("run_id") not in answered:
+                return rec
+        return None
+
+    # -- writing ----------------------------------------------------------------------
+
+    def _ensure_journal(self) -> None:
+        store = self.store
+        if store.get_run(self.journal_id) is None:
+            store.create_run(
+                RunInfo(
+                    run_id=self.journal_id,
+                    agent=self.agent.name,
+                    session_id=self.session_id,
+                    input={"session": self.session_id},
+                )
+            )
+            # Never driven: a session journal is not work to recover.
+            store.update_run(self.journal_id, {"status": FINISHED})
+
+    def _seed(self) -> list[dict[str, Any]]:
+        return [m.to_json() for m in self.history()]
+
+    def send(self, text: str) -> RunResult:
+        """One turn, driven here. While a turn is open (paused, failed), only the same
+        message resumes it; another message is refused, naming the open turn."""
+        if not isinstance(text, str) or not text:
+            raise ConfigError("a message is a non-empty string", code="config.input")
+        self._ensure_journal()
+        journal = Journal(self.store)
+        open_turn = self.open_turn()
+        if open_turn is not None:
+            if open_turn.get("input") != text:
+                self._refuse_new_input(open_turn)
+            run_id = str(open_turn.get("run_id"))
+        else:
+            n = sum(1 for r in self._records() if r.name.startswith("turn:")) + 1
+            run_id = f"{self.session_id}>turn/{n}"
+            record, _ = journal.write(
+                self.journal_id, f"turn:{n}", {"kind": "turn", "input": text, "run_id": run_id}
+            )
+            if record.get("input") != text:  # another sender took turn n first
+                self._refuse_new_input(record)
+        return self._drive(run_id, text)
+
+    def _refuse_new_input(self, open_turn: Record) -> None:
+        run_id = str(open_turn.get("run_id"))
+        run = self.store.get_run(run_id)
+        if run is not None and run.status == AWAITING_APPROVAL:
+            requests = self.store.list_approval_requests(run_id=run_id)
+            calls = ", ".join(f"{r.call_id!r} ({r.tool_name})" for r in requests) or "a call"
+            raise ApprovalPending(
+                f"session {self.session_id!r} awaits approval of {calls} in turn {run_id!r}; "
+                "decide it with durable_agents.approve(...) or in the admin before sending a "
+                "new message",
+                run_id=run_id,
+                calls=[r.call_id for r in requests],
+            )
+        raise ConfigError(
+            f"session {self.session_id!r} has an open turn {run_id!r} for the message "
+            f"{open_turn.get('input')!r}; send that message again to resume it, or resolve "
+            "what it waits on first",
+            code="session.turn_open",
+            run_id=run_id,
+        )
+
+    def _drive(self, run_id: str, text: str) -> RunResult:
+        result = drive(
+            self.agent,
+            run_id,
+            text,
+            store=self.store,
+            derived_id=True,
+            seed=self._seed(),
+            meta={"session_id": self.session_id},
+        )
+        record_answer(self.store, run_id, text, result.answer)
+        return result
+
+    def send_once(self, key: str, text: str, *, wait: bool = False) -> SendResult:
+        """Record an inbound message under its delivery key and run its turn once.
+
+        A key whose turn finished returns that answer without running anything; a key
+        whose turn is unfinished resumes that same turn; the same key with another message
+        is refused. The intake is written before this returns; the turn is handed to a
+        driver after the current transaction commits (``wait=True`` drives it here).
+        """
+        if not isinstance(text, str) or not text:
+            raise ConfigError("a message is a non-empty string", code="config.input")
+        encoded = encode_key(key)
+        run_id = f"{self.session_id}>event/{encoded}"
+        self._ensure_journal()
+        journal = Journal(self.store)
+        intake, _ = journal.write(
+            self.journal_id,
+            f"event:{encoded}",
+            {"kind": "event", "key": key, "input": text, "run_id": run_id},
+        )
+        if intake.get("input") != text:
+            raise ConfigError(
+                f"delivery {key!r} of session {self.session_id!r} was first received with "
+                "another message; a key names one message",
+                code="session.key_conflict",
+                run_id=run_id,
+            )
+        done = journal.get(run_id, "run:complete") if self.store.get_run(run_id) else None
+        if done is not None:
+            record_answer(self.store, run_id, text, str(done.get("answer") or ""))
+            return SendResult(self.session_id, key, run_id, "answered", done.get("answer"))
+        if self.store.get_run(run_id) is None or journal.get(run_id, "run:start") is None:
+            create_run(
+                self.agent,
+                text,
+                run_id,
+                store=self.store,
+                derived_id=True,
+                seed=self._seed(),
+                session_id=self.session_id,
+            )
+        if wait:
+            try:
+                result = self._drive(run_id, text)
+            except ApprovalPending:
+                return SendResult(self.session_id, key, run_id, "paused")
+            return SendResult(self.session_id, key, run_id, "answered", result.answer)
+        runtime.dispatch(run_id)
+        return SendResult(self.session_id, key, run_id, "queued")
+
+
+def record_answer(store: Store, run_id: str, text: str, answer: str) -> None:
+    """Add a finished turn's answer to its session's transcript (first writer wins)."""
+    sid = session_of(run_id)
+    if sid is None:
+        return
+    journal_id = f"{sid}>session"
+    Journal(store).write(
+        journal_id,
+        f"answer:{run_id}",
+        {"kind": "answer", "run_id": run_id, "input": text, "answer": answer},
+    )
