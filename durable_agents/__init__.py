@@ -42,6 +42,7 @@ from .engine.halts import (
     NoLiveAttempt,
     resolve_halt,
 )
+from .engine.history import Comparison, Patch, Step, as_of, compare, fork, history
 from .engine.journal import Journal
 from .engine.loop import AgentDrift, ResumeToolMissing
 from .engine.sessions import SendResult, Session
@@ -58,6 +59,7 @@ __all__ = [
     "ApprovalPending",
     "ApproverNotEligible",
     "BudgetError",
+    "Comparison",
     "ConfigError",
     "DurableAgentsError",
     "HaltAlreadyResolved",
@@ -71,6 +73,7 @@ __all__ = [
     "ModelRetry",
     "NoLiveAttempt",
     "OutcomeUnknown",
+    "Patch",
     "Pause",
     "PendingRun",
     "ProtocolError",
@@ -81,6 +84,7 @@ __all__ = [
     "SendResult",
     "Session",
     "SignalPending",
+    "Step",
     "StorageError",
     "TimerPending",
     "Tool",
@@ -88,8 +92,12 @@ __all__ = [
     "ToolError",
     "ToolOutcomeUnknown",
     "approve",
+    "as_of",
     "cancel",
+    "compare",
     "decision_bytes",
+    "fork",
+    "history",
     "pending",
     "resolve_halt",
     "resume",

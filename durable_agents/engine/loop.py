@@ -258,7 +258,7 @@ class Driver:
             if turns:
                 last = turns[-1]
                 calls = self.state.calls(last)
-                if not calls:
+                if not calls and len(turns) not in self.state.user_after:
                     return self._finish(last)
                 self._settle(calls)
             if len(turns) >= self.agent.max_turns:
@@ -282,7 +282,7 @@ class Driver:
 
     def _request(self) -> ModelRequest:
         return ModelRequest(
-            instructions=self.agent.instructions,
+            instructions=self.state.instructions(self.agent.instructions),
             messages=self.state.messages(),
             tools=self.agent.tool_specs(),
         )

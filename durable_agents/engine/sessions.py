@@ -26,7 +26,7 @@ from .errors import ApprovalPending, ConfigError
 from .journal import Journal
 from .loop import drive
 from .model import Message
-from .ports import AWAITING_APPROVAL, FINISHED, RunInfo, Store
+from .ports import AWAITING_APPROVAL, FINISHED, HUMAN_WAIT_STATUSES, RunInfo, Store
 from .records import Record
 
 if TYPE_CHECKING:
@@ -125,6 +125,12 @@ class Session:
             if rec.get("run_id") not in answered:
                 return rec
         return None
+
+    def fork(self, from_turn: int, new_session_id: str | None = None) -> Session:
+        """A new session whose transcript is this one's first ``from_turn`` turns."""
+        from .history import fork_session
+
+        return Session(self.agent, fork_session(self, from_turn, new_session_id), store=self._store)
 
     # -- writing ----------------------------------------------------------------------
 
@@ -231,7 +237,11 @@ class Session:
         if done is not None:
             record_answer(self.store, run_id, text, str(done.get("answer") or ""))
             return SendResult(self.session_id, key, run_id, "answered", done.get("answer"))
-        if self.store.get_run(run_id) is None or journal.get(run_id, "run:start") is None:
+        run = self.store.get_run(run_id)
+        if run is not None and run.status in HUMAN_WAIT_STATUSES:
+            # Waiting on a person: driving it again would only pause again.
+            return SendResult(self.session_id, key, run_id, "paused")
+        if run is None or journal.get(run_id, "run:start") is None:
             create_run(
                 self.agent,
                 text,

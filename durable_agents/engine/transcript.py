@@ -37,6 +37,7 @@ class RunState:
     user_after: dict[int, Record] = field(default_factory=dict)
     complete: Record | None = None
     cancelled: Record | None = None
+    fork: Record | None = None
     spend_records: list[Record] = field(default_factory=list)
     # Parsed messages by record name: records never change, and a driver rebuilds the
     # transcript every turn, which would otherwise re-parse every earlier turn.
@@ -69,6 +70,8 @@ class RunState:
                 state.complete = rec
             elif name == "run:cancelled":
                 state.cancelled = rec
+            elif name == "fork":
+                state.fork = rec
         n = 1
         while n in models:  # turns are recorded in order; stop at the first gap
             state.turns.append(models[n])
@@ -127,6 +130,14 @@ class RunState:
             self._extra = self._extra + Usage.from_json(rec.get("usage"))
         self._counted[1] = len(self.spend_records)
         return self.usage() + self._extra
+
+    def instructions(self, default: str) -> str:
+        """The instructions this run's model calls get: a fork's patch may replace them."""
+        if self.fork is not None:
+            patched = (self.fork.get("patch") or {}).get("instructions")
+            if patched is not None:
+                return str(patched)
+        return default
 
     def seed(self) -> list[Message]:
         if self.start is None:

@@ -1,0 +1,373 @@
+"""History, fork and compare: "what if the tool had said something else?"
+
+* ``history(run_id)`` — a run's steps, one per model turn (its text, its tool calls with
+  their results, approvals), read from the journal alone; ``as_of(run_id, step)`` — the
+  transcript as it stood after that step.
+* ``fork(run_id, from_step, patch)`` — a new run whose journal is the source's up to a step
+  (copied, plus a ``fork`` record), with a patch applied: replace a recorded tool result in
+  place, record a result for a call that has none, append a user message, or replace the
+  instructions. The source is not touched. Calls left without a result run on resume
+  through the normal path, approval included: an old approval does not carry over.
+* ``compare(a, b)`` — each run's steps, the first step where they differ (call ids aside),
+  and the drift: tool order, arguments, step count, finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import runtime
+from .errors import ConfigError
+from .journal import Journal
+from .model import Message
+from .ports import QUEUED, ActionInfo, RunInfo, Store
+from .records import Record, encode, validate_run_id
+from .transcript import RunState
+
+
+@dataclass(frozen=True)
+class ToolStep:
+    call_id: str
+    name: str
+    arguments: Any
+    result: Any = None
+    is_error: bool = False
+    has_result: bool = False
+    reconciled: bool = False
+    approval: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    step: int
+    text: str
+    tool_calls: tuple[ToolStep, ...]
+    usage: Mapping[str, int]
+    finish: str
+    at: str | None
+
+    def shape(self) -> tuple[Any, ...]:
+        """What the step did, call ids aside: for comparing trajectories."""
+        return (
+            self.text,
+            tuple(
+                (t.name, encode(t.arguments), encode(t.result), t.is_error) for t in self.tool_calls
+            ),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "text": self.text,
+            "tool_calls": [t.__dict__ for t in self.tool_calls],
+            "usage": dict(self.usage),
+            "finish": self.finish,
+            "at": self.at,
+        }
+
+
+def _args(raw: str) -> Any:
+    try:
+        from .records import decode
+
+        return decode(raw or "{}")
+    except Exception:
+        return raw
+
+
+def steps_of(records: Sequence[Record]) -> list[Step]:
+    state = RunState.of(records)
+    by_name = {r.name: r for r in records}
+    steps = []
+    for n, turn in enumerate(state.turns, start=1):
+        message = state.assistant(turn)
+        calls = []
+        for call in message.tool_calls:
+            rec = state.results.get(call.id)
+            approval = by_name.get(f"approval:{call.id}")
+            calls.append(
+                ToolStep(
+                    call_id=call.id,
+                    name=call.name,
+                    arguments=_args(call.arguments),
+                    result=rec.get("result") if rec else None,
+                    is_error=bool(rec.get("is_error")) if rec else False,
+                    has_result=rec is not None,
+                    reconciled=bool(rec.get("reconciled")) if rec else False,
+                    approval=dict(approval.body) if approval else None,
+                )
+            )
+        steps.append(
+            Step(
+                step=n,
+                text=message.content,
+                tool_calls=tuple(calls),
+                usage=dict(turn.get("usage") or {}),
+                finish=str(turn.get("finish") or ""),
+                at=turn.created_at.isoformat() if turn.created_at else None,
+            )
+        )
+    return steps
+
+
+def history(run_id: str, *, store: Store | None = None) -> list[Step]:
+    """The steps of a run, in order, from its journal (no model or tool is called)."""
+    store = store or runtime.store()
+    return steps_of(Journal(store).history(run_id))
+
+
+def as_of(run_id: str, step: int, *, store: Store | None = None) -> list[Message]:
+    """The transcript as it stood after ``step`` (0: just the input)."""
+    store = store or runtime.store()
+    records = Journal(store).history(run_id)
+    state = RunState.of(records)
+    _check_step(run_id, step, len(state.turns))
+    return RunState.of(_prefix(records, step)).messages()
+
+
+def _check_step(run_id: str, step: Any, count: int) -> None:
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= count:
+        raise ConfigError(
+            f"run {run_id!r} has no step {step!r}; its steps are 0-{count} (0 is the input)",
+            code="history.step",
+        )
+
+
+def _prefix(records: Sequence[Record], step: int) -> list[Record]:
+    """The records a run held right after ``step``: its turns up to it, their results and
+    the user messages sent after them."""
+    state = RunState.of(records)
+    keep_calls = {c.id for turn in state.turns[:step] for c in state.calls(turn)}
+    out = []
+    for rec in records:
+        name = rec.name
+        kind, _, rest = name.partition(":")
+        if (
+            name in ("@journal", "run:start")
+            or (kind == "model" and int(rest) <= step)
+            or (kind == "user" and int(rest) <= step)
+            or (kind == "tool" and rest in keep_calls)
+            or (name.startswith("@spend/") and int(name.split("/")[1]) <= step)
+        ):
+            out.append(rec)
+    return out
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Changes applied to a fork.
+
+    ``tool_results`` maps a call id (of a step up to the fork point) to the result to
+    record for it: it replaces a recorded result in place, or records one for a call that
+    has none. ``tool_errors`` lists the call ids whose patched result is an error.
+    ``append_user`` is a user message sent after any pending calls. ``instructions``
+    replaces the agent's instructions for the fork.
+    """
+
+    tool_results: Mapping[str, Any] = field(default_factory=dict)
+    tool_errors: Sequence[str] = ()
+    append_user: str | None = None
+    instructions: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tool_results": dict(self.tool_results),
+            "tool_errors": list(self.tool_errors),
+            "append_user": self.append_user,
+            "instructions": self.instructions,
+        }
+
+
+def _fork_id(store: Store, run_id: str) -> str:
+    stem = run_id[:180]
+    n = 1
+    while store.get_run(f"{stem}.fork-{n}") is not None:
+        n += 1
+    return f"{stem}.fork-{n}"
+
+
+def fork(
+    run_id: str,
+    from_step: int,
+    patch: Patch | None = None,
+    new_run_id: str | None = None,
+    *,
+    by: str = "",
+    store: Store | None = None,
+) -> str:
+    """Create a fork of ``run_id`` at ``from_step`` and return its id (not yet driven:
+    ``resume`` it, or hand it to a worker)."""
+    store = store or runtime.store()
+    patch = patch or Patch()
+    journal = Journal(store)
+    source = store.get_run(run_id)
+    if source is None:
+        raise ConfigError(f"no run {run_id!r}", code="run.not_found")
+    records = journal.history(run_id)
+    state = RunState.of(records)
+    _check_step(run_id, from_step, len(state.turns))
+    kept = _prefix(records, from_step)
+    kept_state = RunState.of(kept)
+    calls = {c.id: c for turn in kept_state.turns for c in kept_state.calls(turn)}
+    unknown = sorted(set(patch.tool_results) - set(calls))
+    if unknown:
+        raise ConfigError(
+            f"patch names calls {unknown} that are not in steps 1-{from_step} of run "
+            f"{run_id!r}; known calls: {sorted(calls) or 'none'}",
+            code="history.patch",
+        )
+    if patch.append_user is not None and not isinstance(patch.append_user, str):
+        raise ConfigError("append_user must be a string", code="history.patch")
+    encode(patch.to_json())  # a patch that does not encode fails before anything is written
+    if new_run_id is None:
+        new_run_id = _fork_id(store, run_id)
+    else:
+        validate_run_id(new_run_id)
+    if store.get_run(new_run_id) is not None:
+        raise ConfigError(
+            f"run {new_run_id!r} already exists; pick another id for the fork",
+            code="history.fork_exists",
+        )
+    start = state.start
+    if start is None:
+        raise ConfigError(f"run {run_id!r} has not started", code="history.not_started")
+    store.create_run(
+        RunInfo(
+            run_id=new_run_id,
+            agent=source.agent,
+            status=QUEUED,
+            input=start.get("input"),
+            session_id=None,
+            forked_from=run_id,
+            forked_step=from_step,
+            usage=kept_state.usage().to_json(),
+            spend=kept_state.spend().to_json(),
+            turns=from_step,
+        )
+    )
+    for rec in kept:
+        if rec.name == "@journal":
+            continue
+        body = dict(rec.body)
+        if rec.name.startswith("tool:") and rec.name[5:] in patch.tool_results:
+            continue  # written below, patched
+        journal.write(new_run_id, rec.name, body)
+    for call_id, result in patch.tool_results.items():
+        journal.write(
+            new_run_id,
+            f"tool:{call_id}",
+            {
+                "kind": "tool",
+                "call_id": call_id,
+                "name": calls[call_id].name,
+                "result": result,
+                "is_error": call_id in patch.tool_errors,
+                "read_only": False,
+                "reconciled": False,
+                "patched": True,
+            },
+        )
+    if patch.append_user:
+        journal.write(new_run_id, f"user:{from_step}", {"kind": "user", "text": patch.append_user})
+    journal.write(
+        new_run_id,
+        "fork",
+        {"kind": "fork", "source": run_id, "step": from_step, "patch": patch.to_json()},
+    )
+    store.log_action(
+        ActionInfo(
+            by or "system",
+            "fork",
+            run_id,
+            new_run_id,
+            {"step": from_step, "patch": patch.to_json()},
+        )
+    )
+    return new_run_id
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: list[Step]
+    b: list[Step]
+    diverged_at: int | None
+    drift: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "a": [s.to_json() for s in self.a],
+            "b": [s.to_json() for s in self.b],
+            "diverged_at": self.diverged_at,
+            "drift": self.drift,
+        }
+
+
+def compare(a: str, b: str, *, store: Store | None = None) -> Comparison:
+    """Where two runs' trajectories part, call ids aside."""
+    store = store or runtime.store()
+    journal = Journal(store)
+    ra, rb = journal.history(a), journal.history(b)
+    sa, sb = steps_of(ra), steps_of(rb)
+    diverged = None
+    for i in range(max(len(sa), len(sb))):
+        if i >= len(sa) or i >= len(sb) or sa[i].shape() != sb[i].shape():
+            diverged = i + 1
+            break
+    fa, fb = RunState.of(ra).complete, RunState.of(rb).complete
+    drift: dict[str, Any] = {
+        "tool_order": [
+            [t.name for s in sa for t in s.tool_calls],
+            [t.name for s in sb for t in s.tool_calls],
+        ],
+        "arguments": [
+            {"step": x.step, "tool": tx.name, "a": tx.arguments, "b": ty.arguments}
+            for x, y in zip(sa, sb, strict=False)
+            for tx, ty in zip(x.tool_calls, y.tool_calls, strict=False)
+            if tx.name == ty.name and encode(tx.arguments) != encode(ty.arguments)
+        ],
+        "step_count": [len(sa), len(sb)],
+        "finish": [
+            fa.get("answer") if fa else None,
+            fb.get("answer") if fb else None,
+        ],
+    }
+    drift["tool_order_changed"] = drift["tool_order"][0] != drift["tool_order"][1]
+    return Comparison(sa, sb, diverged, drift)
+
+
+def fork_session(session: Any, from_turn: int, new_session_id: str | None = None) -> str:
+    """A new session whose transcript is ``session``'s first ``from_turn`` answered turns."""
+    from .sessions import validate_session_id
+
+    store = session.store
+    journal = Journal(store)
+    answers = [r for r in journal.history(session.journal_id) if r.name.startswith("answer:")]
+    if (
+        isinstance(from_turn, bool)
+        or not isinstance(from_turn, int)
+        or not (0 <= from_turn <= len(answers))
+    ):
+        raise ConfigError(
+            f"session {session.session_id!r} has turns 0-{len(answers)}, not {from_turn!r}",
+            code="history.step",
+        )
+    if new_session_id is None:
+        n = 1
+        while store.get_run(f"{session.session_id[:110]}-fork-{n}>session") is not None:
+            n += 1
+        new_session_id = f"{session.session_id[:110]}-fork-{n}"
+    validate_session_id(new_session_id)
+    fork_session_obj = type(session)(session.agent, new_session_id, store=session._store)
+    if store.get_run(fork_session_obj.journal_id) is not None:
+        raise ConfigError(f"session {new_session_id!r} already exists", code="history.fork_exists")
+    fork_session_obj._ensure_journal()
+    for rec in answers[:from_turn]:
+        journal.write(fork_session_obj.journal_id, rec.name, dict(rec.body))
+    journal.write(
+        fork_session_obj.journal_id,
+        "fork",
+        {"kind": "fork", "source": session.session_id, "turn": from_turn},
+    )
+    return new_session_id
