@@ -37,4 +37,4 @@ def drive_inline(run_id: str) -> None:
     from .engine.commands import drive_quietly
 
     outcome = drive_quietly(run_id)
-    log.info("run %s driven inline: %s", run_id, outcome)
+    log.debug("run %s driven inline: %s", run_id, outcome)

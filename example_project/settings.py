@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "durable_agents",
+    "example_project",  # the demo command lives in example_project/management
 ]
 
 MIDDLEWARE = [
@@ -115,7 +116,7 @@ DURABLE_AGENTS = {
         "DURABLE_AGENTS_DISPATCH",
         default="celery" if HAS_DATABASE_URL else "inline",
     ),
-    "LEASE_TTL": 30,
+    "LEASE_TTL": env.float("DURABLE_AGENTS_LEASE_TTL", default=30.0),
     "RECOVERY_INTERVAL": 15,
     "ON_DRIFT": "warn",
     "CELERY_QUEUE": "durable_agents",
