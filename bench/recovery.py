@@ -1,0 +1,86 @@
+"""A recovery pass costs the same with 0 and with 1,000,000 finished runs.
+
+One pass (``durable_agents.recovery.recover``) over 100 unfinished runs whose driver died
+(status running, no lease), timed with 0 finished runs in the table, then again after
+1,000,000 finished runs were added (one INSERT … SELECT generate_series, then ANALYZE).
+The pass hands each run to a collecting dispatcher, so what is measured is the database
+side: listing unfinished, lease-free runs through the partial index. Prints medians and
+the ratio (with / without); the last line is the result. Target: <= 1.2.
+
+    .venv/bin/python bench/recovery.py [--finished 1000000] [--rounds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import uuid
+
+from _setup import raw_connection, setup_django
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--finished", type=int, default=1_000_000)
+    parser.add_argument("--unfinished", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=30)
+    args = parser.parse_args()
+    setup_django()
+
+    from durable_agents.engine import runtime
+    from durable_agents.recovery import recover
+
+    raw = raw_connection()
+    tag = uuid.uuid4().hex[:8]
+    raw.execute("DELETE FROM durable_agents_lease")
+    raw.execute("DELETE FROM durable_agents_run WHERE run_id LIKE 'bench-rec-%%'")
+    raw.execute(
+        "INSERT INTO durable_agents_run (run_id, agent, status, usage, spend, turns, "
+        "attempts, created_at, updated_at) "
+        "SELECT 'bench-rec-open-' || %s || '-' || g, 'bench', 'running', '{}', '{}', 0, 0, "
+        "now(), now() FROM generate_series(1, %s) g",
+        [tag, args.unfinished],
+    )
+    raw.execute("ANALYZE durable_agents_run")
+    sent: list[str] = []
+    runtime.configure(dispatcher=sent.append)
+
+    def one_pass() -> float:
+        sent.clear()
+        start = time.perf_counter()
+        recover()
+        elapsed = time.perf_counter() - start
+        assert len(sent) == args.unfinished, len(sent)
+        return elapsed
+
+    for _ in range(5):
+        one_pass()
+    empty = statistics.median(one_pass() for _ in range(args.rounds))
+
+    start = time.perf_counter()
+    raw.execute(
+        "INSERT INTO durable_agents_run (run_id, agent, status, usage, spend, turns, "
+        "attempts, created_at, updated_at, finished_at) "
+        "SELECT 'bench-rec-done-' || %s || '-' || g, 'bench', 'finished', '{}', '{}', 3, 0, "
+        "now(), now(), now() FROM generate_series(1, %s) g",
+        [tag, args.finished],
+    )
+    raw.execute("ANALYZE durable_agents_run")
+    loaded = time.perf_counter() - start
+    for _ in range(5):
+        one_pass()
+    full = statistics.median(one_pass() for _ in range(args.rounds))
+
+    raw.execute("DELETE FROM durable_agents_run WHERE run_id LIKE 'bench-rec-%%'")
+    ratio = full / empty
+    print(f"unfinished runs        {args.unfinished} (running, lease expired)")
+    print(f"pass, 0 finished       {empty * 1e3:8.2f} ms median of {args.rounds}")
+    print(
+        f"pass, {args.finished:,} finished {full * 1e3:8.2f} ms median  (loaded in {loaded:.1f} s)"
+    )
+    print(f"RESULT recovery ratio={ratio:.2f} target=1.2")
+
+
+if __name__ == "__main__":
+    main()
