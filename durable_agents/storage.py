@@ -234,6 +234,14 @@ class DjangoStore:
             params.append(changes["status"] in TERMINAL_STATUSES)
         return ", ".join(sets), params
 
+    def _holds(self, run_id: str, token: str) -> bool:
+        d = self.dialect
+        row = self._fetchone(
+            f"SELECT 1 FROM {_L} WHERE run_id = %s AND token = %s AND expires_at > {d.now}",
+            [run_id, token],
+        )
+        return row is not None
+
     def _live_lease(self, token: str) -> Any:
         return Lease.objects.using(self.using).filter(
             run_id=OuterRef("run_id"), token=token, expires_at__gt=Now()
@@ -289,9 +297,11 @@ class DjangoStore:
         if row is not None:
             return Entry(run_id, name, int(row[0]), data, _aware(row[1])), True
         existing = self.get(run_id, name)
-        if existing is not None:
+        if existing is not None and (fence is None or self._holds(run_id, fence)):
             return existing, False
         if fence is not None:
+            # A driver that lost its lease stops here, even when the name is already
+            # recorded (by the driver that took over): it must not carry on from there.
             raise LeaseLost(
                 f"lease on run {run_id!r} is no longer held by this driver; "
                 f"step {name!r} was not recorded"

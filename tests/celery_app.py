@@ -9,3 +9,15 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 app = Celery("tests")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["durable_agents"])
+
+# Tests that run a real `celery beat` set DA_BEAT_RECOVERY=1: one recovery pass every
+# DA_RECOVERY_INTERVAL seconds (the DURABLE_AGENTS["RECOVERY_INTERVAL"] of tests/settings.py),
+# sent to the test's own queue (DA_CELERY_QUEUE), where its workers pick it up.
+if os.environ.get("DA_BEAT_RECOVERY"):
+    app.conf.beat_schedule = {
+        "durable-agents-recover-runs": {
+            "task": "durable_agents.tasks.recover_runs",
+            "schedule": float(os.environ.get("DA_RECOVERY_INTERVAL", "15")),
+            "options": {"queue": os.environ.get("DA_CELERY_QUEUE", "durable_agents")},
+        }
+    }

@@ -81,7 +81,11 @@ WEBHOOK_SECRET = "tests-webhook-secret"
 DEMO_DIR = Path(os.environ.get("DA_DEMO_DIR", tempfile.gettempdir())) / "da-test-demo"
 
 DURABLE_AGENTS = {
-    "AGENTS": ["example_project.agents.support", "tests.support.agents"],
+    "AGENTS": [
+        "example_project.agents.support",
+        "tests.support.agents",
+        "tests.support.celery_agents",
+    ],
     # Tests that start Celery workers set DA_DISPATCH=celery and a queue of their own.
     "DISPATCH": os.environ.get("DA_DISPATCH", "inline"),
     "CELERY_QUEUE": os.environ.get("DA_CELERY_QUEUE", "durable_agents"),

@@ -119,8 +119,6 @@ class InMemoryStore:
             entries = self._entries.setdefault(run_id, {})
             existing = entries.get(name)
             if fence is not None and not self._holds(run_id, fence):
-                if existing is not None:
-                    return existing, False
                 raise LeaseLost(
                     f"lease on run {run_id!r} is no longer held by this driver; "
                     f"step {name!r} was not recorded"

@@ -16,7 +16,8 @@ Requirements every store meets:
   written; there is no update or delete of an entry.
 * **Fencing.** An insert or run update given ``fence=token`` succeeds only while ``token``
   holds the run's live lease, checked atomically with the write; otherwise it raises
-  ``LeaseLost`` and stores nothing.
+  ``LeaseLost`` and stores nothing — also when the name is already recorded, so a driver
+  that lost its lease never reads on past the point where another driver took over.
 * **Leases on the store's clock.** Expiry is judged by the database's clock, never the
   caller's.
 """

@@ -173,6 +173,16 @@ def test_fenced_write_after_takeover_stores_nothing(store, run_id):
     assert inserted and entry.data == '{"fresh":1}'
 
 
+def test_fenced_write_of_a_taken_name_after_takeover_is_refused(store, run_id):
+    """The stale driver must stop, not read on from the new holder's record."""
+    store.acquire_lease(run_id, "w1", "tok-1", 0.3)
+    assert _wait_until(lambda: store.acquire_lease(run_id, "w2", "tok-2", 30))
+    store.insert(run_id, "s1", '{"fresh":1}', fence="tok-2")
+    with pytest.raises(LeaseLost):
+        store.insert(run_id, "s1", '{"stale":1}', fence="tok-1")
+    assert store.get(run_id, "s1").data == '{"fresh":1}'
+
+
 def test_fenced_write_after_expiry_stores_nothing(store, run_id):
     store.acquire_lease(run_id, "w1", "tok-1", 0.2)
     assert _wait_until(lambda: not store.get_lease(run_id).live)
