@@ -26,6 +26,8 @@ DATABASES = {
         "USER": os.environ.get("DA_PG_USER", "postgres"),
         "HOST": os.environ.get("DA_PG_HOST", "127.0.0.1"),
         "PORT": os.environ.get("DA_PG_PORT", "5432"),
+        # Workers keep their connection between tasks (benchmarks set it; 0 in tests).
+        "CONN_MAX_AGE": int(os.environ.get("DA_CONN_MAX_AGE", "0")),
         "TEST": {"NAME": os.environ.get("DA_PG_TEST_NAME") or None},
     },
     "sqlite": {
@@ -85,6 +87,8 @@ DURABLE_AGENTS = {
         "example_project.agents.support",
         "tests.support.agents",
         "tests.support.celery_agents",
+        # Benchmarks add their own agents (bench/throughput.py).
+        *[a for a in os.environ.get("DA_EXTRA_AGENTS", "").split(",") if a],
     ],
     # Tests that start Celery workers set DA_DISPATCH=celery and a queue of their own.
     "DISPATCH": os.environ.get("DA_DISPATCH", "inline"),

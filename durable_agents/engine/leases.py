@@ -1,8 +1,11 @@
-"""Holding a run's lease while driving it: acquire, renew from a heartbeat thread, release.
+"""Holding a run's lease while driving it: acquire, renew from a heartbeat, release.
 
 The lease is liveness, not safety: it keeps two drivers from working on one run in the
 normal case, and a driver that loses it stops at its next (fenced) write. What keeps a side
 effect at most once is the attempt claim, which does not depend on the lease.
+
+One heartbeat thread per process renews every lease the process holds (every ``ttl / 3``),
+on its own long-lived database connection, so a worker does not open a connection per run.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ log = logging.getLogger("durable_agents.lease")
 
 
 class HeldLease:
-    """A lease this process holds on one run, renewed every ``ttl / 3`` seconds.
+    """A lease this process holds on one run, renewed by the process's heartbeat.
 
-    ``lost`` is set when a renewal finds the lease taken or no renewal succeeded within the
-    ttl; the driver checks it before each model call and tool call.
+    ``lost`` is set when a renewal finds the lease taken, or no renewal succeeded within
+    the ttl; the driver checks it between steps, and its fenced writes fail anyway.
     """
 
     def __init__(self, store: Store, run_id: str, ttl: float, holder: str | None = None) -> None:
@@ -34,8 +37,8 @@ class HeldLease:
         self.holder = holder or holder_name()
         self.token = uuid.uuid4().hex
         self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.last_renewed = time.monotonic()
+        self.next_renewal = self.last_renewed + self.ttl / 3
 
     def acquire(self) -> HeldLease:
         if not self.store.acquire_lease(self.run_id, self.holder, self.token, self.ttl):
@@ -46,37 +49,30 @@ class HeldLease:
                 "driver dies (after its lease expires)",
                 run_id=self.run_id,
             )
-        self._thread = threading.Thread(
-            target=self._beat, name=f"lease:{self.run_id}"[:60], daemon=True
-        )
-        self._thread.start()
+        self.last_renewed = time.monotonic()
+        self.next_renewal = self.last_renewed + self.ttl / 3
+        _heartbeat.add(self)
         return self
 
-    def _beat(self) -> None:
-        last_ok = time.monotonic()
+    def renew(self) -> None:
+        """Called by the heartbeat thread."""
         try:
-            while not self._stop.wait(self.ttl / 3):
-                try:
-                    if self.store.renew_lease(self.run_id, self.token, self.ttl):
-                        last_ok = time.monotonic()
-                        continue
-                    log.warning("lease on run %s was taken; stopping this drive", self.run_id)
-                    self.lost.set()
-                    return
-                except Exception:  # a DB blip: keep trying until the lease would lapse
-                    log.warning("lease renewal of run %s failed", self.run_id, exc_info=True)
-                    if time.monotonic() - last_ok >= self.ttl:
-                        self.lost.set()
-                        return
-        finally:
-            close = getattr(self.store, "close_thread_resources", None)
-            if close is not None:
-                close()
+            if self.store.renew_lease(self.run_id, self.token, self.ttl):
+                self.last_renewed = time.monotonic()
+            else:
+                log.warning("lease on run %s was taken; stopping this drive", self.run_id)
+                self.lost.set()
+        except Exception:  # a DB blip: keep trying until the lease would lapse
+            log.warning("lease renewal of run %s failed", self.run_id, exc_info=True)
+            reset = getattr(self.store, "close_thread_resources", None)
+            if reset is not None:
+                reset()  # reconnect on the next renewal
+            if time.monotonic() - self.last_renewed >= self.ttl:
+                self.lost.set()
+        self.next_renewal = time.monotonic() + self.ttl / 3
 
     def release(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.ttl)
+        _heartbeat.remove(self)
         try:
             self.store.release_lease(self.run_id, self.token)
         except Exception:  # the lease expires on its own
@@ -92,3 +88,43 @@ class HeldLease:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+class _Heartbeat:
+    """The process's heartbeat thread, started on first use (after a fork, anew)."""
+
+    def __init__(self) -> None:
+        self._leases: set[HeldLease] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    def add(self, lease: HeldLease) -> None:
+        with self._lock:
+            self._leases.add(lease)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="durable_agents-heartbeat", daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+
+    def remove(self, lease: HeldLease) -> None:
+        with self._lock:
+            self._leases.discard(lease)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                due = [lease for lease in self._leases if lease.next_renewal <= now]
+                if not due:
+                    soonest = min((lease.next_renewal for lease in self._leases), default=None)
+                    self._wake.wait(timeout=max(0.01, soonest - now) if soonest else 1.0)
+                    continue
+            for lease in due:
+                if not lease.lost.is_set():
+                    lease.renew()
+
+
+_heartbeat = _Heartbeat()

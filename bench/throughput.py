@@ -1,0 +1,153 @@
+"""Throughput: runs driven by real Celery worker processes, in journaled records per second.
+
+500 runs of 10 model turns (9 of them calling a no-op read-only tool; ScriptedModel) are
+started at once and driven by 2 `celery worker` processes (solo pool, one run at a time
+each) over Redis and PostgreSQL. Records per second = journal records written / time from
+the first start to the last run finished. The raw rate is one connection doing autocommit
+INSERTs of the same ~1 KB row, measured right before and after (median of both). Prints
+the figures; the last line is the result.
+
+    .venv/bin/python bench/throughput.py [--runs 500] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from _setup import BENCH_DB, ROOT, payload, raw_connection, setup_django
+
+BROKER = os.environ.get("DA_BENCH_BROKER", "redis://127.0.0.1:6379/8")
+
+
+def raw_rate(seconds: float = 3.0) -> float:
+    raw = raw_connection()
+    data, run, n = payload(), f"raw-tp-{uuid.uuid4().hex[:8]}", 0
+    deadline = time.perf_counter() + seconds
+    start = time.perf_counter()
+    while time.perf_counter() < deadline:
+        n += 1
+        raw.execute(
+            "INSERT INTO bench_raw_journal (run_id, name, data) VALUES (%s, %s, %s)",
+            [run, f"step:{n}", data],
+        )
+    elapsed = time.perf_counter() - start
+    raw.execute("DELETE FROM bench_raw_journal WHERE run_id = %s", [run])
+    return n / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=500)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    queue = f"da-bench-{uuid.uuid4().hex[:8]}"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DA_PG_NAME": BENCH_DB,
+        "DA_DISPATCH": "celery",
+        "DA_CELERY_QUEUE": queue,
+        "DA_BROKER_URL": BROKER,
+        "DA_EXTRA_AGENTS": "bench_agents.steps",
+        "DA_CONN_MAX_AGE": "600",  # persistent connections, as a production worker has
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'bench'}",
+    }
+    os.environ.update(
+        {k: env[k] for k in ("DA_DISPATCH", "DA_CELERY_QUEUE", "DA_BROKER_URL", "DA_EXTRA_AGENTS")}
+    )
+    setup_django()
+
+    from django.db import connection
+
+    from durable_agents.engine.agent import get_agent
+    from tests.celery_app import app
+
+    app.conf.broker_url = BROKER
+    agent = get_agent("bench-steps")
+    before = raw_rate()
+
+    logs = Path(os.environ.get("TMPDIR", "/tmp"))
+    workers = []
+    for i in range(args.workers):
+        log = (logs / f"{queue}-w{i}.log").open("wb")
+        workers.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "tests.celery_app",
+                    "worker",
+                    "-Q",
+                    queue,
+                    "--pool",
+                    "solo",
+                    "-n",
+                    f"bench{i}-{queue}@%h",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                    "-l",
+                    "warning",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+    try:
+        time.sleep(3)  # workers connect
+        tag = uuid.uuid4().hex[:8]
+        ids = [f"tp-{tag}-{i}" for i in range(args.runs)]
+        start = time.perf_counter()
+        for run_id in ids:
+            agent.start("go", run_id=run_id)
+        deadline = time.monotonic() + 600
+        with connection.cursor() as cursor:
+            while True:
+                cursor.execute(
+                    "SELECT count(*) FROM durable_agents_run WHERE run_id LIKE %s "
+                    "AND status = 'finished'",
+                    [f"tp-{tag}-%"],
+                )
+                if cursor.fetchone()[0] == args.runs:
+                    break
+                if time.monotonic() > deadline:
+                    raise SystemExit("runs did not finish in 10 minutes")
+                time.sleep(0.05)
+            elapsed = time.perf_counter() - start
+            cursor.execute(
+                "SELECT count(*) FROM durable_agents_journalentry WHERE run_id LIKE %s",
+                [f"tp-{tag}-%"],
+            )
+            records = cursor.fetchone()[0]
+            cursor.execute("DELETE FROM durable_agents_run WHERE run_id LIKE %s", [f"tp-{tag}-%"])
+    finally:
+        for w in workers:
+            os.killpg(w.pid, signal.SIGTERM)
+        for w in workers:
+            w.wait(timeout=30)
+    after = raw_rate()
+    raw = (before + after) / 2
+    rate = records / elapsed
+    print(f"runs                   {args.runs} x 10 turns through {args.workers} workers")
+    print(f"journal records        {records} in {elapsed:.1f} s")
+    print(
+        f"raw INSERT rate        {raw:8.0f} /s (one connection; {before:.0f} before, "
+        f"{after:.0f} after)"
+    )
+    print(f"RESULT throughput records_per_s={rate:.0f} raw_ratio={rate / raw:.2f}")
+
+
+if __name__ == "__main__":
+    main()
