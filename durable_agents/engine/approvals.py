@@ -257,7 +257,8 @@ def approve(
     else:
         eligible = [by]
     decision = DecisionInfo(run_id, call_id, by, approved, note or "", signature)
-    if not store.save_decision(decision):
+    recorded = store.save_decision(decision)
+    if not recorded:
         mine = next(d for d in store.list_decisions(run_id, call_id) if d.approver == by)
         if mine.approved != approved:
             raise ApprovalAlreadyDecided(
@@ -269,15 +270,16 @@ def approve(
     if policy.get("kind") != "quorum":
         decisions = [d for d in decisions if d.approver == by]
     count = tally(policy, decisions, eligible)
-    store.log_action(
-        ActionInfo(
-            by,
-            "approve" if approved else "deny",
-            run_id,
-            call_id,
-            {"note": note or "", "signed": signature is not None},
+    if recorded:  # an approver repeating the same decision is not a new action
+        store.log_action(
+            ActionInfo(
+                by,
+                "approve" if approved else "deny",
+                run_id,
+                call_id,
+                {"note": note or "", "signed": signature is not None},
+            )
         )
-    )
     if not (count.passed or count.unreachable):
         return ApprovalOutcome(run_id, call_id, APPROVAL_PENDING, count.to_json())
     final, inserted = journal.write(

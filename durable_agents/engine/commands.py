@@ -160,7 +160,15 @@ def cancel(run_id: str, *, by: str, reason: str = "", store: Store | None = None
         raise ConfigError(
             f"run {run_id!r} already finished; nothing to cancel", code="run.finished"
         )
-    with HeldLease(store, run_id, runtime.lease_ttl()) as lease:
+    try:
+        lease = HeldLease(store, run_id, runtime.lease_ttl()).acquire()
+    except RunBusy:
+        raise RunBusy(
+            f"run {run_id!r} is being driven right now; cancel it once it pauses or "
+            "finishes its step",
+            run_id=run_id,
+        ) from None
+    try:
         Journal(store).write(
             run_id,
             "run:cancelled",
@@ -168,6 +176,8 @@ def cancel(run_id: str, *, by: str, reason: str = "", store: Store | None = None
             fence=lease.token,
             run_changes={"status": CANCELLED},
         )
+    finally:
+        lease.release()
     for request in store.list_approval_requests(run_id=run_id):
         store.set_approval_status(run_id, request.call_id, APPROVAL_WITHDRAWN)
     store.log_action(ActionInfo(by, "cancel", run_id, "", {"reason": reason}))
