@@ -234,6 +234,12 @@ class DjangoStore:
             params.append(changes["status"] in TERMINAL_STATUSES)
         return ", ".join(sets), params
 
+    def now(self) -> datetime:
+        """The database's clock."""
+        row = self._fetchone(f"SELECT {self.dialect.now}", [])
+        assert row is not None
+        return _aware(row[0])
+
     def _holds(self, run_id: str, token: str) -> bool:
         d = self.dialect
         row = self._fetchone(

@@ -60,7 +60,12 @@ def live_attempt(journal: Journal, run_id: str, call_id: str) -> LiveAttempt | N
         k += 1
     if live is None:
         return None
-    age = time.time() - (live.get("attempted_at") or 0) / 1000
+    store_now = getattr(journal.store, "now", None)
+    if store_now is not None and live.created_at is not None:
+        # Both ends by the database's clock, like leases: no worker clock is trusted.
+        age = (store_now() - live.created_at).total_seconds()
+    else:
+        age = time.time() - (live.get("attempted_at") or 0) / 1000
     return LiveAttempt(live, str(live.get("tool") or ""), age)
 
 

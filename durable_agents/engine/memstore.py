@@ -50,6 +50,10 @@ class InMemoryStore:
         self._decisions: dict[tuple[str, str], list[DecisionInfo]] = {}
         self._actions: list[ActionInfo] = []
 
+    def now(self) -> datetime:
+        """This store's clock (what stands in for the database clock)."""
+        return _dt(self._clock())
+
     # -- runs -------------------------------------------------------------------------
 
     def create_run(self, run: RunInfo) -> bool:
