@@ -36,7 +36,7 @@ from .ports import (
     DecisionInfo,
     Store,
 )
-from .records import encode
+from .records import encode, refuse_nul
 
 SIGNATURE_DOMAIN = b"durable_agents.approval.v1\n"
 
@@ -234,18 +234,19 @@ def approve(
         raise ApprovalError("approved must be True or False")
     if not isinstance(by, str) or not by:
         raise ApprovalError("a decision needs the approver's name (by=...)")
+    refuse_nul({"by": by, "note": note or ""}, "the decision")
     store = store or runtime.store()
     journal = Journal(store)
     request = store.get_approval_request(run_id, call_id)
     if request is None:
         raise ApprovalNotFound(f"run {run_id!r} has no call {call_id!r} awaiting approval")
+    if signature is not None:  # before anything is read as this approver's, or written
+        verify_signature(request, by, approved, signature)
     name = f"approval:{call_id}"
     standing = journal.get(run_id, name) if store.get_run(run_id) is not None else None
     if standing is not None:
         return _standing(request, standing, approved)
     _refuse_orphans(store, journal, request, by)
-    if signature is not None:
-        verify_signature(request, by, approved, signature)
     policy = dict(request.policy)
     if policy.get("kind") == "quorum":
         eligible = list(runtime.eligible_approvers(str(policy["group"])))

@@ -31,7 +31,7 @@ from .ports import (
     RunInfo,
     Store,
 )
-from .records import encode, validate_run_id
+from .records import encode, refuse_nul, validate_run_id
 
 log = logging.getLogger("durable_agents")
 
@@ -78,7 +78,7 @@ def create_run(
     if run_id is None:
         run_id = new_run_id(agent.name)
     validate_run_id(run_id, derived=derived_id)
-    encode(input)  # bad input fails here, before anything is written
+    refuse_nul(input, "the run's input")  # bad input fails here, before anything is written
     existing = store.get_run(run_id)
     if existing is not None and existing.agent and existing.agent != agent.name:
         raise ConfigError(

@@ -20,7 +20,7 @@ from .errors import ConfigError, RunBusy
 from .journal import Journal
 from .leases import HeldLease
 from .ports import QUEUED, ActionInfo, Store
-from .records import Record, encode
+from .records import Record, encode, refuse_nul
 
 
 class HaltError(ConfigError):
@@ -85,7 +85,7 @@ def resolve_halt(
         raise HaltError("a resolution needs the name of who verified it (by=...)")
     if not isinstance(is_error, bool):
         raise HaltError("is_error must be True or False")
-    encode({"result": result, "evidence": evidence})  # bad input fails before any write
+    refuse_nul({"result": result, "evidence": evidence}, "the resolution")  # before any write
     store = store or runtime.store()
     journal = Journal(store)
     if store.get_run(run_id) is None:

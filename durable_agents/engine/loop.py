@@ -54,7 +54,7 @@ from .ports import (
     RunInfo,
     Store,
 )
-from .records import encode, validate_run_id
+from .records import encode, refuse_nul, validate_run_id
 from .redact import error_text
 from .tools import Tool, ToolArgumentsError, ToolContext
 from .transcript import RunState
@@ -89,6 +89,8 @@ def drive(
 ) -> RunResult:
     """Drive ``run_id`` under a lease until it finishes, pauses or fails."""
     validate_run_id(run_id, derived=derived_id)
+    if input is not None:
+        refuse_nul(input, "the run's input")
     check = getattr(store, "check_can_drive", None)
     if check is not None:
         check()

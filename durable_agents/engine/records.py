@@ -113,6 +113,28 @@ def _check(value: Any, path: str) -> None:
     )
 
 
+def refuse_nul(value: Any, what: str) -> None:
+    """Refuse what a record refuses, and U+0000, for a value that also lands in a database
+    column of its own (PostgreSQL's text and jsonb cannot hold U+0000; the journal's
+    escaped JSON text can)."""
+
+    def has_nul(v: Any) -> bool:
+        if isinstance(v, str):
+            return "\x00" in v
+        if isinstance(v, dict):
+            return any(has_nul(k) or has_nul(x) for k, x in v.items())
+        if isinstance(v, list | tuple):
+            return any(has_nul(x) for x in v)
+        return False
+
+    encode(value)  # everything else a record refuses, first
+    if has_nul(value):
+        raise ProtocolError(
+            f"{what} holds the character U+0000, which the database cannot store; remove it first",
+            code="protocol.encoding",
+        )
+
+
 def encode(value: Any) -> str:
     """The canonical JSON text of ``value``; ``ProtocolError`` if it does not encode exactly."""
     _check(value, "$")

@@ -1,0 +1,184 @@
+"""Approvals: tool calls waiting for a decision, and deciding them.
+
+Deciding calls ``durable_agents.approve``: 1-of-1 gates are decided by the first decision,
+quorum gates count each eligible approver once. A decision that completes the gate is
+journaled and hands the run back to a driver.
+
+Two ways to decide:
+
+* as the caller (``POST /runs/{run_id}/approvals/{call_id}``): needs ``approve_toolcall``;
+  the decision is recorded under the caller's username.
+* for an external approver (``.../signed``): any staff caller may relay it, because the
+  authority is the signature itself — base64 Ed25519 over ``decision_bytes(run_id, call_id,
+  tool_name, arguments, approver, approved)`` by a key registered for ``approver``
+  (``ApproverKey``). The decision is recorded as ``approver`` only if the signature
+  verifies; it is checked before anything else, so a bad one changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from django.http import HttpRequest
+from ninja import Router
+
+from ..engine.approvals import (
+    ApprovalNotFound,
+    ApprovalOutcome,
+    approve,
+    tally,
+    verify_signature,
+)
+from ..engine.ports import DecisionInfo
+from ..models import ApprovalRequest
+from ..people import eligible_approvers
+from ..storage import DjangoStore
+from .auth import actor, require
+from .schemas import (
+    ERRORS,
+    ApprovalOut,
+    ApprovalPage,
+    ApprovalStatus,
+    DecideIn,
+    DecisionOut,
+    DecisionResult,
+    Limit,
+    Offset,
+    Progress,
+    SignedDecisionIn,
+    checked_call_id,
+    checked_run_id,
+    page,
+)
+
+router = Router(tags=["approvals"])
+
+
+def _quorum_group(row: ApprovalRequest) -> str | None:
+    policy = row.policy or {}
+    return str(policy.get("group")) if policy.get("kind") == "quorum" else None
+
+
+def approvals_out(rows: Sequence[ApprovalRequest]) -> list[ApprovalOut]:
+    """Requests with their decisions prefetched, and quorum progress: one query per quorum
+    group on the page (for who is eligible), none per request."""
+    groups = sorted({g for g in map(_quorum_group, rows) if g is not None})
+    eligible = {group: eligible_approvers(group) for group in groups}
+    return [approval_out(row, eligible) for row in rows]
+
+
+def approval_out(row: ApprovalRequest, eligible: Mapping[str, Sequence[str]]) -> ApprovalOut:
+    decisions = list(row.decisions.all())
+    infos = [
+        DecisionInfo(
+            row.run_id, row.call_id, d.approver, d.approved, d.note, d.signature, d.created_at
+        )
+        for d in decisions
+    ]
+    group = _quorum_group(row)
+    if group is not None:
+        count = tally(row.policy, infos, eligible.get(group, ()))
+        progress = Progress(
+            need=count.need,
+            approved_by=list(count.approved_by),
+            denied_by=list(count.denied_by),
+            eligible=list(count.eligible),
+            pending=list(count.pending),
+        )
+    else:
+        count = tally({"need": 1}, infos, [d.approver for d in decisions])
+        progress = Progress(
+            need=1,
+            approved_by=list(count.approved_by),
+            denied_by=list(count.denied_by),
+            eligible=None,
+            pending=None,
+        )
+    return ApprovalOut(
+        run_id=row.run_id,
+        call_id=row.call_id,
+        tool_name=row.tool_name,
+        arguments=row.arguments,
+        policy=row.policy or {},
+        status=row.status,
+        created_at=row.created_at,
+        decided_at=row.decided_at,
+        progress=progress,
+        decisions=[
+            DecisionOut(
+                approver=d.approver,
+                approved=d.approved,
+                note=d.note,
+                signed=bool(d.signature),
+                created_at=d.created_at,
+            )
+            for d in decisions
+        ],
+    )
+
+
+@router.get("/approvals", response={200: ApprovalPage, **ERRORS})
+def list_approvals(
+    request: HttpRequest,
+    status: ApprovalStatus = "pending",
+    run_id: str | None = None,
+    limit: Limit = 50,
+    offset: Offset = 0,
+) -> ApprovalPage:
+    """Tool calls awaiting a decision, newest first (``status`` to see decided ones), each
+    with its decisions and quorum progress."""
+    rows = ApprovalRequest.objects.order_by("-created_at", "-id").prefetch_related("decisions")
+    if status != "all":
+        rows = rows.filter(status=status)
+    if run_id is not None:
+        rows = rows.filter(run_id=checked_run_id(run_id))
+    count, items = page(rows, limit, offset)
+    return ApprovalPage(count=count, limit=limit, offset=offset, items=approvals_out(items))
+
+
+def _result(outcome: ApprovalOutcome) -> DecisionResult:
+    return DecisionResult(
+        run_id=outcome.run_id, call_id=outcome.call_id, status=outcome.status, tally=outcome.tally
+    )
+
+
+# Registered before the plain decision: run ids may contain "/", so the more specific path
+# must be tried first.
+@router.post(
+    "/runs/{path:run_id}/approvals/{call_id}/signed", response={200: DecisionResult, **ERRORS}
+)
+def decide_signed(
+    request: HttpRequest, run_id: str, call_id: str, payload: SignedDecisionIn
+) -> DecisionResult:
+    """Relay an external approver's signed decision. Any staff caller may relay; the
+    signature must verify for ``approver`` on exactly this run, call, tool, arguments and
+    verdict (400 ``approval.bad_signature`` otherwise, nothing recorded)."""
+    actor(request)
+    run_id, call_id = checked_run_id(run_id), checked_call_id(call_id)
+    info = DjangoStore().get_approval_request(run_id, call_id)
+    if info is None:
+        raise ApprovalNotFound(f"run {run_id!r} has no call {call_id!r} awaiting approval")
+    verify_signature(info, payload.approver, payload.approved, payload.signature)
+    return _result(
+        approve(
+            run_id,
+            call_id,
+            payload.approved,
+            payload.approver,
+            payload.note,
+            signature=payload.signature,
+        )
+    )
+
+
+@router.post("/runs/{path:run_id}/approvals/{call_id}", response={200: DecisionResult, **ERRORS})
+def decide(request: HttpRequest, run_id: str, call_id: str, payload: DecideIn) -> DecisionResult:
+    """Approve or deny a tool call as the caller (needs ``approve_toolcall``).
+
+    1-of-1: the first decision stands; the same decision again is accepted, a different one
+    is 409 ``approval.already_decided`` with the standing decision in ``details``. Quorum:
+    ``status`` stays ``pending`` until enough eligible approvers agreed (or too few remain).
+    """
+    by = require(request, "decide")
+    run_id, call_id = checked_run_id(run_id), checked_call_id(call_id)
+    return _result(approve(run_id, call_id, payload.approved, by, payload.note))

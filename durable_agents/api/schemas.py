@@ -1,0 +1,308 @@
+"""Request and response bodies, and the input rules applied before any view runs.
+
+Request bodies refuse unknown fields. Text and JSON values refuse NUL characters and lone
+surrogates, which PostgreSQL cannot store: such a request fails validation (422
+``request.invalid``) instead of failing in the database.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from django.db.models import QuerySet
+from ninja import Schema
+from pydantic import AfterValidator, ConfigDict, Field, StrictBool
+
+from ..engine.records import validate_run_id
+from .errors import ApiError
+
+MAX_LIMIT = 500
+MAX_OFFSET = 1_000_000_000
+
+
+def _clean_text(value: str, where: str = "text") -> str:
+    if "\x00" in value:
+        raise ValueError(f"{where} must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{where} must not contain lone surrogates") from None
+    return value
+
+
+def _clean_json(value: Any, depth: int = 0) -> Any:
+    if depth > 64:
+        raise ValueError("JSON value is nested too deeply (more than 64 levels)")
+    if isinstance(value, str):
+        _clean_text(value, "JSON strings")
+    elif isinstance(value, list):
+        for item in value:
+            _clean_json(item, depth + 1)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _clean_text(str(key), "JSON keys")
+            _clean_json(item, depth + 1)
+    return value
+
+
+Text = Annotated[str, AfterValidator(_clean_text)]
+JsonValue = Annotated[Any, AfterValidator(_clean_json)]
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_clean_text)]
+Note = Annotated[str, Field(max_length=10_000), AfterValidator(_clean_text)]
+
+RunStatus = Literal[
+    "queued",
+    "running",
+    "awaiting_approval",
+    "awaiting_input",
+    "sleeping",
+    "halted",
+    "finished",
+    "failed",
+    "cancelled",
+]
+ApprovalStatus = Literal["pending", "approved", "denied", "withdrawn", "all"]
+HaltStatus = Literal["open", "resolved", "all"]
+
+Limit = Annotated[int, Field(ge=1, le=MAX_LIMIT, description="page size")]
+Offset = Annotated[int, Field(ge=0, le=MAX_OFFSET, description="rows to skip")]
+After = Annotated[int, Field(ge=0, le=2**63 - 1, description="only records with a larger seq")]
+RecordLimit = Annotated[int, Field(ge=1, le=10_000, description="at most this many records")]
+
+
+def checked_run_id(run_id: str) -> str:
+    """A run id from the path: any id the engine may have made (``ConfigError``
+    ``config.run_id``, 400, otherwise)."""
+    return validate_run_id(run_id, derived=True)
+
+
+def checked_call_id(call_id: str) -> str:
+    if not 0 < len(call_id) <= 400 or not call_id.isprintable():
+        raise ApiError(
+            400,
+            "config.call_id",
+            f"invalid call id {call_id[:100]!r}: a tool call id is 1-400 printable characters",
+        )
+    return call_id
+
+
+class Body(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- errors ---------------------------------------------------------------------------
+
+
+class ErrorOut(Schema):
+    code: str = Field(description="stable error code, e.g. run.not_found")
+    message: str = Field(description="what happened and how to fix it")
+    details: dict[str, Any] | None = Field(
+        None, description="extra facts (e.g. the standing decision)"
+    )
+    detail: list[Any] | None = Field(None, description="request.invalid: each invalid field")
+
+
+ERRORS: dict[int, type[Schema]] = {
+    400: ErrorOut,
+    401: ErrorOut,
+    403: ErrorOut,
+    404: ErrorOut,
+    409: ErrorOut,
+    422: ErrorOut,
+}
+
+
+def page(rows: QuerySet[Any], limit: int, offset: int) -> tuple[int, list[Any]]:
+    """One page of ``rows`` and the total: two queries, whatever the page size."""
+    return rows.count(), list(rows[offset : offset + limit])
+
+
+# -- runs -----------------------------------------------------------------------------
+
+
+class StartIn(Body):
+    agent: Name = Field(description="the agent's name, as registered")
+    input: JsonValue = Field(description="the run's input (any JSON but null)")
+    run_id: str | None = Field(
+        None,
+        description="your id for the run (1-200 of A-Za-z0-9_.:-); generated if omitted. "
+        "Starting the same id with the same input again is a no-op that hands it over again",
+        # Documented, not enforced here: the engine checks run ids, so a bad one answers
+        # 400 ``config.run_id`` with the rule, as the Python API does.
+        json_schema_extra={"pattern": r"^[A-Za-z0-9_.:\-]{1,200}$"},
+    )
+
+
+class Accepted(Schema):
+    run_id: str
+
+
+class CancelIn(Body):
+    reason: Note = ""
+
+
+class CancelOut(Schema):
+    run_id: str
+    status: str
+
+
+class RunOut(Schema):
+    run_id: str
+    agent: str
+    status: str
+    turns: int
+    attempts: int
+    last_error: dict[str, Any] | None
+    session_id: str | None
+    parent_run_id: str | None
+    root_run_id: str | None
+    forked_from: str | None
+    forked_step: int | None
+    created_at: datetime | None
+    updated_at: datetime | None
+    finished_at: datetime | None
+
+
+class RunPage(Schema):
+    count: int
+    limit: int
+    offset: int
+    items: list[RunOut]
+
+
+class DecisionOut(Schema):
+    approver: str
+    approved: bool
+    note: str
+    signed: bool
+    created_at: datetime | None
+
+
+class Progress(Schema):
+    need: int = Field(description="approvals needed")
+    approved_by: list[str]
+    denied_by: list[str]
+    eligible: list[str] | None = Field(
+        description="quorum: who may decide; null for a 1-of-1 gate (anyone holding "
+        "approve_toolcall)"
+    )
+    pending: list[str] | None = Field(description="quorum: eligible approvers yet to decide")
+
+
+class ApprovalOut(Schema):
+    run_id: str
+    call_id: str
+    tool_name: str
+    arguments: Any
+    policy: dict[str, Any]
+    status: str
+    created_at: datetime | None
+    decided_at: datetime | None
+    progress: Progress
+    decisions: list[DecisionOut]
+
+
+class ApprovalPage(Schema):
+    count: int
+    limit: int
+    offset: int
+    items: list[ApprovalOut]
+
+
+class HaltOut(Schema):
+    run_id: str
+    call_id: str = Field(description="the halted tool call (or step name)")
+    tool_name: str
+    arguments: Any
+    attempt: str = Field(description="the journal name of the attempt whose outcome is unknown")
+    attempted_at: datetime | None
+    cause: str
+    status: str
+    resolution: dict[str, Any] | None
+    resolved_by: str | None
+    created_at: datetime | None
+    resolved_at: datetime | None
+
+
+class HaltPage(Schema):
+    count: int
+    limit: int
+    offset: int
+    items: list[HaltOut]
+
+
+class RunDetail(RunOut):
+    input: Any
+    answer: str | None
+    usage: dict[str, Any]
+    spend: dict[str, Any]
+    approvals: list[ApprovalOut] = Field(description="tool calls awaiting a decision")
+    halts: list[HaltOut] = Field(description="open halts")
+
+
+class RecordOut(Schema):
+    seq: int
+    name: str
+    kind: str
+    data: Any = Field(description="the record's JSON, decoded")
+    created_at: datetime | None
+
+
+class JournalOut(Schema):
+    run_id: str
+    records: list[RecordOut]
+
+
+# -- approvals ------------------------------------------------------------------------
+
+
+class DecideIn(Body):
+    approved: StrictBool
+    note: Note = ""
+
+
+class SignedDecisionIn(Body):
+    approver: Name = Field(description="the approver's username, whose key signed")
+    approved: StrictBool
+    note: Note = ""
+    signature: str = Field(
+        min_length=1,
+        max_length=1000,
+        description="base64 Ed25519 signature over durable_agents.decision_bytes(run_id, "
+        "call_id, tool_name, arguments, approver, approved)",
+    )
+
+
+class DecisionResult(Schema):
+    run_id: str
+    call_id: str
+    status: str = Field(description="approved, denied, or pending (a quorum still counting)")
+    tally: dict[str, Any]
+
+
+# -- halts ----------------------------------------------------------------------------
+
+
+class ResolveIn(Body):
+    result: JsonValue = Field(description="what the call really returned (any JSON)")
+    is_error: StrictBool = False
+    evidence: JsonValue = Field(None, description="how you know (a provider id, a log line)")
+    min_age: float | None = Field(
+        None,
+        ge=0,
+        le=10**9,
+        allow_inf_nan=False,
+        description="refuse (409 halt.too_young) unless the attempt is at least this many "
+        "seconds old",
+    )
+
+
+class ResolveOut(Schema):
+    run_id: str
+    call_id: str
+    seq: int
+    result: Any
+    is_error: bool
+    evidence: Any
+    by: str
