@@ -80,12 +80,12 @@ ASGI_APPLICATION = "example_project.asgi.application"
 # --- Database --------------------------------------------------------------------------------
 
 # Without DATABASE_URL the site is the embedded demo: one SQLite file under .demo/.
-DEMO_DIR = BASE_DIR / ".demo"
+DEMO_DIR = Path(env.str("DURABLE_AGENTS_DEMO_DIR", default=str(BASE_DIR / ".demo")))
 DEMO_DATABASE_PATH = DEMO_DIR / "db.sqlite3"
 
 HAS_DATABASE_URL = bool(env.str("DATABASE_URL", default=""))
 if not HAS_DATABASE_URL:
-    DEMO_DIR.mkdir(exist_ok=True)
+    DEMO_DIR.mkdir(parents=True, exist_ok=True)
 
 DATABASES = {
     "default": env.db_url("DATABASE_URL", default=f"sqlite:///{DEMO_DATABASE_PATH}"),

@@ -1,23 +1,20 @@
-"""URLs of the example site: the Django admin and the durable_agents API."""
+"""URLs of the example site: the admin, the durable_agents API and the inbound webhook."""
 
 from __future__ import annotations
-
-import importlib
-import importlib.util
 
 from django.contrib import admin
 from django.urls import path
 from ninja import NinjaAPI
 
-api = NinjaAPI(title="durable_agents example", urls_namespace="example-api")
+from durable_agents.api import router as durable_agents_router
 
-# The durable_agents router is mounted at /api/agents/ when durable_agents.api provides one.
-if importlib.util.find_spec("durable_agents.api") is not None:
-    _durable_agents_api = importlib.import_module("durable_agents.api")
-    if hasattr(_durable_agents_api, "router"):
-        api.add_router("/agents/", _durable_agents_api.router)
+from . import webhooks
+
+api = NinjaAPI(title="durable_agents example", urls_namespace="example-api")
+api.add_router("/agents/", durable_agents_router)
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", api.urls),
+    path("webhooks/inbound/", webhooks.inbound, name="inbound-webhook"),
 ]

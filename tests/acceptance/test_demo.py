@@ -1,0 +1,35 @@
+"""The README's demo command tells the whole story on the embedded default (SQLite, inline
+dispatch, no Redis), with every side effect exactly once."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.procs import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(120)
+def test_demo_runs_end_to_end(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DA_", "DATABASE_URL"))}
+    env.update(
+        DJANGO_SETTINGS_MODULE="example_project.settings", DURABLE_AGENTS_DEMO_DIR=str(tmp_path)
+    )
+    out = subprocess.run(
+        [sys.executable, "manage.py", "demo"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "awaiting_approval" in text and "signal 9" in text
+    assert "CRM notes 1, refunds 1, receipts 1" in text
+    assert "I refunded order 7 in full" in text
+    assert (tmp_path / "db.sqlite3").exists()
