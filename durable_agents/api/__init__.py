@@ -12,7 +12,7 @@ Staff users (Django session) and API keys (``X-API-Key``) may call it; every err
 
 from ninja import Router
 
-from . import approvals, halts, runs
+from . import approvals, halts, history, runs, sessions
 from .auth import api_auth
 from .errors import map_errors, normalize
 
@@ -22,6 +22,8 @@ router.add_decorator(normalize, mode="view")
 # Approvals and halts first: their paths extend /runs/{run_id}, and run ids may hold "/".
 router.add_router("", approvals.router)
 router.add_router("", halts.router)
+router.add_router("", history.router)
+router.add_router("", sessions.router)
 router.add_router("", runs.router)
 
 __all__ = ["router"]

@@ -41,6 +41,7 @@ PERMISSIONS = {
     "cancel": ("durable_agents.cancel_run", "cancel a run"),
     "decide": ("durable_agents.approve_toolcall", "decide a tool call"),
     "resolve": ("durable_agents.resolve_halt", "resolve a halt"),
+    "fork": ("durable_agents.fork_run", "fork a run"),
 }
 
 

@@ -41,6 +41,9 @@ CONFLICT = frozenset(
         "run.cancelled",
         "config.agent_mismatch",
         "config.input_mismatch",
+        "session.key_conflict",
+        "session.turn_open",
+        "history.fork_exists",
     }
 )
 FORBIDDEN = frozenset({"approval.not_eligible", "auth.forbidden", "auth.not_staff"})

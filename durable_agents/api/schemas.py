@@ -306,3 +306,65 @@ class ResolveOut(Schema):
     is_error: bool
     evidence: Any
     by: str
+
+
+# -- sessions ---------------------------------------------------------------------------
+
+
+class MessageIn(Body):
+    text: Annotated[str, Field(min_length=1, max_length=100_000), AfterValidator(_clean_text)]
+    agent: Name | None = Field(None, description="the agent a new session talks to")
+
+
+class SubmitOut(Schema):
+    session_id: str
+    run_id: str
+
+
+class SendOnceOut(Schema):
+    session_id: str
+    key: str
+    run_id: str
+    status: str = Field(description="queued, answered or paused")
+    answer: str | None = None
+
+
+class TurnOut(Schema):
+    run_id: str
+    status: str
+
+
+class SessionOut(Schema):
+    session_id: str
+    agent: str
+    transcript: list[dict[str, str]]
+    open_turns: list[TurnOut]
+    approvals: list[ApprovalOut]
+
+
+# -- history ----------------------------------------------------------------------------
+
+
+class HistoryOut(Schema):
+    run_id: str
+    steps: list[dict[str, Any]]
+
+
+class ForkIn(Body):
+    from_step: int = Field(ge=0, le=100_000)
+    tool_results: dict[Text, JsonValue] | None = None
+    tool_errors: list[Text] | None = None
+    append_user: (
+        Annotated[str, Field(min_length=1, max_length=100_000), AfterValidator(_clean_text)] | None
+    ) = None
+    instructions: Annotated[str, Field(max_length=100_000), AfterValidator(_clean_text)] | None = (
+        None
+    )
+    new_run_id: Name | None = None
+
+
+class ComparisonOut(Schema):
+    a: list[dict[str, Any]]
+    b: list[dict[str, Any]]
+    diverged_at: int | None
+    drift: dict[str, Any]

@@ -154,24 +154,43 @@ class Session:
     def send(self, text: str) -> RunResult:
         """One turn, driven here. While a turn is open (paused, failed), only the same
         message resumes it; another message is refused, naming the open turn."""
+        return self._drive(self._claim_turn(text), text)
+
+    def submit(self, text: str) -> str:
+        """One turn, handed to a driver after the current transaction commits (a worker,
+        with Celery dispatch); returns the turn's run id. Open turns as for ``send``."""
+        run_id = self._claim_turn(text)
+        if self.store.get_run(run_id) is None:
+            create_run(
+                self.agent,
+                text,
+                run_id,
+                store=self.store,
+                derived_id=True,
+                seed=self._seed(),
+                session_id=self.session_id,
+            )
+        runtime.dispatch(run_id)
+        return run_id
+
+    def _claim_turn(self, text: str) -> str:
+        """The run id of the turn ``text`` belongs to: the open one, or a new one."""
         if not isinstance(text, str) or not text:
             raise ConfigError("a message is a non-empty string", code="config.input")
         self._ensure_journal()
-        journal = Journal(self.store)
         open_turn = self.open_turn()
         if open_turn is not None:
             if open_turn.get("input") != text:
                 self._refuse_new_input(open_turn)
-            run_id = str(open_turn.get("run_id"))
-        else:
-            n = sum(1 for r in self._records() if r.name.startswith("turn:")) + 1
-            run_id = f"{self.session_id}>turn/{n}"
-            record, _ = journal.write(
-                self.journal_id, f"turn:{n}", {"kind": "turn", "input": text, "run_id": run_id}
-            )
-            if record.get("input") != text:  # another sender took turn n first
-                self._refuse_new_input(record)
-        return self._drive(run_id, text)
+            return str(open_turn.get("run_id"))
+        n = sum(1 for r in self._records() if r.name.startswith("turn:")) + 1
+        run_id = f"{self.session_id}>turn/{n}"
+        record, _ = Journal(self.store).write(
+            self.journal_id, f"turn:{n}", {"kind": "turn", "input": text, "run_id": run_id}
+        )
+        if record.get("input") != text:  # another sender took turn n first
+            self._refuse_new_input(record)
+        return run_id
 
     def _refuse_new_input(self, open_turn: Record) -> None:
         run_id = str(open_turn.get("run_id"))

@@ -1,0 +1,135 @@
+"""Sessions: send a message (a new turn for a worker), deliver one once (webhooks), read
+the transcript. Views call the engine's ``Session``; they never edit state."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.http import HttpRequest
+from ninja import Router, Status
+
+from ..conf import get_settings
+from ..engine.agent import Agent
+from ..engine.errors import ApprovalPending
+from ..engine.journal import Journal
+from ..engine.ports import ActionInfo
+from ..engine.sessions import Session, validate_session_id
+from ..models import ApprovalRequest, Run
+from ..storage import DjangoStore
+from .approvals import approvals_out
+from .auth import require
+from .errors import ApiError
+from .runs import _agent
+from .schemas import (
+    ERRORS,
+    MessageIn,
+    SendOnceOut,
+    SessionOut,
+    SubmitOut,
+    TurnOut,
+)
+
+router = Router(tags=["sessions"])
+
+
+def _session(session_id: str, agent_name: str | None) -> Session:
+    validate_session_id(session_id)
+    journal_run = DjangoStore().get_run(f"{session_id}>session")
+    recorded = journal_run.agent if journal_run is not None else None
+    if recorded and agent_name and agent_name != recorded:
+        raise ApiError(
+            409,
+            "session.agent_mismatch",
+            f"session {session_id!r} talks to agent {recorded!r}, not {agent_name!r}",
+        )
+    name = recorded or agent_name
+    if not name:
+        raise ApiError(
+            400,
+            "session.agent_missing",
+            f"session {session_id!r} is new: say which agent it talks to ({{'agent': ...}})",
+        )
+    agent: Agent = _agent(name)
+    return agent.session(session_id)
+
+
+def _awaiting(exc: ApprovalPending) -> ApiError:
+    return ApiError(
+        409,
+        "session.awaiting_approval",
+        str(exc),
+        run_id=exc.run_id,
+        calls=list(exc.details.get("calls") or ()),
+    )
+
+
+@router.post("/sessions/{session_id}/messages", response={202: SubmitOut, **ERRORS})
+def send_message(request: HttpRequest, session_id: str, payload: MessageIn) -> Status[SubmitOut]:
+    """A new turn for ``text``, handed to a driver (needs ``add_run``). While a turn is
+    open, only its own message is accepted (409 ``session.turn_open``, or
+    ``session.awaiting_approval`` naming the call to decide first)."""
+    by = require(request, "start")
+    session = _session(session_id, payload.agent)
+    try:
+        with transaction.atomic(using=get_settings().database):
+            run_id = session.submit(payload.text)
+            DjangoStore().log_action(ActionInfo(by, "send", run_id, session_id, {}))
+    except ApprovalPending as exc:
+        raise _awaiting(exc) from None
+    return Status(202, SubmitOut(session_id=session_id, run_id=run_id))
+
+
+@router.put(
+    "/sessions/{session_id}/messages/{key}",
+    response={200: SendOnceOut, 202: SendOnceOut, **ERRORS},
+)
+def send_once(
+    request: HttpRequest, session_id: str, key: str, payload: MessageIn
+) -> Status[SendOnceOut]:
+    """Deliver ``text`` under the delivery ``key``, once (needs ``add_run``): 202 when its
+    turn was queued (or waits on a person), 200 with the answer when it was answered, 409
+    ``session.key_conflict`` when the key was first delivered with another message."""
+    require(request, "start")
+    session = _session(session_id, payload.agent)
+    with transaction.atomic(using=get_settings().database):
+        sent = session.send_once(key, payload.text)
+    out = SendOnceOut(
+        session_id=session_id,
+        key=key,
+        run_id=sent.run_id,
+        status=sent.status,
+        answer=sent.answer,
+    )
+    return Status(200 if sent.status == "answered" else 202, out)
+
+
+@router.get("/sessions/{session_id}", response={200: SessionOut, **ERRORS})
+def read_session(request: HttpRequest, session_id: str) -> SessionOut:
+    """The transcript, the open turn (if any) and the tool calls awaiting a decision."""
+    validate_session_id(session_id)
+    store = DjangoStore()
+    journal_run = store.get_run(f"{session_id}>session")
+    if journal_run is None:
+        raise ApiError(404, "session.not_found", f"no session {session_id!r}")
+    records = Journal(store).history(f"{session_id}>session")
+    answers = [r for r in records if r.name.startswith("answer:")]
+    answered = {r.get("run_id") for r in answers}
+    started = [r for r in records if r.name.startswith(("turn:", "event:"))]
+    open_turns = [str(r.get("run_id")) for r in started if r.get("run_id") not in answered]
+    runs = {r.run_id: r for r in Run.objects.filter(run_id__in=open_turns)}
+    pending = ApprovalRequest.objects.filter(run_id__in=open_turns, status="pending")
+    return SessionOut(
+        session_id=session_id,
+        agent=journal_run.agent,
+        transcript=[
+            {"role": role, "content": str(r.get(field))}
+            for r in answers
+            for role, field in (("user", "input"), ("assistant", "answer"))
+        ],
+        open_turns=[
+            TurnOut(run_id=run_id, status=runs[run_id].status if run_id in runs else "queued")
+            for run_id in open_turns
+        ],
+        approvals=approvals_out(
+            list(pending.order_by("created_at", "id").prefetch_related("decisions"))
+        ),
+    )
