@@ -1,0 +1,213 @@
+"""The staff admin in a real browser (headless Chromium through Playwright) against the live
+server, with a real Celery worker driving the runs: staff approve a tool call and resolve a
+halt by clicking, and the worker finishes the run.
+
+Nothing is mocked: the live server dispatches through Celery (``DISPATCH="celery"``) to a
+queue of the test's own on Redis, where a ``celery -A tests.celery_app worker`` subprocess
+picks the run up; halts come from driver processes killed inside a side effect.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from durable_agents.engine.journal import Journal
+from durable_agents.models import ActionLog, ApprovalRequest, Halt, Run
+from durable_agents.storage import DjangoStore
+from tests.browser.conftest import Browser, Celery, login, screenshot, staff_user, wait_status
+from tests.support.agents import count_effects, gated
+from tests.support.procs import ROOT, subprocess_env
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.timeout(90),
+]
+
+PERMS = (
+    "durable_agents.view_run",
+    "durable_agents.approve_toolcall",
+    "durable_agents.resolve_halt",
+)
+FINISHED = re.compile(r"drive_run\[[^\]]+\] succeeded in [\d.]+s: 'finished'")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def journal(run_id: str) -> dict[str, Any]:
+    return {r.name: r.body for r in Journal(DjangoStore()).history(run_id)}
+
+
+def open_queue(page: Page, title: str) -> None:
+    """From the admin index, follow the model's link, as staff would."""
+    page.goto("/admin/")
+    page.locator("#content-main").get_by_role("link", name=title, exact=True).click()
+    expect(page.locator("#result_list")).to_be_visible()
+
+
+def history_rows(page: Page) -> list[list[str]]:
+    """The run page's "Staff and API actions" table: (when, who, action, target, details)."""
+    rows = page.locator("#da-history tbody tr")
+    return [
+        [cell.strip() for cell in rows.nth(i).locator("td").all_inner_texts()]
+        for i in range(rows.count())
+    ]
+
+
+def drive_in_child(run_id: str, crash_inside: str | None = None) -> tuple[int, str]:
+    """Drive ``crash-side_effect`` in a child process (killed inside ``crash_inside``)."""
+    env = {"DA_LEASE_TTL": "1"}
+    if crash_inside:
+        env["DA_CRASH_INSIDE"] = crash_inside
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.support.drive", "crash-side_effect", run_id, "go"],
+        cwd=ROOT,
+        env=subprocess_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=40,
+    )
+    return proc.returncode, proc.stdout
+
+
+def test_approve_in_the_browser_and_a_worker_finishes_the_run(
+    live_server, celery: Celery, browser: Browser, tmp_path: Path
+):
+    worker = celery.worker()
+    user = staff_user("approver", *PERMS)
+    run_id = new_id("br-approve")
+    worker.wait_ready()
+    gated.start("refund order 7", run_id=run_id)
+    wait_status(run_id, "awaiting_approval", worker)
+    assert count_effects(run_id) == {}
+
+    page = browser.page()
+    login(page, user.username)
+    open_queue(page, "Tool calls awaiting approval")
+    row = page.locator("#result_list tbody tr", has_text=run_id)
+    expect(row).to_have_count(1)
+    for text in ('"order_id": "7"', '"cents": 500', "refund order 7", "0 of 1 approved"):
+        expect(row).to_contain_text(text)
+    row.get_by_role("link", name="call_1_1", exact=True).click()
+
+    arguments = page.locator("h2:text-is('Arguments') + pre")
+    expect(arguments).to_contain_text('"order_id": "7"')
+    expect(arguments).to_contain_text('"cents": 500')
+    page.fill("#id_note", "order 7 arrived broken; refund approved")
+    screenshot(page, tmp_path / "approval.png")
+    page.get_by_role("button", name="Approve", exact=True).click()
+    expect(page.locator(".messagelist")).to_contain_text(
+        f"Call call_1_1 of run {run_id} is approved; the run was handed to a driver."
+    )
+    expect(page.locator("#da-decide")).to_have_count(0)  # decided: no form any more
+
+    run = wait_status(run_id, "finished", worker)
+    assert run.answer == "refunded"
+    assert FINISHED.search(worker.log()), worker.log()  # the worker drove it, not the server
+    assert count_effects(run_id) == {"call_1_1": 1}
+    record = journal(run_id)["approval:call_1_1"]
+    assert (record["approved"], record["by"], record["note"]) == (
+        True,
+        "approver",
+        "order 7 arrived broken; refund approved",
+    )
+    assert ApprovalRequest.objects.get(run_id=run_id).status == "approved"
+    assert list(ActionLog.objects.values_list("actor", "action", "run_id", "target")) == [
+        ("approver", "approve", run_id, "call_1_1")
+    ]
+
+    page.get_by_role("link", name="Run and journal").click()
+    expect(page.locator(".field-status .readonly")).to_have_text("finished")
+    expect(page.locator(".field-answer .readonly")).to_have_text("refunded")
+    timeline = page.locator("#da-journal")
+    expect(timeline).to_contain_text("Call call_1_1 approved by approver")
+    expect(timeline).to_contain_text("order 7 arrived broken; refund approved")
+    expect(timeline).to_contain_text('"refunded": 500')
+    expect(timeline.locator(".da-complete")).to_contain_text("refunded")
+    expect(page.locator("#da-approvals")).to_contain_text("call_1_1 (refund): approved")
+    assert [r[1:4] for r in history_rows(page)] == [["approver", "approve", "call_1_1"]]
+    screenshot(page, tmp_path / "run.png")
+
+
+def test_resolve_a_halt_in_the_browser_and_a_worker_finishes_the_run(
+    live_server, celery: Celery, browser: Browser
+):
+    worker = celery.worker()  # starts while the drivers below crash and halt
+    user = staff_user("operator", *PERMS)
+    run_id = new_id("br-halt")
+    code, _ = drive_in_child(run_id, crash_inside="call_1_1")
+    assert code == -9
+    code, out = drive_in_child(run_id)
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["status"] == "halted", out
+    halt = Halt.objects.get(run_id=run_id, op_id="call_1_1")
+    assert count_effects(run_id) == {"call_1_1": 1, "call_1_2": 1}
+    worker.wait_ready()
+
+    page = browser.page()
+    login(page, user.username)
+    open_queue(page, "Halts")
+    row = page.locator("#result_list tbody tr", has_text=run_id)
+    expect(row).to_have_count(1)
+    expect(row).to_contain_text('"item": "x"')
+    expect(row).to_contain_text("crashed")
+    expect(row.locator("td.field-lease_live img")).to_have_attribute("alt", "False")
+    row.get_by_role("link", name="call_1_1", exact=True).click()
+    expect(page.locator("#da-resolve")).to_be_visible()
+    submit = page.get_by_role("button", name="Record outcome and continue the run")
+
+    # Invalid JSON: the form says so, and nothing is recorded.
+    page.fill("#id_result", "{done: yes")
+    submit.click()
+    expect(page.locator("#da-resolve .errorlist")).to_contain_text("The result is not valid JSON")
+    expect(page.locator("#id_result")).to_have_value("{done: yes")
+    assert Halt.objects.get(pk=halt.pk).status == "open"
+    assert Run.objects.get(run_id=run_id).status == "halted"
+    assert "tool:call_1_1" not in journal(run_id)
+    assert not ActionLog.objects.exists()
+
+    page.fill("#id_result", '{"done": "x"}')
+    page.fill("#id_evidence", '{"provider_ref": "op-19"}')
+    submit.click()
+    expect(page.locator(".messagelist")).to_contain_text(
+        f"Recorded the outcome of call call_1_1; run {run_id} was handed to a driver."
+    )
+    expect(page.locator("#da-resolve")).to_have_count(0)
+
+    run = wait_status(run_id, "finished", worker)
+    assert run.answer == "all done"
+    assert FINISHED.search(worker.log()), worker.log()
+    # The resolved call never ran again; the worker ran the turn after it.
+    assert count_effects(run_id) == {"call_1_1": 1, "call_1_2": 1, "call_2_1": 1}
+    record = journal(run_id)["tool:call_1_1"]
+    assert (record["reconciled"], record["by"], record["result"], record["evidence"]) == (
+        True,
+        "operator",
+        {"done": "x"},
+        {"provider_ref": "op-19"},
+    )
+    halt.refresh_from_db()
+    assert (halt.status, halt.resolved_by) == ("resolved", "operator")
+    assert list(ActionLog.objects.values_list("actor", "action", "run_id", "target")) == [
+        ("operator", "resolve", run_id, "call_1_1")
+    ]
+
+    page.get_by_role("link", name="Run and journal").click()
+    expect(page.locator(".field-status .readonly")).to_have_text("finished")
+    expect(page.locator(".field-answer .readonly")).to_have_text("all done")
+    result = page.locator("#da-journal .da-entry", has_text="Result of call call_1_1 (act)")
+    expect(result).to_contain_text("outcome recorded by operator")
+    expect(result).to_contain_text('"done": "x"')
+    expect(result).to_contain_text('"provider_ref": "op-19"')
+    expect(page.locator("#da-halts")).to_contain_text("call_1_1 (act, crashed): resolved")
+    assert [r[1:4] for r in history_rows(page)] == [["operator", "resolve", "call_1_1"]]
