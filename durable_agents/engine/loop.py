@@ -102,6 +102,11 @@ def drive(
             # Finished is final: answer from the journal without leasing or calling anything.
             Driver.check_start(agent, run_id, state, input)
             return finished_result(run_id, state)
+        try:
+            Driver.check_start(agent, run_id, state, input)
+        except ConfigError as exc:
+            _refuse_while_awaiting_approval(store, run_id, exc)
+            raise
         if not len(log):
             store.create_run(
                 RunInfo(run_id=run_id, agent=agent.name, status=QUEUED, input=input, **(meta or {}))
@@ -117,6 +122,22 @@ def drive(
             calls = pause.details.get("calls") or ()
             if not any(journal.get(run_id, f"approval:{c}") is not None for c in calls):
                 raise
+
+
+def _refuse_while_awaiting_approval(store: Store, run_id: str, exc: ConfigError) -> None:
+    """New input for a run that waits on a decision names the decision to make first."""
+    if exc.code != "config.input_mismatch":
+        return
+    requests = store.list_approval_requests(run_id=run_id)
+    if not requests:
+        return
+    calls = ", ".join(f"{r.call_id!r} ({r.tool_name})" for r in requests)
+    raise ApprovalPending(
+        f"run {run_id!r} awaits approval of {calls}; decide it with "
+        "durable_agents.approve(...) or in the admin before sending new input",
+        run_id=run_id,
+        calls=[r.call_id for r in requests],
+    )
 
 
 def finished_result(run_id: str, state: RunState) -> RunResult:

@@ -81,3 +81,28 @@ def test_redelivery_after_the_driver_was_killed_resumes_the_same_turn():
     assert len(agents.effects("crm")) == 1
     turns = Run.objects.filter(session_id="s-crash").exclude(run_id__endswith=">session")
     assert turns.count() == 1
+
+
+def test_concurrent_sends_on_one_session_never_mix_turns():
+    """Eight senders at once on one session: each message gets its own turn or a clear
+    refusal naming the open turn; no turn is answered twice or with another's reply."""
+    import durable_agents as da
+    from tests.support.agents import echo
+
+    def send(i):
+        try:
+            return ("ok", echo.session("s-many").send(f"message {i}").run_id)
+        except da.ConfigError as exc:
+            return ("refused", exc.code)
+        except da.RunBusy:
+            return ("busy", None)
+
+    outcomes = in_threads(8, send)
+    done = [run_id for kind, run_id in outcomes if kind == "ok"]
+    assert done and len(done) == len(set(done)), outcomes
+    assert all(code == "session.turn_open" for kind, code in outcomes if kind == "refused")
+    history = echo.session("s-many").history()
+    inputs = [m.content for m in history if m.role == "user"]
+    assert len(inputs) == len(set(inputs)) == len(done)
+    turns = Run.objects.filter(session_id="s-many").exclude(run_id__endswith=">session")
+    assert sorted(turns.values_list("run_id", flat=True)) == sorted(done)

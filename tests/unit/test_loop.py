@@ -249,6 +249,19 @@ def test_approval_gate_pauses_then_runs_once(store, fired):
     assert fired == [("wire", 5)]
 
 
+def test_new_input_to_a_run_awaiting_approval_names_the_decision(store, fired):
+    @da.tool(requires_approval=True)
+    def wire(cents: int) -> str:
+        return "wired"
+
+    script = [scripted.calls(scripted.call("wire", {"cents": 5})), scripted.text("done")]
+    a = da.Agent("unit-await-input", ScriptedModel(script), "", [wire])
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay", store=store)
+    with pytest.raises(da.ApprovalPending, match="awaits approval of 'call_1_1' \\(wire\\)"):
+        a.run("r1", "pay something else", store=store)
+
+
 def test_denied_call_gets_a_rejection_result(store, fired):
     @da.tool(requires_approval=True)
     def wire(cents: int) -> str:
