@@ -1,5 +1,6 @@
 """The staff admin: runs and their journal timeline, the queue of tool calls awaiting
-approval, halts, the action history, API keys and approver keys.
+approval, halts and the action history (keys: ``admin_keys``; fork and compare:
+``admin_history``; sessions: ``admin_sessions``).
 
 Every page is read-only: staff change runs only through engine commands (approve, deny,
 resolve, cancel, resume), each behind its own permission and each written to ActionLog.
@@ -9,12 +10,10 @@ page size. See docs/admin.md.
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db import connections, transaction
@@ -24,13 +23,15 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 from django.utils.html import format_html
 
+from . import admin_history as history
+from . import admin_keys  # noqa: F401  (registers the API key and approver key admins)
+from . import admin_sessions as sessions
 from . import admin_views as views
+from .admin_timeline import pretty
 from .engine.ports import APPROVAL_PENDING, HALT_OPEN, ActionInfo
 from .models import (
     ActionLog,
-    ApiKey,
     ApprovalRequest,
-    ApproverKey,
     Decision,
     Halt,
     JournalEntry,
@@ -61,7 +62,7 @@ def _count(model: Any, link: str, **filters: Any) -> Coalesce:
 
 
 def _json_cell(value: Any) -> str:
-    text = views.pretty(value)
+    text = pretty(value)
     if len(text) > JSON_PREVIEW:
         text = text[:JSON_PREVIEW] + "\n…"
     return format_html('<pre class="da-json">{}</pre>', text)
@@ -83,21 +84,22 @@ class _ReadOnly(_ModelAdmin):
         return False
 
     def _view(self, view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-        """An admin URL for ``view(self, request, object_id)``: staff only, CSRF-checked,
+        """An admin URL for ``view(self, request, **url_kwargs)``: staff only, CSRF-checked,
         and never inside ATOMIC_REQUESTS (engine commands commit step by step and hand the
         run over after commit)."""
 
-        def handler(request: HttpRequest, object_id: str) -> HttpResponse:
-            return view(self, request, object_id)
+        def handler(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+            return view(self, request, **kwargs)
 
         for alias in connections:
             handler = transaction.non_atomic_requests(using=alias)(handler)
         return self.admin_site.admin_view(handler)
 
-    def _url(self, suffix: str, view: Callable[..., HttpResponse]) -> URLPattern:
+    def _url(self, suffix: str, view: Callable[..., HttpResponse], route: str = "") -> URLPattern:
+        """``<object_id>/<suffix>/``, or ``route`` for a page that is not one object's."""
         opts = self.model._meta
         return path(
-            f"<path:object_id>/{suffix}/",
+            route or f"<path:object_id>/{suffix}/",
             self._view(view),
             name=f"{opts.app_label}_{opts.model_name}_{suffix}",
         )
@@ -152,6 +154,7 @@ class RunAdmin(_ReadOnly):
     search_fields = ("run_id", "session_id")
     actions = ["resume_selected", "cancel_selected"]
     change_form_template = "admin/durable_agents/run/change_form.html"
+    change_list_template = "admin/durable_agents/run/change_list.html"
     fieldsets = [
         (
             None,
@@ -199,8 +202,8 @@ class RunAdmin(_ReadOnly):
         return rows
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return super().has_view_permission(request, obj) or request.user.has_perm(
-            views.OPERATE_PERMISSION
+        return super().has_view_permission(request, obj) or any(
+            request.user.has_perm(p) for p in (views.OPERATE_PERMISSION, views.FORK_PERMISSION)
         )
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -210,10 +213,22 @@ class RunAdmin(_ReadOnly):
         return request.user.has_perm(views.OPERATE_PERMISSION)
 
     def get_urls(self) -> list[URLPattern]:
+        # The admin's "<object_id>/" (a redirect to the change page) would swallow
+        # "compare/" and "sessions/<id>/", so those go before it. A run's own pages
+        # ("<object_id>/change/" …) go before the session page, so a run named "sessions"
+        # still opens; a session named "change" (or "history", "delete", "resume", "cancel",
+        # "fork") has no page of its own.
+        own = super().get_urls()
+        catch_all = [u for u in own if str(u.pattern) == "<path:object_id>/"]
         return [
+            self._url("compare", history.compare_view, "compare/"),
+            self._url("sessions", sessions.sessions_view, "sessions/"),
             self._url("resume", views.run_resume_view),
             self._url("cancel", views.run_cancel_view),
-            *super().get_urls(),
+            self._url("fork", history.fork_view),
+            *[u for u in own if u not in catch_all],
+            self._url("session", sessions.session_view, "sessions/<str:session_id>/"),
+            *catch_all,
         ]
 
     @admin.display(description="pending approvals", ordering="n_pending_approvals")
@@ -255,6 +270,7 @@ class RunAdmin(_ReadOnly):
     ) -> Any:
         if obj is not None:
             context.update(views.run_context(self, request, obj))
+            context.update(history.lineage(self, obj))
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     @admin.action(description="Resume selected runs", permissions=["cancel_run"])
@@ -462,85 +478,3 @@ class ActionLogAdmin(_ReadOnly):
     @admin.display(description="payload")
     def payload_pretty(self, obj: ActionLog) -> str:
         return _json_cell(obj.payload)
-
-
-# -- keys ---------------------------------------------------------------------------------
-
-
-class _KeyAdmin(_ModelAdmin):
-    """Keys are created and revoked, never edited: a key's meaning is its bytes."""
-
-    create_fields: list[str] = []
-    actions = ["revoke"]
-
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return self.create_fields if obj is None else super().get_fields(request, obj)
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        if obj is None:
-            return ()
-        return [f.name for f in self.model._meta.fields if f.name != "id"]
-
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        if request.method == "POST":
-            raise PermissionDenied  # nothing on a key is editable; revoke it instead
-        extra = {
-            "show_save": False,
-            "show_save_and_continue": False,
-            "show_save_and_add_another": False,
-            **(extra_context or {}),
-        }
-        return super().change_view(request, object_id, form_url, extra)
-
-    @admin.action(description="Revoke selected keys", permissions=["change"])
-    def revoke(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        keys = list(queryset.filter(revoked_at__isnull=True))
-        self.model._default_manager.filter(pk__in=[k.pk for k in keys]).update(revoked_at=Now())
-        for key in keys:
-            self.log_change(request, key, "Revoked")
-        self.message_user(request, f"Revoked {len(keys)} key(s).", messages.SUCCESS)
-
-
-@admin.register(ApiKey)
-class ApiKeyAdmin(_KeyAdmin):
-    list_display = ("name", "user", "prefix", "created_at", "last_used_at", "revoked_at")
-    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
-    search_fields = ("name", "prefix", "user__username")
-    list_select_related = ("user",)
-    raw_id_fields = ("user",)
-    create_fields = ["user", "name"]
-
-    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
-        if not change:
-            raw = secrets.token_urlsafe(32)
-            obj.prefix = raw[:8]
-            obj.key_hash = hashlib.sha256(raw.encode()).hexdigest()
-            request._da_new_api_key = raw  # type: ignore[attr-defined]
-        super().save_model(request, obj, form, change)
-
-    def response_add(
-        self, request: HttpRequest, obj: ApiKey, post_url_continue: str | None = None
-    ) -> HttpResponse:
-        raw = getattr(request, "_da_new_api_key", None)
-        if raw is None:
-            return super().response_add(request, obj, post_url_continue)
-        return views.key_created(self, request, obj, raw)
-
-
-@admin.register(ApproverKey)
-class ApproverKeyAdmin(_KeyAdmin):
-    list_display = ("approver", "key_preview", "created_at", "revoked_at")
-    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
-    search_fields = ("approver",)
-    form = views.ApproverKeyForm
-    create_fields = ["approver", "public_key"]
-
-    @admin.display(description="public key")
-    def key_preview(self, obj: ApproverKey) -> str:
-        return f"{obj.public_key[:12]}…"

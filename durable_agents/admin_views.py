@@ -1,5 +1,6 @@
-"""The admin's own pages and POST handlers: the journal timeline, the approval decision, the
-halt resolution, resume and cancel.
+"""The admin's own pages and POST handlers: the run page, the approval decision, the halt
+resolution, resume and cancel. The journal timeline is built in ``admin_timeline``; fork,
+compare and sessions live in ``admin_history`` and ``admin_sessions``.
 
 Glue only: every change goes through an engine command (``approve``, ``resolve_halt``,
 ``cancel``) or ``dispatch.enqueue``; nothing here sets a status. Each handler checks its own
@@ -8,14 +9,10 @@ permission, so a POST made without the button is refused the same way.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from collections.abc import Iterable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from django import forms
 from django.contrib import messages
 from django.contrib.admin.utils import quote, unquote
@@ -24,6 +21,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from .admin_timeline import agent_drift, build_timeline, pretty
 from .dispatch import enqueue
 from .engine.approvals import approve
 from .engine.commands import cancel
@@ -32,7 +30,7 @@ from .engine.halts import resolve_halt
 from .engine.journal import Journal
 from .engine.ports import APPROVAL_PENDING, HALT_OPEN, TERMINAL_STATUSES, ActionInfo
 from .engine.records import Record
-from .models import ActionLog, ApproverKey
+from .models import ActionLog
 from .storage import DjangoStore
 
 if TYPE_CHECKING:
@@ -41,24 +39,7 @@ if TYPE_CHECKING:
 APPROVE_PERMISSION = "durable_agents.approve_toolcall"
 RESOLVE_PERMISSION = "durable_agents.resolve_halt"
 OPERATE_PERMISSION = "durable_agents.cancel_run"  # "operate runs": cancel and resume
-
-
-def pretty(value: Any) -> str:
-    """JSON for people: indented, non-ASCII kept as itself."""
-    try:
-        return json.dumps(value, indent=2, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        return repr(value)
-
-
-def pretty_text(text: Any) -> str:
-    """A JSON text (tool call arguments are sent as text) pretty-printed, or as it is."""
-    if not isinstance(text, str):
-        return pretty(text)
-    try:
-        return pretty(json.loads(text))
-    except ValueError:
-        return text
+FORK_PERMISSION = "durable_agents.fork_run"
 
 
 def username(request: HttpRequest) -> str:
@@ -98,161 +79,16 @@ def _missing(admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> Ht
     return HttpResponseRedirect(admin_url(admin, "changelist"))
 
 
-# -- the journal timeline ---------------------------------------------------------------
-
-
-def _ms(value: Any) -> datetime | None:
-    return datetime.fromtimestamp(value / 1000, tz=UTC) if isinstance(value, int | float) else None
-
-
-def _entry(rec: Record, kind: str, title: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "seq": rec.seq,
-        "name": rec.name,
-        "at": rec.created_at,
-        "kind": kind,
-        "title": title,
-        "meta": extra.pop("meta", []),
-        "text": extra.pop("text", None),
-        "calls": extra.pop("calls", []),
-        "sections": [{"label": k, "json": v} for k, v in extra.pop("sections", [])],
-    }
-
-
-def _usage(usage: Any) -> str:
-    if not isinstance(usage, dict):
-        return ""
-    return f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out tokens"
-
-
-def _describe(rec: Record) -> dict[str, Any]:
-    name, body = rec.name, rec.body
-    if name == "@journal":
-        return _entry(rec, "meta", f"Journal opened (format {body.get('format')})")
-    if name == "run:start":
-        value = body.get("input")
-        return _entry(
-            rec,
-            "start",
-            f"Run started by agent {body.get('agent')!r}",
-            text=value if isinstance(value, str) else None,
-            sections=[] if isinstance(value, str) else [("input", pretty(value))],
-        )
-    if name.startswith("model:"):
-        message = body.get("message") or {}
-        calls = [
-            {
-                "id": c.get("id"),
-                "name": c.get("name"),
-                "arguments": pretty_text(c.get("arguments")),
-            }
-            for c in message.get("tool_calls") or ()
-        ]
-        meta = [f"model {body.get('model')}", f"finish {body.get('finish')}"]
-        meta.append(_usage(body.get("usage")))
-        return _entry(
-            rec,
-            "model",
-            f"Model turn {name[6:]}",
-            text=message.get("content") or None,
-            calls=calls,
-            meta=meta,
-        )
-    if name.startswith(("attempt:", "not-started:")):
-        prefix, rest = name.split(":", 1)
-        call, _, k = rest.rpartition(":")
-        if prefix == "attempt":
-            at = _ms(body.get("attempted_at"))
-            meta = [f"tool {body.get('tool')}"] + (
-                [f"attempted at {at:%Y-%m-%d %H:%M:%S}"] if at else []
-            )
-            return _entry(rec, "attempt", f"Attempt {k} of call {call} claimed", meta=meta)
-        return _entry(rec, "attempt", f"Attempt {k} of call {call} never started")
-    if name.startswith("tool:"):
-        flags = ["error"] if body.get("is_error") else ["ok"]
-        if body.get("read_only"):
-            flags.append("read-only")
-        sections = [("result", pretty(body.get("result")))]
-        if body.get("reconciled"):
-            flags.append(f"outcome recorded by {body.get('by') or 'a person'}")
-            if body.get("evidence") is not None:
-                sections.append(("evidence", pretty(body.get("evidence"))))
-        return _entry(
-            rec,
-            "tool-error" if body.get("is_error") else "tool",
-            f"Result of call {name[5:]} ({body.get('name')})",
-            meta=flags,
-            sections=sections,
-        )
-    if name.startswith("approval:"):
-        verdict = "approved" if body.get("approved") else "denied"
-        tally = body.get("tally") or {}
-        meta = [f"need {tally.get('need', 1)}"]
-        if tally.get("approved_by"):
-            meta.append("approved by " + ", ".join(tally["approved_by"]))
-        if tally.get("denied_by"):
-            meta.append("denied by " + ", ".join(tally["denied_by"]))
-        return _entry(
-            rec,
-            "approval" if body.get("approved") else "denial",
-            f"Call {name[9:]} {verdict} by {body.get('by')}",
-            text=body.get("note") or None,
-            meta=meta,
-            sections=[("tally", pretty(tally))],
-        )
-    if name == "run:complete":
-        meta = [f"{body.get('turns')} turns", _usage(body.get("spend") or body.get("usage"))]
-        return _entry(rec, "complete", "Run finished", text=body.get("answer"), meta=meta)
-    if name == "run:cancelled":
-        return _entry(
-            rec, "cancelled", f"Run cancelled by {body.get('by')}", text=body.get("reason") or None
-        )
-    if name.startswith("@drift/"):
-        return _entry(
-            rec,
-            "drift",
-            "Resumed under a changed agent",
-            sections=[("changes", pretty(body.get("changes")))],
-        )
-    if name.startswith("@spend/"):
-        return _entry(
-            rec,
-            "meta",
-            f"Model spend without a turn ({body.get('why')})",
-            meta=[_usage(body.get("usage"))],
-        )
-    if name.startswith("user:"):
-        text = body.get("text")
-        return _entry(
-            rec, "start", "User message", text=text if isinstance(text, str) else pretty(text)
-        )
-    if name.startswith("step:"):
-        return _entry(
-            rec, "meta", f"Step {name[5:]}", sections=[("value", pretty(body.get("value")))]
-        )
-    return _entry(rec, "meta", name, sections=[("record", pretty(body))])
-
-
-def build_timeline(records: Iterable[Record]) -> list[dict[str, Any]]:
-    """The journal as a list of plain dicts a template can print without logic."""
-    out = []
-    for rec in records:
-        try:
-            out.append(_describe(rec))
-        except (DurableAgentsError, AttributeError, KeyError, TypeError, ValueError) as exc:
-            # An unreadable or oddly shaped record is shown as such; the page still renders.
-            out.append(_entry(rec, "tool-error", f"{rec.name}: unreadable", text=str(exc)))
-    return out
-
-
 def run_context(admin: ModelAdmin[Any], request: HttpRequest, run: Any) -> dict[str, Any]:
-    """Everything the run page shows beyond its fields."""
+    """Everything the run page shows beyond its fields (lineage: ``admin_history``)."""
     store = DjangoStore()
     timeline_error = None
+    records: list[Record] = []
     try:
-        timeline = build_timeline(Journal(store).history(run.run_id))
+        records = Journal(store).history(run.run_id)
     except DurableAgentsError as exc:
-        timeline, timeline_error = [], str(exc)
+        timeline_error = str(exc)
+    can_fork = request.user.has_perm(FORK_PERMISSION) and bool(records)
     approvals = [
         {"obj": a, "url": reverse("admin:durable_agents_approvalrequest_change", args=[a.pk])}
         for a in run.approval_requests.order_by("created_at")
@@ -262,8 +98,10 @@ def run_context(admin: ModelAdmin[Any], request: HttpRequest, run: Any) -> dict[
         for h in run.halts.order_by("created_at")
     ]
     return {
-        "timeline": timeline,
+        "timeline": build_timeline(records),
         "timeline_error": timeline_error,
+        **agent_drift(records, fallback=run.fingerprint),
+        "fork_url": admin_url(admin, "fork", quote(run.run_id)) if can_fork else None,
         "lease": store.get_lease(run.run_id),
         "action_log": ActionLog.objects.filter(run_id=run.run_id)[:200],
         "run_approvals": approvals,
@@ -365,13 +203,15 @@ def progress(policy: Any, approvals: int, denials: int) -> str:
     return text
 
 
-def _detail(
+def page(
     admin: ModelAdmin[Any],
     request: HttpRequest,
-    obj: Any,
     template: str,
+    title: str,
     context: dict[str, Any],
+    status: int = 200,
 ) -> TemplateResponse:
+    """An admin page of ``admin``'s model, outside the change form."""
     opts = admin.model._meta
     request.current_app = admin.admin_site.name
     return TemplateResponse(
@@ -381,14 +221,24 @@ def _detail(
             **admin.admin_site.each_context(request),
             "opts": opts,
             "app_label": opts.app_label,
-            "original": obj,
-            "title": str(obj),
+            "title": title,
             "subtitle": None,
-            "has_view_permission": True,
-            "run_url": run_url(admin, obj.run_id),
+            "changelist_url": admin_url(admin, "changelist"),
             **context,
         },
+        status=status,
     )
+
+
+def _detail(
+    admin: ModelAdmin[Any],
+    request: HttpRequest,
+    obj: Any,
+    template: str,
+    context: dict[str, Any],
+) -> TemplateResponse:
+    extra = {"original": obj, "has_view_permission": True, "run_url": run_url(admin, obj.run_id)}
+    return page(admin, request, template, str(obj), {**extra, **context})
 
 
 def approval_detail(
@@ -459,7 +309,9 @@ def approval_decide_view(
 # -- halts --------------------------------------------------------------------------------
 
 
-def _json_field(value: str, label: str) -> Any:
+def json_field(value: str, label: str) -> Any:
+    """Parse a form's JSON text; NaN and Infinity are refused (they are not JSON)."""
+
     def refuse(constant: str) -> Any:
         raise ValueError(f"{constant} is not JSON")
 
@@ -489,11 +341,11 @@ class ResolveForm(forms.Form):
     )
 
     def clean_result(self) -> Any:
-        return _json_field(self.cleaned_data["result"], "The result")
+        return json_field(self.cleaned_data["result"], "The result")
 
     def clean_evidence(self) -> Any:
         text = self.cleaned_data["evidence"].strip()
-        return _json_field(text, "The evidence") if text else None
+        return json_field(text, "The evidence") if text else None
 
 
 def halt_detail(
@@ -545,62 +397,3 @@ def halt_resolve_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: s
         f"Recorded the outcome of call {obj.op_id}; run {obj.run_id} was handed to a driver.",
     )
     return HttpResponseRedirect(admin_url(admin, "change", obj.pk))
-
-
-# -- keys ---------------------------------------------------------------------------------
-
-
-def _clean_public_key(value: str) -> str:
-    value = "".join(value.split())
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise forms.ValidationError("The key is not valid base64.") from None
-    if len(raw) != 32:
-        raise forms.ValidationError(
-            f"An Ed25519 public key is exactly 32 bytes; this one is {len(raw)}."
-        )
-    try:
-        Ed25519PublicKey.from_public_bytes(raw)
-    except ValueError:
-        raise forms.ValidationError("These 32 bytes are not an Ed25519 public key.") from None
-    return base64.b64encode(raw).decode()
-
-
-if TYPE_CHECKING:
-    _KeyForm = forms.ModelForm[ApproverKey]
-else:
-    _KeyForm = forms.ModelForm
-
-
-class ApproverKeyForm(_KeyForm):
-    class Meta:
-        model = ApproverKey
-        fields = ["approver", "public_key"]
-        help_texts = {"public_key": "The raw 32-byte Ed25519 public key, base64."}
-
-    def clean_public_key(self) -> str:
-        return _clean_public_key(self.cleaned_data["public_key"])
-
-
-def key_created(
-    admin: ModelAdmin[Any], request: HttpRequest, obj: Any, raw_key: str
-) -> TemplateResponse:
-    """The one page that shows a new API key: rendered directly (no redirect), so the raw
-    key never sits in the session or a messages cookie."""
-    opts = admin.model._meta
-    request.current_app = admin.admin_site.name
-    return TemplateResponse(
-        request,
-        "admin/durable_agents/apikey/created.html",
-        {
-            **admin.admin_site.each_context(request),
-            "opts": opts,
-            "app_label": opts.app_label,
-            "original": obj,
-            "title": f"API key “{obj.name}” created",
-            "raw_key": raw_key,
-            "changelist_url": admin_url(admin, "changelist"),
-        },
-        headers={"Cache-Control": "no-store"},
-    )

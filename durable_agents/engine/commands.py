@@ -86,7 +86,14 @@ def create_run(
             code="config.agent_mismatch",
         )
     store.create_run(
-        RunInfo(run_id=run_id, agent=agent.name, status=QUEUED, input=input, session_id=session_id)
+        RunInfo(
+            run_id=run_id,
+            agent=agent.name,
+            status=QUEUED,
+            input=input,
+            session_id=session_id,
+            fingerprint=agent.fingerprint(),
+        )
     )
     body: dict[str, Any] = {
         "kind": "start",

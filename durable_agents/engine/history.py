@@ -218,6 +218,13 @@ def fork(
             f"{run_id!r}; known calls: {sorted(calls) or 'none'}",
             code="history.patch",
         )
+    stray = sorted(set(patch.tool_errors) - set(patch.tool_results))
+    if stray:
+        raise ConfigError(
+            f"patch marks calls {stray} as errors without giving them a result; put them in "
+            "tool_results too",
+            code="history.patch",
+        )
     if patch.append_user is not None and not isinstance(patch.append_user, str):
         raise ConfigError("append_user must be a string", code="history.patch")
     encode(patch.to_json())  # a patch that does not encode fails before anything is written
@@ -242,10 +249,18 @@ def fork(
             session_id=None,
             forked_from=run_id,
             forked_step=from_step,
+            fingerprint=start.get("fingerprint"),
             usage=kept_state.usage().to_json(),
             spend=kept_state.spend().to_json(),
             turns=from_step,
         )
+    )
+    # Written first and last: a fork that died half-copied has "fork" without "fork:done",
+    # and drivers refuse it instead of running from a partial journal.
+    journal.write(
+        new_run_id,
+        "fork",
+        {"kind": "fork", "source": run_id, "step": from_step, "patch": patch.to_json()},
     )
     for rec in kept:
         if rec.name == "@journal":
@@ -271,11 +286,7 @@ def fork(
         )
     if patch.append_user:
         journal.write(new_run_id, f"user:{from_step}", {"kind": "user", "text": patch.append_user})
-    journal.write(
-        new_run_id,
-        "fork",
-        {"kind": "fork", "source": run_id, "step": from_step, "patch": patch.to_json()},
-    )
+    journal.write(new_run_id, "fork:done", {"kind": "fork-done"})
     store.log_action(
         ActionInfo(
             by or "system",
@@ -307,6 +318,9 @@ class Comparison:
 def compare(a: str, b: str, *, store: Store | None = None) -> Comparison:
     """Where two runs' trajectories part, call ids aside."""
     store = store or runtime.store()
+    for run_id in (a, b):
+        if store.get_run(run_id) is None:
+            raise ConfigError(f"no run {run_id!r}", code="run.not_found")
     journal = Journal(store)
     ra, rb = journal.history(a), journal.history(b)
     sa, sb = steps_of(ra), steps_of(rb)

@@ -109,7 +109,14 @@ def drive(
             raise
         if not len(log):
             store.create_run(
-                RunInfo(run_id=run_id, agent=agent.name, status=QUEUED, input=input, **(meta or {}))
+                RunInfo(
+                    run_id=run_id,
+                    agent=agent.name,
+                    status=QUEUED,
+                    input=input,
+                    fingerprint=agent.fingerprint(),
+                    **(meta or {}),
+                )
             )
         try:
             with HeldLease(store, run_id, runtime.lease_ttl()) as lease:
@@ -206,6 +213,12 @@ class Driver:
             raise ConfigError(
                 f"run {self.run_id!r} was cancelled; start a new run to try again",
                 code="run.cancelled",
+            )
+        if self.state.fork is not None and not self.state.fork_done:
+            raise ConfigError(
+                f"run {self.run_id!r} is a fork that was not completely written (its journal "
+                "was being copied when the process stopped); delete it and fork again",
+                code="history.fork_incomplete",
             )
         self._check_drift()
         try:

@@ -38,6 +38,7 @@ class RunState:
     complete: Record | None = None
     cancelled: Record | None = None
     fork: Record | None = None
+    fork_done: bool = False
     spend_records: list[Record] = field(default_factory=list)
     # Parsed messages by record name: records never change, and a driver rebuilds the
     # transcript every turn, which would otherwise re-parse every earlier turn.
@@ -72,6 +73,8 @@ class RunState:
                 state.cancelled = rec
             elif name == "fork":
                 state.fork = rec
+            elif name == "fork:done":
+                state.fork_done = True
         n = 1
         while n in models:  # turns are recorded in order; stop at the first gap
             state.turns.append(models[n])

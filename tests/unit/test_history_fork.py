@@ -227,3 +227,23 @@ def test_drift_policies(store, policy, change, caplog):
         assert key[change] in drift_records[0].get("changes")
     else:
         assert drift_records == []
+
+
+def test_a_half_written_fork_is_refused(store):
+    seen, fired = [], []
+    agent = weather_agent(seen, fired, name="unit-fork-partial")
+    agent.run("src", "plan", store=store)
+    fork_id = da.fork("src", 2, store=store)
+    # Simulate a fork that died while being copied: the same journal without "fork:done".
+    journal = Journal(store)
+    store.create_run(store.get_run(fork_id).__class__(run_id="half", agent=agent.name))
+    for rec in journal.history(fork_id):
+        if rec.name not in ("@journal", "fork:done"):
+            journal.write("half", rec.name, dict(rec.body))
+    with pytest.raises(da.ConfigError, match="not completely written"):
+        agent.run("half", None, store=store)
+    assert agent.run(fork_id, None, store=store).answer == "Trip planned."
+    with pytest.raises(da.ConfigError, match="no run 'nope'"):
+        da.compare("src", "nope", store=store)
+    with pytest.raises(da.ConfigError, match="without giving them a result"):
+        da.fork("src", 1, da.Patch(tool_errors=["call_1_1"]), store=store)
