@@ -161,17 +161,21 @@ class Session:
         with Celery dispatch); returns the turn's run id. Open turns as for ``send``."""
         run_id = self._claim_turn(text)
         if self.store.get_run(run_id) is None:
-            create_run(
-                self.agent,
-                text,
-                run_id,
-                store=self.store,
-                derived_id=True,
-                seed=self._seed(),
-                session_id=self.session_id,
-            )
+            self._start_turn(run_id, text)
         runtime.dispatch(run_id)
         return run_id
+
+    def _start_turn(self, run_id: str, text: str) -> None:
+        """Create the turn's run, seeded with the transcript as it stands now."""
+        create_run(
+            self.agent,
+            text,
+            run_id,
+            store=self.store,
+            derived_id=True,
+            seed=self._seed(),
+            session_id=self.session_id,
+        )
 
     def _claim_turn(self, text: str) -> str:
         """The run id of the turn ``text`` belongs to: the open one, or a new one."""
@@ -261,15 +265,7 @@ class Session:
             # Waiting on a person: driving it again would only pause again.
             return SendResult(self.session_id, key, run_id, "paused")
         if run is None or journal.get(run_id, "run:start") is None:
-            create_run(
-                self.agent,
-                text,
-                run_id,
-                store=self.store,
-                derived_id=True,
-                seed=self._seed(),
-                session_id=self.session_id,
-            )
+            self._start_turn(run_id, text)
         if wait:
             try:
                 result = self._drive(run_id, text)
