@@ -1,15 +1,19 @@
-"""The admin's own pages and POST handlers: the run page, the approval decision, the halt
-resolution, resume and cancel. The journal timeline is built in ``admin_timeline``; fork,
-compare and sessions live in ``admin_history`` and ``admin_sessions``.
+"""The admin's own pages and POST handlers for runs (the run page, resume, cancel) and the
+helpers the other admin modules' handlers share. The approval and halt pages live in
+``admin_queues``; the journal timeline in ``admin_timeline``; fork, compare and sessions in
+``admin_history`` and ``admin_sessions``.
 
 Glue only: every change goes through an engine command (``approve``, ``resolve_halt``,
 ``cancel``) or ``dispatch.enqueue``; nothing here sets a status. Each handler checks its own
-permission, so a POST made without the button is refused the same way.
+permission, so a POST made without the button is refused the same way. A hand-over to a
+driver that fails (the Celery broker is down) is a warning, not a 500: what staff decided is
+recorded by then, and the page says how the run gets going again.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -21,14 +25,17 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from .admin_timeline import agent_drift, build_timeline, pretty
+from .admin_timeline import agent_drift, build_timeline
 from .dispatch import enqueue
-from .engine.approvals import approve
 from .engine.commands import cancel
 from .engine.errors import DurableAgentsError
-from .engine.halts import resolve_halt
 from .engine.journal import Journal
-from .engine.ports import APPROVAL_PENDING, HALT_OPEN, TERMINAL_STATUSES, ActionInfo
+from .engine.ports import (
+    QUEUED,
+    RUNNING,
+    TERMINAL_STATUSES,
+    ActionInfo,
+)
 from .engine.records import Record
 from .models import ActionLog
 from .storage import DjangoStore
@@ -40,6 +47,14 @@ APPROVE_PERMISSION = "durable_agents.approve_toolcall"
 RESOLVE_PERMISSION = "durable_agents.resolve_halt"
 OPERATE_PERMISSION = "durable_agents.cancel_run"  # "operate runs": cancel and resume
 FORK_PERMISSION = "durable_agents.fork_run"
+
+log = logging.getLogger("durable_agents.admin")
+
+# What gets a run whose hand-over failed going again. Beat recovery re-enqueues only runs
+# that are queued or running, not ones paused on a person, so an approved run waits for a
+# Resume.
+BY_RECOVERY = "beat recovery hands it to a worker on its next pass"
+BY_RESUME = "press Resume on the run page once workers are reachable again"
 
 
 def username(request: HttpRequest) -> str:
@@ -79,6 +94,25 @@ def _missing(admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> Ht
     return HttpResponseRedirect(admin_url(admin, "changelist"))
 
 
+def _posted_object(admin: ModelAdmin[Any], request: HttpRequest, object_id: str, perm: str) -> Any:
+    """The object a command's POST acts on, or the response that refuses the request (not a
+    POST, or the object is gone); without ``perm``, PermissionDenied."""
+    if (refusal := _post_only(request)) is not None:
+        return refusal
+    _require(request, perm)
+    obj = admin.get_object(request, unquote(object_id))
+    return _missing(admin, request, object_id) if obj is None else obj
+
+
+def _not_handed_over(request: HttpRequest, recorded: str, exc: Exception, then: str) -> None:
+    log.warning("%s, but handing the run to a driver failed", recorded, exc_info=exc)
+    messages.warning(
+        request,
+        f"{recorded}, but the run could not be handed to a worker now "
+        f"({type(exc).__name__}: {exc}); {then}.",
+    )
+
+
 def run_context(admin: ModelAdmin[Any], request: HttpRequest, run: Any) -> dict[str, Any]:
     """Everything the run page shows beyond its fields (lineage: ``admin_history``)."""
     store = DjangoStore()
@@ -103,7 +137,10 @@ def run_context(admin: ModelAdmin[Any], request: HttpRequest, run: Any) -> dict[
         **agent_drift(records, fallback=run.fingerprint),
         "fork_url": admin_url(admin, "fork", quote(run.run_id)) if can_fork else None,
         "lease": store.get_lease(run.run_id),
-        "action_log": ActionLog.objects.filter(run_id=run.run_id)[:200],
+        "action_log": [
+            {"row": a, "payload": json.dumps(a.payload, ensure_ascii=False, default=str)}
+            for a in ActionLog.objects.filter(run_id=run.run_id)[:200]
+        ],
         "run_approvals": approvals,
         "run_halts": halts,
         "can_operate": request.user.has_perm(OPERATE_PERMISSION),
@@ -126,7 +163,12 @@ def resume_runs(request: HttpRequest, run_ids: Iterable[str]) -> tuple[list[str]
             refused.append(f"{run_id} ({'deleted' if run is None else run.status})")
             continue
         store.log_action(ActionInfo(username(request), "resume", run_id, "", {"via": "admin"}))
-        enqueue(run_id)
+        try:
+            enqueue(run_id)
+        except Exception as exc:  # enqueue only hands over: the broker is unreachable
+            then = BY_RECOVERY if run.status in (QUEUED, RUNNING) else BY_RESUME
+            _not_handed_over(request, f"The resume of run {run_id} is logged", exc, then)
+            continue
         resumed.append(run_id)
     return resumed, refused
 
@@ -153,54 +195,25 @@ def report(request: HttpRequest, verb: str, done: list[str], refused: list[str])
 
 
 def run_resume_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> HttpResponse:
-    if (refusal := _post_only(request)) is not None:
-        return refusal
-    _require(request, OPERATE_PERMISSION)
-    run = admin.get_object(request, unquote(object_id))
-    if run is None:
-        return _missing(admin, request, object_id)
+    run = _posted_object(admin, request, object_id, OPERATE_PERMISSION)
+    if isinstance(run, HttpResponse):
+        return run
     done, refused = resume_runs(request, [run.run_id])
     report(request, "Handed to a driver", done, refused)
     return HttpResponseRedirect(run_url(admin, run.run_id))
 
 
 def run_cancel_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> HttpResponse:
-    if (refusal := _post_only(request)) is not None:
-        return refusal
-    _require(request, OPERATE_PERMISSION)
-    run = admin.get_object(request, unquote(object_id))
-    if run is None:
-        return _missing(admin, request, object_id)
+    run = _posted_object(admin, request, object_id, OPERATE_PERMISSION)
+    if isinstance(run, HttpResponse):
+        return run
     reason = str(request.POST.get("reason") or "").strip()[:1000]
     done, refused = cancel_runs(request, [run.run_id], reason or "cancelled in the admin")
     report(request, "Cancelled", done, refused)
     return HttpResponseRedirect(run_url(admin, run.run_id))
 
 
-# -- approvals ----------------------------------------------------------------------------
-
-
-class DecisionForm(forms.Form):
-    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("deny", "Deny")])
-    note = forms.CharField(
-        required=False,
-        max_length=2000,
-        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
-        help_text="Shown to the model with a denial, and kept in the journal.",
-    )
-
-
-def progress(policy: Any, approvals: int, denials: int) -> str:
-    """``"1 of 2 approved"`` (quorum) or ``"0 of 1 approved"`` (single)."""
-    policy = policy if isinstance(policy, dict) else {}
-    quorum = policy.get("kind") == "quorum"
-    need = int(policy.get("need", 1)) if quorum else 1
-    text = f"{approvals} of {need} approved"
-    if denials:
-        text += f", {denials} denied"
-    if quorum:
-        text += f" (group {policy.get('group')})"
-    return text
+# -- pages and forms of the other admins ------------------------------------------
 
 
 def page(
@@ -230,85 +243,6 @@ def page(
     )
 
 
-def _detail(
-    admin: ModelAdmin[Any],
-    request: HttpRequest,
-    obj: Any,
-    template: str,
-    context: dict[str, Any],
-) -> TemplateResponse:
-    extra = {"original": obj, "has_view_permission": True, "run_url": run_url(admin, obj.run_id)}
-    return page(admin, request, template, str(obj), {**extra, **context})
-
-
-def approval_detail(
-    admin: ModelAdmin[Any], request: HttpRequest, obj: Any, form: DecisionForm | None = None
-) -> TemplateResponse:
-    can_decide = request.user.has_perm(APPROVE_PERMISSION) and obj.status == APPROVAL_PENDING
-    return _detail(
-        admin,
-        request,
-        obj,
-        "admin/durable_agents/approvalrequest/detail.html",
-        {
-            "arguments": pretty(obj.arguments),
-            "run_input": pretty(obj.run.input),
-            "policy": pretty(obj.policy),
-            "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
-            "decisions": obj.decisions.order_by("created_at"),
-            "can_decide": can_decide,
-            "form": form or DecisionForm(),
-            "decide_url": admin_url(admin, "decide", obj.pk),
-        },
-    )
-
-
-def approval_decide_view(
-    admin: ModelAdmin[Any], request: HttpRequest, object_id: str
-) -> HttpResponse:
-    if (refusal := _post_only(request)) is not None:
-        return refusal
-    _require(request, APPROVE_PERMISSION)
-    obj = admin.get_object(request, unquote(object_id))
-    if obj is None:
-        return _missing(admin, request, object_id)
-    form = DecisionForm(request.POST)
-    if not form.is_valid():
-        return approval_detail(admin, request, obj, form)
-    approved = form.cleaned_data["decision"] == "approve"
-    here = HttpResponseRedirect(admin_url(admin, "change", obj.pk))
-    try:
-        outcome = approve(
-            obj.run_id,
-            obj.call_id,
-            approved,
-            by=username(request),
-            note=form.cleaned_data["note"],
-        )
-    except DurableAgentsError as exc:
-        messages.error(request, f"{exc} [{exc.code}]")
-        return here
-    if obj.status != APPROVAL_PENDING:  # the same decision again: the standing one
-        messages.info(request, f"Call {obj.call_id} was already {outcome.status}; nothing changed.")
-    elif outcome.status == APPROVAL_PENDING:
-        tally = outcome.tally
-        messages.success(
-            request,
-            f"Your decision on call {obj.call_id} is recorded: "
-            f"{len(tally.get('approved_by') or ())} of {tally.get('need')} approved so far.",
-        )
-    else:
-        messages.success(
-            request,
-            f"Call {obj.call_id} of run {obj.run_id} is {outcome.status}; the run was handed to a "
-            "driver.",
-        )
-    return here
-
-
-# -- halts --------------------------------------------------------------------------------
-
-
 def json_field(value: str, label: str) -> Any:
     """Parse a form's JSON text; NaN and Infinity are refused (they are not JSON)."""
 
@@ -319,81 +253,3 @@ def json_field(value: str, label: str) -> Any:
         return json.loads(value, parse_constant=refuse)
     except ValueError as exc:
         raise forms.ValidationError(f"{label} is not valid JSON: {exc}") from None
-
-
-class ResolveForm(forms.Form):
-    result = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 6, "cols": 60, "class": "da-mono"}),
-        help_text='What the call really returned, as JSON: {"refunded": 500}, "done", null…',
-    )
-    is_error = forms.BooleanField(
-        required=False, help_text="The effect failed: the model reads the result as an error."
-    )
-    evidence = forms.CharField(
-        required=False,
-        widget=forms.Textarea(attrs={"rows": 4, "cols": 60, "class": "da-mono"}),
-        help_text='Optional JSON: how you know, e.g. {"provider_ref": "re_123"}.',
-    )
-    min_age = forms.FloatField(
-        required=False,
-        min_value=0,
-        help_text="Optional: refuse if the attempt is younger than this many seconds.",
-    )
-
-    def clean_result(self) -> Any:
-        return json_field(self.cleaned_data["result"], "The result")
-
-    def clean_evidence(self) -> Any:
-        text = self.cleaned_data["evidence"].strip()
-        return json_field(text, "The evidence") if text else None
-
-
-def halt_detail(
-    admin: ModelAdmin[Any], request: HttpRequest, obj: Any, form: ResolveForm | None = None
-) -> TemplateResponse:
-    return _detail(
-        admin,
-        request,
-        obj,
-        "admin/durable_agents/halt/detail.html",
-        {
-            "arguments": pretty(obj.arguments),
-            "resolution": pretty(obj.resolution) if obj.resolution is not None else None,
-            "lease": DjangoStore().get_lease(obj.run_id),
-            "can_resolve": request.user.has_perm(RESOLVE_PERMISSION) and obj.status == HALT_OPEN,
-            "form": form or ResolveForm(),
-            "resolve_url": admin_url(admin, "resolve", obj.pk),
-        },
-    )
-
-
-def halt_resolve_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> HttpResponse:
-    if (refusal := _post_only(request)) is not None:
-        return refusal
-    _require(request, RESOLVE_PERMISSION)
-    obj = admin.get_object(request, unquote(object_id))
-    if obj is None:
-        return _missing(admin, request, object_id)
-    form = ResolveForm(request.POST)
-    if not form.is_valid():
-        return halt_detail(admin, request, obj, form)
-    data = form.cleaned_data
-    try:
-        resolve_halt(
-            obj.run_id,
-            obj.op_id,
-            data["result"],
-            is_error=data["is_error"],
-            evidence=data["evidence"],
-            by=username(request),
-            min_age=data["min_age"],
-        )
-    except DurableAgentsError as exc:
-        form.add_error(None, f"{exc} [{exc.code}]")
-        messages.error(request, f"Nothing was recorded: {exc} [{exc.code}]")
-        return halt_detail(admin, request, obj, form)
-    messages.success(
-        request,
-        f"Recorded the outcome of call {obj.op_id}; run {obj.run_id} was handed to a driver.",
-    )
-    return HttpResponseRedirect(admin_url(admin, "change", obj.pk))

@@ -17,7 +17,7 @@ class DurableAgentsConfig(AppConfig):
         from .storage import DjangoStore
 
         runtime.configure(
-            store_factory=DjangoStore,
+            store_factory=DjangoStore.default,
             agent_loader=load_agents,
             lease_ttl=lambda: get_settings().lease_ttl,
             on_drift=lambda: get_settings().on_drift,

@@ -49,6 +49,10 @@ _J = JournalEntry._meta.db_table
 _L = Lease._meta.db_table
 _R = Run._meta.db_table
 _NEVER_AUTO_PREPARE = 2**31 - 1
+# One reusable server-binding cursor per psycopg connection (Django's connections are per
+# thread); weak keys let closed connections go.
+_CURSORS: weakref.WeakKeyDictionary[Any, psycopg.Cursor[Any]] = weakref.WeakKeyDictionary()
+_DEFAULT: dict[tuple[str, bool], DjangoStore] = {}
 _TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
 _C_TIMESTAMPTZ = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEXT)
 
@@ -90,6 +94,18 @@ class _Dialect:
 class DjangoStore:
     """The Store port over a Django database alias."""
 
+    @classmethod
+    def default(cls) -> DjangoStore:
+        """The store the settings name (``DATABASE``, ``PREPARED_STATEMENTS``), shared."""
+        from .conf import get_settings
+
+        settings = get_settings()
+        key = (settings.database, settings.prepared_statements)
+        store = _DEFAULT.get(key)
+        if store is None:
+            store = _DEFAULT[key] = cls(settings.database, prepared=settings.prepared_statements)
+        return store
+
     def __init__(self, using: str | None = None, *, prepared: bool | None = None) -> None:
         if using is None or prepared is None:
             from .conf import get_settings
@@ -100,11 +116,6 @@ class DjangoStore:
         self.using = using
         self.prepared = prepared
         self._dialect: _Dialect | None = None
-        # One reusable server-binding cursor per psycopg connection (connections are
-        # per thread in Django); weak keys let closed connections go.
-        self._cursors: weakref.WeakKeyDictionary[Any, psycopg.Cursor[Any]] = (
-            weakref.WeakKeyDictionary()
-        )
 
     @property
     def connection(self) -> Any:
@@ -130,13 +141,13 @@ class DjangoStore:
             if raw is None or raw.closed:
                 conn.ensure_connection()
                 raw = conn.connection
-            cursor = self._cursors.get(raw)
+            cursor = _CURSORS.get(raw)
             if cursor is None or cursor.closed:
                 if raw.prepare_threshold is None:
                     # psycopg ignores prepare=True while the threshold is None (Django's
                     # default); a threshold never reached keeps other queries unprepared.
                     raw.prepare_threshold = _NEVER_AUTO_PREPARE
-                cursor = self._cursors[raw] = psycopg.Cursor(raw)
+                cursor = _CURSORS[raw] = psycopg.Cursor(raw)
                 # Django's timestamptz loader parses in Python; psycopg's own is C and gives
                 # the same aware datetime (the session time zone is UTC).
                 if _C_TIMESTAMPTZ is not None:

@@ -30,6 +30,7 @@ from .ports import (
     APPROVAL_DENIED,
     APPROVAL_PENDING,
     APPROVAL_WITHDRAWN,
+    QUEUED,
     TERMINAL_STATUSES,
     ActionInfo,
     ApprovalRequestInfo,
@@ -300,6 +301,9 @@ def approve(
     store.set_approval_status(
         run_id, call_id, APPROVAL_APPROVED if count.passed else APPROVAL_DENIED
     )
+    # Queued, not awaiting approval: if the hand-over below fails (a broker down),
+    # recovery picks the run up.
+    store.update_run(run_id, {"status": QUEUED})
     runtime.dispatch(run_id)
     return ApprovalOutcome(
         run_id, call_id, APPROVAL_APPROVED if count.passed else APPROVAL_DENIED, count.to_json()

@@ -98,10 +98,16 @@ class _Heartbeat:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
+        # Stores whose connection this thread opened: closed as soon as it holds no lease,
+        # so an idle process keeps no connection open (a test database can be dropped).
+        self._used: list[Store] = []
+        self.idle = threading.Event()
+        self.idle.set()
 
     def add(self, lease: HeldLease) -> None:
         with self._lock:
             self._leases.add(lease)
+            self.idle.clear()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="durable_agents-heartbeat", daemon=True
@@ -112,10 +118,20 @@ class _Heartbeat:
     def remove(self, lease: HeldLease) -> None:
         with self._lock:
             self._leases.discard(lease)
+            if not self._leases:
+                self._wake.notify()
 
     def _run(self) -> None:
         while True:
             with self._lock:
+                if not self._leases and self._used:
+                    used, self._used = self._used, []
+                    for store in used:
+                        close = getattr(store, "close_thread_resources", None)
+                        if close is not None:
+                            close()
+                if not self._leases:
+                    self.idle.set()
                 now = time.monotonic()
                 due = [lease for lease in self._leases if lease.next_renewal <= now]
                 if not due:
@@ -124,7 +140,14 @@ class _Heartbeat:
                     continue
             for lease in due:
                 if not lease.lost.is_set():
+                    if lease.store not in self._used:
+                        self._used.append(lease.store)
                     lease.renew()
 
 
 _heartbeat = _Heartbeat()
+
+
+def wait_idle(timeout: float = 5.0) -> bool:
+    """Wait until the heartbeat holds no lease and has closed its connections."""
+    return _heartbeat.idle.wait(timeout)

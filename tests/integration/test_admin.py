@@ -10,22 +10,28 @@ import html
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from celery import Celery
+from celery import _state as celery_state
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from django.conf import settings
 from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Group, Permission, User
 from django.contrib.messages import get_messages
 from django.db import connection
 from django.test import Client
-from django.test.utils import CaptureQueriesContext
+from django.test.utils import CaptureQueriesContext, override_settings
 from django.urls import reverse
 from django.utils import timezone
 
 import durable_agents as da
+import durable_agents.tasks  # registers drive_run with the Celery app of broker_down
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import RunInfo
 from durable_agents.models import (
@@ -785,3 +791,100 @@ def test_approver_keys_must_be_32_byte_base64():
         {"action": "revoke", "_selected_action": [key.pk]},
     )
     assert ApproverKey.objects.get().revoked_at is not None
+
+
+# -- a broker that is down ----------------------------------------------------------------
+
+
+@contextmanager
+def broker_down() -> Iterator[None]:
+    """Dispatch through Celery to a broker nothing listens on (port 1), failing at once: the
+    test's app is current and default (as in tests/browser/conftest.py), without retries."""
+    previous_current = celery_state._tls.current_app
+    previous_default = celery_state.default_app
+    broker = "redis://127.0.0.1:1/0"
+    app = Celery("da-tests-broker-down", broker=broker, set_as_current=True)
+    app.conf.update(
+        broker_connection_timeout=1,
+        broker_connection_max_retries=0,
+        task_publish_retry=False,
+        task_ignore_result=True,
+    )
+    app.set_default()
+    dispatch = override_settings(
+        DURABLE_AGENTS={**settings.DURABLE_AGENTS, "DISPATCH": "celery"},
+        CELERY_BROKER_URL=broker,
+    )
+    dispatch.enable()
+    try:
+        yield
+    finally:
+        dispatch.disable()
+        app.close()
+        celery_state.set_default_app(previous_default)
+        celery_state._set_current_app(previous_current)
+
+
+@pytest.mark.timeout(30)
+def test_a_failed_hand_over_is_a_warning_and_the_decision_stands():
+    """Approve, resolve and resume with the broker down: what staff did is recorded, and the
+    page warns that the run could not reach a worker (and how it will) instead of a 500."""
+    req = waiting_for_approval("bd-approve")  # inline dispatch, before the broker goes down
+    halt = halted_in_process("bd-halt")
+    queued("bd-resume")
+    client = client_for(make_user("root", superuser=True))
+    with broker_down():
+        response = client.post(approval_url(req, "decide"), {"decision": "approve"}, follow=True)
+        assert response.status_code == 200
+        page = text_of(response)
+        assert (
+            "Call call_1_1 of run bd-approve is approved (recorded), but the run could not be"
+            in page
+        )
+        assert "press Resume on the run page" in page and "handed to a driver" not in page
+        assert ApprovalRequest.objects.get(pk=req.pk).status == "approved"
+        assert journal("bd-approve")["approval:call_1_1"]["approved"] is True
+
+        response = client.post(
+            halt_url(halt, "resolve"), {"result": '{"charged": true}'}, follow=True
+        )
+        assert response.status_code == 200
+        page = text_of(response)
+        assert "The outcome of call call_1_1 is recorded and run bd-halt queued, but" in page
+        assert "beat recovery hands it to a worker" in page
+        assert Halt.objects.get(pk=halt.pk).status == "resolved"
+        assert Run.objects.get(run_id="bd-halt").status == "queued"  # recovery re-enqueues it
+
+        response = client.post(run_url("bd-resume", "resume"), follow=True)
+        assert response.status_code == 200
+        page = text_of(response)
+        assert "The resume of run bd-resume is logged, but the run could not be handed" in page
+        assert "beat recovery hands it to a worker" in page and "Handed to a driver" not in page
+        assert ActionLog.objects.filter(action="resume", run_id="bd-resume").exists()
+
+    # The broker is back (inline dispatch here): Resume gets the approved run going, as the
+    # warning said.
+    response = client.post(run_url("bd-approve", "resume"))
+    assert any("Handed to a driver: bd-approve" in m for m in messages_of(response))
+    assert Run.objects.get(run_id="bd-approve").status == "finished"
+    assert count_effects("bd-approve") == {"call_1_1": 1}
+
+
+def test_run_page_details_are_json_and_close_comes_last():
+    req = waiting_for_approval("rp-json")
+    client = client_for(make_user("root", superuser=True))
+    client.post(approval_url(req, "decide"), {"decision": "approve", "note": "fine"})
+    page = text_of(client.get(run_url("rp-json")))
+    assert '<code>{"note": "fine", "signed": false}</code>' in page
+    assert page.index('id="da-history"') < page.index('class="submit-row"')
+
+
+def test_a_halt_refusal_is_shown_once():
+    halt = halted_in_process("hr-once")
+    store = DjangoStore()
+    assert store.acquire_lease("hr-once", "someone", "their-token", 30)
+    client = client_for(make_user("root", superuser=True))
+    response = client.post(halt_url(halt, "resolve"), {"result": "{}"})
+    assert response.status_code == 200
+    assert text_of(response).count("halt.in_flight") == 1
+    assert not messages_of(response)

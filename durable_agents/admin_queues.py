@@ -1,0 +1,361 @@
+"""The two queues staff work through: tool calls awaiting approval and halted side effects.
+Each opens on what is still waiting, and each item has its own page with the one command it
+takes: ``approve`` (decide) or ``resolve_halt`` (record the outcome). Registered when
+``durable_agents.admin`` imports this module."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models.functions import Now
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern
+
+from .admin_base import _count, _DefaultStatus, _json_cell, _ReadOnly
+from .admin_timeline import pretty
+from .admin_views import (
+    APPROVE_PERMISSION,
+    BY_RECOVERY,
+    BY_RESUME,
+    RESOLVE_PERMISSION,
+    _missing,
+    _not_handed_over,
+    _posted_object,
+    admin_url,
+    json_field,
+    page,
+    run_url,
+    username,
+)
+from .engine.approvals import approve
+from .engine.errors import DurableAgentsError
+from .engine.halts import resolve_halt
+from .engine.ports import APPROVAL_PENDING, HALT_OPEN
+from .models import ApprovalRequest, Decision, Halt, Lease
+from .storage import DjangoStore
+
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin
+
+
+class _QueueAdmin(_ReadOnly):
+    """A queue whose items are seen by whoever may act on them (``act_permission``), each on
+    its own page (``detail``) rather than the read-only change form."""
+
+    act_permission = ""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_view_permission(request, obj) or request.user.has_perm(
+            self.act_permission
+        )
+
+    def detail(self, request: HttpRequest, obj: Any) -> HttpResponse:
+        raise NotImplementedError
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        obj = self.get_object(request, unquote(object_id))
+        if obj is None:
+            return _missing(self, request, object_id)
+        if not self.has_view_permission(request, obj):
+            raise PermissionDenied
+        return self.detail(request, obj)
+
+    @admin.display(description="arguments")
+    def arguments_pretty(self, obj: Any) -> str:
+        return _json_cell(obj.arguments)
+
+
+def _detail(
+    admin: ModelAdmin[Any],
+    request: HttpRequest,
+    obj: Any,
+    template: str,
+    context: dict[str, Any],
+) -> TemplateResponse:
+    extra = {"original": obj, "has_view_permission": True, "run_url": run_url(admin, obj.run_id)}
+    return page(admin, request, template, str(obj), {**extra, **context})
+
+
+# -- approvals ----------------------------------------------------------------------------
+
+
+class DecisionForm(forms.Form):
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("deny", "Deny")])
+    note = forms.CharField(
+        required=False,
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Shown to the model with a denial, and kept in the journal.",
+    )
+
+
+def progress(policy: Any, approvals: int, denials: int) -> str:
+    """``"1 of 2 approved"`` (quorum) or ``"0 of 1 approved"`` (single)."""
+    policy = policy if isinstance(policy, dict) else {}
+    quorum = policy.get("kind") == "quorum"
+    need = int(policy.get("need", 1)) if quorum else 1
+    text = f"{approvals} of {need} approved"
+    if denials:
+        text += f", {denials} denied"
+    if quorum:
+        text += f" (group {policy.get('group')})"
+    return text
+
+
+class ApprovalStatusFilter(_DefaultStatus):
+    default = APPROVAL_PENDING
+    options = [(s, label) for s, label in ApprovalRequest.STATUSES]
+
+
+@admin.register(ApprovalRequest)
+class ApprovalRequestAdmin(_QueueAdmin):
+    list_display = (
+        "call_id",
+        "run_link",
+        "tool_name",
+        "arguments_pretty",
+        "run_input",
+        "quorum",
+        "status",
+        "created_at",
+    )
+    list_filter = (ApprovalStatusFilter, "tool_name")
+    search_fields = ("run__run_id", "call_id", "tool_name")
+    list_select_related = ("run",)
+    act_permission = APPROVE_PERMISSION
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ApprovalRequest]:
+        rows: QuerySet[ApprovalRequest] = (
+            super()
+            .get_queryset(request)
+            .annotate(
+                n_approved=_count(Decision, "request", approved=True),
+                n_denied=_count(Decision, "request", approved=False),
+            )
+        )
+        return rows
+
+    def get_urls(self) -> list[URLPattern]:
+        return [self._url("decide", approval_decide_view), *super().get_urls()]
+
+    def detail(self, request: HttpRequest, obj: Any) -> HttpResponse:
+        return approval_detail(self, request, obj)
+
+    @admin.display(description="run input")
+    def run_input(self, obj: ApprovalRequest) -> str:
+        return _json_cell(obj.run.input)
+
+    @admin.display(description="quorum")
+    def quorum(self, obj: Any) -> str:
+        return progress(obj.policy, obj.n_approved, obj.n_denied)
+
+
+def approval_detail(
+    admin: ModelAdmin[Any], request: HttpRequest, obj: Any, form: DecisionForm | None = None
+) -> TemplateResponse:
+    can_decide = request.user.has_perm(APPROVE_PERMISSION) and obj.status == APPROVAL_PENDING
+    return _detail(
+        admin,
+        request,
+        obj,
+        "admin/durable_agents/approvalrequest/detail.html",
+        {
+            "arguments": pretty(obj.arguments),
+            "run_input": pretty(obj.run.input),
+            "policy": pretty(obj.policy),
+            "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
+            "decisions": obj.decisions.order_by("created_at"),
+            "can_decide": can_decide,
+            "form": form or DecisionForm(),
+            "decide_url": admin_url(admin, "decide", obj.pk),
+        },
+    )
+
+
+def approval_decide_view(
+    admin: ModelAdmin[Any], request: HttpRequest, object_id: str
+) -> HttpResponse:
+    obj = _posted_object(admin, request, object_id, APPROVE_PERMISSION)
+    if isinstance(obj, HttpResponse):
+        return obj
+    form = DecisionForm(request.POST)
+    if not form.is_valid():
+        return approval_detail(admin, request, obj, form)
+    approved = form.cleaned_data["decision"] == "approve"
+    here = HttpResponseRedirect(admin_url(admin, "change", obj.pk))
+    try:
+        outcome = approve(
+            obj.run_id,
+            obj.call_id,
+            approved,
+            by=username(request),
+            note=form.cleaned_data["note"],
+        )
+    except DurableAgentsError as exc:
+        messages.error(request, f"{exc} [{exc.code}]")
+        return here
+    except Exception as exc:
+        # approve() hands the run over last, after the decision is recorded, so a broker
+        # that is down fails only that. A call that was pending and still is: a real error.
+        now = ApprovalRequest.objects.filter(pk=obj.pk).values_list("status", flat=True).first()
+        if obj.status != APPROVAL_PENDING or now in (None, APPROVAL_PENDING):
+            raise
+        recorded = f"Call {obj.call_id} of run {obj.run_id} is {now} (recorded)"
+        _not_handed_over(request, recorded, exc, BY_RESUME)
+        return here
+    if obj.status != APPROVAL_PENDING:  # the same decision again: the standing one
+        messages.info(request, f"Call {obj.call_id} was already {outcome.status}; nothing changed.")
+    elif outcome.status == APPROVAL_PENDING:
+        tally = outcome.tally
+        messages.success(
+            request,
+            f"Your decision on call {obj.call_id} is recorded: "
+            f"{len(tally.get('approved_by') or ())} of {tally.get('need')} approved so far.",
+        )
+    else:
+        messages.success(
+            request,
+            f"Call {obj.call_id} of run {obj.run_id} is {outcome.status}; the run was handed to a "
+            "driver.",
+        )
+    return here
+
+
+# -- halts --------------------------------------------------------------------------------
+
+
+class ResolveForm(forms.Form):
+    result = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 60, "class": "da-mono"}),
+        help_text='What the call really returned, as JSON: {"refunded": 500}, "done", null…',
+    )
+    is_error = forms.BooleanField(
+        required=False, help_text="The effect failed: the model reads the result as an error."
+    )
+    evidence = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 60, "class": "da-mono"}),
+        help_text='Optional JSON: how you know, e.g. {"provider_ref": "re_123"}.',
+    )
+    min_age = forms.FloatField(
+        required=False,
+        min_value=0,
+        help_text="Optional: refuse if the attempt is younger than this many seconds.",
+    )
+
+    def clean_result(self) -> Any:
+        return json_field(self.cleaned_data["result"], "The result")
+
+    def clean_evidence(self) -> Any:
+        text = self.cleaned_data["evidence"].strip()
+        return json_field(text, "The evidence") if text else None
+
+
+class HaltStatusFilter(_DefaultStatus):
+    default = HALT_OPEN
+    options = [(s, label) for s, label in Halt.STATUSES]
+
+
+@admin.register(Halt)
+class HaltAdmin(_QueueAdmin):
+    list_display = (
+        "op_id",
+        "run_link",
+        "tool_name",
+        "arguments_pretty",
+        "cause",
+        "attempted_at",
+        "status",
+        "lease_live",
+    )
+    list_filter = (HaltStatusFilter, "cause")
+    search_fields = ("run__run_id", "op_id", "tool_name")
+    act_permission = RESOLVE_PERMISSION
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Halt]:
+        live = Lease.objects.filter(run_id=OuterRef("run_id"), expires_at__gt=Now())
+        rows: QuerySet[Halt] = super().get_queryset(request).annotate(has_live_lease=Exists(live))
+        return rows
+
+    def get_urls(self) -> list[URLPattern]:
+        return [self._url("resolve", halt_resolve_view), *super().get_urls()]
+
+    def detail(self, request: HttpRequest, obj: Any) -> HttpResponse:
+        return halt_detail(self, request, obj)
+
+    @admin.display(description="driver holds lease", boolean=True, ordering="has_live_lease")
+    def lease_live(self, obj: Any) -> bool:
+        return bool(obj.has_live_lease)
+
+
+def halt_detail(
+    admin: ModelAdmin[Any], request: HttpRequest, obj: Any, form: ResolveForm | None = None
+) -> TemplateResponse:
+    return _detail(
+        admin,
+        request,
+        obj,
+        "admin/durable_agents/halt/detail.html",
+        {
+            "arguments": pretty(obj.arguments),
+            "resolution": pretty(obj.resolution) if obj.resolution is not None else None,
+            "lease": DjangoStore().get_lease(obj.run_id),
+            "can_resolve": request.user.has_perm(RESOLVE_PERMISSION) and obj.status == HALT_OPEN,
+            "form": form or ResolveForm(),
+            "resolve_url": admin_url(admin, "resolve", obj.pk),
+        },
+    )
+
+
+def halt_resolve_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> HttpResponse:
+    obj = _posted_object(admin, request, object_id, RESOLVE_PERMISSION)
+    if isinstance(obj, HttpResponse):
+        return obj
+    form = ResolveForm(request.POST)
+    if not form.is_valid():
+        return halt_detail(admin, request, obj, form)
+    data = form.cleaned_data
+    try:
+        resolve_halt(
+            obj.run_id,
+            obj.op_id,
+            data["result"],
+            is_error=data["is_error"],
+            evidence=data["evidence"],
+            by=username(request),
+            min_age=data["min_age"],
+        )
+    except DurableAgentsError as exc:
+        # Said once: on the form when the page shows it (the halt is open), else as a message.
+        refusal = f"Nothing was recorded: {exc} [{exc.code}]"
+        if obj.status == HALT_OPEN:
+            form.add_error(None, refusal)
+        else:
+            messages.error(request, refusal)
+        return halt_detail(admin, request, obj, form)
+    except Exception as exc:
+        # resolve_halt() hands the run over last, after the outcome is recorded and the run
+        # queued, so a broker that is down fails only that. A halt still open: a real error.
+        now = Halt.objects.filter(pk=obj.pk).values_list("status", flat=True).first()
+        if obj.status != HALT_OPEN or now in (None, HALT_OPEN):
+            raise
+        recorded = f"The outcome of call {obj.op_id} is recorded and run {obj.run_id} queued"
+        _not_handed_over(request, recorded, exc, BY_RECOVERY)
+        return HttpResponseRedirect(admin_url(admin, "change", obj.pk))
+    messages.success(
+        request,
+        f"Recorded the outcome of call {obj.op_id}; run {obj.run_id} was handed to a driver.",
+    )
+    return HttpResponseRedirect(admin_url(admin, "change", obj.pk))
