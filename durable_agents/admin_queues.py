@@ -22,7 +22,6 @@ from .admin_timeline import pretty
 from .admin_views import (
     APPROVE_PERMISSION,
     BY_RECOVERY,
-    BY_RESUME,
     RESOLVE_PERMISSION,
     _missing,
     _not_handed_over,
@@ -213,7 +212,7 @@ def approval_decide_view(
         if obj.status != APPROVAL_PENDING or now in (None, APPROVAL_PENDING):
             raise
         recorded = f"Call {obj.call_id} of run {obj.run_id} is {now} (recorded)"
-        _not_handed_over(request, recorded, exc, BY_RESUME)
+        _not_handed_over(request, recorded, exc, BY_RECOVERY)
         return here
     if obj.status != APPROVAL_PENDING:  # the same decision again: the standing one
         messages.info(request, f"Call {obj.call_id} was already {outcome.status}; nothing changed.")

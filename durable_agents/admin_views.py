@@ -50,9 +50,9 @@ FORK_PERMISSION = "durable_agents.fork_run"
 
 log = logging.getLogger("durable_agents.admin")
 
-# What gets a run whose hand-over failed going again. Beat recovery re-enqueues only runs
-# that are queued or running, not ones paused on a person, so an approved run waits for a
-# Resume.
+# What gets a run whose hand-over failed going again. Beat recovery re-enqueues runs that
+# are queued or running (a decided or resolved run is queued first), not ones paused on a
+# person.
 BY_RECOVERY = "beat recovery hands it to a worker on its next pass"
 BY_RESUME = "press Resume on the run page once workers are reachable again"
 

@@ -841,8 +841,9 @@ def test_a_failed_hand_over_is_a_warning_and_the_decision_stands():
             "Call call_1_1 of run bd-approve is approved (recorded), but the run could not be"
             in page
         )
-        assert "press Resume on the run page" in page and "handed to a driver" not in page
+        assert "beat recovery hands it to a worker" in page and "handed to a driver" not in page
         assert ApprovalRequest.objects.get(pk=req.pk).status == "approved"
+        assert Run.objects.get(run_id=req.run_id).status == "queued"  # recovery re-enqueues it
         assert journal("bd-approve")["approval:call_1_1"]["approved"] is True
 
         response = client.post(
