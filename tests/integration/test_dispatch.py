@@ -179,3 +179,66 @@ def test_bad_settings_fail_the_system_check(value, problem):
         with pytest.raises(da.ConfigError, match="invalid DURABLE_AGENTS"):
             echo.start("hi", run_id="bad-settings")
     assert not Run.objects.filter(run_id="bad-settings").exists()
+
+
+def test_resolve_command_records_the_outcome_and_refuses_bad_input():
+    from django.core.management.base import CommandError
+
+    from durable_agents.engine.journal import Journal as _Journal
+    from tests.support.agents import crash_agents
+
+    agent = next(a for a in crash_agents if a.name == "crash-side_effect")
+    store = DjangoStore()
+    # A halt without killing anything: the attempt marker stands with no result.
+    agent_run = agent.name
+    store.create_run(RunInfo(run_id="cmd-halt", agent=agent_run, input="go"))
+    journal = _Journal(store)
+    journal.write(
+        "cmd-halt",
+        "run:start",
+        {"kind": "start", "agent": agent_run, "input": "go", "fingerprint": agent.fingerprint()},
+    )
+    journal.write(
+        "cmd-halt",
+        "model:1",
+        {
+            "kind": "model",
+            "usage": {},
+            "finish": "tool_calls",
+            "message": {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": "call_1_1", "name": "act", "arguments": '{"item": "x"}'}],
+            },
+        },
+    )
+    journal.write(
+        "cmd-halt",
+        "attempt:call_1_1:1",
+        {"kind": "attempt", "claim": "c", "attempted_at": 1, "tool": "act"},
+    )
+    with pytest.raises(CommandError, match="not valid JSON"):
+        call_command(
+            "durable_agents", "resolve", "cmd-halt", "call_1_1", "--result", "{oops", "--by", "ops"
+        )
+    with pytest.raises(CommandError, match=r"halt\.no_live_attempt"):
+        call_command(
+            "durable_agents", "resolve", "cmd-halt", "call_9_9", "--result", "1", "--by", "ops"
+        )
+    assert journal.get("cmd-halt", "tool:call_1_1") is None
+    out = StringIO()
+    call_command(
+        "durable_agents",
+        "resolve",
+        "cmd-halt",
+        "call_1_1",
+        "--result",
+        '{"done": "x"}',
+        "--evidence",
+        '{"log": "seen"}',
+        "--by",
+        "ops",
+        stdout=out,
+    )
+    assert "recorded the outcome of call_1_1" in out.getvalue()
+    assert journal.get("cmd-halt", "tool:call_1_1").get("reconciled") is True
