@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ from durable_agents.models import ActionLog, ApprovalRequest, Halt, Run
 from durable_agents.storage import DjangoStore
 from tests.browser.conftest import Browser, Celery, login, screenshot, staff_user, wait_status
 from tests.support.agents import count_effects, gated
-from tests.support.procs import ROOT, subprocess_env
+from tests.support.procs import drive_in_child
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -63,22 +61,6 @@ def history_rows(page: Page) -> list[list[str]]:
         [cell.strip() for cell in rows.nth(i).locator("td").all_inner_texts()]
         for i in range(rows.count())
     ]
-
-
-def drive_in_child(run_id: str, crash_inside: str | None = None) -> tuple[int, str]:
-    """Drive ``crash-side_effect`` in a child process (killed inside ``crash_inside``)."""
-    env = {"DA_LEASE_TTL": "1"}
-    if crash_inside:
-        env["DA_CRASH_INSIDE"] = crash_inside
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.support.drive", "crash-side_effect", run_id, "go"],
-        cwd=ROOT,
-        env=subprocess_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=40,
-    )
-    return proc.returncode, proc.stdout
 
 
 def test_approve_in_the_browser_and_a_worker_finishes_the_run(

@@ -8,8 +8,6 @@ import base64
 import hashlib
 import html
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -49,7 +47,7 @@ from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from durable_agents.storage import DjangoStore
 from tests.support.agents import count_effects, echo, gated
-from tests.support.procs import ROOT, subprocess_env
+from tests.support.procs import drive_in_child
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -150,21 +148,6 @@ def halted_in_process(run_id: str) -> Halt:
 
 def queued(run_id: str, agent: str = "echo") -> None:
     DjangoStore().create_run(RunInfo(run_id=run_id, agent=agent, input="where is order 7?"))
-
-
-def drive_in_child(run_id: str, crash_inside: str | None = None) -> tuple[int, str]:
-    env = {"DA_LEASE_TTL": "1"}
-    if crash_inside:
-        env["DA_CRASH_INSIDE"] = crash_inside
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.support.drive", "crash-side_effect", run_id, "go"],
-        cwd=ROOT,
-        env=subprocess_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return proc.returncode, proc.stdout
 
 
 # -- who may see the pages ----------------------------------------------------------------

@@ -63,3 +63,22 @@ def in_threads(n: int, fn: Callable[[int], Any]) -> list[Any]:
     if errors:
         raise errors[0]
     return results
+
+
+def drive_in_child(
+    run_id: str, crash_inside: str | None = None, agent: str = "crash-side_effect"
+) -> tuple[int, str]:
+    """Drive ``agent`` in a child process (``tests.support.drive``), killed inside the call
+    ``crash_inside`` if given, with a short lease so the next driver can take over."""
+    env = {"DA_LEASE_TTL": "1"}
+    if crash_inside:
+        env["DA_CRASH_INSIDE"] = crash_inside
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.support.drive", agent, run_id, "go"],
+        cwd=ROOT,
+        env=subprocess_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return proc.returncode, proc.stdout
