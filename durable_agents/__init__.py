@@ -3,6 +3,8 @@
 The public API is what ``__all__`` lists; everything else may change.
 """
 
+__version__ = "0.2.0.dev0"
+
 from .engine.agent import Agent, ModelRetry, RunResult
 from .engine.approvals import (
     ApprovalAlreadyDecided,

@@ -1,4 +1,16 @@
-"""System checks: a bad ``DURABLE_AGENTS`` setting stops ``manage.py`` with a fix-it hint."""
+"""System checks: a bad ``DURABLE_AGENTS`` setting stops ``manage.py`` with a fix-it hint.
+
+Each kind of problem has its own id, so a deployment can silence one kind
+(``SILENCED_SYSTEM_CHECKS``) without hiding the others:
+
+* ``durable_agents.E001`` — the ``DURABLE_AGENTS`` dict is invalid (a key, a value).
+* ``durable_agents.E002`` — an ``AGENTS`` entry cannot be imported or defines no agent.
+* ``durable_agents.E003`` — two agents share a name.
+* ``durable_agents.W001`` — the beat entry for ``recover_runs`` sends to another queue than
+  ``CELERY_QUEUE`` (no worker would consume recovery passes).
+* ``durable_agents.W002`` — ``DISPATCH`` is ``"celery"`` but ``CELERY_BROKER_URL`` is not set
+  (Celery would quietly try ``amqp://guest@localhost``).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +20,80 @@ from django.conf import settings as django_settings
 from django.core import checks
 
 from . import conf
+from .registry import AgentPathError, agents_at
+from .schedule import RECOVER_TASK
+
+SETTINGS_HINT = (
+    f"Fix the DURABLE_AGENTS dict in your settings; every key: {conf.DOCS_URL}settings.md"
+)
+AGENTS_HINT = (
+    "DURABLE_AGENTS['AGENTS'] lists dotted paths to Agent objects, lists of them, or modules "
+    f"defining them: {conf.DOCS_URL}settings.md"
+)
+CELERY_HINT = f"Wire Celery into your project: {conf.DOCS_URL}celery.md"
 
 
 @checks.register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    _, problems = conf.parse(getattr(django_settings, "DURABLE_AGENTS", None))
-    return [
-        checks.Error(
-            problem,
-            hint=(
-                "Fix the DURABLE_AGENTS dict in your settings; the keys and their defaults "
-                "are listed in docs/settings.md."
-            ),
-            id=f"durable_agents.E{index + 1:03d}",
+    settings, problems = conf.parse(getattr(django_settings, "DURABLE_AGENTS", None))
+    if problems:
+        return [checks.Error(p, hint=SETTINGS_HINT, id="durable_agents.E001") for p in problems]
+    return [*_check_agents(settings.agents), *_check_celery(settings)]
+
+
+def _check_agents(paths: tuple[str, ...]) -> list[checks.CheckMessage]:
+    found: list[checks.CheckMessage] = []
+    named: dict[str, tuple[Any, str]] = {}
+    for path in paths:
+        try:
+            agents = agents_at(path)
+        except AgentPathError as exc:
+            found.append(checks.Error(str(exc), hint=AGENTS_HINT, id="durable_agents.E002"))
+            continue
+        for agent in agents:
+            other = named.get(agent.name)
+            if other is not None and other[0] is not agent:
+                found.append(
+                    checks.Error(
+                        f"two agents are named {agent.name!r} (in {other[1]!r} and {path!r}); "
+                        "a run names its agent, so a worker could not tell them apart",
+                        hint="Give each agent its own name.",
+                        id="durable_agents.E003",
+                    )
+                )
+            named.setdefault(agent.name, (agent, path))
+    return found
+
+
+def _check_celery(settings: conf.Settings) -> list[checks.CheckMessage]:
+    if settings.dispatch != "celery":
+        return []
+    found: list[checks.CheckMessage] = []
+    if not getattr(django_settings, "CELERY_BROKER_URL", None):
+        found.append(
+            checks.Warning(
+                "DURABLE_AGENTS['DISPATCH'] is 'celery' but CELERY_BROKER_URL is not set; "
+                "Celery would try amqp://guest@localhost",
+                hint=f"Set CELERY_BROKER_URL (e.g. 'redis://127.0.0.1:6379/0'). {CELERY_HINT}",
+                id="durable_agents.W002",
+            )
         )
-        for index, problem in enumerate(problems)
-    ]
+    schedule = getattr(django_settings, "CELERY_BEAT_SCHEDULE", None) or {}
+    for key, entry in schedule.items() if isinstance(schedule, dict) else ():
+        if not isinstance(entry, dict) or entry.get("task") != RECOVER_TASK:
+            continue
+        queue = (entry.get("options") or {}).get("queue")
+        if queue is not None and queue != settings.celery_queue:
+            found.append(
+                checks.Warning(
+                    f"CELERY_BEAT_SCHEDULE[{key!r}] sends recovery passes to queue {queue!r}, "
+                    f"but DURABLE_AGENTS['CELERY_QUEUE'] is {settings.celery_queue!r}",
+                    hint=(
+                        "Build the entry from your settings: CELERY_BEAT_SCHEDULE = "
+                        "{**beat_schedule(DURABLE_AGENTS)} (from durable_agents.schedule "
+                        f"import beat_schedule). {CELERY_HINT}"
+                    ),
+                    id="durable_agents.W001",
+                )
+            )
+    return found

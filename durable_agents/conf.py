@@ -12,6 +12,9 @@ from typing import Any
 
 from .engine.errors import ConfigError
 
+# Where the reference docs live for people who installed the wheel (it does not carry docs/).
+DOCS_URL = "https://github.com/durable-agents/durable-agents/blob/main/docs/"
+
 DISPATCH_MODES = ("celery", "inline")
 DRIFT_POLICIES = ("warn", "error", "ignore")
 

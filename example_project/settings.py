@@ -19,6 +19,8 @@ from pathlib import Path
 
 import environ
 
+from durable_agents.schedule import beat_schedule
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -151,18 +153,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 # "django_celery_beat" to INSTALLED_APPS, migrate, start beat with
 # `celery -A example_project beat -S django`, and create a PeriodicTask with
 # task="durable_agents.tasks.recover_runs" on an IntervalSchedule of RECOVERY_INTERVAL
-# seconds (then remove the entry below so it is not scheduled twice).
-CELERY_BEAT_SCHEDULE = {
-    "durable-agents-recover": {
-        "task": "durable_agents.tasks.recover_runs",
-        "schedule": float(DURABLE_AGENTS["RECOVERY_INTERVAL"]),
-        "options": {
-            "queue": DURABLE_AGENTS["CELERY_QUEUE"],
-            # A pass that waited longer than the interval is superseded by the next one.
-            "expires": float(DURABLE_AGENTS["RECOVERY_INTERVAL"]),
-        },
-    },
-}
+# seconds on the CELERY_QUEUE queue (then remove the entry below so it is not scheduled twice).
+CELERY_BEAT_SCHEDULE = {**beat_schedule(DURABLE_AGENTS)}
 
 # --- Internationalization, static files ------------------------------------------------------
 

@@ -47,6 +47,25 @@ _WHY = {
 
 
 @dataclass(frozen=True)
+class Wait:
+    """One thing a paused run waits on: a call to approve (``approval``) or a call whose
+    outcome a person must record (``halt``)."""
+
+    kind: str
+    call_id: str
+    tool: str
+    arguments: Any
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "call_id": self.call_id,
+            "tool": self.tool,
+            "arguments": self.arguments,
+        }
+
+
+@dataclass(frozen=True)
 class PendingRun:
     run_id: str
     agent: str
@@ -55,6 +74,19 @@ class PendingRun:
     last_error: dict[str, Any] | None
     attempts: int
     lease_expired: bool | None
+    waits: tuple[Wait, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "agent": self.agent,
+            "status": self.status,
+            "why": self.why,
+            "last_error": self.last_error,
+            "attempts": self.attempts,
+            "lease_expired": self.lease_expired,
+            "waits": [w.to_json() for w in self.waits],
+        }
 
 
 def new_run_id(agent_name: str) -> str:
@@ -190,9 +222,27 @@ def cancel(run_id: str, *, by: str, reason: str = "", store: Store | None = None
     store.log_action(ActionInfo(by, "cancel", run_id, "", {"reason": reason}))
 
 
-def pending(*, store: Store | None = None, limit: int = 1000) -> Sequence[PendingRun]:
-    """Unfinished runs, with why each one is not finished."""
+def pending(
+    *,
+    store: Store | None = None,
+    limit: int = 1000,
+    statuses: Sequence[str] | None = None,
+) -> Sequence[PendingRun]:
+    """Unfinished runs (of ``statuses``, if given), with why each one is not finished and the
+    calls a person must decide or resolve."""
     store = store or runtime.store()
+    runs = store.list_unfinished(limit=limit, statuses=statuses)
+    waits: dict[str, list[Wait]] = {}
+    if any(r.status == AWAITING_APPROVAL for r in runs):
+        for req in store.list_approval_requests():
+            waits.setdefault(req.run_id, []).append(
+                Wait("approval", req.call_id, req.tool_name, req.arguments)
+            )
+    if any(r.status == HALTED for r in runs):
+        for halt in store.list_halts():
+            waits.setdefault(halt.run_id, []).append(
+                Wait("halt", halt.op_id, halt.tool_name, halt.arguments)
+            )
     return [
         PendingRun(
             run_id=r.run_id,
@@ -203,6 +253,7 @@ def pending(*, store: Store | None = None, limit: int = 1000) -> Sequence[Pendin
             last_error=dict(r.last_error) if r.last_error else None,
             attempts=r.attempts,
             lease_expired=r.lease_expired,
+            waits=tuple(waits.get(r.run_id, ())),
         )
-        for r in store.list_unfinished(limit=limit)
+        for r in runs
     ]

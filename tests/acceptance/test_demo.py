@@ -1,7 +1,8 @@
 """The README's demo command tells the whole story on the embedded default (SQLite, inline
-dispatch, no Redis), with every side effect exactly once."""
+dispatch, no Redis), with every side effect exactly once; a second run starts clean."""
 
 import os
+import sqlite3
 import subprocess
 import sys
 
@@ -12,12 +13,7 @@ from tests.support.procs import ROOT
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(120)
-def test_demo_runs_end_to_end(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DA_", "DATABASE_URL"))}
-    env.update(
-        DJANGO_SETTINGS_MODULE="example_project.settings", DURABLE_AGENTS_DEMO_DIR=str(tmp_path)
-    )
+def _demo(env):
     out = subprocess.run(
         [sys.executable, "manage.py", "demo"],
         cwd=ROOT,
@@ -32,4 +28,25 @@ def test_demo_runs_end_to_end(tmp_path):
     assert "awaiting_approval" in text and "signal 9" in text
     assert "CRM notes 1, refunds 1, receipts 1" in text
     assert "I refunded order 7 in full" in text
-    assert (tmp_path / "db.sqlite3").exists()
+
+
+def _rows(db):
+    with sqlite3.connect(db) as conn:
+        return {
+            table: conn.execute(f"SELECT count(*) FROM durable_agents_{table}").fetchone()[0]
+            for table in ("run", "journalentry", "actionlog", "approvalrequest")
+        }
+
+
+@pytest.mark.timeout(240)
+def test_demo_runs_end_to_end_and_again_from_a_clean_slate(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DA_", "DATABASE_URL"))}
+    env.update(
+        DJANGO_SETTINGS_MODULE="example_project.settings", DURABLE_AGENTS_DEMO_DIR=str(tmp_path)
+    )
+    _demo(env)
+    db = tmp_path / "db.sqlite3"
+    first = _rows(db)
+    assert first["run"] >= 2 and first["approvalrequest"] == 1
+    _demo(env)  # the admin shows one story, not two
+    assert _rows(db) == first

@@ -6,6 +6,8 @@ from __future__ import annotations
 from io import StringIO
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
@@ -175,7 +177,7 @@ def test_bad_settings_fail_the_system_check(value, problem):
     with override_settings(DURABLE_AGENTS=value):
         errors = [e for e in run_checks() if e.id.startswith("durable_agents.")]
         assert errors and any(problem in e.msg for e in errors), errors
-        assert all("docs/settings.md" in e.hint for e in errors)
+        assert all("docs/settings.md" in e.hint and e.id == "durable_agents.E001" for e in errors)
         with pytest.raises(da.ConfigError, match="invalid DURABLE_AGENTS"):
             echo.start("hi", run_id="bad-settings")
     assert not Run.objects.filter(run_id="bad-settings").exists()
@@ -217,6 +219,8 @@ def test_resolve_command_records_the_outcome_and_refuses_bad_input():
         "attempt:call_1_1:1",
         {"kind": "attempt", "claim": "c", "attempted_at": 1, "tool": "act"},
     )
+    ops = get_user_model().objects.create_user("ops", is_staff=True)
+    ops.user_permissions.add(Permission.objects.get(codename="resolve_halt"))
     with pytest.raises(CommandError, match="not valid JSON"):
         call_command(
             "durable_agents", "resolve", "cmd-halt", "call_1_1", "--result", "{oops", "--by", "ops"

@@ -1,56 +1,148 @@
-"""``manage.py durable_agents <command>``: operate durable runs from a shell or cron."""
+"""``manage.py durable_agents <command>``: operate durable runs from a shell or cron.
+
+``runs`` lists what is unfinished and what each run waits on (the call ids the other
+commands take); ``approve``, ``deny``, ``cancel`` and ``resolve`` act as a named user, who
+must exist, be active and hold the permission the admin would ask for; the action log
+records that the action came from the command line.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_agents.engine.errors import DurableAgentsError
+from durable_agents.engine.ports import STATUSES, TERMINAL_STATUSES
+
+UNFINISHED = [s for s in STATUSES if s not in TERMINAL_STATUSES]
+
+# Django's options that apply to every command. The top-level parser knows them; a
+# subcommand's parser does not, so "durable_agents runs --settings=x" would be refused.
+# Each subcommand gets them too, with SUPPRESS so the top-level value stands when absent.
+_GLOBAL_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("-v", "--verbosity"), {"type": int, "choices": [0, 1, 2, 3]}),
+    (("--settings",), {}),
+    (("--pythonpath",), {}),
+    (("--traceback",), {"action": "store_true"}),
+    (("--no-color",), {"action": "store_true"}),
+    (("--force-color",), {"action": "store_true"}),
+    (("--skip-checks",), {"action": "store_true"}),
+]
 
 
 class Command(BaseCommand):
-    help = "Operate durable agent runs: runs, recover, resolve."
+    help = "Operate durable agent runs: runs, approve, deny, cancel, resolve, recover."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="action", required=True)
-        sub.add_parser("runs", help="list unfinished runs and why each one waits")
-        sub.add_parser("recover", help="one recovery pass: re-enqueue runs nobody drives")
-        resolve = sub.add_parser(
-            "resolve", help="record what really happened to a halted call, and continue the run"
+        sub = parser.add_subparsers(dest="action", required=True, parser_class=CommandParser)
+
+        def command(name: str, help: str) -> CommandParser:
+            p: CommandParser = sub.add_parser(name, help=help, description=help)
+            for flags, kwargs in _GLOBAL_OPTIONS:
+                p.add_argument(*flags, default=argparse.SUPPRESS, **kwargs)
+            return p
+
+        runs = command("runs", "list unfinished runs, why each one waits, and the calls to act on")
+        runs.add_argument(
+            "--status", action="append", choices=UNFINISHED, help="only runs in this status"
+        )
+        runs.add_argument("--json", action="store_true", help="one JSON document on stdout")
+        runs.add_argument("--limit", type=int, default=1000)
+
+        command("recover", "one recovery pass: hand runs nobody drives to a driver")
+
+        for verb, what in (("approve", "approve"), ("deny", "deny")):
+            p = command(verb, f"{what} a gated call, as a user who may decide it")
+            p.add_argument("run_id")
+            p.add_argument("call_id")
+            p.add_argument("--by", required=True, help="the username deciding")
+            p.add_argument("--note", default="", help="why (shown to the model on a denial)")
+
+        cancel = command("cancel", "cancel an unfinished run; it is never driven again")
+        cancel.add_argument("run_id")
+        cancel.add_argument("--by", required=True, help="the username cancelling")
+        cancel.add_argument("--reason", default="")
+
+        resolve = command(
+            "resolve", "record what really happened to a halted call, and continue the run"
         )
         resolve.add_argument("run_id")
         resolve.add_argument("call_id")
         resolve.add_argument("--result", required=True, help="the call's outcome, as JSON")
         resolve.add_argument("--error", action="store_true", help="the outcome is a failure")
         resolve.add_argument("--evidence", help="what you checked, as JSON")
-        resolve.add_argument("--by", required=True, help="who verified it")
+        resolve.add_argument("--by", required=True, help="the username who verified it")
         resolve.add_argument("--min-age", type=float, help="refuse halts younger than this (s)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["action"] == "resolve":
-            self._resolve(options)
-        elif options["action"] == "runs":
-            self._runs()
-        elif options["action"] == "recover":
-            from durable_agents.recovery import recover
+        action = options["action"]
+        try:
+            getattr(self, f"_{action}")(options)
+        except DurableAgentsError as exc:
+            raise CommandError(f"{exc.code}: {exc}") from None
 
-            sent = recover()
-            self.stdout.write(f"re-enqueued {len(sent)} run(s)")
-            for run_id in sent:
-                self.stdout.write(f"  {run_id}")
+    # -- reading ------------------------------------------------------------------------
 
-    def _runs(self) -> None:
+    def _runs(self, options: dict[str, Any]) -> None:
         from durable_agents.engine.commands import pending
 
-        runs = pending()
+        runs = pending(limit=options["limit"], statuses=options["status"])
+        if options["json"]:
+            self.stdout.write(json.dumps([r.to_json() for r in runs], indent=2))
+            return
         if not runs:
             self.stdout.write("no unfinished runs")
             return
         for run in runs:
             tries = f", {run.attempts} failed attempt(s)" if run.attempts else ""
             self.stdout.write(f"{run.run_id}  [{run.agent}] {run.status}: {run.why}{tries}")
+            for wait in run.waits:
+                verbs = "approve|deny" if wait.kind == "approval" else "resolve"
+                self.stdout.write(
+                    f"    call {wait.call_id}  {wait.tool}({json.dumps(wait.arguments)})"
+                    f"  -> durable_agents {verbs} {run.run_id} {wait.call_id}"
+                )
+
+    def _recover(self, options: dict[str, Any]) -> None:
+        from durable_agents.recovery import recover
+
+        sent = recover()
+        self.stdout.write(f"re-enqueued {len(sent)} run(s)")
+        for run_id in sent:
+            self.stdout.write(f"  {run_id}")
+
+    # -- acting -------------------------------------------------------------------------
+
+    def _approve(self, options: dict[str, Any], approved: bool = True) -> None:
+        from durable_agents.engine.approvals import approve
+
+        outcome = approve(
+            options["run_id"],
+            options["call_id"],
+            approved,
+            by=command_actor(options["by"], APPROVE),
+            note=options["note"],
+        )
+        self.stdout.write(
+            f"call {options['call_id']} of run {options['run_id']}: {outcome.status}"
+            + (" (the run is handed to a driver)" if outcome.status != "pending" else "")
+        )
+
+    def _deny(self, options: dict[str, Any]) -> None:
+        self._approve(options, approved=False)
+
+    def _cancel(self, options: dict[str, Any]) -> None:
+        from durable_agents.engine.commands import cancel
+
+        cancel(
+            options["run_id"],
+            by=command_actor(options["by"], OPERATE),
+            reason=options["reason"],
+        )
+        self.stdout.write(f"run {options['run_id']} is cancelled")
 
     def _resolve(self, options: dict[str, Any]) -> None:
         from durable_agents.engine.halts import resolve_halt
@@ -64,19 +156,39 @@ class Command(BaseCommand):
             except ValueError as exc:
                 raise CommandError(f"--{name} is not valid JSON: {exc}") from None
 
-        try:
-            record = resolve_halt(
-                options["run_id"],
-                options["call_id"],
-                parse("result"),
-                is_error=options["error"],
-                evidence=parse("evidence"),
-                by=options["by"],
-                min_age=options.get("min_age"),
-            )
-        except DurableAgentsError as exc:
-            raise CommandError(f"{exc.code}: {exc}") from None
+        result, evidence = parse("result"), parse("evidence")
+        record = resolve_halt(
+            options["run_id"],
+            options["call_id"],
+            result,
+            is_error=options["error"],
+            evidence=evidence,
+            by=command_actor(options["by"], RESOLVE),
+            min_age=options.get("min_age"),
+        )
         self.stdout.write(
             f"recorded the outcome of {options['call_id']} in {options['run_id']}: "
             f"{json.dumps(record.get('result'))}; the run is handed to a driver"
         )
+
+
+APPROVE = "durable_agents.approve_toolcall"
+RESOLVE = "durable_agents.resolve_halt"
+OPERATE = "durable_agents.cancel_run"
+
+
+def command_actor(username: str, permission: str) -> str:
+    """The user a command acts as: they must exist, be active and hold ``permission``, as
+    in the admin."""
+    from django.contrib.auth import get_user_model
+
+    User = get_user_model()
+    user = User._default_manager.filter(**{User.USERNAME_FIELD: username}).first()
+    if user is None or not user.is_active:
+        raise CommandError(f"--by {username!r} is not an active user; name a user of this site")
+    if not user.has_perm(permission):
+        raise CommandError(
+            f"user {username!r} lacks the {permission} permission this command needs; "
+            "grant it in the admin"
+        )
+    return user.get_username()

@@ -4,6 +4,9 @@ A message arrives through the signed webhook; the agent looks the order up, note
 CRM and asks to refund it; the refund waits for staff approval; a worker approving it is
 killed (SIGKILL) right after the refund; recovery finishes the run without refunding twice;
 the answer goes out; a redelivered webhook is harmless.
+
+Each run of the story starts clean: the previous story's runs, action log and side-effect
+ledger are removed first, so the admin shows one story (``--keep`` keeps them).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from durable_agents.storage import DjangoStore
 from example_project import agents, webhooks
 
 CRASH_LEASE_TTL = "2"
+SESSION = "demo-chat"
 
 
 class Command(BaseCommand):
@@ -36,24 +40,30 @@ class Command(BaseCommand):
         parser.add_argument(
             "--approve", nargs=2, metavar=("RUN_ID", "CALL_ID"), help=argparse_suppress()
         )
+        parser.add_argument(
+            "--keep", action="store_true", help="keep the previous story's runs (default: reset)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options.get("approve"):
             run_id, call_id = options["approve"]
             da.approve(run_id, call_id, True, by="demo", note="checked the order")
             return
-        self.story()
+        self.story(reset=not options["keep"])
 
     def say(self, text: str = "") -> None:
         self.stdout.write(text)
 
-    def story(self) -> None:
+    def story(self, *, reset: bool = True) -> None:
         call_command("migrate", verbosity=0, interactive=False)
         User = get_user_model()
         if not User.objects.filter(username="demo").exists():
             User.objects.create_superuser("demo", "demo@example.com", "demo")
-        agents.effects_path().unlink(missing_ok=True)
-        chat = f"chat-{int(time.time())}"
+        chat = SESSION
+        if reset:
+            self.reset(chat)
+        else:
+            chat = f"{SESSION}-{int(time.time())}"
         body = json.dumps({"session": chat, "text": "My order 7 is late. Please refund it."})
 
         self.say("1. A customer message arrives at the signed webhook (delivery d-1).")
@@ -115,6 +125,16 @@ class Command(BaseCommand):
             "See the same run in the admin: python manage.py runserver, then open "
             "http://127.0.0.1:8000/admin/ and log in as demo / demo."
         )
+
+    def reset(self, chat: str) -> None:
+        """Remove the previous story: its runs (journal, approvals, halts go with them), their
+        action log rows and the side-effect ledger."""
+        from durable_agents.models import ActionLog, Run
+
+        prefix = f"{chat}>"
+        Run.objects.filter(run_id__startswith=prefix).delete()
+        ActionLog.objects.filter(run_id__startswith=prefix).delete()
+        agents.effects_path().unlink(missing_ok=True)
 
     def post_webhook(self, body: str, delivery_id: str) -> Any:
         request = RequestFactory().post(

@@ -1,0 +1,42 @@
+"""The Celery beat entries durable_agents needs, built from your ``DURABLE_AGENTS`` dict.
+
+In ``settings.py``, after ``DURABLE_AGENTS``::
+
+    from durable_agents.schedule import beat_schedule
+
+    CELERY_BEAT_SCHEDULE = {**beat_schedule(DURABLE_AGENTS)}
+
+The entries send to ``CELERY_QUEUE`` every ``RECOVERY_INTERVAL`` seconds, so the schedule
+cannot drift from the settings the workers use. (Django settings are not configured yet
+while ``settings.py`` runs, so the dict is passed in rather than read.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .conf import parse
+from .engine.errors import ConfigError
+
+RECOVER_TASK = "durable_agents.tasks.recover_runs"
+
+
+def beat_schedule(durable_agents: Any = None) -> dict[str, dict[str, Any]]:
+    """Celery beat entries for ``durable_agents`` (your ``DURABLE_AGENTS`` dict).
+
+    ``ConfigError`` naming every problem if the dict is invalid (the system check would
+    refuse it too)."""
+    settings, problems = parse(durable_agents)
+    if problems:
+        raise ConfigError(
+            "invalid DURABLE_AGENTS setting: " + "; ".join(problems), code="config.settings"
+        )
+    interval = settings.recovery_interval
+    return {
+        "durable-agents-recover": {
+            "task": RECOVER_TASK,
+            "schedule": interval,
+            # A pass that waited longer than the interval is superseded by the next one.
+            "options": {"queue": settings.celery_queue, "expires": interval},
+        },
+    }

@@ -1,0 +1,142 @@
+"""``manage.py durable_agents``: what waits and on which call, and acting on it as a named user
+with the permission the admin would ask for."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from io import StringIO
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from durable_agents.models import ActionLog, ApprovalRequest, Run
+from tests.support.agents import count_effects, gated
+from tests.support.procs import ROOT, subprocess_env
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _user(name: str, *perms: str, active: bool = True):
+    user = get_user_model().objects.create_user(name, is_staff=True, is_active=active)
+    for codename in perms:
+        user.user_permissions.add(
+            Permission.objects.get(codename=codename, content_type__app_label="durable_agents")
+        )
+    return user
+
+
+def _waiting(run_id: str) -> str:
+    gated.start("refund order 7", run_id=run_id)
+    assert Run.objects.get(run_id=run_id).status == "awaiting_approval"
+    return ApprovalRequest.objects.get(run_id=run_id).call_id
+
+
+def _runs_json(*args: str) -> list[dict]:
+    out = StringIO()
+    call_command("durable_agents", "runs", "--json", *args, stdout=out)
+    return json.loads(out.getvalue())
+
+
+def test_runs_names_the_call_each_run_waits_on():
+    call_id = _waiting("cmd-wait")
+    [row] = [r for r in _runs_json() if r["run_id"] == "cmd-wait"]
+    assert row["status"] == "awaiting_approval"
+    assert row["waits"] == [
+        {
+            "kind": "approval",
+            "call_id": call_id,
+            "tool": "refund",
+            "arguments": {"order_id": "7", "cents": 500},
+        }
+    ]
+    out = StringIO()
+    call_command("durable_agents", "runs", stdout=out)
+    assert f"durable_agents approve|deny cmd-wait {call_id}" in out.getvalue()
+    assert _runs_json("--status", "halted") == []
+    assert [r["run_id"] for r in _runs_json("--status", "awaiting_approval")] == ["cmd-wait"]
+
+
+def test_approve_acts_as_an_active_user_with_the_permission():
+    call_id = _waiting("cmd-approve")
+    _user("viewer", "view_run")
+    _user("gone", "approve_toolcall", active=False)
+    for who, why in (("nobody", "not an active user"), ("gone", "not an active user")):
+        with pytest.raises(CommandError, match=why):
+            call_command("durable_agents", "approve", "cmd-approve", call_id, "--by", who)
+    with pytest.raises(CommandError, match=r"lacks the durable_agents\.approve_toolcall"):
+        call_command("durable_agents", "approve", "cmd-approve", call_id, "--by", "viewer")
+    assert Run.objects.get(run_id="cmd-approve").status == "awaiting_approval"
+    assert not ActionLog.objects.filter(run_id="cmd-approve").exists()
+
+    _user("ops", "approve_toolcall")
+    out = StringIO()
+    call_command(
+        "durable_agents",
+        "approve",
+        "cmd-approve",
+        call_id,
+        "--by",
+        "ops",
+        "--note",
+        "ok",
+        stdout=out,
+    )
+    assert "approved" in out.getvalue()
+    assert Run.objects.get(run_id="cmd-approve").status == "finished"
+    assert count_effects("cmd-approve") == {call_id: 1}
+    entry = ActionLog.objects.get(run_id="cmd-approve", action="approve")
+    assert entry.actor == "ops"
+
+
+def test_deny_reaches_the_model_and_fires_nothing():
+    call_id = _waiting("cmd-deny")
+    _user("ops", "approve_toolcall")
+    call_command(
+        "durable_agents", "deny", "cmd-deny", call_id, "--by", "ops", "--note", "wrong order"
+    )
+    assert Run.objects.get(run_id="cmd-deny").status == "finished"
+    assert count_effects("cmd-deny") == {}
+
+
+def test_cancel_needs_the_operate_permission():
+    _waiting("cmd-cancel")
+    _user("approver", "approve_toolcall")
+    with pytest.raises(CommandError, match="cancel_run"):
+        call_command("durable_agents", "cancel", "cmd-cancel", "--by", "approver")
+    _user("ops", "cancel_run")
+    call_command("durable_agents", "cancel", "cmd-cancel", "--by", "ops", "--reason", "dup")
+    assert Run.objects.get(run_id="cmd-cancel").status == "cancelled"
+
+
+def test_an_engine_refusal_exits_with_its_code():
+    _user("ops", "approve_toolcall")
+    with pytest.raises(CommandError, match=r"approval\.not_found"):
+        call_command("durable_agents", "approve", "no-such-run", "c1", "--by", "ops")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_global_options_go_anywhere_on_the_line():
+    """``--settings`` and ``-v`` after the subcommand, as people type them."""
+    _waiting("cmd-anywhere")
+    env = subprocess_env()
+    env.pop("DJANGO_SETTINGS_MODULE")
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "django", "durable_agents", "runs", "--json"),
+            *("--settings", "tests.settings", "-v", "2", "--status", "awaiting_approval"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert [r["run_id"] for r in json.loads(out.stdout)] == ["cmd-anywhere"]
