@@ -12,9 +12,9 @@ RUN useradd --create-home --uid 1000 app
 
 # Install the library (and the provider SDKs) first so editing the example does not
 # reinstall dependencies.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE MANIFEST.in ./
 COPY durable_agents ./durable_agents
-RUN pip install ".[openai,anthropic]"
+RUN pip install ".[openai,anthropic,example]"
 
 COPY --chown=app:app manage.py ./
 COPY --chown=app:app example_project ./example_project
