@@ -10,6 +10,7 @@ from .engine.approvals import (
     ApprovalNotFound,
     ApprovalOrphaned,
     ApprovalOutcome,
+    ApprovalSignatureOutdated,
     ApproverNotEligible,
     Quorum,
     approve,
@@ -43,12 +44,14 @@ from .engine.halts import (
     resolve_halt,
 )
 from .engine.history import Comparison, Patch, Step, as_of, compare, fork, history
+from .engine.identity import Actor
 from .engine.journal import Journal
 from .engine.loop import AgentDrift, ResumeToolMissing
 from .engine.sessions import SendResult, Session
 from .engine.tools import Tool, ToolContext, tool
 
 __all__ = [
+    "Actor",
     "Agent",
     "AgentDrift",
     "ApprovalAlreadyDecided",
@@ -57,6 +60,7 @@ __all__ = [
     "ApprovalOrphaned",
     "ApprovalOutcome",
     "ApprovalPending",
+    "ApprovalSignatureOutdated",
     "ApproverNotEligible",
     "BudgetError",
     "Comparison",
