@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "ninja",  # Swagger UI of /api/docs from local static files, not a CDN
     "durable_agents",
     "example_project",  # the demo command lives in example_project/management
 ]

@@ -3,8 +3,9 @@ from django.urls import path
 from ninja import NinjaAPI
 
 from durable_agents.api import router as agents_router
+from durable_agents.api.docs import staff_docs
 
-api = NinjaAPI(urls_namespace="durable-agents-test-api")
+api = NinjaAPI(urls_namespace="durable-agents-test-api", docs_decorator=staff_docs)
 api.add_router("/agents/", agents_router)
 
 urlpatterns = [path("admin/", admin.site.urls), path("api/", api.urls)]
