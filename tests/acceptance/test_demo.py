@@ -15,8 +15,10 @@ pytestmark = pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_demo_runs_end_to_end(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DA_", "DATABASE_URL"))}
-    env.update(
-        DJANGO_SETTINGS_MODULE="example_project.settings", DURABLE_AGENTS_DEMO_DIR=str(tmp_path)
+    env.update(  # as ./scripts/demo sets it up
+        DJANGO_SETTINGS_MODULE="example_project.settings",
+        DURABLE_AGENTS_DEMO_DIR=str(tmp_path),
+        DJANGO_DEBUG="true",
     )
     out = subprocess.run(
         [sys.executable, "manage.py", "demo"],

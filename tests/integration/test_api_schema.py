@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from django.contrib.auth.models import Permission, User
 from django.conf import settings as django_settings
+from django.contrib.auth.models import Permission, User
 from django.core.wsgi import get_wsgi_application
 from django.test import override_settings
 from hypothesis import HealthCheck, settings
