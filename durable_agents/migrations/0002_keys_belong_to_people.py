@@ -18,24 +18,25 @@ def bind_approver_keys(apps, schema_editor):
     app_label, model_name = settings.AUTH_USER_MODEL.split(".")
     User = apps.get_model(app_label, model_name)
     ApproverKey = apps.get_model("durable_agents", "ApproverKey")
+    db = schema_editor.connection.alias
     field = getattr(User, "USERNAME_FIELD", "username")
-    for key in ApproverKey.objects.all().order_by("created_at", "id"):
-        user = User._default_manager.filter(**{field: key.approver}).first()
+    for key in ApproverKey.objects.using(db).order_by("created_at", "id"):
+        user = User._default_manager.using(db).filter(**{field: key.approver}).first()
         if user is None:
-            key.delete()
+            key.delete(using=db)
             continue
         key.user_id = user.pk
-        key.save(update_fields=["user"])
+        key.save(using=db, update_fields=["user"])
     owners = {}
-    for key in ApproverKey.objects.all().order_by("created_at", "id"):
+    for key in ApproverKey.objects.using(db).order_by("created_at", "id"):
         owners.setdefault(key.public_key, []).append(key)
     for keys in owners.values():
         if len({k.user_id for k in keys}) > 1:
             for k in keys:
-                k.delete()
+                k.delete(using=db)
         else:
             for k in keys[1:]:
-                k.delete()
+                k.delete(using=db)
 
 
 class Migration(migrations.Migration):
