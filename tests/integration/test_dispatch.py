@@ -221,6 +221,19 @@ def test_resolve_command_records_the_outcome_and_refuses_bad_input():
         call_command(
             "durable_agents", "resolve", "cmd-halt", "call_1_1", "--result", "{oops", "--by", "ops"
         )
+    # --by names a user, who must hold resolve_halt (the engine's rule, on every path).
+    with pytest.raises(CommandError, match=r"actor\.unknown"):
+        call_command(
+            "durable_agents", "resolve", "cmd-halt", "call_1_1", "--result", "1", "--by", "ops"
+        )
+    from django.contrib.auth.models import User
+
+    User.objects.create_user("viewer")
+    with pytest.raises(CommandError, match=r"actor\.forbidden"):
+        call_command(
+            "durable_agents", "resolve", "cmd-halt", "call_1_1", "--result", "1", "--by", "viewer"
+        )
+    User.objects.create_superuser("ops")
     with pytest.raises(CommandError, match=r"halt\.no_live_attempt"):
         call_command(
             "durable_agents", "resolve", "cmd-halt", "call_9_9", "--result", "1", "--by", "ops"

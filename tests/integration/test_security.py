@@ -550,3 +550,20 @@ def test_7_the_key_created_page_names_a_header_the_api_takes():
     assert (
         Client().get(API + "/runs", headers={"Authorization": f"Bearer {raw}"}).status_code == 200
     )
+
+
+def test_by_takes_a_user_object_read_again_when_the_command_runs():
+    """``by=`` a user object or a username: either way one active user, checked when the
+    command runs (a user object deactivated since is refused)."""
+    approver = make_user("approver", "approve_toolcall")
+    gated.start("refund order 7", run_id="by-object")
+    call_id = ApprovalRequest.objects.get(run_id="by-object").call_id
+    User.objects.filter(pk=approver.pk).update(is_active=False)  # `approver` is now stale
+    before = state("by-object")
+    with pytest.raises(da.ApproverNotEligible, match="inactive"):
+        da.approve("by-object", call_id, True, by=approver)
+    assert state("by-object") == before
+    User.objects.filter(pk=approver.pk).update(is_active=True)
+    assert da.approve("by-object", call_id, True, by=approver).status == "approved"
+    log = ActionLog.objects.get(run_id="by-object", action="approve")
+    assert (log.actor, log.actor_id, log.channel) == ("approver", str(approver.pk), "python")

@@ -27,10 +27,12 @@ def store():
 
 @pytest.fixture
 def wiring(store):
-    """Inline hand-over to this store, and a finance group of three approvers."""
+    """Inline hand-over to this store, a finance group of three approvers, and no user
+    system: a name is a trusted caller (plain-Python use)."""
     saved = dict(runtime._runtime.__dict__)
     keys: dict[str, list[str]] = {}
     runtime.configure(
+        resolve_actor=None,
         dispatcher=lambda run_id: _drive(run_id, store),
         eligible_approvers=lambda group: ["ann", "bob", "cat"] if group == "finance" else [],
         approver_keys=lambda who: keys.get(who, []),
