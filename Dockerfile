@@ -24,6 +24,5 @@ USER app
 
 EXPOSE 8000
 
-# Django's development server: this is the example's server, not a production one. In
-# production run the WSGI app (example_project.wsgi) under the server of your choice.
-CMD ["python", "manage.py", "runserver", "0.0.0.0:8000"]
+# gunicorn serves the WSGI app; docker-compose.yml runs migrations and collectstatic first.
+CMD ["gunicorn", "example_project.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3"]

@@ -12,6 +12,7 @@ from .engine.approvals import (
     ApprovalNotFound,
     ApprovalOrphaned,
     ApprovalOutcome,
+    ApprovalSignatureOutdated,
     ApproverNotEligible,
     Quorum,
     approve,
@@ -45,12 +46,14 @@ from .engine.halts import (
     resolve_halt,
 )
 from .engine.history import Comparison, Patch, Step, as_of, compare, fork, history
+from .engine.identity import Actor
 from .engine.journal import Journal
 from .engine.loop import AgentDrift, ResumeToolMissing
 from .engine.sessions import SendResult, Session
 from .engine.tools import Tool, ToolContext, tool
 
 __all__ = [
+    "Actor",
     "Agent",
     "AgentDrift",
     "ApprovalAlreadyDecided",
@@ -59,6 +62,7 @@ __all__ = [
     "ApprovalOrphaned",
     "ApprovalOutcome",
     "ApprovalPending",
+    "ApprovalSignatureOutdated",
     "ApproverNotEligible",
     "BudgetError",
     "Comparison",

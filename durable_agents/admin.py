@@ -25,7 +25,8 @@ from . import (
 from . import admin_sessions as sessions
 from . import admin_views as views
 from .admin_base import _count, _json_cell, _ModelAdmin, _ReadOnly
-from .engine.ports import APPROVAL_PENDING, HALT_OPEN, ActionInfo
+from .engine.identity import logged
+from .engine.ports import APPROVAL_PENDING, HALT_OPEN
 from .models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
 from .storage import DjangoStore
 
@@ -95,15 +96,13 @@ class RunAdmin(_ReadOnly):
         return rows
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return super().has_view_permission(request, obj) or any(
-            request.user.has_perm(p) for p in (views.OPERATE_PERMISSION, views.FORK_PERMISSION)
-        )
+        return super().has_view_permission(request, obj) or views.allows(request, "view_runs")
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return _ModelAdmin.has_delete_permission(self, request, obj)
 
     def has_cancel_run_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(views.OPERATE_PERMISSION)
+        return views.allows(request, "cancel")
 
     def get_urls(self) -> list[URLPattern]:
         # The admin's "<object_id>/" (a redirect to the change page) would swallow
@@ -191,10 +190,11 @@ class RunAdmin(_ReadOnly):
 
     def _log_deletes(self, request: HttpRequest, runs: list[Run]) -> None:
         store = DjangoStore()
+        who = views.admin_actor(request)
         for run in runs:
             store.log_action(
-                ActionInfo(
-                    request.user.get_username(),
+                logged(
+                    who,
                     "delete",
                     run.run_id,
                     "",
@@ -235,7 +235,15 @@ class RunAdmin(_ReadOnly):
 
 @admin.register(ActionLog)
 class ActionLogAdmin(_ReadOnly):
-    list_display = ("created_at", "actor", "action", "run_link", "target", "payload_pretty")
+    list_display = (
+        "created_at",
+        "actor",
+        "channel",
+        "action",
+        "run_link",
+        "target",
+        "payload_pretty",
+    )
     list_filter = ("action", "actor")
     search_fields = ("run_id", "target")
 

@@ -25,14 +25,13 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
 from .admin_timeline import pretty
 from .admin_views import (
-    FORK_PERMISSION,
     _missing,
     _require,
+    admin_actor,
     admin_url,
     json_field,
     page,
     run_url,
-    username,
 )
 from .conf import get_settings
 from .dispatch import enqueue
@@ -189,7 +188,7 @@ def _call_rows(steps: Sequence[Step], form: ForkForm) -> list[dict[str, Any]]:
 def fork_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> HttpResponse:
     """GET: the form for a fork at ``?step=N``. POST: fork, hand the fork to a driver, and
     go to its page. Both need ``fork_run``; a refusal by the engine writes nothing."""
-    _require(request, FORK_PERMISSION)
+    _require(request, "fork")
     run = admin.get_object(request, unquote(object_id))
     if run is None:
         return _missing(admin, request, object_id)
@@ -221,7 +220,7 @@ def fork_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> H
                     step,
                     data["patch"],
                     new_run_id=data["new_run_id"],
-                    by=username(request),
+                    by=admin_actor(request),
                 )
                 enqueue(fork_id)
         except DurableAgentsError as exc:

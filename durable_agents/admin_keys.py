@@ -1,18 +1,23 @@
 """API keys and approver keys in the admin: created and revoked, never edited (a key's
 meaning is its bytes). A new API key's raw value is shown once; only its hash is stored.
-Registered when ``durable_agents.admin`` imports this module."""
+Registered when ``durable_agents.admin`` imports this module.
+
+Keys belong to people. Staff create and register keys for themselves only, and see and
+revoke only their own; a superuser may do so for anyone, and the key records who created it
+(``created_by``, and the object's admin history says so). A public key belongs to one user
+only."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import secrets
 from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.widgets import ForeignKeyRawIdWidget
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.db.models.functions import Now
@@ -20,6 +25,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from .admin_views import admin_url
+from .api.auth import API_KEY_HEADER, new_key
 from .models import ApiKey, ApproverKey
 
 if TYPE_CHECKING:
@@ -52,8 +58,14 @@ def _clean_public_key(value: str) -> str:
 class ApproverKeyForm(_KeyForm):
     class Meta:
         model = ApproverKey
-        fields = ["approver", "public_key"]
+        fields = ["user", "public_key"]
         help_texts = {"public_key": "The raw 32-byte Ed25519 public key, base64."}
+        error_messages = {
+            "public_key": {
+                "unique": "This public key is already registered. A public key belongs to one "
+                "user only, and a revoked key does not come back: generate a new key pair."
+            }
+        }
 
     def clean_public_key(self) -> str:
         return _clean_public_key(self.cleaned_data["public_key"])
@@ -76,6 +88,7 @@ def key_created(
             "original": obj,
             "title": f"API key “{obj.name}” created",
             "raw_key": raw_key,
+            "header": API_KEY_HEADER,
             "changelist_url": admin_url(admin, "changelist"),
         },
         headers={"Cache-Control": "no-store"},
@@ -83,10 +96,30 @@ def key_created(
 
 
 class _KeyAdmin(_ModelAdmin):
-    """Keys are created and revoked, never edited: a key's meaning is its bytes."""
+    """Keys are created and revoked, never edited: a key's meaning is its bytes. Each key
+    belongs to one user: staff see, create and revoke their own; superusers anyone's."""
 
     create_fields: list[str] = []
     actions = ["revoke"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        rows = super().get_queryset(request)
+        if request.user.is_superuser:
+            return rows
+        return rows.filter(user=request.user.pk)
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "user":
+            kwargs["initial"] = request.user.pk
+            if request.user.is_superuser:
+                kwargs["widget"] = ForeignKeyRawIdWidget(db_field.remote_field, self.admin_site)
+            else:
+                # Anyone else may pick only themselves: a posted id of another user is a form
+                # error ("Select a valid choice"), and nothing is created.
+                me: Any = request.user.pk
+                kwargs["queryset"] = get_user_model()._default_manager.filter(pk=me)
+                kwargs["empty_label"] = None
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return self.create_fields if obj is None else super().get_fields(request, obj)
@@ -95,6 +128,19 @@ class _KeyAdmin(_ModelAdmin):
         if obj is None:
             return ()
         return [f.name for f in self.model._meta.fields if f.name != "id"]
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        if not change:
+            if obj.user_id != request.user.pk and not request.user.is_superuser:
+                raise PermissionDenied  # the form allows only oneself; never trust it alone
+            obj.created_by_id = request.user.pk
+        super().save_model(request, obj, form, change)
+
+    def log_addition(self, request: HttpRequest, obj: Any, message: Any) -> Any:
+        owner = obj.user.get_username()
+        creator = request.user.get_username()
+        said = f"Created for {owner}" + (f" by {creator}" if owner != creator else "")
+        return super().log_addition(request, obj, said)
 
     def change_view(
         self,
@@ -115,6 +161,8 @@ class _KeyAdmin(_ModelAdmin):
 
     @admin.action(description="Revoke selected keys", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        # get_queryset already limits staff to their own keys; revoking takes effect on the
+        # next request (keys are checked on every request, never cached).
         keys = list(queryset.filter(revoked_at__isnull=True))
         self.model._default_manager.filter(pk__in=[k.pk for k in keys]).update(revoked_at=Now())
         for key in keys:
@@ -124,18 +172,24 @@ class _KeyAdmin(_ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(_KeyAdmin):
-    list_display = ("name", "user", "prefix", "created_at", "last_used_at", "revoked_at")
+    list_display = (
+        "name",
+        "user",
+        "prefix",
+        "created_by",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+        "revoked_at",
+    )
     list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
-    search_fields = ("name", "prefix", "user__username")
-    list_select_related = ("user",)
-    raw_id_fields = ("user",)
-    create_fields = ["user", "name"]
+    search_fields = ("name", "prefix")
+    list_select_related = ("user", "created_by")
+    create_fields = ["user", "name", "expires_at"]
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
         if not change:
-            raw = secrets.token_urlsafe(32)
-            obj.prefix = raw[:8]
-            obj.key_hash = hashlib.sha256(raw.encode()).hexdigest()
+            raw, obj.prefix, obj.key_hash = new_key()
             request._da_new_api_key = raw  # type: ignore[attr-defined]
         super().save_model(request, obj, form, change)
 
@@ -150,11 +204,16 @@ class ApiKeyAdmin(_KeyAdmin):
 
 @admin.register(ApproverKey)
 class ApproverKeyAdmin(_KeyAdmin):
-    list_display = ("approver", "key_preview", "created_at", "revoked_at")
+    list_display = ("user", "approver_id", "key_preview", "created_by", "created_at", "revoked_at")
     list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
-    search_fields = ("approver",)
+    search_fields = ("public_key",)
+    list_select_related = ("user", "created_by")
     form = ApproverKeyForm
-    create_fields = ["approver", "public_key"]
+    create_fields = ["user", "public_key"]
+
+    @admin.display(description="approver id (signed)")
+    def approver_id(self, obj: ApproverKey) -> str:
+        return str(obj.user_id)
 
     @admin.display(description="public key")
     def key_preview(self, obj: ApproverKey) -> str:

@@ -20,17 +20,16 @@ from django.urls import URLPattern
 from .admin_base import _count, _DefaultStatus, _json_cell, _ReadOnly
 from .admin_timeline import pretty
 from .admin_views import (
-    APPROVE_PERMISSION,
     BY_RECOVERY,
-    RESOLVE_PERMISSION,
     _missing,
     _not_handed_over,
     _posted_object,
+    admin_actor,
     admin_url,
+    allows,
     json_field,
     page,
     run_url,
-    username,
 )
 from .engine.approvals import approve
 from .engine.errors import DurableAgentsError
@@ -44,15 +43,14 @@ if TYPE_CHECKING:
 
 
 class _QueueAdmin(_ReadOnly):
-    """A queue whose items are seen by whoever may act on them (``act_permission``), each on
-    its own page (``detail``) rather than the read-only change form."""
+    """A queue whose items are seen by whoever may read them (``view_action`` in
+    ``durable_agents.permissions``: its view permission or the one that acts on it), each
+    on its own page (``detail``) rather than the read-only change form."""
 
-    act_permission = ""
+    view_action = ""
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return super().has_view_permission(request, obj) or request.user.has_perm(
-            self.act_permission
-        )
+        return super().has_view_permission(request, obj) or allows(request, self.view_action)
 
     def detail(self, request: HttpRequest, obj: Any) -> HttpResponse:
         raise NotImplementedError
@@ -133,7 +131,7 @@ class ApprovalRequestAdmin(_QueueAdmin):
     list_filter = (ApprovalStatusFilter, "tool_name")
     search_fields = ("run__run_id", "call_id", "tool_name")
     list_select_related = ("run",)
-    act_permission = APPROVE_PERMISSION
+    view_action = "view_approvals"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ApprovalRequest]:
         rows: QuerySet[ApprovalRequest] = (
@@ -164,7 +162,7 @@ class ApprovalRequestAdmin(_QueueAdmin):
 def approval_detail(
     admin: ModelAdmin[Any], request: HttpRequest, obj: Any, form: DecisionForm | None = None
 ) -> TemplateResponse:
-    can_decide = request.user.has_perm(APPROVE_PERMISSION) and obj.status == APPROVAL_PENDING
+    can_decide = allows(request, "decide") and obj.status == APPROVAL_PENDING
     return _detail(
         admin,
         request,
@@ -186,7 +184,7 @@ def approval_detail(
 def approval_decide_view(
     admin: ModelAdmin[Any], request: HttpRequest, object_id: str
 ) -> HttpResponse:
-    obj = _posted_object(admin, request, object_id, APPROVE_PERMISSION)
+    obj = _posted_object(admin, request, object_id, "decide")
     if isinstance(obj, HttpResponse):
         return obj
     form = DecisionForm(request.POST)
@@ -199,7 +197,7 @@ def approval_decide_view(
             obj.run_id,
             obj.call_id,
             approved,
-            by=username(request),
+            by=admin_actor(request),
             note=form.cleaned_data["note"],
         )
     except DurableAgentsError as exc:
@@ -281,7 +279,7 @@ class HaltAdmin(_QueueAdmin):
     )
     list_filter = (HaltStatusFilter, "cause")
     search_fields = ("run__run_id", "op_id", "tool_name")
-    act_permission = RESOLVE_PERMISSION
+    view_action = "view_halts"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Halt]:
         live = Lease.objects.filter(run_id=OuterRef("run_id"), expires_at__gt=Now())
@@ -311,7 +309,7 @@ def halt_detail(
             "arguments": pretty(obj.arguments),
             "resolution": pretty(obj.resolution) if obj.resolution is not None else None,
             "lease": DjangoStore().get_lease(obj.run_id),
-            "can_resolve": request.user.has_perm(RESOLVE_PERMISSION) and obj.status == HALT_OPEN,
+            "can_resolve": allows(request, "resolve") and obj.status == HALT_OPEN,
             "form": form or ResolveForm(),
             "resolve_url": admin_url(admin, "resolve", obj.pk),
         },
@@ -319,7 +317,7 @@ def halt_detail(
 
 
 def halt_resolve_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> HttpResponse:
-    obj = _posted_object(admin, request, object_id, RESOLVE_PERMISSION)
+    obj = _posted_object(admin, request, object_id, "resolve")
     if isinstance(obj, HttpResponse):
         return obj
     form = ResolveForm(request.POST)
@@ -333,7 +331,7 @@ def halt_resolve_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: s
             data["result"],
             is_error=data["is_error"],
             evidence=data["evidence"],
-            by=username(request),
+            by=admin_actor(request),
             min_age=data["min_age"],
         )
     except DurableAgentsError as exc:

@@ -25,28 +25,23 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from . import permissions
 from .admin_timeline import agent_drift, build_timeline
 from .dispatch import enqueue
 from .engine.commands import cancel
 from .engine.errors import DurableAgentsError
+from .engine.identity import Actor, logged
 from .engine.journal import Journal
-from .engine.ports import (
-    QUEUED,
-    RUNNING,
-    TERMINAL_STATUSES,
-    ActionInfo,
-)
+from .engine.ports import QUEUED, RUNNING, TERMINAL_STATUSES
 from .engine.records import Record
 from .models import ActionLog
+from .people import actor_of
 from .storage import DjangoStore
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
 
-APPROVE_PERMISSION = "durable_agents.approve_toolcall"
-RESOLVE_PERMISSION = "durable_agents.resolve_halt"
-OPERATE_PERMISSION = "durable_agents.cancel_run"  # "operate runs": cancel and resume
-FORK_PERMISSION = "durable_agents.fork_run"
+ADMIN = "admin"  # the channel history rows record for what staff do here
 
 log = logging.getLogger("durable_agents.admin")
 
@@ -57,8 +52,14 @@ BY_RECOVERY = "beat recovery hands it to a worker on its next pass"
 BY_RESUME = "press Resume on the run page once workers are reachable again"
 
 
-def username(request: HttpRequest) -> str:
-    return request.user.get_username()
+def admin_actor(request: HttpRequest) -> Actor:
+    """The signed-in user as the engine's ``Actor``, acting through the admin."""
+    return actor_of(request.user, ADMIN)
+
+
+def allows(request: HttpRequest, action: str) -> bool:
+    """May this user do ``action`` (``durable_agents.permissions``, the API's table too)?"""
+    return permissions.allows(request.user, action)
 
 
 def admin_url(admin: ModelAdmin[Any], name: str, *args: Any) -> str:
@@ -80,8 +81,8 @@ def _post_only(request: HttpRequest) -> HttpResponse | None:
     return None if request.method == "POST" else HttpResponseNotAllowed(["POST"])
 
 
-def _require(request: HttpRequest, perm: str) -> None:
-    if not request.user.has_perm(perm):
+def _require(request: HttpRequest, action: str) -> None:
+    if not allows(request, action):
         raise PermissionDenied
 
 
@@ -94,12 +95,14 @@ def _missing(admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> Ht
     return HttpResponseRedirect(admin_url(admin, "changelist"))
 
 
-def _posted_object(admin: ModelAdmin[Any], request: HttpRequest, object_id: str, perm: str) -> Any:
+def _posted_object(
+    admin: ModelAdmin[Any], request: HttpRequest, object_id: str, action: str
+) -> Any:
     """The object a command's POST acts on, or the response that refuses the request (not a
-    POST, or the object is gone); without ``perm``, PermissionDenied."""
+    POST, or the object is gone); without the permission ``action`` needs, PermissionDenied."""
     if (refusal := _post_only(request)) is not None:
         return refusal
-    _require(request, perm)
+    _require(request, action)
     obj = admin.get_object(request, unquote(object_id))
     return _missing(admin, request, object_id) if obj is None else obj
 
@@ -122,7 +125,7 @@ def run_context(admin: ModelAdmin[Any], request: HttpRequest, run: Any) -> dict[
         records = Journal(store).history(run.run_id)
     except DurableAgentsError as exc:
         timeline_error = str(exc)
-    can_fork = request.user.has_perm(FORK_PERMISSION) and bool(records)
+    can_fork = allows(request, "fork") and bool(records)
     approvals = [
         {"obj": a, "url": reverse("admin:durable_agents_approvalrequest_change", args=[a.pk])}
         for a in run.approval_requests.order_by("created_at")
@@ -143,7 +146,7 @@ def run_context(admin: ModelAdmin[Any], request: HttpRequest, run: Any) -> dict[
         ],
         "run_approvals": approvals,
         "run_halts": halts,
-        "can_operate": request.user.has_perm(OPERATE_PERMISSION),
+        "can_operate": allows(request, "cancel"),
         "run_finished": run.status in TERMINAL_STATUSES,
         "resume_url": admin_url(admin, "resume", quote(run.run_id)),
         "cancel_url": admin_url(admin, "cancel", quote(run.run_id)),
@@ -162,7 +165,7 @@ def resume_runs(request: HttpRequest, run_ids: Iterable[str]) -> tuple[list[str]
         if run is None or run.status in TERMINAL_STATUSES:
             refused.append(f"{run_id} ({'deleted' if run is None else run.status})")
             continue
-        store.log_action(ActionInfo(username(request), "resume", run_id, "", {"via": "admin"}))
+        store.log_action(logged(admin_actor(request), "resume", run_id, "", {"via": "admin"}))
         try:
             enqueue(run_id)
         except Exception as exc:  # enqueue only hands over: the broker is unreachable
@@ -179,7 +182,7 @@ def cancel_runs(
     done, refused = [], []
     for run_id in run_ids:
         try:
-            cancel(run_id, by=username(request), reason=reason)
+            cancel(run_id, by=admin_actor(request), reason=reason)
         except DurableAgentsError as exc:
             refused.append(f"{run_id}: {exc}")
         else:
@@ -195,7 +198,7 @@ def report(request: HttpRequest, verb: str, done: list[str], refused: list[str])
 
 
 def run_resume_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> HttpResponse:
-    run = _posted_object(admin, request, object_id, OPERATE_PERMISSION)
+    run = _posted_object(admin, request, object_id, "resume")
     if isinstance(run, HttpResponse):
         return run
     done, refused = resume_runs(request, [run.run_id])
@@ -204,7 +207,7 @@ def run_resume_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: str
 
 
 def run_cancel_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> HttpResponse:
-    run = _posted_object(admin, request, object_id, OPERATE_PERMISSION)
+    run = _posted_object(admin, request, object_id, "cancel")
     if isinstance(run, HttpResponse):
         return run
     reason = str(request.POST.get("reason") or "").strip()[:1000]

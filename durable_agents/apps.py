@@ -11,7 +11,7 @@ class DurableAgentsConfig(AppConfig):
         from .conf import get_settings
         from .dispatch import enqueue
         from .engine import runtime
-        from .people import approver_keys, eligible_approvers
+        from .people import approver_keys, eligible_approvers, resolve_actor
         from .registry import load_agents
         from .shutdown import shutting_down
         from .storage import DjangoStore
@@ -25,4 +25,5 @@ class DurableAgentsConfig(AppConfig):
             should_stop=shutting_down,
             eligible_approvers=eligible_approvers,
             approver_keys=approver_keys,
+            resolve_actor=resolve_actor,
         )

@@ -42,6 +42,7 @@ class Settings:
     celery_queue: str = "durable_agents"
     database: str = "default"
     prepared_statements: bool = True
+    public_api_docs: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
@@ -54,6 +55,7 @@ _KEYS = {
     "CELERY_QUEUE": "celery_queue",
     "DATABASE": "database",
     "PREPARED_STATEMENTS": "prepared_statements",
+    "PUBLIC_API_DOCS": "public_api_docs",
     "RETRY": "retry",
 }
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
@@ -116,6 +118,10 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
     if not isinstance(values.get("prepared_statements", True), bool):
         problems.append("DURABLE_AGENTS['PREPARED_STATEMENTS'] must be True or False")
         values.pop("prepared_statements")
+
+    if not isinstance(values.get("public_api_docs", False), bool):
+        problems.append("DURABLE_AGENTS['PUBLIC_API_DOCS'] must be True or False")
+        values.pop("public_api_docs")
 
     retry_raw = values.pop("retry", None) or {}
     retry_values: dict[str, Any] = {}

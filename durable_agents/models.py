@@ -5,6 +5,7 @@ engine never sees a model instance.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
 
@@ -240,6 +241,16 @@ class ActionLog(models.Model):
     deleted (the run id is a plain column, not a foreign key)."""
 
     actor = models.CharField(max_length=200)
+    actor_id = models.CharField(
+        max_length=64, blank=True, default="", help_text="the user's primary key (stable)"
+    )
+    channel = models.CharField(
+        max_length=300,
+        blank=True,
+        default="",
+        help_text="how the request came: admin, session, api-key:<prefix>, signature via "
+        "<relay>, command, python",
+    )
     action = models.CharField(max_length=32)
     run_id = models.CharField(max_length=RUN_ID_LENGTH, db_index=True)
     target = models.CharField(max_length=500, blank=True, default="")
@@ -255,15 +266,29 @@ class ActionLog(models.Model):
 
 
 class ApiKey(models.Model):
-    """An API key tied to a user; only its hash is stored. Revoke it in the admin."""
+    """An API key of one user, acting as that user; only its hash is stored. Created by its
+    owner for themselves (a superuser may create one for someone else: ``created_by`` says
+    who did), it may expire, records its last use, and is refused from the moment it is
+    revoked."""
 
     user = models.ForeignKey(
-        "auth.User", on_delete=models.CASCADE, related_name="durable_agents_api_keys"
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="durable_agents_api_keys"
     )
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=12, db_index=True)
     key_hash = models.CharField(max_length=128)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="who created the key (its owner, or a superuser)",
+    )
     created_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="refused from this moment on; empty: never expires"
+    )
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
 
@@ -275,12 +300,28 @@ class ApiKey(models.Model):
 
 
 class ApproverKey(models.Model):
-    """An Ed25519 public key an external approver signs decisions with."""
+    """An Ed25519 public key one user signs decisions with. It belongs to that user (a
+    foreign key, not a name), and a public key belongs to one user only."""
 
-    approver = models.CharField(max_length=200, db_index=True, help_text="the approver's username")
-    public_key = models.CharField(max_length=100, help_text="raw 32-byte key, base64")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="durable_agents_approver_keys",
+        help_text="the approver: decisions signed with this key are theirs",
+    )
+    public_key = models.CharField(
+        max_length=100, unique=True, help_text="raw 32-byte Ed25519 public key, base64"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="who registered the key (its owner, or a superuser)",
+    )
     created_at = models.DateTimeField(db_default=Now())
     revoked_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
-        return f"key of {self.approver}"
+        return f"key {self.public_key[:12]}… of user #{self.user_id}"

@@ -1,13 +1,69 @@
-"""Who may decide what: the Django side of approvals (users, groups, permissions, keys)."""
+"""Who acts and who may decide: the Django side of identity (users, groups, permissions,
+keys), plugged into the engine's ports by ``apps.py``.
+
+``resolve_actor`` is the engine's resolver: a user object or a username becomes one
+``Actor`` (the user's primary key as its stable id, username, active flag, permissions
+through the auth backends, groups). ``actor_for`` is the same with the channel a request
+came through, for glue that starts from a name (the management command).
+"""
 
 from __future__ import annotations
 
-from django.contrib.auth import get_user_model
-from django.db.models import Q
+from typing import Any
 
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.db.models import Model, Q
+
+from .engine import identity
+from .engine.identity import Actor
 from .models import ApproverKey
 
-APPROVE_PERMISSION = "durable_agents.approve_toolcall"
+APPROVE_PERMISSION = identity.APPROVE_TOOLCALL
+COMMAND = "command"
+
+
+def actor_of(user: Any, channel: str) -> Actor:
+    """The ``Actor`` for a user object already loaded (this request's user, say)."""
+    active = bool(getattr(user, "is_active", False))
+    permissions = getattr(user, "get_all_permissions", None)
+    groups = getattr(user, "groups", None)
+    return Actor(
+        id=str(user.pk),
+        username=user.get_username(),
+        active=active,
+        superuser=active and bool(getattr(user, "is_superuser", False)),
+        permissions=frozenset(permissions()) if active and permissions else frozenset(),
+        groups=frozenset(groups.values_list("name", flat=True)) if groups is not None else None,
+        channel=channel,
+    )
+
+
+def resolve_actor(by: Any) -> Actor | None:
+    """The engine's resolver: a user object (read again, so a user deactivated since counts
+    as inactive) or a username (the user model's natural key) → ``Actor``; None when it
+    names no user."""
+    User = get_user_model()
+    manager = User._default_manager
+    try:
+        if isinstance(by, Model):
+            if not isinstance(by, User) or by.pk is None:
+                return None
+            user = manager.get(pk=by.pk)
+        elif isinstance(by, str) and by and "\x00" not in by:
+            user = manager.get_by_natural_key(by)
+        else:
+            return None
+    except (User.DoesNotExist, ValidationError, ValueError):
+        return None
+    return actor_of(user, identity.PYTHON)
+
+
+def actor_for(by: Any, channel: str = COMMAND) -> Actor:
+    """``by`` (a user object or a username) as one active user acting through ``channel``;
+    ``ConfigError`` (``actor.unknown`` / ``actor.inactive``) otherwise. The management
+    command resolves ``--by`` with it."""
+    return identity.resolve(by, channel=channel)
 
 
 def eligible_approvers(group: str) -> list[str]:
@@ -30,10 +86,11 @@ def eligible_approvers(group: str) -> list[str]:
     return sorted(u.get_username() for u in allowed)
 
 
-def approver_keys(approver: str) -> list[str]:
-    """The approver's registered Ed25519 public keys (base64), revoked ones left out."""
-    return list(
-        ApproverKey.objects.filter(approver=approver, revoked_at__isnull=True).values_list(
-            "public_key", flat=True
-        )
-    )
+def approver_keys(user_id: str) -> list[str]:
+    """The Ed25519 public keys (base64) registered to the user ``user_id``, revoked ones
+    left out."""
+    try:
+        rows = ApproverKey.objects.filter(user_id=user_id, revoked_at__isnull=True)
+        return list(rows.values_list("public_key", flat=True))
+    except (ValidationError, ValueError):
+        return []

@@ -527,6 +527,8 @@ class DjangoStore:
     def log_action(self, action: ActionInfo) -> None:
         ActionLog.objects.using(self.using).create(
             actor=action.actor,
+            actor_id=action.actor_id,
+            channel=action.channel,
             action=action.action,
             run_id=action.run_id,
             target=action.target,
@@ -538,7 +540,17 @@ class DjangoStore:
         if run_id is not None:
             rows = rows.filter(run_id=run_id)
         return [
-            ActionInfo(a.actor, a.action, a.run_id, a.target, a.payload, a.created_at) for a in rows
+            ActionInfo(
+                a.actor,
+                a.action,
+                a.run_id,
+                a.target,
+                a.payload,
+                a.created_at,
+                actor_id=a.actor_id,
+                channel=a.channel,
+            )
+            for a in rows
         ]
 
     def check_can_drive(self) -> None:

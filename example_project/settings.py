@@ -11,6 +11,12 @@ Two ways to run it:
 * **Real deployment** (``DATABASE_URL`` set, e.g. ``docker compose up``): PostgreSQL, runs
   handed to Celery workers through Redis, Celery beat recovering runs a dead worker left
   behind.
+
+Safe by default: ``DEBUG`` is off unless ``DJANGO_DEBUG=true``; outside debug the site
+refuses to start with the development ``SECRET_KEY`` or webhook secret, and the security
+settings (HTTPS redirect, HSTS, secure cookies) default to on, so ``manage.py check
+--deploy`` is clean under the production environment docker-compose.yml shows. For local
+development (the demo, runserver) set ``DJANGO_DEBUG=true``.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 from durable_agents.schedule import beat_schedule
 
@@ -31,12 +38,54 @@ if _ENV_FILE.is_file():
 
 # --- Core ------------------------------------------------------------------------------------
 
-SECRET_KEY = env.str(
-    "DJANGO_SECRET_KEY",
-    default="django-insecure-durable-agents-example-dev-only-do-not-deploy",
-)
-DEBUG = env.bool("DJANGO_DEBUG", default=True)
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+
+# Development-only values, refused outside debug (below).
+DEV_SECRET_KEY = "django-insecure-durable-agents-example-dev-only-do-not-deploy"
+DEV_WEBHOOK_SECRET = "dev-webhook-secret-change-me"
+
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default=DEV_SECRET_KEY)
+# Shared secret the example webhook view checks on each inbound delivery.
+WEBHOOK_SECRET = env.str("WEBHOOK_SECRET", default=DEV_WEBHOOK_SECRET)
+
+if not DEBUG:
+    _weak = [
+        name
+        for name, value, dev in (
+            ("DJANGO_SECRET_KEY", SECRET_KEY, DEV_SECRET_KEY),
+            ("WEBHOOK_SECRET", WEBHOOK_SECRET, DEV_WEBHOOK_SECRET),
+        )
+        if value == dev or value.startswith("django-insecure") or len(value) < 32
+    ]
+    if _weak:
+        raise ImproperlyConfigured(
+            f"{' and '.join(_weak)} must be set to a long random secret (at least 32 "
+            "characters; 50 for DJANGO_SECRET_KEY to pass check --deploy) when DEBUG is off, "
+            "e.g. python -c 'import secrets; print(secrets.token_urlsafe(50))'. For local "
+            "development set DJANGO_DEBUG=true instead."
+        )
+
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+
+# --- Security (secure by default outside debug; each one can be set from the environment) ---
+
+# Behind a proxy that terminates TLS and sets X-Forwarded-Proto (docker-compose's web service
+# is meant to sit behind one): trust that header to know a request came over HTTPS.
+if env.bool("DJANGO_BEHIND_TLS_PROXY", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=not DEBUG)
+# The container healthcheck speaks plain HTTP from inside the container.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=0 if DEBUG else 31536000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool(
+    "DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=not DEBUG
+)
+SECURE_HSTS_PRELOAD = env.bool("DJANGO_SECURE_HSTS_PRELOAD", default=not DEBUG)
+SESSION_COOKIE_SECURE = env.bool("DJANGO_SESSION_COOKIE_SECURE", default=not DEBUG)
+CSRF_COOKIE_SECURE = env.bool("DJANGO_CSRF_COOKIE_SECURE", default=not DEBUG)
+# Full origins (https://agents.example.com) allowed to POST forms to the admin.
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+X_FRAME_OPTIONS = "DENY"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -45,6 +94,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "ninja",  # Swagger UI of /api/docs from local static files, not a CDN
     "durable_agents",
     "example_project",  # the demo command lives in example_project/management
 ]
@@ -124,9 +174,6 @@ DURABLE_AGENTS = {
     "CELERY_QUEUE": "durable_agents",
 }
 
-# Shared secret the example webhook view checks on each inbound delivery.
-WEBHOOK_SECRET = env.str("WEBHOOK_SECRET", default="dev-webhook-secret-change-me")
-
 # --- Celery ----------------------------------------------------------------------------------
 # Read by example_project/celery.py through config_from_object(namespace="CELERY").
 
@@ -164,7 +211,11 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = env.path("DJANGO_STATIC_ROOT", default=BASE_DIR / "staticfiles")
+# The example serves its own static files (the admin's, Swagger UI's) so one process is the
+# whole site; collectstatic first when DEBUG is off. A real site puts them behind its web
+# server or a CDN and sets DJANGO_SERVE_STATIC=false.
+SERVE_STATIC = env.bool("DJANGO_SERVE_STATIC", default=True)
 
 # --- Logging ---------------------------------------------------------------------------------
 

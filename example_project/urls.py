@@ -1,20 +1,43 @@
-"""URLs of the example site: the admin, the durable_agents API and the inbound webhook."""
+"""URLs of the example site: the admin, the durable_agents API (docs for staff only), the
+inbound webhook, a health check, and its own static files."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import admin
-from django.urls import path
+from django.contrib.staticfiles.urls import staticfiles_urlpatterns
+from django.http import HttpRequest, HttpResponse
+from django.urls import path, re_path
+from django.views.static import serve
 from ninja import NinjaAPI
 
 from durable_agents.api import router as durable_agents_router
+from durable_agents.api.docs import staff_docs
 
 from . import webhooks
 
-api = NinjaAPI(title="durable_agents example", urls_namespace="example-api")
+api = NinjaAPI(
+    title="durable_agents example", urls_namespace="example-api", docs_decorator=staff_docs
+)
 api.add_router("/agents/", durable_agents_router)
+
+
+def healthz(request: HttpRequest) -> HttpResponse:
+    """The container healthcheck: the web process answers (nothing else is checked)."""
+    return HttpResponse("ok", content_type="text/plain")
+
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", api.urls),
     path("webhooks/inbound/", webhooks.inbound, name="inbound-webhook"),
+    path("healthz", healthz, name="healthz"),
 ]
+
+if settings.SERVE_STATIC:
+    if settings.DEBUG:
+        urlpatterns += staticfiles_urlpatterns()  # straight from the apps, no collectstatic
+    else:
+        urlpatterns += [
+            re_path(r"^static/(?P<path>.*)$", serve, {"document_root": settings.STATIC_ROOT})
+        ]

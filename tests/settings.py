@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "ninja",  # Swagger UI of /api/docs from local static files, not a CDN
     "durable_agents",
 ]
 MIDDLEWARE = [

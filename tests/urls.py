@@ -3,8 +3,15 @@ from django.urls import path
 from ninja import NinjaAPI
 
 from durable_agents.api import router as agents_router
+from durable_agents.api.docs import staff_docs
+from example_project import webhooks
 
-api = NinjaAPI(urls_namespace="durable-agents-test-api")
+api = NinjaAPI(urls_namespace="durable-agents-test-api", docs_decorator=staff_docs)
 api.add_router("/agents/", agents_router)
 
-urlpatterns = [path("admin/", admin.site.urls), path("api/", api.urls)]
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/", api.urls),
+    # The example site's webhook, served through the whole middleware stack.
+    path("webhooks/inbound/", webhooks.inbound),
+]

@@ -6,15 +6,17 @@
     api = NinjaAPI()
     api.add_router("/agents/", agents_router)
 
-Staff users (Django session) and API keys (``X-API-Key``) may call it; every error is JSON
-``{"code", "message"}``. See docs/api.md.
+Staff users (Django session) and API keys (``Authorization: Bearer`` or ``X-API-Key``) may
+call it, each route behind the admin's permission table; every error is JSON ``{"code",
+"message"}``, a path no operation has included. See docs/api.md.
 """
 
 from ninja import Router
 
 from . import approvals, halts, history, runs, sessions
 from .auth import api_auth
-from .errors import map_errors, normalize
+from .docs import staff_docs
+from .errors import map_errors, normalize, not_found
 
 router = Router(auth=api_auth)
 router.add_decorator(map_errors, mode="operation")
@@ -26,4 +28,11 @@ router.add_router("", history.router)
 router.add_router("", sessions.router)
 router.add_router("", runs.router)
 
-__all__ = ["router"]
+# Last: any other path under the router is a coded JSON 404, not the host's HTML page.
+_unrouted = Router(tags=["errors"])
+_unrouted.api_operation(
+    ["GET", "POST", "PUT", "PATCH", "DELETE"], "/{path:rest}", include_in_schema=False
+)(not_found)
+router.add_router("", _unrouted)
+
+__all__ = ["router", "staff_docs"]

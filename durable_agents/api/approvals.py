@@ -4,15 +4,14 @@ Deciding calls ``durable_agents.approve``: 1-of-1 gates are decided by the first
 quorum gates count each eligible approver once. A decision that completes the gate is
 journaled and hands the run back to a driver.
 
-Two ways to decide:
+Two ways to decide, one rule for both (``engine.approvals.check_may_decide``: one active
+user holding ``approve_toolcall``, a member of the quorum's group where there is one):
 
-* as the caller (``POST /runs/{run_id}/approvals/{call_id}``): needs ``approve_toolcall``;
-  the decision is recorded under the caller's username.
-* for an external approver (``.../signed``): any staff caller may relay it, because the
-  authority is the signature itself — base64 Ed25519 over ``decision_bytes(run_id, call_id,
-  tool_name, arguments, approver, approved)`` by a key registered for ``approver``
-  (``ApproverKey``). The decision is recorded as ``approver`` only if the signature
-  verifies; it is checked before anything else, so a bad one changes nothing.
+* as the caller (``POST /runs/{run_id}/approvals/{call_id}``): the decision is the caller's.
+* for an external approver (``.../signed``): a caller who may read approvals relays it; the
+  authority is the signature, by a key registered to ``approver`` (``ApproverKey``), over
+  the format-2 decision bytes (this start of the run, the call, tool, arguments, approver,
+  verdict and note). The history row names the approver, and the relay in its channel.
 """
 
 from __future__ import annotations
@@ -23,17 +22,17 @@ from django.http import HttpRequest
 from ninja import Router
 
 from ..engine.approvals import (
-    ApprovalNotFound,
     ApprovalOutcome,
     approve,
+    arguments_digest,
+    resolve_approver,
     tally,
-    verify_signature,
 )
 from ..engine.ports import DecisionInfo
-from ..models import ApprovalRequest
+from ..engine.records import decode
+from ..models import ApprovalRequest, JournalEntry
 from ..people import eligible_approvers
-from ..storage import DjangoStore
-from .auth import actor, require
+from .auth import check, require
 from .schemas import (
     ERRORS,
     ApprovalOut,
@@ -64,10 +63,31 @@ def approvals_out(rows: Sequence[ApprovalRequest]) -> list[ApprovalOut]:
     group on the page (for who is eligible), none per request."""
     groups = sorted({g for g in map(_quorum_group, rows) if g is not None})
     eligible = {group: eligible_approvers(group) for group in groups}
-    return [approval_out(row, eligible) for row in rows]
+    starts = _incarnations(rows)
+    return [approval_out(row, eligible, starts) for row in rows]
 
 
-def approval_out(row: ApprovalRequest, eligible: Mapping[str, Sequence[str]]) -> ApprovalOut:
+def _incarnations(rows: Sequence[ApprovalRequest]) -> dict[str, tuple[int, str]]:
+    """Each run's current start (seq, incarnation nonce), in one query for the page."""
+    entries = JournalEntry.objects.filter(
+        run_id__in={r.run_id for r in rows}, name="run:start"
+    ).values_list("run_id", "seq", "data")
+    found = {}
+    for run_id, seq, data in entries:
+        try:
+            body = decode(data)
+        except ValueError:
+            continue
+        nonce = body.get("incarnation") if isinstance(body, dict) else None
+        found[run_id] = (seq, str(nonce or ""))
+    return found
+
+
+def approval_out(
+    row: ApprovalRequest,
+    eligible: Mapping[str, Sequence[str]],
+    starts: Mapping[str, tuple[int, str]],
+) -> ApprovalOut:
     decisions = list(row.decisions.all())
     infos = [
         DecisionInfo(
@@ -94,7 +114,10 @@ def approval_out(row: ApprovalRequest, eligible: Mapping[str, Sequence[str]]) ->
             eligible=None,
             pending=None,
         )
+    start = starts.get(row.run_id)
     return ApprovalOut(
+        incarnation=start[1] if start is not None and start[0] == row.start_seq else None,
+        arguments_sha256=arguments_digest(row.arguments).hex(),
         run_id=row.run_id,
         call_id=row.call_id,
         tool_name=row.tool_name,
@@ -126,7 +149,9 @@ def list_approvals(
     offset: Offset = 0,
 ) -> ApprovalPage:
     """Tool calls awaiting a decision, newest first (``status`` to see decided ones), each
-    with its decisions and quorum progress."""
+    with its decisions and quorum progress (needs ``view_approvalrequest`` or
+    ``approve_toolcall``)."""
+    check(request, "view_approvals")
     rows = ApprovalRequest.objects.order_by("-created_at", "-id").prefetch_related("decisions")
     if status != "all":
         rows = rows.filter(status=status)
@@ -150,21 +175,23 @@ def _result(outcome: ApprovalOutcome) -> DecisionResult:
 def decide_signed(
     request: HttpRequest, run_id: str, call_id: str, payload: SignedDecisionIn
 ) -> DecisionResult:
-    """Relay an external approver's signed decision. Any staff caller may relay; the
-    signature must verify for ``approver`` on exactly this run, call, tool, arguments and
-    verdict (400 ``approval.bad_signature`` otherwise, nothing recorded)."""
-    actor(request)
+    """Relay an external approver's signed decision (the relay needs
+    ``view_approvalrequest`` or ``approve_toolcall``). The signature must verify, by a key
+    registered to ``approver``, over exactly this start of the run, call, tool, arguments,
+    verdict and note (400 ``approval.bad_signature``, or ``approval.signature_format`` for
+    the retired format 1; nothing recorded); the approver must be an active user who may
+    decide (403 ``approval.not_eligible``)."""
+    relay = require(request, "relay")
     run_id, call_id = checked_run_id(run_id), checked_call_id(call_id)
-    info = DjangoStore().get_approval_request(run_id, call_id)
-    if info is None:
-        raise ApprovalNotFound(f"run {run_id!r} has no call {call_id!r} awaiting approval")
-    verify_signature(info, payload.approver, payload.approved, payload.signature)
+    approver = resolve_approver(payload.approver).via(
+        f"signature via {relay.username} ({relay.channel})"
+    )
     return _result(
         approve(
             run_id,
             call_id,
             payload.approved,
-            payload.approver,
+            approver,
             payload.note,
             signature=payload.signature,
         )

@@ -2,16 +2,18 @@
 
 * **Session**: a signed-in, active staff user (the people who use the admin). Requests
   that change something need Django's CSRF token, as any session-authenticated form does.
-* **API key**: header ``X-API-Key: <raw key>``. Only the key's SHA-256 (hex) is stored; it
-  is found by its first 8 characters and compared in constant time. A revoked key, or one
-  whose user is inactive or not staff, is refused. The key acts as its user: the same
-  permissions, and the user's name on every decision and history row.
+* **API key**: ``Authorization: Bearer <raw key>`` (or, equally, ``X-API-Key: <raw key>``).
+  Only the key's SHA-256 (hex) is stored; it is found by its first 8 characters and
+  compared in constant time. A revoked or expired key, or one whose user is inactive or not
+  staff, is refused; the check runs on every request, so a revocation takes effect at once.
+  The key acts as its user: the same permissions, and the user's name on every decision and
+  history row, with the channel ``api-key:<prefix>``.
 
-When an ``X-API-Key`` header is present it decides alone: a bad key is refused even if the
+When a key is present (either header) it decides alone: a bad key is refused even if the
 request also carries a session.
 
-Permissions are the admin's: viewing needs ``is_staff``; each action needs its permission
-(``PERMISSIONS``), checked with ``require``.
+What each route needs is the admin's permission table (``durable_agents.permissions``),
+checked with ``require``.
 """
 
 from __future__ import annotations
@@ -19,44 +21,65 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models.functions import Now
 from django.http import HttpRequest
+from django.utils import timezone
 from ninja.security import APIKeyCookie, APIKeyHeader
 
+from .. import permissions
+from ..engine.identity import Actor
 from ..models import ApiKey
+from ..people import actor_of
 from .errors import AUTH_FAILURE_ATTR, ApiError, AuthFailure
 
 API_KEY_HEADER = "X-API-Key"
+BEARER = "bearer"
 PREFIX_LENGTH = 8
 MAX_KEY_LENGTH = 200
-
-# What each action needs, beyond being staff: (permission, what it lets you do).
-PERMISSIONS = {
-    "start": ("durable_agents.add_run", "start a run"),
-    "resume": ("durable_agents.cancel_run", "resume a run"),
-    "cancel": ("durable_agents.cancel_run", "cancel a run"),
-    "decide": ("durable_agents.approve_toolcall", "decide a tool call"),
-    "resolve": ("durable_agents.resolve_halt", "resolve a halt"),
-    "fork": ("durable_agents.fork_run", "fork a run"),
-}
+CHANNEL_ATTR = "_durable_agents_channel"
+SESSION = "session"
 
 
 def hash_key(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def issue_api_key(user: Any, name: str) -> tuple[ApiKey, str]:
-    """Create an API key for ``user``; return the row and the raw key, which is shown once
-    and never stored."""
+def new_key() -> tuple[str, str, str]:
+    """A fresh raw key, its prefix and its hash."""
     raw = secrets.token_urlsafe(32)
+    return raw, raw[:PREFIX_LENGTH], hash_key(raw)
+
+
+def issue_api_key(
+    user: Any, name: str, *, created_by: Any = None, expires_at: datetime | None = None
+) -> tuple[ApiKey, str]:
+    """Create an API key for ``user``; return the row and the raw key, which is shown once
+    and never stored. ``created_by`` (default: ``user``) is recorded on the key."""
+    raw, prefix, digest = new_key()
     key = ApiKey.objects.create(
-        user=user, name=name, prefix=raw[:PREFIX_LENGTH], key_hash=hash_key(raw)
+        user=user,
+        name=name,
+        prefix=prefix,
+        key_hash=digest,
+        created_by=created_by if created_by is not None else user,
+        expires_at=expires_at,
     )
     return key, raw
+
+
+def presented_key(request: HttpRequest) -> str | None:
+    """The key a request presents: ``Authorization: Bearer <key>`` or ``X-API-Key``."""
+    header = request.headers.get("Authorization")
+    if header is not None:
+        scheme, _, value = header.strip().partition(" ")
+        if scheme.lower() == BEARER:
+            return value.strip()
+    return request.headers.get(API_KEY_HEADER)
 
 
 def _fail(request: HttpRequest, status: int, code: str, message: str) -> None:
@@ -83,9 +106,13 @@ def _printable(raw: str) -> bool:
 
 
 class ApiKeyAuth(APIKeyHeader):
-    """``X-API-Key`` header: the key's user, if the key is live and the user is staff."""
+    """An API key (``Authorization: Bearer`` or ``X-API-Key``): the key's user, if the key
+    is live and the user is active staff."""
 
     param_name = API_KEY_HEADER
+
+    def _get_key(self, request: HttpRequest) -> str | None:
+        return presented_key(request)
 
     def authenticate(self, request: HttpRequest, key: str | None) -> Any:
         if key is None:
@@ -110,9 +137,19 @@ class ApiKeyAuth(APIKeyHeader):
                 f"the API key {found.name!r} was revoked; ask for a new one",
             )
             return None
+        if found.expires_at is not None and found.expires_at <= timezone.now():
+            _fail(
+                request,
+                401,
+                "auth.key_expired",
+                f"the API key {found.name!r} expired at {found.expires_at:%Y-%m-%d %H:%M} UTC; "
+                "create a new one",
+            )
+            return None
         user = _staff(request, found.user, "API key")
         if user is not None:
             ApiKey.objects.filter(pk=found.pk).update(last_used_at=Now())
+            setattr(request, CHANNEL_ATTR, f"api-key:{found.prefix}")
         return user
 
 
@@ -123,7 +160,7 @@ class StaffSessionAuth(APIKeyCookie):
 
     @staticmethod
     def _session_user(request: HttpRequest) -> Any:
-        if request.headers.get(API_KEY_HEADER) is not None:
+        if presented_key(request) is not None:
             return None  # an API key decides alone
         user = getattr(request, "user", None)
         return user if user is not None and user.is_authenticated else None
@@ -137,7 +174,10 @@ class StaffSessionAuth(APIKeyCookie):
 
     def authenticate(self, request: HttpRequest, key: str | None) -> Any:
         user = self._session_user(request)
-        return None if user is None else _staff(request, user, "session")
+        user = None if user is None else _staff(request, user, "session")
+        if user is not None:
+            setattr(request, CHANNEL_ATTR, SESSION)
+        return user
 
 
 api_auth = [ApiKeyAuth(), StaffSessionAuth()]
@@ -150,22 +190,26 @@ def current_user(request: HttpRequest) -> AbstractBaseUser:
     return user  # type: ignore[no-any-return]
 
 
-def actor(request: HttpRequest) -> str:
-    """The name decisions, resolutions and history rows record for this caller."""
-    return current_user(request).get_username()
+def actor(request: HttpRequest) -> Actor:
+    """The caller as the engine's ``Actor``: who, and through which channel (``session`` or
+    ``api-key:<prefix>``)."""
+    return actor_of(current_user(request), str(getattr(request, CHANNEL_ATTR, SESSION)))
 
 
-def require(request: HttpRequest, action: str) -> str:
-    """Refuse (403 ``auth.forbidden``) unless the caller holds the permission ``action``
-    needs (``PERMISSIONS``); return the caller's name."""
+def check(request: HttpRequest, action: str) -> None:
+    """Refuse (403 ``auth.forbidden``) unless the caller holds a permission ``action`` needs
+    (``durable_agents.permissions.RULES``, the admin's table)."""
     user = current_user(request)
-    permission, what = PERMISSIONS[action]
-    if not user.has_perm(permission):  # type: ignore[attr-defined]
+    if not permissions.allows(user, action):
         raise ApiError(
             403,
             "auth.forbidden",
-            f"{user.get_username()!r} may not {what}: it needs the {permission!r} "
-            "permission (grant it in the admin, directly or through a group)",
-            permission=permission,
+            permissions.refusal(user, action),
+            permission=" or ".join(permissions.RULES[action].any_of),
         )
-    return user.get_username()
+
+
+def require(request: HttpRequest, action: str) -> Actor:
+    """``check``, then the caller as the ``Actor`` the engine command is given."""
+    check(request, action)
+    return actor(request)

@@ -9,7 +9,8 @@ itself, with two decorators the package root installs on the router:
 * ``normalize`` (view mode) rewrites the responses ninja's own handlers produce before a
   view runs — authentication (401/403), request validation (422 ``request.invalid``), an
   unparsable body (400 ``request.invalid``) — into the same shape, keeping ninja's list of
-  validation errors under ``detail``. Server errors (5xx) are left alone.
+  validation errors under ``detail``. A body over Django's upload limit becomes 413
+  ``request.too_large``. Server errors (5xx) are left alone.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from functools import wraps
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from ..engine.errors import DurableAgentsError
@@ -46,7 +49,15 @@ CONFLICT = frozenset(
         "history.fork_exists",
     }
 )
-FORBIDDEN = frozenset({"approval.not_eligible", "auth.forbidden", "auth.not_staff"})
+FORBIDDEN = frozenset(
+    {
+        "approval.not_eligible",
+        "auth.forbidden",
+        "auth.not_staff",
+        "actor.forbidden",
+        "actor.inactive",
+    }
+)
 # By category, for codes not listed above.
 CATEGORY_STATUS = {
     "config": 400,
@@ -174,12 +185,36 @@ def _ninja_error(request: HttpRequest, response: HttpResponse) -> HttpResponse:
     return error_response(status, code, str(detail or response.reason_phrase))
 
 
+def too_large() -> JsonResponse:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return error_response(
+        413,
+        "request.too_large",
+        f"the request body is larger than this site accepts ({limit} bytes, Django's "
+        "DATA_UPLOAD_MAX_MEMORY_SIZE); send less",
+        limit=limit,
+    )
+
+
+def not_found(request: HttpRequest, rest: str) -> JsonResponse:
+    """No operation has this path (or this method on it)."""
+    return error_response(
+        404,
+        "not_found",
+        f"no API operation at {request.method} {request.path}; see the operations in the "
+        "OpenAPI schema (docs/api.md)",
+    )
+
+
 def normalize(run: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """View-mode decorator: ninja's own 4xx responses (auth, validation, parsing) get a code."""
 
     @wraps(run)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        response = run(request, *args, **kwargs)
+        try:
+            response = run(request, *args, **kwargs)
+        except RequestDataTooBig:
+            return too_large()
         if 400 <= response.status_code < 500 and not response.streaming:
             return _ninja_error(request, response)
         return response

@@ -11,7 +11,7 @@ from ninja import Router
 
 from ..engine.halts import resolve_halt
 from ..models import Halt
-from .auth import require
+from .auth import check, require
 from .schemas import (
     ERRORS,
     HaltOut,
@@ -54,7 +54,9 @@ def list_halts(
     limit: Limit = 50,
     offset: Offset = 0,
 ) -> HaltPage:
-    """Halted tool calls, newest first: open ones by default (``status=all`` for every one)."""
+    """Halted tool calls, newest first: open ones by default (``status=all`` for every one).
+    Needs ``view_halt`` or ``resolve_halt``."""
+    check(request, "view_halts")
     rows = Halt.objects.order_by("-created_at", "-id")
     if status != "all":
         rows = rows.filter(status=status)
@@ -92,5 +94,5 @@ def resolve(request: HttpRequest, run_id: str, call_id: str, payload: ResolveIn)
         result=record.get("result"),
         is_error=bool(record.get("is_error")),
         evidence=record.get("evidence"),
-        by=str(record.get("by") or by),
+        by=str(record.get("by") or by.username),
     )

@@ -11,7 +11,7 @@ from ..conf import get_settings
 from ..dispatch import enqueue
 from ..engine.commands import get_run
 from ..engine.history import Patch, compare, fork, history
-from .auth import require
+from .auth import check, require
 from .schemas import (
     ERRORS,
     Accepted,
@@ -27,6 +27,7 @@ router = Router(tags=["history"])
 @router.get("/runs/compare", response={200: ComparisonOut, **ERRORS})
 def compare_runs(request: HttpRequest, a: str, b: str) -> ComparisonOut:
     """Each run's steps, the first step where they differ (call ids aside) and the drift."""
+    check(request, "view_runs")
     for run_id in (a, b):
         get_run(checked_run_id(run_id))
     return ComparisonOut(**compare(a, b).to_json())
@@ -35,6 +36,7 @@ def compare_runs(request: HttpRequest, a: str, b: str) -> ComparisonOut:
 @router.get("/runs/{path:run_id}/history", response={200: HistoryOut, **ERRORS})
 def run_history(request: HttpRequest, run_id: str) -> HistoryOut:
     """The run's steps, one per model turn, read from its journal."""
+    check(request, "view_runs")
     run = get_run(checked_run_id(run_id))
     return HistoryOut(run_id=run.run_id, steps=[s.to_json() for s in history(run.run_id)])
 

@@ -17,12 +17,13 @@ from ..dispatch import enqueue
 from ..engine.agent import Agent, get_agent
 from ..engine.commands import cancel, get_run
 from ..engine.errors import ConfigError
+from ..engine.identity import logged
 from ..engine.journal import Journal
-from ..engine.ports import HALT_OPEN, TERMINAL_STATUSES, ActionInfo
+from ..engine.ports import HALT_OPEN, TERMINAL_STATUSES
 from ..models import ApprovalRequest, Halt, Run
 from ..storage import DjangoStore
 from .approvals import approvals_out
-from .auth import require
+from .auth import check, require
 from .errors import ApiError
 from .halts import halt_out
 from .schemas import (
@@ -100,7 +101,9 @@ def list_runs(
     limit: Limit = 50,
     offset: Offset = 0,
 ) -> RunPage:
-    """Runs, newest first, optionally of one ``status`` and/or ``agent``."""
+    """Runs, newest first, optionally of one ``status`` and/or ``agent`` (needs
+    ``view_run``, or a permission that operates runs)."""
+    check(request, "view_runs")
     rows = Run.objects.only(*_SUMMARY).order_by("-created_at", "-run_id")
     if status is not None:
         rows = rows.filter(status=status)
@@ -125,7 +128,7 @@ def start_run(request: HttpRequest, payload: StartIn) -> Status[Accepted]:
     # only after it committed.
     with transaction.atomic(using=get_settings().database):
         run_id = agent.start(payload.input, run_id=payload.run_id)
-        DjangoStore().log_action(ActionInfo(by, "start", run_id, "", {"agent": agent.name}))
+        DjangoStore().log_action(logged(by, "start", run_id, "", {"agent": agent.name}))
     return Status(202, Accepted(run_id=run_id))
 
 
@@ -137,6 +140,7 @@ def run_journal(
     limit: RecordLimit = 1000,
 ) -> JournalOut:
     """The run's journal in commit order: every recorded step, its data decoded."""
+    check(request, "view_runs")
     run_id = checked_run_id(run_id)
     get_run(run_id)
     records = [r for r in Journal(DjangoStore()).history(run_id) if r.seq > after][:limit]
@@ -163,7 +167,7 @@ def resume_run(request: HttpRequest, run_id: str) -> Status[Accepted]:
         )
     _agent(run.agent, run.run_id)  # a driver could not continue it: say so now
     with transaction.atomic(using=get_settings().database):
-        DjangoStore().log_action(ActionInfo(by, "resume", run.run_id))
+        DjangoStore().log_action(logged(by, "resume", run.run_id))
         enqueue(run.run_id)
     return Status(202, Accepted(run_id=run.run_id))
 
@@ -184,6 +188,7 @@ def cancel_run(request: HttpRequest, run_id: str, payload: CancelIn) -> CancelOu
 def run_detail(request: HttpRequest, run_id: str) -> RunDetail:
     """One run, with its input and answer, the tool calls awaiting a decision and its
     open halts."""
+    check(request, "view_runs")
     run = get_run(checked_run_id(run_id))
     requests = ApprovalRequest.objects.filter(run_id=run.run_id, status="pending")
     halts = Halt.objects.filter(run_id=run.run_id, status=HALT_OPEN).order_by("created_at")

@@ -201,6 +201,13 @@ class ApprovalOut(Schema):
     decided_at: datetime | None
     progress: Progress
     decisions: list[DecisionOut]
+    incarnation: str | None = Field(
+        description="the nonce of the run start that asked (signed decisions bind it); null "
+        "when the run was deleted or started again since"
+    )
+    arguments_sha256: str = Field(
+        description="hex SHA-256 of the arguments' canonical JSON, as signed decisions bind it"
+    )
 
 
 class ApprovalPage(Schema):
@@ -265,12 +272,12 @@ class DecideIn(Body):
 class SignedDecisionIn(Body):
     approver: Name = Field(description="the approver's username, whose key signed")
     approved: StrictBool
-    note: Note = ""
+    note: Note = Field("", description="signed too: exactly the note the approver signed")
     signature: str = Field(
         min_length=1,
         max_length=1000,
-        description="base64 Ed25519 signature over durable_agents.decision_bytes(run_id, "
-        "call_id, tool_name, arguments, approver, approved)",
+        description="base64 Ed25519 signature over the format-2 decision bytes "
+        "(durable_agents.decision_bytes; docs/api.md shows them byte by byte)",
     )
 
 

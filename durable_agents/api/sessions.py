@@ -10,13 +10,13 @@ from ninja import Router, Status
 from ..conf import get_settings
 from ..engine.agent import Agent
 from ..engine.errors import ApprovalPending
+from ..engine.identity import logged
 from ..engine.journal import Journal
-from ..engine.ports import ActionInfo
 from ..engine.sessions import Session, validate_session_id
 from ..models import ApprovalRequest, Run
 from ..storage import DjangoStore
 from .approvals import approvals_out
-from .auth import require
+from .auth import check, require
 from .errors import ApiError
 from .runs import _agent
 from .schemas import (
@@ -72,7 +72,7 @@ def send_message(request: HttpRequest, session_id: str, payload: MessageIn) -> S
     try:
         with transaction.atomic(using=get_settings().database):
             run_id = session.submit(payload.text)
-            DjangoStore().log_action(ActionInfo(by, "send", run_id, session_id, {}))
+            DjangoStore().log_action(logged(by, "send", run_id, session_id))
     except ApprovalPending as exc:
         raise _awaiting(exc) from None
     return Status(202, SubmitOut(session_id=session_id, run_id=run_id))
@@ -88,10 +88,13 @@ def send_once(
     """Deliver ``text`` under the delivery ``key``, once (needs ``add_run``): 202 when its
     turn was queued (or waits on a person), 200 with the answer when it was answered, 409
     ``session.key_conflict`` when the key was first delivered with another message."""
-    require(request, "start")
+    by = require(request, "start")
     session = _session(session_id, payload.agent)
     with transaction.atomic(using=get_settings().database):
         sent = session.send_once(key, payload.text)
+        # Every delivery is logged, redeliveries too: each one may hand the turn over again.
+        said = {"key": key, "status": sent.status}
+        DjangoStore().log_action(logged(by, "send_once", sent.run_id, session_id, said))
     out = SendOnceOut(
         session_id=session_id,
         key=key,
@@ -104,7 +107,9 @@ def send_once(
 
 @router.get("/sessions/{session_id}", response={200: SessionOut, **ERRORS})
 def read_session(request: HttpRequest, session_id: str) -> SessionOut:
-    """The transcript, the open turn (if any) and the tool calls awaiting a decision."""
+    """The transcript, the open turn (if any) and the tool calls awaiting a decision
+    (needs ``view_run``)."""
+    check(request, "view_runs")
     validate_session_id(session_id)
     store = DjangoStore()
     journal_run = store.get_run(f"{session_id}>session")

@@ -8,12 +8,19 @@ rejection result the model reads.
 A decision continues only the run incarnation that asked for it: deciding a request whose
 run was cancelled, deleted, finished or started again under the same id is refused as
 orphaned, and the request is withdrawn.
+
+Who may decide is one rule (``check_may_decide``) for every path: ``by`` resolves to one
+active user (``identity.resolve``) who holds ``approve_toolcall`` and, for a quorum, is an
+eligible member of its group. A signed decision is checked against the keys registered to
+that user, over bytes that bind the run's incarnation and the whole decision
+(``decision_bytes``).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import secrets
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,8 +29,9 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from . import runtime
+from . import identity, runtime
 from .errors import ConfigError
+from .identity import APPROVE_TOOLCALL, Actor, ActorError
 from .journal import Journal, now_ms
 from .ports import (
     APPROVAL_APPROVED,
@@ -32,14 +40,16 @@ from .ports import (
     APPROVAL_WITHDRAWN,
     QUEUED,
     TERMINAL_STATUSES,
-    ActionInfo,
     ApprovalRequestInfo,
     DecisionInfo,
     Store,
 )
 from .records import encode, refuse_nul
 
-SIGNATURE_DOMAIN = b"durable_agents.approval.v1\n"
+SIGNATURE_FORMAT = 2
+SIGNATURE_DOMAIN = b"durable_agents.approval.v2\n"
+# The first format bound neither the run's incarnation nor the note: refused, by name.
+_V1_DOMAIN = b"durable_agents.approval.v1\n"
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,10 @@ class ApprovalBadSignature(ApprovalError):
     code = "approval.bad_signature"
 
 
+class ApprovalSignatureOutdated(ApprovalBadSignature):
+    code = "approval.signature_format"
+
+
 @dataclass(frozen=True)
 class Tally:
     need: int
@@ -132,54 +146,160 @@ class ApprovalOutcome:
     tally: dict[str, Any]
 
 
+def _field(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack(">I", len(raw)) + raw
+
+
+def arguments_digest(arguments: Any) -> bytes:
+    """SHA-256 of the arguments' canonical JSON (the journal's encoding): what a signature
+    binds, so a signer never has to reproduce the JSON encoding themselves."""
+    return hashlib.sha256(encode(arguments).encode()).digest()
+
+
 def decision_bytes(
-    run_id: str, call_id: str, tool_name: str, arguments: Any, approver: str, approved: bool
+    *,
+    incarnation: str,
+    run_id: str,
+    call_id: str,
+    tool_name: str,
+    arguments: Any,
+    approver_id: str,
+    approved: bool,
+    note: str = "",
 ) -> bytes:
-    """What an external approver signs: this run, this call, this tool, these exact
-    arguments (hashed in their canonical JSON form), this approver, this verdict. Fields are
-    length-prefixed, so no two decisions share the bytes."""
+    """What an external approver signs (format 2): this start of this run (its
+    ``incarnation``, a random nonce recorded at ``run:start``), this call, this tool, these
+    exact arguments (hashed), this approver (the user's stable id: their primary key as
+    text, which a rename does not change), this verdict and this note. Text fields are
+    UTF-8 with a 4-byte big-endian length prefix, so no two decisions share the bytes::
 
-    def field_(text: str) -> bytes:
-        raw = text.encode()
-        return struct.pack(">I", len(raw)) + raw
-
-    args_hash = hashlib.sha256(encode(arguments).encode()).digest()
+        b"durable_agents.approval.v2\\n" + f(incarnation) + f(run_id) + f(call_id)
+        + f(tool_name) + sha256(arguments) + f(approver_id) + (b"\\x01" | b"\\x00") + f(note)
+    """
     return (
         SIGNATURE_DOMAIN
-        + field_(run_id)
-        + field_(call_id)
-        + field_(tool_name)
-        + args_hash
-        + field_(approver)
+        + _field(incarnation)
+        + _field(run_id)
+        + _field(call_id)
+        + _field(tool_name)
+        + arguments_digest(arguments)
+        + _field(approver_id)
+        + (b"\x01" if approved else b"\x00")
+        + _field(note)
+    )
+
+
+def _v1_bytes(request: ApprovalRequestInfo, approver: str, approved: bool) -> bytes:
+    return (
+        _V1_DOMAIN
+        + _field(request.run_id)
+        + _field(request.call_id)
+        + _field(request.tool_name)
+        + arguments_digest(request.arguments)
+        + _field(approver)
         + (b"\x01" if approved else b"\x00")
     )
 
 
+def new_incarnation() -> str:
+    """A random nonce naming one start of a run, recorded in its ``run:start``: signed
+    decisions bind it, so a signature made for a run that was deleted and started again
+    under the same id (or forked) does not verify for the new one."""
+    return secrets.token_hex(16)
+
+
+def incarnation_of(store: Store, run_id: str) -> str:
+    """The nonce the run's current start recorded ("" for a run started before there were
+    nonces)."""
+    start = Journal(store).get(run_id, "run:start") if store.get_run(run_id) else None
+    return str(start.get("incarnation") or "") if start is not None else ""
+
+
+def _verifies(keys: Sequence[str], sig: bytes, message: bytes) -> bool:
+    for key in keys:
+        try:
+            Ed25519PublicKey.from_public_bytes(base64.b64decode(key)).verify(sig, message)
+            return True
+        except (InvalidSignature, ValueError):
+            continue
+    return False
+
+
 def verify_signature(
-    request: ApprovalRequestInfo, approver: str, approved: bool, signature: str
+    request: ApprovalRequestInfo,
+    approver: Actor,
+    approved: bool,
+    note: str,
+    signature: str,
+    *,
+    incarnation: str,
 ) -> None:
+    """Refuse (``approval.bad_signature``) unless ``signature`` is the approver's, by one of
+    the keys registered to them, over ``decision_bytes`` of exactly this decision; a
+    signature over the retired format 1 is ``approval.signature_format``."""
     try:
         sig = base64.b64decode(signature, validate=True)
     except (ValueError, TypeError):
         raise ApprovalBadSignature("the signature is not valid base64") from None
-    message = decision_bytes(
-        request.run_id, request.call_id, request.tool_name, request.arguments, approver, approved
-    )
-    keys = runtime.approver_keys(approver)
+    keys = runtime.approver_keys(approver.id)
     if not keys:
         raise ApprovalBadSignature(
-            f"approver {approver!r} has no registered public key; register one in the admin"
+            f"user {approver.username!r} has no registered approver key; they register one "
+            "in the admin (Approver keys)"
         )
-    for key in keys:
-        try:
-            Ed25519PublicKey.from_public_bytes(base64.b64decode(key)).verify(sig, message)
-            return
-        except (InvalidSignature, ValueError):
-            continue
-    raise ApprovalBadSignature(
-        f"the signature does not verify for approver {approver!r} on call {request.call_id!r} "
-        "of this run with these arguments"
+    message = decision_bytes(
+        incarnation=incarnation,
+        run_id=request.run_id,
+        call_id=request.call_id,
+        tool_name=request.tool_name,
+        arguments=request.arguments,
+        approver_id=approver.id,
+        approved=approved,
+        note=note,
     )
+    if _verifies(keys, sig, message):
+        return
+    if _verifies(keys, sig, _v1_bytes(request, approver.username, approved)):
+        raise ApprovalSignatureOutdated(
+            "this signature is over format 1 of the decision bytes, which bound neither the "
+            f"run's start nor the note and is no longer accepted; sign format "
+            f"{SIGNATURE_FORMAT} (see docs/api.md, 'Signed decisions')"
+        )
+    raise ApprovalBadSignature(
+        f"the signature does not verify for {approver.username!r} on call "
+        f"{request.call_id!r} of this start of run {request.run_id!r} with these arguments, "
+        "this verdict and this note"
+    )
+
+
+def resolve_approver(by: Any) -> Actor:
+    """The active user deciding (``approval.not_eligible`` when ``by`` names none)."""
+    try:
+        return identity.resolve(by)
+    except ActorError as exc:
+        raise ApproverNotEligible(str(exc)) from None
+
+
+def check_may_decide(actor: Actor, policy: Mapping[str, Any], eligible: Sequence[str]) -> None:
+    """The one rule for who decides a gated call, on every path (admin, API key, session,
+    signature, command, Python): an active user holding ``approve_toolcall``; for a quorum,
+    also an eligible member of its group (``eligible``: the group's usernames from the
+    ``eligible_approvers`` port, which applies the same conditions)."""
+    if not actor.has(APPROVE_TOOLCALL):
+        raise ApproverNotEligible(
+            f"{actor.username!r} may not decide tool calls: it needs the "
+            f"{APPROVE_TOOLCALL!r} permission (grant it in the admin, directly or through a "
+            "group)"
+        )
+    if policy.get("kind") == "quorum":
+        group = str(policy.get("group"))
+        member = actor.groups is None or group in actor.groups
+        if not member or actor.username not in eligible:
+            raise ApproverNotEligible(
+                f"{actor.username!r} may not decide this call: approvers are members of group "
+                f"{group!r} with the approve_toolcall permission"
+            )
 
 
 def tally(
@@ -217,7 +337,7 @@ def approve(
     run_id: str,
     call_id: str,
     approved: bool,
-    by: str,
+    by: Any,
     note: str = "",
     *,
     signature: str | None = None,
@@ -225,61 +345,63 @@ def approve(
 ) -> ApprovalOutcome:
     """Record ``by``'s decision on call ``call_id`` of run ``run_id``.
 
-    1-of-1: the first decision wins; a second, different one is refused with the standing
-    one. Quorum: each eligible approver counts once; the gate passes at ``need`` approvals
-    and fails as soon as it cannot. A final decision is journaled and the run handed back to
-    a driver. ``signature`` (base64 Ed25519 over ``decision_bytes``) is checked against the
-    approver's registered keys.
+    ``by`` is a user object, a username or a resolved ``identity.Actor``; it must name one
+    active user who may decide (``check_may_decide``). 1-of-1: the first decision wins; a
+    second, different one is refused with the standing one. Quorum: each eligible approver
+    counts once; the gate passes at ``need`` approvals and fails as soon as it cannot. A
+    final decision is journaled and the run handed back to a driver. ``signature`` (base64
+    Ed25519 over ``decision_bytes``) is checked against the keys registered to the user.
     """
     if not isinstance(approved, bool):
         raise ApprovalError("approved must be True or False")
-    if not isinstance(by, str) or not by:
-        raise ApprovalError("a decision needs the approver's name (by=...)")
-    refuse_nul({"by": by, "note": note or ""}, "the decision")
+    if not isinstance(note, str | None):
+        raise ApprovalError("note must be a string")
+    note = note or ""
+    refuse_nul({"note": note}, "the decision")
     store = store or runtime.store()
     journal = Journal(store)
     request = store.get_approval_request(run_id, call_id)
     if request is None:
         raise ApprovalNotFound(f"run {run_id!r} has no call {call_id!r} awaiting approval")
+    actor = resolve_approver(by)
     if signature is not None:  # before anything is read as this approver's, or written
-        verify_signature(request, by, approved, signature)
+        incarnation = incarnation_of(store, run_id)
+        verify_signature(request, actor, approved, note, signature, incarnation=incarnation)
+    policy = dict(request.policy)
+    eligible = (
+        list(runtime.eligible_approvers(str(policy["group"])))
+        if policy.get("kind") == "quorum"
+        else [actor.username]
+    )
+    check_may_decide(actor, policy, eligible)
+    by_name = actor.username
     name = f"approval:{call_id}"
     standing = journal.get(run_id, name) if store.get_run(run_id) is not None else None
     if standing is not None:
         return _standing(request, standing, approved)
-    _refuse_orphans(store, journal, request, by)
-    policy = dict(request.policy)
-    if policy.get("kind") == "quorum":
-        eligible = list(runtime.eligible_approvers(str(policy["group"])))
-        if by not in eligible:
-            raise ApproverNotEligible(
-                f"{by!r} may not decide this call: approvers are members of group "
-                f"{policy['group']!r} with the approve_toolcall permission"
-            )
-    else:
-        eligible = [by]
-    decision = DecisionInfo(run_id, call_id, by, approved, note or "", signature)
+    _refuse_orphans(store, journal, request, actor)
+    decision = DecisionInfo(run_id, call_id, by_name, approved, note, signature)
     recorded = store.save_decision(decision)
     if not recorded:
-        mine = next(d for d in store.list_decisions(run_id, call_id) if d.approver == by)
+        mine = next(d for d in store.list_decisions(run_id, call_id) if d.approver == by_name)
         if mine.approved != approved:
             raise ApprovalAlreadyDecided(
-                f"{by!r} already {'approved' if mine.approved else 'denied'} this call; a "
+                f"{by_name!r} already {'approved' if mine.approved else 'denied'} this call; a "
                 "decision cannot be changed",
-                standing={"approved": mine.approved, "by": by},
+                standing={"approved": mine.approved, "by": by_name},
             )
     decisions = store.list_decisions(run_id, call_id)
     if policy.get("kind") != "quorum":
-        decisions = [d for d in decisions if d.approver == by]
+        decisions = [d for d in decisions if d.approver == by_name]
     count = tally(policy, decisions, eligible)
     if recorded:  # an approver repeating the same decision is not a new action
         store.log_action(
-            ActionInfo(
-                by,
+            identity.logged(
+                actor,
                 "approve" if approved else "deny",
                 run_id,
                 call_id,
-                {"note": note or "", "signed": signature is not None},
+                {"note": note, "signed": signature is not None},
             )
         )
     if not (count.passed or count.unreachable):
@@ -290,8 +412,9 @@ def approve(
         {
             "kind": "approval",
             "approved": count.passed,
-            "by": by,
-            "note": note or "",
+            "by": by_name,
+            "by_id": actor.id,
+            "note": note,
             "tally": count.to_json(),
             "at": now_ms(),
         },
@@ -310,7 +433,9 @@ def approve(
     )
 
 
-def _refuse_orphans(store: Store, journal: Journal, request: ApprovalRequestInfo, by: str) -> None:
+def _refuse_orphans(
+    store: Store, journal: Journal, request: ApprovalRequestInfo, actor: Actor
+) -> None:
     run = store.get_run(request.run_id)
     start = journal.get(request.run_id, "run:start") if run is not None else None
     why = None
@@ -326,7 +451,9 @@ def _refuse_orphans(store: Store, journal: Journal, request: ApprovalRequestInfo
         return
     if run is not None:
         store.set_approval_status(request.run_id, request.call_id, APPROVAL_WITHDRAWN)
-        store.log_action(ActionInfo(by, "withdraw", request.run_id, request.call_id, {"why": why}))
+        store.log_action(
+            identity.logged(actor, "withdraw", request.run_id, request.call_id, {"why": why})
+        )
     raise ApprovalOrphaned(
         f"the approval of call {request.call_id!r} in run {request.run_id!r} is orphaned "
         f"({why}); nothing was run"

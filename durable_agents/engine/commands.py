@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import runtime
+from . import identity, runtime
 from .agent import Agent, RunResult, get_agent
+from .approvals import new_incarnation
 from .errors import ConfigError, DriveStopped, DurableAgentsError, LeaseLost, Pause, RunBusy
 from .journal import Journal
 from .leases import HeldLease
@@ -27,7 +28,6 @@ from .ports import (
     QUEUED,
     RUNNING,
     SLEEPING,
-    ActionInfo,
     RunInfo,
     Store,
 )
@@ -132,6 +132,9 @@ def create_run(
         "agent": agent.name,
         "input": input,
         "fingerprint": agent.fingerprint(),
+        # Which start of this run id: signed decisions bind it, so one made for a run that
+        # was deleted and started again under the same id does not verify for the new one.
+        "incarnation": new_incarnation(),
     }
     if seed:
         body["seed"] = seed
@@ -188,9 +191,13 @@ def drive_quietly(run_id: str, *, store: Store | None = None) -> str:
     return "finished"
 
 
-def cancel(run_id: str, *, by: str, reason: str = "", store: Store | None = None) -> None:
+def cancel(run_id: str, *, by: Any, reason: str = "", store: Store | None = None) -> None:
     """Cancel an unfinished run: it is never driven again, and its pending approvals are
-    withdrawn. Refused (``RunBusy``) while a driver holds the run: cancel once it pauses."""
+    withdrawn. Refused (``RunBusy``) while a driver holds the run: cancel once it pauses.
+    ``by`` (a user object, a username or an ``identity.Actor``) must name an active user
+    holding ``cancel_run``."""
+    actor = identity.resolve(by)
+    identity.require(actor, identity.OPERATE_RUNS, "cancel a run")
     store = store or runtime.store()
     run = get_run(run_id, store=store)
     if run.status == CANCELLED:
@@ -211,7 +218,7 @@ def cancel(run_id: str, *, by: str, reason: str = "", store: Store | None = None
         Journal(store).write(
             run_id,
             "run:cancelled",
-            {"kind": "cancelled", "by": by, "reason": reason},
+            {"kind": "cancelled", "by": actor.username, "by_id": actor.id, "reason": reason},
             fence=lease.token,
             run_changes={"status": CANCELLED},
         )
@@ -219,7 +226,7 @@ def cancel(run_id: str, *, by: str, reason: str = "", store: Store | None = None
         lease.release()
     for request in store.list_approval_requests(run_id=run_id):
         store.set_approval_status(run_id, request.call_id, APPROVAL_WITHDRAWN)
-    store.log_action(ActionInfo(by, "cancel", run_id, "", {"reason": reason}))
+    store.log_action(identity.logged(actor, "cancel", run_id, "", {"reason": reason}))
 
 
 def pending(

@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import runtime
+from . import identity, runtime
 from .errors import ConfigError, RunBusy
 from .journal import Journal
 from .leases import HeldLease
-from .ports import QUEUED, ActionInfo, Store
+from .ports import QUEUED, Store
 from .records import Record, encode, refuse_nul
 
 
@@ -76,13 +76,16 @@ def resolve_halt(
     *,
     is_error: bool = False,
     evidence: Any = None,
-    by: str,
+    by: Any,
     min_age: float | None = None,
     store: Store | None = None,
 ) -> Record:
-    """Record what really happened to a halted call, and continue the run."""
-    if not isinstance(by, str) or not by:
-        raise HaltError("a resolution needs the name of who verified it (by=...)")
+    """Record what really happened to a halted call, and continue the run. ``by`` (a user
+    object, a username or an ``identity.Actor``) must name an active user holding
+    ``resolve_halt``."""
+    actor = identity.resolve(by)
+    identity.require(actor, identity.RESOLVE_HALT, "resolve a halt")
+    by = actor.username
     if not isinstance(is_error, bool):
         raise HaltError("is_error must be True or False")
     refuse_nul({"result": result, "evidence": evidence}, "the resolution")  # before any write
@@ -143,7 +146,9 @@ def resolve_halt(
     finally:
         lease.release()
     store.log_action(
-        ActionInfo(by, "resolve", run_id, call_id, {"is_error": is_error, "evidence": evidence})
+        identity.logged(
+            actor, "resolve", run_id, call_id, {"is_error": is_error, "evidence": evidence}
+        )
     )
     runtime.dispatch(run_id)
     return record

@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import runtime
+from . import identity, runtime
+from .approvals import new_incarnation
 from .errors import ConfigError
 from .journal import Journal
 from .model import Message
@@ -194,11 +195,15 @@ def fork(
     patch: Patch | None = None,
     new_run_id: str | None = None,
     *,
-    by: str = "",
+    by: Any = "",
     store: Store | None = None,
 ) -> str:
     """Create a fork of ``run_id`` at ``from_step`` and return its id (not yet driven:
-    ``resume`` it, or hand it to a worker)."""
+    ``resume`` it, or hand it to a worker). ``by`` (a user object, a username or an
+    ``identity.Actor``) must hold ``fork_run``; without it the fork is logged as "system"."""
+    actor = identity.resolve(by) if by else None
+    if actor is not None:
+        identity.require(actor, identity.FORK_RUN, "fork a run")
     store = store or runtime.store()
     patch = patch or Patch()
     journal = Journal(store)
@@ -268,6 +273,8 @@ def fork(
         body = dict(rec.body)
         if rec.name.startswith("tool:") and rec.name[5:] in patch.tool_results:
             continue  # written below, patched
+        if rec.name == "run:start":
+            body["incarnation"] = new_incarnation()  # a fork is a start of its own
         journal.write(new_run_id, rec.name, body)
     for call_id, result in patch.tool_results.items():
         journal.write(
@@ -287,14 +294,11 @@ def fork(
     if patch.append_user:
         journal.write(new_run_id, f"user:{from_step}", {"kind": "user", "text": patch.append_user})
     journal.write(new_run_id, "fork:done", {"kind": "fork-done"})
+    payload = {"step": from_step, "patch": patch.to_json()}
     store.log_action(
-        ActionInfo(
-            by or "system",
-            "fork",
-            run_id,
-            new_run_id,
-            {"step": from_step, "patch": patch.to_json()},
-        )
+        identity.logged(actor, "fork", run_id, new_run_id, payload)
+        if actor is not None
+        else ActionInfo("system", "fork", run_id, new_run_id, payload, channel=identity.PYTHON)
     )
     return new_run_id
 

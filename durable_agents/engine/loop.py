@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import failpoints, runtime
-from .approvals import policy_for
+from .approvals import new_incarnation, policy_for
 from .errors import (
     ApprovalPending,
     BudgetError,
@@ -260,6 +260,7 @@ class Driver:
                 "agent": self.agent.name,
                 "input": input,
                 "fingerprint": self.agent.fingerprint(),
+                "incarnation": new_incarnation(),  # see approvals.decision_bytes
             }
             if seed:
                 body["seed"] = seed

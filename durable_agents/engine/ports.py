@@ -196,6 +196,11 @@ class ActionInfo:
     target: str = ""
     payload: Mapping[str, Any] = field(default_factory=dict)
     created_at: datetime | None = None
+    # The actor's stable id (a user's primary key) and how the request came: "admin",
+    # "session", "api-key:<prefix>", "signature via <relay> (<their channel>)", "command",
+    # "python".
+    actor_id: str = ""
+    channel: str = ""
 
 
 @runtime_checkable

@@ -25,9 +25,13 @@ class Runtime:
     dispatcher: Callable[[str], None] | None = None
     # True once this process is shutting down: drivers stop after the step in flight.
     should_stop: Callable[[], bool] = lambda: False
-    # Who may decide a Quorum gate of a group, and an approver's Ed25519 public keys.
+    # Who may decide a Quorum gate of a group (usernames), and the Ed25519 public keys
+    # (base64) registered to a user, by the user's stable id.
     eligible_approvers: Callable[[str], list[str]] = lambda group: []
-    approver_keys: Callable[[str], list[str]] = lambda approver: []
+    approver_keys: Callable[[str], list[str]] = lambda user_id: []
+    # Turns a command's ``by=`` (a user object or a username) into an ``identity.Actor``, or
+    # None when it names no user. None here: a plain name is a trusted caller.
+    resolve_actor: Callable[[Any], Any] | None = None
 
 
 _runtime = Runtime()
@@ -35,7 +39,8 @@ _runtime = Runtime()
 
 def configure(**values: Any) -> None:
     """Set wiring: ``store_factory``, ``agent_loader``, ``lease_ttl``, ``on_drift``,
-    ``dispatcher``, ``should_stop``, ``eligible_approvers``, ``approver_keys``."""
+    ``dispatcher``, ``should_stop``, ``eligible_approvers``, ``approver_keys``,
+    ``resolve_actor``."""
     for key, value in values.items():
         if not hasattr(_runtime, key):
             raise ConfigError(f"unknown runtime setting {key!r}", code="config.runtime")
@@ -78,8 +83,17 @@ def eligible_approvers(group: str) -> list[str]:
     return list(_runtime.eligible_approvers(group))
 
 
-def approver_keys(approver: str) -> list[str]:
-    return list(_runtime.approver_keys(approver))
+def approver_keys(user_id: str) -> list[str]:
+    return list(_runtime.approver_keys(user_id))
+
+
+def resolve_actor(by: Any) -> Any:
+    """The ``identity.Actor`` ``by`` names, or None; see ``identity.resolve``."""
+    if _runtime.resolve_actor is None:
+        from .identity import plain_actor
+
+        return plain_actor(by)
+    return _runtime.resolve_actor(by)
 
 
 def should_stop() -> bool:

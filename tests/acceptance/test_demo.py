@@ -41,8 +41,10 @@ def _rows(db):
 @pytest.mark.timeout(240)
 def test_demo_runs_end_to_end_and_again_from_a_clean_slate(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DA_", "DATABASE_URL"))}
-    env.update(
-        DJANGO_SETTINGS_MODULE="example_project.settings", DURABLE_AGENTS_DEMO_DIR=str(tmp_path)
+    env.update(  # as ./scripts/demo sets it up
+        DJANGO_SETTINGS_MODULE="example_project.settings",
+        DURABLE_AGENTS_DEMO_DIR=str(tmp_path),
+        DJANGO_DEBUG="true",
     )
     _demo(env)
     db = tmp_path / "db.sqlite3"

@@ -342,7 +342,7 @@ def test_approve_in_the_admin_runs_the_call_once_and_the_run_finishes():
 
 def test_deciding_for_a_cancelled_run_is_refused_as_orphaned():
     req = waiting_for_approval("adm-orphan")
-    da.cancel("adm-orphan", by="ops", reason="customer left")
+    da.cancel("adm-orphan", by=make_user("ops", superuser=True), reason="customer left")
     client = client_for(make_user("alice", "durable_agents.approve_toolcall"))
     response = client.post(approval_url(req, "decide"), {"decision": "approve"})
     assert any("approval.orphaned" in m for m in messages_of(response))
@@ -481,8 +481,9 @@ def test_resolve_a_real_halt_in_the_admin():
 def test_halt_queue_opens_on_open_halts():
     halted_in_process("hq-open")
     halt = halted_in_process("hq-resolved")
-    da.resolve_halt("hq-resolved", halt.op_id, {"charged": False}, by="script")
-    client = client_for(make_user("root", superuser=True))
+    root = make_user("root", superuser=True)
+    da.resolve_halt("hq-resolved", halt.op_id, {"charged": False}, by="root")
+    client = client_for(root)
     changelist = reverse("admin:durable_agents_halt_changelist")
     page = text_of(client.get(changelist))
     assert "hq-open" in page and "hq-resolved" not in page
@@ -756,19 +757,18 @@ def test_api_key_is_shown_once_and_stored_as_a_hash():
 
 def test_approver_keys_must_be_32_byte_base64():
     client = client_for(make_user("root", superuser=True))
+    alice = make_user("alice", "durable_agents.approve_toolcall").pk
     add = reverse("admin:durable_agents_approverkey_add")
-    bad = client.post(add, {"approver": "alice", "public_key": "not base64!"})
+    bad = client.post(add, {"user": alice, "public_key": "not base64!"})
     assert bad.status_code == 200 and "not valid base64" in text_of(bad)
-    short = client.post(
-        add, {"approver": "alice", "public_key": base64.b64encode(b"x" * 31).decode()}
-    )
+    short = client.post(add, {"user": alice, "public_key": base64.b64encode(b"x" * 31).decode()})
     assert short.status_code == 200 and "exactly 32 bytes" in text_of(short)
     assert not ApproverKey.objects.exists()
     raw = Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    good = client.post(add, {"approver": "alice", "public_key": base64.b64encode(raw).decode()})
+    good = client.post(add, {"user": alice, "public_key": base64.b64encode(raw).decode()})
     assert good.status_code == 302
     key = ApproverKey.objects.get()
-    assert base64.b64decode(key.public_key) == raw
+    assert base64.b64decode(key.public_key) == raw and key.user_id == alice
     client.post(
         reverse("admin:durable_agents_approverkey_changelist"),
         {"action": "revoke", "_selected_action": [key.pk]},

@@ -225,7 +225,8 @@ def test_a_fork_of_a_run_awaiting_approval_asks_again():
 def test_compare_marks_the_first_differing_step():
     parrot.start("where is order 7?", run_id="cmp-a")
     assert Run.objects.get(run_id="cmp-a").answer.startswith("heard: ")
-    da.fork("cmp-a", 1, da.Patch(append_user="in French, please"), new_run_id="cmp-b", by="t")
+    forker = make_user("forker", "durable_agents.fork_run")
+    da.fork("cmp-a", 1, da.Patch(append_user="in French, please"), new_run_id="cmp-b", by=forker)
     da.resume("cmp-b")
     assert Run.objects.get(run_id="cmp-b").answer == "heard: in French, please"
 

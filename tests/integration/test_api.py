@@ -131,7 +131,8 @@ def with_key(user: User) -> Caller:
 
 
 def staff_with(*perms: str, name: str = "operator") -> Caller:
-    return with_key(make_user(name, perms=perms))
+    """A staff caller by API key who may read runs (``view_run``), and holds ``perms``."""
+    return with_key(make_user(name, perms=("durable_agents.view_run", *perms)))
 
 
 def error(response: Any, status: int, code: str) -> dict:
@@ -159,10 +160,28 @@ def keypair() -> tuple[Ed25519PrivateKey, str]:
     return private, base64.b64encode(public).decode()
 
 
-def sign(private: Ed25519PrivateKey, run_id: str, call_id: str, approver: str, ok: bool) -> str:
+def sign(
+    private: Ed25519PrivateKey, run_id: str, call_id: str, approver: str, ok: bool, note: str = ""
+) -> str:
+    """What an external approver's client does: build the format-2 bytes from the pending
+    request (its incarnation, from the run's start) and sign them."""
     request = ApprovalRequest.objects.get(run_id=run_id, call_id=call_id)
-    message = da.decision_bytes(run_id, call_id, request.tool_name, request.arguments, approver, ok)
+    start = JournalEntry.objects.get(run_id=run_id, name="run:start")
+    message = da.decision_bytes(
+        incarnation=json.loads(start.data)["incarnation"],
+        run_id=run_id,
+        call_id=call_id,
+        tool_name=request.tool_name,
+        arguments=request.arguments,
+        approver_id=str(User.objects.get(username=approver).pk),
+        approved=ok,
+        note=note,
+    )
     return base64.b64encode(private.sign(message)).decode()
+
+
+def register_key(username: str, public: str) -> ApproverKey:
+    return ApproverKey.objects.create(user=User.objects.get(username=username), public_key=public)
 
 
 @pytest.fixture(autouse=True)
@@ -178,21 +197,24 @@ class Route:
     method: str
     path: Callable[[], str]
     body: Callable[[], Any]
-    permission: str | None  # None: any staff caller
+    permission: str  # one permission that allows it (the table may allow others too)
     success: int
 
 
 def _signed_body() -> dict:
     private, public = keypair()
-    ApproverKey.objects.create(approver="ext-approver", public_key=public)
+    make_user("ext-approver", staff=False, perms=("durable_agents.approve_toolcall",))
+    register_key("ext-approver", public)
     sig = sign(private, "m-gated", "call_1_1", "ext-approver", True)
     return {"approver": "ext-approver", "approved": True, "signature": sig}
 
 
 ROUTES = {
-    "list runs": Route("get", lambda: "/runs", dict, None, 200),
-    "run detail": Route("get", lambda: "/runs/m-gated", dict, None, 200),
-    "run journal": Route("get", lambda: "/runs/m-echo/journal", dict, None, 200),
+    "list runs": Route("get", lambda: "/runs", dict, "durable_agents.view_run", 200),
+    "run detail": Route("get", lambda: "/runs/m-gated", dict, "durable_agents.view_run", 200),
+    "run journal": Route(
+        "get", lambda: "/runs/m-echo/journal", dict, "durable_agents.view_run", 200
+    ),
     "start run": Route(
         "post",
         lambda: "/runs",
@@ -210,7 +232,9 @@ ROUTES = {
         "durable_agents.cancel_run",
         200,
     ),
-    "list approvals": Route("get", lambda: "/approvals", dict, None, 200),
+    "list approvals": Route(
+        "get", lambda: "/approvals", dict, "durable_agents.view_approvalrequest", 200
+    ),
     "decide": Route(
         "post",
         lambda: "/runs/m-gated/approvals/call_1_1",
@@ -219,9 +243,13 @@ ROUTES = {
         200,
     ),
     "decide signed": Route(
-        "post", lambda: "/runs/m-gated/approvals/call_1_1/signed", _signed_body, None, 200
+        "post",
+        lambda: "/runs/m-gated/approvals/call_1_1/signed",
+        _signed_body,
+        "durable_agents.view_approvalrequest",
+        200,
     ),
-    "list halts": Route("get", lambda: "/halts", dict, None, 200),
+    "list halts": Route("get", lambda: "/halts", dict, "durable_agents.view_halt", 200),
     "resolve halt": Route(
         "post",
         lambda: "/runs/m-halt/halts/call_1_1/resolve",
@@ -288,7 +316,7 @@ def test_who_may_call_each_route(scenario, route, principal):
 
 
 def test_api_keys_update_last_used_and_are_refused_for_bad_or_inactive_users():
-    user = make_user("robot")
+    user = make_user("robot", perms=("durable_agents.view_run",))
     key, raw = issue_api_key(user, "ci")
     assert key.last_used_at is None and key.key_hash != raw and len(key.prefix) == 8
     assert Client().get(API + "/runs", headers={"X-API-Key": raw}).status_code == 200
@@ -311,7 +339,7 @@ def test_api_keys_update_last_used_and_are_refused_for_bad_or_inactive_users():
 
 
 def test_a_bad_api_key_is_refused_even_with_a_staff_session():
-    client = session(make_user("viewer"))
+    client = session(make_user("viewer", perms=("durable_agents.view_run",)))
     assert client.get(API + "/runs").status_code == 200
     error(client.get(API + "/runs", headers={"X-API-Key": "nope-nope"}), 401, "auth.invalid_key")
 
@@ -521,12 +549,15 @@ def finance():
     for name in ("ann", "bob", "cat"):
         make_user(name, groups=("finance",))
     group = Group.objects.get(name="finance")
+    readers = ("view_run", "view_halt")
     group.permissions.add(
-        Permission.objects.get(
-            codename="approve_toolcall", content_type__app_label="durable_agents"
+        *Permission.objects.filter(
+            codename__in=("approve_toolcall", *readers), content_type__app_label="durable_agents"
         )
     )
-    make_user("dan", perms=("durable_agents.approve_toolcall",))  # not in finance
+    make_user(  # not in finance
+        "dan", perms=("durable_agents.approve_toolcall", *(f"durable_agents.{p}" for p in readers))
+    )
     return {
         name: with_key(User.objects.get(username=name)) for name in ("ann", "bob", "cat", "dan")
     }
@@ -581,8 +612,9 @@ def test_signed_decisions_count_only_when_the_signature_verifies(finance):
     quorum_agent.start("pay invoice inv-1", run_id="q-sig")
     quorum_agent.start("pay invoice inv-1", run_id="q-other")
     private, public = keypair()
-    ApproverKey.objects.create(approver="cat", public_key=public)
-    relay = staff_with(name="relay")  # staff, no approve permission: the signature decides
+    register_key("cat", public)
+    # Staff who may read approvals, without approve_toolcall: the signature decides.
+    relay = staff_with("durable_agents.view_approvalrequest", name="relay")
     path = "/runs/q-sig/approvals/call_1_1/signed"
     before = snapshot()
 
@@ -602,10 +634,17 @@ def test_signed_decisions_count_only_when_the_signature_verifies(finance):
     )
     assert snapshot() == before
 
-    response = relay.post(path, dict(bad, signature=good, note="signed off"))
+    # The note is signed too: a relay cannot add or change it.
+    error(
+        relay.post(path, dict(bad, signature=good, note="signed off")),
+        400,
+        "approval.bad_signature",
+    )
+    noted = sign(private, "q-sig", "call_1_1", "cat", True, note="signed off")
+    response = relay.post(path, dict(bad, signature=noted, note="signed off"))
     assert response.status_code == 200 and response.json()["status"] == "pending"
     decision = Decision.objects.get(request__run_id="q-sig")
-    assert (decision.approver, decision.approved, decision.signature) == ("cat", True, good)
+    assert (decision.approver, decision.approved, decision.signature) == ("cat", True, noted)
     assert (
         finance["ann"].post("/runs/q-sig/approvals/call_1_1", {"approved": True}).json()["status"]
         == "approved"
@@ -616,14 +655,16 @@ def test_signed_decisions_count_only_when_the_signature_verifies(finance):
 def test_a_signed_decision_of_an_ineligible_approver_is_refused(finance):
     quorum_agent.start("pay invoice inv-1", run_id="q-sig-dan")
     private, public = keypair()
-    ApproverKey.objects.create(approver="dan", public_key=public)
+    register_key("dan", public)
     body = {
         "approver": "dan",
         "approved": True,
         "signature": sign(private, "q-sig-dan", "call_1_1", "dan", True),
     }
     error(
-        staff_with(name="relay").post("/runs/q-sig-dan/approvals/call_1_1/signed", body),
+        staff_with("durable_agents.view_approvalrequest", name="relay").post(
+            "/runs/q-sig-dan/approvals/call_1_1/signed", body
+        ),
         403,
         "approval.not_eligible",
     )
@@ -733,7 +774,9 @@ def test_bad_starts_write_nothing():
 
 
 def test_bad_ids_in_paths_and_queries():
-    caller = staff_with("durable_agents.cancel_run", "durable_agents.approve_toolcall")
+    caller = staff_with(
+        "durable_agents.cancel_run", "durable_agents.approve_toolcall", "durable_agents.view_halt"
+    )
     error(caller.get("/runs/nope"), 404, "run.not_found")
     error(caller.get("/runs/nope/journal"), 404, "run.not_found")
     error(caller.get("/runs/" + quote("bad id!")), 400, "config.run_id")
@@ -750,8 +793,16 @@ def test_bad_ids_in_paths_and_queries():
     )
 
 
-def test_openapi_schema_is_served():
-    response = Client().get("/api/openapi.json")
+def test_openapi_schema_is_served_to_staff():
+    error(Client().get("/api/openapi.json"), 401, "auth.required")
+    error(session(make_user("visitor", staff=False)).get("/api/docs"), 403, "auth.not_staff")
+    staff = session(make_user("viewer"))
+    docs = staff.get("/api/docs")
+    assert docs.status_code == 200
+    page = docs.content.decode()
+    # Swagger UI from ninja's own static files: the page works offline.
+    assert "/static/ninja/swagger-ui-bundle.js" in page and "cdn" not in page.lower()
+    response = staff.get("/api/openapi.json")
     assert response.status_code == 200
     schema = response.json()
     paths = schema["paths"]
@@ -771,6 +822,12 @@ def test_openapi_schema_is_served():
     schemes = schema["components"]["securitySchemes"]
     assert {"type": "apiKey", "in": "header", "name": "X-API-Key"} in schemes.values()
     assert paths["/api/agents/runs"]["post"]["responses"]["202"]
+
+
+def test_a_setting_publishes_the_api_docs(settings):
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "PUBLIC_API_DOCS": True}
+    assert Client().get("/api/openapi.json").status_code == 200
+    assert Client().get("/api/docs").status_code == 200
 
 
 # -- query counts -------------------------------------------------------------------

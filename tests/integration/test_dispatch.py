@@ -6,8 +6,6 @@ from __future__ import annotations
 from io import StringIO
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
@@ -219,12 +217,23 @@ def test_resolve_command_records_the_outcome_and_refuses_bad_input():
         "attempt:call_1_1:1",
         {"kind": "attempt", "claim": "c", "attempted_at": 1, "tool": "act"},
     )
-    ops = get_user_model().objects.create_user("ops", is_staff=True)
-    ops.user_permissions.add(Permission.objects.get(codename="resolve_halt"))
     with pytest.raises(CommandError, match="not valid JSON"):
         call_command(
             "durable_agents", "resolve", "cmd-halt", "call_1_1", "--result", "{oops", "--by", "ops"
         )
+    # --by names a user, who must hold resolve_halt (the engine's rule, on every path).
+    with pytest.raises(CommandError, match=r"actor\.unknown"):
+        call_command(
+            "durable_agents", "resolve", "cmd-halt", "call_1_1", "--result", "1", "--by", "ops"
+        )
+    from django.contrib.auth.models import User
+
+    User.objects.create_user("viewer")
+    with pytest.raises(CommandError, match=r"actor\.forbidden"):
+        call_command(
+            "durable_agents", "resolve", "cmd-halt", "call_1_1", "--result", "1", "--by", "viewer"
+        )
+    User.objects.create_superuser("ops")
     with pytest.raises(CommandError, match=r"halt\.no_live_attempt"):
         call_command(
             "durable_agents", "resolve", "cmd-halt", "call_9_9", "--result", "1", "--by", "ops"

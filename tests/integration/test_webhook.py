@@ -82,9 +82,11 @@ def test_redelivery_after_the_driver_was_killed_resumes_the_same_turn():
     turns = Run.objects.filter(session_id="s-crash").exclude(run_id__endswith=">session")
     assert turns.count() == 1
     # Staff approve the refund; the same turn finishes and the redelivery gets its answer.
+    from django.contrib.auth.models import User
+
     import durable_agents as da
 
-    da.approve(run_id, "call_2_2", True, by="staff")
+    da.approve(run_id, "call_2_2", True, by=User.objects.create_superuser("staff"))
     assert Run.objects.get(run_id=run_id).status == "finished"
     final = post("s-crash", "d-9", "Order 7?")
     assert final.status_code == 200 and "refunded order 7" in json.loads(final.content)["answer"]

@@ -20,7 +20,7 @@ def post(session: str, delivery_id: str, text: str, secret: str | None = None):
         "/webhooks/inbound/",
         data=body,
         content_type="application/json",
-        HTTP_X_SIGNATURE=webhooks.signature_for(body, secret or settings.WEBHOOK_SECRET),
+        HTTP_X_SIGNATURE=webhooks.sign(body, delivery_id, secret or settings.WEBHOOK_SECRET),
         HTTP_X_DELIVERY_ID=delivery_id,
     )
     return webhooks.inbound(request)

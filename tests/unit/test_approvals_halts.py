@@ -27,10 +27,12 @@ def store():
 
 @pytest.fixture
 def wiring(store):
-    """Inline hand-over to this store, and a finance group of three approvers."""
+    """Inline hand-over to this store, a finance group of three approvers, and no user
+    system: a name is a trusted caller (plain-Python use)."""
     saved = dict(runtime._runtime.__dict__)
     keys: dict[str, list[str]] = {}
     runtime.configure(
+        resolve_actor=None,
         dispatcher=lambda run_id: _drive(run_id, store),
         eligible_approvers=lambda group: ["ann", "bob", "cat"] if group == "finance" else [],
         approver_keys=lambda who: keys.get(who, []),
@@ -150,35 +152,99 @@ def _keypair():
     return private, base64.b64encode(public).decode()
 
 
+def _signed(private, store, run_id, args, approver="bob", ok=True, note="", incarnation=None):
+    if incarnation is None:
+        incarnation = Journal(store).get(run_id, "run:start").get("incarnation")
+    message = da.decision_bytes(
+        incarnation=incarnation,
+        run_id=run_id,
+        call_id="call_1_2",
+        tool_name="pay",
+        arguments=args,
+        approver_id=approver,
+        approved=ok,
+        note=note,
+    )
+    return base64.b64encode(private.sign(message)).decode()
+
+
 def test_signed_decisions_approve_this_call_and_no_other(store, wiring, fired):
     private, public = _keypair()
     wiring["bob"] = [public]
     a = gated_agent(fired, "unit-signed", quorum=da.Quorum(need=1, group="finance"))
     with pytest.raises(da.ApprovalPending):
         a.run("r1", "pay me", store=store)
-    other = da.decision_bytes("r1", "call_1_2", "pay", {"cents": 500}, "bob", True)
+    other = _signed(private, store, "r1", {"cents": 500})
     with pytest.raises(da.ApprovalBadSignature):
-        da.approve(
-            "r1",
-            "call_1_2",
-            True,
-            by="bob",
-            store=store,
-            signature=base64.b64encode(private.sign(other)).decode(),
-        )
+        da.approve("r1", "call_1_2", True, by="bob", store=store, signature=other)
     with pytest.raises(da.ApprovalBadSignature):
         da.approve("r1", "call_1_2", True, by="bob", signature="bm90LWEtc2ln", store=store)
+    # The note is signed too: a relay cannot change it.
+    noted = _signed(private, store, "r1", {"cents": 5}, note="ok up to 5")
+    with pytest.raises(da.ApprovalBadSignature):
+        da.approve("r1", "call_1_2", True, "bob", "ok up to 500", signature=noted, store=store)
+    # Another start of the run (another incarnation): refused.
+    stale = _signed(private, store, "r1", {"cents": 5}, incarnation="0" * 32)
+    with pytest.raises(da.ApprovalBadSignature):
+        da.approve("r1", "call_1_2", True, by="bob", signature=stale, store=store)
     assert store.list_decisions("r1", "call_1_2") == [] and 5 not in fired
-    good = da.decision_bytes("r1", "call_1_2", "pay", {"cents": 5}, "bob", True)
-    out = da.approve(
-        "r1",
-        "call_1_2",
-        True,
-        by="bob",
-        store=store,
-        signature=base64.b64encode(private.sign(good)).decode(),
-    )
+    out = da.approve("r1", "call_1_2", True, "bob", "ok up to 5", signature=noted, store=store)
     assert out.status == "approved" and fired.count(5) == 1
+
+
+def test_a_signature_over_the_retired_format_is_refused_by_name(store, wiring, fired):
+    import hashlib
+    import struct
+
+    from durable_agents.engine.records import encode
+
+    private, public = _keypair()
+    wiring["bob"] = [public]
+    a = gated_agent(fired, "unit-signed-v1", quorum=da.Quorum(need=1, group="finance"))
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+
+    def f(text):
+        return struct.pack(">I", len(text.encode())) + text.encode()
+
+    v1 = (
+        b"durable_agents.approval.v1\n"
+        + f("r1")
+        + f("call_1_2")
+        + f("pay")
+        + hashlib.sha256(encode({"cents": 5}).encode()).digest()
+        + f("bob")
+        + b"\x01"
+    )
+    signature = base64.b64encode(private.sign(v1)).decode()
+    with pytest.raises(da.ApprovalSignatureOutdated) as info:
+        da.approve("r1", "call_1_2", True, by="bob", signature=signature, store=store)
+    assert info.value.code == "approval.signature_format" and "format 2" in str(info.value)
+    assert store.list_decisions("r1", "call_1_2") == [] and 5 not in fired
+
+
+def test_by_must_name_someone(store, wiring, fired):
+    a = gated_agent(fired)
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+    for nobody in ("", None, 42):
+        with pytest.raises(da.ApproverNotEligible):
+            da.approve("r1", "call_1_2", True, by=nobody, store=store)
+    with pytest.raises(da.ConfigError) as info:
+        da.cancel("r1", by="", store=store)
+    assert info.value.code == "actor.unknown"
+    inactive = da.Actor(id="7", username="gone", active=False)
+    with pytest.raises(da.ConfigError) as info:
+        da.cancel("r1", by=inactive, store=store)
+    assert info.value.code == "actor.inactive"
+    viewer = da.Actor(id="8", username="viewer", permissions=frozenset())
+    with pytest.raises(da.ApproverNotEligible):
+        da.approve("r1", "call_1_2", True, by=viewer, store=store)
+    with pytest.raises(da.ConfigError) as info:
+        da.cancel("r1", by=viewer, store=store)
+    assert info.value.code == "actor.forbidden"
+    assert store.get_run("r1").status == "awaiting_approval" and store.list_actions() == []
+    assert store.list_decisions("r1", "call_1_2") == [] and 5 not in fired
 
 
 def test_cancelled_run_orphans_its_approval(store, wiring, fired):

@@ -2,8 +2,8 @@
 
 ``runs`` lists what is unfinished and what each run waits on (the call ids the other
 commands take); ``approve``, ``deny``, ``cancel`` and ``resolve`` act as a named user, who
-must exist, be active and hold the permission the admin would ask for; the action log
-records that the action came from the command line.
+must exist, be active and hold the permission the admin would ask for (the engine checks it,
+as on every path); the action log records the user and the ``command`` channel.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_agents.engine.errors import DurableAgentsError
+from durable_agents.people import actor_for
 from durable_agents.engine.ports import STATUSES, TERMINAL_STATUSES
 
 UNFINISHED = [s for s in STATUSES if s not in TERMINAL_STATUSES]
@@ -123,7 +124,7 @@ class Command(BaseCommand):
             options["run_id"],
             options["call_id"],
             approved,
-            by=command_actor(options["by"], APPROVE),
+            by=actor_for(options["by"]),
             note=options["note"],
         )
         self.stdout.write(
@@ -139,7 +140,7 @@ class Command(BaseCommand):
 
         cancel(
             options["run_id"],
-            by=command_actor(options["by"], OPERATE),
+            by=actor_for(options["by"]),
             reason=options["reason"],
         )
         self.stdout.write(f"run {options['run_id']} is cancelled")
@@ -163,7 +164,7 @@ class Command(BaseCommand):
             result,
             is_error=options["error"],
             evidence=evidence,
-            by=command_actor(options["by"], RESOLVE),
+            by=actor_for(options["by"]),
             min_age=options.get("min_age"),
         )
         self.stdout.write(
@@ -171,24 +172,3 @@ class Command(BaseCommand):
             f"{json.dumps(record.get('result'))}; the run is handed to a driver"
         )
 
-
-APPROVE = "durable_agents.approve_toolcall"
-RESOLVE = "durable_agents.resolve_halt"
-OPERATE = "durable_agents.cancel_run"
-
-
-def command_actor(username: str, permission: str) -> str:
-    """The user a command acts as: they must exist, be active and hold ``permission``, as
-    in the admin."""
-    from django.contrib.auth import get_user_model
-
-    User = get_user_model()
-    user = User._default_manager.filter(**{User.USERNAME_FIELD: username}).first()
-    if user is None or not user.is_active:
-        raise CommandError(f"--by {username!r} is not an active user; name a user of this site")
-    if not user.has_perm(permission):
-        raise CommandError(
-            f"user {username!r} lacks the {permission} permission this command needs; "
-            "grant it in the admin"
-        )
-    return user.get_username()

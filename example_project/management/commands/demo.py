@@ -141,7 +141,7 @@ class Command(BaseCommand):
             "/webhooks/inbound/",
             data=body,
             content_type="application/json",
-            HTTP_X_SIGNATURE=webhooks.signature_for(body.encode(), settings.WEBHOOK_SECRET),
+            HTTP_X_SIGNATURE=webhooks.sign(body.encode(), delivery_id, settings.WEBHOOK_SECRET),
             HTTP_X_DELIVERY_ID=delivery_id,
         )
         return webhooks.inbound(request)

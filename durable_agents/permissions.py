@@ -1,0 +1,67 @@
+"""Who may do what: one table, read by the admin, the API and the management command.
+
+Each action is allowed to a user holding any one of its permissions (superusers hold them
+all). The permissions are Django's: the four custom ones live on the Run model
+(``approve_toolcall``, ``resolve_halt``, ``fork_run``, ``cancel_run``), the rest are the
+models' own ``view_*`` / ``add_*`` / ``delete_*``. The engine checks the permission of its
+own commands again (``engine.identity``), whatever path the request took.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .engine.identity import APPROVE_TOOLCALL, FORK_RUN, OPERATE_RUNS, RESOLVE_HALT
+
+VIEW_RUN = "durable_agents.view_run"
+VIEW_APPROVALS = "durable_agents.view_approvalrequest"
+VIEW_HALTS = "durable_agents.view_halt"
+START_RUN = "durable_agents.add_run"
+DELETE_RUN = "durable_agents.delete_run"
+
+
+@dataclass(frozen=True)
+class Rule:
+    what: str  # "may not <what>"
+    any_of: tuple[str, ...]
+
+
+RULES: dict[str, Rule] = {
+    # Operating or forking a run means reading it first: those permissions show runs too.
+    "view_runs": Rule(
+        "read runs, their journals, history, sessions and comparisons",
+        (VIEW_RUN, OPERATE_RUNS, FORK_RUN),
+    ),
+    "view_approvals": Rule(
+        "read the tool calls awaiting approval", (VIEW_APPROVALS, APPROVE_TOOLCALL)
+    ),
+    "view_halts": Rule("read halted tool calls", (VIEW_HALTS, RESOLVE_HALT)),
+    "start": Rule("start a run or send a session a message", (START_RUN,)),
+    "resume": Rule("resume a run", (OPERATE_RUNS,)),
+    "cancel": Rule("cancel a run", (OPERATE_RUNS,)),
+    "decide": Rule("decide a tool call", (APPROVE_TOOLCALL,)),
+    # The signature is the authority; relaying it needs to read what is being decided.
+    "relay": Rule("relay a signed decision", (VIEW_APPROVALS, APPROVE_TOOLCALL)),
+    "resolve": Rule("resolve a halt", (RESOLVE_HALT,)),
+    "fork": Rule("fork a run", (FORK_RUN,)),
+    "delete": Rule("delete a run", (DELETE_RUN,)),
+}
+
+
+def allows(user: Any, action: str) -> bool:
+    """True if ``user`` (active) holds one of the permissions ``action`` needs."""
+    if user is None or not getattr(user, "is_active", False):
+        return False
+    return any(user.has_perm(p) for p in RULES[action].any_of)
+
+
+def refusal(user: Any, action: str) -> str:
+    """Why ``user`` may not do ``action``, naming the permission(s) to grant."""
+    rule = RULES[action]
+    needs = " or ".join(repr(p) for p in rule.any_of)
+    name = user.get_username() if user is not None else "this caller"
+    return (
+        f"{name!r} may not {rule.what}: it needs the {needs} permission (grant it in the "
+        "admin, directly or through a group)"
+    )
