@@ -15,8 +15,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_agents.engine.errors import DurableAgentsError
-from durable_agents.people import actor_for
 from durable_agents.engine.ports import STATUSES, TERMINAL_STATUSES
+from durable_agents.people import actor_for
 
 UNFINISHED = [s for s in STATUSES if s not in TERMINAL_STATUSES]
 
