@@ -171,4 +171,3 @@ class Command(BaseCommand):
             f"recorded the outcome of {options['call_id']} in {options['run_id']}: "
             f"{json.dumps(record.get('result'))}; the run is handed to a driver"
         )
-
