@@ -38,6 +38,7 @@ from .engine.errors import (
 from .engine.halts import (
     HaltAlreadyResolved,
     HaltInFlight,
+    HaltOrphaned,
     HaltTooYoung,
     NoLiveAttempt,
     resolve_halt,
@@ -45,6 +46,7 @@ from .engine.halts import (
 from .engine.history import Comparison, Patch, Step, as_of, compare, fork, history
 from .engine.journal import Journal
 from .engine.loop import AgentDrift, ResumeToolMissing
+from .engine.recovery import recover
 from .engine.sessions import SendResult, Session
 from .engine.tools import Tool, ToolContext, tool
 
@@ -64,6 +66,7 @@ __all__ = [
     "DurableAgentsError",
     "HaltAlreadyResolved",
     "HaltInFlight",
+    "HaltOrphaned",
     "HaltTooYoung",
     "InterruptPending",
     "Journal",
@@ -99,6 +102,7 @@ __all__ = [
     "fork",
     "history",
     "pending",
+    "recover",
     "resolve_halt",
     "resume",
     "tool",

@@ -25,4 +25,6 @@ class DurableAgentsConfig(AppConfig):
             should_stop=shutting_down,
             eligible_approvers=eligible_approvers,
             approver_keys=approver_keys,
+            halt_min_age=lambda: get_settings().effective_halt_min_age,
+            retry_policy=lambda: get_settings().retry,
         )
