@@ -41,6 +41,7 @@ from .engine.errors import (
 from .engine.halts import (
     HaltAlreadyResolved,
     HaltInFlight,
+    HaltOrphaned,
     HaltTooYoung,
     NoLiveAttempt,
     resolve_halt,
@@ -49,6 +50,7 @@ from .engine.history import Comparison, Patch, Step, as_of, compare, fork, histo
 from .engine.identity import Actor
 from .engine.journal import Journal
 from .engine.loop import AgentDrift, ResumeToolMissing
+from .engine.recovery import recover
 from .engine.sessions import SendResult, Session
 from .engine.tools import Tool, ToolContext, tool
 
@@ -70,6 +72,7 @@ __all__ = [
     "DurableAgentsError",
     "HaltAlreadyResolved",
     "HaltInFlight",
+    "HaltOrphaned",
     "HaltTooYoung",
     "InterruptPending",
     "Journal",
@@ -105,6 +108,7 @@ __all__ = [
     "fork",
     "history",
     "pending",
+    "recover",
     "resolve_halt",
     "resume",
     "tool",

@@ -34,6 +34,7 @@ from .admin_views import (
 from .engine.approvals import approve
 from .engine.errors import DurableAgentsError
 from .engine.halts import resolve_halt
+from .engine.journal import Journal
 from .engine.ports import APPROVAL_PENDING, HALT_OPEN
 from .models import ApprovalRequest, Decision, Halt, Lease
 from .storage import DjangoStore
@@ -170,6 +171,9 @@ def approval_detail(
         "admin/durable_agents/approvalrequest/detail.html",
         {
             "arguments": pretty(obj.arguments),
+            "previous_arguments": (
+                pretty(obj.previous_arguments) if obj.previous_arguments is not None else None
+            ),
             "run_input": pretty(obj.run.input),
             "policy": pretty(obj.policy),
             "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
@@ -249,7 +253,8 @@ class ResolveForm(forms.Form):
     min_age = forms.FloatField(
         required=False,
         min_value=0,
-        help_text="Optional: refuse if the attempt is younger than this many seconds.",
+        help_text="Optional: refuse if the attempt is younger than this many seconds. The "
+        "HALT_MIN_AGE setting (by default twice LEASE_TTL) applies in any case.",
     )
 
     def clean_result(self) -> Any:
@@ -308,12 +313,30 @@ def halt_detail(
         {
             "arguments": pretty(obj.arguments),
             "resolution": pretty(obj.resolution) if obj.resolution is not None else None,
+            "late": late_evidence(obj.run_id, obj.op_id),
             "lease": DjangoStore().get_lease(obj.run_id),
             "can_resolve": allows(request, "resolve") and obj.status == HALT_OPEN,
             "form": form or ResolveForm(),
             "resolve_url": admin_url(admin, "resolve", obj.pk),
         },
     )
+
+
+def late_evidence(run_id: str, op_id: str) -> list[dict[str, Any]]:
+    """What drivers that had lost the run saw when the call settled (``@late/<call>/<k>``
+    records): evidence for the person resolving, never the call's result."""
+    prefix = f"@late/{op_id}/"
+    return [
+        {
+            "name": rec.name,
+            "at": rec.created_at,
+            "outcome": rec.get("outcome"),
+            "holder": rec.get("holder"),
+            "result": pretty(rec.get("result")),
+        }
+        for rec in Journal(DjangoStore()).history(run_id)
+        if rec.name.startswith(prefix)
+    ]
 
 
 def halt_resolve_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> HttpResponse:

@@ -26,4 +26,6 @@ class DurableAgentsConfig(AppConfig):
             eligible_approvers=eligible_approvers,
             approver_keys=approver_keys,
             resolve_actor=resolve_actor,
+            halt_min_age=lambda: get_settings().effective_halt_min_age,
+            retry_policy=lambda: get_settings().retry,
         )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .engine.errors import ConfigError
+from .engine.recovery import RetryPolicy
 
 # Where the reference docs live for people who installed the wheel (it does not carry docs/).
 DOCS_URL = "https://github.com/durable-agents/durable-agents/blob/main/docs/"
@@ -18,18 +19,7 @@ DOCS_URL = "https://github.com/durable-agents/durable-agents/blob/main/docs/"
 DISPATCH_MODES = ("celery", "inline")
 DRIFT_POLICIES = ("warn", "error", "ignore")
 
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How a driver retries a retryable failure (provider 5xx, rate limit, DB blip)."""
-
-    max_attempts: int = 5
-    base_delay: float = 1.0
-    max_delay: float = 60.0
-
-    def delay(self, attempt: int) -> float:
-        """Exponential backoff for the ``attempt``-th failure in a row (1-based)."""
-        return float(min(self.max_delay, self.base_delay * (2 ** max(0, attempt - 1))))
+__all__ = ["RetryPolicy", "Settings", "get_settings", "parse"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +34,12 @@ class Settings:
     prepared_statements: bool = True
     public_api_docs: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    halt_min_age: float | None = None  # None: twice LEASE_TTL
+
+    @property
+    def effective_halt_min_age(self) -> float:
+        """Seconds a halt must have aged (by the database clock) before it may be resolved."""
+        return 2 * self.lease_ttl if self.halt_min_age is None else self.halt_min_age
 
 
 _KEYS = {
@@ -57,6 +53,7 @@ _KEYS = {
     "PREPARED_STATEMENTS": "prepared_statements",
     "PUBLIC_API_DOCS": "public_api_docs",
     "RETRY": "retry",
+    "HALT_MIN_AGE": "halt_min_age",
 }
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
 
@@ -114,6 +111,17 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
         if key in values and (not isinstance(values[key], str) or not values[key]):
             problems.append(f"DURABLE_AGENTS[{key.upper()!r}] must be a non-empty string")
             values.pop(key)
+
+    if values.get("halt_min_age") is not None:
+        age = values["halt_min_age"]
+        if isinstance(age, bool) or not isinstance(age, int | float) or not 0 <= age < 10**9:
+            problems.append(
+                "DURABLE_AGENTS['HALT_MIN_AGE'] must be a number of seconds >= 0 (or None for "
+                f"twice LEASE_TTL), not {age!r}"
+            )
+            values.pop("halt_min_age")
+        else:
+            values["halt_min_age"] = float(age)
 
     if not isinstance(values.get("prepared_statements", True), bool):
         problems.append("DURABLE_AGENTS['PREPARED_STATEMENTS'] must be True or False")

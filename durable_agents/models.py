@@ -16,6 +16,7 @@ RUN_ID_LENGTH = 400
 
 class Run(models.Model):
     STATUS_CHOICES = [(s, s.replace("_", " ")) for s in ports.STATUSES]
+    KIND_CHOICES = [(k, k) for k in ports.RUN_KINDS]
 
     run_id = models.CharField(primary_key=True, max_length=RUN_ID_LENGTH)
     agent = models.CharField(max_length=200, blank=True, default="")
@@ -33,6 +34,13 @@ class Run(models.Model):
     root_run_id = models.CharField(max_length=RUN_ID_LENGTH, null=True, blank=True)
     forked_from = models.CharField(max_length=RUN_ID_LENGTH, null=True, blank=True)
     forked_step = models.IntegerField(null=True, blank=True)
+    kind = models.CharField(
+        max_length=16,
+        choices=KIND_CHOICES,
+        default=ports.KIND_AGENT,
+        db_default=ports.KIND_AGENT,
+        help_text="only agent runs are driven; a session's journal or a plain journal never is",
+    )
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -78,6 +86,7 @@ class Run(models.Model):
             root_run_id=self.root_run_id,
             forked_from=self.forked_from,
             forked_step=self.forked_step,
+            kind=self.kind,
             created_at=self.created_at,
             updated_at=self.updated_at,
             finished_at=self.finished_at,
@@ -128,7 +137,11 @@ class Halt(models.Model):
     contended claim). Staff record what really happened; the run then continues."""
 
     CAUSES = [("crashed", "crashed"), ("contended", "contended")]
-    STATUSES = [(ports.HALT_OPEN, "open"), (ports.HALT_RESOLVED, "resolved")]
+    STATUSES = [
+        (ports.HALT_OPEN, "open"),
+        (ports.HALT_RESOLVED, "resolved"),
+        (ports.HALT_ORPHANED, "orphaned"),
+    ]
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="halts")
     op_id = models.CharField(max_length=500, help_text="tool call id or step name")
@@ -146,7 +159,11 @@ class Halt(models.Model):
     class Meta:
         ordering = ["-created_at"]
         constraints = [
-            models.UniqueConstraint(fields=["run", "op_id"], name="da_halt_run_op"),
+            # One row per attempt: a stale driver saving the same halt again cannot reopen a
+            # resolved one or erase its resolution.
+            models.UniqueConstraint(
+                fields=["run", "op_id", "attempt"], name="da_halt_run_op_attempt"
+            ),
         ]
         indexes = [models.Index(fields=["status", "-created_at"], name="da_halt_status")]
 
@@ -187,6 +204,11 @@ class ApprovalRequest(models.Model):
     policy = models.JSONField(default=dict)
     start_seq = models.BigIntegerField(help_text="which start of the run asked")
     status = models.CharField(max_length=16, choices=STATUSES, default=ports.APPROVAL_PENDING)
+    previous_arguments = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="arguments approved earlier that today's code would run differently",
+    )
     created_at = models.DateTimeField(db_default=Now())
     decided_at = models.DateTimeField(null=True, blank=True)
 
@@ -213,6 +235,7 @@ class ApprovalRequest(models.Model):
             status=self.status,
             created_at=self.created_at,
             decided_at=self.decided_at,
+            previous_arguments=self.previous_arguments,
         )
 
 

@@ -1,44 +1,17 @@
-"""Recovery: find unfinished runs nobody is driving and hand them to a driver again.
-
-A pass lists, through the partial index of unfinished runs, the runs that are queued,
-running (their driver died: the lease is expired or gone) or failed with a retryable error
-and retries left — skipping runs paused on a person (approval, halt, input) — and
-re-enqueues them. Its cost depends on the unfinished runs, not on how many have finished.
+"""Recovery for Django sites: one pass of ``durable_agents.engine.recovery.recover`` on the
+configured store, with the ``RETRY`` policy of the settings (the app wires both into the
+engine's runtime). Celery beat runs it (``durable_agents.tasks.recover_runs``); cron users run
+``manage.py durable_agents recover``; it is also ``durable_agents.recover()``.
 """
 
 from __future__ import annotations
 
-import logging
+from .engine.recovery import RECOVERABLE
+from .engine.recovery import recover as _recover
 
-from .conf import get_settings
-from .engine import runtime
-from .engine.ports import FAILED, QUEUED, RUNNING
-
-log = logging.getLogger("durable_agents.recovery")
-
-RECOVERABLE = (QUEUED, RUNNING, FAILED)
+__all__ = ["RECOVERABLE", "recover"]
 
 
 def recover(*, batch: int = 500) -> list[str]:
     """One recovery pass; returns the run ids it handed to a driver."""
-    settings = get_settings()
-    store = runtime.store()
-    sent: list[str] = []
-    after: str | None = None
-    while True:
-        runs = store.list_unfinished(
-            limit=batch, after=after, statuses=RECOVERABLE, lease_free=True
-        )
-        for run in runs:
-            if run.status == FAILED:
-                error = run.last_error or {}
-                if not error.get("retryable") or run.attempts >= settings.retry.max_attempts:
-                    continue  # it would fail the same way: a person must look at it
-            runtime.dispatch(run.run_id)
-            sent.append(run.run_id)
-        if len(runs) < batch:
-            break
-        after = runs[-1].run_id
-    if sent:
-        log.info("recovery re-enqueued %d run(s)", len(sent))
-    return sent
+    return _recover(batch=batch)

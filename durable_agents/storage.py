@@ -9,7 +9,8 @@ false. Lease expiry is always judged by the database clock (``now()``).
 
 On SQLite every statement is atomic and writers are serialised by the database lock, so the
 same statements without ``FOR SHARE`` give the same guarantees; the clock is the database
-host's (the same machine). Use ``"transaction_mode": "IMMEDIATE"`` and WAL mode.
+host's (the same machine). Use ``"transaction_mode": "IMMEDIATE"`` and WAL mode. A record
+and the run-row change it projects are two statements there, in one transaction.
 
 The SQL lives here, next to the models it writes; everything else goes through the ORM.
 """
@@ -29,10 +30,14 @@ from django.db.models.functions import Now
 from django.utils.dateparse import parse_datetime
 from psycopg.types.json import Jsonb
 
+from .engine import failpoints
 from .engine.errors import ConfigError, LeaseLost, StorageError
 from .engine.ports import (
     APPROVAL_PENDING,
     HALT_OPEN,
+    HALT_ORPHANED,
+    HALT_RESOLVED,
+    KIND_AGENT,
     RUN_FIELDS,
     TERMINAL_STATUSES,
     ActionInfo,
@@ -43,6 +48,7 @@ from .engine.ports import (
     LeaseInfo,
     RunInfo,
 )
+from .engine.records import encode
 from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Lease, Run
 
 _J = JournalEntry._meta.db_table
@@ -181,7 +187,10 @@ class DjangoStore:
             root_run_id=run.root_run_id,
             forked_from=run.forked_from,
             forked_step=run.forked_step,
+            kind=run.kind,
         )
+        if run.status in TERMINAL_STATUSES:
+            row.finished_at = Now()  # created in its final state: one write, never unfinished
         try:
             with transaction.atomic(using=self.using):
                 row.save(force_insert=True, using=self.using)
@@ -194,25 +203,39 @@ class DjangoStore:
         return row.to_domain() if row is not None else None
 
     def update_run(
-        self, run_id: str, changes: Mapping[str, Any], *, fence: str | None = None
-    ) -> None:
+        self,
+        run_id: str,
+        changes: Mapping[str, Any],
+        *,
+        fence: str | None = None,
+        if_status: Sequence[str] | None = None,
+    ) -> bool:
         unknown = set(changes) - RUN_FIELDS
         if unknown:
             raise ConfigError(f"unknown run fields {sorted(unknown)}", code="config.run_field")
         if self.prepared and self.dialect.postgres:
-            self._update_run_sql(run_id, changes, fence)
-            return
+            return self._update_run_sql(run_id, changes, fence, if_status)
         values: dict[str, Any] = dict(changes, updated_at=Now())
         if "status" in changes:
             values["finished_at"] = Now() if changes["status"] in TERMINAL_STATUSES else None
         rows = Run.objects.using(self.using).filter(run_id=run_id)
         if fence is not None:
             rows = rows.filter(Exists(self._live_lease(fence)))
+        if if_status is not None:
+            rows = rows.filter(status__in=list(if_status))
         updated = rows.update(**values)
-        if updated == 0 and fence is not None and self.get_run(run_id) is not None:
+        lost = updated == 0 and fence is not None and not self._holds(run_id, fence)
+        if lost and self.get_run(run_id) is not None:
             raise LeaseLost(f"lease on run {run_id!r} is no longer held by this driver")
+        return updated > 0
 
-    def _update_run_sql(self, run_id: str, changes: Mapping[str, Any], fence: str | None) -> None:
+    def _update_run_sql(
+        self,
+        run_id: str,
+        changes: Mapping[str, Any],
+        fence: str | None,
+        if_status: Sequence[str] | None,
+    ) -> bool:
         """The driver updates the run row after every turn: one prepared statement, fenced
         like a journal write."""
         sets, params = self._run_sets(changes)
@@ -224,9 +247,14 @@ class DjangoStore:
                 "AND expires_at > now())"
             )
             params += [run_id, fence]
+        if if_status is not None:
+            sql += " AND status = ANY(%s)"
+            params.append(list(if_status))
         row = self._fetchone(sql + " RETURNING 1", params)
-        if row is None and fence is not None and self.get_run(run_id) is not None:
+        lost = row is None and fence is not None and not self._holds(run_id, fence)
+        if lost and self.get_run(run_id) is not None:
             raise LeaseLost(f"lease on run {run_id!r} is no longer held by this driver")
+        return row is not None
 
     @staticmethod
     def _run_sets(changes: Mapping[str, Any]) -> tuple[str, list[Any]]:
@@ -279,10 +307,17 @@ class DjangoStore:
         run_changes: Mapping[str, Any] | None = None,
     ) -> tuple[Entry, bool]:
         d = self.dialect
-        if run_changes and not (d.postgres and self.prepared):
-            entry, inserted = self.insert(run_id, name, data, fence=fence)
-            if inserted:
-                self.update_run(run_id, run_changes, fence=fence)
+        if run_changes and not d.postgres:
+            unknown = set(run_changes) - RUN_FIELDS
+            if unknown:
+                raise ConfigError(f"unknown run fields {sorted(unknown)}", code="config.run_field")
+            # Two statements on SQLite (no data-modifying CTE): one transaction, so a crash
+            # between them stores neither.
+            with transaction.atomic(using=self.using):
+                entry, inserted = self.insert(run_id, name, data, fence=fence)
+                failpoints.hit(f"store:after-insert:{name}")
+                if inserted:
+                    self.update_run(run_id, run_changes, fence=fence)
             return entry, inserted
         if fence is None:
             sql = (
@@ -401,32 +436,34 @@ class DjangoStore:
     # -- halts ------------------------------------------------------------------------
 
     def save_halt(self, halt: HaltInfo) -> bool:
-        rows = Halt.objects.using(self.using)
-        if rows.filter(run_id=halt.run_id, op_id=halt.op_id, status=HALT_OPEN).exists():
-            return False
-        values = {
-            "tool_name": halt.tool_name,
-            "arguments": halt.arguments,
-            "attempt": halt.attempt,
-            "attempted_at": halt.attempted_at,
-            "cause": halt.cause,
-            "status": HALT_OPEN,
-            "resolution": None,
-            "resolved_by": None,
-            "resolved_at": None,
-        }
         try:
             with transaction.atomic(using=self.using):
-                rows.update_or_create(run_id=halt.run_id, op_id=halt.op_id, defaults=values)
+                Halt.objects.using(self.using).create(
+                    run_id=halt.run_id,
+                    op_id=halt.op_id,
+                    attempt=halt.attempt,
+                    tool_name=halt.tool_name,
+                    arguments=halt.arguments,
+                    attempted_at=halt.attempted_at,
+                    cause=halt.cause,
+                    status=HALT_OPEN,
+                )
         except IntegrityError:
-            return False
+            return False  # this attempt's halt exists: it is never written again
         return True
 
     def resolve_halt_row(
         self, run_id: str, op_id: str, resolution: Mapping[str, Any], by: str | None
     ) -> None:
-        Halt.objects.using(self.using).filter(run_id=run_id, op_id=op_id).update(
-            status="resolved", resolution=dict(resolution), resolved_by=by, resolved_at=Now()
+        Halt.objects.using(self.using).filter(run_id=run_id, op_id=op_id, status=HALT_OPEN).update(
+            status=HALT_RESOLVED, resolution=dict(resolution), resolved_by=by, resolved_at=Now()
+        )
+
+    def orphan_halts(self, run_id: str) -> int:
+        return int(
+            Halt.objects.using(self.using)
+            .filter(run_id=run_id, status=HALT_OPEN)
+            .update(status=HALT_ORPHANED, resolved_at=Now())
         )
 
     def list_halts(
@@ -450,6 +487,7 @@ class DjangoStore:
             "start_seq": request.start_seq,
             "status": request.status,
             "decided_at": None,
+            "previous_arguments": request.previous_arguments,
         }
         with transaction.atomic(using=self.using):
             existing = (
@@ -457,9 +495,13 @@ class DjangoStore:
                 .filter(run_id=request.run_id, call_id=request.call_id)
                 .first()
             )
-            if existing is not None and existing.start_seq == request.start_seq:
+            if (
+                existing is not None
+                and existing.start_seq == request.start_seq
+                and encode(existing.arguments) == encode(request.arguments)
+            ):
                 return False
-            if existing is not None:  # an earlier incarnation of the run asked: replace it
+            if existing is not None:  # an earlier incarnation, or other arguments: replace it
                 existing.decisions.all().delete()
                 rows.filter(pk=existing.pk).update(**values, created_at=Now())
                 return True
@@ -476,10 +518,16 @@ class DjangoStore:
         )
         return row.to_domain() if row is not None else None
 
-    def set_approval_status(self, run_id: str, call_id: str, status: str) -> None:
-        ApprovalRequest.objects.using(self.using).filter(run_id=run_id, call_id=call_id).update(
+    def set_approval_status(
+        self, run_id: str, call_id: str, status: str, *, if_status: Sequence[str] | None = None
+    ) -> bool:
+        rows = ApprovalRequest.objects.using(self.using).filter(run_id=run_id, call_id=call_id)
+        if if_status is not None:
+            rows = rows.filter(status__in=list(if_status))
+        updated = rows.update(
             status=status, decided_at=None if status == APPROVAL_PENDING else Now()
         )
+        return updated > 0
 
     def list_approval_requests(
         self, *, status: str | None = APPROVAL_PENDING, run_id: str | None = None
@@ -582,7 +630,7 @@ class DjangoStore:
         )
         rows = (
             Run.objects.using(self.using)
-            .filter(finished_at__isnull=True)
+            .filter(finished_at__isnull=True, kind=KIND_AGENT)
             .annotate(_leased=Exists(live))
             .order_by("run_id")
         )

@@ -88,6 +88,7 @@ DURABLE_AGENTS = {
         "example_project.agents.support",
         "tests.support.agents",
         "tests.support.celery_agents",
+        "tests.support.holes",
         # Benchmarks add their own agents (bench/throughput.py).
         *[a for a in os.environ.get("DA_EXTRA_AGENTS", "").split(",") if a],
     ],
@@ -98,6 +99,11 @@ DURABLE_AGENTS = {
     # Child processes of crash tests run with a short lease, so a killed driver's run can be
     # taken over quickly by the process that resumes it.
     "LEASE_TTL": float(os.environ.get("DA_LEASE_TTL", "30")),
+    # Child processes of crash tests may drive on SQLite, or without prepared statements.
+    "DATABASE": os.environ.get("DA_DATABASE", "default"),
+    "PREPARED_STATEMENTS": os.environ.get("DA_PREPARED", "1") == "1",
+    # Halts resolve at once in tests (the default, twice LEASE_TTL, is tested on its own).
+    "HALT_MIN_AGE": float(os.environ.get("DA_HALT_MIN_AGE", "0")),
 }
 
 # Celery (tests/celery_app.py): a Redis database of its own, late acks, one message at a time.

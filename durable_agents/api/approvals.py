@@ -122,6 +122,7 @@ def approval_out(
         call_id=row.call_id,
         tool_name=row.tool_name,
         arguments=row.arguments,
+        previous_arguments=row.previous_arguments,
         policy=row.policy or {},
         status=row.status,
         created_at=row.created_at,

@@ -38,6 +38,8 @@ CONFLICT = frozenset(
         "halt.in_flight",
         "halt.too_young",
         "halt.no_live_attempt",
+        "halt.orphaned",
+        "run.not_an_agent_run",
         "run.busy",
         "run.lease_lost",
         "run.finished",

@@ -71,7 +71,9 @@ def resolve(request: HttpRequest, run_id: str, call_id: str, payload: ResolveIn)
     """Record the verified outcome of a halted call and continue its run.
 
     Needs ``resolve_halt``. Refused while a driver holds the run (409 ``halt.in_flight``),
-    before ``min_age`` seconds have passed since the attempt (409 ``halt.too_young``), when
+    before ``HALT_MIN_AGE`` (or a larger ``min_age``) seconds have passed since the attempt
+    (409 ``halt.too_young``, naming when it can be resolved), on a cancelled run (409
+    ``halt.orphaned``), when
     another outcome stands (409 ``halt.already_resolved``; the same outcome again is
     accepted), and when the call has no attempt of unknown outcome (409
     ``halt.no_live_attempt``).

@@ -63,7 +63,7 @@ RunStatus = Literal[
     "cancelled",
 ]
 ApprovalStatus = Literal["pending", "approved", "denied", "withdrawn", "all"]
-HaltStatus = Literal["open", "resolved", "all"]
+HaltStatus = Literal["open", "resolved", "orphaned", "all"]
 
 Limit = Annotated[int, Field(ge=1, le=MAX_LIMIT, description="page size")]
 Offset = Annotated[int, Field(ge=0, le=MAX_OFFSET, description="rows to skip")]
@@ -195,6 +195,11 @@ class ApprovalOut(Schema):
     call_id: str
     tool_name: str
     arguments: Any
+    previous_arguments: Any = Field(
+        None,
+        description="set when the call was approved with other arguments than it would now "
+        "run with: it is asked again, and only ``arguments`` will run",
+    )
     policy: dict[str, Any]
     status: str
     created_at: datetime | None
@@ -301,7 +306,7 @@ class ResolveIn(Body):
         le=10**9,
         allow_inf_nan=False,
         description="refuse (409 halt.too_young) unless the attempt is at least this many "
-        "seconds old",
+        "seconds old; the HALT_MIN_AGE setting applies in any case",
     )
 
 

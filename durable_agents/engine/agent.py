@@ -127,9 +127,11 @@ class Agent:
         """Drive run ``run_id`` to its end in this process, under a lease.
 
         A new run records ``input``; an unfinished one resumes (``input`` must match what
-        it recorded, or be None); a finished one returns its recorded answer without
-        calling the model. Raises a ``Pause`` when the run must wait, ``RunBusy`` when
-        another driver holds it.
+        it recorded, or be None); a finished one, given the same input or None, returns its
+        recorded answer without calling the model. Another input is refused with
+        ``ConfigError`` (``config.input_mismatch``) whether the run is finished or not: a run
+        id names one request, like an idempotency key; use a new id for a new request.
+        Raises a ``Pause`` when the run must wait, ``RunBusy`` when another driver holds it.
         """
         from .loop import drive
 

@@ -7,13 +7,19 @@ rejection result the model reads.
 
 A decision continues only the run incarnation that asked for it: deciding a request whose
 run was cancelled, deleted, finished or started again under the same id is refused as
-orphaned, and the request is withdrawn.
+orphaned, and the request is withdrawn — also when the cancel lands while the decision is
+being recorded: the run's status changes only while it is unfinished.
 
 Who may decide is one rule (``check_may_decide``) for every path: ``by`` resolves to one
 active user (``identity.resolve``) who holds ``approve_toolcall`` and, for a quorum, is an
 eligible member of its group. A signed decision is checked against the keys registered to
 that user, over bytes that bind the run's incarnation and the whole decision
 (``decision_bytes``).
+
+A decision is for the arguments it was shown: the record holds them, and a driver runs the
+call only with exactly those. If today's code would run the call with other arguments (a
+deploy added a defaulted field), the call is asked about again, showing both; that second
+decision is recorded as ``approval:<call>:<digest of the new arguments>``.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from .ports import (
     APPROVAL_DENIED,
     APPROVAL_PENDING,
     APPROVAL_WITHDRAWN,
+    NOT_TERMINAL_STATUSES,
     QUEUED,
     TERMINAL_STATUSES,
     ApprovalRequestInfo,
@@ -102,6 +109,19 @@ class ApprovalBadSignature(ApprovalError):
 
 class ApprovalSignatureOutdated(ApprovalBadSignature):
     code = "approval.signature_format"
+
+
+def arguments_tag(arguments: Any) -> str:
+    """A short name for one argument set, to tell apart decisions on one call."""
+    return arguments_digest(arguments).hex()[:16]
+
+
+def decision_name(call_id: str, arguments: Any, *, again: bool) -> str:
+    """The journal name of the decision on a call: ``approval:<call>`` the first time it is
+    asked; when it is asked again for other arguments, one name per argument set."""
+    if not again:
+        return f"approval:{call_id}"
+    return f"approval:{call_id}:{arguments_tag(arguments)}"
 
 
 @dataclass(frozen=True)
@@ -375,7 +395,7 @@ def approve(
     )
     check_may_decide(actor, policy, eligible)
     by_name = actor.username
-    name = f"approval:{call_id}"
+    name = decision_name(call_id, request.arguments, again=request.previous_arguments is not None)
     standing = journal.get(run_id, name) if store.get_run(run_id) is not None else None
     if standing is not None:
         return _standing(request, standing, approved)
@@ -417,16 +437,26 @@ def approve(
             "note": note,
             "tally": count.to_json(),
             "at": now_ms(),
+            "arguments": request.arguments,
         },
     )
     if not inserted:
         return _standing(request, final, approved)
-    store.set_approval_status(
-        run_id, call_id, APPROVAL_APPROVED if count.passed else APPROVAL_DENIED
-    )
-    # Queued, not awaiting approval: if the hand-over below fails (a broker down),
-    # recovery picks the run up.
-    store.update_run(run_id, {"status": QUEUED})
+    status = APPROVAL_APPROVED if count.passed else APPROVAL_DENIED
+    decided = store.set_approval_status(run_id, call_id, status, if_status=[APPROVAL_PENDING])
+    # Queued, not awaiting approval: if the hand-over below fails (a broker down), recovery
+    # picks the run up. Only while the run is unfinished: a cancel that landed since the
+    # check above keeps the run cancelled, and the decision is refused as orphaned.
+    changes = {"status": QUEUED, "attempts": 0, "last_error": None}
+    moved = store.update_run(run_id, changes, if_status=NOT_TERMINAL_STATUSES)
+    if not (decided and moved):
+        store.set_approval_status(run_id, call_id, APPROVAL_WITHDRAWN)
+        why = "the run was cancelled while the decision was being recorded"
+        store.log_action(identity.logged(actor, "withdraw", run_id, call_id, {"why": why}))
+        raise ApprovalOrphaned(
+            f"the approval of call {call_id!r} in run {run_id!r} is orphaned ({why}); "
+            "nothing was run"
+        )
     runtime.dispatch(run_id)
     return ApprovalOutcome(
         run_id, call_id, APPROVAL_APPROVED if count.passed else APPROVAL_DENIED, count.to_json()
@@ -445,6 +475,8 @@ def _refuse_orphans(
         why = "the request was withdrawn"
     elif run.status in TERMINAL_STATUSES:
         why = f"the run is {run.status}"
+    elif journal.get(request.run_id, "run:cancelled") is not None:
+        why = "the run is cancelled"
     elif start is None or start.seq != request.start_seq:
         why = "the run was started again under the same id"
     if why is None:

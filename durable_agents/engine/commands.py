@@ -16,15 +16,16 @@ from .approvals import new_incarnation
 from .errors import ConfigError, DriveStopped, DurableAgentsError, LeaseLost, Pause, RunBusy
 from .journal import Journal
 from .leases import HeldLease
-from .loop import drive
+from .loop import close_cancelled, drive
 from .ports import (
-    APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
     AWAITING_INPUT,
     CANCELLED,
     FAILED,
     FINISHED,
     HALTED,
+    KIND_AGENT,
+    NOT_TERMINAL_STATUSES,
     QUEUED,
     RUNNING,
     SLEEPING,
@@ -32,6 +33,7 @@ from .ports import (
     Store,
 )
 from .records import encode, refuse_nul, validate_run_id
+from .recovery import describe
 
 log = logging.getLogger("durable_agents")
 
@@ -158,10 +160,21 @@ def get_run(run_id: str, *, store: Store | None = None) -> RunInfo:
 
 def resume(run_id: str, *, store: Store | None = None) -> RunResult:
     """Continue an unfinished run inline, with the input it recorded; a finished run
-    returns its recorded answer."""
+    returns its recorded answer. Only agent runs are driven: a session's own journal, or a
+    run written only through ``Journal``, is refused (``run.not_an_agent_run``)."""
     store = store or runtime.store()
     run = get_run(run_id, store=store)
-    result = drive(get_agent(run.agent), run_id, None, store=store, derived_id=True)
+    if run.kind != KIND_AGENT:
+        raise ConfigError(
+            f"run {run_id!r} is a {run.kind} journal, not an agent run: it is never driven",
+            code="run.not_an_agent_run",
+        )
+    try:
+        agent = get_agent(run.agent)
+    except ConfigError as exc:
+        _fail_undriven(store, run, exc)
+        raise
+    result = drive(agent, run_id, None, store=store, derived_id=True)
     if run.session_id is not None:
         from .sessions import record_answer
 
@@ -169,6 +182,28 @@ def resume(run_id: str, *, store: Store | None = None) -> RunResult:
         text = start.get("input") if start is not None else run.input
         record_answer(store, run_id, str(text), result.answer)
     return result
+
+
+def _fail_undriven(store: Store, run: RunInfo, exc: ConfigError) -> None:
+    """A run this process cannot drive at all (its agent is not loaded here) is marked
+    failed with why, under its lease, so recovery does not hand it over again and again."""
+    try:
+        lease = HeldLease(store, run.run_id, runtime.lease_ttl()).acquire()
+    except RunBusy:
+        return  # someone is driving it: it is theirs to judge
+    try:
+        store.update_run(
+            run.run_id,
+            {
+                "status": FAILED,
+                "last_error": {"code": exc.code, "message": str(exc), "retryable": False},
+                "attempts": run.attempts + 1,
+            },
+            fence=lease.token,
+            if_status=NOT_TERMINAL_STATUSES,
+        )
+    finally:
+        lease.release()
 
 
 def drive_quietly(run_id: str, *, store: Store | None = None) -> str:
@@ -192,41 +227,50 @@ def drive_quietly(run_id: str, *, store: Store | None = None) -> str:
 
 
 def cancel(run_id: str, *, by: Any, reason: str = "", store: Store | None = None) -> None:
-    """Cancel an unfinished run: it is never driven again, and its pending approvals are
-    withdrawn. Refused (``RunBusy``) while a driver holds the run: cancel once it pauses.
-    ``by`` (a user object, a username or an ``identity.Actor``) must name an active user
-    holding ``cancel_run``."""
+    """Cancel an unfinished run: it is never driven again; its pending approval requests
+    are withdrawn and its open halts orphaned, so a decision or a resolution arriving later
+    is refused. Refused (``RunBusy``) while a driver holds the run: cancel once it pauses.
+    Cancelling again finishes a cancel that stopped half-way. ``by`` (a user object, a
+    username or an ``identity.Actor``) must name an active user holding ``cancel_run``."""
     actor = identity.resolve(by)
     identity.require(actor, identity.OPERATE_RUNS, "cancel a run")
     store = store or runtime.store()
     run = get_run(run_id, store=store)
-    if run.status == CANCELLED:
-        return
-    if run.status == FINISHED:
+    journal = Journal(store)
+    if run.kind != KIND_AGENT:
+        raise ConfigError(
+            f"run {run_id!r} is a {run.kind} journal, not an agent run", code="run.not_an_agent_run"
+        )
+    if run.status == FINISHED or journal.get(run_id, "run:complete") is not None:
         raise ConfigError(
             f"run {run_id!r} already finished; nothing to cancel", code="run.finished"
         )
-    try:
-        lease = HeldLease(store, run_id, runtime.lease_ttl()).acquire()
-    except RunBusy:
-        raise RunBusy(
-            f"run {run_id!r} is being driven right now; cancel it once it pauses or "
-            "finishes its step",
-            run_id=run_id,
-        ) from None
-    try:
-        Journal(store).write(
-            run_id,
-            "run:cancelled",
-            {"kind": "cancelled", "by": actor.username, "by_id": actor.id, "reason": reason},
-            fence=lease.token,
-            run_changes={"status": CANCELLED},
-        )
-    finally:
-        lease.release()
-    for request in store.list_approval_requests(run_id=run_id):
-        store.set_approval_status(run_id, request.call_id, APPROVAL_WITHDRAWN)
-    store.log_action(identity.logged(actor, "cancel", run_id, "", {"reason": reason}))
+    if run.status != CANCELLED and journal.get(run_id, "run:cancelled") is None:
+        try:
+            lease = HeldLease(store, run_id, runtime.lease_ttl()).acquire()
+        except RunBusy:
+            raise RunBusy(
+                f"run {run_id!r} is being driven right now; cancel it once it pauses or "
+                "finishes its step",
+                run_id=run_id,
+            ) from None
+        try:
+            if journal.get(run_id, "run:complete") is not None:  # it finished meanwhile
+                raise ConfigError(
+                    f"run {run_id!r} already finished; nothing to cancel", code="run.finished"
+                )
+            _, inserted = journal.write(
+                run_id,
+                "run:cancelled",
+                {"kind": "cancelled", "by": actor.username, "by_id": actor.id, "reason": reason},
+                fence=lease.token,
+                run_changes={"status": CANCELLED},
+            )
+        finally:
+            lease.release()
+        if inserted:
+            store.log_action(identity.logged(actor, "cancel", run_id, "", {"reason": reason}))
+    close_cancelled(store, run_id)
 
 
 def pending(
@@ -235,9 +279,11 @@ def pending(
     limit: int = 1000,
     statuses: Sequence[str] | None = None,
 ) -> Sequence[PendingRun]:
-    """Unfinished runs (of ``statuses``, if given), with why each one is not finished and the
-    calls a person must decide or resolve."""
+    """Unfinished runs (of ``statuses``, if given), with why each one is not finished, what
+    happens next (a failed run says whether recovery retries it, from when, or gave up), and
+    the calls a person must decide or resolve."""
     store = store or runtime.store()
+    policy = runtime.retry_policy()
     runs = store.list_unfinished(limit=limit, statuses=statuses)
     waits: dict[str, list[Wait]] = {}
     if any(r.status == AWAITING_APPROVAL for r in runs):
@@ -255,8 +301,11 @@ def pending(
             run_id=r.run_id,
             agent=r.agent,
             status=r.status,
-            why=_WHY.get(r.status, r.status)
-            + (f": {r.last_error.get('message')}" if r.last_error else ""),
+            why=describe(r, policy)
+            or (
+                _WHY.get(r.status, r.status)
+                + (f": {r.last_error.get('message')}" if r.last_error else "")
+            ),
             last_error=dict(r.last_error) if r.last_error else None,
             attempts=r.attempts,
             lease_expired=r.lease_expired,

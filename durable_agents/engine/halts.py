@@ -2,24 +2,37 @@
 reconciler) records what really happened.
 
 ``resolve_halt`` records the verified outcome as the call's result, marked ``reconciled``
-with its evidence, and hands the run back to a driver. It refuses while a driver holds the
-run's live lease (``HaltInFlight``: that driver may be running the effect right now), before
-``min_age`` has passed since the attempt (``HaltTooYoung``: give the provider's records time
-to settle), and when another outcome already stands (``HaltAlreadyResolved``). The first
-outcome wins.
+with its evidence, and hands the run back to a driver. It is refused
+
+* before the halt is old enough (``HaltTooYoung``, naming when it can be resolved): at least
+  ``HALT_MIN_AGE`` (by default twice ``LEASE_TTL``) by the database's clock since the attempt
+  was claimed, so a driver that only stalled has long lost its lease, and the provider's
+  records have had time to settle. A ``min_age`` passed in can only raise that floor;
+* while a driver holds the run's live lease (``HaltInFlight``: it may be running the effect);
+* when the run was cancelled (``HaltOrphaned``: there is nothing left to continue);
+* when another outcome already stands (``HaltAlreadyResolved``). The first outcome wins.
+
+Resolving first takes the call's next attempt claim (``attempt:<call>:<k+1>``, marked as a
+resolution): from then on the call belongs to the resolution. A driver that comes back from
+a stall finds its lease gone and the attempt taken — it can neither record its result nor
+claim the call again; what its tool returned is kept as ``@late/<call>/<k>`` evidence.
+
+Durable steps (``Journal.step``) halt the same way; their op id is ``step:<name>`` and the
+outcome recorded is the step's value.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from . import identity, runtime
 from .errors import ConfigError, RunBusy
 from .journal import Journal
 from .leases import HeldLease
-from .ports import QUEUED, Store
+from .ports import CANCELLED, KIND_AGENT, QUEUED, Store
 from .records import Record, encode, refuse_nul
 
 
@@ -43,20 +56,30 @@ class NoLiveAttempt(HaltError):
     code = "halt.no_live_attempt"
 
 
+class HaltOrphaned(HaltError):
+    code = "halt.orphaned"
+
+
 @dataclass(frozen=True)
 class LiveAttempt:
     marker: Record
     tool_name: str
     age_seconds: float
+    number: int
+
+
+def result_name(op_id: str) -> str:
+    """The journal name of an op's outcome: ``tool:<call>``, or the step's own name."""
+    return op_id if op_id.startswith("step:") else f"tool:{op_id}"
 
 
 def live_attempt(journal: Journal, run_id: str, call_id: str) -> LiveAttempt | None:
     """The call's claimed attempt that has neither a result nor a not-started record."""
     live = None
-    k = 1
+    k = number = 1
     while (marker := journal.get(run_id, f"attempt:{call_id}:{k}")) is not None:
         if journal.get(run_id, f"not-started:{call_id}:{k}") is None:
-            live = marker
+            live, number = marker, k
         k += 1
     if live is None:
         return None
@@ -66,7 +89,7 @@ def live_attempt(journal: Journal, run_id: str, call_id: str) -> LiveAttempt | N
         age = (store_now() - live.created_at).total_seconds()
     else:
         age = time.time() - (live.get("attempted_at") or 0) / 1000
-    return LiveAttempt(live, str(live.get("tool") or ""), age)
+    return LiveAttempt(live, str(live.get("tool") or ""), age, number)
 
 
 def resolve_halt(
@@ -88,27 +111,41 @@ def resolve_halt(
     by = actor.username
     if not isinstance(is_error, bool):
         raise HaltError("is_error must be True or False")
+    step = call_id.startswith("step:")
+    if step and is_error:
+        raise HaltError("a step's outcome is its value: record what it returned, not an error")
     refuse_nul({"result": result, "evidence": evidence}, "the resolution")  # before any write
     store = store or runtime.store()
     journal = Journal(store)
-    if store.get_run(run_id) is None:
+    run = store.get_run(run_id)
+    if run is None:
         raise HaltError(f"no run {run_id!r}", code="run.not_found")
-    name = f"tool:{call_id}"
+    name = result_name(call_id)
     standing = journal.get(run_id, name)
     if standing is not None:
         return _same_or_refuse(standing, result, is_error)
+    _refuse_if_cancelled(store, journal, run_id, call_id, run.status)
     attempt = live_attempt(journal, run_id, call_id)
     if attempt is None:
         raise NoLiveAttempt(
             f"call {call_id!r} of run {run_id!r} has no attempt whose outcome is unknown; "
             "there is nothing to resolve"
         )
-    if min_age is not None and attempt.age_seconds < min_age:
+    required = max(runtime.halt_min_age(), float(min_age or 0))
+    # A resolution's own claim ran no effect (a resolution that stopped half-way): no wait.
+    if not attempt.marker.get("resolution") and attempt.age_seconds < required:
+        claimed = attempt.marker.created_at
+        if claimed is None:
+            when = "in " + f"{required - attempt.age_seconds:.0f}s"
+        else:
+            when = (claimed + timedelta(seconds=required)).isoformat(timespec="seconds")
         raise HaltTooYoung(
-            f"the attempt of call {call_id!r} is {attempt.age_seconds:.0f}s old; wait until "
-            f"it is {min_age:.0f}s old so the provider's records have settled",
+            f"the attempt of call {call_id!r} is {attempt.age_seconds:.0f}s old; it can be "
+            f"resolved from {when} ({required:.0f}s after it was claimed: by then a driver "
+            "that only stalled has lost the run, and the provider's records have settled)",
             age=attempt.age_seconds,
-            min_age=min_age,
+            min_age=required,
+            resolvable_at=when,
         )
     try:
         lease = HeldLease(store, run_id, runtime.lease_ttl()).acquire()
@@ -117,23 +154,38 @@ def resolve_halt(
             f"a driver holds run {run_id!r} right now and may be running call {call_id!r}; "
             "resolve it once that driver has finished (its lease released or expired)"
         ) from None
+    agent_run = run.kind == KIND_AGENT
     try:
-        record, inserted = journal.write(
+        # Under the lease nobody else writes: cancel and drivers take it too.
+        _refuse_if_cancelled(store, journal, run_id, call_id, None)
+        won, _ = journal.claim_attempt(
             run_id,
-            name,
-            {
+            f"attempt:{call_id}:{attempt.number + 1}",
+            fence=lease.token,
+            extra={"tool": attempt.tool_name, "resolution": True, "by": by},
+        )
+        if not won:
+            standing = journal.get(run_id, name)
+            if standing is not None:
+                return _same_or_refuse(standing, result, is_error)
+            raise HaltInFlight(
+                f"call {call_id!r} of run {run_id!r} was claimed again meanwhile; look at the "
+                "run again before resolving it"
+            )
+        body: dict[str, Any] = (
+            {"kind": "step", "value": result}
+            if step
+            else {
                 "kind": "tool",
                 "call_id": call_id,
                 "name": attempt.tool_name,
                 "result": result,
                 "is_error": is_error,
                 "read_only": False,
-                "reconciled": True,
-                "evidence": evidence,
-                "by": by,
-            },
-            fence=lease.token,
+            }
         )
+        body.update(reconciled=True, evidence=evidence, by=by)
+        record, inserted = journal.write(run_id, name, body, fence=lease.token)
         if not inserted:
             return _same_or_refuse(record, result, is_error)
         store.resolve_halt_row(
@@ -142,7 +194,10 @@ def resolve_halt(
             {"result": result, "is_error": is_error, "evidence": evidence},
             by,
         )
-        store.update_run(run_id, {"status": QUEUED}, fence=lease.token)
+        if agent_run:
+            store.update_run(
+                run_id, {"status": QUEUED, "attempts": 0, "last_error": None}, fence=lease.token
+            )
     finally:
         lease.release()
     store.log_action(
@@ -150,19 +205,31 @@ def resolve_halt(
             actor, "resolve", run_id, call_id, {"is_error": is_error, "evidence": evidence}
         )
     )
-    runtime.dispatch(run_id)
+    if agent_run:  # a plain journal's step is read by its caller, not driven
+        runtime.dispatch(run_id)
     return record
 
 
+def _refuse_if_cancelled(
+    store: Store, journal: Journal, run_id: str, call_id: str, status: str | None
+) -> None:
+    if status != CANCELLED and journal.get(run_id, "run:cancelled") is None:
+        return
+    store.orphan_halts(run_id)
+    raise HaltOrphaned(
+        f"run {run_id!r} was cancelled, so call {call_id!r} will never continue: there is "
+        "nothing to resolve; nothing was recorded"
+    )
+
+
 def _same_or_refuse(standing: Record, result: Any, is_error: bool) -> Record:
-    if encode(standing.get("result")) == encode(result) and bool(standing.get("is_error")) == (
-        is_error
-    ):
+    recorded = standing.get("value") if standing.kind == "step" else standing.get("result")
+    if encode(recorded) == encode(result) and bool(standing.get("is_error")) == is_error:
         return standing
     raise HaltAlreadyResolved(
         f"call {standing.get('call_id')!r} already has an outcome: "
-        f"{encode(standing.get('result'))} (is_error={bool(standing.get('is_error'))}); the "
+        f"{encode(recorded)} (is_error={bool(standing.get('is_error'))}); the "
         "first outcome stands",
-        result=standing.get("result"),
+        result=recorded,
         is_error=bool(standing.get("is_error")),
     )

@@ -7,7 +7,11 @@
   (copied, plus a ``fork`` record), with a patch applied: replace a recorded tool result in
   place, record a result for a call that has none, append a user message, or replace the
   instructions. The source is not touched. Calls left without a result run on resume
-  through the normal path, approval included: an old approval does not carry over.
+  through the normal path, approval included: an old approval does not carry over. A call
+  whose side effect's outcome is unknown in the source (a live attempt) is unknown in the
+  fork too: the fork carries the attempt and halts on it, unless the patch records a result
+  for that call. A fork keeps its source's origin, so a call's idempotency key is the same
+  in a run and in all its forks.
 * ``compare(a, b)`` — each run's steps, the first step where they differ (call ids aside),
   and the drift: tool order, arguments, step count, finish.
 """
@@ -15,15 +19,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import identity, runtime
 from .approvals import new_incarnation
 from .errors import ConfigError
 from .journal import Journal
+from .loop import unknown_outcomes
 from .model import Message
-from .ports import QUEUED, ActionInfo, RunInfo, Store
+from .ports import HALTED, KIND_AGENT, QUEUED, ActionInfo, RunInfo, Store
 from .records import Record, encode, validate_run_id
 from .transcript import RunState
 
@@ -137,8 +142,9 @@ def _check_step(run_id: str, step: Any, count: int) -> None:
 
 
 def _prefix(records: Sequence[Record], step: int) -> list[Record]:
-    """The records a run held right after ``step``: its turns up to it, their results and
-    the user messages sent after them."""
+    """The records a run held right after ``step``: its turns up to it, their results, the
+    attempts of their calls (a claim with no result is an outcome nobody knows) and the user
+    messages sent after them."""
     state = RunState.of(records)
     keep_calls = {c.id for turn in state.turns[:step] for c in state.calls(turn)}
     out = []
@@ -150,6 +156,7 @@ def _prefix(records: Sequence[Record], step: int) -> list[Record]:
             or (kind == "model" and int(rest) <= step)
             or (kind == "user" and int(rest) <= step)
             or (kind == "tool" and rest in keep_calls)
+            or (kind in ("attempt", "not-started") and rest.rpartition(":")[0] in keep_calls)
             or (name.startswith("@spend/") and int(name.split("/")[1]) <= step)
         ):
             out.append(rec)
@@ -181,12 +188,23 @@ class Patch:
         }
 
 
-def _fork_id(store: Store, run_id: str) -> str:
-    stem = run_id[:180]
+def _create_fork_run(store: Store, run: RunInfo, explicit: bool) -> str:
+    """Create the fork's row under an id nobody else holds: the create is the claim (insert
+    if absent), so two forks made at once never share an id."""
+    if explicit:
+        if not store.create_run(run):
+            raise ConfigError(
+                f"run {run.run_id!r} already exists; pick another id for the fork",
+                code="history.fork_exists",
+            )
+        return run.run_id
+    stem = run.run_id[:180]
     n = 1
-    while store.get_run(f"{stem}.fork-{n}") is not None:
+    while True:
+        candidate = f"{stem}.fork-{n}"
+        if store.get_run(candidate) is None and store.create_run(replace(run, run_id=candidate)):
+            return candidate
         n += 1
-    return f"{stem}.fork-{n}"
 
 
 def fork(
@@ -233,23 +251,27 @@ def fork(
     if patch.append_user is not None and not isinstance(patch.append_user, str):
         raise ConfigError("append_user must be a string", code="history.patch")
     encode(patch.to_json())  # a patch that does not encode fails before anything is written
-    if new_run_id is None:
-        new_run_id = _fork_id(store, run_id)
-    else:
+    if new_run_id is not None:
         validate_run_id(new_run_id)
-    if store.get_run(new_run_id) is not None:
+    if source.kind != KIND_AGENT:
         raise ConfigError(
-            f"run {new_run_id!r} already exists; pick another id for the fork",
-            code="history.fork_exists",
+            f"run {run_id!r} is a {source.kind} journal, not an agent run; fork the session "
+            "or the turn instead",
+            code="history.not_an_agent_run",
         )
     start = state.start
     if start is None:
         raise ConfigError(f"run {run_id!r} has not started", code="history.not_started")
-    store.create_run(
+    # Calls whose outcome is unknown up to the fork point, and that the patch leaves so.
+    unknown = sorted(set(kept_state.live_attempts()) - set(patch.tool_results))
+    fork_record = state.fork
+    origin = (fork_record.get("origin") or fork_record.get("source")) if fork_record else run_id
+    new_run_id = _create_fork_run(
+        store,
         RunInfo(
-            run_id=new_run_id,
+            run_id=new_run_id or run_id,
             agent=source.agent,
-            status=QUEUED,
+            status=HALTED if unknown else QUEUED,
             input=start.get("input"),
             session_id=None,
             forked_from=run_id,
@@ -258,14 +280,21 @@ def fork(
             usage=kept_state.usage().to_json(),
             spend=kept_state.spend().to_json(),
             turns=from_step,
-        )
+        ),
+        explicit=new_run_id is not None,
     )
     # Written first and last: a fork that died half-copied has "fork" without "fork:done",
     # and drivers refuse it instead of running from a partial journal.
     journal.write(
         new_run_id,
         "fork",
-        {"kind": "fork", "source": run_id, "step": from_step, "patch": patch.to_json()},
+        {
+            "kind": "fork",
+            "source": run_id,
+            "origin": origin,
+            "step": from_step,
+            "patch": patch.to_json(),
+        },
     )
     for rec in kept:
         if rec.name == "@journal":
@@ -294,6 +323,9 @@ def fork(
     if patch.append_user:
         journal.write(new_run_id, f"user:{from_step}", {"kind": "user", "text": patch.append_user})
     journal.write(new_run_id, "fork:done", {"kind": "fork-done"})
+    if unknown:
+        for halt in unknown_outcomes(RunState.of(journal.history(new_run_id)), new_run_id):
+            store.save_halt(halt)
     payload = {"step": from_step, "patch": patch.to_json()}
     store.log_action(
         identity.logged(actor, "fork", run_id, new_run_id, payload)

@@ -9,9 +9,12 @@ Before its first write to a run the journal writes the ``@journal`` header namin
 format; every read checks it, so a run written in another format is refused before
 anything is read from or written to it.
 
-Scope: a step is recorded around a call, not inside it. If the process dies while ``fn``
-runs, nothing is recorded and the next driver runs ``fn`` again; side effects that must not
-repeat are guarded by ``claim_attempt`` (see ``engine.loop``).
+Scope: a record is made around a call, not inside it. If the process dies while ``do``'s
+``fn`` runs, nothing is recorded and the next caller runs ``fn`` again. ``step`` is the safe
+way to run user code: like a tool, it is **at most once** unless declared retry-safe — an
+attempt claim (``attempt:step:<name>:<k>``) is written before ``fn`` runs, and a claim with
+no value (a crash, or another caller in flight) raises ``OutcomeUnknown`` instead of running
+``fn`` again.
 """
 
 from __future__ import annotations
@@ -23,8 +26,14 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .errors import ConfigError, JournalVersionError, ProtocolError
-from .ports import Entry, RunInfo, Store
+from .errors import (
+    ConfigError,
+    JournalVersionError,
+    OutcomeUnknown,
+    ProtocolError,
+    ToolOutcomeUnknown,
+)
+from .ports import FINISHED, KIND_JOURNAL, Entry, RunInfo, Store
 from .records import (
     HEADER_NAME,
     JOURNAL_FORMAT,
@@ -115,7 +124,9 @@ class Journal:
         if self._is_checked(run_id):
             return
         if self.store.get_run(run_id) is None:
-            self.store.create_run(RunInfo(run_id=run_id))
+            # A run written only through the journal is a record, not work: finished, and
+            # of a kind recovery never hands to a driver.
+            self.store.create_run(RunInfo(run_id=run_id, kind=KIND_JOURNAL, status=FINISHED))
         body = {"kind": "header", "format": JOURNAL_FORMAT}
         entry, _ = self.store.insert(run_id, HEADER_NAME, encode(body), fence=fence)
         self._check_header(run_id, entry)
@@ -181,15 +192,69 @@ class Journal:
         fn: Callable[[], Any],
         *,
         fence: str | None = None,
+        retry_safe: bool = False,
     ) -> Any:
-        """A user durable step: ``fn()``'s JSON value, recorded once as ``step:<name>``."""
-        record = self.do(
-            run_id,
-            f"step:{validate_step_name(name)}",
-            lambda: {"kind": "step", "value": fn()},
-            fence=fence,
-        )
+        """A user durable step: ``fn()``'s JSON value, recorded once as ``step:<name>``.
+
+        At most once by default, like a tool with no safety flag: ``fn`` runs under an
+        attempt claim, and a claim without a recorded value — the process died inside
+        ``fn``, or another caller is running it — raises ``OutcomeUnknown`` (``halts`` names
+        the op ``step:<name>``; record what happened with ``resolve_halt(run_id,
+        "step:<name>", value, by=...)``). If ``fn`` raises, its claim is released (taken as
+        not having happened, as a raising tool's call is) and the error propagates; raise
+        ``ToolOutcomeUnknown`` instead to keep the claim. ``retry_safe=True`` declares that
+        ``fn`` may run again (a read, an idempotent write): no claim, first value wins.
+        """
+        op = f"step:{validate_step_name(name)}"
+        if retry_safe:
+            record = self.do(run_id, op, lambda: {"kind": "step", "value": fn()}, fence=fence)
+            return record.get("value")
+        existing = self.get(run_id, op)
+        if existing is not None:
+            return existing.get("value")
+        k, live = self.attempt_state(run_id, op)
+        if live is None:
+            won, live = self.claim_attempt(
+                run_id, f"attempt:{op}:{k}", fence=fence, extra={"step": name}
+            )
+            cause = "contended"
+        else:
+            won, cause = False, "crashed"
+        if not won:
+            done = self.get(run_id, op)  # the other caller may have just finished
+            if done is not None:
+                return done.get("value")
+            raise OutcomeUnknown(
+                f"step {name!r} of run {run_id!r} was started before (attempt {k}) and has no "
+                "recorded value: it may have done its work, or may still be running in another "
+                "caller. Check what really happened, then record it with "
+                f"durable_agents.resolve_halt({run_id!r}, {op!r}, value, by=...)",
+                run_id=run_id,
+                halts=[op],
+                cause=cause,
+                attempt=live.name,
+            )
+        try:
+            value = fn()
+        except ToolOutcomeUnknown:
+            raise  # the claim stays: the next call halts until a person records the outcome
+        except Exception:
+            self.mark_not_started(run_id, f"not-started:{op}:{k}", live.get("claim"), fence=fence)
+            raise
+        record, _ = self.write(run_id, op, {"kind": "step", "value": value}, fence=fence)
         return record.get("value")
+
+    def attempt_state(self, run_id: str, op: str) -> tuple[int, Record | None]:
+        """The next attempt number of ``op`` (a call id or ``step:<name>``), and its live
+        attempt marker if it has one: a claim with no not-started record."""
+        k = 1
+        while True:
+            marker = self.get(run_id, f"attempt:{op}:{k}")
+            if marker is None:
+                return k, None
+            if self.get(run_id, f"not-started:{op}:{k}") is None:
+                return k, marker
+            k += 1
 
     def claim_attempt(
         self,

@@ -5,10 +5,16 @@ Promises (see docs/guarantees.md):
 * A model turn is journaled (``model:<n>``) before any of its tools run and is never
   generated again: a resume replays it and runs its calls that have no result.
 * A tool result, once journaled (``tool:<call>``), is never re-run.
-* A tool that is not retry-safe runs under an attempt claim (``attempt:<call>:<k>``). A resume
-  that finds a live claim and no result halts (``OutcomeUnknown``) instead of guessing.
+* A tool that is not retry-safe runs under an attempt claim (``attempt:<call>:<k>``). A drive
+  that finds a live claim and no result halts (``OutcomeUnknown``) before it looks at
+  anything else about the call — the tool's schema, whether the tool still exists, drift —
+  so a halted run stays halted whatever was deployed, until a person records the outcome.
 * Retry-safe tools (read-only, idempotent, keyed) simply run again.
 * Every call gets exactly one result, fed back in call order.
+* A gated call runs only with exactly the arguments its approval was for.
+* Every model response that was billed is recorded: as a turn, or as ``@spend`` when it was
+  discarded (rejected, truncated, or its write lost to another driver).
+* The run row is a projection of the journal; a drive puts a row that disagrees back in step.
 
 Scope: this resumes around tool calls, not inside one.
 """
@@ -16,14 +22,13 @@ Scope: this resumes around tool calls, not inside one.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import failpoints, runtime
-from .approvals import new_incarnation, policy_for
+from .approvals import decision_name, new_incarnation, policy_for
 from .errors import (
     ApprovalPending,
     BudgetError,
@@ -43,10 +48,14 @@ from .journal import Journal, RunLog
 from .leases import HeldLease
 from .model import FINISH_FILTERED, FINISH_LENGTH, ModelRequest, ModelResponse, ToolCall, Usage
 from .ports import (
+    APPROVAL_PENDING,
+    APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
+    CANCELLED,
     FAILED,
     FINISHED,
     HALTED,
+    NOT_TERMINAL_STATUSES,
     QUEUED,
     RUNNING,
     ApprovalRequestInfo,
@@ -54,7 +63,7 @@ from .ports import (
     RunInfo,
     Store,
 )
-from .records import encode, refuse_nul, validate_run_id
+from .records import Record, decode, encode, refuse_nul, validate_run_id
 from .redact import error_text
 from .tools import Tool, ToolArgumentsError, ToolContext
 from .transcript import RunState
@@ -103,11 +112,15 @@ def drive(
             # (or even folding the whole journal: the completion record holds the totals).
             done = RunState(start=log.get("run:start"), complete=complete)
             Driver.check_start(agent, run_id, done, input)
-            return finished_result(run_id, done)
+            result = finished_result(run_id, done)
+            repair_finished(store, run_id, result)
+            return result
         state = RunState.of(log)
         if state.complete is not None:
             Driver.check_start(agent, run_id, state, input)
-            return finished_result(run_id, state)
+            result = finished_result(run_id, state)
+            repair_finished(store, run_id, result)
+            return result
         try:
             Driver.check_start(agent, run_id, state, input)
         except ConfigError as exc:
@@ -132,8 +145,8 @@ def drive(
         except ApprovalPending as pause:
             # A decision that landed while this driver still held the lease was handed to a
             # driver that found the run busy: having released the lease, look once more.
-            calls = pause.details.get("calls") or ()
-            if not any(journal.get(run_id, f"approval:{c}") is not None for c in calls):
+            names = pause.details.get("decisions") or ()
+            if not any(journal.get(run_id, name) is not None for name in names):
                 raise
 
 
@@ -150,6 +163,78 @@ def _refuse_while_awaiting_approval(store: Store, run_id: str, exc: ConfigError)
         "durable_agents.approve(...) or in the admin before sending new input",
         run_id=run_id,
         calls=[r.call_id for r in requests],
+    )
+
+
+def repair_finished(store: Store, run_id: str, result: RunResult) -> None:
+    """The journal is the truth: a run whose journal holds ``run:complete`` is finished, with
+    that answer, whatever its row says (a row left behind by a crash or a racing writer)."""
+    run = store.get_run(run_id)
+    if run is None or (
+        run.status == FINISHED and run.answer == result.answer and run.turns == result.turns
+    ):
+        return
+    log.warning("run %s: its row said %s; its journal says finished", run_id, run.status)
+    store.update_run(
+        run_id,
+        {
+            "status": FINISHED,
+            "answer": result.answer,
+            "turns": result.turns,
+            "usage": result.usage.to_json(),
+            "spend": result.spend.to_json(),
+            "last_error": None,
+            "attempts": 0,
+        },
+    )
+
+
+def close_cancelled(store: Store, run_id: str, fence: str | None = None) -> None:
+    """Bring a cancelled run's rows in step with its ``run:cancelled`` record: the run
+    cancelled, its open approval requests withdrawn and its open halts orphaned. Idempotent,
+    so a cancel that stopped half-way is finished by the next one, or by a drive."""
+    store.update_run(run_id, {"status": CANCELLED}, fence=fence, if_status=NOT_TERMINAL_STATUSES)
+    for request in store.list_approval_requests(run_id=run_id):
+        store.set_approval_status(
+            run_id, request.call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING]
+        )
+    store.orphan_halts(run_id)
+
+
+def unknown_outcomes(state: RunState, run_id: str) -> list[HaltInfo]:
+    """One halt per op of ``state`` whose attempt is live (see ``RunState.live_attempts``),
+    described from the attempt marker (which records the tool and arguments it ran with)."""
+    live = state.live_attempts()
+    if not live:
+        return []
+    calls = {c.id: c for turn in state.turns for c in state.calls(turn)}
+    halts = []
+    for op, marker in live.items():
+        call = calls.get(op)
+        arguments = marker.get("arguments")
+        if arguments is None and call is not None:
+            arguments = _decoded(call.arguments)
+        tool_name = str(marker.get("tool") or (call.name if call is not None else ""))
+        halts.append(halt_info(run_id, op, tool_name, arguments, marker, "crashed"))
+    return halts
+
+
+def halt_info(
+    run_id: str, op: str, tool_name: str, arguments: Any, marker: Any, cause: str
+) -> HaltInfo:
+    from datetime import UTC, datetime
+
+    attempted = getattr(marker, "created_at", None)  # the store's clock
+    if attempted is None and marker is not None and marker.get("attempted_at"):
+        attempted = datetime.fromtimestamp(marker.get("attempted_at") / 1000, tz=UTC)
+    return HaltInfo(
+        run_id=run_id,
+        op_id=op,
+        tool_name=tool_name,
+        arguments=arguments,
+        attempt=marker.name if marker is not None else "",
+        attempted_at=attempted,
+        cause=cause,
     )
 
 
@@ -174,6 +259,12 @@ class _Gate:
     call: ToolCall
     tool: Tool
     args: dict[str, Any]
+    # Set when this call was approved for other arguments than today's code would run.
+    previous: Any = None
+
+
+# Caller errors a drive refuses without touching the run (nothing about the run is wrong).
+_CALLER_ERRORS = frozenset({"config.input_mismatch", "config.agent_mismatch"})
 
 
 class Driver:
@@ -190,6 +281,13 @@ class Driver:
         self.log = log
         self.state = RunState.of(log)
         self._tools_digest = tools_digest(agent.tool_specs())
+        # Idempotency keys derive from the call's origin: the run a fork was taken from (and
+        # its origin), so a run and all its forks give one call one key.
+        fork = self.state.fork
+        self.origin = str((fork.get("origin") or fork.get("source")) if fork else run_id)
+        # What this drive's tools returned after its lease was lost: kept as evidence.
+        self._fenced_out: LeaseLost | None = None
+        self._unknown: dict[str, tuple[_Gate, int, Any]] = {}
 
     @staticmethod
     def check_start(agent: Agent, run_id: str, state: RunState, input: Any) -> None:
@@ -212,22 +310,30 @@ class Driver:
     # -- entry ------------------------------------------------------------------------
 
     def drive(self, input: Any, seed: list[dict[str, Any]] | None) -> RunResult:
-        self._begin(input, seed)
-        if self.state.complete is not None:
-            return finished_result(self.run_id, self.state)
-        if self.state.cancelled is not None:
-            raise ConfigError(
-                f"run {self.run_id!r} was cancelled; start a new run to try again",
-                code="run.cancelled",
-            )
-        if self.state.fork is not None and not self.state.fork_done:
-            raise ConfigError(
-                f"run {self.run_id!r} is a fork that was not completely written (its journal "
-                "was being copied when the process stopped); delete it and fork again",
-                code="history.fork_incomplete",
-            )
-        self._check_drift()
+        # Every way a drive ends leaves a row that agrees with the journal: finished, paused,
+        # cancelled, or failed with its error (recovery counts failures and stops).
         try:
+            self._begin(input, seed)
+            if self.state.complete is not None:
+                result = finished_result(self.run_id, self.state)
+                repair_finished(self.store, self.run_id, result)
+                return result
+            if self.state.cancelled is not None:
+                close_cancelled(self.store, self.run_id, self.fence)
+                raise ConfigError(
+                    f"run {self.run_id!r} was cancelled; start a new run to try again",
+                    code="run.cancelled",
+                )
+            if self.state.fork is not None and not self.state.fork_done:
+                raise ConfigError(
+                    f"run {self.run_id!r} is a fork that was not completely written (its "
+                    "journal was being copied when the process stopped); delete it and fork "
+                    "again",
+                    code="history.fork_incomplete",
+                )
+            # Before the tools, their schemas or the agent's drift are even looked at.
+            self._halt_on_unknown_outcomes()
+            self._check_drift()
             self._update(status=RUNNING)
             return self._loop()
         except Pause:
@@ -238,7 +344,8 @@ class Driver:
             self._update(status=QUEUED)
             raise
         except DurableAgentsError as exc:
-            self._fail(exc.code, str(exc), retryable=exc.retryable)
+            if exc.code not in _CALLER_ERRORS and exc.code != "run.cancelled":
+                self._fail(exc.code, str(exc), retryable=exc.retryable)
             raise
         except Exception as exc:
             self._fail("internal", error_text(exc), retryable=False)
@@ -269,6 +376,13 @@ class Driver:
             failpoints.hit("after-start")
             return
         self.check_start(self.agent, self.run_id, self.state, input)
+
+    def _halt_on_unknown_outcomes(self) -> None:
+        """Halt on every op whose attempt is live: claimed, with no outcome recorded and no
+        record that it never started. Its effect may have happened; only a person may say."""
+        halts = unknown_outcomes(self.state, self.run_id)
+        if halts:
+            self._halt_run(halts)
 
     def _check_drift(self) -> None:
         recorded = self.state.start.get("fingerprint") if self.state.start else None
@@ -335,24 +449,28 @@ class Driver:
         request = self._request()
         for attempt in range(1, retry.max_attempts + 1):
             self._check_continue()
+            if attempt > 1:
+                self._check_budget()  # the failed attempts' spend counts too
+            response: ModelResponse | None = None
             try:
                 response = self.agent.model.generate(request)
                 self._check_response(response)
                 return response
             except ModelError as exc:
-                usage = exc.details.get("usage")
+                # A response that arrived was billed, whatever is wrong with it.
+                usage = _billed(response.usage) if response is not None else None
+                usage = usage or exc.details.get("usage")
                 if usage:
                     self._record_spend(n, usage, exc.code)
                 if not exc.retryable or attempt == retry.max_attempts:
                     raise
                 log.info("model call for run %s failed (%s); retrying", self.run_id, exc.code)
-                time.sleep(retry.delay(attempt))
+                runtime.sleep(retry.delay(attempt))
         raise AssertionError("unreachable")
 
     def _check_response(self, response: ModelResponse) -> None:
         message = response.message
         if response.finish in (FINISH_LENGTH, FINISH_FILTERED):
-            self._record_spend(len(self.state.turns) + 1, response.usage.to_json(), response.finish)
             if response.finish == FINISH_LENGTH:
                 raise ModelError(
                     "the model's output was cut off at its token limit, so it is not an "
@@ -396,15 +514,42 @@ class Driver:
             seen.add(call.id)
 
     def _record_spend(self, n: int, usage: dict[str, int], why: str) -> None:
-        rec, _ = self.log.write(
-            f"@spend/{n}/{uuid.uuid4().hex[:12]}", {"kind": "spend", "usage": usage, "why": why}
-        )
+        """Record what a discarded response cost. A driver that lost its lease records it
+        anyway, unfenced (a spend record changes no result), then stops."""
+        name = f"@spend/{n}/{uuid.uuid4().hex[:12]}"
+        body = {"kind": "spend", "usage": usage, "why": why}
+        total = self.state.spend() + Usage.from_json(usage)
+        try:
+            rec, _ = self.log.write(name, body, run_changes={"spend": total.to_json()})
+        except LeaseLost:
+            self.log.journal.write(self.run_id, name, body)
+            raise
         self.state.add(rec)
 
     def _record_turn(self, n: int, response: ModelResponse) -> None:
         usage = self.state.usage() + response.usage
         spend = self.state.spend() + response.usage
-        rec, _ = self.log.write(
+        try:
+            rec, inserted = self._write_turn(n, response, usage, spend)
+        except LeaseLost:
+            billed = _billed(response.usage)
+            if billed:
+                self.log.journal.write(
+                    self.run_id,
+                    f"@spend/{n}/{uuid.uuid4().hex[:12]}",
+                    {"kind": "spend", "usage": billed, "why": "lease_lost"},
+                )
+            raise
+        self.state.add(rec)
+        billed = _billed(response.usage)
+        if not inserted and billed:  # another driver's turn n stands; this one was billed too
+            self._record_spend(n, billed, "lost_race")
+        failpoints.hit(f"after-model:{n}")
+
+    def _write_turn(
+        self, n: int, response: ModelResponse, usage: Usage, spend: Usage
+    ) -> tuple[Record, bool]:
+        return self.log.write(
             f"model:{n}",
             {
                 "kind": "model",
@@ -416,10 +561,15 @@ class Driver:
                 "prompt_digest": self.agent.fingerprint()["instructions"],
                 "tools_digest": self._tools_digest,
             },
-            run_changes={"turns": n, "usage": usage.to_json(), "spend": spend.to_json()},
+            # A recorded turn is progress: failures in a row start again from zero.
+            run_changes={
+                "turns": n,
+                "usage": usage.to_json(),
+                "spend": spend.to_json(),
+                "attempts": 0,
+                "last_error": None,
+            },
         )
-        self.state.add(rec)
-        failpoints.hit(f"after-model:{n}")
 
     def _finish(self, last: Any) -> RunResult:
         usage, spend, turns = self.state.usage(), self.state.spend(), len(self.state.turns)
@@ -477,7 +627,7 @@ class Driver:
                 continue
             gate = _Gate(call, tool, args)
             if tool.safety.gated:
-                decision = self.log.reread(f"approval:{call.id}")
+                decision, gate.previous = self._decision(call, args)
                 if decision is None:
                     gates.append(gate)
                     continue
@@ -487,24 +637,13 @@ class Driver:
             attempt = 0
             if not tool.safety.retry_safe:
                 attempt, live = self._attempt_state(call.id)
-                if live is not None:
-                    halts.append(self._halt(gate, live, "crashed"))
+                if live is not None:  # claimed since this drive began: another driver's
+                    halts.append(self._halt(gate, live, "contended"))
                     continue
             runnable.append((gate, attempt))
         halts.extend(self._run_calls(runnable))
         if halts:
-            for halt in halts:
-                self.store.save_halt(halt)
-            self._update(status=HALTED)
-            first = halts[0]
-            raise OutcomeUnknown(
-                f"run {self.run_id!r} halted: the outcome of call {first.op_id!r} "
-                f"({first.tool_name}) is unknown ({first.cause}). Check what really happened, "
-                "then record it with durable_agents.resolve_halt(...) or in the admin",
-                run_id=self.run_id,
-                halts=[h.op_id for h in halts],
-                cause=first.cause,
-            )
+            self._halt_run(halts)
         if gates:
             assert self.state.start is not None
             for g in gates:
@@ -516,23 +655,57 @@ class Driver:
                         arguments=g.args,
                         policy=policy_for(g.tool.safety.approval),
                         start_seq=self.state.start.seq,
+                        previous_arguments=g.previous,
                     )
                 )
-            self._update(status=AWAITING_APPROVAL)
+            # Requests before the status: a crash between them leaves a run recovery drives
+            # again (and asks again, the same request), never one awaiting nothing visible.
+            self._update(status=AWAITING_APPROVAL, attempts=0, last_error=None)
             names = ", ".join(f"{g.call.id!r} ({g.tool.name})" for g in gates)
+            again = [g for g in gates if g.previous is not None]
+            note = (
+                " (approved before with other arguments than the call would now run with; "
+                "it is asked about again, showing both)"
+                if again
+                else ""
+            )
             raise ApprovalPending(
-                f"run {self.run_id!r} awaits approval of call {names}; decide it with "
+                f"run {self.run_id!r} awaits approval of call {names}{note}; decide it with "
                 "durable_agents.approve(...) or in the admin",
                 run_id=self.run_id,
                 calls=[g.call.id for g in gates],
+                decisions=[
+                    decision_name(g.call.id, g.args, again=g.previous is not None) for g in gates
+                ],
                 requests=[
-                    {"call_id": g.call.id, "tool": g.tool.name, "arguments": g.args} for g in gates
+                    {
+                        "call_id": g.call.id,
+                        "tool": g.tool.name,
+                        "arguments": g.args,
+                        "previous_arguments": g.previous,
+                    }
+                    for g in gates
                 ],
             )
 
+    def _decision(self, call: ToolCall, args: dict[str, Any]) -> tuple[Record | None, Any]:
+        """The decision that lets ``call`` run with ``args``, or (None, the arguments it
+        was approved with) when it was approved for others: it must be asked again."""
+        first = self.log.reread(decision_name(call.id, args, again=False))
+        if first is None:
+            return None, None
+        approved = first.get("arguments")
+        # A decision recorded without its arguments predates this rule: it stands.
+        if not first.get("approved") or approved is None or encode(approved) == encode(args):
+            return first, None
+        again = self.log.reread(decision_name(call.id, args, again=True))
+        if again is not None:
+            return again, None
+        return None, approved
+
     def _attempt_state(self, call_id: str) -> tuple[int, Any]:
         """The next attempt number for a call, and its live attempt marker if it has one (a
-        claim with no result and no record that it never started)."""
+        claim with no result and no record that it never started), from this drive's view."""
         k = 1
         while True:
             marker = self.log.get(f"attempt:{call_id}:{k}")
@@ -542,19 +715,31 @@ class Driver:
                 return k, marker
             k += 1
 
-    def _halt(self, gate: _Gate, marker: Any, cause: str) -> HaltInfo:
-        from datetime import UTC, datetime
-
-        at_ms = marker.get("attempted_at")
-        return HaltInfo(
+    def _halt_run(self, halts: list[HaltInfo]) -> None:
+        """Halt the run on ``halts``: one halt row per attempt, then the status (fenced).
+        The rows come first so a crash between leaves a run recovery drives again, never
+        one halted on nothing a person can see; a row is written once per attempt, so a
+        driver that lost the run can add no halt that was not true and reopen none."""
+        for halt in halts:
+            self.store.save_halt(halt)
+        try:
+            self._update(status=HALTED, attempts=0, last_error=None)
+        except LeaseLost:
+            for gate, attempt, text in self._unknown.values():
+                self._late(gate, attempt, "unknown", text)
+            raise
+        first = halts[0]
+        raise OutcomeUnknown(
+            f"run {self.run_id!r} halted: the outcome of call {first.op_id!r} "
+            f"({first.tool_name}) is unknown ({first.cause}). Check what really happened, "
+            "then record it with durable_agents.resolve_halt(...) or in the admin",
             run_id=self.run_id,
-            op_id=gate.call.id,
-            tool_name=gate.tool.name,
-            arguments=gate.args,
-            attempt=marker.name,
-            attempted_at=datetime.fromtimestamp(at_ms / 1000, tz=UTC) if at_ms else None,
-            cause=cause,
+            halts=[h.op_id for h in halts],
+            cause=first.cause,
         )
+
+    def _halt(self, gate: _Gate, marker: Any, cause: str) -> HaltInfo:
+        return halt_info(self.run_id, gate.call.id, gate.tool.name, gate.args, marker, cause)
 
     def _run_calls(self, runnable: list[tuple[_Gate, int]]) -> list[HaltInfo]:
         if not runnable:
@@ -567,6 +752,8 @@ class Driver:
                     halts.append(halt)
                     continue
                 halt = self._settle_call(gate, attempt, self._invoke(gate))
+                if self._fenced_out is not None:
+                    raise self._fenced_out
                 if halt is not None:
                     halts.append(halt)
             return halts
@@ -595,6 +782,9 @@ class Driver:
                 for future in done:
                     gate, attempt = running.pop(future)
                     halt = self._settle_call(gate, attempt, future.result())
+                    if self._fenced_out is not None and stopping is None:
+                        stopping = self._fenced_out
+                        queue.clear()
                     if halt is not None:
                         halts.append(halt)
         if stopping is not None:
@@ -607,7 +797,9 @@ class Driver:
         if gate.tool.safety.retry_safe:
             return None
         name = f"attempt:{gate.call.id}:{attempt}"
-        won, marker = self.log.claim_attempt(name, extra={"tool": gate.tool.name})
+        won, marker = self.log.claim_attempt(
+            name, extra={"tool": gate.tool.name, "arguments": gate.args}
+        )
         if not won:
             return self._halt(gate, marker, "contended")
         failpoints.hit(f"after-attempt:{gate.call.id}")
@@ -619,7 +811,7 @@ class Driver:
             run_id=self.run_id,
             call_id=gate.call.id,
             tool_name=gate.tool.name,
-            idempotency_key=gate.tool.key_for(self.run_id, gate.call.id, gate.args),
+            idempotency_key=gate.tool.key_for(self.origin, gate.call.id, gate.args),
         )
         try:
             return "ok", gate.tool.invoke(gate.args, ctx)
@@ -636,10 +828,13 @@ class Driver:
                     close()
 
     def _settle_call(self, gate: _Gate, attempt: int, outcome: tuple[str, Any]) -> HaltInfo | None:
+        """Record a call's outcome. A driver that lost its lease meanwhile records nothing:
+        what its tool returned is kept as evidence (``@late/<call>/<attempt>``) instead."""
         kind, value = outcome
         if kind == "unknown" and not gate.tool.safety.retry_safe:
             # No result: the tool cannot tell whether its effect happened, so the run halts
             # on its live claim once the rest of this turn's calls have settled.
+            self._unknown[gate.call.id] = (gate, attempt, value)
             marker = self.log.get(f"attempt:{gate.call.id}:{attempt}")
             return self._halt(gate, marker, "crashed")
         if kind == "ok":
@@ -651,10 +846,50 @@ class Driver:
                     "error",
                 )
         result = value if kind == "ok" else {"error": value} if isinstance(value, str) else value
-        self._record_result(
-            gate.call, result, is_error=kind != "ok", read_only=gate.tool.safety.read_only
-        )
+        if self._fenced_out is not None:
+            self._late(gate, attempt, kind, result)
+            return None
+        try:
+            self._record_result(
+                gate.call, result, is_error=kind != "ok", read_only=gate.tool.safety.read_only
+            )
+        except LeaseLost as exc:
+            self._fenced_out = exc
+            self._late(gate, attempt, kind, result)
         return None
+
+    def _late(self, gate: _Gate, attempt: int, outcome: str, result: Any) -> None:
+        """Keep what a fenced-out driver's side effect returned: a record that changes no
+        result (the call's outcome belongs to whoever holds the run now), shown on the halt
+        page. A retry-safe call (no attempt claim) leaves none: its rerun is harmless."""
+        log.warning(
+            "run %s: call %s settled after this driver lost the run; its outcome is not the "
+            "call's result",
+            self.run_id,
+            gate.call.id,
+        )
+        if not attempt:
+            return
+        marker = self.log.get(f"attempt:{gate.call.id}:{attempt}")
+        try:
+            self.log.journal.write(
+                self.run_id,
+                f"@late/{gate.call.id}/{attempt}",
+                {
+                    "kind": "late",
+                    "call_id": gate.call.id,
+                    "tool": gate.tool.name,
+                    "arguments": gate.args,
+                    "outcome": outcome,
+                    "result": result,
+                    "is_error": outcome != "ok",
+                    "claim": marker.get("claim") if marker is not None else None,
+                    "attempt": attempt,
+                    "holder": self.lease.holder,
+                },
+            )
+        except Exception:  # evidence is best effort: the lost lease is what must surface
+            log.warning("could not keep the late result of %s", gate.call.id, exc_info=True)
 
     def _record_result(
         self, call: ToolCall, result: Any, *, is_error: bool, read_only: bool = False
@@ -700,6 +935,20 @@ class Driver:
             )
         except LeaseLost:
             pass
+
+
+def _billed(usage: Usage) -> dict[str, int] | None:
+    """A response's usage as spend (None if it reported none): a negative count (a provider
+    bug) counts as nothing."""
+    billed = {key: max(0, int(value)) for key, value in usage.to_json().items()}
+    return billed if any(billed.values()) else None
+
+
+def _decoded(arguments: str) -> Any:
+    try:
+        return decode(arguments or "{}")
+    except ProtocolError:
+        return arguments
 
 
 def _describe(changes: dict[str, Any]) -> str:

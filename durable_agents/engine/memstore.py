@@ -18,6 +18,9 @@ from .errors import ConfigError, LeaseLost
 from .ports import (
     APPROVAL_PENDING,
     HALT_OPEN,
+    HALT_ORPHANED,
+    HALT_RESOLVED,
+    KIND_AGENT,
     RUN_FIELDS,
     TERMINAL_STATUSES,
     ActionInfo,
@@ -28,6 +31,7 @@ from .ports import (
     LeaseInfo,
     RunInfo,
 )
+from .records import encode
 
 
 def _dt(ts: float) -> datetime:
@@ -45,7 +49,7 @@ class InMemoryStore:
         self._ordered: dict[str, list[Entry]] = {}
         self._leases: dict[str, tuple[str, str, float, float]] = {}  # holder, token, exp, renewed
         self._seq = 0
-        self._halts: dict[tuple[str, str], HaltInfo] = {}
+        self._halts: dict[tuple[str, str, str], HaltInfo] = {}  # run, op, attempt
         self._requests: dict[tuple[str, str], ApprovalRequestInfo] = {}
         self._decisions: dict[tuple[str, str], list[DecisionInfo]] = {}
         self._actions: list[ActionInfo] = []
@@ -61,7 +65,10 @@ class InMemoryStore:
             if run.run_id in self._runs:
                 return False
             now = _dt(self._clock())
-            self._runs[run.run_id] = replace(run, created_at=now, updated_at=now)
+            finished = now if run.status in TERMINAL_STATUSES else None
+            self._runs[run.run_id] = replace(
+                run, created_at=now, updated_at=now, finished_at=finished
+            )
             return True
 
     def get_run(self, run_id: str) -> RunInfo | None:
@@ -69,8 +76,13 @@ class InMemoryStore:
             return self._runs.get(run_id)
 
     def update_run(
-        self, run_id: str, changes: Mapping[str, Any], *, fence: str | None = None
-    ) -> None:
+        self,
+        run_id: str,
+        changes: Mapping[str, Any],
+        *,
+        fence: str | None = None,
+        if_status: Sequence[str] | None = None,
+    ) -> bool:
         unknown = set(changes) - RUN_FIELDS
         if unknown:
             raise ConfigError(f"unknown run fields {sorted(unknown)}", code="config.run_field")
@@ -78,13 +90,14 @@ class InMemoryStore:
             if fence is not None and not self._holds(run_id, fence):
                 raise LeaseLost(f"lease on run {run_id!r} is no longer held by this driver")
             run = self._runs.get(run_id)
-            if run is None:
-                return
+            if run is None or (if_status is not None and run.status not in if_status):
+                return False
             now = _dt(self._clock())
             finished_at = run.finished_at
             if "status" in changes:
                 finished_at = now if changes["status"] in TERMINAL_STATUSES else None
             self._runs[run_id] = replace(run, **changes, updated_at=now, finished_at=finished_at)
+            return True
 
     def delete_run(self, run_id: str) -> None:
         with self._lock:
@@ -111,6 +124,10 @@ class InMemoryStore:
         fence: str | None = None,
         run_changes: Mapping[str, Any] | None = None,
     ) -> tuple[Entry, bool]:
+        if run_changes:
+            unknown = set(run_changes) - RUN_FIELDS
+            if unknown:  # before the record: both are stored, or neither
+                raise ConfigError(f"unknown run fields {sorted(unknown)}", code="config.run_field")
         with self._lock:
             entry, inserted = self._insert(run_id, name, data, fence)
             if inserted and run_changes:
@@ -188,26 +205,41 @@ class InMemoryStore:
 
     def save_halt(self, halt: HaltInfo) -> bool:
         with self._lock:
-            key = (halt.run_id, halt.op_id)
-            existing = self._halts.get(key)
-            if existing is not None and existing.status == HALT_OPEN:
+            key = (halt.run_id, halt.op_id, halt.attempt)
+            if key in self._halts:
                 return False
-            self._halts[key] = replace(halt, created_at=_dt(self._clock()))
+            self._halts[key] = replace(
+                halt,
+                status=HALT_OPEN,
+                resolution=None,
+                resolved_by=None,
+                resolved_at=None,
+                created_at=_dt(self._clock()),
+            )
             return True
 
     def resolve_halt_row(
         self, run_id: str, op_id: str, resolution: Mapping[str, Any], by: str | None
     ) -> None:
         with self._lock:
-            halt = self._halts.get((run_id, op_id))
-            if halt is not None:
-                self._halts[(run_id, op_id)] = replace(
-                    halt,
-                    status="resolved",
-                    resolution=dict(resolution),
-                    resolved_by=by,
-                    resolved_at=_dt(self._clock()),
+            for key, halt in self._halts.items():
+                if key[:2] == (run_id, op_id) and halt.status == HALT_OPEN:
+                    self._halts[key] = replace(
+                        halt,
+                        status=HALT_RESOLVED,
+                        resolution=dict(resolution),
+                        resolved_by=by,
+                        resolved_at=_dt(self._clock()),
+                    )
+
+    def orphan_halts(self, run_id: str) -> int:
+        with self._lock:
+            open_ = [k for k, h in self._halts.items() if k[0] == run_id and h.status == HALT_OPEN]
+            for key in open_:
+                self._halts[key] = replace(
+                    self._halts[key], status=HALT_ORPHANED, resolved_at=_dt(self._clock())
                 )
+            return len(open_)
 
     def list_halts(
         self, *, run_id: str | None = None, status: str | None = HALT_OPEN
@@ -215,7 +247,7 @@ class InMemoryStore:
         with self._lock:
             return [
                 h
-                for (rid, _), h in sorted(self._halts.items())
+                for (rid, _, _), h in sorted(self._halts.items())
                 if (run_id is None or rid == run_id) and (status is None or h.status == status)
             ]
 
@@ -225,7 +257,11 @@ class InMemoryStore:
         with self._lock:
             key = (request.run_id, request.call_id)
             existing = self._requests.get(key)
-            if existing is not None and existing.start_seq == request.start_seq:
+            if (
+                existing is not None
+                and existing.start_seq == request.start_seq
+                and encode(existing.arguments) == encode(request.arguments)
+            ):
                 return False
             self._requests[key] = replace(request, created_at=_dt(self._clock()))
             self._decisions.pop(key, None)  # decisions belonged to the earlier incarnation
@@ -235,14 +271,16 @@ class InMemoryStore:
         with self._lock:
             return self._requests.get((run_id, call_id))
 
-    def set_approval_status(self, run_id: str, call_id: str, status: str) -> None:
+    def set_approval_status(
+        self, run_id: str, call_id: str, status: str, *, if_status: Sequence[str] | None = None
+    ) -> bool:
         with self._lock:
             request = self._requests.get((run_id, call_id))
-            if request is not None:
-                decided = None if status == APPROVAL_PENDING else _dt(self._clock())
-                self._requests[(run_id, call_id)] = replace(
-                    request, status=status, decided_at=decided
-                )
+            if request is None or (if_status is not None and request.status not in if_status):
+                return False
+            decided = None if status == APPROVAL_PENDING else _dt(self._clock())
+            self._requests[(run_id, call_id)] = replace(request, status=status, decided_at=decided)
+            return True
 
     def list_approval_requests(
         self, *, status: str | None = APPROVAL_PENDING, run_id: str | None = None
@@ -290,6 +328,8 @@ class InMemoryStore:
             for run_id in sorted(self._runs):
                 run = self._runs[run_id]
                 if run.status in TERMINAL_STATUSES or (after is not None and run_id <= after):
+                    continue
+                if run.kind != KIND_AGENT:
                     continue
                 if statuses is not None and run.status not in statuses:
                     continue

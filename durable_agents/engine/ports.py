@@ -19,7 +19,16 @@ Requirements every store meets:
   ``LeaseLost`` and stores nothing — also when the name is already recorded, so a driver
   that lost its lease never reads on past the point where another driver took over.
 * **Leases on the store's clock.** Expiry is judged by the database's clock, never the
-  caller's.
+  caller's; ``now()`` reads that clock, and every age the engine judges (a halt's) uses it.
+* **A record and its run-row changes are stored together** (``insert(..., run_changes=)``):
+  both or neither, on every backend.
+* **Runs created in a final state** (a session's journal) are finished in that one write.
+* **Only agent runs are work**: ``list_unfinished`` lists runs of kind ``agent`` only; a
+  session's journal (``session``) or a plain journal (``journal``) is never driven.
+* **Halts are written once per attempt** (run, op, attempt); a resolved or orphaned halt
+  never reopens.
+* **Conditional writes.** ``update_run`` and ``set_approval_status`` given ``if_status``
+  change the row only while its status is one of those, atomically, and say whether they did.
 """
 
 from __future__ import annotations
@@ -54,6 +63,14 @@ STATUSES = (
 TERMINAL_STATUSES = frozenset({FINISHED, CANCELLED})
 # Paused on a person: recovery leaves these alone.
 HUMAN_WAIT_STATUSES = frozenset({AWAITING_APPROVAL, AWAITING_INPUT, HALTED})
+NOT_TERMINAL_STATUSES = tuple(s for s in STATUSES if s not in TERMINAL_STATUSES)
+
+# What a run row is: only agent runs are ever driven. A session's own journal and a run
+# written only through ``Journal`` are records, created finished.
+KIND_AGENT = "agent"
+KIND_SESSION = "session"
+KIND_JOURNAL = "journal"
+RUN_KINDS = (KIND_AGENT, KIND_SESSION, KIND_JOURNAL)
 
 # Run-row fields the engine may change after creation.
 RUN_FIELDS = frozenset(
@@ -120,6 +137,7 @@ class RunInfo:
     root_run_id: str | None = None
     forked_from: str | None = None
     forked_step: int | None = None
+    kind: str = KIND_AGENT
     created_at: datetime | None = None
     updated_at: datetime | None = None
     finished_at: datetime | None = None
@@ -132,6 +150,7 @@ class RunInfo:
 
 HALT_OPEN = "open"
 HALT_RESOLVED = "resolved"
+HALT_ORPHANED = "orphaned"  # its run was cancelled: nothing to resolve any more
 
 
 @dataclass(frozen=True)
@@ -139,10 +158,10 @@ class HaltInfo:
     """A run stopped on an operation whose outcome is unknown, for a person to resolve."""
 
     run_id: str
-    op_id: str  # the tool call id, or the step name
+    op_id: str  # the tool call id, or "step:<name>" for a durable step
     tool_name: str = ""
     arguments: Any = None
-    attempt: str = ""  # the journal name of the live attempt marker
+    attempt: str = ""  # the journal name of the live attempt marker: one halt per attempt
     attempted_at: datetime | None = None
     cause: str = "crashed"  # or "contended"
     status: str = HALT_OPEN
@@ -171,6 +190,9 @@ class ApprovalRequestInfo:
     status: str = APPROVAL_PENDING
     created_at: datetime | None = None
     decided_at: datetime | None = None
+    # Set when arguments approved earlier would now run as ``arguments`` (a deploy changed
+    # how the call validates): the call is asked about again, showing both.
+    previous_arguments: Any = None
 
 
 @dataclass(frozen=True)
@@ -207,15 +229,25 @@ class ActionInfo:
 class Store(Protocol):
     """The storage port. See the module docstring for the contract."""
 
+    def now(self) -> datetime:
+        """The store's (the database's) clock."""
+
     def create_run(self, run: RunInfo) -> bool:
-        """Insert the run row if absent; True if this call created it."""
+        """Insert the run row if absent; True if this call created it. A run created in a
+        terminal status is finished (``finished_at``) by this same write."""
 
     def get_run(self, run_id: str) -> RunInfo | None: ...
 
     def update_run(
-        self, run_id: str, changes: Mapping[str, Any], *, fence: str | None = None
-    ) -> None:
-        """Change projected fields (``RUN_FIELDS``); a terminal status stamps finished_at."""
+        self,
+        run_id: str,
+        changes: Mapping[str, Any],
+        *,
+        fence: str | None = None,
+        if_status: Sequence[str] | None = None,
+    ) -> bool:
+        """Change projected fields (``RUN_FIELDS``); a terminal status stamps finished_at.
+        With ``if_status``, only while the row's status is one of those. True if changed."""
 
     def insert(
         self,
@@ -248,7 +280,8 @@ class Store(Protocol):
     def get_lease(self, run_id: str) -> LeaseInfo | None: ...
 
     def save_halt(self, halt: HaltInfo) -> bool:
-        """Record a halt if none is open for ``(run_id, op_id)``; True if this call did."""
+        """Record a halt unless one for ``(run_id, op_id, attempt)`` exists, whatever its
+        status; True if this call did."""
 
     def list_halts(
         self, *, run_id: str | None = None, status: str | None = HALT_OPEN
@@ -256,15 +289,23 @@ class Store(Protocol):
 
     def resolve_halt_row(
         self, run_id: str, op_id: str, resolution: Mapping[str, Any], by: str | None
-    ) -> None: ...
+    ) -> None:
+        """Mark the open halts of ``(run_id, op_id)`` resolved."""
+
+    def orphan_halts(self, run_id: str) -> int:
+        """Mark every open halt of the run orphaned (its run was cancelled); how many."""
 
     def save_approval_request(self, request: ApprovalRequestInfo) -> bool:
         """Insert the request unless one for ``(run_id, call_id)`` from the same run start
-        exists; one from an earlier incarnation of the run is replaced. True if written."""
+        with the same arguments exists; one from an earlier incarnation of the run, or for
+        other arguments, is replaced (its decisions with it). True if written."""
 
     def get_approval_request(self, run_id: str, call_id: str) -> ApprovalRequestInfo | None: ...
 
-    def set_approval_status(self, run_id: str, call_id: str, status: str) -> None: ...
+    def set_approval_status(
+        self, run_id: str, call_id: str, status: str, *, if_status: Sequence[str] | None = None
+    ) -> bool:
+        """Set the request's status (with ``if_status``, only from those); True if set."""
 
     def list_approval_requests(
         self, *, status: str | None = APPROVAL_PENDING, run_id: str | None = None
@@ -287,7 +328,7 @@ class Store(Protocol):
         statuses: Sequence[str] | None = None,
         lease_free: bool = False,
     ) -> Sequence[RunInfo]:
-        """Runs without a terminal status, ordered by run id, after ``after``.
+        """Agent runs without a terminal status, ordered by run id, after ``after``.
 
         ``statuses`` narrows to those statuses; ``lease_free`` keeps only runs whose lease is
         absent or expired. The cost does not grow with the number of finished runs.

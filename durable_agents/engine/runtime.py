@@ -7,12 +7,22 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
 from .ports import Store
+
+if TYPE_CHECKING:
+    from .recovery import RetryPolicy
+
+
+def _default_retry_policy() -> RetryPolicy:
+    from .recovery import RetryPolicy
+
+    return RetryPolicy()
 
 
 @dataclass
@@ -32,6 +42,20 @@ class Runtime:
     # Turns a command's ``by=`` (a user object or a username) into an ``identity.Actor``, or
     # None when it names no user. None here: a plain name is a trusted caller.
     resolve_actor: Callable[[Any], Any] | None = None
+    # How old (by the store's clock) a halt must be before a person may resolve it; by
+    # default twice the lease, so a driver that merely stalled has lost its lease for a
+    # whole lease period before anyone decides what happened.
+    halt_min_age: Callable[[], float] | None = None
+    # How often, and how soon, a run whose drive failed or whose driver died is handed over.
+    retry_policy: Callable[[], RetryPolicy] = _default_retry_policy
+    # Real-time waits (model retry backoff, waiting for another caller's turn); a simulator
+    # may replace them with its own clock.
+    sleep: Callable[[float], None] = time.sleep
+    monotonic: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        if self.halt_min_age is None:
+            self.halt_min_age = lambda: 2 * float(self.lease_ttl())
 
 
 _runtime = Runtime()
@@ -40,7 +64,7 @@ _runtime = Runtime()
 def configure(**values: Any) -> None:
     """Set wiring: ``store_factory``, ``agent_loader``, ``lease_ttl``, ``on_drift``,
     ``dispatcher``, ``should_stop``, ``eligible_approvers``, ``approver_keys``,
-    ``resolve_actor``."""
+    ``resolve_actor``, ``halt_min_age``, ``retry_policy``, ``sleep``, ``monotonic``."""
     for key, value in values.items():
         if not hasattr(_runtime, key):
             raise ConfigError(f"unknown runtime setting {key!r}", code="config.runtime")
@@ -68,6 +92,23 @@ def lease_ttl() -> float:
 
 def on_drift() -> str:
     return str(_runtime.on_drift())
+
+
+def halt_min_age() -> float:
+    configured = _runtime.halt_min_age
+    return float(configured()) if configured is not None else 2 * lease_ttl()
+
+
+def retry_policy() -> RetryPolicy:
+    return _runtime.retry_policy()
+
+
+def sleep(seconds: float) -> None:
+    _runtime.sleep(seconds)
+
+
+def monotonic() -> float:
+    return float(_runtime.monotonic())
 
 
 def dispatch(run_id: str) -> None:

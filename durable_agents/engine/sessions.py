@@ -9,6 +9,10 @@ turn and each finished turn's answer, so the transcript rebuilds after a restart
 ``send_once(key, text)`` is the webhook path: the intake is recorded under the delivery key
 (first writer wins) before anything runs, so the same delivery arriving twice — or ten
 times at once, or after a worker crash — opens one turn and never repeats a side effect.
+
+A turn that ends for good without an answer (cancelled, or failed with an error no retry
+can fix, like ``budget.max_turns``) is closed in the transcript, marked as such, when the
+next message arrives: the next ``send`` starts a new turn instead of being refused forever.
 """
 
 from __future__ import annotations
@@ -20,13 +24,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from . import runtime
+from . import failpoints, runtime
 from .commands import create_run
-from .errors import ApprovalPending, ConfigError
+from .errors import ApprovalPending, ConfigError, Pause, RunBusy
 from .journal import Journal
 from .loop import drive
 from .model import Message
-from .ports import AWAITING_APPROVAL, FINISHED, HUMAN_WAIT_STATUSES, RunInfo, Store
+from .ports import (
+    AWAITING_APPROVAL,
+    CANCELLED,
+    FAILED,
+    FINISHED,
+    HUMAN_WAIT_STATUSES,
+    KIND_SESSION,
+    RunInfo,
+    Store,
+)
 from .records import Record
 
 if TYPE_CHECKING:
@@ -71,7 +84,9 @@ def session_of(run_id: str) -> str | None:
 @dataclass(frozen=True)
 class SendResult:
     """What ``send_once`` did: ``queued`` (the turn was handed to a driver), ``answered``
-    (the turn finished; ``answer`` holds it) or ``paused`` (it waits, e.g. on an approval)."""
+    (the turn finished; ``answer`` holds it), ``paused`` (it waits, e.g. on an approval) or
+    ``running`` (``wait=True``: another delivery of the same key is driving the turn, and it
+    had not finished when ``timeout`` ran out)."""
 
     session_id: str
     key: str
@@ -105,11 +120,19 @@ class Session:
         return [r for r in records if r.name.startswith("answer:")]
 
     def history(self) -> list[Message]:
-        """The user/assistant transcript of the finished turns, in the order they finished."""
+        """The user/assistant transcript of the closed turns, in the order they closed. A
+        turn that ended without an answer (cancelled, failed for good) keeps its message,
+        and its reply says so: ``[this turn did not finish: ...]``."""
         out: list[Message] = []
         for rec in self._answers(self._records()):
             out.append(Message("user", str(rec.get("input"))))
-            out.append(Message("assistant", str(rec.get("answer"))))
+            outcome = rec.get("outcome") or "answered"
+            if outcome == "answered":
+                out.append(Message("assistant", str(rec.get("answer"))))
+                continue
+            error = rec.get("error") or {}
+            detail = f"{outcome}" + (f", {error.get('code')}" if error.get("code") else "")
+            out.append(Message("assistant", f"[this turn did not finish: {detail}]"))
         return out
 
     @property
@@ -137,16 +160,19 @@ class Session:
     def _ensure_journal(self) -> None:
         store = self.store
         if store.get_run(self.journal_id) is None:
+            # Created in its final state, in one write: a session's journal is a record,
+            # never work to drive, and a crash can leave no half-made row behind.
             store.create_run(
                 RunInfo(
                     run_id=self.journal_id,
                     agent=self.agent.name,
                     session_id=self.session_id,
                     input={"session": self.session_id},
+                    status=FINISHED,
+                    kind=KIND_SESSION,
                 )
             )
-            # Never driven: a session journal is not work to recover.
-            store.update_run(self.journal_id, {"status": FINISHED})
+            failpoints.hit("after-session-journal")
 
     def _seed(self) -> list[dict[str, Any]]:
         return [m.to_json() for m in self.history()]
@@ -183,6 +209,8 @@ class Session:
             raise ConfigError("a message is a non-empty string", code="config.input")
         self._ensure_journal()
         open_turn = self.open_turn()
+        if open_turn is not None and self._close_if_over(open_turn):
+            open_turn = None
         if open_turn is not None:
             if open_turn.get("input") != text:
                 self._refuse_new_input(open_turn)
@@ -195,6 +223,36 @@ class Session:
         if record.get("input") != text:  # another sender took turn n first
             self._refuse_new_input(record)
         return run_id
+
+    def _close_if_over(self, turn: Record) -> bool:
+        """Close a turn that can never answer (cancelled, or failed with an error that no
+        retry fixes), keeping it in the transcript marked as such. True if it is closed."""
+        run_id = str(turn.get("run_id"))
+        run = self.store.get_run(run_id)
+        if run is None:
+            return False
+        error = dict(run.last_error or {})
+        if run.status == CANCELLED:
+            outcome = "cancelled"
+        elif run.status == FAILED and (
+            not error.get("retryable") or run.attempts >= runtime.retry_policy().max_attempts
+        ):
+            outcome = "failed"
+        else:
+            return False
+        Journal(self.store).write(
+            self.journal_id,
+            f"answer:{run_id}",
+            {
+                "kind": "answer",
+                "run_id": run_id,
+                "input": turn.get("input"),
+                "answer": None,
+                "outcome": outcome,
+                "error": error or None,
+            },
+        )
+        return True
 
     def _refuse_new_input(self, open_turn: Record) -> None:
         run_id = str(open_turn.get("run_id"))
@@ -230,13 +288,18 @@ class Session:
         record_answer(self.store, run_id, text, result.answer)
         return result
 
-    def send_once(self, key: str, text: str, *, wait: bool = False) -> SendResult:
+    def send_once(
+        self, key: str, text: str, *, wait: bool = False, timeout: float = 30.0
+    ) -> SendResult:
         """Record an inbound message under its delivery key and run its turn once.
 
         A key whose turn finished returns that answer without running anything; a key
         whose turn is unfinished resumes that same turn; the same key with another message
         is refused. The intake is written before this returns; the turn is handed to a
-        driver after the current transaction commits (``wait=True`` drives it here).
+        driver after the current transaction commits (``wait=True`` drives it here). With
+        ``wait=True``, a duplicate delivery that finds the turn being driven by another
+        waits (at most ``timeout`` seconds) for that turn and returns its outcome: it never
+        raises ``RunBusy``; still running at the timeout, it returns ``running``.
         """
         if not isinstance(text, str) or not text:
             raise ConfigError("a message is a non-empty string", code="config.input")
@@ -267,13 +330,33 @@ class Session:
         if run is None or journal.get(run_id, "run:start") is None:
             self._start_turn(run_id, text)
         if wait:
-            try:
-                result = self._drive(run_id, text)
-            except ApprovalPending:
-                return SendResult(self.session_id, key, run_id, "paused")
-            return SendResult(self.session_id, key, run_id, "answered", result.answer)
+            return self._wait_for_turn(key, run_id, text, timeout)
         runtime.dispatch(run_id)
         return SendResult(self.session_id, key, run_id, "queued")
+
+    def _wait_for_turn(self, key: str, run_id: str, text: str, timeout: float) -> SendResult:
+        deadline = runtime.monotonic() + timeout
+        journal = Journal(self.store)
+        while True:
+            try:
+                result = self._drive(run_id, text)
+            except Pause:
+                return SendResult(self.session_id, key, run_id, "paused")
+            except RunBusy:
+                # Another delivery of this key is driving the turn: its outcome is ours.
+                done = journal.get(run_id, "run:complete")
+                if done is not None:
+                    answer = str(done.get("answer") or "")
+                    record_answer(self.store, run_id, text, answer)
+                    return SendResult(self.session_id, key, run_id, "answered", answer)
+                run = self.store.get_run(run_id)
+                if run is not None and run.status in HUMAN_WAIT_STATUSES:
+                    return SendResult(self.session_id, key, run_id, "paused")
+                if runtime.monotonic() >= deadline:
+                    return SendResult(self.session_id, key, run_id, "running")
+                runtime.sleep(0.05)
+                continue
+            return SendResult(self.session_id, key, run_id, "answered", result.answer)
 
 
 def record_answer(store: Store, run_id: str, text: str, answer: str) -> None:

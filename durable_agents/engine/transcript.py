@@ -3,7 +3,7 @@
 The transcript of a run is: its input as the first user message (after any seed messages a
 session put before it), then for each recorded model turn ``model:<n>`` its assistant
 message, then one tool message per call **in call order** (the ``tool:<call>`` records),
-then any user message recorded after that turn (``user:<n>``).
+then any user message recorded after that turn (``user:<n>``; ``user:0`` follows the input).
 """
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ class RunState:
     fork: Record | None = None
     fork_done: bool = False
     spend_records: list[Record] = field(default_factory=list)
+    # Attempt claims (``attempt:<op>:<k>``), the attempts recorded as never started, and the
+    # values of durable steps: what decides whether an op's outcome is unknown.
+    markers: list[Record] = field(default_factory=list)
+    not_started: set[str] = field(default_factory=set)
+    step_values: set[str] = field(default_factory=set)
     # Parsed messages by record name: records never change, and a driver rebuilds the
     # transcript every turn, which would otherwise re-parse every earlier turn.
     _parsed: dict[str, Message] = field(default_factory=dict, repr=False, compare=False)
@@ -65,6 +70,12 @@ class RunState:
                 state.user_after[int(name[5:])] = rec
             elif prefix == "@spen":
                 state.spend_records.append(rec)
+            elif prefix == "attem":
+                state.markers.append(rec)
+            elif prefix == "not-s":
+                state.not_started.add(name)
+            elif prefix == "step:":
+                state.step_values.add(name)
             elif name == "run:start":
                 state.start = rec
             elif name == "run:complete":
@@ -92,10 +103,42 @@ class RunState:
             self.user_after[int(name.split(":", 1)[1])] = rec
         elif name.startswith("@spend/"):
             self.spend_records.append(rec)
+        elif name.startswith("attempt:"):
+            self.markers.append(rec)
+        elif name.startswith("not-started:"):
+            self.not_started.add(name)
+        elif name.startswith("step:"):
+            self.step_values.add(name)
         elif name == "run:start":
             self.start = rec
         elif name == "run:complete":
             self.complete = rec
+        elif name == "run:cancelled":
+            self.cancelled = rec
+
+    def has_outcome(self, op: str) -> bool:
+        """Whether ``op`` (a call id, or ``step:<name>``) has a recorded outcome."""
+        return op in self.results or op in self.step_values
+
+    def live_attempts(self) -> dict[str, Record]:
+        """Each op's live attempt marker: a claim with no outcome recorded for its op and no
+        record that it never started. Its effect may have happened: the run must halt."""
+        claims: dict[str, dict[int, Record]] = {}
+        for rec in self.markers:
+            op, _, number = rec.name[len("attempt:") :].rpartition(":")
+            if op and number.isdigit():
+                claims.setdefault(op, {})[int(number)] = rec
+        live: dict[str, Record] = {}
+        for op, by_k in claims.items():
+            if self.has_outcome(op):
+                continue
+            k = 1
+            while k in by_k:
+                if f"not-started:{op}:{k}" not in self.not_started:
+                    live[op] = by_k[k]
+                    break
+                k += 1
+        return live
 
     @staticmethod
     def assistant(turn: Record) -> Message:
@@ -152,6 +195,9 @@ class RunState:
         out = self.seed()
         if self.start is not None:
             out.append(Message("user", input_text(self.start.get("input"))))
+        first = self.user_after.get(0)  # a fork at step 0 may add a message to the input
+        if first is not None:
+            out.append(Message("user", input_text(first.get("text"))))
         for n, turn in enumerate(self.turns, start=1):
             message = self._assistant(turn)
             out.append(message)

@@ -133,7 +133,7 @@ def test_resolve_a_halt_in_the_browser_and_a_worker_finishes_the_run(
     code, out = drive_in_child(run_id)
     assert code == 0 and json.loads(out.strip().splitlines()[-1])["status"] == "halted", out
     halt = Halt.objects.get(run_id=run_id, op_id="call_1_1")
-    assert count_effects(run_id) == {"call_1_1": 1, "call_1_2": 1}
+    assert count_effects(run_id) == {"call_1_1": 1}  # nothing else ran once it was unknown
     worker.wait_ready()
 
     page = browser.page()
@@ -169,7 +169,7 @@ def test_resolve_a_halt_in_the_browser_and_a_worker_finishes_the_run(
     run = wait_status(run_id, "finished", worker)
     assert run.answer == "all done"
     assert FINISHED.search(worker.log()), worker.log()
-    # The resolved call never ran again; the worker ran the turn after it.
+    # The resolved call never ran again; the worker ran the rest of its turn and the next.
     assert count_effects(run_id) == {"call_1_1": 1, "call_1_2": 1, "call_2_1": 1}
     record = journal(run_id)["tool:call_1_1"]
     assert (record["reconciled"], record["by"], record["result"], record["evidence"]) == (

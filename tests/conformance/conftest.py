@@ -33,3 +33,14 @@ def run_id(store) -> str:
     rid = f"run-{uuid.uuid4().hex[:12]}"
     store.create_run(RunInfo(run_id=rid, agent="test"))
     return rid
+
+
+@pytest.fixture(autouse=True)
+def _no_user_system():
+    """Store rules, not identity: ``by="ann"`` is a trusted caller here (no user system)."""
+    from durable_agents.engine import runtime
+
+    saved = runtime._runtime.resolve_actor
+    runtime.configure(resolve_actor=None)
+    yield
+    runtime.configure(resolve_actor=saved)

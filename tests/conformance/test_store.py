@@ -257,3 +257,127 @@ def test_list_unfinished_lease_free(store):
     assert [r.run_id for r in free] == ["lf-1", "lf-2"]
     listed = {r.run_id: r.lease_expired for r in store.list_unfinished()}
     assert listed == {"lf-0": False, "lf-1": True, "lf-2": True}
+
+
+# -- issue 10: rules every store keeps ------------------------------------------------
+
+
+def test_the_store_has_a_clock(store, run_id):
+    entry, _ = store.insert(run_id, "t", "{}")
+    now = store.now()
+    assert now.tzinfo is not None and abs((now - entry.created_at).total_seconds()) < 5
+
+
+def test_a_run_created_in_a_final_state_is_finished_in_that_one_write(store):
+    from durable_agents.engine.ports import FINISHED
+
+    assert store.create_run(RunInfo(run_id="final-1", status=FINISHED, kind="session"))
+    run = store.get_run("final-1")
+    assert (run.status, run.kind) == ("finished", "session") and run.finished_at is not None
+    assert "final-1" not in [r.run_id for r in store.list_unfinished()]
+
+
+def test_only_agent_runs_are_listed_unfinished(store):
+    store.create_run(RunInfo(run_id="kind-agent"))
+    store.create_run(RunInfo(run_id="kind-session", kind="session"))
+    store.create_run(RunInfo(run_id="kind-journal", kind="journal"))
+    assert store.get_run("kind-agent").kind == "agent"
+    assert [r.run_id for r in store.list_unfinished()] == ["kind-agent"]
+
+
+def _halt(run_id: str, attempt: int, op: str = "c1"):
+    from durable_agents.engine.ports import HaltInfo
+
+    return HaltInfo(run_id, op, "charge", {"a": 1}, f"attempt:{op}:{attempt}", cause="crashed")
+
+
+def test_a_halt_is_written_once_per_attempt_and_a_resolution_stays(store, run_id):
+    assert store.save_halt(_halt(run_id, 1))
+    assert not store.save_halt(_halt(run_id, 1))
+    store.resolve_halt_row(run_id, "c1", {"result": "done", "evidence": "ledger"}, "ann")
+    # A stale driver saving the same halt again changes nothing: it stays resolved.
+    assert not store.save_halt(_halt(run_id, 1))
+    [halt] = store.list_halts(run_id=run_id, status=None)
+    assert (halt.status, halt.resolved_by) == ("resolved", "ann")
+    assert halt.resolution == {"result": "done", "evidence": "ledger"}
+    # A later attempt of the same call halts anew.
+    assert store.save_halt(_halt(run_id, 2))
+    assert [h.attempt for h in store.list_halts(run_id=run_id)] == ["attempt:c1:2"]
+
+
+def test_orphaning_closes_open_halts_only(store, run_id):
+    store.save_halt(_halt(run_id, 1, "c1"))
+    store.save_halt(_halt(run_id, 1, "c2"))
+    store.resolve_halt_row(run_id, "c1", {"result": 1}, "ann")
+    assert store.orphan_halts(run_id) == 1
+    statuses = {h.op_id: h.status for h in store.list_halts(run_id=run_id, status=None)}
+    assert statuses == {"c1": "resolved", "c2": "orphaned"}
+    store.resolve_halt_row(run_id, "c2", {"result": 2}, "bob")
+    assert store.list_halts(run_id=run_id, status="orphaned")[0].resolved_by is None
+
+
+def test_a_conditional_run_update_changes_nothing_unless_the_status_matches(store, run_id):
+    assert store.update_run(run_id, {"status": "cancelled"}, if_status=["queued"])
+    assert not store.update_run(run_id, {"status": "queued"}, if_status=["awaiting_approval"])
+    assert store.get_run(run_id).status == "cancelled"
+    store.acquire_lease(run_id, "w1", "tok-1", 30)
+    assert store.update_run(run_id, {"turns": 3}, fence="tok-1", if_status=["cancelled"])
+    assert not store.update_run(run_id, {"turns": 4}, fence="tok-1", if_status=["queued"])
+    assert store.get_run(run_id).turns == 3
+
+
+def test_a_conditional_approval_status_changes_nothing_unless_it_matches(store, run_id):
+    from durable_agents.engine.ports import ApprovalRequestInfo
+
+    store.save_approval_request(ApprovalRequestInfo(run_id, "c1", "pay", {"c": 1}, {}, 1))
+    assert store.set_approval_status(run_id, "c1", "withdrawn", if_status=["pending"])
+    assert not store.set_approval_status(run_id, "c1", "approved", if_status=["pending"])
+    assert store.get_approval_request(run_id, "c1").status == "withdrawn"
+
+
+def test_a_request_for_other_arguments_replaces_the_decided_one(store, run_id):
+    from durable_agents.engine.ports import ApprovalRequestInfo, DecisionInfo
+
+    first = ApprovalRequestInfo(run_id, "c1", "pay", {"cents": 5}, {"kind": "single"}, 7)
+    assert store.save_approval_request(first)
+    store.save_decision(DecisionInfo(run_id, "c1", "ann", True))
+    store.set_approval_status(run_id, "c1", "approved")
+    again = ApprovalRequestInfo(
+        run_id,
+        "c1",
+        "pay",
+        {"cents": 5, "memo": ""},
+        {"kind": "single"},
+        7,
+        previous_arguments={"cents": 5},
+    )
+    assert store.save_approval_request(again)
+    assert not store.save_approval_request(again)
+    request = store.get_approval_request(run_id, "c1")
+    assert (request.status, request.arguments) == ("pending", {"cents": 5, "memo": ""})
+    assert request.previous_arguments == {"cents": 5}
+    assert store.list_decisions(run_id, "c1") == []
+
+
+def test_a_record_and_its_run_changes_are_stored_together_or_not_at_all(store, run_id):
+    with pytest.raises(ConfigError):
+        store.insert(run_id, "rec", "{}", run_changes={"no_such_field": 1})
+    assert store.get(run_id, "rec") is None
+    store.acquire_lease(run_id, "w1", "tok-1", 30)
+    store.insert(run_id, "ok", "{}", fence="tok-1", run_changes={"turns": 2, "status": "running"})
+    assert store.get_run(run_id).turns == 2
+
+
+@pytest.mark.parametrize("store_kind", ["postgres", "sqlite"])
+@pytest.mark.parametrize("prepared", [True, False])
+def test_a_failed_run_update_takes_its_record_with_it(store_kind, prepared):
+    from durable_agents.storage import DjangoStore
+
+    store = DjangoStore(
+        using="default" if store_kind == "postgres" else "sqlite", prepared=prepared
+    )
+    rid = f"atomic-{store_kind}-{prepared}"
+    store.create_run(RunInfo(run_id=rid, agent="test"))
+    with pytest.raises(Exception):  # noqa: B017 - the database refuses turns < 0
+        store.insert(rid, "rec", "{}", run_changes={"turns": -1})
+    assert store.get(rid, "rec") is None

@@ -255,3 +255,19 @@ def test_resolve_command_records_the_outcome_and_refuses_bad_input():
     )
     assert "recorded the outcome of call_1_1" in out.getvalue()
     assert journal.get("cmd-halt", "tool:call_1_1").get("reconciled") is True
+
+
+def test_recovery_hands_a_run_over_a_bounded_number_of_times():
+    """A run no worker can drive (its agent is gone) fails once with its reason, instead
+    of being re-enqueued on every pass forever; pending() says why."""
+    _queued("rec-no-agent", agent="gone")
+    assert recover() == ["rec-no-agent"]
+    assert recover() == []
+    row = Run.objects.get(run_id="rec-no-agent")
+    assert row.status == "failed" and row.last_error["code"] == "config.agent_missing"
+    [p] = da.pending()
+    assert "no agent named 'gone'" in p.why
+
+
+def test_recover_is_exported():
+    assert da.recover() == []

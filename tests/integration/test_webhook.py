@@ -116,3 +116,16 @@ def test_concurrent_sends_on_one_session_never_mix_turns():
     assert len(inputs) == len(set(inputs)) == len(done)
     turns = Run.objects.filter(session_id="s-many").exclude(run_id__endswith=">session")
     assert sorted(turns.values_list("run_id", flat=True)) == sorted(done)
+
+
+def test_concurrent_waiting_deliveries_all_get_the_turns_answer():
+    """Four deliveries of one key at once, each waiting for its answer (``wait=True``): the
+    first drives the turn, the others wait for it; none gets ``RunBusy``."""
+    from tests.support.holes import slow_chat
+
+    results = in_threads(
+        4, lambda i: slow_chat.session("s-wait").send_once("d-1", "Order 7?", wait=True)
+    )
+    assert {(r.status, r.answer) for r in results} == {("answered", "shipped")}
+    names = [r.name for r in Journal(DjangoStore()).history("s-wait>event/d-1")]
+    assert names.count("model:1") == names.count("tool:call_1_1") == 1

@@ -328,3 +328,40 @@ def test_resolving_a_call_without_a_live_attempt_is_refused(store, wiring, fired
     with pytest.raises(da.ProtocolError):
         da.resolve_halt("r1", "call_1_1", {"bad": float("nan")}, by="ann", store=store)
     assert Journal(store).get("r1", "tool:call_1_1") is None
+
+
+def test_a_call_runs_only_with_the_arguments_that_were_approved(store, wiring):
+    """A deploy that adds a defaulted field changes what would run: the call goes back for
+    approval, showing both, and runs with exactly what was approved the second time."""
+    paid = []
+
+    def payer(with_memo: bool):
+        if with_memo:
+
+            @da.tool(requires_approval=True)
+            def pay(cents: int, memo: str = "") -> str:
+                paid.append({"cents": cents, "memo": memo})
+                return "paid"
+
+        else:
+
+            @da.tool(requires_approval=True)
+            def pay(cents: int) -> str:  # type: ignore[misc]
+                paid.append({"cents": cents})
+                return "paid"
+
+        script = [scripted.calls(scripted.call("pay", {"cents": 5})), scripted.text("done")]
+        return da.Agent("unit-exact-args", ScriptedModel(script), "", [pay])
+
+    with pytest.raises(da.ApprovalPending):
+        payer(False).run("r1", "pay me", store=store)
+    payer(True)  # the deploy: workers now load the new definition
+    outcome = da.approve("r1", "call_1_1", True, by="ann", store=store)
+    assert outcome.status == "approved"
+    assert paid == [] and store.get_run("r1").status == "awaiting_approval"
+    again = store.get_approval_request("r1", "call_1_1")
+    assert (again.status, again.arguments) == ("pending", {"cents": 5, "memo": ""})
+    assert again.previous_arguments == {"cents": 5}
+    assert Journal(store).get("r1", "approval:call_1_1").get("arguments") == {"cents": 5}
+    da.approve("r1", "call_1_1", True, by="ann", store=store)
+    assert paid == [{"cents": 5, "memo": ""}] and store.get_run("r1").status == "finished"

@@ -247,3 +247,18 @@ def test_a_half_written_fork_is_refused(store):
         da.compare("src", "nope", store=store)
     with pytest.raises(da.ConfigError, match="without giving them a result"):
         da.fork("src", 1, da.Patch(tool_errors=["call_1_1"]), store=store)
+
+
+def test_a_fork_at_step_zero_sends_the_appended_message(store):
+    seen, fired = [], []
+    agent = weather_agent(seen, fired, name="unit-fork-zero")
+    agent.run("src", "plan", store=store)
+    fork_id = da.fork("src", 0, da.Patch(append_user="Only Rome, please."), store=store)
+    seen.clear()
+    agent.run(fork_id, None, store=store)
+    first = seen[0].messages
+    assert [(m.role, m.content) for m in first] == [
+        ("user", "plan"),
+        ("user", "Only Rome, please."),
+    ]
+    assert da.as_of(fork_id, 0, store=store)[-1].content == "Only Rome, please."

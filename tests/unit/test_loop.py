@@ -131,7 +131,7 @@ def test_resuming_with_another_input_is_refused_and_writes_nothing(store, fired)
     assert history(store, "r1") == before
 
 
-def test_crash_inside_a_side_effect_halts_instead_of_repeating(store, fired):
+def test_crash_inside_a_side_effect_halts_instead_of_repeating(store, fired, monkeypatch):
     a = agent(fired, crash_on={("refund", "7")})
     with pytest.raises(Crash):
         a.run("r1", "Refund order 7", store=store)
@@ -143,8 +143,15 @@ def test_crash_inside_a_side_effect_halts_instead_of_repeating(store, fired):
     assert (halt.op_id, halt.tool_name, halt.cause) == ("call_2_1", "refund", "crashed")
     assert halt.arguments == {"order_id": "7", "cents": 42}
     assert store.get_run("r1").status == "halted"
-    # The other call of the turn still got its result before the run halted.
-    assert "tool:call_2_2" in history(store, "r1")
+    # Nothing else of the run moves while an outcome is unknown: the other call of the turn
+    # runs once a person has recorded what happened.
+    assert "tool:call_2_2" not in history(store, "r1") and ("receipt", "7") not in fired
+    from durable_agents.engine import runtime
+
+    monkeypatch.setattr(runtime._runtime, "dispatcher", lambda run_id: None)
+    da.resolve_halt("r1", "call_2_1", {"refunded": 42}, by="ann", store=store)
+    da.resume("r1", store=store)
+    assert fired.count(("receipt", "7")) == 1 and store.get_run("r1").status == "finished"
 
 
 def test_crash_inside_a_retry_safe_tool_reruns_it(store, fired):
@@ -409,3 +416,67 @@ def test_pending_lists_unfinished_runs_with_why(store, fired):
         da.resume("r1", store=store)
     [p] = da.pending(store=store)
     assert (p.run_id, p.status) == ("r1", "halted") and "outcome is unknown" in p.why
+
+
+# -- issue 10: every billed response counts ----------------------------------------------
+
+
+def spend_names(store, run_id):
+    return [n for n in history(store, run_id) if n.startswith("@spend/")]
+
+
+def test_a_rejected_response_is_still_spend_and_the_budget_counts_it(store, fired):
+    dup = scripted.calls(
+        scripted.call("lookup", {"order_id": "1"}, id="x"),
+        scripted.call("lookup", {"order_id": "2"}, id="x"),
+        usage=Usage(10, 5),
+    )
+    a = da.Agent(
+        "spend-dups",
+        ScriptedModel([dup]),
+        "",
+        make_tools(fired),
+        model_retry=da.ModelRetry(2, 0.001, 0.001),
+        token_budget=20,
+    )
+    with pytest.raises(ModelError):
+        a.run("r1", "go", store=store)
+    assert len(spend_names(store, "r1")) == 2
+    assert store.get_run("r1").spend["input_tokens"] == 20
+    with pytest.raises(da.BudgetError, match="spent 30 tokens"):
+        a.run("r1", None, store=store)
+
+
+def test_a_response_whose_write_lost_the_lease_is_still_spend(fired):
+    t = [5_000_000.0]
+    store = InMemoryStore(clock=lambda: t[0])
+
+    def stall(request):
+        t[0] += 31  # the lease (30 s) lapses while the model thinks; another driver takes it
+        store.acquire_lease("r1", "other", "other-token", 30)
+
+    script = [scripted.text("late answer", usage=Usage(7, 3))]
+    a = da.Agent("spend-lost", ScriptedModel(script, on_request=stall), "", [])
+    with pytest.raises(da.LeaseLost):
+        a.run("r1", "go", store=store)
+    [name] = spend_names(store, "r1")
+    rec = Journal(store).get("r1", name)
+    assert rec.get("usage")["input_tokens"] == 7 and rec.get("why") == "lease_lost"
+
+
+def test_a_response_that_lost_the_race_for_its_turn_is_still_spend(store, fired):
+    def someone_else_records_turn_one(request):
+        Journal(store).write(
+            "r1",
+            "model:1",
+            {"kind": "model", "message": {"role": "assistant", "content": "theirs"}, "usage": {}},
+        )
+
+    script = [scripted.text("mine", usage=Usage(4, 2)), scripted.text("unused")]
+    a = da.Agent(
+        "spend-race", ScriptedModel(script, on_request=someone_else_records_turn_one), "", []
+    )
+    assert a.run("r1", "go", store=store).answer == "theirs"
+    [name] = spend_names(store, "r1")
+    assert Journal(store).get("r1", name).get("why") == "lost_race"
+    assert store.get_run("r1").spend["input_tokens"] == 4

@@ -128,3 +128,72 @@ def test_open_turn_refuses_another_message(store):
 def test_bad_session_ids(store, bad):
     with pytest.raises(da.ConfigError, match="session id"):
         chat_agent("unit-bad").session(bad, store=store)
+
+
+# -- issue 10 -----------------------------------------------------------------------------
+
+
+def test_a_turn_that_failed_for_good_does_not_block_the_session(store):
+    @da.tool(read_only=True)
+    def look(x: int) -> int:
+        return x
+
+    looping = [scripted.calls(scripted.call("look", {"x": 1}))] * 3 + [scripted.text("done")]
+    agent = da.Agent("unit-stuck", ScriptedModel(looping), "", [look], max_turns=2)
+    session = agent.session("stuck", store=store)
+    with pytest.raises(da.BudgetError):
+        session.send("first")
+    agent.max_turns = 20
+    assert session.send("second").answer == "done"
+    assert store.get_run("stuck>turn/2").status == "finished"
+    transcript = [(m.role, m.content) for m in session.history()]
+    assert transcript[0] == ("user", "first")
+    assert transcript[1][0] == "assistant" and "did not finish" in transcript[1][1]
+    assert "budget.max_turns" in transcript[1][1]
+    assert transcript[2:] == [("user", "second"), ("assistant", "done")]
+
+
+def test_a_cancelled_turn_does_not_block_the_session(store):
+    @da.tool(requires_approval=True)
+    def book(size: int) -> str:
+        return "booked"
+
+    script = [scripted.calls(scripted.call("book", {"size": 2})), scripted.text("hi")]
+    session = chat_agent("unit-cancelled-turn", tools=[book], script=script).session(
+        "cx", store=store
+    )
+    with pytest.raises(da.ApprovalPending):
+        session.send("book for 2")
+    da.cancel("cx>turn/1", by="staff", store=store)
+    assert session.send("book for 3").answer == "hi"  # a new turn, seeded with the closed one
+    assert store.get_run("cx>turn/2").status == "finished"
+    assert "cancelled" in session.history()[1].content
+
+
+def test_concurrent_deliveries_with_wait_all_get_the_first_ones_answer(store):
+    import threading
+
+    from tests.support.procs import in_threads
+
+    entered = threading.Event()
+    release = threading.Event()
+
+    @da.tool(read_only=True)
+    def slow(x: int) -> int:
+        entered.set()
+        release.wait(10)
+        return x
+
+    script = [scripted.calls(scripted.call("slow", {"x": 1})), scripted.text("slow answer")]
+    session = chat_agent("unit-wait", tools=[slow], script=script).session("w", store=store)
+
+    def deliver(i):
+        if i:
+            entered.wait(10)  # the first delivery is driving the turn
+            threading.Timer(0.3, release.set).start()
+        return session.send_once("d-1", "go slow", wait=True, timeout=10)
+
+    results = in_threads(4, deliver)
+    assert {(r.status, r.answer) for r in results} == {("answered", "slow answer")}
+    waited = session.send_once("d-2", "go slow", wait=True, timeout=0.01)
+    assert waited.status in ("answered", "running")

@@ -1,0 +1,155 @@
+"""Recovery: hand unfinished runs that nobody drives back to a driver, a bounded number of
+times.
+
+A pass lists, through the store's index of unfinished agent runs, the ones whose lease is
+free and that are
+
+* ``queued`` — a hand-over that never arrived (a lost message): handed over again on every
+  pass; that is cheap, and a driver that finds the run busy or done just stops;
+* ``running`` — its driver died mid-drive (a crash, a kill): that counts as a failed attempt;
+* ``failed`` with a retryable error.
+
+A run whose drive failed or whose driver died is handed over again at once the first time,
+then after a growing delay (judged by the store's clock from the row's last change), and at
+most ``max_attempts`` times in a row: after that it is left ``failed``
+(``run.recovery_exhausted``) for a person, and ``pending()`` says why. Recorded progress (a
+model turn, a pause, the end) resets the count. Runs paused on a person, and rows that are
+not agent runs, are never touched. The cost of a pass depends on the unfinished runs only.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from . import runtime
+from .ports import FAILED, QUEUED, RUNNING, RunInfo, Store
+
+log = logging.getLogger("durable_agents.recovery")
+
+RECOVERABLE = (QUEUED, RUNNING, FAILED)
+DRIVER_LOST = "run.driver_lost"
+EXHAUSTED = "run.recovery_exhausted"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a run whose drive failed is retried: at most ``max_attempts`` failures in a row,
+    with exponential backoff from ``base_delay`` capped at ``max_delay`` (seconds)."""
+
+    max_attempts: int = 5
+    base_delay: float = 1.0
+    max_delay: float = 60.0
+
+    def delay(self, attempt: int) -> float:
+        """Exponential backoff for the ``attempt``-th failure in a row (1-based)."""
+        return float(min(self.max_delay, self.base_delay * (2 ** max(0, attempt - 1))))
+
+    def wait_after(self, attempts: int) -> float:
+        """How long after its last change a run that failed ``attempts`` times in a row
+        waits before the next hand-over: none after the first failure."""
+        return 0.0 if attempts <= 1 else self.delay(attempts - 1)
+
+
+def due_at(run: RunInfo, policy: RetryPolicy) -> datetime | None:
+    """When recovery may hand ``run`` over again (None: at once, or unknown)."""
+    if run.updated_at is None:
+        return None
+    return run.updated_at + timedelta(seconds=policy.wait_after(run.attempts))
+
+
+def recover(
+    *, store: Store | None = None, policy: RetryPolicy | None = None, batch: int = 500
+) -> list[str]:
+    """One recovery pass; returns the run ids it handed to a driver."""
+    store = store or runtime.store()
+    policy = policy or runtime.retry_policy()
+    now = store.now()
+    sent: list[str] = []
+    after: str | None = None
+    while True:
+        runs = store.list_unfinished(
+            limit=batch, after=after, statuses=RECOVERABLE, lease_free=True
+        )
+        for run in runs:
+            if _hand_over(store, run, policy, now):
+                runtime.dispatch(run.run_id)
+                sent.append(run.run_id)
+        if len(runs) < batch:
+            break
+        after = runs[-1].run_id
+    if sent:
+        log.info("recovery re-enqueued %d run(s)", len(sent))
+    return sent
+
+
+def _hand_over(store: Store, run: RunInfo, policy: RetryPolicy, now: datetime) -> bool:
+    if run.status == QUEUED:
+        return True
+    due = due_at(run, policy)
+    if due is not None and now < due:
+        return False  # backing off
+    if run.status == FAILED:
+        error = run.last_error or {}
+        return bool(error.get("retryable")) and run.attempts < policy.max_attempts
+    # Running with a free lease: its driver died. Each death counts as a failed attempt;
+    # the changes apply only while the run is still in that state (another driver may have
+    # just taken it).
+    if run.attempts >= policy.max_attempts:
+        store.update_run(
+            run.run_id,
+            {
+                "status": FAILED,
+                "last_error": {
+                    "code": EXHAUSTED,
+                    "message": f"its driver died {run.attempts} times in a row without the "
+                    "run making progress (a tool or the model may be killing the worker)",
+                    "retryable": False,
+                },
+            },
+            if_status=[RUNNING],
+        )
+        log.warning("recovery gave up on run %s after %d attempts", run.run_id, run.attempts)
+        return False
+    return store.update_run(
+        run.run_id,
+        {
+            "attempts": run.attempts + 1,
+            "last_error": {
+                "code": DRIVER_LOST,
+                "message": "its driver stopped mid-drive (a crash, a kill or a lost lease)",
+                "retryable": True,
+            },
+        },
+        if_status=[RUNNING],
+    )
+
+
+def describe(run: RunInfo, policy: RetryPolicy) -> str:
+    """Why an unfinished run is not finished, and what happens next (for ``pending()``)."""
+    error = run.last_error or {}
+    message = str(error.get("message") or "")
+    resume = f"durable_agents.resume({run.run_id!r})"
+    if run.status == FAILED:
+        if error.get("code") == EXHAUSTED or (
+            error.get("retryable") and run.attempts >= policy.max_attempts
+        ):
+            return (
+                f"recovery gave up after {run.attempts} attempts: {message}; fix the cause, "
+                f"then {resume}"
+            )
+        if error.get("retryable"):
+            due = due_at(run, policy)
+            when = f" from {due.isoformat(timespec='seconds')}" if due is not None else ""
+            return (
+                f"the last attempt failed: {message}; recovery retries it{when} "
+                f"(attempt {run.attempts + 1} of at most {policy.max_attempts})"
+            )
+        return f"the last attempt failed: {message}; fix the cause, then {resume}"
+    if run.status == RUNNING and run.lease_expired:
+        return (
+            "its driver died; recovery hands it to another "
+            f"(attempt {run.attempts + 1} of at most {policy.max_attempts})"
+        )
+    return ""

@@ -1,0 +1,222 @@
+"""Engine commands on every store (InMemoryStore, PostgreSQL, SQLite): the rules of issue 10
+that hold only if the store's writes compose — concurrent forks, an approval landing during a
+cancel, refusals on a cancelled run, a run row that disagrees with its journal, and
+``Journal.step`` under concurrent callers."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import durable_agents as da
+from durable_agents.engine import approvals as approvals_module
+from durable_agents.engine import runtime
+from durable_agents.engine.commands import drive_quietly
+from durable_agents.engine.journal import Journal
+from durable_agents.providers import scripted
+from durable_agents.providers.scripted import ScriptedModel
+from tests.support.procs import in_threads
+
+from .conftest import DB
+
+pytestmark = DB
+
+
+@pytest.fixture
+def wired(store):
+    """Hand runs over inline, to this store (not the settings' default database)."""
+    saved = dict(runtime._runtime.__dict__)
+    runtime.configure(
+        dispatcher=lambda run_id: drive_quietly(run_id, store=store),
+        halt_min_age=lambda: 0.0,
+    )
+    yield store
+    runtime._runtime.__dict__.update(saved)
+
+
+FIRED: list[str] = []
+
+
+@da.tool(read_only=True)
+def lookup(city: str) -> str:
+    """The weather."""
+    return "sun"
+
+
+@da.tool(requires_approval=True)
+def pay(cents: int) -> str:
+    """Pay out."""
+    FIRED.append(f"pay {cents}")
+    return "paid"
+
+
+@da.tool
+def ship(box: str) -> str:
+    """Ship a box."""
+    FIRED.append(f"ship {box}")
+    raise Crash()
+
+
+class Crash(BaseException):
+    """Stands in for the process dying inside the tool."""
+
+
+trip = da.Agent(
+    "rules-trip",
+    ScriptedModel(
+        [
+            scripted.calls(scripted.call("lookup", {"city": "Oslo"})),
+            scripted.calls(scripted.call("lookup", {"city": "Rome"})),
+            scripted.text("planned"),
+        ]
+    ),
+    "",
+    [lookup],
+)
+payer = da.Agent(
+    "rules-pay",
+    ScriptedModel([scripted.calls(scripted.call("pay", {"cents": 5})), scripted.text("ok")]),
+    "",
+    [pay],
+)
+shipper = da.Agent(
+    "rules-ship",
+    ScriptedModel([scripted.calls(scripted.call("ship", {"box": "b1"})), scripted.text("ok")]),
+    "",
+    [ship],
+)
+
+
+# -- 8. forks ---------------------------------------------------------------------------
+
+
+def test_concurrent_forks_get_distinct_ids_and_keep_their_patches(wired):
+    store = wired
+    trip.run("src", "plan", store=store)
+    forks = in_threads(
+        6,
+        lambda i: da.fork("src", 1, da.Patch(tool_results={"call_1_1": f"storm {i}"}), store=store),
+    )
+    assert sorted(forks) == [f"src.fork-{n}" for n in range(1, 7)]
+    journal = Journal(store)
+    patched = {journal.get(f, "tool:call_1_1").get("result") for f in forks}
+    assert patched == {f"storm {i}" for i in range(6)}
+    for fork_id in forks:
+        assert [r.name for r in journal.history(fork_id)].count("fork:done") == 1
+
+
+def test_an_explicit_fork_id_that_exists_is_refused(wired):
+    store = wired
+    trip.run("src", "plan", store=store)
+
+    def fork(i: int):
+        try:
+            return da.fork("src", 1, da.Patch(append_user=f"m{i}"), "mine", store=store)
+        except da.ConfigError as exc:
+            return exc.code
+
+    outcomes = in_threads(4, fork)
+    assert outcomes.count("mine") == 1 and outcomes.count("history.fork_exists") == 3
+    users = [r for r in Journal(store).history("mine") if r.name.startswith("user:")]
+    assert len(users) == 1, "one fork's records, not a mix of four"
+
+
+# -- 6. cancel, and what lands during or after it --------------------------------------
+
+
+def test_an_approval_landing_during_a_cancel_does_not_bring_the_run_back(wired, monkeypatch):
+    store = wired
+    FIRED.clear()
+    with pytest.raises(da.ApprovalPending):
+        payer.run("pay-1", "pay me", store=store)
+    original = approvals_module._refuse_orphans
+
+    def check_then_cancel(*args, **kwargs):
+        original(*args, **kwargs)  # the run is still waiting when the decision is checked...
+        da.cancel("pay-1", by="bob", reason="customer withdrew", store=store)  # ...then not
+
+    monkeypatch.setattr(approvals_module, "_refuse_orphans", check_then_cancel)
+    with pytest.raises(da.ApprovalOrphaned):
+        da.approve("pay-1", "call_1_1", True, by="ann", store=store)
+    run = store.get_run("pay-1")
+    assert run.status == "cancelled" and FIRED == []
+    assert store.get_approval_request("pay-1", "call_1_1").status == "withdrawn"
+    with pytest.raises(da.ConfigError) as info:
+        da.resume("pay-1", store=store)
+    assert info.value.code == "run.cancelled" and store.get_run("pay-1").status == "cancelled"
+    assert FIRED == []
+
+
+def test_cancel_closes_requests_and_halts_and_refuses_what_comes_after(wired):
+    store = wired
+    FIRED.clear()
+    with pytest.raises(da.ApprovalPending):
+        payer.run("pay-2", "pay me", store=store)
+    with pytest.raises(Crash):
+        shipper.run("ship-2", "ship it", store=store)
+    with pytest.raises(da.OutcomeUnknown):
+        da.resume("ship-2", store=store)
+    da.cancel("pay-2", by="bob", store=store)
+    da.cancel("ship-2", by="bob", store=store)
+    assert store.get_approval_request("pay-2", "call_1_1").status == "withdrawn"
+    assert [h.status for h in store.list_halts(run_id="ship-2", status=None)] == ["orphaned"]
+    with pytest.raises(da.ApprovalOrphaned):
+        da.approve("pay-2", "call_1_1", True, by="ann", store=store)
+    with pytest.raises(da.ConfigError) as info:
+        da.resolve_halt("ship-2", "call_1_1", "shipped", by="ann", store=store)
+    assert info.value.code == "halt.orphaned"
+    assert Journal(store).get("ship-2", "tool:call_1_1") is None
+    assert {store.get_run(r).status for r in ("pay-2", "ship-2")} == {"cancelled"}
+    assert FIRED == ["ship b1"]
+
+
+# -- 7. the journal is the truth --------------------------------------------------------
+
+
+def test_a_drive_repairs_a_row_that_disagrees_with_the_journal(wired):
+    store = wired
+    result = trip.run("fix-1", "plan", store=store)
+    store.update_run("fix-1", {"status": "running", "answer": None})  # a row left behind
+    assert [r.run_id for r in store.list_unfinished()] == ["fix-1"]
+    assert da.resume("fix-1", store=store) == result
+    run = store.get_run("fix-1")
+    assert (run.status, run.answer, run.turns) == ("finished", "planned", 3)
+    assert store.list_unfinished() == []
+
+
+# -- 13. Journal.step: at most once under concurrent callers ----------------------------
+
+
+def test_a_journal_step_runs_once_under_concurrent_callers(store, run_id):
+    calls: list[int] = []
+    lock = threading.Lock()
+
+    def effect() -> str:
+        with lock:
+            calls.append(1)
+        return "charged"
+
+    def step(i: int):
+        try:
+            return Journal(store).step(run_id, "charge", effect)
+        except da.OutcomeUnknown as exc:
+            return exc.details["cause"]
+
+    outcomes = in_threads(8, step)
+    assert len(calls) == 1, "the function ran once"
+    # The others found the claim taken (by the caller still running it): unknown to them.
+    assert set(outcomes) <= {"charged", "contended", "crashed"} and "charged" in outcomes
+    assert Journal(store).step(run_id, "charge", effect) == "charged" and len(calls) == 1
+
+
+def test_a_retry_safe_journal_step_may_run_again_but_records_once(store, run_id):
+    calls: list[int] = []
+    values = in_threads(
+        4,
+        lambda i: Journal(store).step(
+            run_id, "look", lambda: calls.append(i) or f"v{i}", retry_safe=True
+        ),
+    )
+    assert len(set(values)) == 1 and len(calls) >= 1
+    assert not any(r.name.startswith("attempt:") for r in Journal(store).history(run_id))
