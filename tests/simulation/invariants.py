@@ -125,7 +125,7 @@ def check_as_we_go(w: W.World) -> None:
         ):
             w.violate(
                 "halts_stay_resolved",
-                f"halt {run_id}/{call_id}, resolved by {res['by']} at "
+                f"halt {run_id}/{call_id}, first resolved by {res['by']} at "
                 f"t={res['t'] - W.EPOCH:.1f}, is {halt.status} again "
                 f"(resolution now {_short(halt.resolution)})",
                 hole="5",
@@ -335,22 +335,24 @@ def check_halts(w: W.World, ix: Index) -> None:
         row = ix.rows.get(halt.run_id)
         result = names.get(f"tool:{halt.op_id}")
         if result is not None:
-            reopened = (
+            if (halt.run_id, halt.op_id) in w.resolutions or (
                 halt.created_at is not None
                 and result.created_at is not None
                 and halt.created_at > result.created_at
-            )
+            ):
+                why, hole = "a stale driver wrote the halt again after it was resolved", "5"
+            elif result.get("reconciled"):
+                why, hole = "the resolution stopped between the journal and the halt row", "new"
+            else:
+                err = _engine_error(ix, halt.run_id, halt.op_id) or ""
+                why = f"a drive recorded {_short(result.get('result'), 60)} over the halt"
+                hole = "1" if ("invalid arguments" in err or "unknown tool" in err) else "?"
             w.violate(
                 "halts_stay_resolved",
-                f"halt {halt.run_id}/{halt.op_id} is open though the call has a result "
-                + (
-                    "(a stale driver wrote the halt again after the result)"
-                    if reopened
-                    else "(the resolution stopped between the journal and the halt row)"
-                ),
-                hole="5" if reopened else "new",
+                f"halt {halt.run_id}/{halt.op_id} is open though the call has a result: {why}",
+                hole=hole,
             )
-        if row is not None and row.status in TERMINAL_STATUSES:
+        elif row is not None and row.status in TERMINAL_STATUSES:
             w.violate(
                 "rows_agree",
                 f"run {halt.run_id} is {row.status} with an open halt on {halt.op_id}",

@@ -655,12 +655,25 @@ class Person(Actor):
                 by=self.name,
                 store=w.store,
             )
-            w.resolutions[(run_id, call_id)] = {
-                "result": result,
-                "is_error": is_error,
-                "t": checked,
-                "by": self.name,
-            }
+            rows = [h for h in w.raw.list_halts(run_id=run_id, status=None) if h.op_id == call_id]
+            if rows and rows[0].status == "open" and (run_id, call_id) not in w.resolutions:
+                w.violate(
+                    "halts_stay_resolved",
+                    f"halt {run_id}/{call_id}: resolve_halt returned the standing outcome, yet "
+                    "the halt stays open (a resolution stopped between the journal and the "
+                    "halt row, and nothing closes it now)",
+                    hole="new",
+                )
+                return "standing; the halt stays open"
+            w.resolutions.setdefault(
+                (run_id, call_id),
+                {
+                    "result": result,
+                    "is_error": is_error,
+                    "t": checked,
+                    "by": self.name,
+                },
+            )
             return "happened" if seen else "did not happen"
 
         # One request: the person checks the ledger and submits at once (a process of
