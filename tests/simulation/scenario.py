@@ -95,25 +95,25 @@ def _act(tool: str, args: dict[str, Any], ctx: ToolContext) -> Any:
     return entry.value
 
 
-def lookup(order: int, ctx: ToolContext) -> dict[str, Any]:
+def lookup(order: int, ctx: ToolContext) -> Any:
     """Look an order up."""
-    return _act("lookup", {"order": order}, ctx)  # type: ignore[no-any-return]
+    return _act("lookup", {"order": order}, ctx)
 
 
-def charge_v1(order: int, amount: int, ctx: ToolContext) -> dict[str, Any]:
+def charge_v1(order: int, amount: int, ctx: ToolContext) -> Any:
     """Charge the customer's card."""
-    return _act("charge", {"order": order, "amount": amount}, ctx)  # type: ignore[no-any-return]
+    return _act("charge", {"order": order, "amount": amount}, ctx)
 
 
-def charge_v2(order: int, amount: int, currency: str, ctx: ToolContext) -> dict[str, Any]:
+def charge_v2(order: int, amount: int, currency: str, ctx: ToolContext) -> Any:
     """Charge the customer's card in a currency."""
     args = {"order": order, "amount": amount, "currency": currency}
-    return _act("charge", args, ctx)  # type: ignore[no-any-return]
+    return _act("charge", args, ctx)
 
 
-def refund_v1(order: int, amount: int, ctx: ToolContext) -> dict[str, Any]:
+def refund_v1(order: int, amount: int, ctx: ToolContext) -> Any:
     """Refund an order (a person approves it first)."""
-    return _act("refund", {"order": order, "amount": amount}, ctx)  # type: ignore[no-any-return]
+    return _act("refund", {"order": order, "amount": amount}, ctx)
 
 
 def refund_v2(order: int, amount: int, ctx: ToolContext, reason: str = "goodwill") -> Any:
@@ -121,14 +121,14 @@ def refund_v2(order: int, amount: int, ctx: ToolContext, reason: str = "goodwill
     return _act("refund", {"order": order, "amount": amount, "reason": reason}, ctx)
 
 
-def notify(order: int, text: str, ctx: ToolContext) -> dict[str, Any]:
+def notify(order: int, text: str, ctx: ToolContext) -> Any:
     """Mail the customer (the mailer dedupes by idempotency key)."""
-    return _act("notify", {"order": order, "text": text}, ctx)  # type: ignore[no-any-return]
+    return _act("notify", {"order": order, "text": text}, ctx)
 
 
-def book(order: int, slot: int, ctx: ToolContext) -> dict[str, Any]:
+def book(order: int, slot: int, ctx: ToolContext) -> Any:
     """Book a delivery slot (keyed by the order)."""
-    return _act("book", {"order": order, "slot": slot}, ctx)  # type: ignore[no-any-return]
+    return _act("book", {"order": order, "slot": slot}, ctx)
 
 
 TOOLS = {
@@ -551,7 +551,7 @@ class Stepper(Actor):
                 "@step", run_id, "ship", {}, "", {"shipped": w.next_receipt()}, effect=True
             )
             w.point("step ship done")
-            return entry.value  # type: ignore[no-any-return]
+            return entry.value
 
         return f"step {run_id} ship", lambda: Journal(w.store).step(run_id, "ship", ship)
 
@@ -678,7 +678,7 @@ class Person(Actor):
 
         # One request: the person checks the ledger and submits at once (a process of
         # theirs may still crash, but nobody else moves in between).
-        op.exclusive = True  # type: ignore[attr-defined]
+        op.exclusive = True
         return f"resolve {run_id} {call_id}", op
 
     def _fork(
