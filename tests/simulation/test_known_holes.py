@@ -8,6 +8,8 @@ fork of a run whose call is in flight runs the call again)."""
 
 from __future__ import annotations
 
+import pytest
+
 import durable_agents as da
 from durable_agents.engine.agent import get_agent
 
@@ -23,17 +25,26 @@ HOLE_2_SEEDS = (44, 123, 8)  # in-flight charges (44, 123), a notify under a new
 def _assert_holds(seed: int, invariants: set[str], hole: str) -> None:
     world = simulate(Config(seed))
     found = [v for v in world.violations if v.invariant in invariants and v.hole == hole]
-    assert not found, "\n".join(str(v) for v in found) + "\nreplay: " + replay_command(world.config)
+    if found:
+        pytest.fail(
+            "\n".join(str(v) for v in found) + "\nreplay: " + replay_command(world.config),
+            pytrace=False,
+        )
 
 
-def test_seeds_of_hole_1_keep_the_promise():
-    for seed in HOLE_1_SEEDS:
-        _assert_holds(seed, {"effects_once", "results_true"}, "1")
+@pytest.mark.parametrize("seed", HOLE_1_SEEDS)
+def test_seeds_of_hole_1_keep_the_promise(seed):
+    _assert_holds(seed, {"effects_once", "results_true"}, "1")
 
 
-def test_seeds_of_hole_2_keep_the_promise():
-    for seed in HOLE_2_SEEDS:
-        _assert_holds(seed, {"effects_once"}, "2")
+@pytest.mark.parametrize("seed", HOLE_2_SEEDS)
+def test_seeds_of_hole_2_keep_the_promise(seed):
+    _assert_holds(seed, {"effects_once"}, "2")
+
+
+def _assert_no_violations(w):
+    if w.violations:
+        pytest.fail("\n".join(w.format_trace() + [str(v) for v in w.violations]), pytrace=False)
 
 
 def _crash_inside_the_charge(w):
@@ -62,7 +73,7 @@ def test_a_deploy_between_crash_and_resume_does_not_charge_twice():
         w.advance_by(2 * w.config.ttl + 1)
         run(w, driver, "drive r1", lambda: drive_like_a_worker(w, "r1"))
         settle_and_check(w)
-        assert not w.violations, "\n".join(w.format_trace() + [str(v) for v in w.violations])
+        _assert_no_violations(w)
         assert sum(e.effect for e in w.ledger if e.tool == "charge") == 1
 
 
@@ -78,5 +89,5 @@ def test_a_fork_of_a_run_with_a_call_in_flight_does_not_run_it_again():
         w.queue.clear()
         run(w, driver, f"drive {fork_id}", lambda: drive_like_a_worker(w, fork_id))
         settle_and_check(w)
-        assert not w.violations, "\n".join(w.format_trace() + [str(v) for v in w.violations])
+        _assert_no_violations(w)
         assert sum(e.effect for e in w.ledger if e.tool == "charge") == 1
