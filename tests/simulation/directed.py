@@ -10,8 +10,9 @@ import fnmatch
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .agent import Deploy, Plans
 from .invariants import check_all
-from .scenario import Deploy, Plans, quiet_phase
+from .scenario import quiet_phase
 from .world import Config, Proc, World, patched
 
 

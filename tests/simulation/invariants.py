@@ -31,7 +31,7 @@ from durable_agents.engine.records import Record, encode
 from durable_agents.engine.transcript import RunState
 
 from . import world as W
-from .scenario import GATED, KEYED, NOT_HAPPENED, UNFLAGGED, is_agent_run
+from .agent import GATED, KEYED, NOT_HAPPENED, UNFLAGGED, is_agent_run
 
 
 def _short(value: Any, n: int = 60) -> str:

@@ -13,9 +13,11 @@ import pytest
 import durable_agents as da
 from durable_agents.engine.agent import get_agent
 
+from .actors import Driver, Person, drive_like_a_worker
+from .agent import AGENT
 from .directed import deploy, directed_world, run, settle_and_check
 from .runner import replay_command
-from .scenario import AGENT, Driver, Person, drive_like_a_worker, simulate
+from .scenario import simulate
 from .world import Config
 
 HOLE_1_SEEDS = (70, 158, 175)  # on the engine of commit 68165b7
