@@ -19,21 +19,26 @@ from .world import Config
 def test_seeds_keep_the_promise():
     seeds = parse_seeds(os.environ.get("SIM_SEEDS"))
     findings, coverage = run_seeds(seeds)
-    # A simulator that explores nothing passes too: show that these seeds reached the
-    # paths the invariants are about.
-    for what in (
-        "crash at a tool point",
-        "stall at a tool point",
-        "halts resolved",
-        "calls approved",
-        "calls denied",
-        "forks",
-        "op: deployer",
-        "op: webhook",
-    ):
-        assert coverage.get(what, 0) > 0, f"no seed exercised {what!r}: {sorted(coverage)}"
     if findings:
         pytest.fail(summarize(findings, len(seeds)), pytrace=False)
+    # A simulator that explores nothing passes too: show that a seed set of the default
+    # size reached the paths the invariants are about (those its cast can reach).
+    config = config_for(0)
+    wanted = {
+        "crash at a tool point": "crash" in config.faults,
+        "stall at a tool point": "stall" in config.faults,
+        "halts resolved": "person" in config.actors,
+        "calls approved": "person" in config.actors,
+        "calls denied": "person" in config.actors,
+        "forks": "person" in config.actors,
+        "op: deployer": "deployer" in config.actors,
+        "op: webhook": "webhook" in config.actors,
+    }
+    if len(seeds) >= 500:
+        missed = [
+            what for what, reachable in wanted.items() if reachable and not coverage.get(what)
+        ]
+        assert not missed, f"no seed exercised {missed}: {sorted(coverage.items())}"
 
 
 def test_replay():
