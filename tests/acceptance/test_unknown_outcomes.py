@@ -279,5 +279,11 @@ def test_a_journal_step_that_crashed_mid_effect_is_not_run_again():
 
 
 @pytest.fixture(autouse=True)
+def _people():
+    """``ann`` resolves halts here: a user of the site (every ``by=`` names one)."""
+    User.objects.create_superuser("ann", "ann@example.com", "pw")
+
+
+@pytest.fixture(autouse=True)
 def _effects_table():
     effects_connection().close()  # created before any child counts an effect

@@ -120,10 +120,10 @@ def test_every_path_refuses_a_halt_younger_than_halt_min_age():
 
 
 def test_a_cancelled_runs_halt_is_orphaned_on_every_path():
+    root = User.objects.create_superuser("root", "root@example.com", "pw")
     halt = _halted("gone-1")
     da.cancel("gone-1", by="root")
     assert Halt.objects.get(pk=halt.pk).status == "orphaned"
-    root = User.objects.create_superuser("root", "root@example.com", "pw")
     response = _api_post(root, "/runs/gone-1/halts/call_1_1/resolve", {"result": True})
     assert response.status_code == 409 and response.json()["code"] == "halt.orphaned"
     orphaned = _api_get(root, "/halts?status=orphaned").json()
@@ -132,6 +132,7 @@ def test_a_cancelled_runs_halt_is_orphaned_on_every_path():
 
 
 def test_an_approval_asked_again_shows_both_arguments():
+    root = User.objects.create_superuser("root", "root@example.com", "pw")
     paid = []
 
     @da.tool(requires_approval=True)
@@ -152,7 +153,6 @@ def test_an_approval_asked_again_shows_both_arguments():
     assert paid == [] and Run.objects.get(run_id="args-1").status == "awaiting_approval"
     request = ApprovalRequest.objects.get(run_id="args-1")
     assert request.previous_arguments == {"cents": 5}
-    root = User.objects.create_superuser("root", "root@example.com", "pw")
     client = Client()
     client.force_login(root)
     page = client.get(reverse("admin:durable_agents_approvalrequest_change", args=[request.pk]))
