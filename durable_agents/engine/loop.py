@@ -313,6 +313,8 @@ class Driver:
         # Every way a drive ends leaves a row that agrees with the journal: finished, paused,
         # cancelled, or failed with its error (recovery counts failures and stops).
         try:
+            if self.state.start is None:
+                self._refuse_an_uncopied_fork()
             self._begin(input, seed)
             if self.state.complete is not None:
                 result = finished_result(self.run_id, self.state)
@@ -350,6 +352,19 @@ class Driver:
         except Exception as exc:
             self._fail("internal", error_text(exc), retryable=False)
             raise
+
+    def _refuse_an_uncopied_fork(self) -> None:
+        """A fork's row exists before its journal: one with nothing copied yet is not a new
+        run to start from its input (that would repeat its source's steps)."""
+        if self.state.fork is not None:
+            return
+        run = self.store.get_run(self.run_id)
+        if run is not None and run.forked_from:
+            raise ConfigError(
+                f"run {self.run_id!r} is a fork of {run.forked_from!r} whose journal was never "
+                "copied (the process forking it stopped first); delete it and fork again",
+                code="history.fork_incomplete",
+            )
 
     def _begin(self, input: Any, seed: list[dict[str, Any]] | None) -> None:
         start = self.state.start
