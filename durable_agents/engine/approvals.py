@@ -35,7 +35,7 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from . import identity, runtime
+from . import failpoints, identity, runtime
 from .errors import ConfigError
 from .identity import APPROVE_TOOLCALL, Actor, ActorError
 from .journal import Journal, now_ms
@@ -44,6 +44,7 @@ from .ports import (
     APPROVAL_DENIED,
     APPROVAL_PENDING,
     APPROVAL_WITHDRAWN,
+    AWAITING_APPROVAL,
     NOT_TERMINAL_STATUSES,
     QUEUED,
     TERMINAL_STATUSES,
@@ -398,6 +399,8 @@ def approve(
     name = decision_name(call_id, request.arguments, again=request.previous_arguments is not None)
     standing = journal.get(run_id, name) if store.get_run(run_id) is not None else None
     if standing is not None:
+        if finish_decision(store, run_id, call_id, standing):
+            runtime.dispatch(run_id)
         return _standing(request, standing, approved)
     _refuse_orphans(store, journal, request, actor)
     decision = DecisionInfo(run_id, call_id, by_name, approved, note, signature)
@@ -442,13 +445,16 @@ def approve(
     )
     if not inserted:
         return _standing(request, final, approved)
+    failpoints.hit(f"after-decision:{call_id}")
     status = APPROVAL_APPROVED if count.passed else APPROVAL_DENIED
-    decided = store.set_approval_status(run_id, call_id, status, if_status=[APPROVAL_PENDING])
     # Queued, not awaiting approval: if the hand-over below fails (a broker down), recovery
     # picks the run up. Only while the run is unfinished: a cancel that landed since the
-    # check above keeps the run cancelled, and the decision is refused as orphaned.
+    # check above keeps the run cancelled, and the decision is refused as orphaned. The run
+    # before the request: a crash between leaves a queued run whose drive finishes the
+    # request, never a run awaiting a request nobody is shown any more.
     changes = {"status": QUEUED, "attempts": 0, "last_error": None}
     moved = store.update_run(run_id, changes, if_status=NOT_TERMINAL_STATUSES)
+    decided = store.set_approval_status(run_id, call_id, status, if_status=[APPROVAL_PENDING])
     if not (decided and moved):
         store.set_approval_status(run_id, call_id, APPROVAL_WITHDRAWN)
         why = "the run was cancelled while the decision was being recorded"
@@ -461,6 +467,25 @@ def approve(
     return ApprovalOutcome(
         run_id, call_id, APPROVAL_APPROVED if count.passed else APPROVAL_DENIED, count.to_json()
     )
+
+
+def finish_decision(store: Store, run_id: str, call_id: str, decision: Any) -> bool:
+    """Bring the rows in step with a decision the journal holds: a run still awaiting
+    approval queued again, then a request still pending marked decided. Idempotent; True
+    if the run was queued (hand it to a driver)."""
+    run = store.get_run(run_id)
+    if run is None or run.status in TERMINAL_STATUSES:
+        return False  # a cancel closes its requests itself
+    queued = False
+    if run.status == AWAITING_APPROVAL:
+        queued = store.update_run(
+            run_id,
+            {"status": QUEUED, "attempts": 0, "last_error": None},
+            if_status=[AWAITING_APPROVAL],
+        )
+    status = APPROVAL_APPROVED if decision.get("approved") else APPROVAL_DENIED
+    store.set_approval_status(run_id, call_id, status, if_status=[APPROVAL_PENDING])
+    return queued
 
 
 def _refuse_orphans(

@@ -44,10 +44,13 @@ from .errors import (
     ToolOutcomeUnknown,
 )
 from .fingerprint import diff, tools_digest
+from .halts import outcome_of
 from .journal import Journal, RunLog
 from .leases import HeldLease
 from .model import FINISH_FILTERED, FINISH_LENGTH, ModelRequest, ModelResponse, ToolCall, Usage
 from .ports import (
+    APPROVAL_APPROVED,
+    APPROVAL_DENIED,
     APPROVAL_PENDING,
     APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
@@ -335,6 +338,7 @@ class Driver:
                 )
             # Before the tools, their schemas or the agent's drift are even looked at.
             self._halt_on_unknown_outcomes()
+            self._close_settled_halts()
             self._check_drift()
             self._update(status=RUNNING)
             return self._loop()
@@ -398,6 +402,19 @@ class Driver:
         halts = unknown_outcomes(self.state, self.run_id)
         if halts:
             self._halt_run(halts)
+
+    def _close_settled_halts(self) -> None:
+        """Close the open halts of calls the journal holds an outcome for: a resolution that
+        stopped between its record and its halt row is finished by the next drive."""
+        if not any(rec.get("reconciled") for rec in self.state.results.values()):
+            return  # only a resolution records an outcome over a halt
+        for halt in self.store.list_halts(run_id=self.run_id):
+            rec = self.state.results.get(halt.op_id)
+            if rec is not None:
+                by = rec.get("by")
+                self.store.resolve_halt_row(
+                    self.run_id, halt.op_id, outcome_of(rec), str(by) if by else None
+                )
 
     def _check_drift(self) -> None:
         recorded = self.state.start.get("fingerprint") if self.state.start else None
@@ -646,6 +663,7 @@ class Driver:
                 if decision is None:
                     gates.append(gate)
                     continue
+                self._mark_decided(call, args, decision)
                 if not decision.get("approved"):
                     self._record_result(call, _rejection(decision), is_error=True)
                     continue
@@ -717,6 +735,23 @@ class Driver:
         if again is not None:
             return again, None
         return None, approved
+
+    def _mark_decided(self, call: ToolCall, args: dict[str, Any], decision: Any) -> None:
+        """A request still pending for the arguments a journaled decision is about: its
+        maker stopped before marking it. The journal is the truth, so the request says so
+        too (a request about other arguments is left for the person who will decide it)."""
+        request = self.store.get_approval_request(self.run_id, call.id)
+        if (
+            request is not None
+            and request.status == APPROVAL_PENDING
+            and encode(request.arguments) == encode(args)
+        ):
+            self.store.set_approval_status(
+                self.run_id,
+                call.id,
+                APPROVAL_APPROVED if decision.get("approved") else APPROVAL_DENIED,
+                if_status=[APPROVAL_PENDING],
+            )
 
     def _attempt_state(self, call_id: str) -> tuple[int, Any]:
         """The next attempt number for a call, and its live attempt marker if it has one (a

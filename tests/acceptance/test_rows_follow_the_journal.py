@@ -4,7 +4,11 @@ simulator (docs/simulation.md, "What it found on the fixed engine"), replayed he
 processes on PostgreSQL; side effects are counted outside the journal (``test_effects``).
 
 * a fork whose maker died after creating its row, or half-way through the copy, is never
-  driven (from scratch or from a partial journal): it stays failed, saying so.
+  driven (from scratch or from a partial journal): it stays failed, saying so;
+* a decision journaled by a process that died before queueing the run is finished by the
+  next decision on the call;
+* a resolution journaled by a process that died before closing the halt is finished by the
+  next resolution, or by a drive.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from django.contrib.auth.models import User
 
 import durable_agents as da
 from durable_agents.engine.journal import Journal
+from durable_agents.models import Run
+from durable_agents.recovery import recover
 from durable_agents.storage import DjangoStore
 from tests.support.agents import count_effects, effects_connection
 from tests.support.procs import ROOT, subprocess_env
@@ -47,6 +53,11 @@ def child(module: str, *args: str, **env: str) -> tuple[int, dict | None]:
 
 def drive(run_id: str, agent: str = "hole-charge", **env: str) -> tuple[int, dict | None]:
     return child("tests.support.drive", agent, run_id, "go", **env)
+
+
+def command(*args: str, crash_at: str) -> int:
+    code, _ = child("tests.support.holes_child", *args, DURABLE_AGENTS_CRASH_AT=crash_at)
+    return code
 
 
 def until_free(fn, timeout: float = 20.0):
@@ -98,6 +109,49 @@ def recover_on(store: DjangoStore) -> list[str]:
     from durable_agents.engine.recovery import recover as recover_pass
 
     return recover_pass(store=store)
+
+
+@pytest.mark.timeout(90)
+def test_a_decision_killed_before_the_run_was_queued_is_finished_by_deciding_again():
+    run_id = "rows-approve"
+    assert drive(run_id, "gated")[1] == {"status": "awaiting_approval", "calls": ["call_1_1"]}
+    assert command("approve", run_id, "call_1_1", "yes", crash_at="after-decision:call_1_1") == -9
+    store = DjangoStore()
+    assert Journal(store).get(run_id, "approval:call_1_1").get("approved") is True
+    assert Run.objects.get(run_id=run_id).status == "awaiting_approval"
+    assert store.get_approval_request(run_id, "call_1_1").status == "pending"
+    assert recover() == [], "a run paused on a person is not recovery's"
+    outcome = da.approve(run_id, "call_1_1", True, by="bob")
+    assert outcome.status == "approved"
+    assert store.get_approval_request(run_id, "call_1_1").status == "approved"
+    assert Run.objects.get(run_id=run_id).status == "finished"
+    assert count_effects(run_id) == {"call_1_1": 1}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("then", ["resolve-again", "resume"])
+def test_a_resolution_killed_before_the_halt_was_closed_is_finished(then):
+    run_id = f"rows-resolve-{then}"
+    assert drive(run_id, DA_CRASH_INSIDE="call_1_1")[0] == -9
+    assert drive(run_id)[1] == {"status": "halted", "halts": ["call_1_1"]}
+    outcome = json.dumps({"charged": "7"})
+    crash_at = "after-resolution:call_1_1"
+    assert command("resolve", run_id, "call_1_1", outcome, crash_at=crash_at) == -9
+    store = DjangoStore()
+    assert Journal(store).get(run_id, "tool:call_1_1").get("reconciled")
+    [halt] = store.list_halts(run_id=run_id)
+    assert halt.status == "open" and Run.objects.get(run_id=run_id).status == "halted"
+    if then == "resolve-again":
+        # Finished from the journal at once: the halt closed and the run queued (its
+        # hand-over may find the dead process's lease not yet lapsed; recovery retries).
+        da.resolve_halt(run_id, "call_1_1", {"charged": "7"}, by="bob")
+        assert Run.objects.get(run_id=run_id).status in ("queued", "finished")
+    assert until_free(lambda: da.resume(run_id)).answer == "charged"
+    assert store.list_halts(run_id=run_id) == []
+    [halt] = store.list_halts(run_id=run_id, status=None)
+    assert halt.status == "resolved" and halt.resolution["result"] == {"charged": "7"}
+    assert Run.objects.get(run_id=run_id).status == "finished"
+    assert count_effects(run_id) == {"call_1_1": 1}
 
 
 @pytest.fixture(autouse=True)

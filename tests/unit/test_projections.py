@@ -161,3 +161,88 @@ def test_a_fork_of_a_fork_at_the_same_step_sends_both_messages(store):
     assert [m.content for m in da.as_of(second, 0, store=store)] == ["hello", "also A", "and B"]
     # The fork in between keeps its own transcript.
     assert [m.content for m in da.as_of(first, 0, store=store)] == ["hello", "also A"]
+
+
+# -- a resolution stopped after its record ---------------------------------------------
+
+
+def halted(store, fired):
+    agent = shipper(fired, crash=True)
+    with pytest.raises(Crash):
+        agent.run("r1", "go", store=store)
+    with pytest.raises(da.OutcomeUnknown):
+        agent.run("r1", None, store=store)
+    assert store.get_run("r1").status == "halted"
+    return agent
+
+
+def test_a_resolution_stopped_after_its_record_is_finished_by_resolving_again(store, crash_at):
+    fired: list[str] = []
+    halted(store, fired)
+    crash_at("after-resolution:call_1_1")
+    with pytest.raises(Crash):
+        da.resolve_halt("r1", "call_1_1", "shipped b1", by="ann", store=store)
+    [halt] = store.list_halts(run_id="r1")
+    assert halt.status == "open" and store.get_run("r1").status == "halted"
+    # Asked again with the same outcome: the rows follow the journal, the run goes on.
+    record = da.resolve_halt("r1", "call_1_1", "shipped b1", by="ann", store=store)
+    assert record.get("result") == "shipped b1"
+    assert store.list_halts(run_id="r1") == []
+    [halt] = store.list_halts(run_id="r1", status=None)
+    assert halt.status == "resolved" and halt.resolution["result"] == "shipped b1"
+    assert store.get_run("r1").status == "finished" and fired == ["b1"]
+
+
+def test_a_stopped_resolution_is_finished_by_another_outcome_refused_or_by_a_drive(store, crash_at):
+    fired: list[str] = []
+    halted(store, fired)
+    crash_at("after-resolution:call_1_1")
+    with pytest.raises(Crash):
+        da.resolve_halt("r1", "call_1_1", "shipped b1", by="ann", store=store)
+    with pytest.raises(da.HaltAlreadyResolved):
+        da.resolve_halt("r1", "call_1_1", "lost", is_error=True, by="bob", store=store)
+    [halt] = store.list_halts(run_id="r1", status=None)
+    assert (halt.status, halt.resolution["result"]) == ("resolved", "shipped b1")
+    assert store.get_run("r1").status == "finished" and fired == ["b1"]
+
+
+def test_a_drive_closes_the_halt_a_stopped_resolution_left_open(store, crash_at):
+    fired: list[str] = []
+    halted(store, fired)
+    crash_at("after-resolution:call_1_1")
+    with pytest.raises(Crash):
+        da.resolve_halt("r1", "call_1_1", "shipped b1", by="ann", store=store)
+    assert da.resume("r1", store=store).answer == "sent"  # a person presses "resume"
+    assert store.list_halts(run_id="r1") == [] and fired == ["b1"]
+
+
+# -- a decision stopped after its record -----------------------------------------------
+
+
+def test_a_decision_stopped_after_its_record_is_finished_by_deciding_again(store, crash_at):
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    crash_at("after-decision:call_1_1")
+    with pytest.raises(Crash):
+        da.approve("r1", "call_1_1", True, by="ann", store=store)
+    assert store.get_run("r1").status == "awaiting_approval"
+    assert store.get_approval_request("r1", "call_1_1").status == "pending"
+    outcome = da.approve("r1", "call_1_1", True, by="bob", store=store)
+    assert outcome.status == "approved"
+    assert store.get_approval_request("r1", "call_1_1").status == "approved"
+    assert store.get_run("r1").status == "finished" and paid == [{"cents": 5}]
+    with pytest.raises(da.ConfigError) as info:  # another verdict is still refused
+        da.approve("r1", "call_1_1", False, by="bob", store=store)
+    assert info.value.code == "approval.already_decided"
+
+
+def test_a_drive_marks_the_request_a_stopped_decision_left_pending(store, crash_at):
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    crash_at("after-decision:call_1_1")
+    with pytest.raises(Crash):
+        da.approve("r1", "call_1_1", False, by="ann", store=store)
+    assert da.resume("r1", store=store).answer == "done"
+    assert store.get_approval_request("r1", "call_1_1").status == "denied" and paid == []
