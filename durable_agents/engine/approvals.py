@@ -112,6 +112,19 @@ class ApprovalSignatureOutdated(ApprovalBadSignature):
     code = "approval.signature_format"
 
 
+class ApprovalArgumentsChanged(ApprovalError):
+    code = "approval.arguments_changed"
+
+
+class _NotShown:
+    def __repr__(self) -> str:
+        return "NOT_SHOWN"
+
+
+# ``approve(arguments=...)`` not given: the caller showed nothing to check against.
+NOT_SHOWN: Any = _NotShown()
+
+
 def arguments_tag(arguments: Any) -> str:
     """A short name for one argument set, to tell apart decisions on one call."""
     return arguments_digest(arguments).hex()[:16]
@@ -362,6 +375,7 @@ def approve(
     note: str = "",
     *,
     signature: str | None = None,
+    arguments: Any = NOT_SHOWN,
     store: Store | None = None,
 ) -> ApprovalOutcome:
     """Record ``by``'s decision on call ``call_id`` of run ``run_id``.
@@ -372,6 +386,15 @@ def approve(
     counts once; the gate passes at ``need`` approvals and fails as soon as it cannot. A
     final decision is journaled and the run handed back to a driver. ``signature`` (base64
     Ed25519 over ``decision_bytes``) is checked against the keys registered to the user.
+
+    ``arguments`` are the arguments the person was shown: if the request asks about others
+    by now (a drive under new code asked again meanwhile), the decision is refused
+    (``approval.arguments_changed``) and nothing is written — a decision never lands on
+    arguments its maker did not see. Pass them whenever a person looked at a page first.
+
+    The journal is the truth: a decision that stopped after its record (a crash before the
+    request and the run were updated) is finished by the next decision on the call, and by
+    the drive that runs it.
     """
     if not isinstance(approved, bool):
         raise ApprovalError("approved must be True or False")
@@ -384,6 +407,14 @@ def approve(
     request = store.get_approval_request(run_id, call_id)
     if request is None:
         raise ApprovalNotFound(f"run {run_id!r} has no call {call_id!r} awaiting approval")
+    if arguments is not NOT_SHOWN and encode(arguments) != encode(request.arguments):
+        raise ApprovalArgumentsChanged(
+            f"call {call_id!r} of run {run_id!r} now asks about other arguments than the ones "
+            f"shown: {encode(request.arguments)} (shown: {encode(arguments)}); look at it "
+            "again before deciding",
+            arguments=request.arguments,
+            shown=arguments,
+        )
     actor = resolve_approver(by)
     if signature is not None:  # before anything is read as this approver's, or written
         incarnation = incarnation_of(store, run_id)

@@ -246,3 +246,47 @@ def test_a_drive_marks_the_request_a_stopped_decision_left_pending(store, crash_
         da.approve("r1", "call_1_1", False, by="ann", store=store)
     assert da.resume("r1", store=store).answer == "done"
     assert store.get_approval_request("r1", "call_1_1").status == "denied" and paid == []
+
+
+# -- a decision is for the arguments shown ---------------------------------------------
+
+
+def test_a_decision_is_refused_when_the_request_asks_about_other_arguments(store):
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    with pytest.raises(da.ConfigError) as info:
+        da.approve("r1", "call_1_1", True, by="ann", arguments={"cents": 50}, store=store)
+    assert info.value.code == "approval.arguments_changed"
+    assert info.value.details["arguments"] == {"cents": 5}
+    assert "approval:call_1_1" not in names(store, "r1")
+    assert store.list_decisions("r1", "call_1_1") == []
+    da.approve("r1", "call_1_1", True, by="ann", arguments={"cents": 5}, store=store)
+    assert paid == [{"cents": 5}]
+
+
+def test_a_decision_that_lands_on_a_request_replaced_under_it_is_asked_again(store, monkeypatch):
+    """A person's approval of ``{cents: 5}`` is being recorded while a drive under new code
+    (a defaulted ``memo``) asks about ``{cents: 5, memo: ""}`` instead. The decision stands
+    for what it was shown; the new arguments are asked about again, showing both — never a
+    request marked approved for arguments nobody approved, with nothing left to decide."""
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    real = store.save_decision
+
+    def save_decision(decision):
+        payer(paid, memo=True)  # the deploy lands; a worker drives the run meanwhile
+        assert drive_quietly("r1", store=store) == "paused"
+        return real(decision)
+
+    monkeypatch.setattr(store, "save_decision", save_decision)
+    da.approve("r1", "call_1_1", True, by="ann", store=store)
+    monkeypatch.setattr(store, "save_decision", real)
+    assert paid == []
+    request = store.get_approval_request("r1", "call_1_1")
+    assert (request.status, request.arguments) == ("pending", {"cents": 5, "memo": ""})
+    assert request.previous_arguments == {"cents": 5}
+    assert store.get_run("r1").status == "awaiting_approval"
+    da.approve("r1", "call_1_1", True, by="ann", arguments=request.arguments, store=store)
+    assert paid == [{"cents": 5, "memo": ""}] and store.get_run("r1").status == "finished"
