@@ -377,6 +377,14 @@ def fork(
             code="history.fork_busy",
         ) from None
     try:
+        if journal.history(new_run_id):
+            # Someone took the fork before its maker held it: a cancel (the only writer
+            # that does not refuse an uncopied fork). It stays as they left it.
+            raise ConfigError(
+                f"fork {new_run_id!r} was cancelled before its journal was copied; nothing "
+                "was copied: fork again",
+                code="history.fork_cancelled",
+            )
         _copy_into_fork(
             journal, new_run_id, run_id, from_step, origin, patch, kept, calls, lease.token
         )

@@ -148,6 +148,25 @@ def test_a_driver_handed_a_fork_while_it_is_copied_finds_it_busy(store, monkeypa
     assert fired == ["b1", "b1"], "the fork's own timeline ships once"
 
 
+def test_a_fork_cancelled_before_its_maker_took_it_is_not_copied_into(store, monkeypatch):
+    fired: list[str] = []
+    shipper(fired).run("src", "go", store=store)
+    real = failpoints.hit
+
+    def hit(name: str) -> None:
+        if name == "after-fork-row":  # the maker pauses; a person cancels the new row
+            da.cancel("src.fork-1", by="ann", store=store)
+        real(name)
+
+    monkeypatch.setattr(failpoints, "hit", hit)
+    with pytest.raises(da.ConfigError) as info:
+        da.fork("src", 0, store=store)
+    assert info.value.code == "history.fork_cancelled"
+    assert names(store, "src.fork-1") == ["@journal", "run:cancelled"]
+    assert store.get_run("src.fork-1").status == "cancelled"
+    assert recover(store=store) == [] and fired == ["b1"]
+
+
 def test_a_fork_of_a_fork_at_the_same_step_sends_both_messages(store):
     seen = []
     model = ScriptedModel([scripted.text("ok")] * 3, on_request=seen.append)
