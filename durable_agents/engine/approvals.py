@@ -486,7 +486,12 @@ def approve(
     changes = {"status": QUEUED, "attempts": 0, "last_error": None}
     moved = store.update_run(run_id, changes, if_status=NOT_TERMINAL_STATUSES)
     decided = store.set_approval_status(run_id, call_id, status, if_status=[APPROVAL_PENDING])
-    if not (decided and moved):
+    cancelled = not (decided and moved) and (
+        store.get_run(run_id) is None or journal.get(run_id, "run:cancelled") is not None
+    )
+    # Otherwise the run or the request had moved on already: another approver's repeated
+    # decision, or a drive, carried this decision on from the journal. It stands.
+    if cancelled:
         store.set_approval_status(run_id, call_id, APPROVAL_WITHDRAWN)
         why = "the run was cancelled while the decision was being recorded"
         store.log_action(identity.logged(actor, "withdraw", run_id, call_id, {"why": why}))
@@ -494,7 +499,8 @@ def approve(
             f"the approval of call {call_id!r} in run {run_id!r} is orphaned ({why}); "
             "nothing was run"
         )
-    runtime.dispatch(run_id)
+    if moved:
+        runtime.dispatch(run_id)
     return ApprovalOutcome(
         run_id, call_id, APPROVAL_APPROVED if count.passed else APPROVAL_DENIED, count.to_json()
     )

@@ -256,6 +256,28 @@ def test_a_decision_stopped_after_its_record_is_finished_by_deciding_again(store
     assert info.value.code == "approval.already_decided"
 
 
+def test_a_decision_finished_by_another_approver_meanwhile_stands(store, monkeypatch):
+    """Between ann's journal record and her marking the request, bob approves too: his
+    repeated decision finishes ann's from the journal. Ann's still stands (it is not
+    mistaken for one a cancel orphaned)."""
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    real = failpoints.hit
+    seen: list[str] = []
+
+    def hit(name: str) -> None:
+        if name == "after-decision:call_1_1" and not seen:
+            seen.append(da.approve("r1", "call_1_1", True, by="bob", store=store).status)
+        real(name)
+
+    monkeypatch.setattr(failpoints, "hit", hit)
+    assert da.approve("r1", "call_1_1", True, by="ann", store=store).status == "approved"
+    assert seen == ["approved"]
+    assert store.get_approval_request("r1", "call_1_1").status == "approved"
+    assert store.get_run("r1").status == "finished" and paid == [{"cents": 5}]
+
+
 def test_a_drive_marks_the_request_a_stopped_decision_left_pending(store, crash_at):
     paid: list[dict] = []
     with pytest.raises(da.ApprovalPending):
