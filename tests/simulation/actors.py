@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import durable_agents as da
-from durable_agents.engine import commands
+from durable_agents.engine import commands, runtime
 from durable_agents.engine.agent import get_agent
 from durable_agents.engine.errors import (
     DriveStopped,
@@ -22,6 +22,7 @@ from durable_agents.engine.errors import (
 )
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import AWAITING_APPROVAL, HALTED
+from durable_agents.engine.recovery import recover
 
 from . import world as W
 from .agent import AGENT, NOT_HAPPENED, SESSION, Plans, is_agent_run
@@ -48,8 +49,6 @@ class Actor:
 
 def drive_like_a_worker(w: W.World, run_id: str) -> str:
     """What the Celery task ``drive_run`` does with one message (its retry: a requeue)."""
-    from durable_agents.conf import get_settings
-
     try:
         commands.resume(run_id, store=w.store)
         return "finished"
@@ -63,7 +62,7 @@ def drive_like_a_worker(w: W.World, run_id: str) -> str:
         if not exc.retryable:
             return f"failed ({exc.code})"
         run = commands.get_run(run_id, store=w.store)
-        if run.attempts >= get_settings().retry.max_attempts:
+        if run.attempts >= runtime.retry_policy().max_attempts:
             return f"failed for good ({exc.code})"
         w.dispatch(run_id)
         return f"retry ({exc.code})"
@@ -123,8 +122,6 @@ class Recovery(Actor):
         return 2 if w.now >= self.next_pass else 0
 
     def choose(self, w: W.World) -> Op | None:
-        from durable_agents.recovery import recover
-
         self.next_pass = w.now + self.interval
         return "recovery pass", recover
 
@@ -149,6 +146,7 @@ class Deployer(Actor):
 
         def op() -> str:
             w.deploy = new
+            w.deploys.append((w.now, new))
             new.activate()
             return new.describe()
 
@@ -291,9 +289,15 @@ class Person(Actor):
 
     def _decide(self, w: W.World, run_id: str, call_id: str, approve: bool) -> Op:
         def op() -> str:
+            # The person reads the request's page, then submits: the decision is for the
+            # arguments they saw (the engine refuses it if the request changed meanwhile).
             request = w.store.get_approval_request(run_id, call_id)
-            seen = request.arguments if request is not None else None
-            outcome = da.approve(run_id, call_id, approve, by=self.name, store=w.store)
+            if request is None:
+                return "gone"
+            seen = request.arguments
+            outcome = da.approve(
+                run_id, call_id, approve, by=self.name, arguments=seen, store=w.store
+            )
             if outcome.status == "approved":
                 w.approved.setdefault((run_id, call_id), []).append(seen)
             elif outcome.status == "denied":

@@ -50,6 +50,7 @@ def deploy(w: World, **changes: Any) -> None:
     from dataclasses import replace
 
     w.deploy = replace(w.deploy, **changes)
+    w.deploys.append((w.now, w.deploy))
     w.deploy.activate()
     w.log("deployer", f"deploys ({w.deploy.describe()})")
 

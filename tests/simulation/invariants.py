@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from durable_agents.engine.approvals import decision_name
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import (
     AWAITING_APPROVAL,
@@ -69,11 +70,11 @@ def _inherited_from(w: W.World, run_id: str, call_id: str) -> str | None:
 
 
 def _snapshot(w: W.World, fork_id: str, source: str) -> list[Any]:
-    """What the fork read of its source: captured when the fork returned; for a fork whose
-    maker crashed before that, the source's entries older than the fork's first record."""
-    found = [f for f in w.forks if f["id"] == fork_id]
-    if found:
-        return list(found[0]["snapshot"])
+    """What the fork read of its source: captured as its row was created (the fork's read
+    of its source comes before); failing that, the source's entries older than the fork's
+    first record."""
+    if fork_id in w.fork_snapshots:
+        return list(w.fork_snapshots[fork_id])
     first = w.raw.get(fork_id, "fork")
     limit = first.seq if first is not None else 0
     return [e for e in w.raw.load(source) if e.seq < limit]
@@ -116,13 +117,14 @@ def effects_seen_by(w: W.World, run_id: str, call_id: str) -> list[W.Effect]:
 def check_as_we_go(w: W.World) -> None:
     """After every step: a resolved halt stays resolved."""
     for (run_id, call_id), res in w.resolutions.items():
+        # One row per attempt that halted; once the call is resolved, every one of them is
+        # resolved with that outcome (no attempt comes after a resolution).
         rows = [h for h in w.raw.list_halts(run_id=run_id, status=None) if h.op_id == call_id]
-        if not rows:
-            continue  # resolved without a row (a fork's carried halt, say): nothing to reopen
-        halt = rows[0]
-        if halt.status != HALT_RESOLVED or encode((halt.resolution or {}).get("result")) != encode(
-            res["result"]
-        ):
+        for halt in rows:
+            if halt.status == HALT_RESOLVED and encode(
+                (halt.resolution or {}).get("result")
+            ) == encode(res["result"]):
+                continue
             w.violate(
                 "halts_stay_resolved",
                 f"halt {run_id}/{call_id}, first resolved by {res['by']} at "
@@ -371,7 +373,15 @@ def check_halts(w: W.World, ix: Index) -> None:
 def check_rows(w: W.World, ix: Index) -> None:
     """The run row agrees with the journal, and a run at rest waits on something real."""
     open_halts = {(h.run_id, h.op_id) for h in ix.halts if h.status == HALT_OPEN}
-    pending = {(r.run_id, r.call_id) for r in ix.requests if r.status == "pending"}
+    # A pending request, and the journal name its decision will have: a call asked again
+    # for other arguments (a deploy changed them) is decided under a name of its own.
+    pending = {
+        (r.run_id, r.call_id): decision_name(
+            r.call_id, r.arguments, again=r.previous_arguments is not None
+        )
+        for r in ix.requests
+        if r.status == "pending"
+    }
     for run_id in w.runs:
         row, names = ix.rows[run_id], ix.names[run_id]
         if row is None or not is_agent_run(run_id):
@@ -409,7 +419,8 @@ def check_rows(w: W.World, ix: Index) -> None:
         ):
             w.violate("rows_agree", f"run {run_id} is halted with nothing left to resolve")
         if row.status == AWAITING_APPROVAL and not any(
-            (run_id, c) in pending and f"approval:{c}" not in names for c in _pending_calls(names)
+            (run_id, c) in pending and pending[(run_id, c)] not in names
+            for c in _pending_calls(names)
         ):
             w.violate(
                 "rows_agree",
@@ -418,6 +429,16 @@ def check_rows(w: W.World, ix: Index) -> None:
             )
         if row.status == FAILED and not row.last_error:
             w.violate("rows_agree", f"run {run_id} failed without an error", hole="6")
+        if (
+            row.status == FAILED
+            and (row.last_error or {}).get("code") == "history.fork_incomplete"
+            and "fork:done" in names
+        ):
+            w.violate(
+                "rows_agree",
+                f"fork {run_id} is copied (fork:done) but its row still says it is not",
+                hole="new",
+            )
 
 
 def _pending_calls(names: dict[str, Record]) -> list[str]:

@@ -155,7 +155,7 @@ def quiet_phase(w: W.World) -> None:
     worker = Driver("worker")
     beat = Recovery("beat")
     w.actors += [worker, beat]
-    from durable_agents.recovery import recover
+    from durable_agents.engine.recovery import recover
 
     def drain() -> None:
         # Copies of one message are driven once: the rest would find it driven already.

@@ -5,8 +5,9 @@ Every process runs real engine code in a greenlet of its own and hands the baton
 the scheduler at each *point*: every store call, every failpoint, and inside every tool and
 model call. The scheduler, driven by one seeded random stream, picks which process moves
 next, how far the virtual clock advances, and where a process crashes or stalls. Nothing
-runs concurrently with anything else and nothing reads the real clock, so one seed always
-replays one schedule.
+runs concurrently with anything else and nothing the engine decides on reads the real clock
+(the store's clock, the runtime's ``sleep`` and ``monotonic`` are the virtual one; uuids are
+seeded), so one seed always replays one schedule.
 
 A crash abandons a process where it stands: its greenlet is never resumed, so none of its
 ``finally`` blocks run and its lease stays in the store until it expires by the virtual
@@ -22,7 +23,6 @@ import logging
 import random
 import sys
 import threading
-import time as _time
 import traceback
 import uuid as _uuid
 from collections.abc import Callable, Iterator
@@ -34,6 +34,7 @@ import greenlet
 from durable_agents.engine import failpoints, leases, runtime
 from durable_agents.engine.errors import DurableAgentsError, Pause
 from durable_agents.engine.memstore import InMemoryStore
+from durable_agents.engine.recovery import RetryPolicy
 
 EPOCH = 1_700_000_000.0
 # Virtual seconds the clock may move between two scheduling steps: at most a third of the
@@ -147,7 +148,10 @@ class SimStore:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             world._at_store(name, args)
-            if name == "insert" and kwargs.get("run_changes") and world.split_writes:
+            # `fork:done` is never split: a fork becomes runnable by that one write, and no
+            # repair stands behind it (the atomic write is the whole rule; see `split`).
+            split = world.split_writes and len(args) > 1 and args[1] != "fork:done"
+            if name == "insert" and kwargs.get("run_changes") and split:
                 result = world._split_insert(self._raw, args, kwargs)
             else:
                 result = attr(*args, **kwargs)
@@ -183,27 +187,6 @@ class SimHeartbeat:
                 continue
             lease.renew()
             entry[2] = now + lease.ttl / 3
-
-
-class _Time:
-    """The ``time`` module as engine modules see it inside the simulation."""
-
-    def __init__(self, world: World) -> None:
-        self._world = world
-
-    def time(self) -> float:
-        return self._world.now
-
-    def monotonic(self) -> float:
-        return self._world.now
-
-    perf_counter = monotonic
-
-    def sleep(self, seconds: float) -> None:
-        self._world.sleep(seconds)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(_time, name)
 
 
 class _UUID:
@@ -292,6 +275,7 @@ class World:
         self.approved: dict[tuple[str, str], list[Any]] = {}  # the arguments each approval saw
         self.denied: set[tuple[str, str]] = set()
         self.forks: list[dict[str, Any]] = []
+        self.fork_snapshots: dict[str, list[Any]] = {}
         self.recovery_rounds: list[list[str]] = []
         self.last_drive: dict[str, str] = {}
         self.progress = 0  # the last step that wrote anything to a journal
@@ -300,6 +284,7 @@ class World:
         # Set by the scenario: the plans, the deployed agent version, webhook deliveries.
         self.plans: Any = None
         self.deploy: Any = None
+        self.deploys: list[tuple[float, Any]] = []  # (when, the version deployed)
         self.deliveries: dict[str, str] = {}
         self.chat: list[str] = []
 
@@ -416,8 +401,11 @@ class World:
     def _split_insert(
         self, raw: InMemoryStore, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        """A journal record and its run-row projection as two statements, as DjangoStore
-        writes them on SQLite (or with prepared statements off): a crash can fall between."""
+        """A journal record and its run-row projection as two statements, so a crash can
+        fall between. No store writes them apart any more (issue 10, hole 7: one statement
+        on PostgreSQL, one transaction on SQLite); the fault stays to check the repairs the
+        engine promises on top — a drive puts a row behind `run:complete` or
+        `run:cancelled` back in step, a recorded turn resets the failure count."""
         kwargs = dict(kwargs)
         changes = kwargs.pop("run_changes")
         entry, inserted = raw.insert(*args, **kwargs)
@@ -436,9 +424,15 @@ class World:
     def _after_store(
         self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
     ) -> None:
+        proc = self.current
         if name == "create_run" and result:
             self.runs.append(args[0].run_id)
-        proc = self.current
+            source = args[0].forked_from
+            if source and proc is not None and proc.capture is not None:
+                # What a fork read of its source, known from the moment its row exists: a
+                # person resolving a halt on it must account for the source's effects of
+                # the calls that were in flight then, even while the fork is being copied.
+                self.fork_snapshots[args[0].run_id] = list(proc.capture.get(source, []))
         if proc is None:
             return
         if name == "acquire_lease" and result:
@@ -646,16 +640,20 @@ def _engine_modules() -> list[Any]:
 
 @contextlib.contextmanager
 def patched(world: World) -> Iterator[None]:
-    """Point the engine's clock, uuids, failpoints, heartbeat and runtime at ``world``."""
+    """Point the engine at ``world`` for one seed: its store, clock, dispatch and people
+    through the runtime's own keys; only what the runtime has no key for is swapped in the
+    modules (seeded uuids, failpoints, the heartbeat thread). Restored afterwards."""
     global CURRENT
     saved_runtime = dict(runtime._runtime.__dict__)
-    time_shim, uuid_shim = _Time(world), _UUID(world)
+    uuid_shim = _UUID(world)
     swapped: list[tuple[Any, str, Any]] = []
+    # uuid4 names claims, lease tokens and spend records: seeded, so a seed replays. (Wall
+    # time still reaches `journal.now_ms`, but only into record bodies nothing decides on:
+    # every age the engine judges is by the store's clock, which is the virtual one.)
     for module in _engine_modules():
-        for attr, real, shim in (("time", _time, time_shim), ("uuid", _uuid, uuid_shim)):
-            if getattr(module, attr, None) is real:
-                swapped.append((module, attr, real))
-                setattr(module, attr, shim)
+        if getattr(module, "uuid", None) is _uuid:
+            swapped.append((module, "uuid", _uuid))
+            module.uuid = uuid_shim
     swapped.append((failpoints, "hit", failpoints.hit))
     failpoints.hit = world.failpoint  # type: ignore[assignment]
     swapped.append((leases, "_heartbeat", leases._heartbeat))
@@ -663,13 +661,26 @@ def patched(world: World) -> Iterator[None]:
     logger = logging.getLogger("durable_agents")
     saved_level = logger.level
     logger.setLevel(logging.CRITICAL)
+    ttl = world.config.ttl
     runtime.configure(
         store_factory=lambda: world.store,
         agent_loader=None,
-        lease_ttl=lambda: world.config.ttl,
+        lease_ttl=lambda: ttl,
         on_drift=lambda: "warn",
         dispatcher=world.dispatch,
         should_stop=lambda: False,
+        # The engine as plain Python: no user system, so a person's name is a trusted
+        # caller (`identity.plain_actor`). Who may decide is tested against real users in
+        # tests/integration; here the question is what the engine does with a decision.
+        resolve_actor=None,
+        eligible_approvers=lambda group: [],
+        approver_keys=lambda user_id: [],
+        halt_min_age=lambda: 2 * ttl,
+        retry_policy=lambda: RetryPolicy(),
+        # Waits (model retry backoff, a duplicate delivery waiting for its turn) are the
+        # process giving the baton back until the virtual clock reaches its wake-up time.
+        sleep=world.sleep,
+        monotonic=world.clock,
     )
     CURRENT = world
     try:
