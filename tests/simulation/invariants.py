@@ -564,10 +564,25 @@ def check_forks(w: W.World, ix: Index) -> None:
 def check_agent_runs(w: W.World, ix: Index) -> None:
     """Only runs someone started act: never a session's journal, never a journal-only run."""
     for run_id in w.runs:
+        row = ix.rows[run_id]
+        # What the simulator knows it made, against the kind the engine gave the row (the
+        # kind is what recovery and resume go by).
+        expected = (
+            "agent"
+            if is_agent_run(run_id)
+            else "session"
+            if run_id.endswith(">session")
+            else "journal"
+        )
+        if row is not None and row.kind != expected:
+            w.violate(
+                "only_agent_runs_run",
+                f"{run_id} is a {expected} run, but its row says kind {row.kind!r}",
+                hole="4" if expected == "session" else "new",
+            )
         if is_agent_run(run_id):
             continue
         names = ix.names[run_id]
-        row = ix.rows[run_id]
         if "run:start" in names or any(n.startswith("model:") for n in names):
             w.violate(
                 "only_agent_runs_run",
