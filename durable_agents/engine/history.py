@@ -11,7 +11,9 @@
   whose side effect's outcome is unknown in the source (a live attempt) is unknown in the
   fork too: the fork carries the attempt and halts on it, unless the patch records a result
   for that call. A fork keeps its source's origin, so a call's idempotency key is the same
-  in a run and in all its forks.
+  in a run and in all its forks. A fork is runnable only once it is completely copied: its
+  row says ``failed`` (``history.fork_incomplete``) until ``fork:done``, so a fork whose
+  maker died is never driven from its input or from a partial journal.
 * ``compare(a, b)`` — each run's steps, the first step where they differ (call ids aside),
   and the drift: tool order, arguments, step count, finish.
 """
