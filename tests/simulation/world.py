@@ -148,10 +148,18 @@ class SimStore:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             world._at_store(name, args)
-            # `fork:done` is never split: a fork becomes runnable by that one write, and no
-            # repair stands behind it (the atomic write is the whole rule; see `split`).
-            split = world.split_writes and len(args) > 1 and args[1] != "fork:done"
-            if name == "insert" and kwargs.get("run_changes") and split:
+            # Only records a drive is sure to come back for are split (see `_split_insert`):
+            # a model turn, spend, `run:complete` (its row is left running, which recovery
+            # hands over). `fork:done` makes a fork runnable and `run:cancelled` ends a run
+            # that may be failed for good: no drive is owed to either, so for them the
+            # atomic write is the whole rule, and no store breaks it.
+            split = (
+                name == "insert"
+                and world.split_writes
+                and bool(kwargs.get("run_changes"))
+                and args[1] not in SPLIT_NEVER
+            )
+            if split:
                 result = world._split_insert(self._raw, args, kwargs)
             else:
                 result = attr(*args, **kwargs)
@@ -214,6 +222,7 @@ def _store_label(name: str, args: tuple[Any, ...]) -> str:
     return f"{name} {run_id}"
 
 
+SPLIT_NEVER = frozenset({"fork:done", "run:cancelled"})
 HOT_PREFIXES = ("tool ", "fp ", "model ", "store:save_halt")
 STORE_POINT = "store:"
 WRITES = tuple(
@@ -404,8 +413,8 @@ class World:
         """A journal record and its run-row projection as two statements, so a crash can
         fall between. No store writes them apart any more (issue 10, hole 7: one statement
         on PostgreSQL, one transaction on SQLite); the fault stays to check the repairs the
-        engine promises on top — a drive puts a row behind `run:complete` or
-        `run:cancelled` back in step, a recorded turn resets the failure count."""
+        engine promises on top — a drive puts a row behind `run:complete` back in step, a
+        recorded turn or spend is counted from the journal."""
         kwargs = dict(kwargs)
         changes = kwargs.pop("run_changes")
         entry, inserted = raw.insert(*args, **kwargs)
