@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .scenario import simulate
 from .world import Config, Violation, World
 
-DEFAULT_SEEDS = 1500
+DEFAULT_SEEDS = 1200
 ALL_ACTORS = Config(0).actors
 ALL_FAULTS = Config(0).faults
 
