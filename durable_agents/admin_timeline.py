@@ -167,10 +167,10 @@ def _describe(rec: Record) -> dict[str, Any]:
             meta=[_usage(body.get("usage"))],
         )
     if name.startswith("user:"):
-        text = body.get("text")
-        return _entry(
-            rec, "start", "User message", text=text if isinstance(text, str) else pretty(text)
-        )
+        texts = [body.get("text"), *(body.get("then") or ())]
+        shown = "\n\n".join(t if isinstance(t, str) else pretty(t) for t in texts)
+        title = "User message" if len(texts) == 1 else f"User messages ({len(texts)})"
+        return _entry(rec, "start", title, text=shown)
     if name.startswith("step:"):
         return _entry(
             rec, "meta", f"Step {name[5:]}", sections=[("value", pretty(body.get("value")))]

@@ -47,8 +47,8 @@ from .engine.ports import (
     HaltInfo,
     LeaseInfo,
     RunInfo,
+    same_request,
 )
-from .engine.records import encode
 from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Lease, Run
 
 _J = JournalEntry._meta.db_table
@@ -179,6 +179,10 @@ class DjangoStore:
             agent=run.agent,
             status=run.status,
             input=run.input,
+            answer=run.answer,
+            turns=run.turns,
+            attempts=run.attempts,
+            last_error=dict(run.last_error) if run.last_error is not None else None,
             usage=dict(run.usage),
             spend=dict(run.spend),
             fingerprint=run.fingerprint,
@@ -495,13 +499,9 @@ class DjangoStore:
                 .filter(run_id=request.run_id, call_id=request.call_id)
                 .first()
             )
-            if (
-                existing is not None
-                and existing.start_seq == request.start_seq
-                and encode(existing.arguments) == encode(request.arguments)
-            ):
+            if existing is not None and same_request(existing.to_domain(), request):
                 return False
-            if existing is not None:  # an earlier incarnation, or other arguments: replace it
+            if existing is not None:  # an earlier incarnation, other arguments, or decided
                 existing.decisions.all().delete()
                 rows.filter(pk=existing.pk).update(**values, created_at=Now())
                 return True

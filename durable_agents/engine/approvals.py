@@ -35,7 +35,7 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from . import identity, runtime
+from . import failpoints, identity, runtime
 from .errors import ConfigError
 from .identity import APPROVE_TOOLCALL, Actor, ActorError
 from .journal import Journal, now_ms
@@ -44,6 +44,7 @@ from .ports import (
     APPROVAL_DENIED,
     APPROVAL_PENDING,
     APPROVAL_WITHDRAWN,
+    AWAITING_APPROVAL,
     NOT_TERMINAL_STATUSES,
     QUEUED,
     TERMINAL_STATUSES,
@@ -109,6 +110,19 @@ class ApprovalBadSignature(ApprovalError):
 
 class ApprovalSignatureOutdated(ApprovalBadSignature):
     code = "approval.signature_format"
+
+
+class ApprovalArgumentsChanged(ApprovalError):
+    code = "approval.arguments_changed"
+
+
+class _NotShown:
+    def __repr__(self) -> str:
+        return "NOT_SHOWN"
+
+
+# ``approve(arguments=...)`` not given: the caller showed nothing to check against.
+NOT_SHOWN: Any = _NotShown()
 
 
 def arguments_tag(arguments: Any) -> str:
@@ -361,6 +375,7 @@ def approve(
     note: str = "",
     *,
     signature: str | None = None,
+    arguments: Any = NOT_SHOWN,
     store: Store | None = None,
 ) -> ApprovalOutcome:
     """Record ``by``'s decision on call ``call_id`` of run ``run_id``.
@@ -371,6 +386,15 @@ def approve(
     counts once; the gate passes at ``need`` approvals and fails as soon as it cannot. A
     final decision is journaled and the run handed back to a driver. ``signature`` (base64
     Ed25519 over ``decision_bytes``) is checked against the keys registered to the user.
+
+    ``arguments`` are the arguments the person was shown: if the request asks about others
+    by now (a drive under new code asked again meanwhile), the decision is refused
+    (``approval.arguments_changed``) and nothing is written — a decision never lands on
+    arguments its maker did not see. Pass them whenever a person looked at a page first.
+
+    The journal is the truth: a decision that stopped after its record (a crash before the
+    request and the run were updated) is finished by the next decision on the call, and by
+    the drive that runs it.
     """
     if not isinstance(approved, bool):
         raise ApprovalError("approved must be True or False")
@@ -383,6 +407,14 @@ def approve(
     request = store.get_approval_request(run_id, call_id)
     if request is None:
         raise ApprovalNotFound(f"run {run_id!r} has no call {call_id!r} awaiting approval")
+    if arguments is not NOT_SHOWN and encode(arguments) != encode(request.arguments):
+        raise ApprovalArgumentsChanged(
+            f"call {call_id!r} of run {run_id!r} now asks about other arguments than the ones "
+            f"shown: {encode(request.arguments)} (shown: {encode(arguments)}); look at it "
+            "again before deciding",
+            arguments=request.arguments,
+            shown=arguments,
+        )
     actor = resolve_approver(by)
     if signature is not None:  # before anything is read as this approver's, or written
         incarnation = incarnation_of(store, run_id)
@@ -398,6 +430,8 @@ def approve(
     name = decision_name(call_id, request.arguments, again=request.previous_arguments is not None)
     standing = journal.get(run_id, name) if store.get_run(run_id) is not None else None
     if standing is not None:
+        if finish_decision(store, run_id, call_id, standing):
+            runtime.dispatch(run_id)
         return _standing(request, standing, approved)
     _refuse_orphans(store, journal, request, actor)
     decision = DecisionInfo(run_id, call_id, by_name, approved, note, signature)
@@ -442,14 +476,22 @@ def approve(
     )
     if not inserted:
         return _standing(request, final, approved)
+    failpoints.hit(f"after-decision:{call_id}")
     status = APPROVAL_APPROVED if count.passed else APPROVAL_DENIED
-    decided = store.set_approval_status(run_id, call_id, status, if_status=[APPROVAL_PENDING])
     # Queued, not awaiting approval: if the hand-over below fails (a broker down), recovery
     # picks the run up. Only while the run is unfinished: a cancel that landed since the
-    # check above keeps the run cancelled, and the decision is refused as orphaned.
+    # check above keeps the run cancelled, and the decision is refused as orphaned. The run
+    # before the request: a crash between leaves a queued run whose drive finishes the
+    # request, never a run awaiting a request nobody is shown any more.
     changes = {"status": QUEUED, "attempts": 0, "last_error": None}
     moved = store.update_run(run_id, changes, if_status=NOT_TERMINAL_STATUSES)
-    if not (decided and moved):
+    decided = store.set_approval_status(run_id, call_id, status, if_status=[APPROVAL_PENDING])
+    cancelled = not (decided and moved) and (
+        store.get_run(run_id) is None or journal.get(run_id, "run:cancelled") is not None
+    )
+    # Otherwise the run or the request had moved on already: another approver's repeated
+    # decision, or a drive, carried this decision on from the journal. It stands.
+    if cancelled:
         store.set_approval_status(run_id, call_id, APPROVAL_WITHDRAWN)
         why = "the run was cancelled while the decision was being recorded"
         store.log_action(identity.logged(actor, "withdraw", run_id, call_id, {"why": why}))
@@ -457,10 +499,30 @@ def approve(
             f"the approval of call {call_id!r} in run {run_id!r} is orphaned ({why}); "
             "nothing was run"
         )
-    runtime.dispatch(run_id)
+    if moved:
+        runtime.dispatch(run_id)
     return ApprovalOutcome(
         run_id, call_id, APPROVAL_APPROVED if count.passed else APPROVAL_DENIED, count.to_json()
     )
+
+
+def finish_decision(store: Store, run_id: str, call_id: str, decision: Any) -> bool:
+    """Bring the rows in step with a decision the journal holds: a run still awaiting
+    approval queued again, then a request still pending marked decided. Idempotent; True
+    if the run was queued (hand it to a driver)."""
+    run = store.get_run(run_id)
+    if run is None or run.status in TERMINAL_STATUSES:
+        return False  # a cancel closes its requests itself
+    queued = False
+    if run.status == AWAITING_APPROVAL:
+        queued = store.update_run(
+            run_id,
+            {"status": QUEUED, "attempts": 0, "last_error": None},
+            if_status=[AWAITING_APPROVAL],
+        )
+    status = APPROVAL_APPROVED if decision.get("approved") else APPROVAL_DENIED
+    store.set_approval_status(run_id, call_id, status, if_status=[APPROVAL_PENDING])
+    return queued
 
 
 def _refuse_orphans(

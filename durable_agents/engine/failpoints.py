@@ -3,7 +3,10 @@
 Set ``DURABLE_AGENTS_CRASH_AT`` to a comma-separated list of point names (for example
 ``after-model:1,after-attempt:call_1``). Unset — always, outside tests — ``hit`` is one
 dictionary lookup. Points: ``after-start``, ``after-model:<n>``, ``after-attempt:<call>``,
-``after-result:<call>``.
+``after-result:<call>``, ``after-session-journal``, ``after-fork-row`` (a fork's row exists,
+nothing is copied yet), ``after-decision:<call>`` (a decision is journaled; its request and
+run are not updated yet), ``after-resolution:<call>`` (a halt's outcome is journaled; its run
+and halt row are not updated yet).
 """
 
 from __future__ import annotations

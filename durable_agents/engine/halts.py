@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from . import identity, runtime
+from . import failpoints, identity, runtime
 from .errors import ConfigError, RunBusy
 from .journal import Journal
 from .leases import HeldLease
-from .ports import CANCELLED, KIND_AGENT, QUEUED, Store
+from .ports import CANCELLED, HALTED, KIND_AGENT, QUEUED, RunInfo, Store
 from .records import Record, encode, refuse_nul
 
 
@@ -123,6 +123,11 @@ def resolve_halt(
     name = result_name(call_id)
     standing = journal.get(run_id, name)
     if standing is not None:
+        # The journal is the truth: a resolution that stopped after its record (a crash)
+        # is finished by asking again, whatever is asked — then the same outcome is
+        # returned, another refused.
+        if finish_resolution(store, run, call_id, standing):
+            runtime.dispatch(run_id)
         return _same_or_refuse(standing, result, is_error)
     _refuse_if_cancelled(store, journal, run_id, call_id, run.status)
     attempt = live_attempt(journal, run_id, call_id)
@@ -188,16 +193,15 @@ def resolve_halt(
         record, inserted = journal.write(run_id, name, body, fence=lease.token)
         if not inserted:
             return _same_or_refuse(record, result, is_error)
-        store.resolve_halt_row(
-            run_id,
-            call_id,
-            {"result": result, "is_error": is_error, "evidence": evidence},
-            by,
-        )
+        failpoints.hit(f"after-resolution:{call_id}")
+        # The run queued before its halt row closes: a crash between leaves a run recovery
+        # drives, and the drive closes the row (never a closed halt on a run that stays
+        # halted with nothing to resolve).
         if agent_run:
             store.update_run(
                 run_id, {"status": QUEUED, "attempts": 0, "last_error": None}, fence=lease.token
             )
+        store.resolve_halt_row(run_id, call_id, outcome_of(record), by)
     finally:
         lease.release()
     store.log_action(
@@ -208,6 +212,38 @@ def resolve_halt(
     if agent_run:  # a plain journal's step is read by its caller, not driven
         runtime.dispatch(run_id)
     return record
+
+
+def outcome_of(record: Record) -> dict[str, Any]:
+    """A halt row's resolution, as the journal's outcome record holds it."""
+    if record.kind == "step":
+        return {
+            "result": record.get("value"),
+            "is_error": False,
+            "evidence": record.get("evidence"),
+        }
+    return {
+        "result": record.get("result"),
+        "is_error": bool(record.get("is_error")),
+        "evidence": record.get("evidence"),
+    }
+
+
+def finish_resolution(store: Store, run: RunInfo, op_id: str, outcome: Record) -> bool:
+    """Bring the rows in step with an outcome the journal holds for ``op_id``: its open
+    halts resolved with it, and a run still halted queued again. Idempotent; True if the
+    run was queued (hand it to a driver)."""
+    queued = False
+    if run.kind == KIND_AGENT and run.status == HALTED:
+        # Queued first, as ``resolve_halt`` does: then a crash leaves the row for the drive.
+        queued = store.update_run(
+            run.run_id,
+            {"status": QUEUED, "attempts": 0, "last_error": None},
+            if_status=[HALTED],
+        )
+    by = outcome.get("by")
+    store.resolve_halt_row(run.run_id, op_id, outcome_of(outcome), str(by) if by else None)
+    return queued
 
 
 def _refuse_if_cancelled(

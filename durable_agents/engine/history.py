@@ -11,7 +11,9 @@
   whose side effect's outcome is unknown in the source (a live attempt) is unknown in the
   fork too: the fork carries the attempt and halts on it, unless the patch records a result
   for that call. A fork keeps its source's origin, so a call's idempotency key is the same
-  in a run and in all its forks.
+  in a run and in all its forks. A fork is runnable only once it is completely copied: its
+  row says ``failed`` (``history.fork_incomplete``) until ``fork:done``, so a fork whose
+  maker died is never driven from its input or from a partial journal.
 * ``compare(a, b)`` — each run's steps, the first step where they differ (call ids aside),
   and the drift: tool order, arguments, step count, finish.
 """
@@ -22,13 +24,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import identity, runtime
+from . import failpoints, identity, runtime
 from .approvals import new_incarnation
-from .errors import ConfigError
+from .errors import ConfigError, RunBusy
 from .journal import Journal
+from .leases import HeldLease
 from .loop import unknown_outcomes
 from .model import Message
-from .ports import HALTED, KIND_AGENT, QUEUED, ActionInfo, RunInfo, Store
+from .ports import FAILED, HALTED, KIND_AGENT, QUEUED, ActionInfo, RunInfo, Store
 from .records import Record, encode, validate_run_id
 from .transcript import RunState
 
@@ -207,6 +210,83 @@ def _create_fork_run(store: Store, run: RunInfo, explicit: bool) -> str:
         n += 1
 
 
+def _copying(source: str) -> dict[str, Any]:
+    return {
+        "code": "history.fork_incomplete",
+        "message": f"this fork of {source!r} is being copied; if it stays so, the process "
+        "copying it stopped half-way: delete it and fork again",
+        "retryable": False,
+    }
+
+
+def user_record(text: str, earlier: Record | None) -> dict[str, Any]:
+    """The ``user:<n>`` record that sends ``text`` after step n: after the messages an
+    earlier fork already appended there (a fork of a fork at the same step), not instead."""
+    if earlier is None:
+        return {"kind": "user", "text": text}
+    body = dict(earlier.body)
+    body["then"] = [*(body.get("then") or ()), text]
+    return body
+
+
+def _copy_into_fork(
+    journal: Journal,
+    new_run_id: str,
+    run_id: str,
+    from_step: int,
+    origin: str,
+    patch: Patch,
+    kept: Sequence[Record],
+    calls: Mapping[str, Any],
+    fence: str,
+) -> None:
+    # Written first, and ``fork:done`` last: drivers refuse a fork with one and not the
+    # other instead of running from a partial journal.
+    journal.write(
+        new_run_id,
+        "fork",
+        {
+            "kind": "fork",
+            "source": run_id,
+            "origin": origin,
+            "step": from_step,
+            "patch": patch.to_json(),
+        },
+        fence=fence,
+    )
+    appended_at = f"user:{from_step}"
+    for rec in kept:
+        if rec.name == "@journal":
+            continue
+        body = dict(rec.body)
+        if rec.name.startswith("tool:") and rec.name[5:] in patch.tool_results:
+            continue  # written below, patched
+        if rec.name == appended_at and patch.append_user:
+            continue  # written below, with the patch's message after it
+        if rec.name == "run:start":
+            body["incarnation"] = new_incarnation()  # a fork is a start of its own
+        journal.write(new_run_id, rec.name, body, fence=fence)
+    for call_id, result in patch.tool_results.items():
+        journal.write(
+            new_run_id,
+            f"tool:{call_id}",
+            {
+                "kind": "tool",
+                "call_id": call_id,
+                "name": calls[call_id].name,
+                "result": result,
+                "is_error": call_id in patch.tool_errors,
+                "read_only": False,
+                "reconciled": False,
+                "patched": True,
+            },
+            fence=fence,
+        )
+    if patch.append_user:
+        earlier = next((r for r in kept if r.name == appended_at), None)
+        journal.write(new_run_id, appended_at, user_record(patch.append_user, earlier), fence=fence)
+
+
 def fork(
     run_id: str,
     from_step: int,
@@ -266,12 +346,18 @@ def fork(
     unknown = sorted(set(kept_state.live_attempts()) - set(patch.tool_results))
     fork_record = state.fork
     origin = (fork_record.get("origin") or fork_record.get("source")) if fork_record else run_id
+    # The row is created refusing to be driven (failed, not retryable: recovery leaves it
+    # alone) and the copy is written under the fork's lease (a driver handed the id finds it
+    # busy; a cancel waits). Only ``fork:done`` makes it runnable, in the same write. A fork
+    # whose maker died half-way stays failed, saying so, instead of being driven from an
+    # empty or partial journal as a fresh run.
     new_run_id = _create_fork_run(
         store,
         RunInfo(
             run_id=new_run_id or run_id,
             agent=source.agent,
-            status=HALTED if unknown else QUEUED,
+            status=FAILED,
+            last_error=_copying(run_id),
             input=start.get("input"),
             session_id=None,
             forked_from=run_id,
@@ -283,49 +369,45 @@ def fork(
         ),
         explicit=new_run_id is not None,
     )
-    # Written first and last: a fork that died half-copied has "fork" without "fork:done",
-    # and drivers refuse it instead of running from a partial journal.
-    journal.write(
-        new_run_id,
-        "fork",
-        {
-            "kind": "fork",
-            "source": run_id,
-            "origin": origin,
-            "step": from_step,
-            "patch": patch.to_json(),
-        },
-    )
-    for rec in kept:
-        if rec.name == "@journal":
-            continue
-        body = dict(rec.body)
-        if rec.name.startswith("tool:") and rec.name[5:] in patch.tool_results:
-            continue  # written below, patched
-        if rec.name == "run:start":
-            body["incarnation"] = new_incarnation()  # a fork is a start of its own
-        journal.write(new_run_id, rec.name, body)
-    for call_id, result in patch.tool_results.items():
+    failpoints.hit("after-fork-row")
+    try:
+        lease = HeldLease(store, new_run_id, runtime.lease_ttl()).acquire()
+    except RunBusy:
+        raise ConfigError(
+            f"fork {new_run_id!r} was taken by another process before its journal was "
+            "written; it is left failed: fork again",
+            code="history.fork_busy",
+        ) from None
+    try:
+        if journal.history(new_run_id):
+            # Someone took the fork before its maker held it: a cancel (the only writer
+            # that does not refuse an uncopied fork). It stays as they left it.
+            raise ConfigError(
+                f"fork {new_run_id!r} was cancelled before its journal was copied; nothing "
+                "was copied: fork again",
+                code="history.fork_cancelled",
+            )
+        _copy_into_fork(
+            journal, new_run_id, run_id, from_step, origin, patch, kept, calls, lease.token
+        )
+        if unknown:
+            # The halt rows before the status: a fork halted on nothing a person can see
+            # would never move.
+            for halt in unknown_outcomes(RunState.of(journal.history(new_run_id)), new_run_id):
+                store.save_halt(halt)
         journal.write(
             new_run_id,
-            f"tool:{call_id}",
-            {
-                "kind": "tool",
-                "call_id": call_id,
-                "name": calls[call_id].name,
-                "result": result,
-                "is_error": call_id in patch.tool_errors,
-                "read_only": False,
-                "reconciled": False,
-                "patched": True,
+            "fork:done",
+            {"kind": "fork-done"},
+            fence=lease.token,
+            run_changes={
+                "status": HALTED if unknown else QUEUED,
+                "last_error": None,
+                "attempts": 0,
             },
         )
-    if patch.append_user:
-        journal.write(new_run_id, f"user:{from_step}", {"kind": "user", "text": patch.append_user})
-    journal.write(new_run_id, "fork:done", {"kind": "fork-done"})
-    if unknown:
-        for halt in unknown_outcomes(RunState.of(journal.history(new_run_id)), new_run_id):
-            store.save_halt(halt)
+    finally:
+        lease.release()
     payload = {"step": from_step, "patch": patch.to_json()}
     store.log_action(
         identity.logged(actor, "fork", run_id, new_run_id, payload)

@@ -44,10 +44,13 @@ from .errors import (
     ToolOutcomeUnknown,
 )
 from .fingerprint import diff, tools_digest
+from .halts import outcome_of
 from .journal import Journal, RunLog
 from .leases import HeldLease
 from .model import FINISH_FILTERED, FINISH_LENGTH, ModelRequest, ModelResponse, ToolCall, Usage
 from .ports import (
+    APPROVAL_APPROVED,
+    APPROVAL_DENIED,
     APPROVAL_PENDING,
     APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
@@ -313,6 +316,8 @@ class Driver:
         # Every way a drive ends leaves a row that agrees with the journal: finished, paused,
         # cancelled, or failed with its error (recovery counts failures and stops).
         try:
+            if self.state.start is None:
+                self._refuse_an_uncopied_fork()
             self._begin(input, seed)
             if self.state.complete is not None:
                 result = finished_result(self.run_id, self.state)
@@ -333,6 +338,7 @@ class Driver:
                 )
             # Before the tools, their schemas or the agent's drift are even looked at.
             self._halt_on_unknown_outcomes()
+            self._close_settled_halts()
             self._check_drift()
             self._update(status=RUNNING)
             return self._loop()
@@ -350,6 +356,19 @@ class Driver:
         except Exception as exc:
             self._fail("internal", error_text(exc), retryable=False)
             raise
+
+    def _refuse_an_uncopied_fork(self) -> None:
+        """A fork's row exists before its journal: one with nothing copied yet is not a new
+        run to start from its input (that would repeat its source's steps)."""
+        if self.state.fork is not None:
+            return
+        run = self.store.get_run(self.run_id)
+        if run is not None and run.forked_from:
+            raise ConfigError(
+                f"run {self.run_id!r} is a fork of {run.forked_from!r} whose journal was never "
+                "copied (the process forking it stopped first); delete it and fork again",
+                code="history.fork_incomplete",
+            )
 
     def _begin(self, input: Any, seed: list[dict[str, Any]] | None) -> None:
         start = self.state.start
@@ -383,6 +402,19 @@ class Driver:
         halts = unknown_outcomes(self.state, self.run_id)
         if halts:
             self._halt_run(halts)
+
+    def _close_settled_halts(self) -> None:
+        """Close the open halts of calls the journal holds an outcome for: a resolution that
+        stopped between its record and its halt row is finished by the next drive."""
+        if not any(rec.get("reconciled") for rec in self.state.results.values()):
+            return  # only a resolution records an outcome over a halt
+        for halt in self.store.list_halts(run_id=self.run_id):
+            rec = self.state.results.get(halt.op_id)
+            if rec is not None:
+                by = rec.get("by")
+                self.store.resolve_halt_row(
+                    self.run_id, halt.op_id, outcome_of(rec), str(by) if by else None
+                )
 
     def _check_drift(self) -> None:
         recorded = self.state.start.get("fingerprint") if self.state.start else None
@@ -631,6 +663,7 @@ class Driver:
                 if decision is None:
                     gates.append(gate)
                     continue
+                self._mark_decided(call, args, decision)
                 if not decision.get("approved"):
                     self._record_result(call, _rejection(decision), is_error=True)
                     continue
@@ -702,6 +735,23 @@ class Driver:
         if again is not None:
             return again, None
         return None, approved
+
+    def _mark_decided(self, call: ToolCall, args: dict[str, Any], decision: Any) -> None:
+        """A request still pending for the arguments a journaled decision is about: its
+        maker stopped before marking it. The journal is the truth, so the request says so
+        too (a request about other arguments is left for the person who will decide it)."""
+        request = self.store.get_approval_request(self.run_id, call.id)
+        if (
+            request is not None
+            and request.status == APPROVAL_PENDING
+            and encode(request.arguments) == encode(args)
+        ):
+            self.store.set_approval_status(
+                self.run_id,
+                call.id,
+                APPROVAL_APPROVED if decision.get("approved") else APPROVAL_DENIED,
+                if_status=[APPROVAL_PENDING],
+            )
 
     def _attempt_state(self, call_id: str) -> tuple[int, Any]:
         """The next attempt number for a call, and its live attempt marker if it has one (a

@@ -30,8 +30,8 @@ from .ports import (
     HaltInfo,
     LeaseInfo,
     RunInfo,
+    same_request,
 )
-from .records import encode
 
 
 def _dt(ts: float) -> datetime:
@@ -257,11 +257,7 @@ class InMemoryStore:
         with self._lock:
             key = (request.run_id, request.call_id)
             existing = self._requests.get(key)
-            if (
-                existing is not None
-                and existing.start_seq == request.start_seq
-                and encode(existing.arguments) == encode(request.arguments)
-            ):
+            if existing is not None and same_request(existing, request):
                 return False
             self._requests[key] = replace(request, created_at=_dt(self._clock()))
             self._decisions.pop(key, None)  # decisions belonged to the earlier incarnation

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from .records import encode
+
 # Statuses a run can be in. The journal is the truth; the run row is a projection of it.
 QUEUED = "queued"
 RUNNING = "running"
@@ -195,6 +197,17 @@ class ApprovalRequestInfo:
     previous_arguments: Any = None
 
 
+def same_request(existing: ApprovalRequestInfo, request: ApprovalRequestInfo) -> bool:
+    """Whether ``request`` is already asked by ``existing``, still undecided: the same run
+    start, the same arguments (and the same earlier ones, for a call asked again)."""
+    return (
+        existing.status == APPROVAL_PENDING
+        and existing.start_seq == request.start_seq
+        and encode(existing.arguments) == encode(request.arguments)
+        and encode(existing.previous_arguments) == encode(request.previous_arguments)
+    )
+
+
 @dataclass(frozen=True)
 class DecisionInfo:
     """One approver's decision on one request."""
@@ -296,9 +309,12 @@ class Store(Protocol):
         """Mark every open halt of the run orphaned (its run was cancelled); how many."""
 
     def save_approval_request(self, request: ApprovalRequestInfo) -> bool:
-        """Insert the request unless one for ``(run_id, call_id)`` from the same run start
-        with the same arguments exists; one from an earlier incarnation of the run, or for
-        other arguments, is replaced (its decisions with it). True if written."""
+        """Insert the request unless the same one is pending (``same_request``); any other
+        for ``(run_id, call_id)`` — from an earlier incarnation of the run, for other
+        arguments, or already decided — is replaced, its decisions with it. True if
+        written. (A driver asks only while the journal holds no decision for what it asks,
+        so a decided row it meets belongs to other arguments: a decision that landed on a
+        request replaced under it.)"""
 
     def get_approval_request(self, run_id: str, call_id: str) -> ApprovalRequestInfo | None: ...
 

@@ -3,7 +3,8 @@
 The transcript of a run is: its input as the first user message (after any seed messages a
 session put before it), then for each recorded model turn ``model:<n>`` its assistant
 message, then one tool message per call **in call order** (the ``tool:<call>`` records),
-then any user message recorded after that turn (``user:<n>``; ``user:0`` follows the input).
+then any user messages recorded after that turn (``user:<n>``, which holds one, or more
+when a fork of a fork appended again at the same step; ``user:0`` follows the input).
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ def result_text(record: Record | Mapping[str, Any]) -> str:
     body = record.body if isinstance(record, Record) else record
     result = body.get("result")
     return result if isinstance(result, str) else encode(result)
+
+
+def user_messages(record: Record) -> list[Message]:
+    """The messages a ``user:<n>`` record sends: its text, then any a fork of a fork
+    appended at the same step (``then``)."""
+    texts = [record.get("text"), *(record.get("then") or ())]
+    return [Message("user", input_text(text)) for text in texts]
 
 
 @dataclass
@@ -197,7 +205,7 @@ class RunState:
             out.append(Message("user", input_text(self.start.get("input"))))
         first = self.user_after.get(0)  # a fork at step 0 may add a message to the input
         if first is not None:
-            out.append(Message("user", input_text(first.get("text"))))
+            out.extend(user_messages(first))
         for n, turn in enumerate(self.turns, start=1):
             message = self._assistant(turn)
             out.append(message)
@@ -208,7 +216,7 @@ class RunState:
                 out.append(self._tool(call, rec))
             user = self.user_after.get(n)
             if user is not None:
-                out.append(Message("user", input_text(user.get("text"))))
+                out.extend(user_messages(user))
         return out
 
     def call_ids(self) -> set[str]:

@@ -135,7 +135,6 @@ def _wait(predicate, timeout: float = 20.0, what: str = "") -> None:
 def test_a_stalled_driver_can_neither_record_nor_claim_after_a_resolution():
     run_id = "hole3-stall"
     store = DjangoStore()
-    User.objects.create_superuser("ann", "ann@example.com", "pw")
     stalled = subprocess.Popen(
         [sys.executable, "-m", "tests.support.drive", "hole-charge", run_id, "go"],
         cwd=ROOT,
@@ -273,11 +272,16 @@ def test_a_journal_step_that_crashed_mid_effect_is_not_run_again():
     assert out == {"status": "halted", "op": "step:charge"}, out
     assert count_effects("hole13") == {"step:charge": 1}
     # A person records what happened; the step returns it from then on.
-    ann = User.objects.create_superuser("ann", "ann@example.com", "pw")
-    da.resolve_halt("hole13", "step:charge", {"charged": True}, by=ann)
+    da.resolve_halt("hole13", "step:charge", {"charged": True}, by="ann")
     assert child(*args)[1] == {"status": "ok", "value": {"charged": True}}
     assert count_effects("hole13") == {"step:charge": 1}
     assert Run.objects.get(run_id="hole13").kind == "journal"
+
+
+@pytest.fixture(autouse=True)
+def _people():
+    """``ann`` resolves halts here: a user of the site (every ``by=`` names one)."""
+    User.objects.create_superuser("ann", "ann@example.com", "pw")
 
 
 @pytest.fixture(autouse=True)

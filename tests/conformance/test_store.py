@@ -359,6 +359,53 @@ def test_a_request_for_other_arguments_replaces_the_decided_one(store, run_id):
     assert store.list_decisions(run_id, "c1") == []
 
 
+def test_a_run_is_created_with_every_field_it_is_given(store):
+    """A fork's row is created failed with why (not drivable until its copy is done) and
+    with the turns it starts from: every store keeps what ``create_run`` was given."""
+    error = {"code": "history.fork_incomplete", "message": "being copied", "retryable": False}
+    run = RunInfo(
+        run_id="created",
+        agent="test",
+        status="failed",
+        input="go",
+        turns=2,
+        attempts=1,
+        answer="so far",
+        last_error=error,
+        forked_from="src",
+        forked_step=2,
+    )
+    assert store.create_run(run)
+    got = store.get_run("created")
+    assert (got.status, got.turns, got.attempts, got.answer) == ("failed", 2, 1, "so far")
+    assert got.last_error == error and (got.forked_from, got.forked_step) == ("src", 2)
+
+
+def test_a_request_is_kept_only_while_the_same_one_is_pending(store, run_id):
+    """A quorum in progress keeps its decisions when a drive asks the same again; a request
+    already decided, or asked again for the same arguments after a decision on others, is
+    asked anew (a decision that landed on a request replaced under it must not leave a row
+    saying "approved" while the journal holds no decision on what it asks)."""
+    from dataclasses import replace
+
+    from durable_agents.engine.ports import ApprovalRequestInfo, DecisionInfo
+
+    policy = {"kind": "quorum", "need": 2, "group": "finance"}
+    ask = ApprovalRequestInfo(run_id, "c1", "pay", {"cents": 5}, policy, 7)
+    assert store.save_approval_request(ask)
+    store.save_decision(DecisionInfo(run_id, "c1", "ann", True))
+    assert not store.save_approval_request(ask)
+    assert [d.approver for d in store.list_decisions(run_id, "c1")] == ["ann"]
+    store.set_approval_status(run_id, "c1", "approved")
+    assert store.save_approval_request(ask)
+    request = store.get_approval_request(run_id, "c1")
+    assert request.status == "pending" and store.list_decisions(run_id, "c1") == []
+    again = replace(ask, previous_arguments={"cents": 4})
+    assert store.save_approval_request(again)
+    assert store.get_approval_request(run_id, "c1").previous_arguments == {"cents": 4}
+    assert not store.save_approval_request(again)
+
+
 def test_a_record_and_its_run_changes_are_stored_together_or_not_at_all(store, run_id):
     with pytest.raises(ConfigError):
         store.insert(run_id, "rec", "{}", run_changes={"no_such_field": 1})

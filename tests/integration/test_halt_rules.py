@@ -120,9 +120,9 @@ def test_every_path_refuses_a_halt_younger_than_halt_min_age():
 
 
 def test_a_cancelled_runs_halt_is_orphaned_on_every_path():
-    halt = _halted("gone-1")
     root = User.objects.create_superuser("root", "root@example.com", "pw")
-    da.cancel("gone-1", by=root)
+    halt = _halted("gone-1")
+    da.cancel("gone-1", by="root")
     assert Halt.objects.get(pk=halt.pk).status == "orphaned"
     response = _api_post(root, "/runs/gone-1/halts/call_1_1/resolve", {"result": True})
     assert response.status_code == 409 and response.json()["code"] == "halt.orphaned"
@@ -132,6 +132,7 @@ def test_a_cancelled_runs_halt_is_orphaned_on_every_path():
 
 
 def test_an_approval_asked_again_shows_both_arguments():
+    root = User.objects.create_superuser("root", "root@example.com", "pw")
     paid = []
 
     @da.tool(requires_approval=True)
@@ -148,7 +149,6 @@ def test_an_approval_asked_again_shows_both_arguments():
         return "paid"
 
     da.Agent("rules-args", ScriptedModel(script), "", [pay])
-    root = User.objects.create_superuser("root", "root@example.com", "pw")
     da.approve("args-1", "call_1_1", True, by="root")
     assert paid == [] and Run.objects.get(run_id="args-1").status == "awaiting_approval"
     request = ApprovalRequest.objects.get(run_id="args-1")

@@ -3,8 +3,14 @@
     python -m tests.support.holes_child send_once <agent> <session> <key> <text>
     python -m tests.support.holes_child step <alias> <run_id> <name>
 
+    python -m tests.support.holes_child fork <run_id> <step>
+    python -m tests.support.holes_child approve <run_id> <call_id> <yes|no>
+    python -m tests.support.holes_child resolve <run_id> <call_id> <result as JSON>
+
 ``step`` runs ``Journal.step(run_id, name, fn)`` where ``fn`` fires one counted effect
-(``DA_CRASH_INSIDE=step:<name>`` kills the process right after it fired).
+(``DA_CRASH_INSIDE=step:<name>`` kills the process right after it fired). ``fork``,
+``approve`` and ``resolve`` act as the user ``ann`` (``DURABLE_AGENTS_CRASH_AT`` names the
+point to die at: ``after-fork-row``, ``after-decision:<call>``, ``after-resolution:<call>``).
 """
 
 import json
@@ -38,9 +44,29 @@ def step(alias: str, run_id: str, name: str) -> dict:
     return {"status": "ok", "value": value}
 
 
+def fork(run_id: str, step: str) -> dict:
+    return {"fork": da.fork(run_id, int(step), by="ann")}
+
+
+def approve(run_id: str, call_id: str, verdict: str) -> dict:
+    return {"status": da.approve(run_id, call_id, verdict == "yes", by="ann").status}
+
+
+def resolve(run_id: str, call_id: str, result: str) -> dict:
+    record = da.resolve_halt(run_id, call_id, json.loads(result), by="ann")
+    return {"result": record.get("result")}
+
+
 def main() -> None:
     command, *args = sys.argv[1:]
-    out = {"send_once": send_once, "step": step}[command](*args)
+    commands = {
+        "send_once": send_once,
+        "step": step,
+        "fork": fork,
+        "approve": approve,
+        "resolve": resolve,
+    }
+    out = commands[command](*args)
     print(json.dumps(out), flush=True)
 
 

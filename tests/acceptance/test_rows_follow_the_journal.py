@@ -1,0 +1,166 @@
+"""The journal is the truth: a process killed (SIGKILL) between a command's journal record
+and the rows that project it leaves nothing wedged, and nothing runs twice. Found by the
+simulator (docs/simulation.md, "What it found on the fixed engine"), replayed here with real
+processes on PostgreSQL; side effects are counted outside the journal (``test_effects``).
+
+* a fork whose maker died after creating its row, or half-way through the copy, is never
+  driven (from scratch or from a partial journal): it stays failed, saying so;
+* a decision journaled by a process that died before queueing the run is finished by the
+  next decision on the call;
+* a resolution journaled by a process that died before closing the halt is finished by the
+  next resolution, or by a drive.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from django.contrib.auth.models import User
+
+import durable_agents as da
+from durable_agents.engine.journal import Journal
+from durable_agents.models import Run
+from durable_agents.recovery import recover
+from durable_agents.storage import DjangoStore
+from tests.support.agents import count_effects, effects_connection
+from tests.support.procs import ROOT, subprocess_env
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True, databases=["default", "sqlite"]),
+    pytest.mark.slow,
+]
+
+
+def child(module: str, *args: str, **env: str) -> tuple[int, dict | None]:
+    """Run ``python -m <module> <args>`` with a short lease; (-9, None) if it was killed."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=subprocess_env(DA_LEASE_TTL="1", **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode == -9:
+        return -9, None
+    assert proc.returncode == 0, proc.stderr
+    return 0, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def drive(run_id: str, agent: str = "hole-charge", **env: str) -> tuple[int, dict | None]:
+    return child("tests.support.drive", agent, run_id, "go", **env)
+
+
+def command(*args: str, crash_at: str) -> int:
+    code, _ = child("tests.support.holes_child", *args, DURABLE_AGENTS_CRASH_AT=crash_at)
+    return code
+
+
+def until_free(fn, timeout: float = 20.0):
+    """Call ``fn`` until the killed process's lease (one second) has lapsed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except (da.RunBusy, da.HaltInFlight):
+            assert time.monotonic() < deadline, "the killed process's lease never lapsed"
+            time.sleep(0.1)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    "crash_at,alias",
+    # Half-copied: everything but ``fork:done``, whose transaction (SQLite) dies with it.
+    [("after-fork-row", "default"), ("store:after-insert:fork:done", "sqlite")],
+    ids=["nothing-copied", "half-copied"],
+)
+def test_a_fork_whose_maker_was_killed_is_never_driven(crash_at, alias):
+    source = f"rows-fork-{alias}"
+    assert drive(source, DA_DATABASE=alias)[1]["status"] == "finished"
+    code, _ = child(
+        "tests.support.holes_child",
+        "fork",
+        source,
+        "0",
+        DA_DATABASE=alias,
+        DURABLE_AGENTS_CRASH_AT=crash_at,
+    )
+    assert code == -9
+    store = DjangoStore(using=alias)
+    fork_id = f"{source}.fork-1"
+    row = store.get_run(fork_id)
+    assert row.status == "failed" and row.last_error["code"] == "history.fork_incomplete"
+    copied = [r.name for r in Journal(store).history(fork_id)]
+    assert "fork:done" not in copied and (alias == "default" or "run:start" in copied)
+    assert recover_on(store) == []
+    with pytest.raises(da.ConfigError) as info:
+        until_free(lambda: da.resume(fork_id, store=store))
+    assert info.value.code == "history.fork_incomplete"
+    assert recover_on(store) == []
+    assert count_effects(source) == {"call_1_1": 1} and count_effects(fork_id) == {}
+    assert "model:1" not in [r.name for r in Journal(store).history(fork_id)]
+
+
+def recover_on(store: DjangoStore) -> list[str]:
+    from durable_agents.engine.recovery import recover as recover_pass
+
+    return recover_pass(store=store)
+
+
+@pytest.mark.timeout(90)
+def test_a_decision_killed_before_the_run_was_queued_is_finished_by_deciding_again():
+    run_id = "rows-approve"
+    assert drive(run_id, "gated")[1] == {"status": "awaiting_approval", "calls": ["call_1_1"]}
+    assert command("approve", run_id, "call_1_1", "yes", crash_at="after-decision:call_1_1") == -9
+    store = DjangoStore()
+    assert Journal(store).get(run_id, "approval:call_1_1").get("approved") is True
+    assert Run.objects.get(run_id=run_id).status == "awaiting_approval"
+    assert store.get_approval_request(run_id, "call_1_1").status == "pending"
+    assert recover() == [], "a run paused on a person is not recovery's"
+    outcome = da.approve(run_id, "call_1_1", True, by="bob")
+    assert outcome.status == "approved"
+    assert store.get_approval_request(run_id, "call_1_1").status == "approved"
+    assert Run.objects.get(run_id=run_id).status == "finished"
+    assert count_effects(run_id) == {"call_1_1": 1}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("then", ["resolve-again", "resume"])
+def test_a_resolution_killed_before_the_halt_was_closed_is_finished(then):
+    run_id = f"rows-resolve-{then}"
+    assert drive(run_id, DA_CRASH_INSIDE="call_1_1")[0] == -9
+    assert drive(run_id)[1] == {"status": "halted", "halts": ["call_1_1"]}
+    outcome = json.dumps({"charged": "7"})
+    crash_at = "after-resolution:call_1_1"
+    assert command("resolve", run_id, "call_1_1", outcome, crash_at=crash_at) == -9
+    store = DjangoStore()
+    assert Journal(store).get(run_id, "tool:call_1_1").get("reconciled")
+    [halt] = store.list_halts(run_id=run_id)
+    assert halt.status == "open" and Run.objects.get(run_id=run_id).status == "halted"
+    if then == "resolve-again":
+        # Finished from the journal at once: the halt closed and the run queued (its
+        # hand-over may find the dead process's lease not yet lapsed; recovery retries).
+        da.resolve_halt(run_id, "call_1_1", {"charged": "7"}, by="bob")
+        assert Run.objects.get(run_id=run_id).status in ("queued", "finished")
+    assert until_free(lambda: da.resume(run_id)).answer == "charged"
+    assert store.list_halts(run_id=run_id) == []
+    [halt] = store.list_halts(run_id=run_id, status=None)
+    assert halt.status == "resolved" and halt.resolution["result"] == {"charged": "7"}
+    assert Run.objects.get(run_id=run_id).status == "finished"
+    assert count_effects(run_id) == {"call_1_1": 1}
+
+
+@pytest.fixture(autouse=True)
+def _people():
+    """The site's people: ``ann`` acts in the killed processes, ``bob`` here afterwards."""
+    for name in ("ann", "bob"):
+        User.objects.create_superuser(name, f"{name}@example.com", "pw")
+
+
+@pytest.fixture(autouse=True)
+def _effects_table():
+    effects_connection().close()  # created before any child counts an effect

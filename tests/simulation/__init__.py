@@ -1,0 +1,1 @@
+"""A deterministic, seeded explorer of the real engine (see docs/simulation.md)."""

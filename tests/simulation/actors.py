@@ -1,0 +1,412 @@
+"""The actors of the simulated world: who calls the engine, and with what.
+
+Each actor, when the scheduler picks it while it is idle, chooses one operation (reading
+the store directly, as a person reads a page) and runs it as a process of its own, through
+the engine's public commands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import durable_agents as da
+from durable_agents.engine import commands, runtime
+from durable_agents.engine.agent import get_agent
+from durable_agents.engine.errors import (
+    DriveStopped,
+    DurableAgentsError,
+    LeaseLost,
+    Pause,
+    RunBusy,
+)
+from durable_agents.engine.journal import Journal
+from durable_agents.engine.ports import AWAITING_APPROVAL, HALTED
+from durable_agents.engine.recovery import recover
+
+from . import world as W
+from .agent import AGENT, NOT_HAPPENED, SESSION, Plans, is_agent_run
+from .invariants import effects_seen_by
+
+# -- actors -------------------------------------------------------------------------------
+
+Op = tuple[str, Callable[[], Any]]
+
+
+class Actor:
+    kind = ""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.proc: W.Proc | None = None
+
+    def weight(self, w: W.World) -> int:
+        return 1
+
+    def choose(self, w: W.World) -> Op | None:
+        raise NotImplementedError
+
+
+def drive_like_a_worker(w: W.World, run_id: str) -> str:
+    """What the Celery task ``drive_run`` does with one message (its retry: a requeue)."""
+    try:
+        commands.resume(run_id, store=w.store)
+        return "finished"
+    except Pause:
+        return "paused"
+    except (RunBusy, LeaseLost):
+        return "busy"
+    except DriveStopped:
+        return "stopped"
+    except DurableAgentsError as exc:
+        if not exc.retryable:
+            return f"failed ({exc.code})"
+        run = commands.get_run(run_id, store=w.store)
+        if run.attempts >= runtime.retry_policy().max_attempts:
+            return f"failed for good ({exc.code})"
+        w.dispatch(run_id)
+        return f"retry ({exc.code})"
+
+
+class Client(Actor):
+    kind = "client"
+
+    def __init__(self, name: str, plans: Plans, count: int) -> None:
+        super().__init__(name)
+        self.plans = plans
+        self.left = count
+        self.n = 0
+
+    def weight(self, w: W.World) -> int:
+        return 4 if self.left else 0
+
+    def choose(self, w: W.World) -> Op | None:
+        self.left -= 1
+        self.n += 1
+        run_id, plan = f"r{self.n}", self.plans.make()
+        return f"start {run_id} {plan}", lambda: get_agent(AGENT).start(
+            plan, run_id=run_id, store=w.store
+        )
+
+
+class Driver(Actor):
+    kind = "driver"
+
+    def weight(self, w: W.World) -> int:
+        return 4 if w.queue else 0
+
+    def choose(self, w: W.World) -> Op | None:
+        if not w.queue:
+            return None
+        run_id = w.queue.pop(w.rng.randrange(len(w.queue)))
+
+        def op() -> str:
+            assert self.proc is not None
+            self.proc.run_id = run_id
+            return drive_like_a_worker(w, run_id)
+
+        return f"drive {run_id}", op
+
+
+class Recovery(Actor):
+    """Celery beat's recovery pass, every ``RECOVERY_INTERVAL`` (15 s) at most."""
+
+    kind = "recovery"
+    interval = 15.0
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.next_pass = 0.0
+
+    def weight(self, w: W.World) -> int:
+        return 2 if w.now >= self.next_pass else 0
+
+    def choose(self, w: W.World) -> Op | None:
+        self.next_pass = w.now + self.interval
+        return "recovery pass", recover
+
+
+class Deployer(Actor):
+    kind = "deployer"
+
+    def __init__(self, name: str, left: int) -> None:
+        super().__init__(name)
+        self.left = left
+
+    def weight(self, w: W.World) -> int:
+        if not self.left:
+            return 0
+        # Deploys land more often right after a crash: between a crash and its resume is
+        # where a changed schema meets a call in flight.
+        return 4 if w.crashes and w.step - w.last_crash < 20 else 1
+
+    def choose(self, w: W.World) -> Op | None:
+        self.left -= 1
+        new = w.deploy.changed(w)
+
+        def op() -> str:
+            w.deploy = new
+            w.deploys.append((w.now, new))
+            new.activate()
+            return new.describe()
+
+        return f"deploy ({new.describe()})", op
+
+
+class Webhook(Actor):
+    """A webhook view: each delivery calls ``send_once``; a chat user calls ``send``."""
+
+    kind = "webhook"
+
+    def __init__(self, name: str, left: int) -> None:
+        super().__init__(name)
+        self.left = left
+
+    def weight(self, w: W.World) -> int:
+        return 2 if self.left else 0
+
+    def choose(self, w: W.World) -> Op | None:
+        self.left -= 1
+        if w.rng.random() < 0.2:
+            answered = sum(
+                1
+                for r in Journal(w.raw).history(f"{SESSION}>session")
+                if r.name.startswith("answer:")
+            )
+            text = w.chat[min(answered, len(w.chat) - 1)]
+
+            def send() -> Any:
+                return get_agent(AGENT).session(SESSION, store=w.store).send(text).answer
+
+            return f"send {text}", send
+        key = w.rng.choice(sorted(w.deliveries))
+        text = w.deliveries[key]
+        wait = w.rng.random() < 0.5
+
+        def deliver() -> str:
+            session = get_agent(AGENT).session(SESSION, store=w.store)
+            try:
+                return session.send_once(key, text, wait=wait).status
+            except RunBusy:
+                w.violate(
+                    "webhooks_never_busy",
+                    f"send_once({key!r}, wait={wait}) raised RunBusy to the webhook: another "
+                    "delivery of the same key is driving its turn",
+                    hole="send_once",
+                )
+                return "RunBusy"
+
+        return f"deliver {key} wait={wait}", deliver
+
+
+class Stepper(Actor):
+    """User code using the public ``Journal.step`` for an effect of its own."""
+
+    kind = "stepper"
+
+    def __init__(self, name: str, left: int) -> None:
+        super().__init__(name)
+        self.left = left
+
+    def weight(self, w: W.World) -> int:
+        return 1 if self.left else 0
+
+    def choose(self, w: W.World) -> Op | None:
+        self.left -= 1
+        run_id = f"steps-{w.rng.randint(1, 2)}"
+
+        def ship() -> dict[str, Any]:
+            w.point("step ship start")
+            entry = w.record(
+                "@step", run_id, "ship", {}, "", {"shipped": w.next_receipt()}, effect=True
+            )
+            w.point("step ship done")
+            return entry.value
+
+        return f"step {run_id} ship", lambda: Journal(w.store).step(run_id, "ship", ship)
+
+
+class Person(Actor):
+    """Staff: decide approvals, resolve halts from the ledger, cancel, fork with patches."""
+
+    kind = "person"
+
+    def __init__(self, name: str, forks: int, cancels: int) -> None:
+        super().__init__(name)
+        self.forks_left = forks
+        self.cancels_left = cancels
+        self.resumes_left = 1
+
+    def weight(self, w: W.World) -> int:
+        if w.raw.list_approval_requests() or w.raw.list_halts():
+            return 3
+        return 1 if self.forks_left or self.cancels_left or self.resumes_left else 0
+
+    def choose(self, w: W.World) -> Op | None:
+        raw = w.raw
+        options: list[tuple[int, str]] = []
+        requests = raw.list_approval_requests()
+        halts = raw.list_halts()
+        unfinished = [r.run_id for r in raw.list_unfinished() if is_agent_run(r.run_id)]
+        started = [r for r in w.runs if is_agent_run(r) and raw.get(r, "run:start") is not None]
+        if requests:
+            options.append((4, "decide"))
+        if halts:
+            options.append((4, "resolve"))
+        if unfinished and self.cancels_left:
+            options.append((1, "cancel"))
+        waiting = [
+            r.run_id
+            for r in raw.list_unfinished(statuses=(HALTED, AWAITING_APPROVAL))
+            if is_agent_run(r.run_id)
+        ]
+        if waiting and self.resumes_left:
+            options.append((1, "resume"))
+        if started and self.forks_left:
+            options.append((2, "fork"))
+        if not options:
+            return None
+        what = w.pick(options)
+        if what == "decide":
+            req = requests[w.rng.randrange(len(requests))]
+            return self._decide(w, req.run_id, req.call_id, w.rng.random() < 0.7)
+        if what == "resolve":
+            halt = halts[w.rng.randrange(len(halts))]
+            return self._resolve(w, halt.run_id, halt.op_id)
+        if what == "resume":
+            # The admin's "resume" button, pressed on a run that waits on a person.
+            self.resumes_left -= 1
+            run_id = waiting[w.rng.randrange(len(waiting))]
+            return f"resume {run_id}", lambda: da.resume(run_id, store=w.store).answer
+        if what == "cancel":
+            self.cancels_left -= 1
+            run_id = unfinished[w.rng.randrange(len(unfinished))]
+            return f"cancel {run_id}", lambda: da.cancel(
+                run_id, by=self.name, reason="sim", store=w.store
+            )
+        self.forks_left -= 1
+        return self._fork(w, started[w.rng.randrange(len(started))])
+
+    def _decide(self, w: W.World, run_id: str, call_id: str, approve: bool) -> Op:
+        def op() -> str:
+            # The person reads the request's page, then submits: the decision is for the
+            # arguments they saw (the engine refuses it if the request changed meanwhile).
+            request = w.store.get_approval_request(run_id, call_id)
+            if request is None:
+                return "gone"
+            seen = request.arguments
+            outcome = da.approve(
+                run_id, call_id, approve, by=self.name, arguments=seen, store=w.store
+            )
+            if outcome.status == "approved":
+                w.approved.setdefault((run_id, call_id), []).append(seen)
+            elif outcome.status == "denied":
+                w.denied.add((run_id, call_id))
+            return outcome.status
+
+        verb = "approve" if approve else "deny"
+        return f"{verb} {run_id} {call_id}", op
+
+    def _resolve(self, w: W.World, run_id: str, call_id: str) -> Op:
+        def op() -> str:
+            w.point("person checks the ledger")
+            checked = w.now
+            seen = effects_seen_by(w, run_id, call_id)
+            if seen:
+                result: Any = seen[0].value
+                is_error = False
+            else:
+                result, is_error = dict(NOT_HAPPENED), True
+            w.resolution_attempts.append(
+                {"run": run_id, "call": call_id, "result": result, "is_error": is_error}
+            )
+            da.resolve_halt(
+                run_id,
+                call_id,
+                result,
+                is_error=is_error,
+                evidence={"ledger": [e.seq for e in seen]},
+                by=self.name,
+                store=w.store,
+            )
+            rows = [h for h in w.raw.list_halts(run_id=run_id, status=None) if h.op_id == call_id]
+            if rows and rows[0].status == "open" and (run_id, call_id) not in w.resolutions:
+                w.violate(
+                    "halts_stay_resolved",
+                    f"halt {run_id}/{call_id}: resolve_halt returned the standing outcome, yet "
+                    "the halt stays open (a resolution stopped between the journal and the "
+                    "halt row, and nothing closes it now)",
+                    hole="new",
+                )
+                return "standing; the halt stays open"
+            w.resolutions.setdefault(
+                (run_id, call_id),
+                {
+                    "result": result,
+                    "is_error": is_error,
+                    "t": checked,
+                    "by": self.name,
+                },
+            )
+            return "happened" if seen else "did not happen"
+
+        # One request: the person checks the ledger and submits at once (a process of
+        # theirs may still crash, but nobody else moves in between).
+        op.exclusive = True
+        return f"resolve {run_id} {call_id}", op
+
+    def _fork(
+        self, w: W.World, run_id: str, step: int | None = None, patch: da.Patch | None = None
+    ) -> Op:
+        if step is not None:
+            return self._forking(w, run_id, step, patch or da.Patch(), True)
+        rng = w.rng
+        records = Journal(w.raw).history(run_id)
+        turns = [r for r in records if r.name.startswith("model:")]
+        step = rng.randint(0, len(turns))
+        calls = [
+            c["id"]
+            for r in turns
+            if int(r.name[6:]) <= step
+            for c in (r.get("message") or {}).get("tool_calls") or ()
+        ]
+        kind = rng.choice(["none", "result", "error", "plan", "stop", "instructions"])
+        patch = da.Patch()
+        if kind in ("result", "error") and calls:
+            call = calls[rng.randrange(len(calls))]
+            value = {"patched": True} if kind == "result" else {"error": "patched failure"}
+            patch = da.Patch(
+                tool_results={call: value}, tool_errors=[call] if kind == "error" else []
+            )
+        elif kind == "plan":
+            patch = da.Patch(append_user=w.plans.make())
+        elif kind == "stop":
+            patch = da.Patch(append_user="stop")
+        elif kind == "instructions":
+            patch = da.Patch(instructions="Patched instructions.")
+        return self._forking(w, run_id, step, patch, rng.random() < 0.8, kind)
+
+    def _forking(
+        self, w: W.World, run_id: str, step: int, patch: da.Patch, go: bool, kind: str = "given"
+    ) -> Op:
+        def op() -> str:
+            assert self.proc is not None
+            self.proc.capture = {}
+            fork_id = da.fork(run_id, step, patch, by=self.name, store=w.store)
+            snapshot = self.proc.capture.get(run_id, [])
+            self.proc.capture = None
+            w.forks.append(
+                {
+                    "id": fork_id,
+                    "source": run_id,
+                    "step": step,
+                    "patch": patch.to_json(),
+                    "snapshot": snapshot,
+                    "by": self.name,
+                }
+            )
+            if go:
+                w.dispatch(fork_id)
+            return fork_id
+
+        return f"fork {run_id} at step {step} patch={kind}", op

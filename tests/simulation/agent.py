@@ -1,0 +1,340 @@
+"""The simulated agent: five tools that write to the world's ledger, a model that follows a
+plan, the deploys that change them, and the plans runs are started with.
+
+The tools give the scheduler a point before and after their effect. The model is a pure
+function of the transcript (plus a seeded stream for call ids and the odd filtered answer):
+it works through the plan in the last ``plan:`` user message, reads the tool schemas it is
+sent, retries a call that came back as an error (up to three tries, never a denial), and
+answers when the plan is done.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+import durable_agents as da
+from durable_agents.engine.errors import ToolOutcomeUnknown
+from durable_agents.engine.model import (
+    FINISH_FILTERED,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    FINISH_TOOL_CALLS,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    Usage,
+)
+from durable_agents.engine.tools import ToolContext
+
+from . import world as W
+
+AGENT = "sim-agent"
+SESSION = "chat"
+NOT_HAPPENED = {"error": "did not happen", "checked": "ledger"}
+UNFLAGGED = frozenset({"charge", "refund"})  # at most once, under an attempt claim
+KEYED = frozenset({"notify", "book"})  # retry-safe side effects: downstream dedupes by key
+GATED = frozenset({"refund"})
+DECLINED_AMOUNT = 13  # a charge of this amount is declined before anything happens
+UNKNOWN_AMOUNT = 35  # a charge of this amount times out after the money moved
+
+
+def is_agent_run(run_id: str) -> bool:
+    return not (run_id.endswith(">session") or run_id.startswith("steps-"))
+
+
+# -- tools --------------------------------------------------------------------------------
+
+
+def _act(tool: str, args: dict[str, Any], ctx: ToolContext) -> Any:
+    w = W.CURRENT
+    assert w is not None
+    w.point(f"tool {tool} {ctx.call_id} start")
+    if tool == "charge" and args["amount"] == DECLINED_AMOUNT:
+        w.record(
+            tool,
+            ctx.run_id,
+            ctx.call_id,
+            args,
+            ctx.idempotency_key,
+            "declined",
+            effect=False,
+            outcome="raised",
+        )
+        raise RuntimeError("card declined")
+    value = {"tool": tool, "order": args["order"], "receipt": w.next_receipt()}
+    entry = w.record(
+        tool,
+        ctx.run_id,
+        ctx.call_id,
+        args,
+        ctx.idempotency_key,
+        value,
+        effect=tool != "lookup",
+        dedupe=tool in KEYED,
+    )
+    w.point(f"tool {tool} {ctx.call_id} done")
+    if tool == "charge" and args["amount"] == UNKNOWN_AMOUNT:
+        entry.outcome = "unknown"
+        raise ToolOutcomeUnknown("the payment gateway timed out after the charge was sent")
+    return entry.value
+
+
+def lookup(order: int, ctx: ToolContext) -> Any:
+    """Look an order up."""
+    return _act("lookup", {"order": order}, ctx)
+
+
+def charge_v1(order: int, amount: int, ctx: ToolContext) -> Any:
+    """Charge the customer's card."""
+    return _act("charge", {"order": order, "amount": amount}, ctx)
+
+
+def charge_v2(order: int, amount: int, currency: str, ctx: ToolContext) -> Any:
+    """Charge the customer's card in a currency."""
+    args = {"order": order, "amount": amount, "currency": currency}
+    return _act("charge", args, ctx)
+
+
+def refund_v1(order: int, amount: int, ctx: ToolContext) -> Any:
+    """Refund an order (a person approves it first)."""
+    return _act("refund", {"order": order, "amount": amount}, ctx)
+
+
+def refund_v2(order: int, amount: int, ctx: ToolContext, reason: str = "goodwill") -> Any:
+    """Refund an order for a reason (a person approves it first)."""
+    return _act("refund", {"order": order, "amount": amount, "reason": reason}, ctx)
+
+
+def notify(order: int, text: str, ctx: ToolContext) -> Any:
+    """Mail the customer (the mailer dedupes by idempotency key)."""
+    return _act("notify", {"order": order, "text": text}, ctx)
+
+
+def book(order: int, slot: int, ctx: ToolContext) -> Any:
+    """Book a delivery slot (keyed by the order)."""
+    return _act("book", {"order": order, "slot": slot}, ctx)
+
+
+TOOLS = {
+    "lookup": da.tool(lookup, name="lookup", read_only=True),
+    "charge_v1": da.tool(charge_v1, name="charge"),
+    "charge_v2": da.tool(charge_v2, name="charge"),
+    "refund_v1": da.tool(refund_v1, name="refund", requires_approval=True),
+    "refund_v2": da.tool(refund_v2, name="refund", requires_approval=True),
+    "notify": da.tool(notify, name="notify", idempotent=True),
+    "book": da.tool(book, name="book", idempotency_key=lambda a: f"book-{a['order']}"),
+}
+
+# -- the model ----------------------------------------------------------------------------
+
+
+def parse_plan(text: str) -> list[list[tuple[str, int, int]]]:
+    """``plan:charge.1.20|lookup.2.0;refund.1.20`` -> steps of (tool, order, amount)."""
+    steps = []
+    for step in text[len("plan:") :].split(";"):
+        ops = []
+        for op in step.split("|"):
+            tool, order, amount = op.split(".")
+            ops.append((tool, int(order), int(amount)))
+        steps.append(ops)
+    return steps
+
+
+def _op_of(call: ToolCall) -> tuple[str, int] | None:
+    try:
+        args = json.loads(call.arguments or "{}")
+        return call.name, int(args["order"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _arguments(tool: str, order: int, amount: int, spec: Any) -> str:
+    args: dict[str, Any] = {"order": order}
+    if tool in ("charge", "refund"):
+        args["amount"] = amount
+    elif tool == "notify":
+        args["text"] = f"about order {order}"
+    elif tool == "book":
+        args["slot"] = order % 3
+    params = dict(spec.parameters) if spec is not None else {}
+    props = params.get("properties") or {}
+    for name in params.get("required") or ():  # a model reads the schema it is sent
+        if name not in args:
+            args[name] = "EUR" if (props.get(name) or {}).get("type") == "string" else 1
+    return json.dumps(args, sort_keys=True)
+
+
+class SimModel:
+    """Follows the plan of the last ``plan:`` message; bills every response it gives."""
+
+    model_id = "sim-model"
+
+    def generate(self, request: ModelRequest) -> ModelResponse:
+        w = W.CURRENT
+        assert w is not None
+        w.point("model start")
+        msgs = list(request.messages)
+        usage = Usage(10 + 2 * len(msgs), 5)
+        roll = w.model_rng.random()
+        message = self._next(w, msgs, {t.name: t for t in request.tools})
+        finish = FINISH_TOOL_CALLS if message.tool_calls else FINISH_STOP
+        if roll < 0.02:
+            finish = FINISH_FILTERED  # retryable: the loop asks again
+        elif roll < 0.025:
+            finish = FINISH_LENGTH  # not retryable: the run fails
+        w.bill(usage.total_tokens)
+        w.point("model billed")
+        return ModelResponse(message, usage, finish, "sim", self.model_id)
+
+    def _next(self, w: W.World, msgs: list[Message], offered: dict[str, Any]) -> Message:
+        at = next(
+            (
+                i
+                for i in range(len(msgs) - 1, -1, -1)
+                if msgs[i].role == "user" and msgs[i].content.startswith("plan:")
+            ),
+            None,
+        )
+        if at is None:
+            first = msgs[0].content[:60] if msgs else ""
+            w.violate(
+                "only_agent_runs_run",
+                f"the model was asked to continue a transcript nobody sent (it starts {first!r})",
+                hole="4",
+            )
+            return Message("assistant", "nothing to do")
+        steps = parse_plan(msgs[at].content)
+        tries: dict[tuple[str, int], int] = {}
+        status: dict[tuple[str, int], str] = {}
+        by_call: dict[str, tuple[str, int]] = {}
+        stop = False
+        for m in msgs[at + 1 :]:
+            if m.role == "assistant":
+                for c in m.tool_calls:
+                    op = _op_of(c)
+                    if op is not None:
+                        by_call[c.id] = op
+                        tries[op] = tries.get(op, 0) + 1
+            elif m.role == "tool":
+                op = by_call.get(m.tool_call_id or "")
+                if op is None:
+                    continue
+                if not m.is_error:
+                    status[op] = "ok"
+                elif '"error":"denied"' in m.content or tries[op] >= 3:
+                    status[op] = "gave-up"
+                else:
+                    status[op] = "retry"
+            elif m.role == "user" and m.content == "stop":
+                stop = True
+        n = sum(1 for m in msgs if m.role == "assistant") + 1
+        if not stop:
+            for step in steps:
+                todo = [
+                    op
+                    for op in step
+                    if status.get(op[:2]) not in ("ok", "gave-up") and op[0] in offered
+                ]
+                if todo:
+                    calls = tuple(
+                        ToolCall(
+                            f"c{n}.{j + 1}.{w.model_rng.randrange(100)}",
+                            tool,
+                            _arguments(tool, order, amount, offered.get(tool)),
+                        )
+                        for j, (tool, order, amount) in enumerate(todo)
+                    )
+                    return Message("assistant", "", tool_calls=calls)
+        summary = " ".join(
+            f"{t}.{o}={status.get((t, o), 'skipped')}" for step in steps for t, o, _ in step
+        )
+        return Message("assistant", f"done: {summary}")
+
+
+MODEL = SimModel()
+
+# -- deploys ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Deploy:
+    """One version of the agent's code."""
+
+    currency: bool = False  # charge gains a required parameter
+    reason: bool = False  # refund gains a parameter with a default
+    no_notify: bool = False  # notify is removed
+    no_charge: bool = False  # charge is removed
+    instructions: int = 0
+    drift: str = "warn"
+
+    def describe(self) -> str:
+        parts = [f"instructions v{self.instructions}", f"on_drift={self.drift}"]
+        parts += [
+            name for name in ("currency", "reason", "no_notify", "no_charge") if getattr(self, name)
+        ]
+        return ", ".join(parts)
+
+    def activate(self) -> da.Agent:
+        tools = [TOOLS["lookup"]]
+        if not self.no_charge:
+            tools.append(TOOLS["charge_v2" if self.currency else "charge_v1"])
+        tools.append(TOOLS["refund_v2" if self.reason else "refund_v1"])
+        if not self.no_notify:
+            tools.append(TOOLS["notify"])
+        tools.append(TOOLS["book"])
+        return da.Agent(
+            AGENT,
+            MODEL,
+            f"Handle the customer's orders. (v{self.instructions})",
+            tools,
+            max_turns=8,
+            on_drift=self.drift,
+            model_retry=da.ModelRetry(max_attempts=3, base_delay=1.0, max_delay=2.0),
+        )
+
+    def changed(self, w: W.World) -> Deploy:
+        what = w.pick(
+            [
+                (4, "currency"),
+                (2, "reason"),
+                (1, "no_notify"),
+                (1, "no_charge"),
+                (1, "instr"),
+                (1, "drift"),
+            ]
+        )
+        if what == "instr":
+            return replace(self, instructions=self.instructions + 1)
+        if what == "drift":
+            return replace(self, drift="error" if self.drift == "warn" else "warn")
+        return replace(self, **{what: not getattr(self, what)})
+
+
+# -- the plans of one seed ----------------------------------------------------------------
+
+
+class Plans:
+    def __init__(self, w: W.World) -> None:
+        self.w = w
+        self.next_order = 1
+
+    def make(self) -> str:
+        rng = self.w.rng
+        steps = []
+        for _ in range(rng.randint(1, 3)):
+            ops = []
+            for _ in range(rng.randint(1, 2)):
+                tool = rng.choice(["charge", "charge", "charge", "refund", "notify", "book"])
+                amount = 0
+                if tool in UNFLAGGED:
+                    amount = rng.choice([20, 20, 40, DECLINED_AMOUNT, UNKNOWN_AMOUNT])
+                ops.append(f"{tool}.{self.next_order}.{amount}")
+                self.next_order += 1
+            steps.append("|".join(ops))
+        if rng.random() < 0.3:
+            steps[0] = f"lookup.{self.next_order}.0|" + steps[0]
+            self.next_order += 1
+        return "plan:" + ";".join(steps)

@@ -1,0 +1,633 @@
+"""The promise, checked after every schedule against the store and the outside ledger.
+
+Vocabulary:
+
+* A call's **owner** is the run whose model turn asked for it. A fork inherits the calls of
+  the turns it copied (same call id, same turn record); its own later turns are its own.
+* A call's **lineage**, seen from a run, is that run and — while the call was inherited
+  with its attempt in flight (a live attempt marker and no result when the fork read its
+  source) — the runs it came from. An effect anywhere in the lineage is an effect of the
+  call as that run must account for it. A fork made before a call started begins a new
+  timeline for it: the source's later execution is not the fork's.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from durable_agents.engine.approvals import decision_name
+from durable_agents.engine.journal import Journal
+from durable_agents.engine.ports import (
+    AWAITING_APPROVAL,
+    CANCELLED,
+    FAILED,
+    FINISHED,
+    HALT_OPEN,
+    HALT_RESOLVED,
+    HALTED,
+    TERMINAL_STATUSES,
+)
+from durable_agents.engine.records import Record, encode
+from durable_agents.engine.transcript import RunState
+
+from . import world as W
+from .agent import GATED, KEYED, NOT_HAPPENED, UNFLAGGED, is_agent_run
+
+
+def _short(value: Any, n: int = 60) -> str:
+    text = value if isinstance(value, str) else encode(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _names(w: W.World, run_id: str) -> dict[str, Record]:
+    return {r.name: r for r in Journal(w.raw).history(run_id)}
+
+
+def _turn_of(names: dict[str, Record], call_id: str) -> int | None:
+    n = 1
+    while (turn := names.get(f"model:{n}")) is not None:
+        for call in (turn.get("message") or {}).get("tool_calls") or ():
+            if call.get("id") == call_id:
+                return n
+        n += 1
+    return None
+
+
+def _inherited_from(w: W.World, run_id: str, call_id: str) -> str | None:
+    """The source a fork copied ``call_id``'s turn from, or None if the call is its own."""
+    row = w.raw.get_run(run_id)
+    if row is None or not row.forked_from:
+        return None
+    names = _names(w, run_id)
+    n = _turn_of(names, call_id)
+    if n is None or "fork" not in names:
+        return None
+    source = _names(w, row.forked_from).get(f"model:{n}")
+    if source is None or source.data != names[f"model:{n}"].data:
+        return None
+    return row.forked_from
+
+
+def _snapshot(w: W.World, fork_id: str, source: str) -> list[Any]:
+    """What the fork read of its source: captured as its row was created (the fork's read
+    of its source comes before); failing that, the source's entries older than the fork's
+    first record."""
+    if fork_id in w.fork_snapshots:
+        return list(w.fork_snapshots[fork_id])
+    first = w.raw.get(fork_id, "fork")
+    limit = first.seq if first is not None else 0
+    return [e for e in w.raw.load(source) if e.seq < limit]
+
+
+def _in_flight(snapshot: list[Any], call_id: str) -> bool:
+    names = {e.name for e in snapshot}
+    if f"tool:{call_id}" in names:
+        return False
+    k = 1
+    live = False
+    while f"attempt:{call_id}:{k}" in names:
+        live = f"not-started:{call_id}:{k}" not in names
+        k += 1
+    return live
+
+
+def owner(w: W.World, run_id: str, call_id: str) -> str:
+    while (source := _inherited_from(w, run_id, call_id)) is not None:
+        run_id = source
+    return run_id
+
+
+def lineage(w: W.World, run_id: str, call_id: str) -> list[str]:
+    runs = [run_id]
+    while (source := _inherited_from(w, run_id, call_id)) is not None:
+        if not _in_flight(_snapshot(w, run_id, source), call_id):
+            break
+        run_id = source
+        runs.append(run_id)
+    return runs
+
+
+def effects_seen_by(w: W.World, run_id: str, call_id: str) -> list[W.Effect]:
+    """What the ledger says call ``call_id`` did, as run ``run_id`` must account for it."""
+    runs = lineage(w, run_id, call_id)
+    return [e for e in w.ledger if e.call == call_id and e.run in runs and e.effect]
+
+
+def check_as_we_go(w: W.World) -> None:
+    """After every step: a resolved halt stays resolved."""
+    for (run_id, call_id), res in w.resolutions.items():
+        # One row per attempt that halted; once the call is resolved, every one of them is
+        # resolved with that outcome (no attempt comes after a resolution).
+        rows = [h for h in w.raw.list_halts(run_id=run_id, status=None) if h.op_id == call_id]
+        for halt in rows:
+            if halt.status == HALT_RESOLVED and encode(
+                (halt.resolution or {}).get("result")
+            ) == encode(res["result"]):
+                continue
+            w.violate(
+                "halts_stay_resolved",
+                f"halt {run_id}/{call_id}, first resolved by {res['by']} at "
+                f"t={res['t'] - W.EPOCH:.1f}, is {halt.status} again "
+                f"(resolution now {_short(halt.resolution)})",
+                hole="5",
+            )
+
+
+class Index:
+    """The store read once, for the end-of-schedule checks."""
+
+    def __init__(self, w: W.World) -> None:
+        self.records = {r: Journal(w.raw).history(r) for r in w.runs}
+        self.names = {r: {rec.name: rec for rec in recs} for r, recs in self.records.items()}
+        self.rows = {r: w.raw.get_run(r) for r in w.runs}
+        self.halts = list(w.raw.list_halts(status=None))
+        self.requests = list(w.raw.list_approval_requests(status=None))
+        self.by_call: dict[tuple[str, str], list[W.Effect]] = defaultdict(list)
+        for e in w.ledger:
+            self.by_call[(e.run, e.call)].append(e)
+
+
+def check_all(w: W.World) -> None:
+    ix = Index(w)
+    check_effects(w, ix)
+    check_results(w, ix)
+    check_approvals(w, ix)
+    check_halts(w, ix)
+    check_rows(w, ix)
+    check_recovery(w, ix)
+    check_spend(w, ix)
+    check_forks(w, ix)
+    check_agent_runs(w, ix)
+    check_steps(w, ix)
+    check_as_we_go(w)
+
+
+def _engine_error(ix: Index, run_id: str, call_id: str) -> str | None:
+    rec = ix.names.get(run_id, {}).get(f"tool:{call_id}")
+    if rec is None or not rec.get("is_error") or rec.get("reconciled") or rec.get("patched"):
+        return None
+    if any(_raised(e) for e in ix.by_call.get((run_id, call_id), ())):
+        return None  # the tool itself raised
+    result = rec.get("result")
+    return str(result.get("error") if isinstance(result, dict) else result)
+
+
+def _raised(e: W.Effect) -> bool:
+    """The tool raised, so an error result is its own. (An unknown outcome of an
+    at-most-once call is no result at all: the run must halt on it.)"""
+    return e.outcome == "raised" or (e.outcome == "unknown" and e.tool not in UNFLAGGED)
+
+
+def check_effects(w: W.World, ix: Index) -> None:
+    """Each at-most-once operation takes effect at most once per run (a model asks again
+    only after an error result, so a second effect means the error was false), and a fork
+    never repeats a call that was in flight when it was made. Keyed and idempotent calls
+    take effect at most once per call across a run and its forks (their keys match)."""
+    effects = [e for e in w.ledger if e.effect and e.tool in UNFLAGGED | KEYED]
+    per_op: dict[tuple[str, str, Any], list[W.Effect]] = defaultdict(list)
+    for e in effects:
+        per_op[(e.run, e.tool, e.args.get("order"))].append(e)
+    for (run_id, tool, order), found in per_op.items():
+        if len(found) < 2:
+            continue
+        calls = [e.call for e in found]
+        hole = "?"
+        for c in calls:
+            err = _engine_error(ix, run_id, c) or ""
+            if "invalid arguments" in err or "unknown tool" in err:
+                hole = "1"
+            res = w.resolutions.get((run_id, c))
+            if res is not None and res["result"] == NOT_HAPPENED:
+                hole = "3"
+        w.violate(
+            "effects_once",
+            f"run {run_id}: {tool} of order {order} took effect {len(found)} times "
+            f"(calls {', '.join(calls)} at t={', '.join(f'{e.t:.1f}' for e in found)})",
+            hole=hole,
+        )
+    for e in effects:
+        if e.tool in UNFLAGGED:
+            runs = lineage(w, e.run, e.call)
+            if len(runs) > 1:
+                w.violate(
+                    "effects_once",
+                    f"fork {e.run} ran call {e.call} ({e.tool}) again: it was in flight in "
+                    f"{runs[-1]} (an attempt and no result) when the fork was made",
+                    hole="2",
+                )
+    per_call: dict[tuple[str, str], list[W.Effect]] = defaultdict(list)
+    for e in effects:
+        if e.tool in KEYED:
+            per_call[(owner(w, e.run, e.call), e.call)].append(e)
+    for (origin, call_id), found in per_call.items():
+        if len(found) > 1:
+            runs = sorted({e.run for e in found})
+            w.violate(
+                "effects_once",
+                f"{found[0].tool} call {call_id} of {origin} took effect {len(found)} times "
+                f"downstream, in runs {runs}, under keys {sorted({e.key[:8] for e in found})}",
+                hole="2" if len(runs) > 1 else "?",
+            )
+
+
+def _copied(w: W.World, ix: Index, run_id: str, call_id: str, rec: Record) -> bool:
+    source = _inherited_from(w, run_id, call_id)
+    if source is None:
+        return False
+    theirs = ix.names.get(source, {}).get(f"tool:{call_id}")
+    return theirs is not None and theirs.data == rec.data
+
+
+def check_results(w: W.World, ix: Index) -> None:
+    """Each recorded result is what the tool returned, or what a person recorded; an error
+    the engine writes (bad arguments, unknown tool) is never recorded for a call whose
+    effect happened."""
+    for run_id in w.runs:
+        for name, rec in ix.names[run_id].items():
+            if not name.startswith("tool:"):
+                continue
+            call_id = name[5:]
+            if rec.get("patched") or _copied(w, ix, run_id, call_id, rec):
+                continue
+            result, is_error = rec.get("result"), bool(rec.get("is_error"))
+            if rec.get("reconciled"):
+                res = w.resolutions.get((run_id, call_id))
+                asked = [
+                    a
+                    for a in w.resolution_attempts
+                    if (a["run"], a["call"]) == (run_id, call_id)
+                    and encode(a["result"]) == encode(result)
+                    and a["is_error"] == is_error
+                ]
+                if not asked:
+                    w.violate(
+                        "results_true",
+                        f"run {run_id}: call {call_id} holds a resolution {_short(result)} "
+                        "that no person recorded for it",
+                    )
+                elif (
+                    res is not None
+                    and res["result"] == NOT_HAPPENED
+                    and (seen := effects_seen_by(w, run_id, call_id))
+                ):
+                    w.violate(
+                        "results_true",
+                        f"run {run_id}: the halt of {call_id} was resolved 'did not happen' by "
+                        f"{res['by']}, who found the ledger empty at "
+                        f"t={res['t'] - W.EPOCH:.1f}; the effect landed at t={seen[0].t:.1f} "
+                        f"(ledger #{seen[0].seq}, by {seen[0].run}): its driver was only stalled",
+                        hole="3",
+                    )
+                continue
+            runs = ix.by_call.get((run_id, call_id), [])
+            if not is_error:
+                if encode(result) not in {encode(e.value) for e in runs if e.outcome == "returned"}:
+                    w.violate(
+                        "results_true",
+                        f"run {run_id}: call {call_id} records {_short(result)}, which no run "
+                        "of the tool returned",
+                    )
+                continue
+            err = _engine_error(ix, run_id, call_id)
+            if err is None or err == "denied":
+                continue
+            seen = effects_seen_by(w, run_id, call_id)
+            if seen:
+                hole = "1" if ("invalid arguments" in err or "unknown tool" in err) else "?"
+                w.violate(
+                    "results_true",
+                    f"run {run_id}: call {call_id} ({rec.get('name')}) took effect (ledger "
+                    f"#{seen[0].seq} by {seen[0].run} returned {_short(seen[0].value, 40)}) "
+                    f"but the journal records the error {_short(err, 70)!r}",
+                    hole=hole,
+                )
+
+
+def check_approvals(w: W.World, ix: Index) -> None:
+    """A gated call runs only after an approval in the run that runs it, with exactly the
+    arguments the person approved; a denied call never runs."""
+    for e in w.ledger:
+        if e.tool not in GATED or not e.effect:
+            continue
+        decision = ix.names.get(e.run, {}).get(f"approval:{e.call}")
+        if decision is None or not decision.get("approved"):
+            w.violate("approvals_kept", f"run {e.run}: gated call {e.call} ran unapproved")
+            continue
+        seen = w.approved.get((e.run, e.call))
+        if seen and all(encode(args) != encode(e.args) for args in seen):
+            w.violate(
+                "approvals_kept",
+                f"run {e.run}: call {e.call} was approved as {encode(seen[-1])} and ran as "
+                f"{encode(e.args)}",
+                hole="11",
+            )
+    for run_id, call_id in sorted(w.denied):
+        if any(e.effect for e in ix.by_call.get((run_id, call_id), ())):
+            w.violate("approvals_kept", f"run {run_id}: denied call {call_id} ran")
+
+
+def check_halts(w: W.World, ix: Index) -> None:
+    """An open halt is one a person can still resolve: its call has no result and its run
+    is not over. Requests likewise."""
+    for halt in ix.halts:
+        if halt.status != HALT_OPEN:
+            continue
+        names = ix.names.get(halt.run_id, {})
+        row = ix.rows.get(halt.run_id)
+        result = names.get(f"tool:{halt.op_id}")
+        if result is not None:
+            if (halt.run_id, halt.op_id) in w.resolutions or (
+                halt.created_at is not None
+                and result.created_at is not None
+                and halt.created_at > result.created_at
+            ):
+                why, hole = "a stale driver wrote the halt again after it was resolved", "5"
+            elif result.get("reconciled"):
+                why, hole = "the resolution stopped between the journal and the halt row", "new"
+            else:
+                err = _engine_error(ix, halt.run_id, halt.op_id) or ""
+                why = f"a drive recorded {_short(result.get('result'), 60)} over the halt"
+                hole = "1" if ("invalid arguments" in err or "unknown tool" in err) else "?"
+            w.violate(
+                "halts_stay_resolved",
+                f"halt {halt.run_id}/{halt.op_id} is open though the call has a result: {why}",
+                hole=hole,
+            )
+        elif row is not None and row.status in TERMINAL_STATUSES:
+            w.violate(
+                "rows_agree",
+                f"run {halt.run_id} is {row.status} with an open halt on {halt.op_id}",
+                hole="6",
+            )
+    for req in ix.requests:
+        row = ix.rows.get(req.run_id)
+        if req.status == "pending" and row is not None and row.status in TERMINAL_STATUSES:
+            w.violate(
+                "rows_agree",
+                f"run {req.run_id} is {row.status} with a pending approval of {req.call_id}",
+                hole="6",
+            )
+
+
+def check_rows(w: W.World, ix: Index) -> None:
+    """The run row agrees with the journal, and a run at rest waits on something real."""
+    open_halts = {(h.run_id, h.op_id) for h in ix.halts if h.status == HALT_OPEN}
+    # A pending request, and the journal name its decision will have: a call asked again
+    # for other arguments (a deploy changed them) is decided under a name of its own.
+    pending = {
+        (r.run_id, r.call_id): decision_name(
+            r.call_id, r.arguments, again=r.previous_arguments is not None
+        )
+        for r in ix.requests
+        if r.status == "pending"
+    }
+    for run_id in w.runs:
+        row, names = ix.rows[run_id], ix.names[run_id]
+        if row is None or not is_agent_run(run_id):
+            continue
+        complete, cancelled = names.get("run:complete"), names.get("run:cancelled")
+        if complete is not None and cancelled is not None:
+            first = "run:complete" if complete.seq < cancelled.seq else "run:cancelled"
+            w.violate(
+                "rows_agree",
+                f"run {run_id} is both complete and cancelled ({first} first: cancel "
+                "checked the run's status before it took the lease)",
+                hole="new",
+            )
+        elif complete is not None and (
+            row.status != FINISHED or row.answer != complete.get("answer")
+        ):
+            w.violate(
+                "rows_agree",
+                f"run {run_id}: the journal holds run:complete, the row says {row.status} "
+                f"(answer {_short(row.answer or '', 30)!r})",
+                hole="7" if w.split_writes else "?",
+            )
+        if cancelled is not None and row.status != CANCELLED:
+            w.violate(
+                "rows_agree",
+                f"run {run_id} was cancelled (run:cancelled) but its row says {row.status}",
+                hole="6",
+            )
+        if row.status == FINISHED and complete is None:
+            w.violate("rows_agree", f"run {run_id} is finished without run:complete")
+        if row.status == CANCELLED and cancelled is None:
+            w.violate("rows_agree", f"run {run_id} is cancelled without run:cancelled")
+        if row.status == HALTED and not any(
+            (run_id, c) in open_halts for c in _pending_calls(names)
+        ):
+            w.violate("rows_agree", f"run {run_id} is halted with nothing left to resolve")
+        if row.status == AWAITING_APPROVAL and not any(
+            (run_id, c) in pending and pending[(run_id, c)] not in names
+            for c in _pending_calls(names)
+        ):
+            w.violate(
+                "rows_agree",
+                f"run {run_id} awaits approval with nothing left to decide",
+                hole="new" if any(n.startswith("approval:") for n in names) else "?",
+            )
+        if row.status == FAILED and not row.last_error:
+            w.violate("rows_agree", f"run {run_id} failed without an error", hole="6")
+        if (
+            row.status == FAILED
+            and (row.last_error or {}).get("code") == "history.fork_incomplete"
+            and "fork:done" in names
+        ):
+            w.violate(
+                "rows_agree",
+                f"fork {run_id} is copied (fork:done) but its row still says it is not",
+                hole="new",
+            )
+
+
+def _pending_calls(names: dict[str, Record]) -> list[str]:
+    n = 1
+    last = None
+    while (turn := names.get(f"model:{n}")) is not None:
+        last = turn
+        n += 1
+    if last is None:
+        return []
+    calls = (last.get("message") or {}).get("tool_calls") or ()
+    return [c["id"] for c in calls if f"tool:{c['id']}" not in names]
+
+
+def _recovery_cause(w: W.World, ix: Index, run_id: str) -> tuple[str, str]:
+    names = ix.names.get(run_id, {})
+    row = ix.rows.get(run_id)
+    drive = w.last_drive.get(run_id, "?")
+    if run_id.endswith(">session"):
+        return "a session's own journal, driven as an agent run", "4"
+    if run_id.startswith("steps-"):
+        return f"a run only Journal.step wrote to (no agent; the drive: {drive})", "new"
+    if "run:cancelled" in names:
+        return f"cancelled in the journal, {row.status if row else '?'} in its row", "6"
+    if "fork" in names and "fork:done" not in names:
+        return f"a fork that died half-copied; the drive: {drive}", "new"
+    if "run:complete" in names:
+        return "finished in the journal, not in its row", "7"
+    if "agent_drift" in drive:
+        return f"on_drift='error' refuses it before the drive's error handling ({drive})", "6"
+    return f"the drive: {drive}", "?"
+
+
+def check_recovery(w: W.World, ix: Index) -> None:
+    """Recovery settles: a few passes after the last crash, it hands nothing over."""
+    rounds = w.recovery_rounds
+    if rounds and rounds[-1]:
+        for run_id in sorted(set(rounds[-1])):
+            row = ix.rows.get(run_id) or w.raw.get_run(run_id)
+            cause, hole = _recovery_cause(w, ix, run_id)
+            error = (row.last_error or {}).get("code") if row else None
+            w.violate(
+                "recovery_settles",
+                f"recovery hands {run_id} ({row.status if row else '?'}, last_error {error}) "
+                f"to a driver on every pass: {cause}",
+                hole=hole,
+            )
+    for kind, run_id in w.dispatches:
+        if kind == "recovery" and not is_agent_run(run_id):
+            w.violate(
+                "only_agent_runs_run",
+                f"recovery dispatched {run_id}, which is not an agent run",
+                hole="4" if run_id.endswith(">session") else "new",
+            )
+
+
+def check_spend(w: W.World, ix: Index) -> None:
+    """A run's recorded spend covers every response the provider billed it for, except
+    the ones a crash lost before anything could record them."""
+    billed: dict[str, int] = defaultdict(int)
+    for bill in w.bills:
+        if bill.run is not None and not bill.lost:
+            billed[bill.run] += bill.tokens
+    for run_id, tokens in sorted(billed.items()):
+        spent = RunState.of(ix.records.get(run_id, [])).spend().total_tokens
+        if spent < tokens:
+            w.violate(
+                "spend_covers_bills",
+                f"run {run_id}: the journal records {spent} tokens, the provider billed {tokens}",
+                hole="12",
+            )
+
+
+def check_forks(w: W.World, ix: Index) -> None:
+    """Each fork is its own run with its own patch, and its patch reaches the model."""
+    ids = [f["id"] for f in w.forks]
+    for fork_id in sorted({i for i in ids if ids.count(i) > 1}):
+        w.violate(
+            "forks_distinct",
+            f"{ids.count(fork_id)} forks were given the same id {fork_id}",
+            hole="8",
+        )
+    for f in w.forks:
+        names = ix.names.get(f["id"], {})
+        rec = names.get("fork")
+        if rec is not None and encode(rec.get("patch")) != encode(f["patch"]):
+            w.violate(
+                "forks_distinct",
+                f"fork {f['id']} made by {f['by']} holds another fork's patch "
+                f"({_short(rec.get('patch'), 50)})",
+                hole="8",
+            )
+        append = f["patch"].get("append_user")
+        if append and rec is not None and "fork:done" in names and not ids.count(f["id"]) > 1:
+            messages = RunState.of(ix.records[f["id"]]).messages()
+            if not any(m.role == "user" and m.content == append for m in messages):
+                w.violate(
+                    "forks_reach_model",
+                    f"fork {f['id']} at step {f['step']}: the patch's message {append!r} is "
+                    "not in the transcript the model gets",
+                    hole="10",
+                )
+    for run_id in w.runs:
+        row, names = ix.rows[run_id], ix.names[run_id]
+        records = [r for r in ix.records[run_id] if r.name != "@journal"]
+        if row is not None and row.forked_from and "fork" in names and records[0].name != "fork":
+            w.violate(
+                "forks_distinct",
+                f"fork {run_id} of {row.forked_from} was driven while it was being copied: "
+                f"its journal starts with {', '.join(r.name for r in records[:3])} before "
+                "'fork', mixing a fresh run with the copy",
+                hole="new",
+            )
+        if row is not None and row.forked_from and "fork" not in names and "model:1" in names:
+            w.violate(
+                "forks_distinct",
+                f"fork {run_id} of {row.forked_from} died before its first record and was "
+                "driven from the start, as a new run repeating the source's steps",
+                hole="new",
+            )
+
+
+def check_agent_runs(w: W.World, ix: Index) -> None:
+    """Only runs someone started act: never a session's journal, never a journal-only run."""
+    for run_id in w.runs:
+        row = ix.rows[run_id]
+        # What the simulator knows it made, against the kind the engine gave the row (the
+        # kind is what recovery and resume go by).
+        expected = (
+            "agent"
+            if is_agent_run(run_id)
+            else "session"
+            if run_id.endswith(">session")
+            else "journal"
+        )
+        if row is not None and row.kind != expected:
+            w.violate(
+                "only_agent_runs_run",
+                f"{run_id} is a {expected} run, but its row says kind {row.kind!r}",
+                hole="4" if expected == "session" else "new",
+            )
+        if is_agent_run(run_id):
+            continue
+        names = ix.names[run_id]
+        if "run:start" in names or any(n.startswith("model:") for n in names):
+            w.violate(
+                "only_agent_runs_run",
+                f"{run_id} was driven as an agent run (its journal has "
+                f"{'model turns' if 'model:1' in names else 'run:start'})",
+                hole="4" if run_id.endswith(">session") else "new",
+            )
+        elif run_id.endswith(">session") and row is not None and row.status != FINISHED:
+            w.violate(
+                "only_agent_runs_run",
+                f"session journal {run_id} was left {row.status} (recovery's to pick up)",
+                hole="4",
+            )
+    for e in w.ledger:
+        if e.tool != "@step" and not is_agent_run(e.run):
+            w.violate("only_agent_runs_run", f"{e.run} ran tool {e.tool}", hole="4")
+
+
+def check_steps(w: W.World, ix: Index) -> None:
+    """``Journal.step`` runs its function at most once per step name."""
+    per_step: dict[tuple[str, str], int] = defaultdict(int)
+    for e in w.ledger:
+        if e.tool == "@step":
+            per_step[(e.run, e.call)] += 1
+    for (run_id, name), n in sorted(per_step.items()):
+        if n > 1:
+            w.violate(
+                "steps_once", f"Journal.step {run_id}/{name} ran its function {n} times", hole="13"
+            )
+
+
+INVARIANTS = (
+    "effects_once",
+    "results_true",
+    "approvals_kept",
+    "halts_stay_resolved",
+    "rows_agree",
+    "recovery_settles",
+    "spend_covers_bills",
+    "forks_distinct",
+    "forks_reach_model",
+    "only_agent_runs_run",
+    "steps_once",
+    "webhooks_never_busy",
+    "sessions_stay_open",
+    "terminates",
+    "no_internal_errors",
+)

@@ -1,0 +1,228 @@
+"""One seed: the cast, the three phases (main, drain, quiet), and the checks.
+
+*Main*: the actors interleaved by the seed, with crashes and stalls, until nothing new
+happens. *Drain*: no new operations and no faults; every process still alive finishes.
+*Quiet*: leases lapse, then recovery passes with workers draining the queue until a pass
+hands nothing over. Then every invariant (``invariants.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from durable_agents.engine.agent import get_agent
+from durable_agents.engine.errors import ConfigError
+from durable_agents.engine.journal import Journal
+from durable_agents.engine.ports import CANCELLED, FAILED
+
+from . import world as W
+from .actors import (
+    Actor,
+    Client,
+    Deployer,
+    Driver,
+    Person,
+    Recovery,
+    Stepper,
+    Webhook,
+    drive_like_a_worker,
+)
+from .agent import AGENT, SESSION, Deploy, Plans
+
+# -- one seed -----------------------------------------------------------------------------
+
+
+def build(w: W.World) -> None:
+    """The cast of one seed: which actors take part, drawn from the seed."""
+    cfg = w.config
+    rng = w.rng
+    w.plans = Plans(w)
+    w.deploy = Deploy()
+    w.deploy.activate()
+    w.deliveries = {f"d{i}": w.plans.make() for i in range(1, 3)}
+    w.chat = [w.plans.make() for _ in range(2)]
+
+    def on(kind: str, p: float = 0.75) -> bool:
+        # Every draw happens whatever the config, so narrowing it keeps the other choices.
+        return rng.random() < p and kind in cfg.actors
+
+    actors: list[Actor] = []
+    if on("client", 1.0):
+        actors.append(Client("client", w.plans, rng.randint(1, 3)))
+    if "driver" in cfg.actors:
+        actors += [Driver(f"driver{i}") for i in range(1, cfg.drivers + 1)]
+    if on("recovery", 0.9):
+        actors.append(Recovery("recovery"))
+    if on("person"):
+        actors += [
+            Person(n, rng.randint(0, 2), rng.choice([0, 0, 1]))
+            for n in ("ann", "bob")[: cfg.persons]
+        ]
+    if on("deployer", 0.8):
+        actors.append(Deployer("deployer", rng.randint(1, 4)))
+    if on("webhook", 0.5):
+        actors += [Webhook("webhook1", rng.randint(1, 4)), Webhook("webhook2", rng.randint(0, 3))]
+    if on("stepper", 0.15):
+        actors += [Stepper("stepper1", 2), Stepper("stepper2", 1)]
+    w.actors = actors
+    w.log(
+        "-",
+        f"cast: {', '.join(a.name for a in actors)}; crash x{w.crash_rate} "
+        f"stall x{w.stall_rate}{'; split writes' if w.split_writes else ''}",
+    )
+
+
+def main_phase(w: W.World, check: Callable[[W.World], None]) -> None:
+    """Actors interleaved by the seed, with crashes and stalls, until nothing moves any
+    more (twice, with the clock moved past every lease in between) or the step budget is
+    spent."""
+    quiet_spells = 0
+    for step in range(w.config.steps):
+        w.step = step
+        # A process that just woke from a stall, or a person's resolution, moves first and
+        # at once: no time passes and nobody else moves until it reaches a store call.
+        first = [a.proc for a in w.actors if a.proc and a.proc.urgent and a.proc.ready(w.now)]
+        if first:
+            w.move(first[0], faults=first[0].exclusive)
+            check(w)
+            continue
+        stalled = any(a.proc is not None and a.proc.stalled_until for a in w.actors)
+        # While a process is frozen, time runs slow: the others get many steps to take its
+        # run over (and a person to act on it) before it wakes.
+        w.advance(w.rng.choice(W.STALL_STEP_SECONDS if stalled else W.STEP_SECONDS))
+        options: list[tuple[int, Actor]] = []
+        for actor in w.actors:
+            if actor.proc is not None:
+                if actor.proc.ready(w.now):
+                    options.append((4, actor))
+            else:
+                weight = actor.weight(w)
+                if weight:
+                    options.append((weight, actor))
+        idle = not any(a.proc for a in w.actors) and all(a.kind == "recovery" for _, a in options)
+        if idle or step - w.progress > 60:
+            if quiet_spells == 2:
+                return
+            # Nothing new happens: let crashed processes' leases lapse (and halts age), so
+            # recovery and people find what they left behind; twice at most.
+            quiet_spells += 1
+            w.progress = step
+            w.log("-", "nothing new happens: the clock moves past every lease")
+            w.advance_by(2 * w.config.ttl + 1)
+            continue
+        if not options:  # all stalled or asleep
+            procs = [a.proc for a in w.actors if a.proc is not None]
+            wake = min(max(p.stalled_until, p.sleep_until) for p in procs)
+            w.advance(min(w.config.ttl / 3, max(0.1, wake - w.now)))
+            continue
+        actor = w.pick(options)
+        if actor.proc is not None:
+            w.move(actor.proc, faults=True)
+        else:
+            chosen = actor.choose(w)
+            if chosen is not None:
+                proc = w.start(actor, *chosen)
+                if getattr(chosen[1], "exclusive", False) and not proc.glet.dead:
+                    proc.exclusive = proc.urgent = True
+        check(w)
+
+
+def drain_phase(w: W.World) -> None:
+    """No new operations and no more faults: every process still alive finishes (stalled
+    ones continue when their stall ends)."""
+    w.phase = "drain"
+    for guard in range(20000):
+        w.step = guard
+        procs = [a.proc for a in w.actors if a.proc is not None]
+        if not procs:
+            return
+        ready = [p for p in procs if p.ready(w.now)]
+        if not ready:
+            wake = min(max(p.stalled_until, p.sleep_until) for p in procs)
+            w.advance(min(w.config.ttl / 3, max(0.1, wake - w.now)))
+            continue
+        urgent = [p for p in ready if p.urgent]
+        w.move(urgent[0] if urgent else ready[w.rng.randrange(len(ready))], faults=False)
+    w.violate("terminates", "processes were still running after 20000 drain steps", hole="new")
+
+
+def quiet_phase(w: W.World) -> None:
+    """Crashed drivers' leases expire; then recovery passes, each followed by workers
+    draining the queue, until a pass hands nothing over (or it is clearly never going to)."""
+    w.phase = "quiet"
+    w.advance_by(2 * w.config.ttl + 1)
+    worker = Driver("worker")
+    beat = Recovery("beat")
+    w.actors += [worker, beat]
+    from durable_agents.engine.recovery import recover
+
+    def drain() -> None:
+        # Copies of one message are driven once: the rest would find it driven already.
+        pending, w.queue[:] = list(dict.fromkeys(w.queue)), []
+        for run_id in pending:
+            proc = w.start(
+                worker, f"drive {run_id}", lambda run_id=run_id: drive_like_a_worker(w, run_id)
+            )
+            w.last_drive[run_id] = w.run_to_end(proc).outcome
+
+    drain()
+    session_liveness(w, worker)
+    for round_ in range(10):
+        w.step = round_
+        proc = w.run_to_end(w.start(beat, "recovery pass", recover))
+        sent = list(proc.result or [])
+        w.recovery_rounds.append(sent)
+        if not sent:
+            return
+        drain()
+        w.advance_by(30.0)  # past any back-off recovery keeps for a failing run
+
+
+def session_liveness(w: W.World, worker: Actor) -> None:
+    """A session whose open turn was cancelled or failed for good still takes a message."""
+    records = Journal(w.raw).history(f"{SESSION}>session")
+    answered = {r.get("run_id") for r in records if r.name.startswith("answer:")}
+    sends = [r for r in records if r.name.startswith("turn:")]
+    open_turn = next((r for r in reversed(sends) if r.get("run_id") not in answered), None)
+    if open_turn is None:
+        return
+    run = w.raw.get_run(str(open_turn.get("run_id")))
+    if run is None or run.status not in (CANCELLED, FAILED):
+        return
+    if run.status == FAILED and (run.last_error or {}).get("retryable"):
+        return
+    text = "plan:lookup.99.0"
+
+    def send() -> Any:
+        try:
+            return get_agent(AGENT).session(SESSION, store=w.store).send(text).answer
+        except ConfigError as exc:
+            if exc.code == "session.turn_open":
+                w.violate(
+                    "sessions_stay_open",
+                    f"session {SESSION!r}: turn {run.run_id!r} is {run.status} for good, and "
+                    f"a new message is refused ({exc.code})",
+                    hole="9",
+                )
+            raise
+
+    w.run_to_end(w.start(worker, f"send {text}", send))
+
+
+def simulate(config: W.Config) -> W.World:
+    """Run one seed: build, interleave, drain, settle; then check every invariant."""
+    from .invariants import check_all, check_as_we_go
+
+    w = W.World(config)
+    with W.patched(w):
+        try:
+            build(w)
+            w.phase = "main"
+            main_phase(w, check_as_we_go)
+            drain_phase(w)
+            quiet_phase(w)
+            check_all(w)
+        finally:
+            w.teardown()
+    return w

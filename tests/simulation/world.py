@@ -1,0 +1,702 @@
+"""The simulated world of one seed: a store, a virtual clock, a ledger, processes and the
+scheduler that interleaves them.
+
+Every process runs real engine code in a greenlet of its own and hands the baton back to
+the scheduler at each *point*: every store call, every failpoint, and inside every tool and
+model call. The scheduler, driven by one seeded random stream, picks which process moves
+next, how far the virtual clock advances, and where a process crashes or stalls. Nothing
+runs concurrently with anything else and nothing the engine decides on reads the real clock
+(the store's clock, the runtime's ``sleep`` and ``monotonic`` are the virtual one; uuids are
+seeded), so one seed always replays one schedule.
+
+A crash abandons a process where it stands: its greenlet is never resumed, so none of its
+``finally`` blocks run and its lease stays in the store until it expires by the virtual
+clock. A stall freezes a process (and its heartbeat) for longer than its lease, then lets it
+continue. Leases are renewed by ``SimHeartbeat`` as the clock advances, for every process
+that is neither crashed nor stalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import sys
+import threading
+import traceback
+import uuid as _uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import greenlet
+
+from durable_agents.engine import failpoints, leases, runtime
+from durable_agents.engine.errors import DurableAgentsError, Pause
+from durable_agents.engine.memstore import InMemoryStore
+from durable_agents.engine.recovery import RetryPolicy
+
+EPOCH = 1_700_000_000.0
+# Virtual seconds the clock may move between two scheduling steps: at most a third of the
+# lease, so a healthy process's heartbeat always renews in time.
+STEP_SECONDS = (0.0, 0.0, 0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
+STALL_STEP_SECONDS = (0.0, 0.25, 0.5, 1.0)
+
+# The world whose processes are running; tools and the model reach it through this.
+CURRENT: World | None = None
+
+
+class Killed(BaseException):
+    """Thrown into a crashed process at the end of a seed, only to unwind its greenlet."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """What one simulated schedule may contain. ``actors`` and ``faults`` narrow it."""
+
+    seed: int
+    steps: int = 400
+    actors: frozenset[str] = frozenset(
+        {"client", "driver", "recovery", "person", "deployer", "webhook", "stepper"}
+    )
+    faults: frozenset[str] = frozenset({"crash", "stall", "split"})
+    drivers: int = 2
+    persons: int = 2
+    ttl: float = 30.0
+    max_crashes: int = 3
+    max_stalls: int = 2
+
+
+@dataclass
+class Violation:
+    invariant: str
+    detail: str
+    hole: str = "?"  # the issue's hole this is an instance of, "new", or "?"
+
+    def __str__(self) -> str:
+        return f"[{self.invariant}] (hole {self.hole}) {self.detail}"
+
+
+@dataclass
+class Effect:
+    """One invocation of a tool (or a journal step), as the outside world saw it."""
+
+    seq: int
+    t: float
+    run: str  # the run that executed it (ctx.run_id)
+    call: str  # its call id (or step name)
+    tool: str
+    args: dict[str, Any]
+    key: str  # the idempotency key it carried
+    value: Any  # what it returned (or raised)
+    effect: bool  # the world changed (after any downstream dedupe by key)
+    outcome: str  # "returned", "raised", "unknown" (effect made, then raised ToolOutcomeUnknown)
+    pid: int
+
+
+@dataclass
+class Bill:
+    pid: int
+    run: str | None
+    tokens: int
+    lost: bool = False  # its process crashed: nobody could have recorded it
+
+
+class Proc:
+    """One process incarnation, running one operation for an actor."""
+
+    def __init__(self, world: World, actor: Any, label: str, fn: Callable[[], Any]) -> None:
+        world.pids += 1
+        self.pid = world.pids
+        self.world = world
+        self.actor = actor
+        self.label = label
+        self.glet = greenlet.greenlet(run=lambda: world._op_main(self, fn), parent=world.main)
+        self.point = "start"
+        self.dead = False
+        self.stalled_until = 0.0
+        self.sleep_until = 0.0
+        self.urgent = False
+        self.exclusive = False  # runs to its end once started (crashes only)
+        self.leased: list[str] = []
+        self.capture: dict[str, list[Any]] | None = None
+        self.attempt_at: float | None = None
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.outcome = ""
+        self.run_id: str | None = None  # the run a driver was asked to drive
+
+    def ready(self, now: float) -> bool:
+        return not self.dead and self.stalled_until <= now and self.sleep_until <= now
+
+    def heart_alive(self, now: float) -> bool:
+        return not self.dead and self.stalled_until <= now
+
+
+class SimStore:
+    """The world's InMemoryStore, seen by processes: every call is a scheduling point."""
+
+    def __init__(self, raw: InMemoryStore, world: World) -> None:
+        self._raw = raw
+        self._world = world
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._raw, name)
+        if name.startswith("_") or not callable(attr):
+            return attr
+        world = self._world
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            world._at_store(name, args)
+            # Only records a drive is sure to come back for are split (see `_split_insert`):
+            # a model turn, spend, `run:complete` (its row is left running, which recovery
+            # hands over). `fork:done` makes a fork runnable and `run:cancelled` ends a run
+            # that may be failed for good: no drive is owed to either, so for them the
+            # atomic write is the whole rule, and no store breaks it.
+            split = (
+                name == "insert"
+                and world.split_writes
+                and bool(kwargs.get("run_changes"))
+                and args[1] not in SPLIT_NEVER
+            )
+            if split:
+                result = world._split_insert(self._raw, args, kwargs)
+            else:
+                result = attr(*args, **kwargs)
+            world._after_store(name, args, kwargs, result)
+            return result
+
+        call.__name__ = name
+        self.__dict__[name] = call
+        return call
+
+
+class SimHeartbeat:
+    """Stands in for the engine's heartbeat thread: renews, as the virtual clock moves, the
+    leases of processes that are alive and not stalled."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.entries: list[list[Any]] = []  # [lease, proc, next renewal]
+        self.idle = threading.Event()
+        self.idle.set()
+
+    def add(self, lease: Any) -> None:
+        self.entries.append([lease, self.world.current, self.world.now + lease.ttl / 3])
+
+    def remove(self, lease: Any) -> None:
+        self.entries = [e for e in self.entries if e[0] is not lease]
+
+    def beat(self) -> None:
+        now = self.world.now
+        for entry in list(self.entries):
+            lease, proc, due = entry
+            if proc is None or not proc.heart_alive(now) or lease.lost.is_set() or now < due:
+                continue
+            lease.renew()
+            entry[2] = now + lease.ttl / 3
+
+
+class _UUID:
+    """The ``uuid`` module as engine modules see it: uuid4 from the seed."""
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+
+    def uuid4(self) -> _uuid.UUID:
+        return _uuid.UUID(int=self._world.uuid_rng.getrandbits(128), version=4)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_uuid, name)
+
+
+def _store_label(name: str, args: tuple[Any, ...]) -> str:
+    if not args:
+        return name
+    first = args[0]
+    run_id = getattr(first, "run_id", first)
+    if name in ("insert", "get") and len(args) > 1:
+        return f"{name} {run_id} {args[1]}"
+    if name == "save_halt":
+        return f"save_halt {run_id} {first.op_id}"
+    return f"{name} {run_id}"
+
+
+SPLIT_NEVER = frozenset({"fork:done", "run:cancelled"})
+HOT_PREFIXES = ("tool ", "fp ", "model ", "store:save_halt")
+STORE_POINT = "store:"
+WRITES = tuple(
+    STORE_POINT + name
+    for name in (
+        "insert",
+        "update_run",
+        "create_run",
+        "save_halt",
+        "resolve_halt_row",
+        "save_approval_request",
+        "set_approval_status",
+    )
+)
+
+
+class World:
+    """One seed's world. ``run_phase`` methods drive it; invariants read it afterwards."""
+
+    def __init__(self, config: Config) -> None:
+        seed = config.seed
+        self.config = config
+        self.rng = random.Random(f"schedule:{seed}")
+        self.model_rng = random.Random(f"model:{seed}")
+        self.uuid_rng = random.Random(f"uuid:{seed}")
+        self.now = EPOCH
+        self.raw = InMemoryStore(clock=self.clock)
+        self.store = SimStore(self.raw, self)
+        self.main = greenlet.getcurrent()
+        self.current: Proc | None = None
+        self.tearing_down = False
+        self.phase = "main"
+        self.step = 0
+        self.pids = 0
+        self.trace: list[tuple[str, int, float, str, str]] = []
+        self.violations: list[Violation] = []
+        self._violation_keys: set[tuple[str, str]] = set()
+        self.ledger: list[Effect] = []
+        self.bills: list[Bill] = []
+        self.queue: list[str] = []
+        self.runs: list[str] = []  # every run row created, in order
+        self.dispatches: list[tuple[str, str]] = []  # (actor kind, run id)
+        self.actors: list[Any] = []
+        self.abandoned: list[Proc] = []
+        self.crashes = 0
+        self.stalls = 0
+        self.heartbeat = SimHeartbeat(self)
+        # Journal records and their run-row projection written apart, as on SQLite.
+        # (Every draw happens whatever the config, so narrowing it keeps the other choices.)
+        split, rates = self.rng.random() < 0.3, (0.0, 0.5, 1.0, 1.0, 2.0)
+        crash_rate, stall_rate = self.rng.choice(rates), self.rng.choice(rates)
+        self.split_writes = split and "split" in config.faults
+        self.crash_rate = crash_rate if "crash" in config.faults else 0.0
+        self.stall_rate = stall_rate if "stall" in config.faults else 0.0
+        # What people did, for the invariants.
+        self.resolutions: dict[tuple[str, str], dict[str, Any]] = {}
+        self.resolution_attempts: list[dict[str, Any]] = []
+        self.last_crash = 0
+        self.approved: dict[tuple[str, str], list[Any]] = {}  # the arguments each approval saw
+        self.denied: set[tuple[str, str]] = set()
+        self.forks: list[dict[str, Any]] = []
+        self.fork_snapshots: dict[str, list[Any]] = {}
+        self.recovery_rounds: list[list[str]] = []
+        self.last_drive: dict[str, str] = {}
+        self.progress = 0  # the last step that wrote anything to a journal
+        self.events: dict[str, int] = {}
+        self.receipts = 0
+        # Set by the scenario: the plans, the deployed agent version, webhook deliveries.
+        self.plans: Any = None
+        self.deploy: Any = None
+        self.deploys: list[tuple[float, Any]] = []  # (when, the version deployed)
+        self.deliveries: dict[str, str] = {}
+        self.chat: list[str] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def count(self, event: str) -> None:
+        self.events[event] = self.events.get(event, 0) + 1
+
+    def coverage(self) -> dict[str, int]:
+        """What this schedule exercised (to show a seed set explores what it claims to)."""
+        found = dict(self.events)
+        found["halts resolved"] = len(self.resolutions)
+        found["calls approved"] = len(self.approved)
+        found["calls denied"] = len(self.denied)
+        found["forks"] = len(self.forks)
+        found["effects"] = sum(1 for e in self.ledger if e.effect)
+        return found
+
+    # -- the trace -----------------------------------------------------------------------
+
+    def log(self, who: str, text: str) -> None:
+        self.trace.append((self.phase, self.step, self.now - EPOCH, who, text))
+
+    def format_trace(self) -> list[str]:
+        return [
+            f"{phase[0]}{step:4d} t={t:7.1f} {who:10s} {text}"
+            for phase, step, t, who, text in self.trace
+        ]
+
+    def violate(self, invariant: str, detail: str, hole: str = "?") -> None:
+        key = (invariant, detail)
+        if key in self._violation_keys:
+            return
+        self._violation_keys.add(key)
+        self.violations.append(Violation(invariant, detail, hole))
+        self.log("!", f"VIOLATION [{invariant}] {detail.splitlines()[0]}")
+
+    # -- what processes call -------------------------------------------------------------
+
+    def point(self, label: str) -> None:
+        """Give the baton back to the scheduler (a no-op outside a process)."""
+        proc = self.current
+        if proc is None:
+            return
+        if self.tearing_down:
+            raise Killed()
+        proc.point = label
+        self.main.switch()
+
+    def failpoint(self, name: str) -> None:
+        self.point(f"fp {name}")
+
+    def sleep(self, seconds: float) -> None:
+        proc = self.current
+        if proc is None:
+            return
+        proc.sleep_until = self.now + max(0.0, float(seconds))
+        self.point(f"sleep {seconds:g}s")
+
+    def dispatch(self, run_id: str) -> None:
+        proc = self.current
+        kind = proc.actor.kind if proc is not None else "world"
+        self.dispatches.append((kind, run_id))
+        self.queue.append(run_id)
+
+    def bill(self, tokens: int) -> None:
+        proc = self.current
+        run = proc.leased[-1] if proc is not None and proc.leased else None
+        self.bills.append(Bill(proc.pid if proc else 0, run, tokens))
+
+    def record(
+        self,
+        tool: str,
+        run: str,
+        call: str,
+        args: dict[str, Any],
+        key: str,
+        value: Any,
+        *,
+        effect: bool,
+        outcome: str = "returned",
+        dedupe: bool = False,
+    ) -> Effect:
+        """Write one invocation to the ledger. ``dedupe``: the downstream system honours the
+        key, so a second effect with one key changes nothing and answers as the first did."""
+        if effect and dedupe:
+            prior = next(
+                (e for e in self.ledger if e.effect and e.tool == tool and e.key == key), None
+            )
+            if prior is not None:
+                effect, value = False, prior.value
+        proc = self.current
+        entry = Effect(
+            len(self.ledger) + 1,
+            self.now - EPOCH,
+            run,
+            call,
+            tool,
+            dict(args),
+            key,
+            value,
+            effect,
+            outcome,
+            proc.pid if proc else 0,
+        )
+        self.ledger.append(entry)
+        return entry
+
+    def next_receipt(self) -> int:
+        self.receipts += 1
+        return self.receipts
+
+    def _split_insert(
+        self, raw: InMemoryStore, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """A journal record and its run-row projection as two statements, so a crash can
+        fall between. No store writes them apart any more (issue 10, hole 7: one statement
+        on PostgreSQL, one transaction on SQLite); the fault stays to check the repairs the
+        engine promises on top — a drive puts a row behind `run:complete` back in step, a
+        recorded turn or spend is counted from the journal."""
+        kwargs = dict(kwargs)
+        changes = kwargs.pop("run_changes")
+        entry, inserted = raw.insert(*args, **kwargs)
+        if inserted:
+            self._at_store("update_run", args[:1])
+            raw.update_run(args[0], changes, fence=kwargs.get("fence"))
+        return entry, inserted
+
+    def _at_store(self, name: str, args: tuple[Any, ...]) -> None:
+        if self.current is None:
+            return
+        if self.tearing_down:
+            raise Killed()
+        self.point(STORE_POINT + _store_label(name, args))
+
+    def _after_store(
+        self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
+    ) -> None:
+        proc = self.current
+        if name == "create_run" and result:
+            self.runs.append(args[0].run_id)
+            source = args[0].forked_from
+            if source and proc is not None and proc.capture is not None:
+                # What a fork read of its source, known from the moment its row exists: a
+                # person resolving a halt on it must account for the source's effects of
+                # the calls that were in flight then, even while the fork is being copied.
+                self.fork_snapshots[args[0].run_id] = list(proc.capture.get(source, []))
+        if proc is None:
+            return
+        if name == "acquire_lease" and result:
+            proc.leased.append(args[0])
+        elif name == "release_lease" and args[0] in proc.leased:
+            proc.leased.remove(args[0])
+        elif name == "insert":
+            entry, inserted = result
+            if inserted:
+                self.progress = self.step
+            if inserted and entry.name.startswith("attempt:"):
+                proc.attempt_at = self.now
+            elif entry.name.startswith("tool:"):
+                proc.attempt_at = None
+        elif name == "load" and proc.capture is not None:
+            after = args[1] if len(args) > 1 else kwargs.get("after", 0)
+            if not after and args[0] not in proc.capture:
+                proc.capture[args[0]] = list(result)
+
+    # -- running processes ---------------------------------------------------------------
+
+    def _op_main(self, proc: Proc, fn: Callable[[], Any]) -> None:
+        try:
+            proc.result = fn()
+            proc.outcome = f"-> {_short(proc.result)}"
+        except Killed:
+            raise
+        except (DurableAgentsError, Pause) as exc:
+            proc.error = exc
+            proc.outcome = f"!! {type(exc).__name__} ({getattr(exc, 'code', '')})"
+        except Exception as exc:
+            proc.error = exc
+            proc.outcome = f"!! unexpected {type(exc).__name__}: {exc}"
+            self.violate(
+                "no_internal_errors",
+                f"{proc.actor.name} ({proc.label}) raised {type(exc).__name__}: {exc}\n"
+                + "".join(traceback.format_exc(limit=-8)),
+                hole="new",
+            )
+
+    def start(self, actor: Any, label: str, fn: Callable[[], Any]) -> Proc:
+        proc = Proc(self, actor, label, fn)
+        actor.proc = proc
+        self.count(f"op: {actor.kind}")
+        self.log(actor.name, f"starts {label}")
+        self.resume(proc)
+        return proc
+
+    def resume(self, proc: Proc) -> None:
+        self.current = proc
+        try:
+            proc.glet.switch()
+        finally:
+            self.current = None
+        if proc.glet.dead:
+            if proc.actor.proc is proc:
+                proc.actor.proc = None
+            self.log(proc.actor.name, f"ends {proc.label} {proc.outcome}")
+        elif proc.urgent and not proc.exclusive and proc.point.startswith(STORE_POINT):
+            proc.urgent = False
+
+    def move(self, proc: Proc, *, faults: bool) -> None:
+        """Let ``proc`` run to its next point, unless the seed crashes or stalls it here."""
+        if faults:
+            # Faults land mostly where they hurt: inside tools and model calls, at
+            # failpoints, and right before a write.
+            heat = (
+                1.0
+                if proc.point.startswith(HOT_PREFIXES)
+                else 0.3
+                if proc.point.startswith(WRITES)
+                else 0.05
+            )
+            cfg = self.config
+            crash_p = 0.2 * heat * self.crash_rate
+            stall_p = 0.1 * heat * self.stall_rate
+            roll = self.rng.random()
+            if self.crashes < cfg.max_crashes and roll < crash_p:
+                self.crash(proc)
+                return
+            if proc.exclusive:
+                stall_p = 0.0
+            if self.stalls < cfg.max_stalls and crash_p <= roll < crash_p + stall_p:
+                self.stall(proc)
+                return
+        self.log(proc.actor.name, proc.point)
+        self.resume(proc)
+
+    def crash(self, proc: Proc) -> None:
+        self.crashes += 1
+        self.last_crash = self.step
+        self.count(f"crash at a {proc.point.split()[0].rstrip(':')} point")
+        proc.dead = True
+        if proc.actor.proc is proc:
+            proc.actor.proc = None
+        self.abandoned.append(proc)
+        for bill in self.bills:
+            if bill.pid == proc.pid:
+                bill.lost = True
+        self.log(proc.actor.name, f"CRASH at {proc.point} (lease on {proc.leased} not released)")
+        if proc.run_id is not None and self.rng.random() < 0.5:
+            # acks_late: the broker hands the dead worker's message to another worker.
+            self.dispatches.append(("broker", proc.run_id))
+            self.queue.append(proc.run_id)
+            self.log("broker", f"redelivers {proc.run_id}")
+
+    def stall(self, proc: Proc) -> None:
+        self.stalls += 1
+        self.count(f"stall at a {proc.point.split()[0].rstrip(':')} point")
+        ttl = self.config.ttl
+        until = self.now + self.rng.uniform(1.05, 1.9) * ttl
+        if proc.attempt_at is not None:
+            # Inside a claimed call: the stall ends (and the effect lands) before the halt
+            # is old enough to resolve (HALT_MIN_AGE, twice the lease). A longer stall is
+            # beyond what any engine can promise: see docs/simulation.md.
+            until = min(until, proc.attempt_at + 1.9 * ttl)
+        proc.stalled_until = until
+        self.log(proc.actor.name, f"STALL at {proc.point} until t={until - EPOCH:.1f}")
+
+    def advance(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        # Never jump past a stall's end: the process wakes exactly when its stall ends.
+        wakes = [
+            a.proc.stalled_until
+            for a in self.actors
+            if a.proc is not None and self.now < a.proc.stalled_until < self.now + seconds
+        ]
+        self.now = min([self.now + seconds, *wakes])
+        for actor in self.actors:
+            proc = actor.proc
+            if proc is not None and proc.stalled_until and proc.stalled_until <= self.now:
+                proc.stalled_until = 0.0
+                proc.urgent = True  # it continues where it froze, before anyone else moves
+                self.log(actor.name, f"wakes at {proc.point}")
+        self.heartbeat.beat()
+
+    def advance_by(self, seconds: float) -> None:
+        """Move the clock in heartbeat-sized steps."""
+        chunk = self.config.ttl / 3
+        while seconds > 0:
+            self.advance(min(chunk, seconds))
+            seconds -= chunk
+
+    def pick(self, options: list[tuple[int, Any]]) -> Any:
+        total = sum(w for w, _ in options)
+        roll = self.rng.random() * total
+        for weight, item in options:
+            roll -= weight
+            if roll < 0:
+                return item
+        return options[-1][1]
+
+    def run_to_end(self, proc: Proc, guard: int = 5000) -> Proc:
+        """Run one process to its end with no faults (the quiet phases)."""
+        while not proc.glet.dead:
+            guard -= 1
+            if guard < 0:
+                self.violate("terminates", f"{proc.label} did not finish", hole="new")
+                break
+            if not proc.ready(self.now):
+                self.advance(max(0.1, max(proc.sleep_until, proc.stalled_until) - self.now))
+                continue
+            self.move(proc, faults=False)
+        return proc
+
+    def teardown(self) -> None:
+        """Unwind every greenlet still suspended (crashed or unfinished processes)."""
+        self.tearing_down = True
+        procs = list(self.abandoned) + [a.proc for a in self.actors if a.proc is not None]
+        for proc in procs:
+            if proc.glet.dead:
+                continue
+            self.current = proc
+            try:
+                proc.glet.throw(Killed())
+            except Killed:
+                pass
+            finally:
+                self.current = None
+        self.abandoned.clear()
+        self.heartbeat.entries.clear()
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+_modules: tuple[int, list[Any]] = (0, [])
+
+
+def _engine_modules() -> list[Any]:
+    """The durable_agents modules loaded in this process (cached until more are loaded)."""
+    global _modules
+    if _modules[0] != len(sys.modules):
+        found = [
+            m
+            for name, m in list(sys.modules.items())
+            if m is not None and (name == "durable_agents" or name.startswith("durable_agents."))
+        ]
+        _modules = (len(sys.modules), found)
+    return _modules[1]
+
+
+@contextlib.contextmanager
+def patched(world: World) -> Iterator[None]:
+    """Point the engine at ``world`` for one seed: its store, clock, dispatch and people
+    through the runtime's own keys; only what the runtime has no key for is swapped in the
+    modules (seeded uuids, failpoints, the heartbeat thread). Restored afterwards."""
+    global CURRENT
+    saved_runtime = dict(runtime._runtime.__dict__)
+    uuid_shim = _UUID(world)
+    swapped: list[tuple[Any, str, Any]] = []
+    # uuid4 names claims, lease tokens and spend records: seeded, so a seed replays. (Wall
+    # time still reaches `journal.now_ms`, but only into record bodies nothing decides on:
+    # every age the engine judges is by the store's clock, which is the virtual one.)
+    for module in _engine_modules():
+        if getattr(module, "uuid", None) is _uuid:
+            swapped.append((module, "uuid", _uuid))
+            module.uuid = uuid_shim
+    swapped.append((failpoints, "hit", failpoints.hit))
+    failpoints.hit = world.failpoint  # type: ignore[assignment]
+    swapped.append((leases, "_heartbeat", leases._heartbeat))
+    leases._heartbeat = world.heartbeat  # type: ignore[assignment]
+    logger = logging.getLogger("durable_agents")
+    saved_level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    ttl = world.config.ttl
+    runtime.configure(
+        store_factory=lambda: world.store,
+        agent_loader=None,
+        lease_ttl=lambda: ttl,
+        on_drift=lambda: "warn",
+        dispatcher=world.dispatch,
+        should_stop=lambda: False,
+        # The engine as plain Python: no user system, so a person's name is a trusted
+        # caller (`identity.plain_actor`). Who may decide is tested against real users in
+        # tests/integration; here the question is what the engine does with a decision.
+        resolve_actor=None,
+        eligible_approvers=lambda group: [],
+        approver_keys=lambda user_id: [],
+        halt_min_age=lambda: 2 * ttl,
+        retry_policy=lambda: RetryPolicy(),
+        # Waits (model retry backoff, a duplicate delivery waiting for its turn) are the
+        # process giving the baton back until the virtual clock reaches its wake-up time.
+        sleep=world.sleep,
+        monotonic=world.clock,
+    )
+    CURRENT = world
+    try:
+        yield
+    finally:
+        CURRENT = None
+        logger.setLevel(saved_level)
+        for module, attr, value in reversed(swapped):
+            setattr(module, attr, value)
+        runtime._runtime.__dict__.update(saved_runtime)

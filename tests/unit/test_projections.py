@@ -1,0 +1,333 @@
+"""The journal is the truth; run rows, approval requests and halt rows are projections of
+it that a drive, a repeated command or recovery puts back in step. Each test here is a
+schedule the simulator (tests/simulation) found breaking that, replayed by hand on the
+in-memory store: a command stopped between its journal record and its rows, a fork driven
+before it was copied, a fork of a fork losing its message, a decision landing on arguments
+nobody was shown."""
+
+from __future__ import annotations
+
+import pytest
+
+import durable_agents as da
+from durable_agents.engine import failpoints, runtime
+from durable_agents.engine.commands import drive_quietly
+from durable_agents.engine.journal import Journal
+from durable_agents.engine.recovery import recover
+from durable_agents.providers import scripted
+from durable_agents.providers.scripted import ScriptedModel
+from durable_agents.testing import InMemoryStore
+
+
+class Crash(BaseException):
+    """Stands in for the process dying at that point."""
+
+
+@pytest.fixture
+def store():
+    store = InMemoryStore()
+    saved = dict(runtime._runtime.__dict__)
+    runtime.configure(
+        dispatcher=lambda run_id: drive_quietly(run_id, store=store),
+        lease_ttl=lambda: 30.0,
+        halt_min_age=lambda: 0.0,
+    )
+    yield store
+    runtime._runtime.__dict__.update(saved)
+
+
+@pytest.fixture
+def crash_at(monkeypatch):
+    """``crash_at("after-decision:call_1_1")``: the process dies at that failpoint, once."""
+    points: set[str] = set()
+    real = failpoints.hit
+
+    def hit(name: str) -> None:
+        if name in points:
+            points.discard(name)
+            raise Crash(name)
+        real(name)
+
+    monkeypatch.setattr(failpoints, "hit", hit)
+    return points.add
+
+
+def names(store, run_id):
+    return [r.name for r in Journal(store).history(run_id)]
+
+
+def shipper(fired, name="u-proj-ship", crash=False):
+    """Two turns: ``ship`` (a side effect, not safe to repeat), then the answer."""
+
+    @da.tool
+    def ship(box: str) -> str:
+        fired.append(box)
+        if crash and len(fired) == 1:
+            raise Crash("inside ship")
+        return f"shipped {box}"
+
+    script = [scripted.calls(scripted.call("ship", {"box": "b1"})), scripted.text("sent")]
+    return da.Agent(name, ScriptedModel(script), "Ship.", [ship])
+
+
+def payer(paid, name="u-proj-pay", memo=False):
+    """A gated ``pay``; ``memo=True`` is the deploy that adds a defaulted field."""
+    if memo:
+
+        @da.tool(requires_approval=True)
+        def pay(cents: int, memo: str = "") -> str:
+            paid.append({"cents": cents, "memo": memo})
+            return "paid"
+
+    else:
+
+        @da.tool(requires_approval=True)
+        def pay(cents: int) -> str:  # type: ignore[misc]
+            paid.append({"cents": cents})
+            return "paid"
+
+    script = [scripted.calls(scripted.call("pay", {"cents": 5})), scripted.text("done")]
+    return da.Agent(name, ScriptedModel(script), "Pay.", [pay])
+
+
+# -- forks ------------------------------------------------------------------------------
+
+
+def test_a_fork_whose_maker_died_before_copying_is_never_driven_from_scratch(store, monkeypatch):
+    fired: list[str] = []
+    agent = shipper(fired)
+    agent.run("src", "go", store=store)
+    assert fired == ["b1"]
+
+    real = Journal.write
+
+    def write(self, run_id, name, body, **kwargs):
+        if run_id == "src.fork-1":
+            raise Crash("before the first record of the copy")
+        return real(self, run_id, name, body, **kwargs)
+
+    monkeypatch.setattr(Journal, "write", write)
+    with pytest.raises(Crash):
+        da.fork("src", 0, store=store)
+    row = store.get_run("src.fork-1")
+    assert row.status == "failed" and row.last_error["code"] == "history.fork_incomplete"
+    assert not row.last_error["retryable"] and "fork again" in row.last_error["message"]
+    assert recover(store=store) == [], "recovery leaves a half-made fork alone"
+    with pytest.raises(da.ConfigError) as info:
+        da.resume("src.fork-1", store=store)
+    assert info.value.code == "history.fork_incomplete"
+    assert fired == ["b1"], "the source's side effect did not run again"
+    monkeypatch.setattr(Journal, "write", real)
+    assert names(store, "src.fork-1") == []
+    # A row an older version left queued with nothing copied is refused the same way.
+    store.update_run("src.fork-1", {"status": "queued", "last_error": None})
+    assert drive_quietly("src.fork-1", store=store) == "failed"
+    assert fired == ["b1"] and store.get_run("src.fork-1").status == "failed"
+    assert recover(store=store) == []
+
+
+def test_a_driver_handed_a_fork_while_it_is_copied_finds_it_busy(store, monkeypatch):
+    fired: list[str] = []
+    agent = shipper(fired)
+    agent.run("src", "go", store=store)
+    seen: list[str] = []
+    real = Journal.write
+
+    def write(self, run_id, name, body, **kwargs):
+        if run_id == "src.fork-1" and name == "fork":
+            seen.append(drive_quietly("src.fork-1", store=store))
+        return real(self, run_id, name, body, **kwargs)
+
+    monkeypatch.setattr(Journal, "write", write)
+    fork_id = da.fork("src", 0, store=store)
+    assert seen == ["busy"]
+    assert names(store, fork_id)[1] == "fork", "nothing was driven before the copy"
+    assert store.get_run(fork_id).status == "queued"
+    assert store.get_run(fork_id).last_error is None
+    assert da.resume(fork_id, store=store).answer == "sent"
+    assert fired == ["b1", "b1"], "the fork's own timeline ships once"
+
+
+def test_a_fork_cancelled_before_its_maker_took_it_is_not_copied_into(store, monkeypatch):
+    fired: list[str] = []
+    shipper(fired).run("src", "go", store=store)
+    real = failpoints.hit
+
+    def hit(name: str) -> None:
+        if name == "after-fork-row":  # the maker pauses; a person cancels the new row
+            da.cancel("src.fork-1", by="ann", store=store)
+        real(name)
+
+    monkeypatch.setattr(failpoints, "hit", hit)
+    with pytest.raises(da.ConfigError) as info:
+        da.fork("src", 0, store=store)
+    assert info.value.code == "history.fork_cancelled"
+    assert names(store, "src.fork-1") == ["@journal", "run:cancelled"]
+    assert store.get_run("src.fork-1").status == "cancelled"
+    assert recover(store=store) == [] and fired == ["b1"]
+
+
+def test_a_fork_of_a_fork_at_the_same_step_sends_both_messages(store):
+    seen = []
+    model = ScriptedModel([scripted.text("ok")] * 3, on_request=seen.append)
+    agent = da.Agent("u-proj-talk", model, "", [])
+    agent.run("src", "hello", store=store)
+    first = da.fork("src", 0, da.Patch(append_user="also A"), store=store)
+    second = da.fork(first, 0, da.Patch(append_user="and B"), store=store)
+    seen.clear()
+    agent.run(second, None, store=store)
+    assert [m.content for m in seen[0].messages] == ["hello", "also A", "and B"]
+    assert [m.content for m in da.as_of(second, 0, store=store)] == ["hello", "also A", "and B"]
+    # The fork in between keeps its own transcript.
+    assert [m.content for m in da.as_of(first, 0, store=store)] == ["hello", "also A"]
+
+
+# -- a resolution stopped after its record ---------------------------------------------
+
+
+def halted(store, fired):
+    agent = shipper(fired, crash=True)
+    with pytest.raises(Crash):
+        agent.run("r1", "go", store=store)
+    with pytest.raises(da.OutcomeUnknown):
+        agent.run("r1", None, store=store)
+    assert store.get_run("r1").status == "halted"
+    return agent
+
+
+def test_a_resolution_stopped_after_its_record_is_finished_by_resolving_again(store, crash_at):
+    fired: list[str] = []
+    halted(store, fired)
+    crash_at("after-resolution:call_1_1")
+    with pytest.raises(Crash):
+        da.resolve_halt("r1", "call_1_1", "shipped b1", by="ann", store=store)
+    [halt] = store.list_halts(run_id="r1")
+    assert halt.status == "open" and store.get_run("r1").status == "halted"
+    # Asked again with the same outcome: the rows follow the journal, the run goes on.
+    record = da.resolve_halt("r1", "call_1_1", "shipped b1", by="ann", store=store)
+    assert record.get("result") == "shipped b1"
+    assert store.list_halts(run_id="r1") == []
+    [halt] = store.list_halts(run_id="r1", status=None)
+    assert halt.status == "resolved" and halt.resolution["result"] == "shipped b1"
+    assert store.get_run("r1").status == "finished" and fired == ["b1"]
+
+
+def test_a_stopped_resolution_is_finished_by_another_outcome_refused_or_by_a_drive(store, crash_at):
+    fired: list[str] = []
+    halted(store, fired)
+    crash_at("after-resolution:call_1_1")
+    with pytest.raises(Crash):
+        da.resolve_halt("r1", "call_1_1", "shipped b1", by="ann", store=store)
+    with pytest.raises(da.HaltAlreadyResolved):
+        da.resolve_halt("r1", "call_1_1", "lost", is_error=True, by="bob", store=store)
+    [halt] = store.list_halts(run_id="r1", status=None)
+    assert (halt.status, halt.resolution["result"]) == ("resolved", "shipped b1")
+    assert store.get_run("r1").status == "finished" and fired == ["b1"]
+
+
+def test_a_drive_closes_the_halt_a_stopped_resolution_left_open(store, crash_at):
+    fired: list[str] = []
+    halted(store, fired)
+    crash_at("after-resolution:call_1_1")
+    with pytest.raises(Crash):
+        da.resolve_halt("r1", "call_1_1", "shipped b1", by="ann", store=store)
+    assert da.resume("r1", store=store).answer == "sent"  # a person presses "resume"
+    assert store.list_halts(run_id="r1") == [] and fired == ["b1"]
+
+
+# -- a decision stopped after its record -----------------------------------------------
+
+
+def test_a_decision_stopped_after_its_record_is_finished_by_deciding_again(store, crash_at):
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    crash_at("after-decision:call_1_1")
+    with pytest.raises(Crash):
+        da.approve("r1", "call_1_1", True, by="ann", store=store)
+    assert store.get_run("r1").status == "awaiting_approval"
+    assert store.get_approval_request("r1", "call_1_1").status == "pending"
+    outcome = da.approve("r1", "call_1_1", True, by="bob", store=store)
+    assert outcome.status == "approved"
+    assert store.get_approval_request("r1", "call_1_1").status == "approved"
+    assert store.get_run("r1").status == "finished" and paid == [{"cents": 5}]
+    with pytest.raises(da.ConfigError) as info:  # another verdict is still refused
+        da.approve("r1", "call_1_1", False, by="bob", store=store)
+    assert info.value.code == "approval.already_decided"
+
+
+def test_a_decision_finished_by_another_approver_meanwhile_stands(store, monkeypatch):
+    """Between ann's journal record and her marking the request, bob approves too: his
+    repeated decision finishes ann's from the journal. Ann's still stands (it is not
+    mistaken for one a cancel orphaned)."""
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    real = failpoints.hit
+    seen: list[str] = []
+
+    def hit(name: str) -> None:
+        if name == "after-decision:call_1_1" and not seen:
+            seen.append(da.approve("r1", "call_1_1", True, by="bob", store=store).status)
+        real(name)
+
+    monkeypatch.setattr(failpoints, "hit", hit)
+    assert da.approve("r1", "call_1_1", True, by="ann", store=store).status == "approved"
+    assert seen == ["approved"]
+    assert store.get_approval_request("r1", "call_1_1").status == "approved"
+    assert store.get_run("r1").status == "finished" and paid == [{"cents": 5}]
+
+
+def test_a_drive_marks_the_request_a_stopped_decision_left_pending(store, crash_at):
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    crash_at("after-decision:call_1_1")
+    with pytest.raises(Crash):
+        da.approve("r1", "call_1_1", False, by="ann", store=store)
+    assert da.resume("r1", store=store).answer == "done"
+    assert store.get_approval_request("r1", "call_1_1").status == "denied" and paid == []
+
+
+# -- a decision is for the arguments shown ---------------------------------------------
+
+
+def test_a_decision_is_refused_when_the_request_asks_about_other_arguments(store):
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    with pytest.raises(da.ConfigError) as info:
+        da.approve("r1", "call_1_1", True, by="ann", arguments={"cents": 50}, store=store)
+    assert info.value.code == "approval.arguments_changed"
+    assert info.value.details["arguments"] == {"cents": 5}
+    assert "approval:call_1_1" not in names(store, "r1")
+    assert store.list_decisions("r1", "call_1_1") == []
+    da.approve("r1", "call_1_1", True, by="ann", arguments={"cents": 5}, store=store)
+    assert paid == [{"cents": 5}]
+
+
+def test_a_decision_that_lands_on_a_request_replaced_under_it_is_asked_again(store, monkeypatch):
+    """A person's approval of ``{cents: 5}`` is being recorded while a drive under new code
+    (a defaulted ``memo``) asks about ``{cents: 5, memo: ""}`` instead. The decision stands
+    for what it was shown; the new arguments are asked about again, showing both — never a
+    request marked approved for arguments nobody approved, with nothing left to decide."""
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    real = store.save_decision
+
+    def save_decision(decision):
+        payer(paid, memo=True)  # the deploy lands; a worker drives the run meanwhile
+        assert drive_quietly("r1", store=store) == "paused"
+        return real(decision)
+
+    monkeypatch.setattr(store, "save_decision", save_decision)
+    da.approve("r1", "call_1_1", True, by="ann", store=store)
+    monkeypatch.setattr(store, "save_decision", real)
+    assert paid == []
+    request = store.get_approval_request("r1", "call_1_1")
+    assert (request.status, request.arguments) == ("pending", {"cents": 5, "memo": ""})
+    assert request.previous_arguments == {"cents": 5}
+    assert store.get_run("r1").status == "awaiting_approval"
+    da.approve("r1", "call_1_1", True, by="ann", arguments=request.arguments, store=store)
+    assert paid == [{"cents": 5, "memo": ""}] and store.get_run("r1").status == "finished"
