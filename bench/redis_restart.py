@@ -21,7 +21,10 @@ restart: they show whether the workers consume again, apart from recovery.
     .venv/bin/python bench/redis_restart.py [--pool threads|prefork|solo] [--concurrency 4]
         [--runs 40] [--beat] [--supervise] [--conf '{"worker_...": ...}'] [--repeat 3]
 
-The worker log of a failed attempt is kept and its path printed. See
+``--trace`` logs where a kombu channel of a closed connection asks for a new one (the
+``'NoneType' object has no attribute 'hostname'`` crash); ``--conf '{"broker_transport":
+"redis_restart:SurvivingTransport"}'`` runs the workers on the transport that survives it.
+The logs of a failed attempt are kept and their path printed. See
 docs/notes/redis-restart.md for what this found.
 """
 
@@ -78,28 +81,35 @@ if os.environ.get("DA_RR_TRACE"):
     _trace_orphan_channels()
 
 
-from celery.worker.consumer import Consumer as _Consumer  # noqa: E402
+from kombu.transport import redis as _kombu_redis  # noqa: E402
+from redis import exceptions as _redis_errors  # noqa: E402
 
 
-class SurvivingConsumer(_Consumer):
-    """The fix under test (``--conf '{"worker_consumer": "redis_restart:SurvivingConsumer"}'``).
+class _SurvivingChannel(_kombu_redis.Channel):
+    def _connparams(self, asynchronous=False):  # type: ignore[no-untyped-def]
+        if self.connection is None or self.connection.client is None:
+            # The connection this channel belonged to was closed: say so with an error
+            # every caller (celery's ignore_errors, ack_log_error, maybe_close_channel)
+            # treats as a lost connection, instead of an AttributeError on None.hostname
+            # that celery calls unrecoverable.
+            logging.getLogger("redis_restart").warning(
+                "a channel of a closed broker connection asks for a connection (averted)"
+            )
+            raise _redis_errors.ConnectionError("this channel's broker connection was closed")
+        return super()._connparams(asynchronous)
 
-    celery 5.7.0 closes the lost connection right after ``collect()`` detached its
-    transport. When ``collect()`` could not close the default channel (Redis was already
-    gone in the middle of it), ``close()`` closes it again, its unacknowledged messages are
-    restored through a transport whose client is None, and the ``AttributeError`` ('hostname')
-    is not a connection error: the worker exits. The connection is closed and dropped either
-    way, so the consumer can go on reconnecting as after any connection loss.
+
+class SurvivingTransport(_kombu_redis.Transport):
+    """The fix under test: ``--conf '{"broker_transport": "redis_restart:SurvivingTransport"}'``.
+
+    celery 5.7.0 closes the lost connection right after ``collect()`` detached its transport
+    (``transport.client = None``). When ``collect()`` could not finish closing the default
+    channel, that channel lives on half closed, without pools: closing it again restores its
+    unacknowledged messages, and a task that finishes later acks on it; both need a new pool,
+    and building one reads ``None.hostname``. The worker exits ("Unrecoverable error").
     """
 
-    def on_connection_error_after_connected(self, exc):  # type: ignore[no-untyped-def]
-        try:
-            super().on_connection_error_after_connected(exc)
-        except AttributeError as error:
-            self.connection = None
-            logging.getLogger("redis_restart").warning(
-                "closing the lost broker connection failed (%r); reconnecting anyway", error
-            )
+    Channel = _SurvivingChannel
 
 
 EFFECTS = 5
