@@ -23,8 +23,13 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
-from .admin_timeline import pretty
-from .admin_views import (
+from ..conf import get_settings
+from ..dispatch import enqueue
+from ..engine.errors import DurableAgentsError
+from ..engine.history import Patch, Step, ToolStep, compare, fork, history
+from ..models import Run
+from .timeline import pretty
+from .views import (
     _missing,
     _require,
     admin_actor,
@@ -33,11 +38,6 @@ from .admin_views import (
     page,
     run_url,
 )
-from .conf import get_settings
-from .dispatch import enqueue
-from .engine.errors import DurableAgentsError
-from .engine.history import Patch, Step, ToolStep, compare, fork, history
-from .models import Run
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

@@ -24,9 +24,9 @@ from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from .admin_views import admin_url
-from .api.auth import API_KEY_HEADER, new_key
-from .models import ApiKey, ApproverKey
+from ..api.auth import API_KEY_HEADER, new_key
+from ..models import ApiKey, ApproverKey
+from .views import admin_url
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

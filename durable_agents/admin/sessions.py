@@ -16,12 +16,12 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Max, Min, Q
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
-from .admin_views import admin_url, page, run_url
-from .engine.errors import DurableAgentsError
-from .engine.journal import Journal
-from .engine.records import Record
-from .models import Run
-from .storage import DjangoStore
+from ..engine.errors import DurableAgentsError
+from ..engine.journal import Journal
+from ..engine.records import Record
+from ..models import Run
+from ..storage import DjangoStore
+from .views import admin_url, page, run_url
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

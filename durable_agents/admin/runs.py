@@ -17,18 +17,18 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.urls import URLPattern
 
-from . import admin_history as history
+from ..engine.identity import logged
+from ..engine.ports import APPROVAL_PENDING, HALT_OPEN
+from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
+from ..storage import DjangoStore
+from . import forks as history
 from . import (
-    admin_keys,  # noqa: F401  (registers the API key and approver key admins)
-    admin_queues,  # noqa: F401  (registers the approval and halt queues)
+    keys,  # noqa: F401  (registers the API key and approver key admins)
+    queues,  # noqa: F401  (registers the approval and halt queues)
 )
-from . import admin_sessions as sessions
-from . import admin_views as views
-from .admin_base import _count, _json_cell, _ModelAdmin, _ReadOnly
-from .engine.identity import logged
-from .engine.ports import APPROVAL_PENDING, HALT_OPEN
-from .models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
-from .storage import DjangoStore
+from . import sessions as sessions
+from . import views as views
+from .base import _count, _json_cell, _ModelAdmin, _ReadOnly
 
 # -- runs ---------------------------------------------------------------------------------
 

@@ -25,18 +25,18 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from . import permissions
-from .admin_timeline import agent_drift, build_timeline
-from .dispatch import enqueue
-from .engine.commands import cancel
-from .engine.errors import DurableAgentsError
-from .engine.identity import Actor, logged
-from .engine.journal import Journal
-from .engine.ports import QUEUED, RUNNING, TERMINAL_STATUSES
-from .engine.records import Record
-from .models import ActionLog
-from .people import actor_of
-from .storage import DjangoStore
+from .. import permissions
+from ..dispatch import enqueue
+from ..engine.commands import cancel
+from ..engine.errors import DurableAgentsError
+from ..engine.identity import Actor, logged
+from ..engine.journal import Journal
+from ..engine.ports import QUEUED, RUNNING, TERMINAL_STATUSES
+from ..engine.records import Record
+from ..models import ActionLog
+from ..people import actor_of
+from ..storage import DjangoStore
+from .timeline import agent_drift, build_timeline
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

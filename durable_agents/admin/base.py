@@ -14,8 +14,8 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 from django.utils.html import format_html
 
-from . import admin_views as views
-from .admin_timeline import pretty
+from . import views as views
+from .timeline import pretty
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Any]

@@ -17,9 +17,16 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern
 
-from .admin_base import _count, _DefaultStatus, _json_cell, _ReadOnly
-from .admin_timeline import pretty
-from .admin_views import (
+from ..engine.approvals import approve
+from ..engine.errors import DurableAgentsError
+from ..engine.halts import resolve_halt
+from ..engine.journal import Journal
+from ..engine.ports import APPROVAL_PENDING, HALT_OPEN
+from ..models import ApprovalRequest, Decision, Halt, Lease
+from ..storage import DjangoStore
+from .base import _count, _DefaultStatus, _json_cell, _ReadOnly
+from .timeline import pretty
+from .views import (
     BY_RECOVERY,
     _missing,
     _not_handed_over,
@@ -31,13 +38,6 @@ from .admin_views import (
     page,
     run_url,
 )
-from .engine.approvals import approve
-from .engine.errors import DurableAgentsError
-from .engine.halts import resolve_halt
-from .engine.journal import Journal
-from .engine.ports import APPROVAL_PENDING, HALT_OPEN
-from .models import ApprovalRequest, Decision, Halt, Lease
-from .storage import DjangoStore
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

@@ -1,0 +1,3 @@
+"""The staff admin, one module per page family; importing the package registers them."""
+
+from . import runs  # noqa: F401  (registers every durable_agents model admin)
