@@ -1,3 +1,8 @@
-"""The staff admin, one module per page family; importing the package registers them."""
+"""The staff admin, one module per concept: ``runs`` (the list, the run page, resume and
+cancel), ``queues`` (approvals and halts), ``forks`` (fork, compare, lineage), ``sessions``,
+``actions`` (the action log), ``keys`` (API and approver keys), ``timeline`` (the journal
+as the run page shows it) and ``base`` (what they share). Importing the package registers
+every model admin. See docs/admin.md.
+"""
 
-from . import runs  # noqa: F401  (registers every durable_agents model admin)
+from . import actions, keys, queues, runs  # noqa: F401  (each registers its model admins)

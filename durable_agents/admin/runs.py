@@ -1,6 +1,6 @@
-"""The staff admin: runs and their journal timeline, and the action history (the approval
-and halt queues: ``admin_queues``; keys: ``admin_keys``; fork and compare: ``admin_history``;
-sessions: ``admin_sessions``; the shared base: ``admin_base``).
+"""Runs in the admin: the list, the run page (fields, journal timeline, lineage, approvals,
+halts, lease, action log) and the commands a run takes: resume and cancel (the action
+log's own admin: ``actions``; fork and compare: ``forks``; sessions: ``sessions``).
 
 Every page is read-only: staff change runs only through engine commands (approve, deny,
 resolve, cancel, resume), each behind its own permission and each written to ActionLog.
@@ -10,31 +10,47 @@ page size. See docs/admin.md.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.utils import quote
 from django.db.models import Count, QuerySet
-from django.http import HttpRequest
-from django.urls import URLPattern
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import URLPattern, reverse
 
+from ..dispatch import enqueue
+from ..engine.commands import cancel
+from ..engine.errors import DurableAgentsError
 from ..engine.identity import logged
-from ..engine.ports import APPROVAL_PENDING, HALT_OPEN
+from ..engine.journal import Journal
+from ..engine.ports import APPROVAL_PENDING, HALT_OPEN, QUEUED, RUNNING, TERMINAL_STATUSES
+from ..engine.records import Record
 from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
-from ..storage import DjangoStore
-from . import forks as history
-from . import (
-    keys,  # noqa: F401  (registers the API key and approver key admins)
-    queues,  # noqa: F401  (registers the approval and halt queues)
+from ..storage import site_store
+from . import forks, sessions
+from .base import (
+    BY_RECOVERY,
+    BY_RESUME,
+    AnyModelAdmin,
+    ReadOnlyAdmin,
+    admin_actor,
+    admin_url,
+    allows,
+    json_cell,
+    not_handed_over,
+    posted_object,
+    related_count,
+    run_url,
 )
-from . import sessions as sessions
-from . import views as views
-from .base import _count, _json_cell, _ModelAdmin, _ReadOnly
+from .timeline import agent_drift, build_timeline
 
 # -- runs ---------------------------------------------------------------------------------
 
 
 @admin.register(Run)
-class RunAdmin(_ReadOnly):
+class RunAdmin(ReadOnlyAdmin):
     list_display = (
         "run_id",
         "agent",
@@ -89,20 +105,20 @@ class RunAdmin(_ReadOnly):
             super()
             .get_queryset(request)
             .annotate(
-                n_pending_approvals=_count(ApprovalRequest, "run", status=APPROVAL_PENDING),
-                n_open_halts=_count(Halt, "run", status=HALT_OPEN),
+                n_pending_approvals=related_count(ApprovalRequest, "run", status=APPROVAL_PENDING),
+                n_open_halts=related_count(Halt, "run", status=HALT_OPEN),
             )
         )
         return rows
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return super().has_view_permission(request, obj) or views.allows(request, "view_runs")
+        return super().has_view_permission(request, obj) or allows(request, "view_runs")
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return _ModelAdmin.has_delete_permission(self, request, obj)
+        return AnyModelAdmin.has_delete_permission(self, request, obj)
 
     def has_cancel_run_permission(self, request: HttpRequest) -> bool:
-        return views.allows(request, "cancel")
+        return allows(request, "cancel")
 
     def get_urls(self) -> list[URLPattern]:
         # The admin's "<object_id>/" (a redirect to the change page) would swallow
@@ -113,13 +129,13 @@ class RunAdmin(_ReadOnly):
         own = super().get_urls()
         catch_all = [u for u in own if str(u.pattern) == "<path:object_id>/"]
         return [
-            self._url("compare", history.compare_view, "compare/"),
-            self._url("sessions", sessions.sessions_view, "sessions/"),
-            self._url("resume", views.run_resume_view),
-            self._url("cancel", views.run_cancel_view),
-            self._url("fork", history.fork_view),
+            self.command_path("compare", forks.compare_view, "compare/"),
+            self.command_path("sessions", sessions.sessions_view, "sessions/"),
+            self.command_path("resume", run_resume_view),
+            self.command_path("cancel", run_cancel_view),
+            self.command_path("fork", forks.fork_view),
             *[u for u in own if u not in catch_all],
-            self._url("session", sessions.session_view, "sessions/<str:session_id>/"),
+            self.command_path("session", sessions.session_view, "sessions/<str:session_id>/"),
             *catch_all,
         ]
 
@@ -133,23 +149,23 @@ class RunAdmin(_ReadOnly):
 
     @admin.display(description="input")
     def input_pretty(self, obj: Run) -> str:
-        return _json_cell(obj.input)
+        return json_cell(obj.input)
 
     @admin.display(description="last error")
     def last_error_pretty(self, obj: Run) -> str:
-        return _json_cell(obj.last_error) if obj.last_error else "-"
+        return json_cell(obj.last_error) if obj.last_error else "-"
 
     @admin.display(description="usage")
     def usage_pretty(self, obj: Run) -> str:
-        return _json_cell(obj.usage)
+        return json_cell(obj.usage)
 
     @admin.display(description="spend")
     def spend_pretty(self, obj: Run) -> str:
-        return _json_cell(obj.spend)
+        return json_cell(obj.spend)
 
     @admin.display(description="fingerprint")
     def fingerprint_pretty(self, obj: Run) -> str:
-        return _json_cell(obj.fingerprint)
+        return json_cell(obj.fingerprint)
 
     def render_change_form(
         self,
@@ -161,21 +177,21 @@ class RunAdmin(_ReadOnly):
         obj: Any = None,
     ) -> Any:
         if obj is not None:
-            context.update(views.run_context(self, request, obj))
-            context.update(history.lineage(self, obj))
+            context.update(run_context(self, request, obj))
+            context.update(forks.lineage(self, obj))
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     @admin.action(description="Resume selected runs", permissions=["cancel_run"])
     def resume_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         ids = list(queryset.values_list("run_id", flat=True))
-        done, refused = views.resume_runs(request, ids)
-        views.report(request, "Handed to a driver", done, refused)
+        done, refused = resume_runs(request, ids)
+        report(request, "Handed to a driver", done, refused)
 
     @admin.action(description="Cancel selected runs", permissions=["cancel_run"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         ids = list(queryset.values_list("run_id", flat=True))
-        done, refused = views.cancel_runs(request, ids, "cancelled in the admin")
-        views.report(request, "Cancelled", done, refused)
+        done, refused = cancel_runs(request, ids, "cancelled in the admin")
+        report(request, "Cancelled", done, refused)
 
     # Deleting a run removes its journal, lease, approvals and halts; the ActionLog row,
     # written in the same transaction as the delete, stays (it is keyed by run id only).
@@ -189,8 +205,8 @@ class RunAdmin(_ReadOnly):
         super().delete_queryset(request, queryset)
 
     def _log_deletes(self, request: HttpRequest, runs: list[Run]) -> None:
-        store = DjangoStore()
-        who = views.admin_actor(request)
+        store = site_store()
+        who = admin_actor(request)
         for run in runs:
             store.log_action(
                 logged(
@@ -230,23 +246,104 @@ class RunAdmin(_ReadOnly):
         return summary, model_count, set(), []
 
 
-# -- history ------------------------------------------------------------------------------
+# -- the run page ------------------------------------------------------------------------
 
 
-@admin.register(ActionLog)
-class ActionLogAdmin(_ReadOnly):
-    list_display = (
-        "created_at",
-        "actor",
-        "channel",
-        "action",
-        "run_link",
-        "target",
-        "payload_pretty",
-    )
-    list_filter = ("action", "actor")
-    search_fields = ("run_id", "target")
+def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[str, Any]:
+    """Everything the run page shows beyond its fields (lineage: ``forks.lineage``)."""
+    store = site_store()
+    timeline_error = None
+    records: list[Record] = []
+    try:
+        records = Journal(store).history(run.run_id)
+    except DurableAgentsError as exc:
+        timeline_error = str(exc)
+    can_fork = allows(request, "fork") and bool(records)
+    approvals = [
+        {"obj": a, "url": reverse("admin:durable_agents_approvalrequest_change", args=[a.pk])}
+        for a in run.approval_requests.order_by("created_at")
+    ]
+    halts = [
+        {"obj": h, "url": reverse("admin:durable_agents_halt_change", args=[h.pk])}
+        for h in run.halts.order_by("created_at")
+    ]
+    return {
+        "timeline": build_timeline(records),
+        "timeline_error": timeline_error,
+        **agent_drift(records, fallback=run.fingerprint),
+        "fork_url": admin_url(admin, "fork", quote(run.run_id)) if can_fork else None,
+        "lease": store.get_lease(run.run_id),
+        "action_log": [
+            {"row": a, "payload": json.dumps(a.payload, ensure_ascii=False, default=str)}
+            for a in ActionLog.objects.filter(run_id=run.run_id)[:200]
+        ],
+        "run_approvals": approvals,
+        "run_halts": halts,
+        "can_operate": allows(request, "cancel"),
+        "run_finished": run.status in TERMINAL_STATUSES,
+        "resume_url": admin_url(admin, "resume", quote(run.run_id)),
+        "cancel_url": admin_url(admin, "cancel", quote(run.run_id)),
+    }
 
-    @admin.display(description="payload")
-    def payload_pretty(self, obj: ActionLog) -> str:
-        return _json_cell(obj.payload)
+
+# -- resume and cancel ------------------------------------------------------------------
+
+
+def resume_runs(request: HttpRequest, run_ids: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Hand unfinished runs to a driver, logging each; returns (resumed, refused)."""
+    store = site_store()
+    resumed, refused = [], []
+    for run_id in run_ids:
+        run = store.get_run(run_id)
+        if run is None or run.status in TERMINAL_STATUSES:
+            refused.append(f"{run_id} ({'deleted' if run is None else run.status})")
+            continue
+        store.log_action(logged(admin_actor(request), "resume", run_id, "", {"via": "admin"}))
+        try:
+            enqueue(run_id)
+        except Exception as exc:  # enqueue only hands over: the broker is unreachable
+            then = BY_RECOVERY if run.status in (QUEUED, RUNNING) else BY_RESUME
+            not_handed_over(request, f"The resume of run {run_id} is logged", exc, then)
+            continue
+        resumed.append(run_id)
+    return resumed, refused
+
+
+def cancel_runs(
+    request: HttpRequest, run_ids: Iterable[str], reason: str
+) -> tuple[list[str], list[str]]:
+    done, refused = [], []
+    for run_id in run_ids:
+        try:
+            cancel(run_id, by=admin_actor(request), reason=reason)
+        except DurableAgentsError as exc:
+            refused.append(f"{run_id}: {exc}")
+        else:
+            done.append(run_id)
+    return done, refused
+
+
+def report(request: HttpRequest, verb: str, done: list[str], refused: list[str]) -> None:
+    if done:
+        messages.success(request, f"{verb}: {', '.join(done)}")
+    for why in refused:
+        messages.error(request, f"Not {verb.lower()}: {why}")
+
+
+def run_resume_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    run = posted_object(admin, request, object_id, "resume")
+    if isinstance(run, HttpResponse):
+        return run
+    done, refused = resume_runs(request, [run.run_id])
+    report(request, "Handed to a driver", done, refused)
+    return HttpResponseRedirect(run_url(admin, run.run_id))
+
+
+def run_cancel_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    run = posted_object(admin, request, object_id, "cancel")
+    if isinstance(run, HttpResponse):
+        return run
+    reason = str(request.POST.get("reason") or "").strip()[:1000]
+    done, refused = cancel_runs(request, [run.run_id], reason or "cancelled in the admin")
+    report(request, "Cancelled", done, refused)
+    return HttpResponseRedirect(run_url(admin, run.run_id))
