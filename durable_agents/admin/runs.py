@@ -117,6 +117,10 @@ class RunAdmin(ReadOnlyAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return AnyModelAdmin.has_delete_permission(self, request, obj)
 
+    # The actions' ``permissions=[...]`` name these (Django asks ``has_<name>_permission``).
+    def has_resume_run_permission(self, request: HttpRequest) -> bool:
+        return allows(request, "resume")
+
     def has_cancel_run_permission(self, request: HttpRequest) -> bool:
         return allows(request, "cancel")
 
@@ -181,7 +185,7 @@ class RunAdmin(ReadOnlyAdmin):
             context.update(forks.lineage(self, obj))
         return super().render_change_form(request, context, add, change, form_url, obj)
 
-    @admin.action(description="Resume selected runs", permissions=["cancel_run"])
+    @admin.action(description="Resume selected runs", permissions=["resume_run"])
     def resume_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         ids = list(queryset.values_list("run_id", flat=True))
         done, refused = resume_runs(request, ids)
