@@ -26,9 +26,9 @@ def main() -> None:
 
     from durable_agents.engine.journal import Journal
     from durable_agents.engine.ports import RunInfo
-    from durable_agents.storage import DjangoStore
+    from durable_agents.storage import site_store
 
-    store = DjangoStore()
+    store = site_store()
     journal = Journal(store)
     raw = raw_connection()
     data = payload()

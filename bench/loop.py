@@ -47,7 +47,7 @@ def main() -> None:
     from durable_agents.engine.journal import Journal
     from durable_agents.providers import scripted
     from durable_agents.providers.scripted import ScriptedModel
-    from durable_agents.storage import DjangoStore
+    from durable_agents.storage import DjangoStore, site_store
 
     class CountingStore(DjangoStore):
         """Counts the journal reads (a full load, or one name) a resume makes."""
@@ -76,7 +76,7 @@ def main() -> None:
         model = ScriptedModel(script, on_request=on_request)
         return da.Agent(name, model, "You help.", [noop], max_turns=turns + 1)
 
-    store = DjangoStore()
+    store = site_store()
     journal = Journal(store)
     raw = raw_connection()
     data = payload()

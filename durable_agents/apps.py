@@ -14,10 +14,10 @@ class DurableAgentsConfig(AppConfig):
         from .people import approver_keys, eligible_approvers, resolve_actor
         from .registry import load_agents
         from .shutdown import shutting_down
-        from .storage import DjangoStore
+        from .storage import site_store
 
         runtime.configure(
-            store_factory=DjangoStore.default,
+            store_factory=site_store,
             agent_loader=load_agents,
             lease_ttl=lambda: get_settings().lease_ttl,
             on_drift=lambda: get_settings().on_drift,

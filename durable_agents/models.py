@@ -10,6 +10,7 @@ from django.db import models
 from django.db.models.functions import Now
 
 from .engine import ports
+from .permissions import MODEL_PERMISSIONS
 
 RUN_ID_LENGTH = 400
 
@@ -58,12 +59,7 @@ class Run(models.Model):
             models.Index(fields=["status", "-created_at"], name="da_run_status"),
             models.Index(fields=["agent", "-created_at"], name="da_run_agent"),
         ]
-        permissions = [
-            ("approve_toolcall", "Can approve or deny tool calls"),
-            ("resolve_halt", "Can resolve halted tool calls"),
-            ("fork_run", "Can fork runs"),
-            ("cancel_run", "Can cancel and resume runs"),
-        ]
+        permissions = [*MODEL_PERMISSIONS]
 
     def __str__(self) -> str:
         return self.run_id

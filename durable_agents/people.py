@@ -19,7 +19,6 @@ from .engine import identity
 from .engine.identity import Actor
 from .models import ApproverKey
 
-APPROVE_PERMISSION = identity.APPROVE_TOOLCALL
 COMMAND = "command"
 
 
@@ -71,15 +70,17 @@ def eligible_approvers(group: str) -> list[str]:
     a group, or as superusers), by username."""
     User = get_user_model()
     members = User.objects.filter(is_active=True, groups__name=group).distinct()
+    # The permission the engine's eligibility rule asks for, as the Permission table names it.
+    app_label, _, codename = identity.APPROVE_TOOLCALL.partition(".")
     perm = (
         Q(is_superuser=True)
         | Q(
-            user_permissions__codename="approve_toolcall",
-            user_permissions__content_type__app_label="durable_agents",
+            user_permissions__codename=codename,
+            user_permissions__content_type__app_label=app_label,
         )
         | Q(
-            groups__permissions__codename="approve_toolcall",
-            groups__permissions__content_type__app_label="durable_agents",
+            groups__permissions__codename=codename,
+            groups__permissions__content_type__app_label=app_label,
         )
     )
     allowed = User.objects.filter(perm, pk__in=members.values("pk")).distinct()

@@ -1,10 +1,12 @@
-"""Who may do what: one table, read by the admin, the API and the management command.
+"""Who may do what: one table, read by the models, the admin, the API and the management
+command.
 
 Each action is allowed to a user holding any one of its permissions (superusers hold them
-all). The permissions are Django's: the four custom ones live on the Run model
-(``approve_toolcall``, ``resolve_halt``, ``fork_run``, ``cancel_run``), the rest are the
-models' own ``view_*`` / ``add_*`` / ``delete_*``. The engine checks the permission of its
-own commands again (``engine.identity``), whatever path the request took.
+all). The permissions are Django's: the four custom ones (``CUSTOM``) live on the Run model,
+whose ``Meta.permissions`` is ``MODEL_PERMISSIONS``; the rest are the models' own
+``view_*`` / ``add_*`` / ``delete_*``. The engine names the custom ones
+(``engine.identity``), because its commands check them again whatever path the request
+took; this table only reads those names.
 """
 
 from __future__ import annotations
@@ -19,6 +21,25 @@ VIEW_APPROVALS = "durable_agents.view_approvalrequest"
 VIEW_HALTS = "durable_agents.view_halt"
 START_RUN = "durable_agents.add_run"
 DELETE_RUN = "durable_agents.delete_run"
+
+# The custom permissions, with the description the admin shows when granting them.
+CUSTOM: tuple[tuple[str, str], ...] = (
+    (APPROVE_TOOLCALL, "Can approve or deny tool calls"),
+    (RESOLVE_HALT, "Can resolve halted tool calls"),
+    (FORK_RUN, "Can fork runs"),
+    (OPERATE_RUNS, "Can cancel and resume runs"),
+)
+
+
+def codename(permission: str) -> str:
+    """``"durable_agents.fork_run"`` → ``"fork_run"`` (what a model's Meta and the
+    Permission table name)."""
+    return permission.partition(".")[2]
+
+
+# ``Run.Meta.permissions``. Migration 0001 holds the same list: a change here needs a
+# migration (``makemigrations --check`` in the test command says so).
+MODEL_PERMISSIONS: list[tuple[str, str]] = [(codename(p), what) for p, what in CUSTOM]
 
 
 @dataclass(frozen=True)
@@ -56,12 +77,15 @@ def allows(user: Any, action: str) -> bool:
     return any(user.has_perm(p) for p in RULES[action].any_of)
 
 
+def needs(action: str) -> str:
+    """The permissions ``action`` needs, for people: ``'a' or 'b'``."""
+    return " or ".join(repr(p) for p in RULES[action].any_of)
+
+
 def refusal(user: Any, action: str) -> str:
     """Why ``user`` may not do ``action``, naming the permission(s) to grant."""
-    rule = RULES[action]
-    needs = " or ".join(repr(p) for p in rule.any_of)
     name = user.get_username() if user is not None else "this caller"
     return (
-        f"{name!r} may not {rule.what}: it needs the {needs} permission (grant it in the "
-        "admin, directly or through a group)"
+        f"{name!r} may not {RULES[action].what}: it needs the {needs(action)} permission "
+        "(grant it in the admin, directly or through a group)"
     )

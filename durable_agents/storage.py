@@ -24,9 +24,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
+from django.core.signals import setting_changed
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
+from django.dispatch import receiver
 from django.utils.dateparse import parse_datetime
 from psycopg.types.json import Jsonb
 
@@ -58,7 +60,6 @@ _NEVER_AUTO_PREPARE = 2**31 - 1
 # One reusable server-binding cursor per psycopg connection (Django's connections are per
 # thread); weak keys let closed connections go.
 _CURSORS: weakref.WeakKeyDictionary[Any, psycopg.Cursor[Any]] = weakref.WeakKeyDictionary()
-_DEFAULT: dict[tuple[str, bool], DjangoStore] = {}
 _TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
 _C_TIMESTAMPTZ = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEXT)
 
@@ -97,20 +98,32 @@ class _Dialect:
         return float(ttl) if self.postgres else f"+{float(ttl)} seconds"
 
 
+# The site's one store, built from the settings on first use (see ``site_store``).
+_site: DjangoStore | None = None
+
+
+def site_store() -> DjangoStore:
+    """The site's store: the ``DjangoStore`` on the database the settings name (``DATABASE``,
+    ``PREPARED_STATEMENTS``), built once and shared by the engine, the admin, the API and the
+    management command. Changing ``DURABLE_AGENTS`` or ``DATABASES`` (``override_settings``,
+    pytest-django's ``settings``) builds a new one on the next call; invalid settings raise
+    ``ConfigError`` on every call until they are fixed."""
+    global _site
+    store = _site
+    if store is None:
+        store = _site = DjangoStore()
+    return store
+
+
+@receiver(setting_changed)
+def _forget_site_store(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("DURABLE_AGENTS", "DATABASES"):
+        global _site
+        _site = None
+
+
 class DjangoStore:
     """The Store port over a Django database alias."""
-
-    @classmethod
-    def default(cls) -> DjangoStore:
-        """The store the settings name (``DATABASE``, ``PREPARED_STATEMENTS``), shared."""
-        from .conf import get_settings
-
-        settings = get_settings()
-        key = (settings.database, settings.prepared_statements)
-        store = _DEFAULT.get(key)
-        if store is None:
-            store = _DEFAULT[key] = cls(settings.database, prepared=settings.prepared_statements)
-        return store
 
     def __init__(self, using: str | None = None, *, prepared: bool | None = None) -> None:
         if using is None or prepared is None:

@@ -88,9 +88,9 @@ def durable_agents_blocks(data: str, per_round: int) -> tuple[dict[str, Measure]
     from durable_agents.engine.ports import RunInfo
     from durable_agents.providers import scripted
     from durable_agents.providers.scripted import ScriptedModel
-    from durable_agents.storage import DjangoStore
+    from durable_agents.storage import site_store
 
-    store = DjangoStore()
+    store = site_store()
     journal = Journal(store)
     tag = uuid.uuid4().hex[:8]
 

@@ -21,7 +21,7 @@ from ..engine.identity import logged
 from ..engine.journal import Journal
 from ..engine.ports import HALT_OPEN, TERMINAL_STATUSES
 from ..models import ApprovalRequest, Halt, Run
-from ..storage import DjangoStore
+from ..storage import site_store
 from .approvals import approvals_out
 from .auth import check, require
 from .errors import ApiError
@@ -128,7 +128,7 @@ def start_run(request: HttpRequest, payload: StartIn) -> Status[Accepted]:
     # only after it committed.
     with transaction.atomic(using=get_settings().database):
         run_id = agent.start(payload.input, run_id=payload.run_id)
-        DjangoStore().log_action(logged(by, "start", run_id, "", {"agent": agent.name}))
+        site_store().log_action(logged(by, "start", run_id, "", {"agent": agent.name}))
     return Status(202, Accepted(run_id=run_id))
 
 
@@ -143,7 +143,7 @@ def run_journal(
     check(request, "view_runs")
     run_id = checked_run_id(run_id)
     get_run(run_id)
-    records = [r for r in Journal(DjangoStore()).history(run_id) if r.seq > after][:limit]
+    records = [r for r in Journal(site_store()).history(run_id) if r.seq > after][:limit]
     return JournalOut(
         run_id=run_id,
         records=[
@@ -167,7 +167,7 @@ def resume_run(request: HttpRequest, run_id: str) -> Status[Accepted]:
         )
     _agent(run.agent, run.run_id)  # a driver could not continue it: say so now
     with transaction.atomic(using=get_settings().database):
-        DjangoStore().log_action(logged(by, "resume", run.run_id))
+        site_store().log_action(logged(by, "resume", run.run_id))
         enqueue(run.run_id)
     return Status(202, Accepted(run_id=run.run_id))
 

@@ -14,7 +14,7 @@ from ..engine.identity import logged
 from ..engine.journal import Journal
 from ..engine.sessions import Session, validate_session_id
 from ..models import ApprovalRequest, Run
-from ..storage import DjangoStore
+from ..storage import site_store
 from .approvals import approvals_out
 from .auth import check, require
 from .errors import ApiError
@@ -33,7 +33,7 @@ router = Router(tags=["sessions"])
 
 def _session(session_id: str, agent_name: str | None) -> Session:
     validate_session_id(session_id)
-    journal_run = DjangoStore().get_run(f"{session_id}>session")
+    journal_run = site_store().get_run(f"{session_id}>session")
     recorded = journal_run.agent if journal_run is not None else None
     if recorded and agent_name and agent_name != recorded:
         raise ApiError(
@@ -72,7 +72,7 @@ def send_message(request: HttpRequest, session_id: str, payload: MessageIn) -> S
     try:
         with transaction.atomic(using=get_settings().database):
             run_id = session.submit(payload.text)
-            DjangoStore().log_action(logged(by, "send", run_id, session_id))
+            site_store().log_action(logged(by, "send", run_id, session_id))
     except ApprovalPending as exc:
         raise _awaiting(exc) from None
     return Status(202, SubmitOut(session_id=session_id, run_id=run_id))
@@ -94,7 +94,7 @@ def send_once(
         sent = session.send_once(key, payload.text)
         # Every delivery is logged, redeliveries too: each one may hand the turn over again.
         said = {"key": key, "status": sent.status}
-        DjangoStore().log_action(logged(by, "send_once", sent.run_id, session_id, said))
+        site_store().log_action(logged(by, "send_once", sent.run_id, session_id, said))
     out = SendOnceOut(
         session_id=session_id,
         key=key,
@@ -111,7 +111,7 @@ def read_session(request: HttpRequest, session_id: str) -> SessionOut:
     (needs ``view_run``)."""
     check(request, "view_runs")
     validate_session_id(session_id)
-    store = DjangoStore()
+    store = site_store()
     journal_run = store.get_run(f"{session_id}>session")
     if journal_run is None:
         raise ApiError(404, "session.not_found", f"no session {session_id!r}")

@@ -2,8 +2,9 @@
 
 ``runs`` lists what is unfinished and what each run waits on (the call ids the other
 commands take); ``approve``, ``deny``, ``cancel`` and ``resolve`` act as a named user, who
-must exist, be active and hold the permission the admin would ask for (the engine checks it,
-as on every path); the action log records the user and the ``command`` channel.
+must exist, be active and hold the permission the admin would ask for (the table in
+``durable_agents.permissions``; the engine checks it, as on every path); the action log
+records the user and the ``command`` channel.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from durable_agents.engine.errors import DurableAgentsError
 from durable_agents.engine.ports import STATUSES, TERMINAL_STATUSES
 from durable_agents.people import actor_for
+from durable_agents.permissions import needs
 
 UNFINISHED = [s for s in STATUSES if s not in TERMINAL_STATUSES]
 
@@ -59,12 +61,16 @@ class Command(BaseCommand):
             p = command(verb, f"{what} a gated call, as a user who may decide it")
             p.add_argument("run_id")
             p.add_argument("call_id")
-            p.add_argument("--by", required=True, help="the username deciding")
+            p.add_argument(
+                "--by", required=True, help=f"the username deciding; needs {needs('decide')}"
+            )
             p.add_argument("--note", default="", help="why (shown to the model on a denial)")
 
         cancel = command("cancel", "cancel an unfinished run; it is never driven again")
         cancel.add_argument("run_id")
-        cancel.add_argument("--by", required=True, help="the username cancelling")
+        cancel.add_argument(
+            "--by", required=True, help=f"the username cancelling; needs {needs('cancel')}"
+        )
         cancel.add_argument("--reason", default="")
 
         resolve = command(
@@ -75,7 +81,9 @@ class Command(BaseCommand):
         resolve.add_argument("--result", required=True, help="the call's outcome, as JSON")
         resolve.add_argument("--error", action="store_true", help="the outcome is a failure")
         resolve.add_argument("--evidence", help="what you checked, as JSON")
-        resolve.add_argument("--by", required=True, help="the username who verified it")
+        resolve.add_argument(
+            "--by", required=True, help=f"the username who verified it; needs {needs('resolve')}"
+        )
         resolve.add_argument("--min-age", type=float, help="refuse halts younger than this (s)")
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -26,7 +26,7 @@ from django.test import RequestFactory
 
 import durable_agents as da
 from durable_agents.recovery import recover
-from durable_agents.storage import DjangoStore
+from durable_agents.storage import site_store
 from example_project import agents, webhooks
 
 CRASH_LEASE_TTL = "2"
@@ -71,7 +71,7 @@ class Command(BaseCommand):
         sent = json.loads(response.content)
         run_id = sent["run_id"]
         self.say(f"   {response.status_code} {sent['status']}: turn run {run_id!r}")
-        store = DjangoStore()
+        store = site_store()
         self.say(
             f"   the agent looked order 7 up, noted the CRM, and asked to refund: run is "
             f"{store.get_run(run_id).status}"

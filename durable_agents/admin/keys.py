@@ -24,17 +24,13 @@ from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from .admin_views import admin_url
-from .api.auth import API_KEY_HEADER, new_key
-from .models import ApiKey, ApproverKey
+from ..api.auth import API_KEY_HEADER, new_key
+from ..models import ApiKey, ApproverKey
+from .base import AnyModelAdmin, admin_url
 
 if TYPE_CHECKING:
-    from django.contrib.admin import ModelAdmin
-
-    _ModelAdmin = admin.ModelAdmin[Any]
     _KeyForm = forms.ModelForm[ApproverKey]
 else:  # generic only in the type stubs
-    _ModelAdmin = admin.ModelAdmin
     _KeyForm = forms.ModelForm
 
 
@@ -72,7 +68,7 @@ class ApproverKeyForm(_KeyForm):
 
 
 def key_created(
-    admin: ModelAdmin[Any], request: HttpRequest, obj: Any, raw_key: str
+    admin: AnyModelAdmin, request: HttpRequest, obj: Any, raw_key: str
 ) -> TemplateResponse:
     """The one page that shows a new API key: rendered directly (no redirect), so the raw
     key never sits in the session or a messages cookie."""
@@ -95,7 +91,7 @@ def key_created(
     )
 
 
-class _KeyAdmin(_ModelAdmin):
+class _KeyAdmin(AnyModelAdmin):
     """Keys are created and revoked, never edited: a key's meaning is its bytes. Each key
     belongs to one user: staff see, create and revoke their own; superusers anyone's."""
 

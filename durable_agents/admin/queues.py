@@ -5,7 +5,7 @@ takes: ``approve`` (decide) or ``resolve_halt`` (record the outcome). Registered
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -17,33 +17,34 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern
 
-from .admin_base import _count, _DefaultStatus, _json_cell, _ReadOnly
-from .admin_timeline import pretty
-from .admin_views import (
+from ..engine.approvals import approve
+from ..engine.errors import DurableAgentsError
+from ..engine.halts import resolve_halt
+from ..engine.journal import Journal
+from ..engine.ports import APPROVAL_PENDING, HALT_OPEN
+from ..models import ApprovalRequest, Decision, Halt, Lease
+from ..storage import site_store
+from .base import (
     BY_RECOVERY,
-    _missing,
-    _not_handed_over,
-    _posted_object,
+    AnyModelAdmin,
+    DefaultStatusFilter,
+    ReadOnlyAdmin,
     admin_actor,
     admin_url,
     allows,
+    json_cell,
     json_field,
+    not_handed_over,
+    object_gone,
     page,
+    posted_object,
+    related_count,
     run_url,
 )
-from .engine.approvals import approve
-from .engine.errors import DurableAgentsError
-from .engine.halts import resolve_halt
-from .engine.journal import Journal
-from .engine.ports import APPROVAL_PENDING, HALT_OPEN
-from .models import ApprovalRequest, Decision, Halt, Lease
-from .storage import DjangoStore
-
-if TYPE_CHECKING:
-    from django.contrib.admin import ModelAdmin
+from .timeline import pretty
 
 
-class _QueueAdmin(_ReadOnly):
+class _QueueAdmin(ReadOnlyAdmin):
     """A queue whose items are seen by whoever may read them (``view_action`` in
     ``durable_agents.permissions``: its view permission or the one that acts on it), each
     on its own page (``detail``) rather than the read-only change form."""
@@ -65,18 +66,18 @@ class _QueueAdmin(_ReadOnly):
     ) -> HttpResponse:
         obj = self.get_object(request, unquote(object_id))
         if obj is None:
-            return _missing(self, request, object_id)
+            return object_gone(self, request, object_id)
         if not self.has_view_permission(request, obj):
             raise PermissionDenied
         return self.detail(request, obj)
 
     @admin.display(description="arguments")
     def arguments_pretty(self, obj: Any) -> str:
-        return _json_cell(obj.arguments)
+        return json_cell(obj.arguments)
 
 
 def _detail(
-    admin: ModelAdmin[Any],
+    admin: AnyModelAdmin,
     request: HttpRequest,
     obj: Any,
     template: str,
@@ -112,7 +113,7 @@ def progress(policy: Any, approvals: int, denials: int) -> str:
     return text
 
 
-class ApprovalStatusFilter(_DefaultStatus):
+class ApprovalStatusFilter(DefaultStatusFilter):
     default = APPROVAL_PENDING
     options = [(s, label) for s, label in ApprovalRequest.STATUSES]
 
@@ -139,21 +140,21 @@ class ApprovalRequestAdmin(_QueueAdmin):
             super()
             .get_queryset(request)
             .annotate(
-                n_approved=_count(Decision, "request", approved=True),
-                n_denied=_count(Decision, "request", approved=False),
+                n_approved=related_count(Decision, "request", approved=True),
+                n_denied=related_count(Decision, "request", approved=False),
             )
         )
         return rows
 
     def get_urls(self) -> list[URLPattern]:
-        return [self._url("decide", approval_decide_view), *super().get_urls()]
+        return [self.command_path("decide", approval_decide_view), *super().get_urls()]
 
     def detail(self, request: HttpRequest, obj: Any) -> HttpResponse:
         return approval_detail(self, request, obj)
 
     @admin.display(description="run input")
     def run_input(self, obj: ApprovalRequest) -> str:
-        return _json_cell(obj.run.input)
+        return json_cell(obj.run.input)
 
     @admin.display(description="quorum")
     def quorum(self, obj: Any) -> str:
@@ -161,7 +162,7 @@ class ApprovalRequestAdmin(_QueueAdmin):
 
 
 def approval_detail(
-    admin: ModelAdmin[Any], request: HttpRequest, obj: Any, form: DecisionForm | None = None
+    admin: AnyModelAdmin, request: HttpRequest, obj: Any, form: DecisionForm | None = None
 ) -> TemplateResponse:
     can_decide = allows(request, "decide") and obj.status == APPROVAL_PENDING
     return _detail(
@@ -186,9 +187,9 @@ def approval_detail(
 
 
 def approval_decide_view(
-    admin: ModelAdmin[Any], request: HttpRequest, object_id: str
+    admin: AnyModelAdmin, request: HttpRequest, object_id: str
 ) -> HttpResponse:
-    obj = _posted_object(admin, request, object_id, "decide")
+    obj = posted_object(admin, request, object_id, "decide")
     if isinstance(obj, HttpResponse):
         return obj
     form = DecisionForm(request.POST)
@@ -214,7 +215,7 @@ def approval_decide_view(
         if obj.status != APPROVAL_PENDING or now in (None, APPROVAL_PENDING):
             raise
         recorded = f"Call {obj.call_id} of run {obj.run_id} is {now} (recorded)"
-        _not_handed_over(request, recorded, exc, BY_RECOVERY)
+        not_handed_over(request, recorded, exc, BY_RECOVERY)
         return here
     if obj.status != APPROVAL_PENDING:  # the same decision again: the standing one
         messages.info(request, f"Call {obj.call_id} was already {outcome.status}; nothing changed.")
@@ -265,7 +266,7 @@ class ResolveForm(forms.Form):
         return json_field(text, "The evidence") if text else None
 
 
-class HaltStatusFilter(_DefaultStatus):
+class HaltStatusFilter(DefaultStatusFilter):
     default = HALT_OPEN
     options = [(s, label) for s, label in Halt.STATUSES]
 
@@ -292,7 +293,7 @@ class HaltAdmin(_QueueAdmin):
         return rows
 
     def get_urls(self) -> list[URLPattern]:
-        return [self._url("resolve", halt_resolve_view), *super().get_urls()]
+        return [self.command_path("resolve", halt_resolve_view), *super().get_urls()]
 
     def detail(self, request: HttpRequest, obj: Any) -> HttpResponse:
         return halt_detail(self, request, obj)
@@ -303,7 +304,7 @@ class HaltAdmin(_QueueAdmin):
 
 
 def halt_detail(
-    admin: ModelAdmin[Any], request: HttpRequest, obj: Any, form: ResolveForm | None = None
+    admin: AnyModelAdmin, request: HttpRequest, obj: Any, form: ResolveForm | None = None
 ) -> TemplateResponse:
     return _detail(
         admin,
@@ -314,7 +315,7 @@ def halt_detail(
             "arguments": pretty(obj.arguments),
             "resolution": pretty(obj.resolution) if obj.resolution is not None else None,
             "late": late_evidence(obj.run_id, obj.op_id),
-            "lease": DjangoStore().get_lease(obj.run_id),
+            "lease": site_store().get_lease(obj.run_id),
             "can_resolve": allows(request, "resolve") and obj.status == HALT_OPEN,
             "form": form or ResolveForm(),
             "resolve_url": admin_url(admin, "resolve", obj.pk),
@@ -334,13 +335,13 @@ def late_evidence(run_id: str, op_id: str) -> list[dict[str, Any]]:
             "holder": rec.get("holder"),
             "result": pretty(rec.get("result")),
         }
-        for rec in Journal(DjangoStore()).history(run_id)
+        for rec in Journal(site_store()).history(run_id)
         if rec.name.startswith(prefix)
     ]
 
 
-def halt_resolve_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> HttpResponse:
-    obj = _posted_object(admin, request, object_id, "resolve")
+def halt_resolve_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    obj = posted_object(admin, request, object_id, "resolve")
     if isinstance(obj, HttpResponse):
         return obj
     form = ResolveForm(request.POST)
@@ -372,7 +373,7 @@ def halt_resolve_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: s
         if obj.status != HALT_OPEN or now in (None, HALT_OPEN):
             raise
         recorded = f"The outcome of call {obj.op_id} is recorded and run {obj.run_id} queued"
-        _not_handed_over(request, recorded, exc, BY_RECOVERY)
+        not_handed_over(request, recorded, exc, BY_RECOVERY)
         return HttpResponseRedirect(admin_url(admin, "change", obj.pk))
     messages.success(
         request,

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from .engine.errors import DurableAgentsError
-from .engine.records import Record
+from ..engine.errors import DurableAgentsError
+from ..engine.records import Record
 
 
 def pretty(value: Any) -> str:

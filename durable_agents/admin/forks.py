@@ -13,7 +13,7 @@ Glue only: nothing here writes a journal record or a status by itself.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
@@ -23,36 +23,34 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
-from .admin_timeline import pretty
-from .admin_views import (
-    _missing,
-    _require,
+from ..conf import get_settings
+from ..dispatch import enqueue
+from ..engine.errors import DurableAgentsError
+from ..engine.history import Patch, Step, ToolStep, compare, fork, history
+from ..models import Run
+from .base import (
+    AnyModelAdmin,
     admin_actor,
     admin_url,
     json_field,
+    object_gone,
     page,
+    require,
     run_url,
 )
-from .conf import get_settings
-from .dispatch import enqueue
-from .engine.errors import DurableAgentsError
-from .engine.history import Patch, Step, ToolStep, compare, fork, history
-from .models import Run
-
-if TYPE_CHECKING:
-    from django.contrib.admin import ModelAdmin
+from .timeline import pretty
 
 _TEXTAREA = {"rows": 3, "cols": 60, "class": "da-mono"}
 
 
-def compare_url(admin: ModelAdmin[Any], a: str, b: str) -> str:
+def compare_url(admin: AnyModelAdmin, a: str, b: str) -> str:
     return admin_url(admin, "compare") + "?" + urlencode({"a": a, "b": b})
 
 
 # -- the run page's lineage ---------------------------------------------------------------
 
 
-def lineage(admin: ModelAdmin[Any], run: Any) -> dict[str, Any]:
+def lineage(admin: AnyModelAdmin, run: Any) -> dict[str, Any]:
     """The run's source, its forks (one query) and its session, for the run page."""
     source = None
     if run.forked_from:
@@ -185,13 +183,13 @@ def _call_rows(steps: Sequence[Step], form: ForkForm) -> list[dict[str, Any]]:
     return out
 
 
-def fork_view(admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> HttpResponse:
+def fork_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
     """GET: the form for a fork at ``?step=N``. POST: fork, hand the fork to a driver, and
     go to its page. Both need ``fork_run``; a refusal by the engine writes nothing."""
-    _require(request, "fork")
+    require(request, "fork")
     run = admin.get_object(request, unquote(object_id))
     if run is None:
-        return _missing(admin, request, object_id)
+        return object_gone(admin, request, object_id)
     try:
         steps = history(run.run_id)
     except DurableAgentsError as exc:
@@ -268,7 +266,7 @@ def _step_cells(step: Step | None) -> dict[str, Any] | None:
     return {"text": step.text, "finish": step.finish, "calls": calls}
 
 
-def compare_view(admin: ModelAdmin[Any], request: HttpRequest) -> HttpResponse:
+def compare_view(admin: AnyModelAdmin, request: HttpRequest) -> HttpResponse:
     """Two runs' steps side by side; an unknown run id is said so (404), not a crash."""
     if not admin.has_view_permission(request):
         raise PermissionDenied

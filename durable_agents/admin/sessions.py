@@ -7,7 +7,7 @@ A session is not a row of its own: it is the runs that share a ``session_id`` (o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin.utils import quote, unquote
@@ -16,26 +16,23 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Max, Min, Q
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
-from .admin_views import admin_url, page, run_url
-from .engine.errors import DurableAgentsError
-from .engine.journal import Journal
-from .engine.records import Record
-from .models import Run
-from .storage import DjangoStore
-
-if TYPE_CHECKING:
-    from django.contrib.admin import ModelAdmin
+from ..engine.errors import DurableAgentsError
+from ..engine.journal import Journal
+from ..engine.records import Record
+from ..models import Run
+from ..storage import site_store
+from .base import AnyModelAdmin, admin_url, page, run_url
 
 SESSIONS_PER_PAGE = 100
 JOURNAL_SUFFIX = ">session"
 
 
-def _check(admin: ModelAdmin[Any], request: HttpRequest) -> None:
+def _check(admin: AnyModelAdmin, request: HttpRequest) -> None:
     if not admin.has_view_permission(request):
         raise PermissionDenied
 
 
-def sessions_view(admin: ModelAdmin[Any], request: HttpRequest) -> HttpResponse:
+def sessions_view(admin: AnyModelAdmin, request: HttpRequest) -> HttpResponse:
     """Distinct session ids with their turn counts and last activity: two queries a page
     (the count and the page), whatever the page size."""
     _check(admin, request)
@@ -70,7 +67,7 @@ def sessions_view(admin: ModelAdmin[Any], request: HttpRequest) -> HttpResponse:
 
 
 def _transcript(
-    admin: ModelAdmin[Any], records: list[Record], status: dict[str, str]
+    admin: AnyModelAdmin, records: list[Record], status: dict[str, str]
 ) -> list[dict[str, Any]]:
     """The answered turns in the order they finished, then the messages still waiting."""
     answers = [r for r in records if r.name.startswith("answer:")]
@@ -96,7 +93,7 @@ def _transcript(
     return out
 
 
-def session_view(admin: ModelAdmin[Any], request: HttpRequest, session_id: str) -> HttpResponse:
+def session_view(admin: AnyModelAdmin, request: HttpRequest, session_id: str) -> HttpResponse:
     """The session's transcript (from its journal) and its turn runs: two queries."""
     _check(admin, request)
     sid = unquote(session_id)
@@ -109,7 +106,7 @@ def session_view(admin: ModelAdmin[Any], request: HttpRequest, session_id: str) 
     )
     error = None
     try:
-        records = Journal(DjangoStore()).history(journal_id)
+        records = Journal(site_store()).history(journal_id)
     except DurableAgentsError as exc:
         records, error = [], f"The session's journal cannot be read: {exc} [{exc.code}]"
     if not turns and not records and error is None:

@@ -1,0 +1,353 @@
+"""Runs in the admin: the list, the run page (fields, journal timeline, lineage, approvals,
+halts, lease, action log) and the commands a run takes: resume and cancel (the action
+log's own admin: ``actions``; fork and compare: ``forks``; sessions: ``sessions``).
+
+Every page is read-only: staff change runs only through engine commands (approve, deny,
+resolve, cancel, resume), each behind its own permission and each written to ActionLog.
+List pages annotate what they show, so they cost the same number of queries whatever the
+page size. See docs/admin.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import quote
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import URLPattern, reverse
+
+from ..dispatch import enqueue
+from ..engine.commands import cancel
+from ..engine.errors import DurableAgentsError
+from ..engine.identity import logged
+from ..engine.journal import Journal
+from ..engine.ports import APPROVAL_PENDING, HALT_OPEN, QUEUED, RUNNING, TERMINAL_STATUSES
+from ..engine.records import Record
+from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
+from ..storage import site_store
+from . import forks, sessions
+from .base import (
+    BY_RECOVERY,
+    BY_RESUME,
+    AnyModelAdmin,
+    ReadOnlyAdmin,
+    admin_actor,
+    admin_url,
+    allows,
+    json_cell,
+    not_handed_over,
+    posted_object,
+    related_count,
+    run_url,
+)
+from .timeline import agent_drift, build_timeline
+
+# -- runs ---------------------------------------------------------------------------------
+
+
+@admin.register(Run)
+class RunAdmin(ReadOnlyAdmin):
+    list_display = (
+        "run_id",
+        "agent",
+        "status",
+        "turns",
+        "pending_approvals",
+        "open_halts",
+        "updated_at",
+    )
+    list_filter = ("status", "agent")
+    search_fields = ("run_id", "session_id")
+    actions = ["resume_selected", "cancel_selected"]
+    change_form_template = "admin/durable_agents/run/change_form.html"
+    change_list_template = "admin/durable_agents/run/change_list.html"
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    "run_id",
+                    "agent",
+                    "status",
+                    "session_id",
+                    "turns",
+                    "answer",
+                    "input_pretty",
+                    "attempts",
+                    "last_error_pretty",
+                ]
+            },
+        ),
+        ("Cost", {"fields": ["usage_pretty", "spend_pretty"]}),
+        (
+            "Lineage",
+            {
+                "classes": ["collapse"],
+                "fields": [
+                    "parent_run_id",
+                    "root_run_id",
+                    "forked_from",
+                    "forked_step",
+                    "fingerprint_pretty",
+                ],
+            },
+        ),
+        ("Times", {"fields": ["created_at", "updated_at", "finished_at"]}),
+    ]
+    readonly_fields = [str(f) for _, group in fieldsets for f in group["fields"]]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Run]:
+        rows: QuerySet[Run] = (
+            super()
+            .get_queryset(request)
+            .annotate(
+                n_pending_approvals=related_count(ApprovalRequest, "run", status=APPROVAL_PENDING),
+                n_open_halts=related_count(Halt, "run", status=HALT_OPEN),
+            )
+        )
+        return rows
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_view_permission(request, obj) or allows(request, "view_runs")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return AnyModelAdmin.has_delete_permission(self, request, obj)
+
+    # The actions' ``permissions=[...]`` name these (Django asks ``has_<name>_permission``).
+    def has_resume_run_permission(self, request: HttpRequest) -> bool:
+        return allows(request, "resume")
+
+    def has_cancel_run_permission(self, request: HttpRequest) -> bool:
+        return allows(request, "cancel")
+
+    def get_urls(self) -> list[URLPattern]:
+        # The admin's "<object_id>/" (a redirect to the change page) would swallow
+        # "compare/" and "sessions/<id>/", so those go before it. A run's own pages
+        # ("<object_id>/change/" …) go before the session page, so a run named "sessions"
+        # still opens; a session named "change" (or "history", "delete", "resume", "cancel",
+        # "fork") has no page of its own.
+        own = super().get_urls()
+        catch_all = [u for u in own if str(u.pattern) == "<path:object_id>/"]
+        return [
+            self.command_path("compare", forks.compare_view, "compare/"),
+            self.command_path("sessions", sessions.sessions_view, "sessions/"),
+            self.command_path("resume", run_resume_view),
+            self.command_path("cancel", run_cancel_view),
+            self.command_path("fork", forks.fork_view),
+            *[u for u in own if u not in catch_all],
+            self.command_path("session", sessions.session_view, "sessions/<str:session_id>/"),
+            *catch_all,
+        ]
+
+    @admin.display(description="pending approvals", ordering="n_pending_approvals")
+    def pending_approvals(self, obj: Any) -> int:
+        return int(obj.n_pending_approvals)
+
+    @admin.display(description="open halts", ordering="n_open_halts")
+    def open_halts(self, obj: Any) -> int:
+        return int(obj.n_open_halts)
+
+    @admin.display(description="input")
+    def input_pretty(self, obj: Run) -> str:
+        return json_cell(obj.input)
+
+    @admin.display(description="last error")
+    def last_error_pretty(self, obj: Run) -> str:
+        return json_cell(obj.last_error) if obj.last_error else "-"
+
+    @admin.display(description="usage")
+    def usage_pretty(self, obj: Run) -> str:
+        return json_cell(obj.usage)
+
+    @admin.display(description="spend")
+    def spend_pretty(self, obj: Run) -> str:
+        return json_cell(obj.spend)
+
+    @admin.display(description="fingerprint")
+    def fingerprint_pretty(self, obj: Run) -> str:
+        return json_cell(obj.fingerprint)
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> Any:
+        if obj is not None:
+            context.update(run_context(self, request, obj))
+            context.update(forks.lineage(self, obj))
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    @admin.action(description="Resume selected runs", permissions=["resume_run"])
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        ids = list(queryset.values_list("run_id", flat=True))
+        done, refused = resume_runs(request, ids)
+        report(request, "Handed to a driver", done, refused)
+
+    @admin.action(description="Cancel selected runs", permissions=["cancel_run"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        ids = list(queryset.values_list("run_id", flat=True))
+        done, refused = cancel_runs(request, ids, "cancelled in the admin")
+        report(request, "Cancelled", done, refused)
+
+    # Deleting a run removes its journal, lease, approvals and halts; the ActionLog row,
+    # written in the same transaction as the delete, stays (it is keyed by run id only).
+
+    def delete_model(self, request: HttpRequest, obj: Run) -> None:
+        self._log_deletes(request, [obj])
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        self._log_deletes(request, list(queryset))
+        super().delete_queryset(request, queryset)
+
+    def _log_deletes(self, request: HttpRequest, runs: list[Run]) -> None:
+        store = site_store()
+        who = admin_actor(request)
+        for run in runs:
+            store.log_action(
+                logged(
+                    who,
+                    "delete",
+                    run.run_id,
+                    "",
+                    {"agent": run.agent, "status": run.status, "via": "admin"},
+                )
+            )
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        """A summary instead of every journal entry; and only ``delete_run`` is needed, since
+        the rows that go with a run cannot be deleted on their own."""
+        runs = list(objs)
+        ids = [r.pk for r in runs]
+        related: list[tuple[Any, str]] = [
+            (JournalEntry, "journal entries"),
+            (ApprovalRequest, "approval requests"),
+            (Halt, "halts"),
+            (Lease, "leases"),
+        ]
+        counts: dict[str, dict[str, int]] = {}
+        for model, label in related:
+            rows = (
+                model._default_manager.filter(run_id__in=ids)
+                .values("run_id")
+                .annotate(n=Count("pk"))
+            )
+            counts[label] = {r["run_id"]: r["n"] for r in rows}
+        summary = [
+            f"Run: {run.run_id} ({', '.join(f'{c.get(run.pk, 0)} {k}' for k, c in counts.items())})"
+            for run in runs
+        ]
+        model_count = {str(Run._meta.verbose_name_plural): len(runs)}
+        model_count.update({k: sum(c.values()) for k, c in counts.items()})
+        return summary, model_count, set(), []
+
+
+# -- the run page ------------------------------------------------------------------------
+
+
+def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[str, Any]:
+    """Everything the run page shows beyond its fields (lineage: ``forks.lineage``)."""
+    store = site_store()
+    timeline_error = None
+    records: list[Record] = []
+    try:
+        records = Journal(store).history(run.run_id)
+    except DurableAgentsError as exc:
+        timeline_error = str(exc)
+    can_fork = allows(request, "fork") and bool(records)
+    approvals = [
+        {"obj": a, "url": reverse("admin:durable_agents_approvalrequest_change", args=[a.pk])}
+        for a in run.approval_requests.order_by("created_at")
+    ]
+    halts = [
+        {"obj": h, "url": reverse("admin:durable_agents_halt_change", args=[h.pk])}
+        for h in run.halts.order_by("created_at")
+    ]
+    return {
+        "timeline": build_timeline(records),
+        "timeline_error": timeline_error,
+        **agent_drift(records, fallback=run.fingerprint),
+        "fork_url": admin_url(admin, "fork", quote(run.run_id)) if can_fork else None,
+        "lease": store.get_lease(run.run_id),
+        "action_log": [
+            {"row": a, "payload": json.dumps(a.payload, ensure_ascii=False, default=str)}
+            for a in ActionLog.objects.filter(run_id=run.run_id)[:200]
+        ],
+        "run_approvals": approvals,
+        "run_halts": halts,
+        "can_operate": allows(request, "cancel"),
+        "run_finished": run.status in TERMINAL_STATUSES,
+        "resume_url": admin_url(admin, "resume", quote(run.run_id)),
+        "cancel_url": admin_url(admin, "cancel", quote(run.run_id)),
+    }
+
+
+# -- resume and cancel ------------------------------------------------------------------
+
+
+def resume_runs(request: HttpRequest, run_ids: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Hand unfinished runs to a driver, logging each; returns (resumed, refused)."""
+    store = site_store()
+    resumed, refused = [], []
+    for run_id in run_ids:
+        run = store.get_run(run_id)
+        if run is None or run.status in TERMINAL_STATUSES:
+            refused.append(f"{run_id} ({'deleted' if run is None else run.status})")
+            continue
+        store.log_action(logged(admin_actor(request), "resume", run_id, "", {"via": "admin"}))
+        try:
+            enqueue(run_id)
+        except Exception as exc:  # enqueue only hands over: the broker is unreachable
+            then = BY_RECOVERY if run.status in (QUEUED, RUNNING) else BY_RESUME
+            not_handed_over(request, f"The resume of run {run_id} is logged", exc, then)
+            continue
+        resumed.append(run_id)
+    return resumed, refused
+
+
+def cancel_runs(
+    request: HttpRequest, run_ids: Iterable[str], reason: str
+) -> tuple[list[str], list[str]]:
+    done, refused = [], []
+    for run_id in run_ids:
+        try:
+            cancel(run_id, by=admin_actor(request), reason=reason)
+        except DurableAgentsError as exc:
+            refused.append(f"{run_id}: {exc}")
+        else:
+            done.append(run_id)
+    return done, refused
+
+
+def report(request: HttpRequest, verb: str, done: list[str], refused: list[str]) -> None:
+    if done:
+        messages.success(request, f"{verb}: {', '.join(done)}")
+    for why in refused:
+        messages.error(request, f"Not {verb.lower()}: {why}")
+
+
+def run_resume_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    run = posted_object(admin, request, object_id, "resume")
+    if isinstance(run, HttpResponse):
+        return run
+    done, refused = resume_runs(request, [run.run_id])
+    report(request, "Handed to a driver", done, refused)
+    return HttpResponseRedirect(run_url(admin, run.run_id))
+
+
+def run_cancel_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    run = posted_object(admin, request, object_id, "cancel")
+    if isinstance(run, HttpResponse):
+        return run
+    reason = str(request.POST.get("reason") or "").strip()[:1000]
+    done, refused = cancel_runs(request, [run.run_id], reason or "cancelled in the admin")
+    report(request, "Cancelled", done, refused)
+    return HttpResponseRedirect(run_url(admin, run.run_id))
