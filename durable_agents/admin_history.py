@@ -35,8 +35,9 @@ from .admin_views import (
 )
 from .conf import get_settings
 from .dispatch import enqueue
+from .engine.commands.forks import Patch, fork
 from .engine.errors import DurableAgentsError
-from .engine.history import Patch, Step, ToolStep, compare, fork, history
+from .engine.steps import Step, ToolStep, compare, history
 from .models import Run
 
 if TYPE_CHECKING:

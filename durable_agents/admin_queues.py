@@ -31,9 +31,9 @@ from .admin_views import (
     page,
     run_url,
 )
-from .engine.approvals import approve
+from .engine.commands.approvals import approve
+from .engine.commands.halts import resolve_halt
 from .engine.errors import DurableAgentsError
-from .engine.halts import resolve_halt
 from .engine.journal import Journal
 from .engine.ports import APPROVAL_PENDING, HALT_OPEN
 from .models import ApprovalRequest, Decision, Halt, Lease
@@ -334,7 +334,7 @@ def late_evidence(run_id: str, op_id: str) -> list[dict[str, Any]]:
             "holder": rec.get("holder"),
             "result": pretty(rec.get("result")),
         }
-        for rec in Journal(DjangoStore()).history(run_id)
+        for rec in Journal(DjangoStore()).records(run_id)
         if rec.name.startswith(prefix)
     ]
 

@@ -109,7 +109,7 @@ def session_view(admin: ModelAdmin[Any], request: HttpRequest, session_id: str) 
     )
     error = None
     try:
-        records = Journal(DjangoStore()).history(journal_id)
+        records = Journal(DjangoStore()).records(journal_id)
     except DurableAgentsError as exc:
         records, error = [], f"The session's journal cannot be read: {exc} [{exc.code}]"
     if not turns and not records and error is None:

@@ -28,7 +28,7 @@ from django.urls import reverse
 from . import permissions
 from .admin_timeline import agent_drift, build_timeline
 from .dispatch import enqueue
-from .engine.commands import cancel
+from .engine.commands.runs import cancel
 from .engine.errors import DurableAgentsError
 from .engine.identity import Actor, logged
 from .engine.journal import Journal
@@ -122,7 +122,7 @@ def run_context(admin: ModelAdmin[Any], request: HttpRequest, run: Any) -> dict[
     timeline_error = None
     records: list[Record] = []
     try:
-        records = Journal(store).history(run.run_id)
+        records = Journal(store).records(run.run_id)
     except DurableAgentsError as exc:
         timeline_error = str(exc)
     can_fork = allows(request, "fork") and bool(records)

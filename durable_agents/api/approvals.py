@@ -23,11 +23,11 @@ from ninja import Router
 
 from ..engine.approvals import (
     ApprovalOutcome,
-    approve,
     arguments_digest,
     resolve_approver,
     tally,
 )
+from ..engine.commands.approvals import approve
 from ..engine.ports import DecisionInfo
 from ..engine.records import decode
 from ..models import ApprovalRequest, JournalEntry

@@ -15,7 +15,7 @@ from ninja import Router, Status
 from ..conf import get_settings
 from ..dispatch import enqueue
 from ..engine.agent import Agent, get_agent
-from ..engine.commands import cancel, get_run
+from ..engine.commands.runs import cancel, get_run
 from ..engine.errors import ConfigError
 from ..engine.identity import logged
 from ..engine.journal import Journal
@@ -143,7 +143,7 @@ def run_journal(
     check(request, "view_runs")
     run_id = checked_run_id(run_id)
     get_run(run_id)
-    records = [r for r in Journal(DjangoStore()).history(run_id) if r.seq > after][:limit]
+    records = [r for r in Journal(DjangoStore()).records(run_id) if r.seq > after][:limit]
     return JournalOut(
         run_id=run_id,
         records=[

@@ -9,10 +9,11 @@ from ninja import Router, Status
 
 from ..conf import get_settings
 from ..engine.agent import Agent
+from ..engine.commands.sessions import Session
 from ..engine.errors import ApprovalPending
 from ..engine.identity import logged
 from ..engine.journal import Journal
-from ..engine.sessions import Session, validate_session_id
+from ..engine.names import validate_session_id
 from ..models import ApprovalRequest, Run
 from ..storage import DjangoStore
 from .approvals import approvals_out
@@ -115,7 +116,7 @@ def read_session(request: HttpRequest, session_id: str) -> SessionOut:
     journal_run = store.get_run(f"{session_id}>session")
     if journal_run is None:
         raise ApiError(404, "session.not_found", f"no session {session_id!r}")
-    records = Journal(store).history(f"{session_id}>session")
+    records = Journal(store).records(f"{session_id}>session")
     answers = [r for r in records if r.name.startswith("answer:")]
     answered = {r.get("run_id") for r in answers}
     started = [r for r in records if r.name.startswith(("turn:", "event:"))]
