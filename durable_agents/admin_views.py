@@ -4,8 +4,9 @@ helpers the other admin modules' handlers share. The approval and halt pages liv
 ``admin_history`` and ``admin_sessions``.
 
 Glue only: every change goes through an engine command (``approve``, ``resolve_halt``,
-``cancel``) or ``dispatch.enqueue``; nothing here sets a status. Each handler checks its own
-permission, so a POST made without the button is refused the same way. A hand-over to a
+``cancel``, ``hand_over``), which also writes the action log; nothing here sets a status.
+Each handler checks its own permission, so a POST made without the button is refused the
+same way. A hand-over to a
 driver that fails (the Celery broker is down) is a warning, not a 500: what staff decided is
 recorded by then, and the page says how the run gets going again.
 """
@@ -27,10 +28,9 @@ from django.urls import reverse
 
 from . import permissions
 from .admin_timeline import agent_drift, build_timeline
-from .dispatch import enqueue
-from .engine.commands.runs import cancel
+from .engine.commands.runs import cancel, hand_over
 from .engine.errors import DurableAgentsError
-from .engine.identity import Actor, logged
+from .engine.identity import Actor
 from .engine.journal import Journal
 from .engine.ports import QUEUED, RUNNING, TERMINAL_STATUSES
 from .engine.records import Record
@@ -157,7 +157,8 @@ def run_context(admin: ModelAdmin[Any], request: HttpRequest, run: Any) -> dict[
 
 
 def resume_runs(request: HttpRequest, run_ids: Iterable[str]) -> tuple[list[str], list[str]]:
-    """Hand unfinished runs to a driver, logging each; returns (resumed, refused)."""
+    """Hand unfinished runs to a driver (the engine's ``hand_over``, which logs each);
+    returns (resumed, refused)."""
     store = DjangoStore()
     resumed, refused = [], []
     for run_id in run_ids:
@@ -165,10 +166,12 @@ def resume_runs(request: HttpRequest, run_ids: Iterable[str]) -> tuple[list[str]
         if run is None or run.status in TERMINAL_STATUSES:
             refused.append(f"{run_id} ({'deleted' if run is None else run.status})")
             continue
-        store.log_action(logged(admin_actor(request), "resume", run_id, "", {"via": "admin"}))
         try:
-            enqueue(run_id)
-        except Exception as exc:  # enqueue only hands over: the broker is unreachable
+            hand_over(run_id, by=admin_actor(request), via="admin", store=store)
+        except DurableAgentsError as exc:  # its state moved on since it was read
+            refused.append(f"{run_id}: {exc}")
+            continue
+        except Exception as exc:  # logged; only the hand-over failed: the broker is unreachable
             then = BY_RECOVERY if run.status in (QUEUED, RUNNING) else BY_RESUME
             _not_handed_over(request, f"The resume of run {run_id} is logged", exc, then)
             continue

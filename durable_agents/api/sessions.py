@@ -8,10 +8,8 @@ from django.http import HttpRequest
 from ninja import Router, Status
 
 from ..conf import get_settings
-from ..engine.agent import Agent
 from ..engine.commands.sessions import Session
 from ..engine.errors import ApprovalPending
-from ..engine.identity import logged
 from ..engine.journal import Journal
 from ..engine.names import validate_session_id
 from ..models import ApprovalRequest, Run
@@ -49,8 +47,7 @@ def _session(session_id: str, agent_name: str | None) -> Session:
             "session.agent_missing",
             f"session {session_id!r} is new: say which agent it talks to ({{'agent': ...}})",
         )
-    agent: Agent = _agent(name)
-    return agent.session(session_id)
+    return Session(_agent(name), session_id)
 
 
 def _awaiting(exc: ApprovalPending) -> ApiError:
@@ -72,8 +69,7 @@ def send_message(request: HttpRequest, session_id: str, payload: MessageIn) -> S
     session = _session(session_id, payload.agent)
     try:
         with transaction.atomic(using=get_settings().database):
-            run_id = session.submit(payload.text)
-            DjangoStore().log_action(logged(by, "send", run_id, session_id))
+            run_id = session.submit(payload.text, by=by)
     except ApprovalPending as exc:
         raise _awaiting(exc) from None
     return Status(202, SubmitOut(session_id=session_id, run_id=run_id))
@@ -92,10 +88,8 @@ def send_once(
     by = require(request, "start")
     session = _session(session_id, payload.agent)
     with transaction.atomic(using=get_settings().database):
-        sent = session.send_once(key, payload.text)
         # Every delivery is logged, redeliveries too: each one may hand the turn over again.
-        said = {"key": key, "status": sent.status}
-        DjangoStore().log_action(logged(by, "send_once", sent.run_id, session_id, said))
+        sent = session.send_once(key, payload.text, by=by)
     out = SendOnceOut(
         session_id=session_id,
         key=key,
