@@ -25,10 +25,9 @@ from . import (
 from . import admin_sessions as sessions
 from . import admin_views as views
 from .admin_base import _count, _json_cell, _ModelAdmin, _ReadOnly
-from .engine.identity import logged
+from .engine.commands.runs import delete
 from .engine.ports import APPROVAL_PENDING, HALT_OPEN
 from .models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
-from .storage import DjangoStore
 
 # -- runs ---------------------------------------------------------------------------------
 
@@ -177,30 +176,17 @@ class RunAdmin(_ReadOnly):
         done, refused = views.cancel_runs(request, ids, "cancelled in the admin")
         views.report(request, "Cancelled", done, refused)
 
-    # Deleting a run removes its journal, lease, approvals and halts; the ActionLog row,
-    # written in the same transaction as the delete, stays (it is keyed by run id only).
+    # Deleting a run removes its journal, lease, approvals and halts; the ActionLog row the
+    # engine's delete command writes in the same transaction as the delete stays (it is
+    # keyed by run id only).
 
     def delete_model(self, request: HttpRequest, obj: Run) -> None:
-        self._log_deletes(request, [obj])
-        super().delete_model(request, obj)
+        delete(obj.run_id, by=views.admin_actor(request), via="admin")
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        self._log_deletes(request, list(queryset))
-        super().delete_queryset(request, queryset)
-
-    def _log_deletes(self, request: HttpRequest, runs: list[Run]) -> None:
-        store = DjangoStore()
         who = views.admin_actor(request)
-        for run in runs:
-            store.log_action(
-                logged(
-                    who,
-                    "delete",
-                    run.run_id,
-                    "",
-                    {"agent": run.agent, "status": run.status, "via": "admin"},
-                )
-            )
+        for run_id in list(queryset.values_list("run_id", flat=True)):
+            delete(run_id, by=who, via="admin")
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
         """A summary instead of every journal entry; and only ``delete_run`` is needed, since

@@ -240,6 +240,20 @@ def record_answer(store: Store, run_id: str, text: str, answer: str) -> None:
     )
 
 
+def delete(run_id: str, *, by: Any, via: str | None = None, store: Store | None = None) -> None:
+    """Delete a run, its journal, lease, approval requests and halts: the one exception to
+    an append-only journal, logged as ``by``'s ``delete`` (the log row is keyed by run id
+    only, so it stays). Inside a transaction, the log and the delete commit together."""
+    actor = identity.resolve(by)
+    store = store or runtime.store()
+    run = get_run(run_id, store=store)
+    payload: dict[str, Any] = {"agent": run.agent, "status": run.status}
+    if via:
+        payload["via"] = via
+    store.log_action(identity.logged(actor, "delete", run_id, "", payload))
+    store.delete_run(run_id)
+
+
 def _fail_undriven(store: Store, run: RunInfo, exc: ConfigError) -> None:
     """A run this process cannot drive at all (its agent is not loaded here) is marked
     failed with why, under its lease, so recovery does not hand it over again and again."""
