@@ -75,7 +75,7 @@ from .ports import (
 from .records import Record, decode, encode, refuse_nul, validate_run_id
 from .redact import error_text
 from .tools import Tool, ToolContext
-from .transcript import RunState
+from .transcript import RunState, outcome_of
 
 log = logging.getLogger("durable_agents")
 
@@ -392,7 +392,7 @@ class Driver:
             if rec is not None:
                 by = rec.get("by")
                 self.store.resolve_halt_row(
-                    self.run_id, halt.op_id, names.outcome_of(rec), str(by) if by else None
+                    self.run_id, halt.op_id, outcome_of(rec), str(by) if by else None
                 )
 
     def _check_drift(self) -> None:

@@ -1,5 +1,8 @@
 """The journal's vocabulary: every record name, and the bodies more than one module writes.
 
+This module is the bottom of the engine (it imports only ``errors``), so every other
+module, ``records`` included, may use it.
+
 A record's name is its identity (unique per run, first writer wins), so a name spelled two
 ways would be two records. Every module builds names and shared bodies here; none spells a
 journal name as a string literal. The table in docs/guarantees.md and DESIGN.md lists what
@@ -18,11 +21,10 @@ from typing import Any
 from urllib.parse import quote
 
 from .errors import ConfigError
-from .records import HEADER_NAME, Record
 
 # -- a run's journal ---------------------------------------------------------------------
 
-HEADER = HEADER_NAME  # "@journal": the format version, first record of every run
+HEADER = "@journal"  # the journal's format version, first record of every run
 RUN_START = "run:start"
 RUN_COMPLETE = "run:complete"
 RUN_CANCELLED = "run:cancelled"
@@ -160,22 +162,6 @@ def tool_body(
         "read_only": read_only,
         "reconciled": reconciled,
         **extra,
-    }
-
-
-def outcome_of(record: Record) -> dict[str, Any]:
-    """A halt row's resolution, as the journal's outcome record (``tool:`` or ``step:``)
-    holds it."""
-    if record.kind == "step":
-        return {
-            "result": record.get("value"),
-            "is_error": False,
-            "evidence": record.get("evidence"),
-        }
-    return {
-        "result": record.get("result"),
-        "is_error": bool(record.get("is_error")),
-        "evidence": record.get("evidence"),
     }
 
 

@@ -237,3 +237,19 @@ class RunState:
             self._call_ids.update(c.id for c in self.calls(turn))
         self._counted[2] = len(self.turns)
         return set(self._call_ids)
+
+
+def outcome_of(record: Record) -> dict[str, Any]:
+    """A halt row's resolution, as the journal's outcome record (``tool:`` or ``step:``)
+    holds it."""
+    if record.kind == "step":
+        return {
+            "result": record.get("value"),
+            "is_error": False,
+            "evidence": record.get("evidence"),
+        }
+    return {
+        "result": record.get("result"),
+        "is_error": bool(record.get("is_error")),
+        "evidence": record.get("evidence"),
+    }

@@ -175,3 +175,58 @@ def test_the_checks_see_function_level_and_type_checking_imports(tmp_path):
     assert set(found) >= {f"{ENGINE}.agent", f"{ENGINE}.commands.runs", "django"}
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _spelled_names(path: Path) -> list[str]:
+    """Journal names spelled as string literals (docstrings aside) in ``path``."""
+    from durable_agents.engine import names
+
+    whole = {names.HEADER, names.RUN_START, names.RUN_COMPLETE, names.RUN_CANCELLED}
+    whole.add(names.FORK_DONE)  # not "fork": that is also an action and a record kind
+    prefixes = (
+        names.MODEL,
+        names.TOOL,
+        names.ATTEMPT,
+        names.NOT_STARTED,
+        names.APPROVAL,
+        names.STEP,
+        names.USER,
+        names.SPEND,
+        names.LATE,
+        names.DRIFT,
+        names.TURN,
+        names.EVENT,
+        names.ANSWER,
+    )
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr) and node.values:
+            head = node.values[0]
+            if isinstance(head, ast.Constant) and str(head.value).startswith(prefixes):
+                found.append(f"{path.name}:{node.lineno}: f{head.value!r}...")
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and (node.value in whole or node.value in prefixes)
+        ):
+            found.append(f"{path.name}:{node.lineno}: {node.value!r}")
+    return found
+
+
+def test_journal_names_are_spelled_only_in_names():
+    spelled = [
+        hit
+        for name, path in _engine_modules().items()
+        if name != f"{ENGINE}.names"
+        for hit in _spelled_names(path)
+    ]
+    assert spelled == []

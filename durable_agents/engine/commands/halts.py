@@ -41,9 +41,9 @@ from ..errors import (
 )
 from ..journal import Journal
 from ..leases import HeldLease
-from ..names import outcome_of
 from ..ports import CANCELLED, HALTED, KIND_AGENT, QUEUED, RunInfo, Store
 from ..records import Record, encode, refuse_nul
+from ..transcript import outcome_of
 
 
 @dataclass(frozen=True)
