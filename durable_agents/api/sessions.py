@@ -8,6 +8,7 @@ from django.http import HttpRequest
 from ninja import Router, Status
 
 from ..conf import get_settings
+from ..engine import names
 from ..engine.commands.sessions import Session
 from ..engine.errors import ApprovalPending
 from ..engine.journal import Journal
@@ -32,7 +33,7 @@ router = Router(tags=["sessions"])
 
 def _session(session_id: str, agent_name: str | None) -> Session:
     validate_session_id(session_id)
-    journal_run = DjangoStore().get_run(f"{session_id}>session")
+    journal_run = DjangoStore().get_run(names.session_journal(session_id))
     recorded = journal_run.agent if journal_run is not None else None
     if recorded and agent_name and agent_name != recorded:
         raise ApiError(
@@ -107,13 +108,13 @@ def read_session(request: HttpRequest, session_id: str) -> SessionOut:
     check(request, "view_runs")
     validate_session_id(session_id)
     store = DjangoStore()
-    journal_run = store.get_run(f"{session_id}>session")
+    journal_run = store.get_run(names.session_journal(session_id))
     if journal_run is None:
         raise ApiError(404, "session.not_found", f"no session {session_id!r}")
-    records = Journal(store).records(f"{session_id}>session")
-    answers = [r for r in records if r.name.startswith("answer:")]
+    records = Journal(store).records(names.session_journal(session_id))
+    answers = [r for r in records if r.name.startswith(names.ANSWER)]
     answered = {r.get("run_id") for r in answers}
-    started = [r for r in records if r.name.startswith(("turn:", "event:"))]
+    started = [r for r in records if r.name.startswith((names.TURN, names.EVENT))]
     open_turns = [str(r.get("run_id")) for r in started if r.get("run_id") not in answered]
     runs = {r.run_id: r for r in Run.objects.filter(run_id__in=open_turns)}
     pending = ApprovalRequest.objects.filter(run_id__in=open_turns, status="pending")

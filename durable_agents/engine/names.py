@@ -200,9 +200,12 @@ def encode_key(key: object) -> str:
     return encoded
 
 
+SESSION_JOURNAL_SUFFIX = ">session"
+
+
 def session_journal(session_id: str) -> str:
     """The run id of a session's own journal (turns, deliveries, answers)."""
-    return f"{session_id}>session"
+    return f"{session_id}{SESSION_JOURNAL_SUFFIX}"
 
 
 def turn_run(session_id: str, n: int) -> str:
