@@ -116,7 +116,7 @@ def main() -> None:
         wall, cpu = time.perf_counter(), time.process_time()
         live.run(run_id, "Go.")
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        records = len(journal.history(run_id))
+        records = len(journal.records(run_id))
         while len(samples) < records:
             raw_insert()
         return wall - inside[0], cpu - inside[1], records
@@ -141,7 +141,7 @@ def main() -> None:
     resume_id = f"bench-resume-{tag}"
     created.append(resume_id)
     first = replay.run(resume_id, "Go.")
-    steps = len(journal.history(resume_id))
+    steps = len(journal.records(resume_id))
     requests = replay.model.requests
 
     counting = CountingStore()

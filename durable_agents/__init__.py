@@ -5,32 +5,40 @@ The public API is what ``__all__`` lists; everything else may change.
 
 __version__ = "0.2.0.dev0"
 
-from .engine.agent import Agent, ModelRetry, RunResult
-from .engine.approvals import (
+from .engine.agent import Agent
+from .engine.approvals import ApprovalOutcome, Quorum, decision_bytes
+from .engine.commands.approvals import approve
+from .engine.commands.forks import Patch, fork
+from .engine.commands.halts import resolve_halt
+from .engine.commands.recovery import recover
+from .engine.commands.runs import PendingRun, cancel, pending, resume
+from .engine.commands.sessions import SendResult, Session
+from .engine.definition import ModelRetry, RunResult
+from .engine.errors import (
+    AgentDrift,
     ApprovalAlreadyDecided,
     ApprovalBadSignature,
     ApprovalNotFound,
     ApprovalOrphaned,
-    ApprovalOutcome,
+    ApprovalPending,
     ApprovalSignatureOutdated,
     ApproverNotEligible,
-    Quorum,
-    approve,
-    decision_bytes,
-)
-from .engine.commands import PendingRun, cancel, pending, resume
-from .engine.errors import (
-    ApprovalPending,
     BudgetError,
     ConfigError,
     DurableAgentsError,
+    HaltAlreadyResolved,
+    HaltInFlight,
+    HaltOrphaned,
+    HaltTooYoung,
     InterruptPending,
     JournalVersionError,
     LeaseLost,
     ModelError,
+    NoLiveAttempt,
     OutcomeUnknown,
     Pause,
     ProtocolError,
+    ResumeToolMissing,
     RunBusy,
     SignalPending,
     StorageError,
@@ -38,20 +46,9 @@ from .engine.errors import (
     ToolError,
     ToolOutcomeUnknown,
 )
-from .engine.halts import (
-    HaltAlreadyResolved,
-    HaltInFlight,
-    HaltOrphaned,
-    HaltTooYoung,
-    NoLiveAttempt,
-    resolve_halt,
-)
-from .engine.history import Comparison, Patch, Step, as_of, compare, fork, history
 from .engine.identity import Actor
 from .engine.journal import Journal
-from .engine.loop import AgentDrift, ResumeToolMissing
-from .engine.recovery import recover
-from .engine.sessions import SendResult, Session
+from .engine.steps import Comparison, Step, as_of, compare, history
 from .engine.tools import Tool, ToolContext, tool
 
 __all__ = [

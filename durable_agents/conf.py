@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .engine.errors import ConfigError
-from .engine.recovery import RetryPolicy
+from .engine.retry import RetryPolicy
 
 # Where the reference docs live for people who installed the wheel (it does not carry docs/).
 DOCS_URL = "https://github.com/durable-agents/durable-agents/blob/main/docs/"

@@ -34,7 +34,7 @@ def send_to_celery(run_id: str) -> None:
 
 
 def drive_inline(run_id: str) -> None:
-    from .engine.commands import drive_quietly
+    from .engine.commands.runs import drive_quietly
 
     outcome = drive_quietly(run_id)
     log.debug("run %s driven inline: %s", run_id, outcome)

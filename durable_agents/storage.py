@@ -33,7 +33,7 @@ from django.utils.dateparse import parse_datetime
 from psycopg.types.json import Jsonb
 
 from .engine import failpoints
-from .engine.errors import ConfigError, LeaseLost, StorageError
+from .engine.errors import ApprovalNotFound, ConfigError, LeaseLost, StorageError
 from .engine.ports import (
     APPROVAL_PENDING,
     HALT_OPEN,
@@ -559,9 +559,8 @@ class DjangoStore:
             .first()
         )
         if request is None:
-            raise ConfigError(
-                f"no approval request for call {decision.call_id!r} of run {decision.run_id!r}",
-                code="approval.not_found",
+            raise ApprovalNotFound(
+                f"no approval request for call {decision.call_id!r} of run {decision.run_id!r}"
             )
         try:
             with transaction.atomic(using=self.using):

@@ -1,7 +1,9 @@
 """Celery tasks, thin on purpose: they call engine commands.
 
 * ``drive_run(run_id)`` drives a run under its lease (``acks_late``: a message comes back if
-  the worker process dies). ``RunBusy`` is not a failure: another driver has the run. A
+  the worker process dies). It answers in ``drive_quietly``'s words (``finished``,
+  ``paused``, ``busy``, ``lease_lost``, ``stopped``, ``failed``). ``RunBusy`` is not a
+  failure: another driver has the run. A
   retryable failure (provider 5xx, rate limit, database blip) is retried with backoff; a
   non-retryable one leaves the run ``failed`` with its error.
 * ``recover_runs()`` is one recovery pass, for Celery beat.
@@ -16,8 +18,8 @@ from celery import shared_task
 from django.db import close_old_connections
 
 from .conf import get_settings
-from .engine import commands
-from .engine.errors import DriveStopped, DurableAgentsError, LeaseLost, Pause, RunBusy
+from .engine.commands import runs
+from .engine.errors import DurableAgentsError, Pause
 
 log = logging.getLogger("durable_agents.tasks")
 
@@ -32,23 +34,23 @@ log = logging.getLogger("durable_agents.tasks")
 def drive_run(self: Any, run_id: str) -> str:
     close_old_connections()
     try:
-        commands.resume(run_id)
-        return "finished"
-    except Pause:
-        return "paused"
-    except (RunBusy, LeaseLost):
-        return "busy"  # another driver has it; recovery covers it if that driver dies
-    except DriveStopped:
-        return "stopped"  # shutting down; recovery hands it to another worker
-    except DurableAgentsError as exc:
+        runs.resume(run_id)
+        return runs.FINISHED_OUTCOME
+    except (Pause, DurableAgentsError) as exc:
+        # The words are ``drive_quietly``'s: a pause, a busy run, a lost lease or a shutdown
+        # is an outcome (recovery covers a run another driver had, if that driver dies).
+        said = runs.outcome(exc)
+        if said is not None:
+            return said
+        assert isinstance(exc, DurableAgentsError)
         if not exc.retryable:
             log.warning("run %s failed: %s", run_id, exc)
-            return "failed"
+            return runs.FAILED_OUTCOME
         policy = get_settings().retry
-        run = commands.get_run(run_id)
+        run = runs.get_run(run_id)
         if run.attempts >= policy.max_attempts:
             log.warning("run %s failed %d times in a row: %s", run_id, run.attempts, exc)
-            return "failed"
+            return runs.FAILED_OUTCOME
         raise self.retry(countdown=policy.delay(run.attempts), max_retries=None) from exc
     finally:
         close_old_connections()
@@ -56,7 +58,7 @@ def drive_run(self: Any, run_id: str) -> str:
 
 @shared_task(name="durable_agents.tasks.recover_runs", ignore_result=True)  # type: ignore[untyped-decorator]
 def recover_runs() -> int:
-    from .recovery import recover
+    from .engine.commands.recovery import recover
 
     close_old_connections()
     try:

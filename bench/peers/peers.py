@@ -140,7 +140,7 @@ def durable_agents_blocks(data: str, per_round: int) -> tuple[dict[str, Measure]
         start = time.perf_counter()
         long_agent.run(run_id, "Go.")
         elapsed = time.perf_counter() - start
-        records = len(journal.history(run_id))
+        records = len(journal.records(run_id))
         assert records == STEPS, records
         return [elapsed / records]
 
@@ -152,7 +152,7 @@ def durable_agents_blocks(data: str, per_round: int) -> tuple[dict[str, Measure]
             start = time.perf_counter()
             short_agent.run(run_id, "Go.")
             samples.append(time.perf_counter() - start)
-        assert len(journal.history(created[-1])) == 4
+        assert len(journal.records(created[-1])) == 4
         return samples
 
     def close() -> None:

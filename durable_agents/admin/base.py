@@ -3,7 +3,8 @@ the status filter that opens on a queue, the list cells (correlated counts, JSON
 helpers the POST handlers share (who acts, URLs, refusals, pages, JSON form fields).
 
 Glue only: every change goes through an engine command (``approve``, ``resolve_halt``,
-``cancel``, ``fork``) or ``dispatch.enqueue``; nothing here sets a status. Each handler
+``cancel``, ``fork``, ``hand_over``), which also writes the action log; nothing here sets a
+status. Each handler
 checks its own permission, so a POST made without the button is refused the same way. A
 hand-over to a driver that fails (the Celery broker is down) is a warning, not a 500: what
 staff decided is recorded by then, and the page says how the run gets going again.

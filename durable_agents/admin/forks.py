@@ -25,8 +25,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
 from ..conf import get_settings
 from ..dispatch import enqueue
+from ..engine.commands.forks import Patch, fork
 from ..engine.errors import DurableAgentsError
-from ..engine.history import Patch, Step, ToolStep, compare, fork, history
+from ..engine.steps import Step, ToolStep, compare, history
 from ..models import Run
 from .base import (
     AnyModelAdmin,

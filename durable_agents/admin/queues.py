@@ -17,9 +17,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern
 
-from ..engine.approvals import approve
+from ..engine.commands.approvals import approve
+from ..engine.commands.halts import resolve_halt
 from ..engine.errors import DurableAgentsError
-from ..engine.halts import resolve_halt
 from ..engine.journal import Journal
 from ..engine.ports import APPROVAL_PENDING, HALT_OPEN
 from ..models import ApprovalRequest, Decision, Halt, Lease
@@ -335,7 +335,7 @@ def late_evidence(run_id: str, op_id: str) -> list[dict[str, Any]]:
             "holder": rec.get("holder"),
             "result": pretty(rec.get("result")),
         }
-        for rec in Journal(site_store()).history(run_id)
+        for rec in Journal(site_store()).records(run_id)
         if rec.name.startswith(prefix)
     ]
 

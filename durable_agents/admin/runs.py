@@ -20,10 +20,8 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, reverse
 
-from ..dispatch import enqueue
-from ..engine.commands import cancel
+from ..engine.commands.runs import cancel, delete, hand_over
 from ..engine.errors import DurableAgentsError
-from ..engine.identity import logged
 from ..engine.journal import Journal
 from ..engine.ports import APPROVAL_PENDING, HALT_OPEN, QUEUED, RUNNING, TERMINAL_STATUSES
 from ..engine.records import Record
@@ -197,30 +195,17 @@ class RunAdmin(ReadOnlyAdmin):
         done, refused = cancel_runs(request, ids, "cancelled in the admin")
         report(request, "Cancelled", done, refused)
 
-    # Deleting a run removes its journal, lease, approvals and halts; the ActionLog row,
-    # written in the same transaction as the delete, stays (it is keyed by run id only).
+    # Deleting a run removes its journal, lease, approvals and halts; the ActionLog row the
+    # engine's delete command writes in the same transaction as the delete stays (it is
+    # keyed by run id only).
 
     def delete_model(self, request: HttpRequest, obj: Run) -> None:
-        self._log_deletes(request, [obj])
-        super().delete_model(request, obj)
+        delete(obj.run_id, by=admin_actor(request), via="admin")
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        self._log_deletes(request, list(queryset))
-        super().delete_queryset(request, queryset)
-
-    def _log_deletes(self, request: HttpRequest, runs: list[Run]) -> None:
-        store = site_store()
         who = admin_actor(request)
-        for run in runs:
-            store.log_action(
-                logged(
-                    who,
-                    "delete",
-                    run.run_id,
-                    "",
-                    {"agent": run.agent, "status": run.status, "via": "admin"},
-                )
-            )
+        for run_id in list(queryset.values_list("run_id", flat=True)):
+            delete(run_id, by=who, via="admin")
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
         """A summary instead of every journal entry; and only ``delete_run`` is needed, since
@@ -259,7 +244,7 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
     timeline_error = None
     records: list[Record] = []
     try:
-        records = Journal(store).history(run.run_id)
+        records = Journal(store).records(run.run_id)
     except DurableAgentsError as exc:
         timeline_error = str(exc)
     can_fork = allows(request, "fork") and bool(records)
@@ -294,7 +279,8 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
 
 
 def resume_runs(request: HttpRequest, run_ids: Iterable[str]) -> tuple[list[str], list[str]]:
-    """Hand unfinished runs to a driver, logging each; returns (resumed, refused)."""
+    """Hand unfinished runs to a driver (the engine's ``hand_over``, which logs each);
+    returns (resumed, refused)."""
     store = site_store()
     resumed, refused = [], []
     for run_id in run_ids:
@@ -302,10 +288,12 @@ def resume_runs(request: HttpRequest, run_ids: Iterable[str]) -> tuple[list[str]
         if run is None or run.status in TERMINAL_STATUSES:
             refused.append(f"{run_id} ({'deleted' if run is None else run.status})")
             continue
-        store.log_action(logged(admin_actor(request), "resume", run_id, "", {"via": "admin"}))
         try:
-            enqueue(run_id)
-        except Exception as exc:  # enqueue only hands over: the broker is unreachable
+            hand_over(run_id, by=admin_actor(request), via="admin", store=store)
+        except DurableAgentsError as exc:  # its state moved on since it was read
+            refused.append(f"{run_id}: {exc}")
+            continue
+        except Exception as exc:  # logged; only the hand-over failed: the broker is unreachable
             then = BY_RECOVERY if run.status in (QUEUED, RUNNING) else BY_RESUME
             not_handed_over(request, f"The resume of run {run_id} is logged", exc, then)
             continue

@@ -16,6 +16,7 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Max, Min, Q
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
+from ..engine import names
 from ..engine.errors import DurableAgentsError
 from ..engine.journal import Journal
 from ..engine.records import Record
@@ -24,7 +25,7 @@ from ..storage import site_store
 from .base import AnyModelAdmin, admin_url, page, run_url
 
 SESSIONS_PER_PAGE = 100
-JOURNAL_SUFFIX = ">session"
+JOURNAL_SUFFIX = names.SESSION_JOURNAL_SUFFIX
 
 
 def _check(admin: AnyModelAdmin, request: HttpRequest) -> None:
@@ -70,12 +71,12 @@ def _transcript(
     admin: AnyModelAdmin, records: list[Record], status: dict[str, str]
 ) -> list[dict[str, Any]]:
     """The answered turns in the order they finished, then the messages still waiting."""
-    answers = [r for r in records if r.name.startswith("answer:")]
+    answers = [r for r in records if r.name.startswith(names.ANSWER)]
     answered = {str(r.get("run_id")) for r in answers}
     waiting = [
         r
         for r in records
-        if r.name.startswith(("turn:", "event:")) and str(r.get("run_id")) not in answered
+        if r.name.startswith((names.TURN, names.EVENT)) and str(r.get("run_id")) not in answered
     ]
     out = []
     for rec in [*answers, *waiting]:
@@ -83,7 +84,7 @@ def _transcript(
         out.append(
             {
                 "input": rec.get("input"),
-                "answer": rec.get("answer") if rec.name.startswith("answer:") else None,
+                "answer": rec.get("answer") if rec.name.startswith(names.ANSWER) else None,
                 "run_id": run_id,
                 "url": run_url(admin, run_id),
                 "status": status.get(run_id, "not started"),
@@ -97,7 +98,7 @@ def session_view(admin: AnyModelAdmin, request: HttpRequest, session_id: str) ->
     """The session's transcript (from its journal) and its turn runs: two queries."""
     _check(admin, request)
     sid = unquote(session_id)
-    journal_id = f"{sid}{JOURNAL_SUFFIX}"
+    journal_id = names.session_journal(sid)
     turns = list(
         Run.objects.filter(session_id=sid)
         .exclude(run_id=journal_id)
@@ -106,7 +107,7 @@ def session_view(admin: AnyModelAdmin, request: HttpRequest, session_id: str) ->
     )
     error = None
     try:
-        records = Journal(site_store()).history(journal_id)
+        records = Journal(site_store()).records(journal_id)
     except DurableAgentsError as exc:
         records, error = [], f"The session's journal cannot be read: {exc} [{exc.code}]"
     if not turns and not records and error is None:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from ..engine import names
 from ..engine.errors import DurableAgentsError
 from ..engine.records import Record
 
@@ -61,9 +62,9 @@ def _usage(usage: Any) -> str:
 
 def _describe(rec: Record) -> dict[str, Any]:
     name, body = rec.name, rec.body
-    if name == "@journal":
+    if name == names.HEADER:
         return _entry(rec, "meta", f"Journal opened (format {body.get('format')})")
-    if name == "run:start":
+    if name == names.RUN_START:
         value = body.get("input")
         return _entry(
             rec,
@@ -73,7 +74,7 @@ def _describe(rec: Record) -> dict[str, Any]:
             sections=[] if isinstance(value, str) else [("input", pretty(value))],
             step=0,
         )
-    if name.startswith("model:"):
+    if name.startswith(names.MODEL):
         message = body.get("message") or {}
         calls = [
             {
@@ -88,23 +89,23 @@ def _describe(rec: Record) -> dict[str, Any]:
         return _entry(
             rec,
             "model",
-            f"Model turn {name[6:]}",
+            f"Model turn {name[len(names.MODEL) :]}",
             text=message.get("content") or None,
             calls=calls,
             meta=meta,
-            step=int(name[6:]),
+            step=int(name[len(names.MODEL) :]),
         )
-    if name.startswith(("attempt:", "not-started:")):
+    if name.startswith((names.ATTEMPT, names.NOT_STARTED)):
         prefix, rest = name.split(":", 1)
         call, _, k = rest.rpartition(":")
-        if prefix == "attempt":
+        if prefix + ":" == names.ATTEMPT:
             at = _ms(body.get("attempted_at"))
             meta = [f"tool {body.get('tool')}"] + (
                 [f"attempted at {at:%Y-%m-%d %H:%M:%S}"] if at else []
             )
             return _entry(rec, "attempt", f"Attempt {k} of call {call} claimed", meta=meta)
         return _entry(rec, "attempt", f"Attempt {k} of call {call} never started")
-    if name.startswith("tool:"):
+    if name.startswith(names.TOOL):
         flags = ["error"] if body.get("is_error") else ["ok"]
         if body.get("read_only"):
             flags.append("read-only")
@@ -118,11 +119,11 @@ def _describe(rec: Record) -> dict[str, Any]:
         return _entry(
             rec,
             "tool-error" if body.get("is_error") else "tool",
-            f"Result of call {name[5:]} ({body.get('name')})",
+            f"Result of call {name[len(names.TOOL) :]} ({body.get('name')})",
             meta=flags,
             sections=sections,
         )
-    if name.startswith("approval:"):
+    if name.startswith(names.APPROVAL):
         verdict = "approved" if body.get("approved") else "denied"
         tally = body.get("tally") or {}
         meta = [f"need {tally.get('need', 1)}"]
@@ -133,47 +134,50 @@ def _describe(rec: Record) -> dict[str, Any]:
         return _entry(
             rec,
             "approval" if body.get("approved") else "denial",
-            f"Call {name[9:]} {verdict} by {body.get('by')}",
+            f"Call {name[len(names.APPROVAL) :]} {verdict} by {body.get('by')}",
             text=body.get("note") or None,
             meta=meta,
             sections=[("tally", pretty(tally))],
         )
-    if name == "run:complete":
+    if name == names.RUN_COMPLETE:
         meta = [f"{body.get('turns')} turns", _usage(body.get("spend") or body.get("usage"))]
         return _entry(rec, "complete", "Run finished", text=body.get("answer"), meta=meta)
-    if name == "run:cancelled":
+    if name == names.RUN_CANCELLED:
         return _entry(
             rec, "cancelled", f"Run cancelled by {body.get('by')}", text=body.get("reason") or None
         )
-    if name == "fork":
+    if name == names.FORK:
         return _entry(
             rec,
             "fork",
             f"Forked from run {body.get('source')!r} at step {body.get('step')}",
             sections=[("patch", pretty(body.get("patch")))],
         )
-    if name.startswith("@drift/"):
+    if name.startswith(names.DRIFT):
         return _entry(
             rec,
             "drift",
             "Resumed under a changed agent",
             sections=[("changes", pretty(body.get("changes")))],
         )
-    if name.startswith("@spend/"):
+    if name.startswith(names.SPEND):
         return _entry(
             rec,
             "meta",
             f"Model spend without a turn ({body.get('why')})",
             meta=[_usage(body.get("usage"))],
         )
-    if name.startswith("user:"):
+    if name.startswith(names.USER):
         texts = [body.get("text"), *(body.get("then") or ())]
         shown = "\n\n".join(t if isinstance(t, str) else pretty(t) for t in texts)
         title = "User message" if len(texts) == 1 else f"User messages ({len(texts)})"
         return _entry(rec, "start", title, text=shown)
-    if name.startswith("step:"):
+    if name.startswith(names.STEP):
         return _entry(
-            rec, "meta", f"Step {name[5:]}", sections=[("value", pretty(body.get("value")))]
+            rec,
+            "meta",
+            f"Step {name[len(names.STEP) :]}",
+            sections=[("value", pretty(body.get("value")))],
         )
     return _entry(rec, "meta", name, sections=[("record", pretty(body))])
 
@@ -217,7 +221,7 @@ def agent_drift(records: Iterable[Record], fallback: Any = None) -> dict[str, An
     ``@drift/`` record: when the run resumed under a changed agent, and what changed."""
     fingerprint, drifts = None, []
     for rec in records:
-        if rec.name == "run:start" and isinstance(rec.body.get("fingerprint"), dict):
+        if rec.name == names.RUN_START and isinstance(rec.body.get("fingerprint"), dict):
             fingerprint = rec.body["fingerprint"]
         elif rec.name.startswith("@drift/"):
             to = rec.body.get("to")

@@ -21,13 +21,14 @@ from collections.abc import Mapping, Sequence
 from django.http import HttpRequest
 from ninja import Router
 
+from ..engine import names
 from ..engine.approvals import (
     ApprovalOutcome,
-    approve,
     arguments_digest,
     resolve_approver,
     tally,
 )
+from ..engine.commands.approvals import approve
 from ..engine.ports import DecisionInfo
 from ..engine.records import decode
 from ..models import ApprovalRequest, JournalEntry
@@ -70,7 +71,7 @@ def approvals_out(rows: Sequence[ApprovalRequest]) -> list[ApprovalOut]:
 def _incarnations(rows: Sequence[ApprovalRequest]) -> dict[str, tuple[int, str]]:
     """Each run's current start (seq, incarnation nonce), in one query for the page."""
     entries = JournalEntry.objects.filter(
-        run_id__in={r.run_id for r in rows}, name="run:start"
+        run_id__in={r.run_id for r in rows}, name=names.RUN_START
     ).values_list("run_id", "seq", "data")
     found = {}
     for run_id, seq, data in entries:

@@ -4,8 +4,9 @@ The host owns the ``NinjaAPI`` (and its exception handlers), so the router maps 
 itself, with two decorators the package root installs on the router:
 
 * ``map_errors`` (operation mode) turns an ``ApiError`` or an engine ``DurableAgentsError``
-  raised by a view into its response, by code: ``*.not_found`` 404, a conflict with the
-  run's state 409, bad input 400.
+  raised by a view into its response, with the status the error's class names
+  (``http_status``): a missing thing 404, a conflict with the run's state 409, bad input
+  400.
 * ``normalize`` (view mode) rewrites the responses ninja's own handlers produce before a
   view runs — authentication (401/403), request validation (422 ``request.invalid``), an
   unparsable body (400 ``request.invalid``) — into the same shape, keeping ninja's list of
@@ -29,48 +30,6 @@ from ..engine.errors import DurableAgentsError
 
 AUTH_FAILURE_ATTR = "_durable_agents_auth_failure"
 
-NOT_FOUND = frozenset({"run.not_found", "approval.not_found", "agent.not_found"})
-CONFLICT = frozenset(
-    {
-        "approval.already_decided",
-        "approval.orphaned",
-        "halt.already_resolved",
-        "halt.in_flight",
-        "halt.too_young",
-        "halt.no_live_attempt",
-        "halt.orphaned",
-        "run.not_an_agent_run",
-        "run.busy",
-        "run.lease_lost",
-        "run.finished",
-        "run.cancelled",
-        "config.agent_mismatch",
-        "config.input_mismatch",
-        "session.key_conflict",
-        "session.turn_open",
-        "history.fork_exists",
-    }
-)
-FORBIDDEN = frozenset(
-    {
-        "approval.not_eligible",
-        "auth.forbidden",
-        "auth.not_staff",
-        "actor.forbidden",
-        "actor.inactive",
-    }
-)
-# By category, for codes not listed above.
-CATEGORY_STATUS = {
-    "config": 400,
-    "protocol": 400,
-    "tool": 400,
-    "budget": 400,
-    "coordination": 409,
-    "model": 502,
-    "storage": 503,
-}
-
 
 class ApiError(Exception):
     """An error the API itself raises (not the engine): a status, a code, a message."""
@@ -92,16 +51,6 @@ class AuthFailure:
     message: str
 
 
-def status_for(code: str, category: str = "") -> int:
-    if code in NOT_FOUND or code.endswith(".not_found"):
-        return 404
-    if code in CONFLICT:
-        return 409
-    if code in FORBIDDEN:
-        return 403
-    return CATEGORY_STATUS.get(category, 500)
-
-
 def _json_safe(details: Mapping[str, Any]) -> dict[str, Any]:
     safe: dict[str, Any] = json.loads(json.dumps(dict(details), default=str))
     return safe
@@ -120,9 +69,10 @@ def error_response(
 def response_for(exc: ApiError | DurableAgentsError) -> JsonResponse:
     if isinstance(exc, ApiError):
         return error_response(exc.status, exc.code, exc.message, exc.details)
-    return error_response(
-        status_for(exc.code, exc.category), exc.code, exc.message, getattr(exc, "details", None)
-    )
+    # The engine names the status each error deserves (``http_status``, by class): bad
+    # input 400, a refusal of who acts 403, a missing run 404, a conflict with the run's
+    # state 409, a provider 502, the store 503.
+    return error_response(exc.http_status, exc.code, exc.message, getattr(exc, "details", None))
 
 
 def map_errors(view: Callable[..., Any]) -> Callable[..., Any]:

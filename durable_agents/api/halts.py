@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 from ninja import Router
 
-from ..engine.halts import resolve_halt
+from ..engine.commands.halts import resolve_halt
 from ..models import Halt
 from .auth import check, require
 from .schemas import (

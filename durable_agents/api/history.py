@@ -9,8 +9,9 @@ from ninja import Router, Status
 
 from ..conf import get_settings
 from ..dispatch import enqueue
-from ..engine.commands import get_run
-from ..engine.history import Patch, compare, fork, history
+from ..engine.commands.forks import Patch, fork
+from ..engine.commands.runs import get_run
+from ..engine.steps import compare, history
 from .auth import check, require
 from .schemas import (
     ERRORS,

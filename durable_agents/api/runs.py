@@ -1,7 +1,7 @@
 """Runs: list, read, read the journal, start, resume, cancel.
 
-Views call engine commands (``Agent.start``, ``cancel``, ``get_run``, ``dispatch.enqueue``)
-and never change a run's state themselves.
+Views call engine commands (``start``, ``hand_over``, ``cancel``, ``get_run``), which write
+the action log, and never change a run's state themselves.
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ from django.http import HttpRequest
 from ninja import Router, Status
 
 from ..conf import get_settings
-from ..dispatch import enqueue
-from ..engine.agent import Agent, get_agent
-from ..engine.commands import cancel, get_run
+from ..engine.commands.runs import cancel, get_run, hand_over, start
+from ..engine.definition import AgentDefinition
 from ..engine.errors import ConfigError
-from ..engine.identity import logged
 from ..engine.journal import Journal
 from ..engine.ports import HALT_OPEN, TERMINAL_STATUSES
+from ..engine.registry import get_agent
 from ..models import ApprovalRequest, Halt, Run
 from ..storage import site_store
 from .approvals import approvals_out
@@ -75,7 +74,7 @@ def _summary(run: Any) -> dict[str, Any]:
     return values
 
 
-def _agent(name: str, run_id: str | None = None) -> Agent:
+def _agent(name: str, run_id: str | None = None) -> AgentDefinition:
     try:
         return get_agent(name)
     except ConfigError as exc:
@@ -127,8 +126,7 @@ def start_run(request: HttpRequest, payload: StartIn) -> Status[Accepted]:
     # One transaction: a start refused half-way writes nothing, and the driver gets the run
     # only after it committed.
     with transaction.atomic(using=get_settings().database):
-        run_id = agent.start(payload.input, run_id=payload.run_id)
-        site_store().log_action(logged(by, "start", run_id, "", {"agent": agent.name}))
+        run_id = start(agent, payload.input, payload.run_id, by=by)
     return Status(202, Accepted(run_id=run_id))
 
 
@@ -143,7 +141,7 @@ def run_journal(
     check(request, "view_runs")
     run_id = checked_run_id(run_id)
     get_run(run_id)
-    records = [r for r in Journal(site_store()).history(run_id) if r.seq > after][:limit]
+    records = [r for r in Journal(site_store()).records(run_id) if r.seq > after][:limit]
     return JournalOut(
         run_id=run_id,
         records=[
@@ -159,16 +157,10 @@ def resume_run(request: HttpRequest, run_id: str) -> Status[Accepted]:
     runs"). A run paused on a person pauses again until that person acts."""
     by = require(request, "resume")
     run = get_run(checked_run_id(run_id))
-    if run.status in TERMINAL_STATUSES:
-        raise ApiError(
-            409,
-            f"run.{run.status}",
-            f"run {run.run_id!r} is {run.status}; there is nothing to resume",
-        )
-    _agent(run.agent, run.run_id)  # a driver could not continue it: say so now
+    if run.status not in TERMINAL_STATUSES:  # a finished run is refused as such, below
+        _agent(run.agent, run.run_id)  # a driver could not continue it: say so now
     with transaction.atomic(using=get_settings().database):
-        site_store().log_action(logged(by, "resume", run.run_id))
-        enqueue(run.run_id)
+        hand_over(run.run_id, by=by)
     return Status(202, Accepted(run_id=run.run_id))
 
 

@@ -8,11 +8,11 @@ from django.http import HttpRequest
 from ninja import Router, Status
 
 from ..conf import get_settings
-from ..engine.agent import Agent
+from ..engine import names
+from ..engine.commands.sessions import Session
 from ..engine.errors import ApprovalPending
-from ..engine.identity import logged
 from ..engine.journal import Journal
-from ..engine.sessions import Session, validate_session_id
+from ..engine.names import validate_session_id
 from ..models import ApprovalRequest, Run
 from ..storage import site_store
 from .approvals import approvals_out
@@ -33,7 +33,7 @@ router = Router(tags=["sessions"])
 
 def _session(session_id: str, agent_name: str | None) -> Session:
     validate_session_id(session_id)
-    journal_run = site_store().get_run(f"{session_id}>session")
+    journal_run = site_store().get_run(names.session_journal(session_id))
     recorded = journal_run.agent if journal_run is not None else None
     if recorded and agent_name and agent_name != recorded:
         raise ApiError(
@@ -48,8 +48,7 @@ def _session(session_id: str, agent_name: str | None) -> Session:
             "session.agent_missing",
             f"session {session_id!r} is new: say which agent it talks to ({{'agent': ...}})",
         )
-    agent: Agent = _agent(name)
-    return agent.session(session_id)
+    return Session(_agent(name), session_id)
 
 
 def _awaiting(exc: ApprovalPending) -> ApiError:
@@ -71,8 +70,7 @@ def send_message(request: HttpRequest, session_id: str, payload: MessageIn) -> S
     session = _session(session_id, payload.agent)
     try:
         with transaction.atomic(using=get_settings().database):
-            run_id = session.submit(payload.text)
-            site_store().log_action(logged(by, "send", run_id, session_id))
+            run_id = session.submit(payload.text, by=by)
     except ApprovalPending as exc:
         raise _awaiting(exc) from None
     return Status(202, SubmitOut(session_id=session_id, run_id=run_id))
@@ -91,10 +89,8 @@ def send_once(
     by = require(request, "start")
     session = _session(session_id, payload.agent)
     with transaction.atomic(using=get_settings().database):
-        sent = session.send_once(key, payload.text)
         # Every delivery is logged, redeliveries too: each one may hand the turn over again.
-        said = {"key": key, "status": sent.status}
-        site_store().log_action(logged(by, "send_once", sent.run_id, session_id, said))
+        sent = session.send_once(key, payload.text, by=by)
     out = SendOnceOut(
         session_id=session_id,
         key=key,
@@ -112,13 +108,13 @@ def read_session(request: HttpRequest, session_id: str) -> SessionOut:
     check(request, "view_runs")
     validate_session_id(session_id)
     store = site_store()
-    journal_run = store.get_run(f"{session_id}>session")
+    journal_run = store.get_run(names.session_journal(session_id))
     if journal_run is None:
         raise ApiError(404, "session.not_found", f"no session {session_id!r}")
-    records = Journal(store).history(f"{session_id}>session")
-    answers = [r for r in records if r.name.startswith("answer:")]
+    records = Journal(store).records(names.session_journal(session_id))
+    answers = [r for r in records if r.name.startswith(names.ANSWER)]
     answered = {r.get("run_id") for r in answers}
-    started = [r for r in records if r.name.startswith(("turn:", "event:"))]
+    started = [r for r in records if r.name.startswith((names.TURN, names.EVENT))]
     open_turns = [str(r.get("run_id")) for r in started if r.get("run_id") not in answered]
     runs = {r.run_id: r for r in Run.objects.filter(run_id__in=open_turns)}
     pending = ApprovalRequest.objects.filter(run_id__in=open_turns, status="pending")

@@ -4,12 +4,17 @@ Two families, deliberately apart:
 
 * ``DurableAgentsError`` — something failed. Each subclass belongs to one category
   (``ConfigError``, ``ModelError``, ``ToolError``, ``StorageError``, ``ProtocolError``,
-  ``BudgetError``) and carries a stable ``code`` that callers and the API can match on.
+  ``BudgetError``) and carries a stable ``code`` that callers and the API can match on, and
+  an ``http_status`` hint the API answers with (the engine knows no HTTP; the hint only says
+  whether the condition is bad input, a missing thing, a conflict with the run's state, a
+  refusal of who acts, or a failure of a provider or the store).
 * ``Pause`` — the run stopped durably and waits (for a human, an input, a timer). A paused
   run is not a failed one; recovery and the API treat the two differently.
 
 ``RunBusy`` and ``LeaseLost`` are coordination signals, not faults: another driver holds or
 took the run.
+
+Every error class of the engine is defined here, and only here.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ class DurableAgentsError(Exception):
     category = "error"
     code = "error"
     retryable = False
+    http_status = 500
 
     def __init__(self, message: str, *, code: str | None = None, **details: Any) -> None:
         super().__init__(message)
@@ -40,6 +46,22 @@ class ConfigError(DurableAgentsError):
 
     category = "config"
     code = "config.invalid"
+    http_status = 400
+
+
+class NotFound(ConfigError):
+    """The call names a run (or another thing) that does not exist."""
+
+    code = "run.not_found"
+    http_status = 404
+
+
+class Conflict(ConfigError):
+    """The call is well formed but the run's state refuses it (finished, cancelled, started
+    with another input, a turn still open...)."""
+
+    code = "run.conflict"
+    http_status = 409
 
 
 class ModelError(DurableAgentsError):
@@ -47,6 +69,7 @@ class ModelError(DurableAgentsError):
 
     category = "model"
     code = "model.failed"
+    http_status = 502
 
     def __init__(
         self,
@@ -67,6 +90,7 @@ class ToolError(DurableAgentsError):
 
     category = "tool"
     code = "tool.failed"
+    http_status = 400
 
 
 class ToolOutcomeUnknown(ToolError):
@@ -85,6 +109,7 @@ class StorageError(DurableAgentsError):
     category = "storage"
     code = "storage.failed"
     retryable = True
+    http_status = 503
 
 
 class ProtocolError(DurableAgentsError):
@@ -92,6 +117,7 @@ class ProtocolError(DurableAgentsError):
 
     category = "protocol"
     code = "protocol.invalid"
+    http_status = 400
 
 
 class JournalVersionError(ProtocolError):
@@ -105,12 +131,14 @@ class BudgetError(DurableAgentsError):
 
     category = "budget"
     code = "budget.exceeded"
+    http_status = 400
 
 
 class RunBusy(DurableAgentsError):
     """Another driver holds the run's lease; nothing ran."""
 
     category = "coordination"
+    http_status = 409
     code = "run.busy"
     retryable = True
 
@@ -120,6 +148,7 @@ class LeaseLost(DurableAgentsError):
 
     category = "coordination"
     code = "run.lease_lost"
+    http_status = 409
     retryable = True
 
 
@@ -129,7 +158,121 @@ class DriveStopped(DurableAgentsError):
 
     category = "coordination"
     code = "run.drive_stopped"
+    http_status = 409
     retryable = True
+
+
+class ToolArgumentsError(Exception):
+    """The model's arguments do not fit the tool: sent back to the model as an error result
+    (never raised to a caller)."""
+
+
+# -- the run's agent ----------------------------------------------------------------------
+
+
+class AgentDrift(ConfigError):
+    """The run started under a different agent and the drift policy is ``error``."""
+
+    code = "config.agent_drift"
+
+
+class ResumeToolMissing(ConfigError):
+    """A pending call names a tool the agent no longer has."""
+
+    code = "config.resume_tool_missing"
+
+
+# -- who acts ----------------------------------------------------------------------------
+
+
+class ActorError(ConfigError):
+    """``by=`` does not name a user who may do this."""
+
+    code = "actor.unknown"
+
+
+class ActorInactive(ActorError):
+    code = "actor.inactive"
+    http_status = 403
+
+
+class ActorForbidden(ActorError):
+    code = "actor.forbidden"
+    http_status = 403
+
+
+# -- approvals ---------------------------------------------------------------------------
+
+
+class ApprovalError(ConfigError):
+    code = "approval.invalid"
+
+
+class ApprovalNotFound(ApprovalError):
+    code = "approval.not_found"
+    http_status = 404
+
+
+class ApprovalOrphaned(ApprovalError):
+    code = "approval.orphaned"
+    http_status = 409
+
+
+class ApprovalAlreadyDecided(ApprovalError):
+    code = "approval.already_decided"
+    http_status = 409
+
+
+class ApproverNotEligible(ApprovalError):
+    code = "approval.not_eligible"
+    http_status = 403
+
+
+class ApprovalBadSignature(ApprovalError):
+    code = "approval.bad_signature"
+
+
+class ApprovalSignatureOutdated(ApprovalBadSignature):
+    code = "approval.signature_format"
+
+
+class ApprovalArgumentsChanged(ApprovalError):
+    code = "approval.arguments_changed"
+
+
+# -- halts -------------------------------------------------------------------------------
+
+
+class HaltError(ConfigError):
+    code = "halt.invalid"
+
+
+class HaltInFlight(HaltError):
+    code = "halt.in_flight"
+    http_status = 409
+
+
+class HaltTooYoung(HaltError):
+    code = "halt.too_young"
+    http_status = 409
+
+
+class HaltAlreadyResolved(HaltError):
+    code = "halt.already_resolved"
+    http_status = 409
+
+
+class NoLiveAttempt(HaltError):
+    code = "halt.no_live_attempt"
+    http_status = 409
+
+
+class HaltOrphaned(HaltError):
+    code = "halt.orphaned"
+    http_status = 409
+
+
+# -- pauses ------------------------------------------------------------------------------
 
 
 class Pause(Exception):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import runtime
-from .errors import ConfigError
+from .errors import ActorError, ActorForbidden, ActorInactive, ConfigError
 from .ports import ActionInfo
 
 # The permissions the engine's commands need (Django's "app_label.codename" form).
@@ -56,20 +56,6 @@ class Actor:
         return replace(self, channel=channel)
 
 
-class ActorError(ConfigError):
-    """``by=`` does not name a user who may do this."""
-
-    code = "actor.unknown"
-
-
-class ActorInactive(ActorError):
-    code = "actor.inactive"
-
-
-class ActorForbidden(ActorError):
-    code = "actor.forbidden"
-
-
 def plain_actor(by: Any) -> Actor | None:
     """The resolver used when the host configured none: a name is a trusted caller."""
     name = by if isinstance(by, str) else getattr(by, "get_username", lambda: None)()
@@ -88,7 +74,8 @@ def resolve(by: Any, *, channel: str | None = None) -> Actor:
             "this command needs to know who acts: pass by= a user object or a username"
         )
     else:
-        actor = runtime.resolve_actor(by)
+        resolver = runtime.actor_resolver() or plain_actor
+        actor = resolver(by)
         if actor is not None and not isinstance(actor, Actor):
             raise ConfigError(
                 f"the configured resolve_actor returned {type(actor).__name__}, not an Actor",

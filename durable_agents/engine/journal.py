@@ -22,10 +22,12 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import names
 from .errors import (
     ConfigError,
     JournalVersionError,
@@ -205,7 +207,7 @@ class Journal:
         ``ToolOutcomeUnknown`` instead to keep the claim. ``retry_safe=True`` declares that
         ``fn`` may run again (a read, an idempotent write): no claim, first value wins.
         """
-        op = f"step:{validate_step_name(name)}"
+        op = names.step(validate_step_name(name))
         if retry_safe:
             record = self.do(run_id, op, lambda: {"kind": "step", "value": fn()}, fence=fence)
             return record.get("value")
@@ -215,7 +217,7 @@ class Journal:
         k, live = self.attempt_state(run_id, op)
         if live is None:
             won, live = self.claim_attempt(
-                run_id, f"attempt:{op}:{k}", fence=fence, extra={"step": name}
+                run_id, names.attempt(op, k), fence=fence, extra={"step": name}
             )
             cause = "contended"
         else:
@@ -239,7 +241,7 @@ class Journal:
         except ToolOutcomeUnknown:
             raise  # the claim stays: the next call halts until a person records the outcome
         except Exception:
-            self.mark_not_started(run_id, f"not-started:{op}:{k}", live.get("claim"), fence=fence)
+            self.mark_not_started(run_id, names.not_started(op, k), live.get("claim"), fence=fence)
             raise
         record, _ = self.write(run_id, op, {"kind": "step", "value": value}, fence=fence)
         return record.get("value")
@@ -249,10 +251,10 @@ class Journal:
         attempt marker if it has one: a claim with no not-started record."""
         k = 1
         while True:
-            marker = self.get(run_id, f"attempt:{op}:{k}")
+            marker = self.get(run_id, names.attempt(op, k))
             if marker is None:
                 return k, None
-            if self.get(run_id, f"not-started:{op}:{k}") is None:
+            if self.get(run_id, names.not_started(op, k)) is None:
                 return k, marker
             k += 1
 
@@ -292,13 +294,20 @@ class Journal:
         self.check(run_id)
         return to_record(entry)
 
-    def history(self, run_id: str) -> list[Record]:
+    def records(self, run_id: str) -> list[Record]:
         """Every record of the run in commit order, the header first, in one read."""
         entries = self.store.load(run_id)
         if entries:
             self._check_header(run_id, entries[0])
             self._remember(run_id)
         return [to_record(e) for e in entries]
+
+    def history(self, run_id: str) -> list[Record]:
+        """Deprecated name of ``records`` ("history" now means a run's steps only)."""
+        warnings.warn(
+            "Journal.history() is now Journal.records()", DeprecationWarning, stacklevel=2
+        )
+        return self.records(run_id)
 
     def open(self, run_id: str, *, fence: str | None = None) -> RunLog:
         """Load a run once and keep a view of it for a driver (see ``RunLog``)."""
@@ -379,13 +388,6 @@ class RunLog:
         self._add(record)
         return record, inserted
 
-    def do(self, name: str, fn: Callable[[], dict[str, Any]]) -> Record:
-        existing = self._records.get(name)
-        if existing is not None:
-            return existing
-        record, _ = self.write(name, fn())
-        return record
-
     def claim_attempt(self, name: str, extra: dict[str, Any] | None = None) -> tuple[bool, Record]:
         existing = self._records.get(name)
         if existing is not None:
@@ -393,8 +395,3 @@ class RunLog:
         won, record = self.journal.claim_attempt(self.run_id, name, fence=self.fence, extra=extra)
         self._add(record)
         return won, record
-
-    def mark_not_started(self, name: str, claim: str) -> Record:
-        record = self.journal.mark_not_started(self.run_id, name, claim, fence=self.fence)
-        self._add(record)
-        return record

@@ -25,14 +25,19 @@ import logging
 import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, datetime
+from typing import Any
 
-from . import failpoints, runtime
-from .approvals import decision_name, new_incarnation, policy_for
+from . import failpoints, names, runtime
+from .approvals import decision_name, policy_for
+from .definition import AgentDefinition as Agent
+from .definition import RunResult
 from .errors import (
+    AgentDrift,
     ApprovalPending,
     BudgetError,
     ConfigError,
+    Conflict,
     DriveStopped,
     DurableAgentsError,
     LeaseLost,
@@ -40,11 +45,12 @@ from .errors import (
     OutcomeUnknown,
     Pause,
     ProtocolError,
+    ResumeToolMissing,
     RunBusy,
+    ToolArgumentsError,
     ToolOutcomeUnknown,
 )
 from .fingerprint import diff, tools_digest
-from .halts import outcome_of
 from .journal import Journal, RunLog
 from .leases import HeldLease
 from .model import FINISH_FILTERED, FINISH_LENGTH, ModelRequest, ModelResponse, ToolCall, Usage
@@ -68,25 +74,10 @@ from .ports import (
 )
 from .records import Record, decode, encode, refuse_nul, validate_run_id
 from .redact import error_text
-from .tools import Tool, ToolArgumentsError, ToolContext
-from .transcript import RunState
-
-if TYPE_CHECKING:
-    from .agent import Agent, RunResult
+from .tools import Tool, ToolContext
+from .transcript import RunState, outcome_of
 
 log = logging.getLogger("durable_agents")
-
-
-class AgentDrift(ConfigError):
-    """The run started under a different agent and the drift policy is ``error``."""
-
-    code = "config.agent_drift"
-
-
-class ResumeToolMissing(ConfigError):
-    """A pending call names a tool the agent no longer has."""
-
-    code = "config.resume_tool_missing"
 
 
 def drive(
@@ -109,11 +100,11 @@ def drive(
     journal = Journal(store)
     while True:
         log = journal.open(run_id)  # the one full read of the journal
-        complete = log.get("run:complete")
+        complete = log.get(names.RUN_COMPLETE)
         if complete is not None and complete.get("usage") is not None:
             # Finished is final: answer from the journal without leasing or calling anything
             # (or even folding the whole journal: the completion record holds the totals).
-            done = RunState(start=log.get("run:start"), complete=complete)
+            done = RunState(start=log.get(names.RUN_START), complete=complete)
             Driver.check_start(agent, run_id, done, input)
             result = finished_result(run_id, done)
             repair_finished(store, run_id, result)
@@ -148,8 +139,8 @@ def drive(
         except ApprovalPending as pause:
             # A decision that landed while this driver still held the lease was handed to a
             # driver that found the run busy: having released the lease, look once more.
-            names = pause.details.get("decisions") or ()
-            if not any(journal.get(run_id, name) is not None for name in names):
+            decisions = pause.details.get("decisions") or ()
+            if not any(journal.get(run_id, name) is not None for name in decisions):
                 raise
 
 
@@ -225,8 +216,6 @@ def unknown_outcomes(state: RunState, run_id: str) -> list[HaltInfo]:
 def halt_info(
     run_id: str, op: str, tool_name: str, arguments: Any, marker: Any, cause: str
 ) -> HaltInfo:
-    from datetime import UTC, datetime
-
     attempted = getattr(marker, "created_at", None)  # the store's clock
     if attempted is None and marker is not None and marker.get("attempted_at"):
         attempted = datetime.fromtimestamp(marker.get("attempted_at") / 1000, tz=UTC)
@@ -243,8 +232,6 @@ def halt_info(
 
 def finished_result(run_id: str, state: RunState) -> RunResult:
     """A finished run's result, from its `run:complete` record (which holds the totals)."""
-    from .agent import RunResult
-
     complete = state.complete
     assert complete is not None
     usage, spend = complete.get("usage"), complete.get("spend")
@@ -299,12 +286,12 @@ class Driver:
         if start is None:
             return
         if start.get("agent") != agent.name:
-            raise ConfigError(
+            raise Conflict(
                 f"run {run_id!r} belongs to agent {start.get('agent')!r}, not {agent.name!r}",
                 code="config.agent_mismatch",
             )
         if input is not None and encode(input) != encode(start.get("input")):
-            raise ConfigError(
+            raise Conflict(
                 f"run {run_id!r} was started with a different input; resume it with the same "
                 "input (or none), or use a new run id for a new request",
                 code="config.input_mismatch",
@@ -325,7 +312,7 @@ class Driver:
                 return result
             if self.state.cancelled is not None:
                 close_cancelled(self.store, self.run_id, self.fence)
-                raise ConfigError(
+                raise Conflict(
                     f"run {self.run_id!r} was cancelled; start a new run to try again",
                     code="run.cancelled",
                 )
@@ -381,16 +368,8 @@ class Driver:
                     f"run {self.run_id!r} has no recorded input; start it with an input",
                     code="config.input_missing",
                 )
-            body: dict[str, Any] = {
-                "kind": "start",
-                "agent": self.agent.name,
-                "input": input,
-                "fingerprint": self.agent.fingerprint(),
-                "incarnation": new_incarnation(),  # see approvals.decision_bytes
-            }
-            if seed:
-                body["seed"] = seed
-            rec, _ = self.log.write("run:start", body)
+            body = names.start_body(self.agent.name, input, self.agent.fingerprint(), seed)
+            rec, _ = self.log.write(names.RUN_START, body)
             self.state.add(rec)
             failpoints.hit("after-start")
             return
@@ -436,7 +415,7 @@ class Driver:
             )
         log.warning("run %s resumes under a changed agent: %s", self.run_id, _describe(changes))
         self.log.write(
-            f"@drift/{current['hash']}", {"kind": "drift", "changes": changes, "to": current}
+            names.drift(current["hash"]), {"kind": "drift", "changes": changes, "to": current}
         )
 
     # -- the loop ---------------------------------------------------------------------
@@ -548,7 +527,7 @@ class Driver:
     def _record_spend(self, n: int, usage: dict[str, int], why: str) -> None:
         """Record what a discarded response cost. A driver that lost its lease records it
         anyway, unfenced (a spend record changes no result), then stops."""
-        name = f"@spend/{n}/{uuid.uuid4().hex[:12]}"
+        name = names.spend(n, uuid.uuid4().hex[:12])
         body = {"kind": "spend", "usage": usage, "why": why}
         total = self.state.spend() + Usage.from_json(usage)
         try:
@@ -568,7 +547,7 @@ class Driver:
             if billed:
                 self.log.journal.write(
                     self.run_id,
-                    f"@spend/{n}/{uuid.uuid4().hex[:12]}",
+                    names.spend(n, uuid.uuid4().hex[:12]),
                     {"kind": "spend", "usage": billed, "why": "lease_lost"},
                 )
             raise
@@ -582,7 +561,7 @@ class Driver:
         self, n: int, response: ModelResponse, usage: Usage, spend: Usage
     ) -> tuple[Record, bool]:
         return self.log.write(
-            f"model:{n}",
+            names.model(n),
             {
                 "kind": "model",
                 "message": response.message.to_json(),
@@ -607,7 +586,7 @@ class Driver:
         usage, spend, turns = self.state.usage(), self.state.spend(), len(self.state.turns)
         answer = self.state.assistant(last).content
         rec, _ = self.log.write(
-            "run:complete",
+            names.RUN_COMPLETE,
             {
                 "kind": "complete",
                 "answer": answer,
@@ -694,7 +673,7 @@ class Driver:
             # Requests before the status: a crash between them leaves a run recovery drives
             # again (and asks again, the same request), never one awaiting nothing visible.
             self._update(status=AWAITING_APPROVAL, attempts=0, last_error=None)
-            names = ", ".join(f"{g.call.id!r} ({g.tool.name})" for g in gates)
+            listed = ", ".join(f"{g.call.id!r} ({g.tool.name})" for g in gates)
             again = [g for g in gates if g.previous is not None]
             note = (
                 " (approved before with other arguments than the call would now run with; "
@@ -703,7 +682,7 @@ class Driver:
                 else ""
             )
             raise ApprovalPending(
-                f"run {self.run_id!r} awaits approval of call {names}{note}; decide it with "
+                f"run {self.run_id!r} awaits approval of call {listed}{note}; decide it with "
                 "durable_agents.approve(...) or in the admin",
                 run_id=self.run_id,
                 calls=[g.call.id for g in gates],
@@ -758,10 +737,10 @@ class Driver:
         claim with no result and no record that it never started), from this drive's view."""
         k = 1
         while True:
-            marker = self.log.get(f"attempt:{call_id}:{k}")
+            marker = self.log.get(names.attempt(call_id, k))
             if marker is None:
                 return k, None
-            if not self.log.has(f"not-started:{call_id}:{k}"):
+            if not self.log.has(names.not_started(call_id, k)):
                 return k, marker
             k += 1
 
@@ -846,7 +825,7 @@ class Driver:
         self._check_continue()
         if gate.tool.safety.retry_safe:
             return None
-        name = f"attempt:{gate.call.id}:{attempt}"
+        name = names.attempt(gate.call.id, attempt)
         won, marker = self.log.claim_attempt(
             name, extra={"tool": gate.tool.name, "arguments": gate.args}
         )
@@ -885,7 +864,7 @@ class Driver:
             # No result: the tool cannot tell whether its effect happened, so the run halts
             # on its live claim once the rest of this turn's calls have settled.
             self._unknown[gate.call.id] = (gate, attempt, value)
-            marker = self.log.get(f"attempt:{gate.call.id}:{attempt}")
+            marker = self.log.get(names.attempt(gate.call.id, attempt))
             return self._halt(gate, marker, "crashed")
         if kind == "ok":
             try:
@@ -920,11 +899,11 @@ class Driver:
         )
         if not attempt:
             return
-        marker = self.log.get(f"attempt:{gate.call.id}:{attempt}")
+        marker = self.log.get(names.attempt(gate.call.id, attempt))
         try:
             self.log.journal.write(
                 self.run_id,
-                f"@late/{gate.call.id}/{attempt}",
+                names.late(gate.call.id, attempt),
                 {
                     "kind": "late",
                     "call_id": gate.call.id,
@@ -945,16 +924,8 @@ class Driver:
         self, call: ToolCall, result: Any, *, is_error: bool, read_only: bool = False
     ) -> None:
         rec, _ = self.log.write(
-            f"tool:{call.id}",
-            {
-                "kind": "tool",
-                "call_id": call.id,
-                "name": call.name,
-                "result": result,
-                "is_error": is_error,
-                "read_only": read_only,
-                "reconciled": False,
-            },
+            names.tool(call.id),
+            names.tool_body(call.id, call.name, result, is_error=is_error, read_only=read_only),
         )
         self.state.add(rec)
         failpoints.hit(f"after-result:{call.id}")

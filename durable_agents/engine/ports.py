@@ -251,6 +251,10 @@ class Store(Protocol):
 
     def get_run(self, run_id: str) -> RunInfo | None: ...
 
+    def delete_run(self, run_id: str) -> None:
+        """Delete the run with its journal, lease, approval requests and halts (the action
+        log stays). The explicit admin action, through ``commands.runs.delete``."""
+
     def update_run(
         self,
         run_id: str,

@@ -15,11 +15,12 @@ import re
 from datetime import datetime
 from typing import Any
 
+from . import names
 from .errors import ConfigError, ProtocolError
 
 JOURNAL_FORMAT = "durable_agents.journal.v1"
 SUPPORTED_FORMATS = (JOURNAL_FORMAT,)
-HEADER_NAME = "@journal"
+HEADER_NAME = names.HEADER
 
 # A caller-chosen run id; ids the engine derives (sessions, sub-runs) may also hold '>' and '/'.
 _CALLER_RUN_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")

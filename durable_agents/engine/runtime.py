@@ -1,6 +1,10 @@
 """Process-wide wiring the engine reads but does not decide: which store to use, how to
 load agent definitions, lease and drift defaults. The Django app fills it in when it is
-ready; plain-Python users and tests call ``configure`` themselves (or pass ``store=``)."""
+ready; plain-Python users and tests call ``configure`` themselves (or pass ``store=``).
+
+Everything the engine needs from above it arrives here as a value, never as an import:
+even the inline driver that ``dispatch`` falls back to without a dispatcher is handed in
+(by ``commands.runs``), so this module depends only on the modules below it."""
 
 from __future__ import annotations
 
@@ -10,19 +14,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import ConfigError
 from .ports import Store
-
-if TYPE_CHECKING:
-    from .recovery import RetryPolicy
-
-
-def _default_retry_policy() -> RetryPolicy:
-    from .recovery import RetryPolicy
-
-    return RetryPolicy()
+from .retry import RetryPolicy
 
 
 @dataclass
@@ -31,8 +27,12 @@ class Runtime:
     agent_loader: Callable[[], None] | None = None
     lease_ttl: Callable[[], float] = lambda: 30.0
     on_drift: Callable[[], str] = lambda: "warn"
-    # Hands a run to a driver: Celery after commit, or inline. None: drive it right here.
+    # Hands a run to a driver: Celery after commit, or inline. None: drive it right here,
+    # with ``inline_driver``.
     dispatcher: Callable[[str], None] | None = None
+    # Drives a run here and now, a pause or a busy run being an outcome: the engine's own
+    # ``commands.runs.drive_quietly``, installed when that module loads.
+    inline_driver: Callable[[str], object] | None = None
     # True once this process is shutting down: drivers stop after the step in flight.
     should_stop: Callable[[], bool] = lambda: False
     # Who may decide a Quorum gate of a group (usernames), and the Ed25519 public keys
@@ -47,7 +47,7 @@ class Runtime:
     # whole lease period before anyone decides what happened.
     halt_min_age: Callable[[], float] | None = None
     # How often, and how soon, a run whose drive failed or whose driver died is handed over.
-    retry_policy: Callable[[], RetryPolicy] = _default_retry_policy
+    retry_policy: Callable[[], RetryPolicy] = RetryPolicy
     # Real-time waits (model retry backoff, waiting for another caller's turn); a simulator
     # may replace them with its own clock.
     sleep: Callable[[float], None] = time.sleep
@@ -63,7 +63,7 @@ _runtime = Runtime()
 
 def configure(**values: Any) -> None:
     """Set wiring: ``store_factory``, ``agent_loader``, ``lease_ttl``, ``on_drift``,
-    ``dispatcher``, ``should_stop``, ``eligible_approvers``, ``approver_keys``,
+    ``dispatcher``, ``inline_driver``, ``should_stop``, ``eligible_approvers``, ``approver_keys``,
     ``resolve_actor``, ``halt_min_age``, ``retry_policy``, ``sleep``, ``monotonic``."""
     for key, value in values.items():
         if not hasattr(_runtime, key):
@@ -112,12 +112,17 @@ def monotonic() -> float:
 
 
 def dispatch(run_id: str) -> None:
+    """Hand ``run_id`` to a driver: the configured dispatcher, else drive it right here."""
     if _runtime.dispatcher is not None:
         _runtime.dispatcher(run_id)
         return
-    from .commands import drive_quietly
-
-    drive_quietly(run_id)
+    if _runtime.inline_driver is None:
+        raise ConfigError(
+            "no dispatcher is configured and no inline driver is installed: import "
+            "durable_agents (or durable_agents.engine.commands) before handing runs over",
+            code="config.runtime",
+        )
+    _runtime.inline_driver(run_id)
 
 
 def eligible_approvers(group: str) -> list[str]:
@@ -128,13 +133,10 @@ def approver_keys(user_id: str) -> list[str]:
     return list(_runtime.approver_keys(user_id))
 
 
-def resolve_actor(by: Any) -> Any:
-    """The ``identity.Actor`` ``by`` names, or None; see ``identity.resolve``."""
-    if _runtime.resolve_actor is None:
-        from .identity import plain_actor
-
-        return plain_actor(by)
-    return _runtime.resolve_actor(by)
+def actor_resolver() -> Callable[[Any], Any] | None:
+    """The host's resolver of a command's ``by=`` (None: none configured; ``identity``
+    then takes a plain name for a trusted caller)."""
+    return _runtime.resolve_actor
 
 
 def should_stop() -> bool:

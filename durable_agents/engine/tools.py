@@ -24,7 +24,7 @@ from typing import Any, get_type_hints
 
 import pydantic
 
-from .errors import ConfigError
+from .errors import ConfigError, ToolArgumentsError
 from .model import ToolSpec
 
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -45,10 +45,6 @@ class Safety:
     @property
     def gated(self) -> bool:
         return self.requires_approval or self.approval is not None
-
-
-class ToolArgumentsError(Exception):
-    """The model's arguments do not fit the tool: sent back to the model as an error result."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import names
 from .model import Message, ToolCall, Usage
 from .records import Record, encode
 
@@ -33,6 +34,18 @@ def user_messages(record: Record) -> list[Message]:
     appended at the same step (``then``)."""
     texts = [record.get("text"), *(record.get("then") or ())]
     return [Message("user", input_text(text)) for text in texts]
+
+
+# ``RunState.of`` folds every record of a run on each drive: it tells names apart by their
+# first five characters, which differ for every prefix below.
+_P = 5
+_MODEL = names.MODEL[:_P]
+_TOOL = names.TOOL[:_P]
+_USER = names.USER[:_P]
+_SPEND = names.SPEND[:_P]
+_ATTEMPT = names.ATTEMPT[:_P]
+_NOT_STARTED = names.NOT_STARTED[:_P]
+_STEP = names.STEP[:_P]
 
 
 @dataclass
@@ -69,30 +82,30 @@ class RunState:
         models: dict[int, Record] = {}
         for rec in records:
             name = rec.name
-            prefix = name[:5]
-            if prefix == "model":
-                models[int(name[6:])] = rec
-            elif prefix == "tool:":
-                state.results[name[5:]] = rec
-            elif prefix == "user:":
-                state.user_after[int(name[5:])] = rec
-            elif prefix == "@spen":
+            prefix = name[:_P]
+            if prefix == _MODEL:
+                models[int(name[len(names.MODEL) :])] = rec
+            elif prefix == _TOOL:
+                state.results[name[len(names.TOOL) :]] = rec
+            elif prefix == _USER:
+                state.user_after[int(name[len(names.USER) :])] = rec
+            elif prefix == _SPEND:
                 state.spend_records.append(rec)
-            elif prefix == "attem":
+            elif prefix == _ATTEMPT:
                 state.markers.append(rec)
-            elif prefix == "not-s":
+            elif prefix == _NOT_STARTED:
                 state.not_started.add(name)
-            elif prefix == "step:":
+            elif prefix == _STEP:
                 state.step_values.add(name)
-            elif name == "run:start":
+            elif name == names.RUN_START:
                 state.start = rec
-            elif name == "run:complete":
+            elif name == names.RUN_COMPLETE:
                 state.complete = rec
-            elif name == "run:cancelled":
+            elif name == names.RUN_CANCELLED:
                 state.cancelled = rec
-            elif name == "fork":
+            elif name == names.FORK:
                 state.fork = rec
-            elif name == "fork:done":
+            elif name == names.FORK_DONE:
                 state.fork_done = True
         n = 1
         while n in models:  # turns are recorded in order; stop at the first gap
@@ -103,25 +116,25 @@ class RunState:
     def add(self, rec: Record) -> None:
         """Fold in a record this driver just wrote."""
         name = rec.name
-        if name.startswith("model:"):
+        if name.startswith(names.MODEL):
             self.turns.append(rec)
-        elif name.startswith("tool:"):
-            self.results[name[5:]] = rec
-        elif name.startswith("user:"):
-            self.user_after[int(name.split(":", 1)[1])] = rec
-        elif name.startswith("@spend/"):
+        elif name.startswith(names.TOOL):
+            self.results[name[len(names.TOOL) :]] = rec
+        elif name.startswith(names.USER):
+            self.user_after[int(name[len(names.USER) :])] = rec
+        elif name.startswith(names.SPEND):
             self.spend_records.append(rec)
-        elif name.startswith("attempt:"):
+        elif name.startswith(names.ATTEMPT):
             self.markers.append(rec)
-        elif name.startswith("not-started:"):
+        elif name.startswith(names.NOT_STARTED):
             self.not_started.add(name)
-        elif name.startswith("step:"):
+        elif name.startswith(names.STEP):
             self.step_values.add(name)
-        elif name == "run:start":
+        elif name == names.RUN_START:
             self.start = rec
-        elif name == "run:complete":
+        elif name == names.RUN_COMPLETE:
             self.complete = rec
-        elif name == "run:cancelled":
+        elif name == names.RUN_CANCELLED:
             self.cancelled = rec
 
     def has_outcome(self, op: str) -> bool:
@@ -133,16 +146,16 @@ class RunState:
         record that it never started. Its effect may have happened: the run must halt."""
         claims: dict[str, dict[int, Record]] = {}
         for rec in self.markers:
-            op, _, number = rec.name[len("attempt:") :].rpartition(":")
-            if op and number.isdigit():
-                claims.setdefault(op, {})[int(number)] = rec
+            parsed = names.parse_attempt(rec.name)
+            if parsed is not None and parsed[0]:
+                claims.setdefault(parsed[0], {})[parsed[1]] = rec
         live: dict[str, Record] = {}
         for op, by_k in claims.items():
             if self.has_outcome(op):
                 continue
             k = 1
             while k in by_k:
-                if f"not-started:{op}:{k}" not in self.not_started:
+                if names.not_started(op, k) not in self.not_started:
                     live[op] = by_k[k]
                     break
                 k += 1
@@ -224,3 +237,19 @@ class RunState:
             self._call_ids.update(c.id for c in self.calls(turn))
         self._counted[2] = len(self.turns)
         return set(self._call_ids)
+
+
+def outcome_of(record: Record) -> dict[str, Any]:
+    """A halt row's resolution, as the journal's outcome record (``tool:`` or ``step:``)
+    holds it."""
+    if record.kind == "step":
+        return {
+            "result": record.get("value"),
+            "is_error": False,
+            "evidence": record.get("evidence"),
+        }
+    return {
+        "result": record.get("result"),
+        "is_error": bool(record.get("is_error")),
+        "evidence": record.get("evidence"),
+    }

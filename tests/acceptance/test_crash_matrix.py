@@ -90,7 +90,7 @@ def may_halt(agent: str, hit: list[str]) -> set[str]:
 
 
 def check_transcript(run_id: str) -> RunState:
-    state = RunState.of(Journal(DjangoStore()).history(run_id))
+    state = RunState.of(Journal(DjangoStore()).records(run_id))
     messages = state.messages()
     for i, message in enumerate(messages):
         if message.role == "assistant" and message.tool_calls:

@@ -113,7 +113,7 @@ def check_run(run_id: str, agent: str, racers: list[dict[str, Any]]) -> None:
     assert list(store.list_halts(run_id=run_id, status=None)) == []
 
     # The journal: every step exactly once, each after what it depends on.
-    history = Journal(store).history(run_id)
+    history = Journal(store).records(run_id)
     names = [r.name for r in history]
     expected = ["@journal", "run:start"]
     for n, calls in enumerate(turns, 1):

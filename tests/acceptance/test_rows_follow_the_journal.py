@@ -94,7 +94,7 @@ def test_a_fork_whose_maker_was_killed_is_never_driven(crash_at, alias):
     fork_id = f"{source}.fork-1"
     row = store.get_run(fork_id)
     assert row.status == "failed" and row.last_error["code"] == "history.fork_incomplete"
-    copied = [r.name for r in Journal(store).history(fork_id)]
+    copied = [r.name for r in Journal(store).records(fork_id)]
     assert "fork:done" not in copied and (alias == "default" or "run:start" in copied)
     assert recover_on(store) == []
     with pytest.raises(da.ConfigError) as info:
@@ -102,11 +102,11 @@ def test_a_fork_whose_maker_was_killed_is_never_driven(crash_at, alias):
     assert info.value.code == "history.fork_incomplete"
     assert recover_on(store) == []
     assert count_effects(source) == {"call_1_1": 1} and count_effects(fork_id) == {}
-    assert "model:1" not in [r.name for r in Journal(store).history(fork_id)]
+    assert "model:1" not in [r.name for r in Journal(store).records(fork_id)]
 
 
 def recover_on(store: DjangoStore) -> list[str]:
-    from durable_agents.engine.recovery import recover as recover_pass
+    from durable_agents.engine.commands.recovery import recover as recover_pass
 
     return recover_pass(store=store)
 

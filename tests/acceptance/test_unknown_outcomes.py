@@ -65,7 +65,7 @@ def drive(run_id: str, agent: str = "hole-charge", **env: str) -> tuple[int, dic
 
 
 def names(run_id: str, using: str = "default") -> list[str]:
-    return [r.name for r in Journal(DjangoStore(using=using)).history(run_id)]
+    return [r.name for r in Journal(DjangoStore(using=using)).records(run_id)]
 
 
 # -- 1. a live attempt halts before anything else is looked at ------------------------

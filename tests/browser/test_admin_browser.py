@@ -44,7 +44,7 @@ def new_id(prefix: str) -> str:
 
 
 def journal(run_id: str) -> dict[str, Any]:
-    return {r.name: r.body for r in Journal(DjangoStore()).history(run_id)}
+    return {r.name: r.body for r in Journal(DjangoStore()).records(run_id)}
 
 
 def open_queue(page: Page, title: str) -> None:

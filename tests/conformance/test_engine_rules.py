@@ -10,9 +10,9 @@ import threading
 import pytest
 
 import durable_agents as da
-from durable_agents.engine import approvals as approvals_module
 from durable_agents.engine import runtime
-from durable_agents.engine.commands import drive_quietly
+from durable_agents.engine.commands import approvals as approvals_module
+from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
@@ -103,7 +103,7 @@ def test_concurrent_forks_get_distinct_ids_and_keep_their_patches(wired):
     patched = {journal.get(f, "tool:call_1_1").get("result") for f in forks}
     assert patched == {f"storm {i}" for i in range(6)}
     for fork_id in forks:
-        assert [r.name for r in journal.history(fork_id)].count("fork:done") == 1
+        assert [r.name for r in journal.records(fork_id)].count("fork:done") == 1
 
 
 def test_an_explicit_fork_id_that_exists_is_refused(wired):
@@ -118,7 +118,7 @@ def test_an_explicit_fork_id_that_exists_is_refused(wired):
 
     outcomes = in_threads(4, fork)
     assert outcomes.count("mine") == 1 and outcomes.count("history.fork_exists") == 3
-    users = [r for r in Journal(store).history("mine") if r.name.startswith("user:")]
+    users = [r for r in Journal(store).records("mine") if r.name.startswith("user:")]
     assert len(users) == 1, "one fork's records, not a mix of four"
 
 
@@ -219,4 +219,4 @@ def test_a_retry_safe_journal_step_may_run_again_but_records_once(store, run_id)
         ),
     )
     assert len(set(values)) == 1 and len(calls) >= 1
-    assert not any(r.name.startswith("attempt:") for r in Journal(store).history(run_id))
+    assert not any(r.name.startswith("attempt:") for r in Journal(store).records(run_id))

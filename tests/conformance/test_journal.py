@@ -24,7 +24,7 @@ def test_header_is_written_first(journal, store, run_id):
     journal.do(run_id, "first", lambda: {"kind": "value", "v": 1})
     names = [e.name for e in store.load(run_id)]
     assert names == [HEADER_NAME, "first"]
-    header = journal.history(run_id)[0]
+    header = journal.records(run_id)[0]
     assert header.body == {"kind": "header", "format": JOURNAL_FORMAT}
 
 
@@ -70,7 +70,7 @@ def test_user_steps(journal, run_id):
 def test_history_in_commit_order(journal, run_id):
     for i in range(5):
         journal.do(run_id, f"s{i}", lambda i=i: {"kind": "value", "i": i})
-    history = journal.history(run_id)
+    history = journal.records(run_id)
     assert [r.name for r in history] == [HEADER_NAME, "s0", "s1", "s2", "s3", "s4"]
     assert [r.seq for r in history] == sorted(r.seq for r in history)
 
@@ -116,7 +116,7 @@ def test_foreign_format_is_refused_before_any_write(store, run_id):
         journal.do(run_id, "step", lambda: {"kind": "value"})
     assert "other.v9" in str(info.value)
     with pytest.raises(JournalVersionError):
-        journal.history(run_id)
+        journal.records(run_id)
     assert [e.name for e in store.load(run_id)] == [HEADER_NAME]
 
 

@@ -131,7 +131,7 @@ def halt_url(halt: Halt, suffix: str = "change") -> str:
 
 
 def journal(run_id: str) -> dict[str, Any]:
-    return {r.name: r.body for r in Journal(DjangoStore()).history(run_id)}
+    return {r.name: r.body for r in Journal(DjangoStore()).records(run_id)}
 
 
 def waiting_for_approval(run_id: str) -> ApprovalRequest:

@@ -95,7 +95,7 @@ def fork_url(run_id: str, step: int) -> str:
 
 
 def journal(run_id: str) -> dict[str, Any]:
-    return {r.name: r.body for r in Journal(DjangoStore()).history(run_id)}
+    return {r.name: r.body for r in Journal(DjangoStore()).records(run_id)}
 
 
 def finished_echo(run_id: str) -> dict[str, Any]:

@@ -152,7 +152,7 @@ def test_resume_of_unknown_run_is_a_clear_error():
 
 def test_journal_of_a_finished_start():
     run_id = echo.start("where is order 7?", run_id="journal-1")
-    names = [r.name for r in Journal(DjangoStore()).history(run_id)]
+    names = [r.name for r in Journal(DjangoStore()).records(run_id)]
     assert names[:2] == ["@journal", "run:start"] and names[-1] == "run:complete"
 
 

@@ -43,7 +43,7 @@ def test_ten_concurrent_deliveries_open_one_turn():
     assert runs == {"s-conc>event/d-1"}
     turn_runs = Run.objects.filter(session_id="s-conc").exclude(run_id__endswith=">session")
     assert list(turn_runs.values_list("run_id", flat=True)) == ["s-conc>event/d-1"]
-    names = [r.name for r in Journal(DjangoStore()).history("s-conc>event/d-1")]
+    names = [r.name for r in Journal(DjangoStore()).records("s-conc>event/d-1")]
     assert names.count("model:1") == 1 and names.count("model:2") == 1
     assert len(agents.effects("crm")) == 1 and agents.effects("refund") == []
     assert Run.objects.get(run_id="s-conc>event/d-1").status == "awaiting_approval"
@@ -76,7 +76,7 @@ def test_redelivery_after_the_driver_was_killed_resumes_the_same_turn():
         assert time.monotonic() < deadline, "the turn never resumed"
         time.sleep(0.2)
     assert json.loads(response.content)["run_id"] == run_id
-    names = [r.name for r in Journal(DjangoStore()).history(run_id)]
+    names = [r.name for r in Journal(DjangoStore()).records(run_id)]
     assert names.count("model:2") == 1, "the recorded turn was replayed, not generated again"
     assert len(agents.effects("crm")) == 1
     turns = Run.objects.filter(session_id="s-crash").exclude(run_id__endswith=">session")
@@ -127,5 +127,5 @@ def test_concurrent_waiting_deliveries_all_get_the_turns_answer():
         4, lambda i: slow_chat.session("s-wait").send_once("d-1", "Order 7?", wait=True)
     )
     assert {(r.status, r.answer) for r in results} == {("answered", "shipped")}
-    names = [r.name for r in Journal(DjangoStore()).history("s-wait>event/d-1")]
+    names = [r.name for r in Journal(DjangoStore()).records("s-wait>event/d-1")]
     assert names.count("model:1") == names.count("tool:call_1_1") == 1

@@ -11,8 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 import durable_agents as da
-from durable_agents.engine import commands, runtime
+from durable_agents.engine import runtime
 from durable_agents.engine.agent import get_agent
+from durable_agents.engine.commands import runs as commands
+from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.errors import (
     DriveStopped,
     DurableAgentsError,
@@ -22,7 +24,6 @@ from durable_agents.engine.errors import (
 )
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import AWAITING_APPROVAL, HALTED
-from durable_agents.engine.recovery import recover
 
 from . import world as W
 from .agent import AGENT, NOT_HAPPENED, SESSION, Plans, is_agent_run
@@ -170,7 +171,7 @@ class Webhook(Actor):
         if w.rng.random() < 0.2:
             answered = sum(
                 1
-                for r in Journal(w.raw).history(f"{SESSION}>session")
+                for r in Journal(w.raw).records(f"{SESSION}>session")
                 if r.name.startswith("answer:")
             )
             text = w.chat[min(answered, len(w.chat) - 1)]
@@ -361,7 +362,7 @@ class Person(Actor):
         if step is not None:
             return self._forking(w, run_id, step, patch or da.Patch(), True)
         rng = w.rng
-        records = Journal(w.raw).history(run_id)
+        records = Journal(w.raw).records(run_id)
         turns = [r for r in records if r.name.startswith("model:")]
         step = rng.randint(0, len(turns))
         calls = [

@@ -41,7 +41,7 @@ def _short(value: Any, n: int = 60) -> str:
 
 
 def _names(w: W.World, run_id: str) -> dict[str, Record]:
-    return {r.name: r for r in Journal(w.raw).history(run_id)}
+    return {r.name: r for r in Journal(w.raw).records(run_id)}
 
 
 def _turn_of(names: dict[str, Record], call_id: str) -> int | None:
@@ -138,7 +138,7 @@ class Index:
     """The store read once, for the end-of-schedule checks."""
 
     def __init__(self, w: W.World) -> None:
-        self.records = {r: Journal(w.raw).history(r) for r in w.runs}
+        self.records = {r: Journal(w.raw).records(r) for r in w.runs}
         self.names = {r: {rec.name: rec for rec in recs} for r, recs in self.records.items()}
         self.rows = {r: w.raw.get_run(r) for r in w.runs}
         self.halts = list(w.raw.list_halts(status=None))

@@ -155,7 +155,7 @@ def quiet_phase(w: W.World) -> None:
     worker = Driver("worker")
     beat = Recovery("beat")
     w.actors += [worker, beat]
-    from durable_agents.engine.recovery import recover
+    from durable_agents.engine.commands.recovery import recover
 
     def drain() -> None:
         # Copies of one message are driven once: the rest would find it driven already.
@@ -181,7 +181,7 @@ def quiet_phase(w: W.World) -> None:
 
 def session_liveness(w: W.World, worker: Actor) -> None:
     """A session whose open turn was cancelled or failed for good still takes a message."""
-    records = Journal(w.raw).history(f"{SESSION}>session")
+    records = Journal(w.raw).records(f"{SESSION}>session")
     answered = {r.get("run_id") for r in records if r.name.startswith("answer:")}
     sends = [r for r in records if r.name.startswith("turn:")]
     open_turn = next((r for r in reversed(sends) if r.get("run_id") not in answered), None)

@@ -56,7 +56,7 @@ def reaches_hole_1(w: World) -> bool:
     # The same situation met by an engine without the fix: an error result for a charge
     # that had been claimed, saying its arguments no longer fit or its tool is gone.
     for run_id in w.runs:
-        names = {r.name: r for r in Journal(w.raw).history(run_id)}
+        names = {r.name: r for r in Journal(w.raw).records(run_id)}
         for name, record in names.items():
             error = str((record.get("result") or {}) if name.startswith("tool:") else "")
             claimed = f"attempt:{name[5:]}:1" in names

@@ -34,7 +34,7 @@ import greenlet
 from durable_agents.engine import failpoints, leases, runtime
 from durable_agents.engine.errors import DurableAgentsError, Pause
 from durable_agents.engine.memstore import InMemoryStore
-from durable_agents.engine.recovery import RetryPolicy
+from durable_agents.engine.retry import RetryPolicy
 
 EPOCH = 1_700_000_000.0
 # Virtual seconds the clock may move between two scheduling steps: at most a third of the

@@ -42,7 +42,7 @@ def wiring(store):
 
 
 def _drive(run_id, store):
-    from durable_agents.engine.commands import drive_quietly
+    from durable_agents.engine.commands.runs import drive_quietly
 
     drive_quietly(run_id, store=store)
 

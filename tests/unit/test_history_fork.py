@@ -89,7 +89,7 @@ def test_fork_at_each_step_with_each_patch(store, step, kind):
     seen, fired = [], []
     agent = weather_agent(seen, fired, name=f"unit-fork-{kind}-{step}")
     agent.run("src", "plan", store=store)
-    source_before = [(r.name, r.data) for r in Journal(store).history("src")]
+    source_before = [(r.name, r.data) for r in Journal(store).records("src")]
     fired.clear()
     steps = da.history("src", store=store)
     patch = {
@@ -123,7 +123,7 @@ def test_fork_at_each_step_with_each_patch(store, step, kind):
         assert seen[0].messages[-1].content == "It will rain, plan for that."
     if kind == "instructions" and seen:
         assert seen[0].instructions == "Plan cautious trips."
-    assert [(r.name, r.data) for r in Journal(store).history("src")] == source_before
+    assert [(r.name, r.data) for r in Journal(store).records("src")] == source_before
     forked = da.history(fork_id, store=store)
     assert forked[0].usage == steps[0].usage
 
@@ -211,16 +211,16 @@ def test_drift_policies(store, policy, change, caplog):
     seen, fired = [], []
     new = drifted(seen, fired, policy, change, store)
     Journal(store).write("r", "approval:call_1_1", {"kind": "approval", "approved": True})
-    before = [r.name for r in Journal(store).history("r")]
+    before = [r.name for r in Journal(store).records("r")]
     if policy == "error":
         with pytest.raises(da.AgentDrift) as info:
             new.run("r", None, store=store)
-        assert [r.name for r in Journal(store).history("r")] == before
+        assert [r.name for r in Journal(store).records("r")] == before
         assert info.value.details["changes"]
         return
     with caplog.at_level(logging.WARNING, logger="durable_agents"):
         assert new.run("r", None, store=store).answer == "Trip planned."
-    drift_records = [r for r in Journal(store).history("r") if r.name.startswith("@drift/")]
+    drift_records = [r for r in Journal(store).records("r") if r.name.startswith("@drift/")]
     if policy == "warn":
         assert drift_records and "resumes under a changed agent" in caplog.text
         key = {"model": "model", "schema": "tools_changed", "instructions": "instructions"}
@@ -237,7 +237,7 @@ def test_a_half_written_fork_is_refused(store):
     # Simulate a fork that died while being copied: the same journal without "fork:done".
     journal = Journal(store)
     store.create_run(store.get_run(fork_id).__class__(run_id="half", agent=agent.name))
-    for rec in journal.history(fork_id):
+    for rec in journal.records(fork_id):
         if rec.name not in ("@journal", "fork:done"):
             journal.write("half", rec.name, dict(rec.body))
     with pytest.raises(da.ConfigError, match="not completely written"):

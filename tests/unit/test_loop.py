@@ -28,7 +28,7 @@ def fired():
 
 
 def history(store, run_id):
-    return [r.name for r in Journal(store).history(run_id)]
+    return [r.name for r in Journal(store).records(run_id)]
 
 
 def make_tools(fired, crash_on=None):

@@ -11,9 +11,9 @@ import pytest
 
 import durable_agents as da
 from durable_agents.engine import failpoints, runtime
-from durable_agents.engine.commands import drive_quietly
+from durable_agents.engine.commands.recovery import recover
+from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.journal import Journal
-from durable_agents.engine.recovery import recover
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from durable_agents.testing import InMemoryStore
@@ -53,7 +53,7 @@ def crash_at(monkeypatch):
 
 
 def names(store, run_id):
-    return [r.name for r in Journal(store).history(run_id)]
+    return [r.name for r in Journal(store).records(run_id)]
 
 
 def shipper(fired, name="u-proj-ship", crash=False):

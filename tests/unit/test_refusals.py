@@ -7,10 +7,11 @@ import pytest
 
 import durable_agents as da
 from durable_agents.engine import runtime
-from durable_agents.engine.commands import drive_quietly
+from durable_agents.engine.commands.recovery import recover
+from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import RunInfo
-from durable_agents.engine.recovery import RetryPolicy, recover
+from durable_agents.engine.retry import RetryPolicy
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from durable_agents.testing import InMemoryStore
@@ -122,15 +123,15 @@ def test_recover_is_public():
 def test_the_journal_still_says_what_the_refused_drive_saw(store):
     with pytest.raises(Crash):
         reader(crash=True).run("r1", "go", store=store)
-    before = [r.name for r in Journal(store).history("r1")]
+    before = [r.name for r in Journal(store).records("r1")]
     with pytest.raises(da.AgentDrift):
         reader(instructions="Other.").run("r1", None, store=store)
-    assert [r.name for r in Journal(store).history("r1")] == before
+    assert [r.name for r in Journal(store).records("r1")] == before
 
 
 def test_a_run_that_finishes_while_it_is_being_cancelled_stays_finished(clock):
     """The cancel checked the run before taking its lease; the run finished in between."""
-    from durable_agents.engine.commands import create_run
+    from durable_agents.engine.commands.runs import create_run
 
     class FinishesFirst(InMemoryStore):
         armed = False

@@ -20,7 +20,7 @@ class Crash(BaseException):
 def store():
     store = InMemoryStore()
     saved = dict(runtime._runtime.__dict__)
-    from durable_agents.engine.commands import drive_quietly
+    from durable_agents.engine.commands.runs import drive_quietly
 
     runtime.configure(dispatcher=lambda run_id: drive_quietly(run_id, store=store))
     yield store

@@ -9,7 +9,7 @@ import pytest
 
 import durable_agents as da
 from durable_agents.engine import runtime
-from durable_agents.engine.commands import drive_quietly
+from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
@@ -82,7 +82,7 @@ def charge_agent(fired, *, deploy="v1", on_drift=None, crash=False, during=None,
 
 
 def names(store, run_id):
-    return [r.name for r in Journal(store).history(run_id)]
+    return [r.name for r in Journal(store).records(run_id)]
 
 
 # -- 1 ----------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ class Command(BaseCommand):
     # -- reading ------------------------------------------------------------------------
 
     def _runs(self, options: dict[str, Any]) -> None:
-        from durable_agents.engine.commands import pending
+        from durable_agents.engine.commands.runs import pending
 
         runs = pending(limit=options["limit"], statuses=options["status"])
         if options["json"]:
@@ -126,7 +126,7 @@ class Command(BaseCommand):
     # -- acting -------------------------------------------------------------------------
 
     def _approve(self, options: dict[str, Any], approved: bool = True) -> None:
-        from durable_agents.engine.approvals import approve
+        from durable_agents.engine.commands.approvals import approve
 
         outcome = approve(
             options["run_id"],
@@ -144,7 +144,7 @@ class Command(BaseCommand):
         self._approve(options, approved=False)
 
     def _cancel(self, options: dict[str, Any]) -> None:
-        from durable_agents.engine.commands import cancel
+        from durable_agents.engine.commands.runs import cancel
 
         cancel(
             options["run_id"],
@@ -154,7 +154,7 @@ class Command(BaseCommand):
         self.stdout.write(f"run {options['run_id']} is cancelled")
 
     def _resolve(self, options: dict[str, Any]) -> None:
-        from durable_agents.engine.halts import resolve_halt
+        from durable_agents.engine.commands.halts import resolve_halt
 
         def parse(name: str) -> Any:
             raw = options.get(name)

@@ -1,8 +1,6 @@
-"""History, fork and compare: "what if the tool had said something else?"
+"""Forks: "what if the tool had said something else?" (reading a run as steps, and
+comparing two, is ``engine.steps``.)
 
-* ``history(run_id)`` — a run's steps, one per model turn (its text, its tool calls with
-  their results, approvals), read from the journal alone; ``as_of(run_id, step)`` — the
-  transcript as it stood after that step.
 * ``fork(run_id, from_step, patch)`` — a new run whose journal is the source's up to a step
   (copied, plus a ``fork`` record), with a patch applied: replace a recorded tool result in
   place, record a result for a call that has none, append a user message, or replace the
@@ -14,8 +12,8 @@
   in a run and in all its forks. A fork is runnable only once it is completely copied: its
   row says ``failed`` (``history.fork_incomplete``) until ``fork:done``, so a fork whose
   maker died is never driven from its input or from a partial journal.
-* ``compare(a, b)`` — each run's steps, the first step where they differ (call ids aside),
-  and the drift: tool order, arguments, step count, finish.
+* ``fork_session(session, from_turn)`` — a new session whose transcript is the first turns
+  of another.
 """
 
 from __future__ import annotations
@@ -24,146 +22,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import failpoints, identity, runtime
-from .approvals import new_incarnation
-from .errors import ConfigError, RunBusy
-from .journal import Journal
-from .leases import HeldLease
-from .loop import unknown_outcomes
-from .model import Message
-from .ports import FAILED, HALTED, KIND_AGENT, QUEUED, ActionInfo, RunInfo, Store
-from .records import Record, encode, validate_run_id
-from .transcript import RunState
-
-
-@dataclass(frozen=True)
-class ToolStep:
-    call_id: str
-    name: str
-    arguments: Any
-    result: Any = None
-    is_error: bool = False
-    has_result: bool = False
-    reconciled: bool = False
-    approval: Mapping[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class Step:
-    step: int
-    text: str
-    tool_calls: tuple[ToolStep, ...]
-    usage: Mapping[str, int]
-    finish: str
-    at: str | None
-
-    def shape(self) -> tuple[Any, ...]:
-        """What the step did, call ids aside: for comparing trajectories."""
-        return (
-            self.text,
-            tuple(
-                (t.name, encode(t.arguments), encode(t.result), t.is_error) for t in self.tool_calls
-            ),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "text": self.text,
-            "tool_calls": [t.__dict__ for t in self.tool_calls],
-            "usage": dict(self.usage),
-            "finish": self.finish,
-            "at": self.at,
-        }
-
-
-def _args(raw: str) -> Any:
-    try:
-        from .records import decode
-
-        return decode(raw or "{}")
-    except Exception:
-        return raw
-
-
-def steps_of(records: Sequence[Record]) -> list[Step]:
-    state = RunState.of(records)
-    by_name = {r.name: r for r in records}
-    steps = []
-    for n, turn in enumerate(state.turns, start=1):
-        message = state.assistant(turn)
-        calls = []
-        for call in message.tool_calls:
-            rec = state.results.get(call.id)
-            approval = by_name.get(f"approval:{call.id}")
-            calls.append(
-                ToolStep(
-                    call_id=call.id,
-                    name=call.name,
-                    arguments=_args(call.arguments),
-                    result=rec.get("result") if rec else None,
-                    is_error=bool(rec.get("is_error")) if rec else False,
-                    has_result=rec is not None,
-                    reconciled=bool(rec.get("reconciled")) if rec else False,
-                    approval=dict(approval.body) if approval else None,
-                )
-            )
-        steps.append(
-            Step(
-                step=n,
-                text=message.content,
-                tool_calls=tuple(calls),
-                usage=dict(turn.get("usage") or {}),
-                finish=str(turn.get("finish") or ""),
-                at=turn.created_at.isoformat() if turn.created_at else None,
-            )
-        )
-    return steps
-
-
-def history(run_id: str, *, store: Store | None = None) -> list[Step]:
-    """The steps of a run, in order, from its journal (no model or tool is called)."""
-    store = store or runtime.store()
-    return steps_of(Journal(store).history(run_id))
-
-
-def as_of(run_id: str, step: int, *, store: Store | None = None) -> list[Message]:
-    """The transcript as it stood after ``step`` (0: just the input)."""
-    store = store or runtime.store()
-    records = Journal(store).history(run_id)
-    state = RunState.of(records)
-    _check_step(run_id, step, len(state.turns))
-    return RunState.of(_prefix(records, step)).messages()
-
-
-def _check_step(run_id: str, step: Any, count: int) -> None:
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= count:
-        raise ConfigError(
-            f"run {run_id!r} has no step {step!r}; its steps are 0-{count} (0 is the input)",
-            code="history.step",
-        )
-
-
-def _prefix(records: Sequence[Record], step: int) -> list[Record]:
-    """The records a run held right after ``step``: its turns up to it, their results, the
-    attempts of their calls (a claim with no result is an outcome nobody knows) and the user
-    messages sent after them."""
-    state = RunState.of(records)
-    keep_calls = {c.id for turn in state.turns[:step] for c in state.calls(turn)}
-    out = []
-    for rec in records:
-        name = rec.name
-        kind, _, rest = name.partition(":")
-        if (
-            name in ("@journal", "run:start")
-            or (kind == "model" and int(rest) <= step)
-            or (kind == "user" and int(rest) <= step)
-            or (kind == "tool" and rest in keep_calls)
-            or (kind in ("attempt", "not-started") and rest.rpartition(":")[0] in keep_calls)
-            or (name.startswith("@spend/") and int(name.split("/")[1]) <= step)
-        ):
-            out.append(rec)
-    return out
+from .. import failpoints, identity, names, runtime
+from ..errors import ConfigError, Conflict, NotFound, RunBusy
+from ..journal import Journal
+from ..leases import HeldLease
+from ..loop import unknown_outcomes
+from ..ports import FAILED, HALTED, KIND_AGENT, QUEUED, ActionInfo, RunInfo, Store
+from ..records import Record, encode, validate_run_id
+from ..steps import check_step, prefix
+from ..transcript import RunState
 
 
 @dataclass(frozen=True)
@@ -196,7 +63,7 @@ def _create_fork_run(store: Store, run: RunInfo, explicit: bool) -> str:
     if absent), so two forks made at once never share an id."""
     if explicit:
         if not store.create_run(run):
-            raise ConfigError(
+            raise Conflict(
                 f"run {run.run_id!r} already exists; pick another id for the fork",
                 code="history.fork_exists",
             )
@@ -244,7 +111,7 @@ def _copy_into_fork(
     # other instead of running from a partial journal.
     journal.write(
         new_run_id,
-        "fork",
+        names.FORK,
         {
             "kind": "fork",
             "source": run_id,
@@ -254,32 +121,29 @@ def _copy_into_fork(
         },
         fence=fence,
     )
-    appended_at = f"user:{from_step}"
+    appended_at = names.user(from_step)
     for rec in kept:
-        if rec.name == "@journal":
+        if rec.name == names.HEADER:
             continue
         body = dict(rec.body)
-        if rec.name.startswith("tool:") and rec.name[5:] in patch.tool_results:
+        if rec.name.startswith(names.TOOL) and rec.name[len(names.TOOL) :] in patch.tool_results:
             continue  # written below, patched
         if rec.name == appended_at and patch.append_user:
             continue  # written below, with the patch's message after it
-        if rec.name == "run:start":
-            body["incarnation"] = new_incarnation()  # a fork is a start of its own
+        if rec.name == names.RUN_START:
+            body["incarnation"] = names.new_incarnation()  # a fork is a start of its own
         journal.write(new_run_id, rec.name, body, fence=fence)
     for call_id, result in patch.tool_results.items():
         journal.write(
             new_run_id,
-            f"tool:{call_id}",
-            {
-                "kind": "tool",
-                "call_id": call_id,
-                "name": calls[call_id].name,
-                "result": result,
-                "is_error": call_id in patch.tool_errors,
-                "read_only": False,
-                "reconciled": False,
-                "patched": True,
-            },
+            names.tool(call_id),
+            names.tool_body(
+                call_id,
+                calls[call_id].name,
+                result,
+                is_error=call_id in patch.tool_errors,
+                patched=True,
+            ),
             fence=fence,
         )
     if patch.append_user:
@@ -307,11 +171,11 @@ def fork(
     journal = Journal(store)
     source = store.get_run(run_id)
     if source is None:
-        raise ConfigError(f"no run {run_id!r}", code="run.not_found")
-    records = journal.history(run_id)
+        raise NotFound(f"no run {run_id!r}", code="run.not_found")
+    records = journal.records(run_id)
     state = RunState.of(records)
-    _check_step(run_id, from_step, len(state.turns))
-    kept = _prefix(records, from_step)
+    check_step(run_id, from_step, len(state.turns))
+    kept = prefix(records, from_step)
     kept_state = RunState.of(kept)
     calls = {c.id: c for turn in kept_state.turns for c in kept_state.calls(turn)}
     unknown = sorted(set(patch.tool_results) - set(calls))
@@ -379,7 +243,7 @@ def fork(
             code="history.fork_busy",
         ) from None
     try:
-        if journal.history(new_run_id):
+        if journal.records(new_run_id):
             # Someone took the fork before its maker held it: a cancel (the only writer
             # that does not refuse an uncopied fork). It stays as they left it.
             raise ConfigError(
@@ -393,11 +257,11 @@ def fork(
         if unknown:
             # The halt rows before the status: a fork halted on nothing a person can see
             # would never move.
-            for halt in unknown_outcomes(RunState.of(journal.history(new_run_id)), new_run_id):
+            for halt in unknown_outcomes(RunState.of(journal.records(new_run_id)), new_run_id):
                 store.save_halt(halt)
         journal.write(
             new_run_id,
-            "fork:done",
+            names.FORK_DONE,
             {"kind": "fork-done"},
             fence=lease.token,
             run_changes={
@@ -417,65 +281,11 @@ def fork(
     return new_run_id
 
 
-@dataclass(frozen=True)
-class Comparison:
-    a: list[Step]
-    b: list[Step]
-    diverged_at: int | None
-    drift: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "a": [s.to_json() for s in self.a],
-            "b": [s.to_json() for s in self.b],
-            "diverged_at": self.diverged_at,
-            "drift": self.drift,
-        }
-
-
-def compare(a: str, b: str, *, store: Store | None = None) -> Comparison:
-    """Where two runs' trajectories part, call ids aside."""
-    store = store or runtime.store()
-    for run_id in (a, b):
-        if store.get_run(run_id) is None:
-            raise ConfigError(f"no run {run_id!r}", code="run.not_found")
-    journal = Journal(store)
-    ra, rb = journal.history(a), journal.history(b)
-    sa, sb = steps_of(ra), steps_of(rb)
-    diverged = None
-    for i in range(max(len(sa), len(sb))):
-        if i >= len(sa) or i >= len(sb) or sa[i].shape() != sb[i].shape():
-            diverged = i + 1
-            break
-    fa, fb = RunState.of(ra).complete, RunState.of(rb).complete
-    drift: dict[str, Any] = {
-        "tool_order": [
-            [t.name for s in sa for t in s.tool_calls],
-            [t.name for s in sb for t in s.tool_calls],
-        ],
-        "arguments": [
-            {"step": x.step, "tool": tx.name, "a": tx.arguments, "b": ty.arguments}
-            for x, y in zip(sa, sb, strict=False)
-            for tx, ty in zip(x.tool_calls, y.tool_calls, strict=False)
-            if tx.name == ty.name and encode(tx.arguments) != encode(ty.arguments)
-        ],
-        "step_count": [len(sa), len(sb)],
-        "finish": [
-            fa.get("answer") if fa else None,
-            fb.get("answer") if fb else None,
-        ],
-    }
-    drift["tool_order_changed"] = drift["tool_order"][0] != drift["tool_order"][1]
-    return Comparison(sa, sb, diverged, drift)
-
-
 def fork_session(session: Any, from_turn: int, new_session_id: str | None = None) -> str:
     """A new session whose transcript is ``session``'s first ``from_turn`` answered turns."""
-    from .sessions import validate_session_id
-
     store = session.store
     journal = Journal(store)
-    answers = [r for r in journal.history(session.journal_id) if r.name.startswith("answer:")]
+    answers = [r for r in journal.records(session.journal_id) if r.name.startswith(names.ANSWER)]
     if (
         isinstance(from_turn, bool)
         or not isinstance(from_turn, int)
@@ -487,19 +297,21 @@ def fork_session(session: Any, from_turn: int, new_session_id: str | None = None
         )
     if new_session_id is None:
         n = 1
-        while store.get_run(f"{session.session_id[:110]}-fork-{n}>session") is not None:
+        while (
+            store.get_run(names.session_journal(f"{session.session_id[:110]}-fork-{n}")) is not None
+        ):
             n += 1
         new_session_id = f"{session.session_id[:110]}-fork-{n}"
-    validate_session_id(new_session_id)
+    names.validate_session_id(new_session_id)
     fork_session_obj = type(session)(session.agent, new_session_id, store=session._store)
     if store.get_run(fork_session_obj.journal_id) is not None:
-        raise ConfigError(f"session {new_session_id!r} already exists", code="history.fork_exists")
+        raise Conflict(f"session {new_session_id!r} already exists", code="history.fork_exists")
     fork_session_obj._ensure_journal()
     for rec in answers[:from_turn]:
         journal.write(fork_session_obj.journal_id, rec.name, dict(rec.body))
     journal.write(
         fork_session_obj.journal_id,
-        "fork",
+        names.SESSION_FORK,
         {"kind": "fork", "source": session.session_id, "turn": from_turn},
     )
     return new_session_id

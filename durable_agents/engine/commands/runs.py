@@ -1,5 +1,6 @@
-"""Commands on runs by id: resume, pending. Glue (admin, API, management commands, Celery
-tasks) calls these; it never edits a run's state itself."""
+"""Commands on runs: start, resume, hand over, cancel, pending. Glue (admin, API,
+management commands, Celery tasks) calls these; it never edits a run's state itself, nor
+writes the action log: a command given ``by=`` logs what it did."""
 
 from __future__ import annotations
 
@@ -10,14 +11,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import identity, runtime
-from .agent import Agent, RunResult, get_agent
-from .approvals import new_incarnation
-from .errors import ConfigError, DriveStopped, DurableAgentsError, LeaseLost, Pause, RunBusy
-from .journal import Journal
-from .leases import HeldLease
-from .loop import close_cancelled, drive
-from .ports import (
+from .. import identity, names, runtime
+from ..definition import AgentDefinition, RunResult
+from ..errors import (
+    ConfigError,
+    Conflict,
+    DriveStopped,
+    DurableAgentsError,
+    LeaseLost,
+    NotFound,
+    Pause,
+    RunBusy,
+)
+from ..journal import Journal
+from ..leases import HeldLease
+from ..loop import close_cancelled, drive
+from ..ports import (
     AWAITING_APPROVAL,
     AWAITING_INPUT,
     CANCELLED,
@@ -29,11 +38,13 @@ from .ports import (
     QUEUED,
     RUNNING,
     SLEEPING,
+    TERMINAL_STATUSES,
     RunInfo,
     Store,
 )
-from .records import encode, refuse_nul, validate_run_id
-from .recovery import describe
+from ..records import encode, refuse_nul, validate_run_id
+from ..registry import get_agent
+from ..retry import describe
 
 log = logging.getLogger("durable_agents")
 
@@ -97,7 +108,7 @@ def new_run_id(agent_name: str) -> str:
 
 
 def create_run(
-    agent: Agent,
+    agent: AgentDefinition,
     input: Any,
     run_id: str | None,
     *,
@@ -115,7 +126,7 @@ def create_run(
     refuse_nul(input, "the run's input")  # bad input fails here, before anything is written
     existing = store.get_run(run_id)
     if existing is not None and existing.agent and existing.agent != agent.name:
-        raise ConfigError(
+        raise Conflict(
             f"run {run_id!r} belongs to agent {existing.agent!r}; pick another run id",
             code="config.agent_mismatch",
         )
@@ -129,20 +140,10 @@ def create_run(
             fingerprint=agent.fingerprint(),
         )
     )
-    body: dict[str, Any] = {
-        "kind": "start",
-        "agent": agent.name,
-        "input": input,
-        "fingerprint": agent.fingerprint(),
-        # Which start of this run id: signed decisions bind it, so one made for a run that
-        # was deleted and started again under the same id does not verify for the new one.
-        "incarnation": new_incarnation(),
-    }
-    if seed:
-        body["seed"] = seed
-    start, _ = Journal(store).write(run_id, "run:start", body)
+    body = names.start_body(agent.name, input, agent.fingerprint(), seed)
+    start, _ = Journal(store).write(run_id, names.RUN_START, body)
     if encode(start.get("input")) != encode(input):
-        raise ConfigError(
+        raise Conflict(
             f"run {run_id!r} was started with a different input; use a new run id for a new "
             "request",
             code="config.input_mismatch",
@@ -150,11 +151,56 @@ def create_run(
     return run_id
 
 
+def start(
+    agent: AgentDefinition,
+    input: Any,
+    run_id: str | None = None,
+    *,
+    store: Store | None = None,
+    by: Any = None,
+) -> str:
+    """Create the run, record its input, and hand it to a driver; return its id at once.
+
+    Inside a transaction, the run and its input are written in that transaction and the
+    run is handed over only after it commits (a rolled-back start leaves nothing). The
+    same id started again with the same input just hands it over again. Given ``by``, the
+    start is logged as theirs."""
+    actor = identity.resolve(by) if by is not None else None
+    store = store or runtime.store()
+    run_id = create_run(agent, input, run_id, store=store)
+    if actor is not None:
+        store.log_action(identity.logged(actor, "start", run_id, "", {"agent": agent.name}))
+    runtime.dispatch(run_id)
+    return run_id
+
+
 def get_run(run_id: str, *, store: Store | None = None) -> RunInfo:
     store = store or runtime.store()
     run = store.get_run(run_id)
     if run is None:
-        raise ConfigError(f"no run {run_id!r}", code="run.not_found")
+        raise NotFound(f"no run {run_id!r}", code="run.not_found")
+    return run
+
+
+def hand_over(
+    run_id: str, *, by: Any, via: str | None = None, store: Store | None = None
+) -> RunInfo:
+    """Resume as a person asks it: hand an unfinished run to a driver (a worker, with
+    Celery dispatch), logged as ``by``'s ``resume``. A run paused on a person pauses again
+    until that person acts. A finished, failed-for-good or cancelled run is refused
+    (``run.<status>``). The log is written before the hand-over, so a hand-over that fails
+    (a broker down) still says who asked; recovery or another resume picks the run up."""
+    actor = identity.resolve(by)
+    store = store or runtime.store()
+    run = get_run(run_id, store=store)
+    if run.status in TERMINAL_STATUSES:
+        raise Conflict(
+            f"run {run.run_id!r} is {run.status}; there is nothing to resume",
+            code=f"run.{run.status}",
+        )
+    payload = {"via": via} if via else {}
+    store.log_action(identity.logged(actor, "resume", run.run_id, "", payload))
+    runtime.dispatch(run.run_id)
     return run
 
 
@@ -165,7 +211,7 @@ def resume(run_id: str, *, store: Store | None = None) -> RunResult:
     store = store or runtime.store()
     run = get_run(run_id, store=store)
     if run.kind != KIND_AGENT:
-        raise ConfigError(
+        raise Conflict(
             f"run {run_id!r} is a {run.kind} journal, not an agent run: it is never driven",
             code="run.not_an_agent_run",
         )
@@ -176,12 +222,36 @@ def resume(run_id: str, *, store: Store | None = None) -> RunResult:
         raise
     result = drive(agent, run_id, None, store=store, derived_id=True)
     if run.session_id is not None:
-        from .sessions import record_answer
-
-        start = Journal(store).get(run_id, "run:start")
+        start = Journal(store).get(run_id, names.RUN_START)
         text = start.get("input") if start is not None else run.input
         record_answer(store, run_id, str(text), result.answer)
     return result
+
+
+def record_answer(store: Store, run_id: str, text: str, answer: str) -> None:
+    """Add a finished turn's answer to its session's transcript (first writer wins)."""
+    sid = names.session_of(run_id)
+    if sid is None:
+        return
+    Journal(store).write(
+        names.session_journal(sid),
+        names.answer(run_id),
+        {"kind": "answer", "run_id": run_id, "input": text, "answer": answer},
+    )
+
+
+def delete(run_id: str, *, by: Any, via: str | None = None, store: Store | None = None) -> None:
+    """Delete a run, its journal, lease, approval requests and halts: the one exception to
+    an append-only journal, logged as ``by``'s ``delete`` (the log row is keyed by run id
+    only, so it stays). Inside a transaction, the log and the delete commit together."""
+    actor = identity.resolve(by)
+    store = store or runtime.store()
+    run = get_run(run_id, store=store)
+    payload: dict[str, Any] = {"agent": run.agent, "status": run.status}
+    if via:
+        payload["via"] = via
+    store.log_action(identity.logged(actor, "delete", run_id, "", payload))
+    store.delete_run(run_id)
 
 
 def _fail_undriven(store: Store, run: RunInfo, exc: ConfigError) -> None:
@@ -206,24 +276,49 @@ def _fail_undriven(store: Store, run: RunInfo, exc: ConfigError) -> None:
         lease.release()
 
 
+# What a drive came to, in one vocabulary for every driver (inline, Celery task).
+FINISHED_OUTCOME = "finished"
+PAUSED = "paused"
+BUSY = "busy"
+LEASE_LOST = "lease_lost"
+STOPPED = "stopped"
+FAILED_OUTCOME = "failed"
+
+
+def outcome(exc: BaseException | None) -> str | None:
+    """The word for how a drive ended: None when ``exc`` is a failure the caller must
+    judge (a ``DurableAgentsError`` other than a coordination signal) or no engine error."""
+    if exc is None:
+        return FINISHED_OUTCOME
+    if isinstance(exc, Pause):
+        return PAUSED
+    if isinstance(exc, RunBusy):
+        return BUSY
+    if isinstance(exc, LeaseLost):
+        return LEASE_LOST
+    if isinstance(exc, DriveStopped):
+        return STOPPED
+    return None
+
+
 def drive_quietly(run_id: str, *, store: Store | None = None) -> str:
     """Drive a run as a worker does: a pause, a busy run or a lost lease is an outcome, not
     an error. Returns what happened (``finished``, ``paused``, ``busy``, ``lease_lost``,
     ``stopped``, ``failed``)."""
     try:
         resume(run_id, store=store)
-    except Pause:
-        return "paused"
-    except RunBusy:
-        return "busy"
-    except LeaseLost:
-        return "lease_lost"
-    except DriveStopped:
-        return "stopped"
-    except DurableAgentsError:
+    except (Pause, DurableAgentsError) as exc:
+        said = outcome(exc)
+        if said is not None:
+            return said
         log.warning("run %s failed", run_id, exc_info=True)
-        return "failed"
-    return "finished"
+        return FAILED_OUTCOME
+    return FINISHED_OUTCOME
+
+
+# The inline driver ``runtime.dispatch`` falls back to without a dispatcher: handed in, so
+# the runtime never imports the commands above it.
+runtime.configure(inline_driver=drive_quietly)
 
 
 def cancel(run_id: str, *, by: Any, reason: str = "", store: Store | None = None) -> None:
@@ -238,14 +333,12 @@ def cancel(run_id: str, *, by: Any, reason: str = "", store: Store | None = None
     run = get_run(run_id, store=store)
     journal = Journal(store)
     if run.kind != KIND_AGENT:
-        raise ConfigError(
+        raise Conflict(
             f"run {run_id!r} is a {run.kind} journal, not an agent run", code="run.not_an_agent_run"
         )
-    if run.status == FINISHED or journal.get(run_id, "run:complete") is not None:
-        raise ConfigError(
-            f"run {run_id!r} already finished; nothing to cancel", code="run.finished"
-        )
-    if run.status != CANCELLED and journal.get(run_id, "run:cancelled") is None:
+    if run.status == FINISHED or journal.get(run_id, names.RUN_COMPLETE) is not None:
+        raise Conflict(f"run {run_id!r} already finished; nothing to cancel", code="run.finished")
+    if run.status != CANCELLED and journal.get(run_id, names.RUN_CANCELLED) is None:
         try:
             lease = HeldLease(store, run_id, runtime.lease_ttl()).acquire()
         except RunBusy:
@@ -255,13 +348,13 @@ def cancel(run_id: str, *, by: Any, reason: str = "", store: Store | None = None
                 run_id=run_id,
             ) from None
         try:
-            if journal.get(run_id, "run:complete") is not None:  # it finished meanwhile
-                raise ConfigError(
+            if journal.get(run_id, names.RUN_COMPLETE) is not None:  # it finished meanwhile
+                raise Conflict(
                     f"run {run_id!r} already finished; nothing to cancel", code="run.finished"
                 )
             _, inserted = journal.write(
                 run_id,
-                "run:cancelled",
+                names.RUN_CANCELLED,
                 {"kind": "cancelled", "by": actor.username, "by_id": actor.id, "reason": reason},
                 fence=lease.token,
                 run_changes={"status": CANCELLED},

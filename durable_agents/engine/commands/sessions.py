@@ -17,20 +17,18 @@ next message arrives: the next ``send`` starts a new turn instead of being refus
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from typing import Any
 
-from . import failpoints, runtime
-from .commands import create_run
-from .errors import ApprovalPending, ConfigError, Pause, RunBusy
-from .journal import Journal
-from .loop import drive
-from .model import Message
-from .ports import (
+from .. import failpoints, identity, names, runtime
+from ..definition import AgentDefinition, RunResult
+from ..errors import ApprovalPending, ConfigError, Conflict, Pause, RunBusy
+from ..journal import Journal
+from ..loop import drive
+from ..model import Message
+from ..names import encode_key, session_of, validate_session_id
+from ..ports import (
     AWAITING_APPROVAL,
     CANCELLED,
     FAILED,
@@ -40,45 +38,18 @@ from .ports import (
     RunInfo,
     Store,
 )
-from .records import Record
+from ..records import Record
+from .forks import fork_session
+from .runs import create_run, record_answer
 
-if TYPE_CHECKING:
-    from .agent import Agent, RunResult
-
-_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
-MAX_KEY_LENGTH = 500
-
-
-def validate_session_id(session_id: object) -> str:
-    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
-        raise ConfigError(
-            f"invalid session id {session_id!r}: a session id is 1-128 characters of "
-            "A-Za-z0-9_- (a chat or ticket id from your own data)",
-            code="config.session_id",
-        )
-    return session_id
-
-
-def encode_key(key: object) -> str:
-    """A delivery key as it appears in a run id: any key is allowed; long ones are hashed."""
-    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-        raise ConfigError(
-            f"invalid delivery key {key!r}: a key is a non-empty string of at most "
-            f"{MAX_KEY_LENGTH} characters (a webhook's delivery id)",
-            code="config.delivery_key",
-        )
-    encoded = quote(key, safe="")
-    if len(encoded) > 200:
-        encoded = "sha256-" + hashlib.sha256(key.encode()).hexdigest()
-    return encoded
-
-
-def session_of(run_id: str) -> str | None:
-    """The session a turn's run belongs to, or None for any other run."""
-    sid, sep, rest = run_id.partition(">")
-    if sep and (rest.startswith("turn/") or rest.startswith("event/")):
-        return sid
-    return None
+__all__ = [
+    "SendResult",
+    "Session",
+    "encode_key",
+    "record_answer",
+    "session_of",
+    "validate_session_id",
+]
 
 
 @dataclass(frozen=True)
@@ -98,7 +69,9 @@ class SendResult:
 class Session:
     """A durable conversation with one agent. Get one with ``agent.session(id)``."""
 
-    def __init__(self, agent: Agent, session_id: str, *, store: Store | None = None) -> None:
+    def __init__(
+        self, agent: AgentDefinition, session_id: str, *, store: Store | None = None
+    ) -> None:
         self.agent = agent
         self.session_id = validate_session_id(session_id)
         self._store = store
@@ -109,15 +82,15 @@ class Session:
 
     @property
     def journal_id(self) -> str:
-        return f"{self.session_id}>session"
+        return names.session_journal(self.session_id)
 
     # -- reading ----------------------------------------------------------------------
 
     def _records(self) -> list[Record]:
-        return Journal(self.store).history(self.journal_id)
+        return Journal(self.store).records(self.journal_id)
 
     def _answers(self, records: Sequence[Record]) -> list[Record]:
-        return [r for r in records if r.name.startswith("answer:")]
+        return [r for r in records if r.name.startswith(names.ANSWER)]
 
     def history(self) -> list[Message]:
         """The user/assistant transcript of the closed turns, in the order they closed. A
@@ -143,7 +116,7 @@ class Session:
         """The latest ``send`` turn that has no answer yet."""
         records = self._records()
         answered = {r.get("run_id") for r in self._answers(records)}
-        sends = [r for r in records if r.name.startswith("turn:")]
+        sends = [r for r in records if r.name.startswith(names.TURN)]
         for rec in reversed(sends):
             if rec.get("run_id") not in answered:
                 return rec
@@ -151,8 +124,6 @@ class Session:
 
     def fork(self, from_turn: int, new_session_id: str | None = None) -> Session:
         """A new session whose transcript is this one's first ``from_turn`` turns."""
-        from .history import fork_session
-
         return Session(self.agent, fork_session(self, from_turn, new_session_id), store=self._store)
 
     # -- writing ----------------------------------------------------------------------
@@ -182,12 +153,16 @@ class Session:
         message resumes it; another message is refused, naming the open turn."""
         return self._drive(self._claim_turn(text), text)
 
-    def submit(self, text: str) -> str:
+    def submit(self, text: str, *, by: Any = None) -> str:
         """One turn, handed to a driver after the current transaction commits (a worker,
-        with Celery dispatch); returns the turn's run id. Open turns as for ``send``."""
+        with Celery dispatch); returns the turn's run id. Open turns as for ``send``.
+        Given ``by``, the message is logged as theirs (``send``)."""
+        actor = identity.resolve(by) if by is not None else None
         run_id = self._claim_turn(text)
         if self.store.get_run(run_id) is None:
             self._start_turn(run_id, text)
+        if actor is not None:
+            self.store.log_action(identity.logged(actor, "send", run_id, self.session_id))
         runtime.dispatch(run_id)
         return run_id
 
@@ -215,10 +190,10 @@ class Session:
             if open_turn.get("input") != text:
                 self._refuse_new_input(open_turn)
             return str(open_turn.get("run_id"))
-        n = sum(1 for r in self._records() if r.name.startswith("turn:")) + 1
-        run_id = f"{self.session_id}>turn/{n}"
+        n = sum(1 for r in self._records() if r.name.startswith(names.TURN)) + 1
+        run_id = names.turn_run(self.session_id, n)
         record, _ = Journal(self.store).write(
-            self.journal_id, f"turn:{n}", {"kind": "turn", "input": text, "run_id": run_id}
+            self.journal_id, names.turn(n), {"kind": "turn", "input": text, "run_id": run_id}
         )
         if record.get("input") != text:  # another sender took turn n first
             self._refuse_new_input(record)
@@ -242,7 +217,7 @@ class Session:
             return False
         Journal(self.store).write(
             self.journal_id,
-            f"answer:{run_id}",
+            names.answer(run_id),
             {
                 "kind": "answer",
                 "run_id": run_id,
@@ -267,7 +242,7 @@ class Session:
                 run_id=run_id,
                 calls=[r.call_id for r in requests],
             )
-        raise ConfigError(
+        raise Conflict(
             f"session {self.session_id!r} has an open turn {run_id!r} for the message "
             f"{open_turn.get('input')!r}; send that message again to resume it, or resolve "
             "what it waits on first",
@@ -289,7 +264,7 @@ class Session:
         return result
 
     def send_once(
-        self, key: str, text: str, *, wait: bool = False, timeout: float = 30.0
+        self, key: str, text: str, *, wait: bool = False, timeout: float = 30.0, by: Any = None
     ) -> SendResult:
         """Record an inbound message under its delivery key and run its turn once.
 
@@ -300,26 +275,39 @@ class Session:
         ``wait=True``, a duplicate delivery that finds the turn being driven by another
         waits (at most ``timeout`` seconds) for that turn and returns its outcome: it never
         raises ``RunBusy``; still running at the timeout, it returns ``running``.
+
+        Given ``by``, every delivery is logged as theirs (``send_once``), redeliveries too:
+        each one may hand the turn over again.
         """
+        actor = identity.resolve(by) if by is not None else None
+        sent = self._send_once(key, text, wait=wait, timeout=timeout)
+        if actor is not None:
+            said = {"key": key, "status": sent.status}
+            self.store.log_action(
+                identity.logged(actor, "send_once", sent.run_id, self.session_id, said)
+            )
+        return sent
+
+    def _send_once(self, key: str, text: str, *, wait: bool, timeout: float) -> SendResult:
         if not isinstance(text, str) or not text:
             raise ConfigError("a message is a non-empty string", code="config.input")
         encoded = encode_key(key)
-        run_id = f"{self.session_id}>event/{encoded}"
+        run_id = names.event_run(self.session_id, encoded)
         self._ensure_journal()
         journal = Journal(self.store)
         intake, _ = journal.write(
             self.journal_id,
-            f"event:{encoded}",
+            names.event(encoded),
             {"kind": "event", "key": key, "input": text, "run_id": run_id},
         )
         if intake.get("input") != text:
-            raise ConfigError(
+            raise Conflict(
                 f"delivery {key!r} of session {self.session_id!r} was first received with "
                 "another message; a key names one message",
                 code="session.key_conflict",
                 run_id=run_id,
             )
-        done = journal.get(run_id, "run:complete") if self.store.get_run(run_id) else None
+        done = journal.get(run_id, names.RUN_COMPLETE) if self.store.get_run(run_id) else None
         if done is not None:
             record_answer(self.store, run_id, text, str(done.get("answer") or ""))
             return SendResult(self.session_id, key, run_id, "answered", done.get("answer"))
@@ -327,7 +315,7 @@ class Session:
         if run is not None and run.status in HUMAN_WAIT_STATUSES:
             # Waiting on a person: driving it again would only pause again.
             return SendResult(self.session_id, key, run_id, "paused")
-        if run is None or journal.get(run_id, "run:start") is None:
+        if run is None or journal.get(run_id, names.RUN_START) is None:
             self._start_turn(run_id, text)
         if wait:
             return self._wait_for_turn(key, run_id, text, timeout)
@@ -344,7 +332,7 @@ class Session:
                 return SendResult(self.session_id, key, run_id, "paused")
             except RunBusy:
                 # Another delivery of this key is driving the turn: its outcome is ours.
-                done = journal.get(run_id, "run:complete")
+                done = journal.get(run_id, names.RUN_COMPLETE)
                 if done is not None:
                     answer = str(done.get("answer") or "")
                     record_answer(self.store, run_id, text, answer)
@@ -357,16 +345,3 @@ class Session:
                 runtime.sleep(0.05)
                 continue
             return SendResult(self.session_id, key, run_id, "answered", result.answer)
-
-
-def record_answer(store: Store, run_id: str, text: str, answer: str) -> None:
-    """Add a finished turn's answer to its session's transcript (first writer wins)."""
-    sid = session_of(run_id)
-    if sid is None:
-        return
-    journal_id = f"{sid}>session"
-    Journal(store).write(
-        journal_id,
-        f"answer:{run_id}",
-        {"kind": "answer", "run_id": run_id, "input": text, "answer": answer},
-    )

@@ -28,36 +28,22 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from . import failpoints, identity, runtime
-from .errors import ConfigError, RunBusy
-from .journal import Journal
-from .leases import HeldLease
-from .ports import CANCELLED, HALTED, KIND_AGENT, QUEUED, RunInfo, Store
-from .records import Record, encode, refuse_nul
-
-
-class HaltError(ConfigError):
-    code = "halt.invalid"
-
-
-class HaltInFlight(HaltError):
-    code = "halt.in_flight"
-
-
-class HaltTooYoung(HaltError):
-    code = "halt.too_young"
-
-
-class HaltAlreadyResolved(HaltError):
-    code = "halt.already_resolved"
-
-
-class NoLiveAttempt(HaltError):
-    code = "halt.no_live_attempt"
-
-
-class HaltOrphaned(HaltError):
-    code = "halt.orphaned"
+from .. import failpoints, identity, names, runtime
+from ..errors import (
+    HaltAlreadyResolved,
+    HaltError,
+    HaltInFlight,
+    HaltOrphaned,
+    HaltTooYoung,
+    NoLiveAttempt,
+    NotFound,
+    RunBusy,
+)
+from ..journal import Journal
+from ..leases import HeldLease
+from ..ports import CANCELLED, HALTED, KIND_AGENT, QUEUED, RunInfo, Store
+from ..records import Record, encode, refuse_nul
+from ..transcript import outcome_of
 
 
 @dataclass(frozen=True)
@@ -68,17 +54,12 @@ class LiveAttempt:
     number: int
 
 
-def result_name(op_id: str) -> str:
-    """The journal name of an op's outcome: ``tool:<call>``, or the step's own name."""
-    return op_id if op_id.startswith("step:") else f"tool:{op_id}"
-
-
 def live_attempt(journal: Journal, run_id: str, call_id: str) -> LiveAttempt | None:
-    """The call's claimed attempt that has neither a result nor a not-started record."""
+    """The call's claimed attempt that has no not-started record."""
     live = None
     k = number = 1
-    while (marker := journal.get(run_id, f"attempt:{call_id}:{k}")) is not None:
-        if journal.get(run_id, f"not-started:{call_id}:{k}") is None:
+    while (marker := journal.get(run_id, names.attempt(call_id, k))) is not None:
+        if journal.get(run_id, names.not_started(call_id, k)) is None:
             live, number = marker, k
         k += 1
     if live is None:
@@ -111,7 +92,7 @@ def resolve_halt(
     by = actor.username
     if not isinstance(is_error, bool):
         raise HaltError("is_error must be True or False")
-    step = call_id.startswith("step:")
+    step = names.is_step(call_id)
     if step and is_error:
         raise HaltError("a step's outcome is its value: record what it returned, not an error")
     refuse_nul({"result": result, "evidence": evidence}, "the resolution")  # before any write
@@ -119,8 +100,8 @@ def resolve_halt(
     journal = Journal(store)
     run = store.get_run(run_id)
     if run is None:
-        raise HaltError(f"no run {run_id!r}", code="run.not_found")
-    name = result_name(call_id)
+        raise NotFound(f"no run {run_id!r}", code="run.not_found")
+    name = names.result(call_id)
     standing = journal.get(run_id, name)
     if standing is not None:
         # The journal is the truth: a resolution that stopped after its record (a crash)
@@ -165,7 +146,7 @@ def resolve_halt(
         _refuse_if_cancelled(store, journal, run_id, call_id, None)
         won, _ = journal.claim_attempt(
             run_id,
-            f"attempt:{call_id}:{attempt.number + 1}",
+            names.attempt(call_id, attempt.number + 1),
             fence=lease.token,
             extra={"tool": attempt.tool_name, "resolution": True, "by": by},
         )
@@ -180,14 +161,7 @@ def resolve_halt(
         body: dict[str, Any] = (
             {"kind": "step", "value": result}
             if step
-            else {
-                "kind": "tool",
-                "call_id": call_id,
-                "name": attempt.tool_name,
-                "result": result,
-                "is_error": is_error,
-                "read_only": False,
-            }
+            else names.tool_body(call_id, attempt.tool_name, result, is_error=is_error)
         )
         body.update(reconciled=True, evidence=evidence, by=by)
         record, inserted = journal.write(run_id, name, body, fence=lease.token)
@@ -214,21 +188,6 @@ def resolve_halt(
     return record
 
 
-def outcome_of(record: Record) -> dict[str, Any]:
-    """A halt row's resolution, as the journal's outcome record holds it."""
-    if record.kind == "step":
-        return {
-            "result": record.get("value"),
-            "is_error": False,
-            "evidence": record.get("evidence"),
-        }
-    return {
-        "result": record.get("result"),
-        "is_error": bool(record.get("is_error")),
-        "evidence": record.get("evidence"),
-    }
-
-
 def finish_resolution(store: Store, run: RunInfo, op_id: str, outcome: Record) -> bool:
     """Bring the rows in step with an outcome the journal holds for ``op_id``: its open
     halts resolved with it, and a run still halted queued again. Idempotent; True if the
@@ -249,7 +208,7 @@ def finish_resolution(store: Store, run: RunInfo, op_id: str, outcome: Record) -
 def _refuse_if_cancelled(
     store: Store, journal: Journal, run_id: str, call_id: str, status: str | None
 ) -> None:
-    if status != CANCELLED and journal.get(run_id, "run:cancelled") is None:
+    if status != CANCELLED and journal.get(run_id, names.RUN_CANCELLED) is None:
         return
     store.orphan_halts(run_id)
     raise HaltOrphaned(

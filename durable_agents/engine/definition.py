@@ -1,0 +1,116 @@
+"""An agent's definition: a model, instructions and tools, checked once, with its
+fingerprint; and what a finished run returns (``RunResult``).
+
+The loop and the commands depend on this definition only. What you *do* with an agent
+(``run``, ``start``, ``session``) is the facade in ``engine.agent``, the one module on top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+from .fingerprint import fingerprint
+from .model import Model, Usage
+from .tools import Tool
+
+
+@dataclass(frozen=True)
+class ModelRetry:
+    """How the loop retries a retryable model failure (rate limit, 5xx, timeout)."""
+
+    max_attempts: int = 4
+    base_delay: float = 0.5
+    max_delay: float = 8.0
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.max_delay, self.base_delay * (2 ** max(0, attempt - 1))))
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A finished run: its answer and what the whole run cost (identical however many
+    crashes it went through)."""
+
+    run_id: str
+    answer: str
+    usage: Usage
+    spend: Usage
+    turns: int
+    events: Sequence[dict[str, Any]] = field(default=(), repr=False)
+
+
+class AgentDefinition:
+    """What an agent is, checked when it is made; ``engine.agent.Agent`` adds what you do
+    with it."""
+
+    def __init__(
+        self,
+        name: str,
+        model: Model,
+        instructions: str = "",
+        tools: Sequence[Tool] = (),
+        *,
+        max_turns: int = 20,
+        token_budget: int | None = None,
+        tool_concurrency: int = 1,
+        model_retry: ModelRetry | None = None,
+        on_drift: str | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise ConfigError("an agent needs a name of 1-200 characters", code="config.agent")
+        if not hasattr(model, "generate"):
+            raise ConfigError(
+                f"agent {name!r}: model must have a generate(request) method",
+                code="config.agent",
+            )
+        names = [t.name for t in tools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ConfigError(
+                f"agent {name!r} has two tools named {duplicates}", code="config.agent"
+            )
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise ConfigError(
+                    f"agent {name!r}: {t!r} is not a tool; decorate it with @durable_agents.tool",
+                    code="config.agent",
+                )
+        if max_turns < 1 or tool_concurrency < 1:
+            raise ConfigError(
+                "max_turns and tool_concurrency must be at least 1", code="config.agent"
+            )
+        if token_budget is not None and token_budget < 1:
+            raise ConfigError("token_budget must be a positive int", code="config.agent")
+        if on_drift not in (None, "warn", "error", "ignore"):
+            raise ConfigError("on_drift is 'warn', 'error' or 'ignore'", code="config.agent")
+        self.name = name
+        self.model = model
+        self.instructions = instructions
+        self.tools = {t.name: t for t in tools}
+        self.max_turns = max_turns
+        self.token_budget = token_budget
+        self.tool_concurrency = tool_concurrency
+        self.model_retry = model_retry or ModelRetry()
+        self.on_drift = on_drift
+        self._specs: list[Any] | None = None
+        self._fingerprint: dict[str, Any] | None = None
+
+    @property
+    def model_id(self) -> str:
+        return str(getattr(self.model, "model_id", type(self.model).__name__))
+
+    def tool_specs(self) -> list[Any]:
+        if self._specs is None:
+            self._specs = [t.spec() for t in self.tools.values()]
+        return self._specs
+
+    def fingerprint(self) -> dict[str, Any]:
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(self.model_id, self.instructions, self.tool_specs())
+        return dict(self._fingerprint)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"

@@ -1,0 +1,236 @@
+"""The journal's vocabulary: every record name, and the bodies more than one module writes.
+
+This module is the bottom of the engine (it imports only ``errors``), so every other
+module, ``records`` included, may use it.
+
+A record's name is its identity (unique per run, first writer wins), so a name spelled two
+ways would be two records. Every module builds names and shared bodies here; none spells a
+journal name as a string literal. The table in docs/guarantees.md and DESIGN.md lists what
+each record holds.
+
+Also here: the ids the engine derives from a session (``<session>>turn/<n>``,
+``<session>>event/<key>``, ``<session>>session``) — names too, of runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from typing import Any
+from urllib.parse import quote
+
+from .errors import ConfigError
+
+# -- a run's journal ---------------------------------------------------------------------
+
+HEADER = "@journal"  # the journal's format version, first record of every run
+RUN_START = "run:start"
+RUN_COMPLETE = "run:complete"
+RUN_CANCELLED = "run:cancelled"
+FORK = "fork"  # a fork's source, origin, step and patch (a forked session's too)
+FORK_DONE = "fork:done"  # the fork is completely copied: from now on it may be driven
+
+MODEL = "model:"
+TOOL = "tool:"
+ATTEMPT = "attempt:"
+NOT_STARTED = "not-started:"
+APPROVAL = "approval:"
+STEP = "step:"
+USER = "user:"
+# "@..." records are evidence beside the run's steps, never replayed into its transcript.
+SPEND = "@spend/"
+LATE = "@late/"
+DRIFT = "@drift/"
+
+
+def model(n: int) -> str:
+    """The n-th model response."""
+    return f"{MODEL}{n}"
+
+
+def tool(call_id: str) -> str:
+    """A call's outcome."""
+    return f"{TOOL}{call_id}"
+
+
+def step(name: str) -> str:
+    """A durable step's value (``Journal.step``); also the step's op id in halts."""
+    return f"{STEP}{name}"
+
+
+def is_step(op_id: str) -> bool:
+    return op_id.startswith(STEP)
+
+
+def result(op_id: str) -> str:
+    """Where an op's outcome is recorded: ``tool:<call>``, or the step's own name."""
+    return op_id if is_step(op_id) else tool(op_id)
+
+
+def attempt(op_id: str, k: int) -> str:
+    """The k-th claim of a non-retry-safe op, written just before it runs."""
+    return f"{ATTEMPT}{op_id}:{k}"
+
+
+def not_started(op_id: str, k: int) -> str:
+    """The k-th claim provably never ran its effect (a durable step whose function raised):
+    the claim is released and the next attempt is ``k + 1``."""
+    return f"{NOT_STARTED}{op_id}:{k}"
+
+
+def parse_attempt(name: str) -> tuple[str, int] | None:
+    """``(op_id, k)`` of an attempt name, or None for any other name."""
+    if not name.startswith(ATTEMPT):
+        return None
+    op, _, number = name[len(ATTEMPT) :].rpartition(":")
+    return (op, int(number)) if number.isdigit() else None
+
+
+def user(step_number: int) -> str:
+    """A user message a fork appended after step ``step_number``."""
+    return f"{USER}{step_number}"
+
+
+def drift(fingerprint_hash: str) -> str:
+    """The agent changed under the run (fingerprint ``fingerprint_hash`` took over)."""
+    return f"{DRIFT}{fingerprint_hash}"
+
+
+def spend(n: int, nonce: str) -> str:
+    """What a discarded model response cost (each billed response is recorded once)."""
+    return f"{SPEND}{n}/{nonce}"
+
+
+def late(call_id: str, attempt: int) -> str:
+    """A call's result that arrived after its driver lost the run: kept as evidence."""
+    return f"{LATE}{call_id}/{attempt}"
+
+
+def decision(call_id: str, arguments_tag: str | None = None) -> str:
+    """The decision on a gated call: ``approval:<call>`` the first time it is asked; when it
+    is asked again for other arguments, one name per argument set (``arguments_tag``)."""
+    if arguments_tag is None:
+        return f"{APPROVAL}{call_id}"
+    return f"{APPROVAL}{call_id}:{arguments_tag}"
+
+
+# -- record bodies written in more than one place ----------------------------------------
+
+
+def new_incarnation() -> str:
+    """A random nonce naming one start of a run, recorded in its ``run:start``: signed
+    decisions bind it, so a signature made for a run that was deleted and started again
+    under the same id (or forked) does not verify for the new one."""
+    return secrets.token_hex(16)
+
+
+def start_body(
+    agent: str, input: Any, fingerprint: dict[str, Any], seed: list[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """The ``run:start`` body: agent, input, fingerprint, and which start of the run id."""
+    body: dict[str, Any] = {
+        "kind": "start",
+        "agent": agent,
+        "input": input,
+        "fingerprint": fingerprint,
+        "incarnation": new_incarnation(),
+    }
+    if seed:
+        body["seed"] = seed
+    return body
+
+
+def tool_body(
+    call_id: str,
+    name: str,
+    result: Any,
+    *,
+    is_error: bool,
+    read_only: bool = False,
+    reconciled: bool = False,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The ``tool:<call>`` body: a call's outcome, from its run, a fork's patch, or a person
+    who resolved a halt (``reconciled``, with ``evidence`` and ``by``)."""
+    return {
+        "kind": "tool",
+        "call_id": call_id,
+        "name": name,
+        "result": result,
+        "is_error": is_error,
+        "read_only": read_only,
+        "reconciled": reconciled,
+        **extra,
+    }
+
+
+# -- a session's journal and the runs it derives -----------------------------------------
+
+SESSION_FORK = FORK
+TURN = "turn:"
+EVENT = "event:"
+ANSWER = "answer:"
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+MAX_KEY_LENGTH = 500
+
+
+def validate_session_id(session_id: object) -> str:
+    if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+        raise ConfigError(
+            f"invalid session id {session_id!r}: a session id is 1-128 characters of "
+            "A-Za-z0-9_- (a chat or ticket id from your own data)",
+            code="config.session_id",
+        )
+    return session_id
+
+
+def encode_key(key: object) -> str:
+    """A delivery key as it appears in a run id: any key is allowed; long ones are hashed."""
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+        raise ConfigError(
+            f"invalid delivery key {key!r}: a key is a non-empty string of at most "
+            f"{MAX_KEY_LENGTH} characters (a webhook's delivery id)",
+            code="config.delivery_key",
+        )
+    encoded = quote(key, safe="")
+    if len(encoded) > 200:
+        encoded = "sha256-" + hashlib.sha256(key.encode()).hexdigest()
+    return encoded
+
+
+SESSION_JOURNAL_SUFFIX = ">session"
+
+
+def session_journal(session_id: str) -> str:
+    """The run id of a session's own journal (turns, deliveries, answers)."""
+    return f"{session_id}{SESSION_JOURNAL_SUFFIX}"
+
+
+def turn_run(session_id: str, n: int) -> str:
+    return f"{session_id}>turn/{n}"
+
+
+def event_run(session_id: str, encoded_key: str) -> str:
+    return f"{session_id}>event/{encoded_key}"
+
+
+def session_of(run_id: str) -> str | None:
+    """The session a turn's run belongs to, or None for any other run."""
+    sid, sep, rest = run_id.partition(">")
+    if sep and (rest.startswith("turn/") or rest.startswith("event/")):
+        return sid
+    return None
+
+
+def turn(n: int) -> str:
+    return f"{TURN}{n}"
+
+
+def event(encoded_key: str) -> str:
+    return f"{EVENT}{encoded_key}"
+
+
+def answer(run_id: str) -> str:
+    return f"{ANSWER}{run_id}"
