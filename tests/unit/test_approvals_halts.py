@@ -9,47 +9,24 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 import durable_agents as da
-from durable_agents.engine import runtime
 from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
-from durable_agents.testing import InMemoryStore
-
-
-class Crash(BaseException):
-    pass
-
-
-@pytest.fixture
-def store():
-    return InMemoryStore()
+from tests.support.doubles import Crash
+from tests.support.wiring import wired
 
 
 @pytest.fixture
 def wiring(store):
-    """Inline hand-over to this store, a finance group of three approvers, and no user
-    system: a name is a trusted caller (plain-Python use)."""
-    saved = dict(runtime._runtime.__dict__)
+    """A finance group of three approvers, and the public keys registered to each (what the
+    test adds). Runs hand over inline to ``store`` and a name is a trusted caller (the unit
+    conftest)."""
     keys: dict[str, list[str]] = {}
-    runtime.configure(
-        resolve_actor=None,
-        dispatcher=lambda run_id: _drive(run_id, store),
+    with wired(
         eligible_approvers=lambda group: ["ann", "bob", "cat"] if group == "finance" else [],
         approver_keys=lambda who: keys.get(who, []),
-    )
-    yield keys
-    runtime._runtime.__dict__.update(saved)
-
-
-def _drive(run_id, store):
-    from durable_agents.engine.commands import drive_quietly
-
-    drive_quietly(run_id, store=store)
-
-
-@pytest.fixture
-def fired():
-    return []
+    ):
+        yield keys
 
 
 def gated_agent(fired, name="unit-approvals", quorum=None, crash=False):
