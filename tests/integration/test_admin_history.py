@@ -32,6 +32,7 @@ from durable_agents.engine.model import (
 from durable_agents.models import ActionLog, ApprovalRequest, Run
 from durable_agents.storage import DjangoStore
 from tests.support.agents import echo, gated, lookup
+from tests.support.journals import journal
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -92,10 +93,6 @@ def run_url(run_id: str, suffix: str = "change") -> str:
 
 def fork_url(run_id: str, step: int) -> str:
     return run_url(run_id, "fork") + f"?step={step}"
-
-
-def journal(run_id: str) -> dict[str, Any]:
-    return {r.name: r.body for r in Journal(DjangoStore()).history(run_id)}
 
 
 def finished_echo(run_id: str) -> dict[str, Any]:

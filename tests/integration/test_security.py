@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Group, Permission, User
 from django.test import Client
@@ -39,35 +38,14 @@ from durable_agents.models import (
     JournalEntry,
     Run,
 )
-from durable_agents.providers import scripted
-from durable_agents.providers.scripted import ScriptedModel
 from example_project import webhooks
-from tests.support.agents import count_effects, fire, gated
+from tests.support.agents import count_effects, gated, quorum
+from tests.support.api import API, error
+from tests.support.signing import keypair
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
-API = "/api/agents"
 SECRET = "tests-webhook-secret"  # tests/settings.py
-
-
-@da.tool(approval=da.Quorum(need=2, group="finance"))
-def payout(invoice: str, cents: int, ctx: da.ToolContext) -> dict:
-    """Pay an invoice out (two of finance approve first)."""
-    fire(ctx, "payout")
-    return {"paid": cents}
-
-
-payouts = da.Agent(
-    "security-payouts",
-    ScriptedModel(
-        [
-            scripted.calls(scripted.call("payout", {"invoice": "inv-9", "cents": 990000})),
-            scripted.text("paid"),
-        ]
-    ),
-    "Pay invoices.",
-    [payout],
-)
 
 
 # -- helpers ------------------------------------------------------------------------
@@ -111,19 +89,6 @@ def post(headers: dict[str, str], path: str, body: Any) -> Any:
     return Client().post(
         API + path, json.dumps(body), content_type="application/json", headers=headers
     )
-
-
-def error(response: Any, status: int, code: str) -> dict:
-    assert response.status_code == status, (response.status_code, response.content)
-    body = response.json()
-    assert body["code"] == code, body
-    return body
-
-
-def keypair() -> tuple[Ed25519PrivateKey, str]:
-    private = Ed25519PrivateKey.generate()
-    public = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return private, base64.b64encode(public).decode()
 
 
 def incarnation(run_id: str) -> str:
@@ -248,7 +213,7 @@ def finance():
 
 def test_2_one_person_cannot_be_a_whole_quorum(finance, relay):
     mallory, ann, bob = finance["mallory"], finance["ann"], finance["bob"]
-    payouts.start("pay invoice inv-9", run_id="quorum-1")
+    quorum.start("pay invoice inv-1", run_id="quorum-1")
     before = state("quorum-1")
     client = browser(mallory)
     add = reverse("admin:durable_agents_approverkey_add")

@@ -5,14 +5,13 @@ from __future__ import annotations
 import base64
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 import durable_agents as da
 from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support.doubles import Crash
+from tests.support.signing import keypair
 from tests.support.wiring import wired
 
 
@@ -123,12 +122,6 @@ def test_quorum_fails_as_soon_as_it_is_unreachable(store, wiring, fired):
     assert 5 not in fired
 
 
-def _keypair():
-    private = Ed25519PrivateKey.generate()
-    public = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return private, base64.b64encode(public).decode()
-
-
 def _signed(private, store, run_id, args, approver="bob", ok=True, note="", incarnation=None):
     if incarnation is None:
         incarnation = Journal(store).get(run_id, "run:start").get("incarnation")
@@ -146,7 +139,7 @@ def _signed(private, store, run_id, args, approver="bob", ok=True, note="", inca
 
 
 def test_signed_decisions_approve_this_call_and_no_other(store, wiring, fired):
-    private, public = _keypair()
+    private, public = keypair()
     wiring["bob"] = [public]
     a = gated_agent(fired, "unit-signed", quorum=da.Quorum(need=1, group="finance"))
     with pytest.raises(da.ApprovalPending):
@@ -175,7 +168,7 @@ def test_a_signature_over_the_retired_format_is_refused_by_name(store, wiring, f
 
     from durable_agents.engine.records import encode
 
-    private, public = _keypair()
+    private, public = keypair()
     wiring["bob"] = [public]
     a = gated_agent(fired, "unit-signed-v1", quorum=da.Quorum(need=1, group="finance"))
     with pytest.raises(da.ApprovalPending):
