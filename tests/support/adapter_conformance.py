@@ -55,6 +55,11 @@ def journaled(message: Message) -> Message:
     return Message.from_json(json.loads(json.dumps(message.to_json())))
 
 
+def leaks(secret: str, text: str) -> bool:
+    """Whether ``text`` shows any ten characters of ``secret`` in a row."""
+    return any(secret[i : i + 10] in text for i in range(len(secret) - 9))
+
+
 def request_id(recorded: str) -> str:
     headers = fixture(recorded)["headers"]
     return str(headers.get("request-id") or headers["x-request-id"])
@@ -247,7 +252,8 @@ class AdapterConformance:
         assert (err.code, err.retryable, err.status) == (code, retryable, status)
         assert err.details["provider"] == self.provider
         assert err.details["request_id"] == request_id(name)
-        assert self.key not in err.message and self.key[-4:] not in err.message
+        # OpenAI echoes a refused key masked but for its last four characters.
+        assert not leaks(self.key, err.message) and self.key[-4:] not in err.message
         assert len(server.requests) == 1  # max_retries=0: the engine does the retrying
 
     def test_error_messages_say_what_to_do(self, server: WireServer, model: Any) -> None:
@@ -272,7 +278,7 @@ class AdapterConformance:
             server.queue(Reply(401, echo["body"]))
             with pytest.raises(ModelError) as info:
                 adapter.generate(ask())
-            assert secret not in info.value.message and secret[4:-4] not in info.value.message
+            assert not leaks(secret, info.value.message)
             assert "Invalid token [redacted] for this server" in info.value.message
         foreign.close()
 
