@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.conf import settings
 from django.contrib.admin.utils import quote
-from django.contrib.auth.models import Group, Permission, User
+from django.contrib.auth.models import Group, User
 from django.contrib.messages import get_messages
 from django.db import connection
 from django.test import Client
@@ -46,22 +46,13 @@ from durable_agents.models import (
 from durable_agents.storage import DjangoStore
 from tests.support.agents import count_effects, echo, gated, halting, quorum
 from tests.support.journals import journal
+from tests.support.people import make_user
 from tests.support.procs import drive_in_child
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def make_user(name: str, *perms: str, staff: bool = True, superuser: bool = False) -> User:
-    user = User.objects.create_user(name, is_staff=staff, is_superuser=superuser)
-    for perm in perms:
-        app_label, codename = perm.split(".")
-        user.user_permissions.add(
-            Permission.objects.get(content_type__app_label=app_label, codename=codename)
-        )
-    return User.objects.get(pk=user.pk)  # a fresh object: no cached permissions
 
 
 def client_for(user: User | None) -> Client:

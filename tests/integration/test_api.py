@@ -42,11 +42,11 @@ from tests.support.api import (
     Caller,
     as_session,
     error,
-    make_user,
     session,
     staff_with,
     with_key,
 )
+from tests.support.people import make_user
 from tests.support.signing import keypair
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -103,7 +103,7 @@ class Route:
 
 def _signed_body() -> dict:
     private, public = keypair()
-    make_user("ext-approver", staff=False, perms=("durable_agents.approve_toolcall",))
+    make_user("ext-approver", "durable_agents.approve_toolcall", staff=False)
     register_key("ext-approver", public)
     sig = sign(private, "m-gated", "call_1_1", "ext-approver", True)
     return {"approver": "ext-approver", "approved": True, "signature": sig}
@@ -177,12 +177,12 @@ def _caller(principal: str, permission: str | None) -> Caller:
     if principal == "anonymous":
         return Caller(Client(), {})
     if principal == "non-staff":
-        return as_session(make_user("visitor", staff=False, perms=perms))
+        return as_session(make_user("visitor", *perms, staff=False))
     if principal == "staff without permission":
         return as_session(make_user("viewer"))
     if principal == "permitted":
-        return as_session(make_user("operator", perms=perms))
-    caller = with_key(make_user("robot", perms=perms))
+        return as_session(make_user("operator", *perms))
+    caller = with_key(make_user("robot", *perms))
     if principal == "revoked api key":
         ApiKey.objects.update(revoked_at=timezone.now())
     return caller
@@ -216,7 +216,7 @@ def test_who_may_call_each_route(scenario, route, principal):
 
 
 def test_api_keys_update_last_used_and_are_refused_for_bad_or_inactive_users():
-    user = make_user("robot", perms=("durable_agents.view_run",))
+    user = make_user("robot", "durable_agents.view_run")
     key, raw = issue_api_key(user, "ci")
     assert key.last_used_at is None and key.key_hash != raw and len(key.prefix) == 8
     assert Client().get(API + "/runs", headers={"X-API-Key": raw}).status_code == 200
@@ -239,13 +239,13 @@ def test_api_keys_update_last_used_and_are_refused_for_bad_or_inactive_users():
 
 
 def test_a_bad_api_key_is_refused_even_with_a_staff_session():
-    client = session(make_user("viewer", perms=("durable_agents.view_run",)))
+    client = session(make_user("viewer", "durable_agents.view_run"))
     assert client.get(API + "/runs").status_code == 200
     error(client.get(API + "/runs", headers={"X-API-Key": "nope-nope"}), 401, "auth.invalid_key")
 
 
 def test_session_writes_need_the_csrf_token_and_api_keys_do_not():
-    user = make_user("operator", perms=("durable_agents.add_run",))
+    user = make_user("operator", "durable_agents.add_run")
     client = Client(enforce_csrf_checks=True)
     client.force_login(user)
     body = json.dumps({"agent": "echo", "input": "hi", "run_id": "csrf-1"})
@@ -456,7 +456,7 @@ def finance():
         )
     )
     make_user(  # not in finance
-        "dan", perms=("durable_agents.approve_toolcall", *(f"durable_agents.{p}" for p in readers))
+        "dan", "durable_agents.approve_toolcall", *(f"durable_agents.{p}" for p in readers)
     )
     return {
         name: with_key(User.objects.get(username=name)) for name in ("ann", "bob", "cat", "dan")

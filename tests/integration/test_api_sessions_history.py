@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from durable_agents.models import ActionLog, Run
-from tests.support.api import error, make_user, staff_with, with_key
+from tests.support.api import error, staff_with, with_key
+from tests.support.people import make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

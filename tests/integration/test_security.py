@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Group, Permission, User
+from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -41,6 +41,7 @@ from durable_agents.models import (
 from example_project import webhooks
 from tests.support.agents import count_effects, gated, quorum
 from tests.support.api import API, error
+from tests.support.people import make_user, perm
 from tests.support.signing import keypair
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -49,21 +50,6 @@ SECRET = "tests-webhook-secret"  # tests/settings.py
 
 
 # -- helpers ------------------------------------------------------------------------
-
-
-def perm(name: str) -> Permission:
-    app, code = name.split(".") if "." in name else ("durable_agents", name)
-    return Permission.objects.get(content_type__app_label=app, codename=code)
-
-
-def make_user(
-    name: str, *perms: str, staff: bool = True, superuser: bool = False, groups: tuple = ()
-) -> User:
-    user = User.objects.create_user(name, is_staff=staff, is_superuser=superuser)
-    user.user_permissions.add(*(perm(p) for p in perms))
-    for group in groups:
-        user.groups.add(Group.objects.get_or_create(name=group)[0])
-    return User.objects.get(pk=user.pk)
 
 
 def browser(user: User) -> Client:

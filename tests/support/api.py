@@ -7,26 +7,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from django.contrib.auth.models import Group, Permission, User
+from django.contrib.auth.models import User
 from django.test import Client
 
 from durable_agents.api.auth import issue_api_key
+from tests.support.people import make_user
 
 API = "/api/agents"
-
-
-def make_user(
-    name: str, *, staff: bool = True, perms: tuple[str, ...] = (), groups: tuple[str, ...] = ()
-) -> User:
-    user = User.objects.create_user(name, is_staff=staff)  # no password: fast, force_login
-    for codename in perms:
-        app, code = codename.split(".")
-        user.user_permissions.add(
-            Permission.objects.get(codename=code, content_type__app_label=app)
-        )
-    for group in groups:
-        user.groups.add(Group.objects.get_or_create(name=group)[0])
-    return user
 
 
 def session(user: User) -> Client:
@@ -66,7 +53,7 @@ def with_key(user: User) -> Caller:
 
 def staff_with(*perms: str, name: str = "operator") -> Caller:
     """A staff caller by API key who may read runs (``view_run``), and holds ``perms``."""
-    return with_key(make_user(name, perms=("durable_agents.view_run", *perms)))
+    return with_key(make_user(name, "durable_agents.view_run", *perms))
 
 
 def error(response: Any, status: int, code: str) -> dict:

@@ -12,12 +12,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.db import connections
 from playwright.sync_api import Browser as PlaywrightBrowser
 from playwright.sync_api import Page, Playwright, expect, sync_playwright
 
 from durable_agents.models import JournalEntry, Run
+from tests.support.people import make_user
 from tests.support.workers import CeleryProcess, CeleryProcesses, CeleryTarget, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
@@ -100,13 +101,7 @@ def login(page: Page, username: str, password: str = PASSWORD) -> None:
 
 def staff_user(name: str, *perms: str) -> User:
     """A staff user (not a superuser) holding exactly ``perms``, with a password."""
-    user = User.objects.create_user(name, password=PASSWORD, is_staff=True)
-    for perm in perms:
-        app_label, codename = perm.split(".")
-        user.user_permissions.add(
-            Permission.objects.get(content_type__app_label=app_label, codename=codename)
-        )
-    return user
+    return make_user(name, *perms, password=PASSWORD)
 
 
 # -- a real Celery worker -----------------------------------------------------------------
