@@ -13,16 +13,14 @@ import json
 import re
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 from playwright.sync_api import Page, expect
 
-from durable_agents.engine.journal import Journal
 from durable_agents.models import ActionLog, ApprovalRequest, Halt, Run
-from durable_agents.storage import DjangoStore
-from tests.browser.conftest import Browser, Celery, login, screenshot, staff_user, wait_status
 from tests.support.agents import count_effects, gated
+from tests.support.browser import Browser, Celery, login, screenshot, staff_user, wait_status
+from tests.support.journals import journal
 from tests.support.procs import drive_in_child
 
 pytestmark = [
@@ -41,10 +39,6 @@ FINISHED = re.compile(r"drive_run\[[^\]]+\] succeeded in [\d.]+s: 'finished'")
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def journal(run_id: str) -> dict[str, Any]:
-    return {r.name: r.body for r in Journal(DjangoStore()).records(run_id)}
 
 
 def open_queue(page: Page, title: str) -> None:

@@ -9,11 +9,8 @@ import pytest
 from durable_agents.engine.ports import RunInfo
 from durable_agents.storage import DjangoStore
 from durable_agents.testing import InMemoryStore
-
-STORES = ["memory", "postgres", "sqlite"]
-
-# Real commits: threads and child processes must see each other's writes.
-DB = pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+from tests.support.stores import STORES
+from tests.support.wiring import wired
 
 
 @pytest.fixture(params=STORES)
@@ -38,9 +35,5 @@ def run_id(store) -> str:
 @pytest.fixture(autouse=True)
 def _no_user_system():
     """Store rules, not identity: ``by="ann"`` is a trusted caller here (no user system)."""
-    from durable_agents.engine import runtime
-
-    saved = runtime._runtime.resolve_actor
-    runtime.configure(resolve_actor=None)
-    yield
-    runtime.configure(resolve_actor=saved)
+    with wired(resolve_actor=None):
+        yield

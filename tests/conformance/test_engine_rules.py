@@ -10,15 +10,14 @@ import threading
 import pytest
 
 import durable_agents as da
-from durable_agents.engine import runtime
 from durable_agents.engine.commands import approvals as approvals_module
 from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
+from tests.support import wiring
 from tests.support.procs import in_threads
-
-from .conftest import DB
+from tests.support.stores import DB
 
 pytestmark = DB
 
@@ -26,13 +25,11 @@ pytestmark = DB
 @pytest.fixture
 def wired(store):
     """Hand runs over inline, to this store (not the settings' default database)."""
-    saved = dict(runtime._runtime.__dict__)
-    runtime.configure(
+    with wiring.wired(
         dispatcher=lambda run_id: drive_quietly(run_id, store=store),
         halt_min_age=lambda: 0.0,
-    )
-    yield store
-    runtime._runtime.__dict__.update(saved)
+    ):
+        yield store
 
 
 FIRED: list[str] = []

@@ -10,8 +10,7 @@ import pytest
 from durable_agents.engine.errors import ConfigError, LeaseLost
 from durable_agents.engine.ports import RunInfo
 from tests.support.procs import in_threads, start
-
-from .conftest import DB
+from tests.support.stores import DB
 
 pytestmark = DB
 

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.conf import settings
 from django.contrib.admin.utils import quote
-from django.contrib.auth.models import Group, Permission, User
+from django.contrib.auth.models import Group, User
 from django.contrib.messages import get_messages
 from django.db import connection
 from django.test import Client
@@ -43,64 +43,16 @@ from durable_agents.models import (
     Lease,
     Run,
 )
-from durable_agents.providers import scripted
-from durable_agents.providers.scripted import ScriptedModel
 from durable_agents.storage import DjangoStore
-from tests.support.agents import count_effects, echo, gated
+from tests.support.agents import count_effects, echo, gated, halting, quorum
+from tests.support.journals import journal
+from tests.support.people import make_user
 from tests.support.procs import drive_in_child
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
 
-# Agents of this module (registered by name, so inline dispatch in this process finds them).
-
-
-@da.tool(approval=da.Quorum(need=2, group="payouts"))
-def payout(account: str, cents: int) -> dict:
-    """Pay an account (two approvers of group payouts)."""
-    return {"paid": cents, "to": account}
-
-
-quorum_agent = da.Agent(
-    "admin-quorum",
-    ScriptedModel(
-        [
-            scripted.calls(scripted.call("payout", {"account": "a-1", "cents": 900})),
-            scripted.text("paid"),
-        ]
-    ),
-    "Pay when asked.",
-    [payout],
-)
-
-
-@da.tool()
-def charge(card: str) -> dict:
-    """Charge a card; a timeout leaves the outcome unknown."""
-    raise da.ToolOutcomeUnknown("the payment provider timed out after the request was sent")
-
-
-unsure_agent = da.Agent(
-    "admin-unsure",
-    ScriptedModel(
-        [scripted.calls(scripted.call("charge", {"card": "4242"})), scripted.text("charged")]
-    ),
-    "Charge when asked.",
-    [charge],
-)
-
-
 # -- helpers ------------------------------------------------------------------------------
-
-
-def make_user(name: str, *perms: str, staff: bool = True, superuser: bool = False) -> User:
-    user = User.objects.create_user(name, is_staff=staff, is_superuser=superuser)
-    for perm in perms:
-        app_label, codename = perm.split(".")
-        user.user_permissions.add(
-            Permission.objects.get(content_type__app_label=app_label, codename=codename)
-        )
-    return User.objects.get(pk=user.pk)  # a fresh object: no cached permissions
 
 
 def client_for(user: User | None) -> Client:
@@ -130,10 +82,6 @@ def halt_url(halt: Halt, suffix: str = "change") -> str:
     return reverse(f"admin:durable_agents_halt_{suffix}", args=[halt.pk])
 
 
-def journal(run_id: str) -> dict[str, Any]:
-    return {r.name: r.body for r in Journal(DjangoStore()).records(run_id)}
-
-
 def waiting_for_approval(run_id: str) -> ApprovalRequest:
     gated.start("refund order 7", run_id=run_id)
     assert Run.objects.get(run_id=run_id).status == "awaiting_approval"
@@ -141,7 +89,7 @@ def waiting_for_approval(run_id: str) -> ApprovalRequest:
 
 
 def halted_in_process(run_id: str) -> Halt:
-    unsure_agent.start("charge card 4242", run_id=run_id)
+    halting.start("charge card 4242", run_id=run_id)
     assert Run.objects.get(run_id=run_id).status == "halted"
     return Halt.objects.get(run_id=run_id)
 
@@ -373,11 +321,11 @@ def test_deny_with_a_note_is_what_the_model_reads():
 
 
 def test_a_quorum_in_the_admin_and_engine_refusals_as_messages():
-    payouts = Group.objects.create(name="payouts")
+    finance = Group.objects.create(name="finance")
     perm = "durable_agents.approve_toolcall"
     alice, bob, carol = (make_user(n, perm) for n in ("alice", "bob", "carol"))
-    payouts.user_set.add(alice, bob)  # carol may approve, but not this group's calls
-    quorum_agent.start("pay a-1", run_id="adm-quorum")
+    finance.user_set.add(alice, bob)  # carol may approve, but not this group's calls
+    quorum.start("pay a-1", run_id="adm-quorum")
     req = ApprovalRequest.objects.get(run_id="adm-quorum")
     decide = approval_url(req, "decide")
     changelist = reverse("admin:durable_agents_approvalrequest_changelist")
@@ -388,7 +336,7 @@ def test_a_quorum_in_the_admin_and_engine_refusals_as_messages():
 
     response = client_for(alice).post(decide, {"decision": "approve", "note": "ok"})
     assert any("1 of 2 approved so far" in m for m in messages_of(response))
-    assert "1 of 2 approved (group payouts)" in text_of(client_for(bob).get(changelist))
+    assert "1 of 2 approved (group finance)" in text_of(client_for(bob).get(changelist))
     assert Run.objects.get(run_id="adm-quorum").status == "awaiting_approval"
 
     response = client_for(alice).post(decide, {"decision": "deny"})

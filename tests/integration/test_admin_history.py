@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.utils import quote
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.contrib.messages import get_messages
 from django.db import connection
 from django.test import Client
@@ -32,6 +32,8 @@ from durable_agents.engine.model import (
 from durable_agents.models import ActionLog, ApprovalRequest, Run
 from durable_agents.storage import DjangoStore
 from tests.support.agents import echo, gated, lookup
+from tests.support.journals import journal
+from tests.support.people import make_user
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -62,16 +64,6 @@ parrot = da.Agent("admin-parrot", Parrot(), "Repeat what you hear.", [lookup])
 # -- helpers ------------------------------------------------------------------------------
 
 
-def make_user(name: str, *perms: str, superuser: bool = False) -> User:
-    user = User.objects.create_user(name, is_staff=True, is_superuser=superuser)
-    for perm in perms:
-        app_label, codename = perm.split(".")
-        user.user_permissions.add(
-            Permission.objects.get(content_type__app_label=app_label, codename=codename)
-        )
-    return User.objects.get(pk=user.pk)
-
-
 def client_for(user: User) -> Client:
     client = Client()
     client.force_login(user)
@@ -92,10 +84,6 @@ def run_url(run_id: str, suffix: str = "change") -> str:
 
 def fork_url(run_id: str, step: int) -> str:
     return run_url(run_id, "fork") + f"?step={step}"
-
-
-def journal(run_id: str) -> dict[str, Any]:
-    return {r.name: r.body for r in Journal(DjangoStore()).records(run_id)}
 
 
 def finished_echo(run_id: str) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from urllib.parse import quote
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.contrib.auth.models import Group, Permission, User
 from django.db import connection
 from django.test import Client
@@ -36,111 +35,23 @@ from durable_agents.models import (
     JournalEntry,
     Run,
 )
-from durable_agents.providers import scripted
-from durable_agents.providers.scripted import ScriptedModel
 from durable_agents.storage import DjangoStore
-from tests.support.agents import echo, gated
+from tests.support.agents import count_effects, echo, gated, halting, quorum
+from tests.support.api import (
+    API,
+    Caller,
+    as_session,
+    error,
+    session,
+    staff_with,
+    with_key,
+)
+from tests.support.people import make_user
+from tests.support.signing import keypair
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
-API = "/api/agents"
-PAID: list[str] = []
-
-
-@da.tool(approval=da.Quorum(need=2, group="finance"))
-def pay(invoice: str, cents: int, ctx: da.ToolContext) -> dict:
-    """Pay an invoice (two of finance approve first)."""
-    PAID.append(ctx.run_id)
-    return {"paid": cents}
-
-
-quorum_agent = da.Agent(
-    "api-test-quorum",
-    ScriptedModel(
-        [
-            scripted.calls(scripted.call("pay", {"invoice": "inv-1", "cents": 9900})),
-            scripted.text("paid"),
-        ]
-    ),
-    "Pay invoices.",
-    [pay],
-)
-
-
-@da.tool
-def charge(card: str) -> dict:
-    """Charge a card (a side effect)."""
-    raise da.ToolOutcomeUnknown("the gateway timed out after the request was sent")
-
-
-halting_agent = da.Agent(
-    "api-test-halting",
-    ScriptedModel(
-        [scripted.calls(scripted.call("charge", {"card": "c-1"})), scripted.text("charged")]
-    ),
-    "Charge cards.",
-    [charge],
-)
-
-
 # -- helpers ------------------------------------------------------------------------
-
-
-def make_user(
-    name: str, *, staff: bool = True, perms: tuple[str, ...] = (), groups: tuple[str, ...] = ()
-) -> User:
-    user = User.objects.create_user(name, is_staff=staff)  # no password: fast, force_login
-    for codename in perms:
-        app, code = codename.split(".")
-        user.user_permissions.add(
-            Permission.objects.get(codename=code, content_type__app_label=app)
-        )
-    for group in groups:
-        user.groups.add(Group.objects.get_or_create(name=group)[0])
-    return user
-
-
-def session(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-@dataclass
-class Caller:
-    client: Client
-    headers: dict[str, str]
-
-    def get(self, path: str, **params: Any) -> Any:
-        return self.client.get(API + path, params, headers=self.headers)
-
-    def post(self, path: str, body: Any = None, *, raw: str | None = None) -> Any:
-        data = raw if raw is not None else json.dumps(body if body is not None else {})
-        return self.client.post(
-            API + path, data=data, content_type="application/json", headers=self.headers
-        )
-
-
-def as_session(user: User) -> Caller:
-    return Caller(session(user), {})
-
-
-def with_key(user: User) -> Caller:
-    _, raw = issue_api_key(user, "tests")
-    return Caller(Client(), {"X-API-Key": raw})
-
-
-def staff_with(*perms: str, name: str = "operator") -> Caller:
-    """A staff caller by API key who may read runs (``view_run``), and holds ``perms``."""
-    return with_key(make_user(name, perms=("durable_agents.view_run", *perms)))
-
-
-def error(response: Any, status: int, code: str) -> dict:
-    assert response.status_code == status, (response.status_code, response.content)
-    body = response.json()
-    assert body["code"] == code, body
-    assert isinstance(body["message"], str) and body["message"]
-    return body
 
 
 def snapshot() -> tuple[int, ...]:
@@ -152,12 +63,6 @@ def snapshot() -> tuple[int, ...]:
         Halt.objects.filter(status="resolved").count(),
         ApprovalRequest.objects.exclude(status="pending").count(),
     )
-
-
-def keypair() -> tuple[Ed25519PrivateKey, str]:
-    private = Ed25519PrivateKey.generate()
-    public = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return private, base64.b64encode(public).decode()
 
 
 def sign(
@@ -184,11 +89,6 @@ def register_key(username: str, public: str) -> ApproverKey:
     return ApproverKey.objects.create(user=User.objects.get(username=username), public_key=public)
 
 
-@pytest.fixture(autouse=True)
-def _clear_paid():
-    PAID.clear()
-
-
 # -- who may call what --------------------------------------------------------------
 
 
@@ -203,7 +103,7 @@ class Route:
 
 def _signed_body() -> dict:
     private, public = keypair()
-    make_user("ext-approver", staff=False, perms=("durable_agents.approve_toolcall",))
+    make_user("ext-approver", "durable_agents.approve_toolcall", staff=False)
     register_key("ext-approver", public)
     sig = sign(private, "m-gated", "call_1_1", "ext-approver", True)
     return {"approver": "ext-approver", "approved": True, "signature": sig}
@@ -267,7 +167,7 @@ PRINCIPALS += ["revoked api key"]
 def scenario():
     echo.start("where is order 7?", run_id="m-echo")
     gated.start("refund order 7", run_id="m-gated")
-    halting_agent.start("charge card c-1", run_id="m-halt")
+    halting.start("charge card c-1", run_id="m-halt")
     assert Run.objects.get(run_id="m-gated").status == "awaiting_approval"
     assert Run.objects.get(run_id="m-halt").status == "halted"
 
@@ -277,12 +177,12 @@ def _caller(principal: str, permission: str | None) -> Caller:
     if principal == "anonymous":
         return Caller(Client(), {})
     if principal == "non-staff":
-        return as_session(make_user("visitor", staff=False, perms=perms))
+        return as_session(make_user("visitor", *perms, staff=False))
     if principal == "staff without permission":
         return as_session(make_user("viewer"))
     if principal == "permitted":
-        return as_session(make_user("operator", perms=perms))
-    caller = with_key(make_user("robot", perms=perms))
+        return as_session(make_user("operator", *perms))
+    caller = with_key(make_user("robot", *perms))
     if principal == "revoked api key":
         ApiKey.objects.update(revoked_at=timezone.now())
     return caller
@@ -316,7 +216,7 @@ def test_who_may_call_each_route(scenario, route, principal):
 
 
 def test_api_keys_update_last_used_and_are_refused_for_bad_or_inactive_users():
-    user = make_user("robot", perms=("durable_agents.view_run",))
+    user = make_user("robot", "durable_agents.view_run")
     key, raw = issue_api_key(user, "ci")
     assert key.last_used_at is None and key.key_hash != raw and len(key.prefix) == 8
     assert Client().get(API + "/runs", headers={"X-API-Key": raw}).status_code == 200
@@ -339,13 +239,13 @@ def test_api_keys_update_last_used_and_are_refused_for_bad_or_inactive_users():
 
 
 def test_a_bad_api_key_is_refused_even_with_a_staff_session():
-    client = session(make_user("viewer", perms=("durable_agents.view_run",)))
+    client = session(make_user("viewer", "durable_agents.view_run"))
     assert client.get(API + "/runs").status_code == 200
     error(client.get(API + "/runs", headers={"X-API-Key": "nope-nope"}), 401, "auth.invalid_key")
 
 
 def test_session_writes_need_the_csrf_token_and_api_keys_do_not():
-    user = make_user("operator", perms=("durable_agents.add_run",))
+    user = make_user("operator", "durable_agents.add_run")
     client = Client(enforce_csrf_checks=True)
     client.force_login(user)
     body = json.dumps({"agent": "echo", "input": "hi", "run_id": "csrf-1"})
@@ -556,7 +456,7 @@ def finance():
         )
     )
     make_user(  # not in finance
-        "dan", perms=("durable_agents.approve_toolcall", *(f"durable_agents.{p}" for p in readers))
+        "dan", "durable_agents.approve_toolcall", *(f"durable_agents.{p}" for p in readers)
     )
     return {
         name: with_key(User.objects.get(username=name)) for name in ("ann", "bob", "cat", "dan")
@@ -564,7 +464,7 @@ def finance():
 
 
 def test_quorum_counts_each_approver_once_and_passes_at_need(finance):
-    quorum_agent.start("pay invoice inv-1", run_id="q-1")
+    quorum.start("pay invoice inv-1", run_id="q-1")
     path = "/runs/q-1/approvals/call_1_1"
     first = finance["ann"].post(path, {"approved": True})
     assert first.status_code == 200 and first.json()["status"] == "pending"
@@ -579,26 +479,29 @@ def test_quorum_counts_each_approver_once_and_passes_at_need(finance):
         "eligible": ["ann", "bob", "cat"],
         "pending": ["bob", "cat"],
     }
-    assert PAID == []
+    assert count_effects("q-1") == {}
     done = finance["bob"].post(path, {"approved": True})
     assert done.json()["status"] == "approved"
     assert sorted(done.json()["tally"]["approved_by"]) == ["ann", "bob"]
-    assert PAID == ["q-1"] and Run.objects.get(run_id="q-1").status == "finished"
+    assert (
+        count_effects("q-1") == {"call_1_1": 1}
+        and Run.objects.get(run_id="q-1").status == "finished"
+    )
 
 
 def test_quorum_ends_denied_once_it_cannot_pass(finance):
-    quorum_agent.start("pay invoice inv-1", run_id="q-deny")
+    quorum.start("pay invoice inv-1", run_id="q-deny")
     path = "/runs/q-deny/approvals/call_1_1"
     assert finance["ann"].post(path, {"approved": False}).json()["status"] == "pending"
     final = finance["bob"].post(path, {"approved": False})
     assert final.json()["status"] == "denied"
-    assert PAID == [] and Run.objects.get(run_id="q-deny").status == "finished"
+    assert count_effects("q-deny") == {} and Run.objects.get(run_id="q-deny").status == "finished"
     body = error(finance["cat"].post(path, {"approved": True}), 409, "approval.already_decided")
     assert body["details"]["standing"]["approved"] is False
 
 
 def test_an_ineligible_approver_is_refused(finance):
-    quorum_agent.start("pay invoice inv-1", run_id="q-inel")
+    quorum.start("pay invoice inv-1", run_id="q-inel")
     before = snapshot()
     error(
         finance["dan"].post("/runs/q-inel/approvals/call_1_1", {"approved": True}),
@@ -609,8 +512,8 @@ def test_an_ineligible_approver_is_refused(finance):
 
 
 def test_signed_decisions_count_only_when_the_signature_verifies(finance):
-    quorum_agent.start("pay invoice inv-1", run_id="q-sig")
-    quorum_agent.start("pay invoice inv-1", run_id="q-other")
+    quorum.start("pay invoice inv-1", run_id="q-sig")
+    quorum.start("pay invoice inv-1", run_id="q-other")
     private, public = keypair()
     register_key("cat", public)
     # Staff who may read approvals, without approve_toolcall: the signature decides.
@@ -649,11 +552,11 @@ def test_signed_decisions_count_only_when_the_signature_verifies(finance):
         finance["ann"].post("/runs/q-sig/approvals/call_1_1", {"approved": True}).json()["status"]
         == "approved"
     )
-    assert PAID == ["q-sig"]
+    assert count_effects("q-sig") == {"call_1_1": 1} and count_effects("q-other") == {}
 
 
 def test_a_signed_decision_of_an_ineligible_approver_is_refused(finance):
-    quorum_agent.start("pay invoice inv-1", run_id="q-sig-dan")
+    quorum.start("pay invoice inv-1", run_id="q-sig-dan")
     private, public = keypair()
     register_key("dan", public)
     body = {
@@ -675,7 +578,7 @@ def test_a_signed_decision_of_an_ineligible_approver_is_refused(finance):
 
 
 def test_resolving_a_halt_records_the_outcome_and_continues_the_run():
-    halting_agent.start("charge card c-1", run_id="h-1")
+    halting.start("charge card c-1", run_id="h-1")
     caller = staff_with("durable_agents.resolve_halt")
     halts = caller.get("/halts").json()
     assert halts["count"] == 1
@@ -710,7 +613,7 @@ def test_resolving_a_halt_records_the_outcome_and_continues_the_run():
 
 
 def test_resolving_what_is_not_halted_or_with_bad_input():
-    halting_agent.start("charge card c-1", run_id="h-bad")
+    halting.start("charge card c-1", run_id="h-bad")
     caller = staff_with("durable_agents.resolve_halt")
     before = snapshot()
     error(caller.post("/runs/h-bad/halts/nope/resolve", {"result": 1}), 409, "halt.no_live_attempt")

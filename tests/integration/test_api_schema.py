@@ -18,8 +18,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from durable_agents.api.auth import issue_api_key
-from tests.integration.test_api import halting_agent
-from tests.support.agents import echo, gated
+from tests.support.agents import echo, gated, halting
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -35,7 +34,7 @@ def staff_key() -> str:
     _, raw = issue_api_key(user, "schemathesis")
     echo.start("where is order 7?", run_id="fz-echo")
     gated.start("refund order 7", run_id="fz-gated")
-    halting_agent.start("charge card c-1", run_id="fz-halt")
+    halting.start("charge card c-1", run_id="fz-halt")
     return raw
 
 

@@ -2,35 +2,25 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from durable_agents.models import ActionLog, Run
-from tests.integration.test_api import error, make_user, staff_with, with_key
+from tests.support.api import error, staff_with, with_key
+from tests.support.people import make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def put(caller, path, body):
-    return caller.client.put(
-        "/api/agents" + path,
-        data=json.dumps(body),
-        content_type="application/json",
-        headers=caller.headers,
-    )
-
-
 def test_send_once_new_then_answered_then_conflict():
     caller = staff_with("durable_agents.add_run")
-    first = put(caller, "/sessions/chat-1/messages/d-1", {"text": "hi", "agent": "echo"})
+    first = caller.put("/sessions/chat-1/messages/d-1", {"text": "hi", "agent": "echo"})
     assert first.status_code == 202 and first.json()["status"] == "queued", first.content
     # Inline dispatch drove it after the commit: the redelivery gets the answer.
-    again = put(caller, "/sessions/chat-1/messages/d-1", {"text": "hi"})
+    again = caller.put("/sessions/chat-1/messages/d-1", {"text": "hi"})
     assert again.status_code == 200 and again.json()["answer"] == "order 7 shipped"
     assert again.json()["run_id"] == "chat-1>event/d-1"
     error(
-        put(caller, "/sessions/chat-1/messages/d-1", {"text": "other"}), 409, "session.key_conflict"
+        caller.put("/sessions/chat-1/messages/d-1", {"text": "other"}), 409, "session.key_conflict"
     )
     assert Run.objects.filter(session_id="chat-1").exclude(run_id__endswith=">session").count() == 1
 
@@ -38,9 +28,9 @@ def test_send_once_new_then_answered_then_conflict():
 def test_send_once_of_a_paused_turn_is_accepted_not_rerun():
     caller = staff_with("durable_agents.add_run")
     body = {"text": "refund order 7", "agent": "gated"}
-    first = put(caller, "/sessions/chat-2/messages/d-1", body)
+    first = caller.put("/sessions/chat-2/messages/d-1", body)
     assert first.status_code == 202 and first.json()["status"] in ("queued", "paused")
-    second = put(caller, "/sessions/chat-2/messages/d-1", body)
+    second = caller.put("/sessions/chat-2/messages/d-1", body)
     assert second.status_code == 202 and second.json()["status"] == "paused"
 
 

@@ -21,26 +21,13 @@ from durable_agents.conf import parse
 from durable_agents.models import ApprovalRequest, Halt, Run
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
+from tests.support.agents import halting
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@da.tool
-def charge(card: str) -> dict:
-    """Charge a card (its outcome is sometimes unknown)."""
-    raise da.ToolOutcomeUnknown("the gateway timed out after the request was sent")
-
-
-unsure = da.Agent(
-    "rules-unsure",
-    ScriptedModel([scripted.calls(scripted.call("charge", {"card": "4242"})), scripted.text("ok")]),
-    "",
-    [charge],
-)
-
-
 def _halted(run_id: str) -> Halt:
-    unsure.start("charge it", run_id=run_id)
+    halting.start("charge it", run_id=run_id)
     assert Run.objects.get(run_id=run_id).status == "halted"
     return Halt.objects.get(run_id=run_id)
 

@@ -20,9 +20,8 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Group, Permission, User
+from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -39,53 +38,18 @@ from durable_agents.models import (
     JournalEntry,
     Run,
 )
-from durable_agents.providers import scripted
-from durable_agents.providers.scripted import ScriptedModel
 from example_project import webhooks
-from tests.support.agents import count_effects, fire, gated
+from tests.support.agents import count_effects, gated, quorum
+from tests.support.api import API, error
+from tests.support.people import make_user, perm
+from tests.support.signing import keypair
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
-API = "/api/agents"
 SECRET = "tests-webhook-secret"  # tests/settings.py
 
 
-@da.tool(approval=da.Quorum(need=2, group="finance"))
-def payout(invoice: str, cents: int, ctx: da.ToolContext) -> dict:
-    """Pay an invoice out (two of finance approve first)."""
-    fire(ctx, "payout")
-    return {"paid": cents}
-
-
-payouts = da.Agent(
-    "security-payouts",
-    ScriptedModel(
-        [
-            scripted.calls(scripted.call("payout", {"invoice": "inv-9", "cents": 990000})),
-            scripted.text("paid"),
-        ]
-    ),
-    "Pay invoices.",
-    [payout],
-)
-
-
 # -- helpers ------------------------------------------------------------------------
-
-
-def perm(name: str) -> Permission:
-    app, code = name.split(".") if "." in name else ("durable_agents", name)
-    return Permission.objects.get(content_type__app_label=app, codename=code)
-
-
-def make_user(
-    name: str, *perms: str, staff: bool = True, superuser: bool = False, groups: tuple = ()
-) -> User:
-    user = User.objects.create_user(name, is_staff=staff, is_superuser=superuser)
-    user.user_permissions.add(*(perm(p) for p in perms))
-    for group in groups:
-        user.groups.add(Group.objects.get_or_create(name=group)[0])
-    return User.objects.get(pk=user.pk)
 
 
 def browser(user: User) -> Client:
@@ -111,19 +75,6 @@ def post(headers: dict[str, str], path: str, body: Any) -> Any:
     return Client().post(
         API + path, json.dumps(body), content_type="application/json", headers=headers
     )
-
-
-def error(response: Any, status: int, code: str) -> dict:
-    assert response.status_code == status, (response.status_code, response.content)
-    body = response.json()
-    assert body["code"] == code, body
-    return body
-
-
-def keypair() -> tuple[Ed25519PrivateKey, str]:
-    private = Ed25519PrivateKey.generate()
-    public = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return private, base64.b64encode(public).decode()
 
 
 def incarnation(run_id: str) -> str:
@@ -248,7 +199,7 @@ def finance():
 
 def test_2_one_person_cannot_be_a_whole_quorum(finance, relay):
     mallory, ann, bob = finance["mallory"], finance["ann"], finance["bob"]
-    payouts.start("pay invoice inv-9", run_id="quorum-1")
+    quorum.start("pay invoice inv-1", run_id="quorum-1")
     before = state("quorum-1")
     client = browser(mallory)
     add = reverse("admin:durable_agents_approverkey_add")

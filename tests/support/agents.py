@@ -135,3 +135,42 @@ gated = da.Agent(
     "Refund when asked.",
     [refund],
 )
+
+
+@da.tool(approval=da.Quorum(need=2, group="finance"))
+def pay(invoice: str, cents: int, ctx: da.ToolContext) -> dict:
+    """Pay an invoice (two of group finance approve first)."""
+    fire(ctx, "pay")
+    return {"paid": cents}
+
+
+# Two of group ``finance`` approve its payout first.
+quorum = da.Agent(
+    "quorum",
+    ScriptedModel(
+        [
+            scripted.calls(scripted.call("pay", {"invoice": "inv-1", "cents": 9900})),
+            scripted.text("paid"),
+        ]
+    ),
+    "Pay invoices.",
+    [pay],
+)
+
+
+@da.tool
+def charge(card: str) -> dict:
+    """Charge a card; the gateway always times out after the request was sent."""
+    raise da.ToolOutcomeUnknown("the gateway timed out after the request was sent")
+
+
+# Its only call's outcome is unknown: every run halts (``OutcomeUnknown``) until a person
+# records what happened; then it answers "charged".
+halting = da.Agent(
+    "halting",
+    ScriptedModel(
+        [scripted.calls(scripted.call("charge", {"card": "4242"})), scripted.text("charged")]
+    ),
+    "Charge cards.",
+    [charge],
+)

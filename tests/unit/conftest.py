@@ -1,15 +1,47 @@
-"""Unit tests run the engine as plain Python: no user system, so ``by="ann"`` is a trusted
-caller (``engine.identity.plain_actor``). Identity rules are tested with explicit
-``Actor`` objects and, against real users, in tests/integration."""
+"""Unit tests run the engine as plain Python on the in-memory store.
+
+There is no user system, so ``by="ann"`` is a trusted caller (``engine.identity.plain_actor``);
+identity rules are tested with explicit ``Actor`` objects and, against real users, in
+tests/integration."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 
-from durable_agents.engine import runtime
+from durable_agents.engine.commands.runs import drive_quietly
+from durable_agents.testing import InMemoryStore
+from tests.support.doubles import Clock
+from tests.support.wiring import wired
 
 
 @pytest.fixture(autouse=True)
-def _no_user_system():
-    saved = runtime._runtime.resolve_actor
-    runtime.configure(resolve_actor=None)
-    yield
-    runtime.configure(resolve_actor=saved)
+def _no_user_system() -> Iterator[None]:
+    with wired(resolve_actor=None):
+        yield
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(clock: Clock) -> Iterator[InMemoryStore]:
+    """A fresh in-memory store on the test's virtual ``clock``. A run a command queues is
+    driven at once, here, on this store (the site's inline dispatch); leases last 30 s and a
+    halt may be resolved at once, as in the test settings."""
+    store = InMemoryStore(clock=clock)
+    with wired(
+        dispatcher=lambda run_id: drive_quietly(run_id, store=store),
+        lease_ttl=lambda: 30.0,
+        halt_min_age=lambda: 0.0,
+    ):
+        yield store
+
+
+@pytest.fixture
+def fired() -> list:
+    """What the test's tools did, in order: a side-effect counter outside the journal."""
+    return []

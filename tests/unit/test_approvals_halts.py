@@ -5,51 +5,27 @@ from __future__ import annotations
 import base64
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 import durable_agents as da
-from durable_agents.engine import runtime
 from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
-from durable_agents.testing import InMemoryStore
-
-
-class Crash(BaseException):
-    pass
-
-
-@pytest.fixture
-def store():
-    return InMemoryStore()
+from tests.support.doubles import Crash
+from tests.support.signing import keypair
+from tests.support.wiring import wired
 
 
 @pytest.fixture
 def wiring(store):
-    """Inline hand-over to this store, a finance group of three approvers, and no user
-    system: a name is a trusted caller (plain-Python use)."""
-    saved = dict(runtime._runtime.__dict__)
+    """A finance group of three approvers, and the public keys registered to each (what the
+    test adds). Runs hand over inline to ``store`` and a name is a trusted caller (the unit
+    conftest)."""
     keys: dict[str, list[str]] = {}
-    runtime.configure(
-        resolve_actor=None,
-        dispatcher=lambda run_id: _drive(run_id, store),
+    with wired(
         eligible_approvers=lambda group: ["ann", "bob", "cat"] if group == "finance" else [],
         approver_keys=lambda who: keys.get(who, []),
-    )
-    yield keys
-    runtime._runtime.__dict__.update(saved)
-
-
-def _drive(run_id, store):
-    from durable_agents.engine.commands.runs import drive_quietly
-
-    drive_quietly(run_id, store=store)
-
-
-@pytest.fixture
-def fired():
-    return []
+    ):
+        yield keys
 
 
 def gated_agent(fired, name="unit-approvals", quorum=None, crash=False):
@@ -146,12 +122,6 @@ def test_quorum_fails_as_soon_as_it_is_unreachable(store, wiring, fired):
     assert 5 not in fired
 
 
-def _keypair():
-    private = Ed25519PrivateKey.generate()
-    public = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return private, base64.b64encode(public).decode()
-
-
 def _signed(private, store, run_id, args, approver="bob", ok=True, note="", incarnation=None):
     if incarnation is None:
         incarnation = Journal(store).get(run_id, "run:start").get("incarnation")
@@ -169,7 +139,7 @@ def _signed(private, store, run_id, args, approver="bob", ok=True, note="", inca
 
 
 def test_signed_decisions_approve_this_call_and_no_other(store, wiring, fired):
-    private, public = _keypair()
+    private, public = keypair()
     wiring["bob"] = [public]
     a = gated_agent(fired, "unit-signed", quorum=da.Quorum(need=1, group="finance"))
     with pytest.raises(da.ApprovalPending):
@@ -198,7 +168,7 @@ def test_a_signature_over_the_retired_format_is_refused_by_name(store, wiring, f
 
     from durable_agents.engine.records import encode
 
-    private, public = _keypair()
+    private, public = keypair()
     wiring["bob"] = [public]
     a = gated_agent(fired, "unit-signed-v1", quorum=da.Quorum(need=1, group="finance"))
     with pytest.raises(da.ApprovalPending):

@@ -12,12 +12,6 @@ from durable_agents.engine.journal import Journal
 from durable_agents.engine.model import ModelRequest
 from durable_agents.providers import anthropic_messages, openai_chat, scripted
 from durable_agents.providers.scripted import ScriptedModel
-from durable_agents.testing import InMemoryStore
-
-
-@pytest.fixture
-def store():
-    return InMemoryStore()
 
 
 def weather_agent(seen, fired, name="unit-trip", instructions="Plan trips.", extra_tools=()):

@@ -11,20 +11,8 @@ from durable_agents.engine.model import FINISH_LENGTH, Usage
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from durable_agents.testing import InMemoryStore
-
-
-class Crash(BaseException):
-    """Stands in for the process dying: nothing below the loop catches it."""
-
-
-@pytest.fixture
-def store():
-    return InMemoryStore()
-
-
-@pytest.fixture
-def fired():
-    return []
+from tests.support.doubles import Crash
+from tests.support.wiring import wired
 
 
 def history(store, run_id):
@@ -131,7 +119,7 @@ def test_resuming_with_another_input_is_refused_and_writes_nothing(store, fired)
     assert history(store, "r1") == before
 
 
-def test_crash_inside_a_side_effect_halts_instead_of_repeating(store, fired, monkeypatch):
+def test_crash_inside_a_side_effect_halts_instead_of_repeating(store, fired):
     a = agent(fired, crash_on={("refund", "7")})
     with pytest.raises(Crash):
         a.run("r1", "Refund order 7", store=store)
@@ -146,11 +134,9 @@ def test_crash_inside_a_side_effect_halts_instead_of_repeating(store, fired, mon
     # Nothing else of the run moves while an outcome is unknown: the other call of the turn
     # runs once a person has recorded what happened.
     assert "tool:call_2_2" not in history(store, "r1") and ("receipt", "7") not in fired
-    from durable_agents.engine import runtime
-
-    monkeypatch.setattr(runtime._runtime, "dispatcher", lambda run_id: None)
-    da.resolve_halt("r1", "call_2_1", {"refunded": 42}, by="ann", store=store)
-    da.resume("r1", store=store)
+    with wired(dispatcher=lambda run_id: None):  # the resume below drives it, not the hand-over
+        da.resolve_halt("r1", "call_2_1", {"refunded": 42}, by="ann", store=store)
+        da.resume("r1", store=store)
     assert fired.count(("receipt", "7")) == 1 and store.get_run("r1").status == "finished"
 
 

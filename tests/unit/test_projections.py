@@ -10,30 +10,13 @@ from __future__ import annotations
 import pytest
 
 import durable_agents as da
-from durable_agents.engine import failpoints, runtime
+from durable_agents.engine import failpoints
 from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
-from durable_agents.testing import InMemoryStore
-
-
-class Crash(BaseException):
-    """Stands in for the process dying at that point."""
-
-
-@pytest.fixture
-def store():
-    store = InMemoryStore()
-    saved = dict(runtime._runtime.__dict__)
-    runtime.configure(
-        dispatcher=lambda run_id: drive_quietly(run_id, store=store),
-        lease_ttl=lambda: 30.0,
-        halt_min_age=lambda: 0.0,
-    )
-    yield store
-    runtime._runtime.__dict__.update(saved)
+from tests.support.doubles import Crash
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 import durable_agents as da
-from durable_agents.engine import runtime
 from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.journal import Journal
@@ -15,34 +14,18 @@ from durable_agents.engine.retry import RetryPolicy
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from durable_agents.testing import InMemoryStore
+from tests.support.doubles import Crash
+from tests.support.wiring import wired
 
 
-class Crash(BaseException):
-    pass
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 2_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def clock():
-    return Clock()
-
-
-@pytest.fixture
-def store(clock):
-    store = InMemoryStore(clock=clock)
-    saved = dict(runtime._runtime.__dict__)
+@pytest.fixture(autouse=True)
+def _hand_overs_are_recorded(store):
+    """A run handed to a driver is listed in ``store.sent``, not driven: these tests look at
+    what recovery hands over."""
     sent: list[str] = []
-    runtime.configure(dispatcher=sent.append, lease_ttl=lambda: 30.0)
     store.sent = sent
-    yield store
-    runtime._runtime.__dict__.update(saved)
+    with wired(dispatcher=sent.append):
+        yield
 
 
 def reader(name="u-reader", instructions="Read.", crash=False):

@@ -5,26 +5,10 @@ from __future__ import annotations
 import pytest
 
 import durable_agents as da
-from durable_agents.engine import runtime
 from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
-from durable_agents.testing import InMemoryStore
-
-
-class Crash(BaseException):
-    pass
-
-
-@pytest.fixture
-def store():
-    store = InMemoryStore()
-    saved = dict(runtime._runtime.__dict__)
-    from durable_agents.engine.commands.runs import drive_quietly
-
-    runtime.configure(dispatcher=lambda run_id: drive_quietly(run_id, store=store))
-    yield store
-    runtime._runtime.__dict__.update(saved)
+from tests.support.doubles import Crash
 
 
 def chat_agent(name="unit-chat", seen=None, tools=(), script=None):

@@ -9,44 +9,10 @@ import pytest
 
 import durable_agents as da
 from durable_agents.engine import runtime
-from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
-from durable_agents.testing import InMemoryStore
-
-
-class Crash(BaseException):
-    """Stands in for the process dying inside a tool (after its effect)."""
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
-@pytest.fixture
-def clock():
-    return Clock()
-
-
-@pytest.fixture
-def store(clock):
-    store = InMemoryStore(clock=clock)
-    saved = dict(runtime._runtime.__dict__)
-    runtime.configure(
-        dispatcher=lambda run_id: drive_quietly(run_id, store=store),
-        lease_ttl=lambda: 30.0,
-        halt_min_age=lambda: 0.0,
-    )
-    yield store
-    runtime._runtime.__dict__.update(saved)
+from tests.support.doubles import Crash
 
 
 def charge_agent(fired, *, deploy="v1", on_drift=None, crash=False, during=None, name="u-charge"):

@@ -1,4 +1,5 @@
-"""A local HTTP server that replays recorded provider answers to the real SDKs.
+"""A local HTTP server that replays recorded provider answers to the real SDKs, and the
+recorded answers themselves (``<provider>_<what>.json`` in this directory).
 
 Tests queue replies (status, headers, JSON body), point an adapter's ``base_url`` at
 ``server.url``, and read back what the SDK sent in ``server.requests``. A request that
@@ -18,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-FIXTURES = Path(__file__).parent / "wire"
+FIXTURES = Path(__file__).parent  # the recorded answers sit beside this module
 
 
 @dataclass

@@ -1,0 +1,23 @@
+"""Stand-ins the engine's unit tests share: a process that dies, a clock that only moves when
+told to."""
+
+from __future__ import annotations
+
+
+class Crash(BaseException):
+    """Stands in for the process dying: a ``BaseException``, so nothing below the loop
+    catches it and whatever the journal holds at that moment is what a restart finds."""
+
+
+class Clock:
+    """A virtual clock for ``InMemoryStore(clock=...)``: lease expiry and halt ages move
+    only when a test moves them."""
+
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
