@@ -12,6 +12,7 @@ from .engine.recovery import recover as _recover
 __all__ = ["RECOVERABLE", "recover"]
 
 
-def recover(*, batch: int = 500) -> list[str]:
-    """One recovery pass; returns the run ids it handed to a driver."""
-    return _recover(batch=batch)
+def recover(*, batch: int = 500, interval: float | None = None) -> list[str]:
+    """One recovery pass; returns the run ids it handed to a driver. A run handed over less
+    than ``interval`` seconds ago (``RECOVERY_INTERVAL`` by default) is not sent again."""
+    return _recover(batch=batch, interval=interval)
