@@ -17,11 +17,12 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.urls import URLPattern
 
-from . import admin_history as history
 from . import (
+    admin_health,
     admin_keys,  # noqa: F401  (registers the API key and approver key admins)
     admin_queues,  # noqa: F401  (registers the approval and halt queues)
 )
+from . import admin_history as history
 from . import admin_sessions as sessions
 from . import admin_views as views
 from .admin_base import _count, _json_cell, _ModelAdmin, _ReadOnly
@@ -97,6 +98,12 @@ class RunAdmin(_ReadOnly):
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return super().has_view_permission(request, obj) or views.allows(request, "view_runs")
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        allowed = super().has_module_permission(request)
+        if allowed and self.has_view_permission(request):
+            admin_health.warn_on_index(request)  # staff who see runs see queue health
+        return allowed
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return _ModelAdmin.has_delete_permission(self, request, obj)
