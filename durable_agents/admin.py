@@ -81,7 +81,7 @@ class RunAdmin(_ReadOnly):
                 ],
             },
         ),
-        ("Times", {"fields": ["created_at", "updated_at", "finished_at"]}),
+        ("Times", {"fields": ["created_at", "updated_at", "finished_at", "dispatched_at"]}),
     ]
     readonly_fields = [str(f) for _, group in fieldsets for f in group["fields"]]
 
