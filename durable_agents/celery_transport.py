@@ -33,7 +33,7 @@ from redis import exceptions as redis_errors
 log = logging.getLogger("durable_agents.celery")
 
 
-class Channel(kombu_redis.Channel):  # type: ignore[misc]
+class Channel(kombu_redis.Channel):
     """kombu's Redis channel, failing like a lost connection once its connection is gone."""
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
@@ -44,11 +44,11 @@ class Channel(kombu_redis.Channel):  # type: ignore[misc]
                 "treating it as a lost connection"
             )
             raise redis_errors.ConnectionError("this channel's broker connection was closed")
-        params: dict[str, Any] = super()._connparams(asynchronous)
+        params: dict[str, Any] = super()._connparams(asynchronous)  # type: ignore[no-untyped-call]
         return params
 
 
-class Transport(kombu_redis.Transport):  # type: ignore[misc]
+class Transport(kombu_redis.Transport):
     """kombu's Redis transport with ``Channel`` above (``broker_transport``)."""
 
     Channel = Channel
