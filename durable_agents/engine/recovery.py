@@ -4,8 +4,8 @@ times.
 A pass lists, through the store's index of unfinished agent runs, the ones whose lease is
 free and that are
 
-* ``queued`` — a hand-over that never arrived (a lost message): handed over again on every
-  pass; that is cheap, and a driver that finds the run busy or done just stops;
+* ``queued`` — a hand-over that never arrived (a lost message): handed over again (see
+  below on how often); a driver that finds the run busy or done just stops;
 * ``running`` — its driver died mid-drive (a crash, a kill): that counts as a failed attempt;
 * ``failed`` with a retryable error.
 

@@ -36,11 +36,11 @@ pytestmark = [
     pytest.mark.slow,
 ]
 
-RUNS = 24
+RUNS = 16
 LATE_RUNS = 4  # started right after the restart: the workers consume again by themselves
-# Well beyond what the queue takes to drain (24 runs of three 0.15 s steps on 2 workers of
-# 4 threads: a few seconds on a busy machine), so a run sent once is taken before recovery
-# may send it again.
+# Well beyond what the queue takes to drain (16 runs of three 0.1 s steps on 2 workers of
+# 2 threads: a few seconds on a busy machine), so a run sent once is taken before recovery
+# may send it again. Small on purpose: other files' tests (leases of 1 s) run beside it.
 INTERVAL = 10.0
 TTL = 5.0
 DRIVE_TASK = "durable_agents.tasks.drive_run"
@@ -91,7 +91,7 @@ def test_runs_finish_after_a_redis_restart_under_load(broker, settings, tmp_path
     try:
         workers = [
             supervisor.add(
-                lambda i=i: procs.worker("threads", 4, name=f"rr{i}", DA_TOOL_SLEEP="0.15", **env)
+                lambda i=i: procs.worker("threads", 2, name=f"rr{i}", DA_TOOL_SLEEP="0.1", **env)
             )
             for i in range(2)
         ]
