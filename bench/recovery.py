@@ -49,9 +49,10 @@ def main() -> None:
     def one_pass() -> float:
         sent.clear()
         # Every pass finds the runs' drivers freshly dead: a run handed over several times
-        # in a row backs off, which is not what this measures.
+        # in a row backs off, and one handed over less than an interval ago waits, which is
+        # not what this measures.
         raw.execute(
-            "UPDATE durable_agents_run SET attempts = 0, last_error = NULL "
+            "UPDATE durable_agents_run SET attempts = 0, last_error = NULL, dispatched_at = NULL "
             "WHERE run_id LIKE 'bench-rec-open-%%'"
         )
         start = time.perf_counter()

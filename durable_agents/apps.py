@@ -28,4 +28,5 @@ class DurableAgentsConfig(AppConfig):
             resolve_actor=resolve_actor,
             halt_min_age=lambda: get_settings().effective_halt_min_age,
             retry_policy=lambda: get_settings().retry,
+            recovery_interval=lambda: get_settings().recovery_interval,
         )

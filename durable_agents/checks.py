@@ -10,6 +10,9 @@ Each kind of problem has its own id, so a deployment can silence one kind
   ``CELERY_QUEUE`` (no worker would consume recovery passes).
 * ``durable_agents.W002`` — ``DISPATCH`` is ``"celery"`` but ``CELERY_BROKER_URL`` is not set
   (Celery would quietly try ``amqp://guest@localhost``).
+* ``durable_agents.W003`` — runs have waited in the queue for several recovery intervals with
+  no driver (``queue_health``): likely no worker consumes ``CELERY_QUEUE``. It reads the
+  database, so it runs with ``manage.py check --database default`` (and ``migrate``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,39 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     if problems:
         return [checks.Error(p, hint=SETTINGS_HINT, id="durable_agents.E001") for p in problems]
     return [*_check_agents(settings.agents), *_check_celery(settings)]
+
+
+@checks.register(checks.Tags.database)
+def check_queue_health(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    from django.db import DatabaseError, connections
+
+    from .models import Run
+    from .queue_health import stalled_runs
+
+    settings, problems = conf.parse(getattr(django_settings, "DURABLE_AGENTS", None))
+    if problems or settings.database not in (databases or ()):
+        return []
+    try:
+        if Run._meta.db_table not in connections[settings.database].introspection.table_names():
+            return []  # not migrated yet (this check also runs before `migrate`)
+        health = stalled_runs(settings=settings)
+    except DatabaseError:
+        return []  # unreachable: other checks and commands say so
+    if not health:
+        return []
+    return [
+        checks.Warning(
+            health.message(),
+            hint=(
+                "Run a worker on that queue, and Celery beat (or `manage.py durable_agents "
+                f"recover` from cron); `manage.py durable_agents runs --stalled` lists them. "
+                f"{CELERY_HINT}"
+            ),
+            id="durable_agents.W003",
+        )
+    ]
 
 
 def _check_agents(paths: tuple[str, ...]) -> list[checks.CheckMessage]:

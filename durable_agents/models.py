@@ -45,6 +45,12 @@ class Run(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
+    dispatched_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="when recovery last handed the run to a driver; it waits an interval "
+        "before sending it again",
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -86,6 +92,7 @@ class Run(models.Model):
             created_at=self.created_at,
             updated_at=self.updated_at,
             finished_at=self.finished_at,
+            dispatched_at=self.dispatched_at,
         )
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 from django.core.signals import setting_changed
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Now
 from django.dispatch import receiver
 from django.utils.dateparse import parse_datetime
@@ -218,6 +218,15 @@ class DjangoStore:
     def get_run(self, run_id: str) -> RunInfo | None:
         row = Run.objects.using(self.using).filter(run_id=run_id).first()
         return row.to_domain() if row is not None else None
+
+    def mark_dispatched(self, run_id: str, *, seen: datetime | None) -> bool:
+        """One conditional UPDATE: of two recovery passes that read the same stamp, the
+        second finds it moved on (PostgreSQL re-checks the row it waited for)."""
+        unchanged = Q(dispatched_at__isnull=True)
+        if seen is not None:
+            unchanged |= Q(dispatched_at__lte=seen)
+        rows = Run.objects.using(self.using).filter(unchanged, run_id=run_id)
+        return rows.update(dispatched_at=Now()) > 0
 
     def update_run(
         self,

@@ -186,6 +186,16 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Workers survive a Redis restart: kombu's Redis transport, except that a channel left over
+# from the lost connection fails like a lost connection instead of killing the worker
+# (celery 5.7's close after collect(); see docs/celery.md, "When Redis restarts").
+CELERY_BROKER_TRANSPORT = "durable_agents.celery_transport:Transport"
+# Celery 6 turns this on by default: a broker blip would terminate the prefork children
+# driving runs, and every run with a side effect in flight would halt for a person. The
+# lease and late acks already make a second delivery harmless.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
+# Keep reconnecting through a long outage instead of exiting after 100 tries (~46 min).
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     # How long Redis waits before redelivering an unacknowledged message. Beat recovery, not
     # redelivery, bounds how long a run can be stranded (one RECOVERY_INTERVAL after its lease

@@ -113,3 +113,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
+# What docs/celery.md asks of every site: workers that survive a Redis restart, and no
+# cancelled drives on a broker blip.
+CELERY_BROKER_TRANSPORT = "durable_agents.celery_transport:Transport"
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False

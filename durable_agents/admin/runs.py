@@ -27,7 +27,7 @@ from ..engine.ports import APPROVAL_PENDING, HALT_OPEN, QUEUED, RUNNING, TERMINA
 from ..engine.records import Record
 from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
 from ..storage import site_store
-from . import forks, sessions
+from . import forks, health, sessions
 from .base import (
     BY_RECOVERY,
     BY_RESUME,
@@ -94,7 +94,7 @@ class RunAdmin(ReadOnlyAdmin):
                 ],
             },
         ),
-        ("Times", {"fields": ["created_at", "updated_at", "finished_at"]}),
+        ("Times", {"fields": ["created_at", "updated_at", "finished_at", "dispatched_at"]}),
     ]
     readonly_fields = [str(f) for _, group in fieldsets for f in group["fields"]]
 
@@ -111,6 +111,12 @@ class RunAdmin(ReadOnlyAdmin):
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return super().has_view_permission(request, obj) or allows(request, "view_runs")
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        allowed = super().has_module_permission(request)
+        if allowed and self.has_view_permission(request):
+            health.warn_on_index(request)  # staff who see runs see queue health
+        return allowed
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return AnyModelAdmin.has_delete_permission(self, request, obj)

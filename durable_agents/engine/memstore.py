@@ -67,13 +67,23 @@ class InMemoryStore:
             now = _dt(self._clock())
             finished = now if run.status in TERMINAL_STATUSES else None
             self._runs[run.run_id] = replace(
-                run, created_at=now, updated_at=now, finished_at=finished
+                run, created_at=now, updated_at=now, finished_at=finished, dispatched_at=None
             )
             return True
 
     def get_run(self, run_id: str) -> RunInfo | None:
         with self._lock:
             return self._runs.get(run_id)
+
+    def mark_dispatched(self, run_id: str, *, seen: datetime | None) -> bool:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                return False
+            if run.dispatched_at is not None and (seen is None or run.dispatched_at > seen):
+                return False
+            self._runs[run_id] = replace(run, dispatched_at=_dt(self._clock()))
+            return True
 
     def update_run(
         self,

@@ -27,6 +27,9 @@ Requirements every store meets:
   session's journal (``session``) or a plain journal (``journal``) is never driven.
 * **Halts are written once per attempt** (run, op, attempt); a resolved or orphaned halt
   never reopens.
+* **Dispatch stamps.** ``mark_dispatched`` records when recovery handed a run over, on the
+  store's clock, without touching ``updated_at``; of concurrent stamps that saw the same
+  earlier one, exactly one succeeds (two recovery passes never both re-send a run).
 * **Conditional writes.** ``update_run`` and ``set_approval_status`` given ``if_status``
   change the row only while its status is one of those, atomically, and say whether they did.
 """
@@ -143,6 +146,9 @@ class RunInfo:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     finished_at: datetime | None = None
+    # When recovery last handed the run to a driver (the store's clock); only
+    # ``mark_dispatched`` sets it, and it never counts as a change of the row (updated_at).
+    dispatched_at: datetime | None = None
     lease_expired: bool | None = None  # set by list_unfinished: lease absent or expired
 
     @property
@@ -254,6 +260,11 @@ class Store(Protocol):
     def delete_run(self, run_id: str) -> None:
         """Delete the run with its journal, lease, approval requests and halts (the action
         log stays). The explicit admin action, through ``commands.runs.delete``."""
+
+    def mark_dispatched(self, run_id: str, *, seen: datetime | None) -> bool:
+        """Stamp ``dispatched_at`` with the store's clock, only while the stamp is still the
+        one the caller read (``seen``, None for never) or older; ``updated_at`` stays. True
+        if this call stamped it (and so should hand the run over)."""
 
     def update_run(
         self,

@@ -48,6 +48,8 @@ class Runtime:
     halt_min_age: Callable[[], float] | None = None
     # How often, and how soon, a run whose drive failed or whose driver died is handed over.
     retry_policy: Callable[[], RetryPolicy] = RetryPolicy
+    # Seconds between recovery passes: recovery hands a run over again no sooner than this.
+    recovery_interval: Callable[[], float] = lambda: 15.0
     # Real-time waits (model retry backoff, waiting for another caller's turn); a simulator
     # may replace them with its own clock.
     sleep: Callable[[float], None] = time.sleep
@@ -64,7 +66,8 @@ _runtime = Runtime()
 def configure(**values: Any) -> None:
     """Set wiring: ``store_factory``, ``agent_loader``, ``lease_ttl``, ``on_drift``,
     ``dispatcher``, ``inline_driver``, ``should_stop``, ``eligible_approvers``, ``approver_keys``,
-    ``resolve_actor``, ``halt_min_age``, ``retry_policy``, ``sleep``, ``monotonic``."""
+    ``resolve_actor``, ``halt_min_age``, ``retry_policy``, ``recovery_interval``, ``sleep``,
+    ``monotonic``."""
     for key, value in values.items():
         if not hasattr(_runtime, key):
             raise ConfigError(f"unknown runtime setting {key!r}", code="config.runtime")
@@ -101,6 +104,10 @@ def halt_min_age() -> float:
 
 def retry_policy() -> RetryPolicy:
     return _runtime.retry_policy()
+
+
+def recovery_interval() -> float:
+    return float(_runtime.recovery_interval())
 
 
 def sleep(seconds: float) -> None:

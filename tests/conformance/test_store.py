@@ -427,3 +427,44 @@ def test_a_failed_run_update_takes_its_record_with_it(store_kind, prepared):
     with pytest.raises(Exception):  # noqa: B017 - the database refuses turns < 0
         store.insert(rid, "rec", "{}", run_changes={"turns": -1})
     assert store.get(rid, "rec") is None
+
+
+# -- issue 17: recovery's dispatch stamp -------------------------------------------------
+
+
+def test_a_dispatch_stamp_is_on_the_store_clock_and_not_a_change_of_the_row(store, run_id):
+    before = store.get_run(run_id)
+    assert before.dispatched_at is None
+    assert store.mark_dispatched(run_id, seen=None)
+    after = store.get_run(run_id)
+    assert after.dispatched_at is not None and after.dispatched_at.tzinfo is not None
+    assert abs((store.now() - after.dispatched_at).total_seconds()) < 5
+    assert after.updated_at == before.updated_at and after.status == before.status
+    [listed] = [r for r in store.list_unfinished() if r.run_id == run_id]
+    assert listed.dispatched_at == after.dispatched_at
+    assert not store.mark_dispatched("no-such-run", seen=None)
+
+
+def test_a_dispatch_stamp_moves_only_from_the_one_its_caller_saw(store, run_id):
+    assert store.mark_dispatched(run_id, seen=None)
+    first = store.get_run(run_id).dispatched_at
+    assert not store.mark_dispatched(run_id, seen=None), "another pass stamped it meanwhile"
+    time.sleep(0.01)
+    assert store.mark_dispatched(run_id, seen=first)
+    second = store.get_run(run_id).dispatched_at
+    assert second > first
+    assert not store.mark_dispatched(run_id, seen=first), "a stale read loses"
+    assert store.get_run(run_id).dispatched_at == second
+
+
+def test_concurrent_dispatch_stamps_have_one_winner(store, run_id):
+    results = in_threads(8, lambda i: store.mark_dispatched(run_id, seen=None))
+    assert sorted(results) == [False] * 7 + [True]
+
+
+def test_a_new_run_is_never_created_stamped(store):
+    from datetime import UTC, datetime
+
+    given = RunInfo(run_id="stamp-new", dispatched_at=datetime(2000, 1, 1, tzinfo=UTC))
+    assert store.create_run(given)
+    assert store.get_run("stamp-new").dispatched_at is None

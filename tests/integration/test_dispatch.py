@@ -3,11 +3,13 @@ commands, on PostgreSQL with inline dispatch (Celery workers: test_celery_worker
 
 from __future__ import annotations
 
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
+from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext, override_settings
 
 import durable_agents as da
@@ -73,10 +75,12 @@ def test_start_of_a_gated_run_pauses_for_approval():
 
 
 def _queued(run_id: str, agent: str = "echo", **changes) -> None:
+    """A run left an hour ago (recovery waits an interval after a hand-over)."""
     store = DjangoStore()
     store.create_run(RunInfo(run_id=run_id, agent=agent, input="where is order 7?"))
     if changes:
         store.update_run(run_id, changes)
+    Run.objects.filter(run_id=run_id).update(updated_at=Now() - timedelta(hours=1))
 
 
 def test_recovery_drives_runs_nobody_drives_and_skips_the_rest():

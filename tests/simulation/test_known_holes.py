@@ -29,9 +29,9 @@ from .world import Config, World
 
 # Seeds that broke the promise as hole 1 / hole 2 on this engine with that fix reverted
 # (docs/simulation.md, "Holes 1 and 2, reverted"), and keep it with the fix. Hole 2: charges
-# in flight when the fork was made (511, 441), a notify run again under a new key (160, 528).
-HOLE_1_SEEDS = (118, 271, 384)
-HOLE_2_SEEDS = (511, 441, 160, 528)
+# in flight when the fork was made (9, 205), a notify run again under a new key (210, 969).
+HOLE_1_SEEDS = (271, 644, 694)
+HOLE_2_SEEDS = (9, 205, 210, 969)
 
 
 def reaches_hole_1(w: World) -> bool:

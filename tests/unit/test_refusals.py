@@ -83,9 +83,10 @@ def test_recovery_backs_off_and_stops_after_its_attempts(store, clock):
     store.create_run(RunInfo(run_id="waits", agent="u-reader", input="go"))
     passes = []
     for _ in range(20):
-        passes.append(recover(store=store, policy=policy))
+        passes.append(recover(store=store, policy=policy, interval=1))
         clock.t += 5
-    assert all("waits" in sent for sent in passes), "a queued run is handed over every pass"
+    # A queued run is handed over again after 1, 2, 4… times its wait (never flooding).
+    assert [i for i, sent in enumerate(passes) if "waits" in sent] == [1, 2, 4, 8, 16]
     dies = [i for i, sent in enumerate(passes) if "dies" in sent]
     assert len(dies) == 3 and dies[1] - dies[0] < dies[2] - dies[1], "the delays grow"
     run = store.get_run("dies")

@@ -4,10 +4,18 @@ times.
 A pass lists, through the store's index of unfinished agent runs, the ones whose lease is
 free and that are
 
-* ``queued`` — a hand-over that never arrived (a lost message): handed over again on every
-  pass; that is cheap, and a driver that finds the run busy or done just stops;
+* ``queued`` — a hand-over that never arrived (a lost message): handed over again (see
+  below on how often); a driver that finds the run busy or done just stops;
 * ``running`` — its driver died mid-drive (a crash, a kill): that counts as a failed attempt;
 * ``failed`` with a retryable error.
+
+Recovery never floods the broker: a run handed to a driver less than one recovery interval
+ago (by recovery, whose hand-overs the row records in ``dispatched_at``, or by whoever made it
+``queued``) is not sent again; its message may still be waiting in a busy queue. A run that
+stays queued after that is sent again once it has waited as long again as it had waited when
+last sent (after 1, 2, 4, 8… intervals, at most ``MAX_RESEND_WAIT`` apart): with no worker
+consuming, its messages grow with the logarithm of its wait, not with the number of passes.
+Of two passes at once, one sends (``Store.mark_dispatched``).
 
 A run whose drive failed or whose driver died is handed over again at once the first time,
 then after a growing delay (judged by the store's clock from the row's last change), and at
@@ -20,7 +28,7 @@ not agent runs, are never touched. The cost of a pass depends on the unfinished 
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from .. import runtime
 from ..ports import FAILED, QUEUED, RUNNING, RunInfo, Store
@@ -29,14 +37,42 @@ from ..retry import DRIVER_LOST, EXHAUSTED, RetryPolicy, due_at
 log = logging.getLogger("durable_agents.recovery")
 
 RECOVERABLE = (QUEUED, RUNNING, FAILED)
+# The longest a run that stays queued waits between two hand-overs by recovery (seconds).
+MAX_RESEND_WAIT = 3600.0
+
+
+def last_handed_over(run: RunInfo) -> datetime | None:
+    """When ``run`` was last handed to a driver, as far as its row tells: recovery's stamp,
+    or for a queued run the moment it became queued (whoever queued it handed it over)."""
+    times = [run.dispatched_at, run.updated_at if run.status == QUEUED else None]
+    return max((t for t in times if t is not None), default=None)
+
+
+def resend_at(run: RunInfo, interval: float) -> datetime | None:
+    """The earliest time recovery may hand ``run`` over again (None: no hand-over known)."""
+    last = last_handed_over(run)
+    if last is None:
+        return None
+    wait = interval
+    sent, queued = run.dispatched_at, run.updated_at
+    if run.status == QUEUED and sent is not None and queued is not None and sent > queued:
+        # Still queued after recovery sent it: wait as long again as it had waited then.
+        wait = max(interval, min((sent - queued).total_seconds(), MAX_RESEND_WAIT))
+    return last + timedelta(seconds=wait)
 
 
 def recover(
-    *, store: Store | None = None, policy: RetryPolicy | None = None, batch: int = 500
+    *,
+    store: Store | None = None,
+    policy: RetryPolicy | None = None,
+    batch: int = 500,
+    interval: float | None = None,
 ) -> list[str]:
-    """One recovery pass; returns the run ids it handed to a driver."""
+    """One recovery pass; returns the run ids it handed to a driver. ``interval``: the
+    recovery interval (by default the configured one); 0 sends every run nobody drives again."""
     store = store or runtime.store()
     policy = policy or runtime.retry_policy()
+    interval = runtime.recovery_interval() if interval is None else interval
     now = store.now()
     sent: list[str] = []
     after: str | None = None
@@ -45,7 +81,12 @@ def recover(
             limit=batch, after=after, statuses=RECOVERABLE, lease_free=True
         )
         for run in runs:
-            if _hand_over(store, run, policy, now):
+            again = resend_at(run, interval) if interval > 0 else None
+            if again is not None and now < again:
+                continue  # handed over less than an interval ago: maybe still in the queue
+            if _hand_over(store, run, policy, now) and store.mark_dispatched(
+                run.run_id, seen=run.dispatched_at
+            ):
                 runtime.dispatch(run.run_id)
                 sent.append(run.run_id)
         if len(runs) < batch:

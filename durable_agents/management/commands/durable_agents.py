@@ -54,6 +54,11 @@ class Command(BaseCommand):
         )
         runs.add_argument("--json", action="store_true", help="one JSON document on stdout")
         runs.add_argument("--limit", type=int, default=1000)
+        runs.add_argument(
+            "--stalled",
+            action="store_true",
+            help="only runs queued for several recovery intervals with no driver",
+        )
 
         command("recover", "one recovery pass: hand runs nobody drives to a driver")
 
@@ -97,13 +102,21 @@ class Command(BaseCommand):
 
     def _runs(self, options: dict[str, Any]) -> None:
         from durable_agents.engine.commands.runs import pending
+        from durable_agents.queue_health import stalled_runs
 
-        runs = pending(limit=options["limit"], statuses=options["status"])
+        health = stalled_runs(limit=options["limit"])
+        statuses = ["queued"] if options["stalled"] else options["status"]
+        runs = pending(limit=options["limit"], statuses=statuses)
+        if options["stalled"]:
+            stalled = {run_id for run_id, _ in health.oldest}
+            runs = [r for r in runs if r.run_id in stalled]
+        if health:  # on stderr, so --json stays one document
+            self.stderr.write(f"warning: {health.message()}")
         if options["json"]:
             self.stdout.write(json.dumps([r.to_json() for r in runs], indent=2))
             return
         if not runs:
-            self.stdout.write("no unfinished runs")
+            self.stdout.write("no stalled runs" if options["stalled"] else "no unfinished runs")
             return
         for run in runs:
             tries = f", {run.attempts} failed attempt(s)" if run.attempts else ""

@@ -1,0 +1,20 @@
+"""The example's docker-compose.yml runs the worker and beat under a restart policy (issue
+17): a worker or beat that exits after a long broker outage, or on an error Celery calls
+unrecoverable, is not replaced by Celery itself. There is no Docker engine in the suite, so
+this reads the file as compose would (YAML)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_worker_and_beat_restart_unless_stopped():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert services["worker"]["restart"] == "unless-stopped"
+    assert services["beat"]["restart"] == "unless-stopped"
+    assert "celery" in services["worker"]["command"] and "beat" in services["beat"]["command"]
