@@ -23,7 +23,8 @@ from django.conf import settings as django_settings
 from django.core import checks
 
 from . import conf
-from .registry import AgentPathError, agents_at
+from .engine.errors import AgentPathError
+from .registry import agents_at
 from .schedule import RECOVER_TASK
 
 SETTINGS_HINT = (

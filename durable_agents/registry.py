@@ -17,16 +17,10 @@ from django.utils.module_loading import import_string
 
 from .conf import get_settings
 from .engine.agent import Agent
-from .engine.errors import ConfigError
+from .engine.errors import AgentPathError, ConfigError
 
 _loaded: set[tuple[str, ...]] = set()
 _lock = threading.Lock()
-
-
-class AgentPathError(ConfigError):
-    """An ``AGENTS`` entry cannot be imported, or defines no agent."""
-
-    code = "config.agents"
 
 
 def agents_at(path: str) -> list[Agent]:

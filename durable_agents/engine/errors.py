@@ -64,6 +64,13 @@ class Conflict(ConfigError):
     http_status = 409
 
 
+class AgentPathError(ConfigError):
+    """An entry of the site's agent list (``DURABLE_AGENTS['AGENTS']``) cannot be imported,
+    or defines no agent."""
+
+    code = "config.agents"
+
+
 class ModelError(DurableAgentsError):
     """A model provider call failed. ``retryable`` says whether a later attempt can succeed."""
 
