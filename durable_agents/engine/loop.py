@@ -720,7 +720,15 @@ class Driver:
         pauses, self._pauses = self._pauses, []
         waits = [w for p in pauses for w in p.details.get("waits") or ()]
         wakes = [w for p in pauses for w in p.details.get("wakes") or ()]
-        self._update(status=AWAITING_INPUT, attempts=0, last_error=None)
+        # Only from running: an answer or a signal that landed meanwhile queued the run,
+        # and a queued run is one recovery hands over, whatever happens to this driver
+        # next. (The drive looks at the journal again once it lets the run go.)
+        self.store.update_run(
+            self.run_id,
+            {"status": AWAITING_INPUT, "attempts": 0, "last_error": None},
+            fence=self.fence,
+            if_status=[RUNNING],
+        )
         kind = next((type(p) for p in pauses if isinstance(p, InterruptPending)), SignalPending)
         message = (
             pauses[0].message

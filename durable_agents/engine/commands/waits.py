@@ -20,7 +20,7 @@ from ..errors import (
     ProtocolError,
 )
 from ..journal import Journal, now_ms
-from ..ports import AWAITING_INPUT, KIND_AGENT, QUEUED, TERMINAL_STATUSES, Store
+from ..ports import AWAITING_INPUT, KIND_AGENT, QUEUED, RUNNING, TERMINAL_STATUSES, Store
 from ..records import encode, refuse_nul
 from ..waits import INTERRUPT, SIGNAL, OpenWait, open_waits
 
@@ -87,7 +87,9 @@ def answer_interrupt(
                 "first answer stands",
                 standing={"value": rec.get("value"), "by": rec.get("by")},
             )
-        return WaitOutcome(run_id, name, rec.get("value"), False, _wake(store, run_id))
+        # The same answer again finishes what a first one that stopped early left undone.
+        woke = _wake(store, run_id, running=False)
+        return WaitOutcome(run_id, name, rec.get("value"), False, woke)
     store.log_action(identity.logged(actor, "answer", run_id, name, {"value": value}))
     failpoints.hit(f"after-answer:{name}")
     return WaitOutcome(run_id, name, value, True, _wake(store, run_id))
@@ -169,12 +171,15 @@ def _check_json(value: Any, what: str) -> None:
         raise InterruptAnswerInvalid(f"{what} cannot be recorded: {exc}") from None
 
 
-def _wake(store: Store, run_id: str) -> bool:
+def _wake(store: Store, run_id: str, *, running: bool = True) -> bool:
     """Hand a run paused on input back to a driver (queued first: if the hand-over fails,
-    recovery picks it up). A run not paused is left alone: its driver looks at the journal
-    again once it lets the run go."""
+    recovery picks it up). A run being driven is queued too: its driver pauses only from
+    ``running``, so it cannot hide the wake-up behind a pause, even if it dies right after
+    (recovery hands a queued run over once its lease is free)."""
     moved = store.update_run(
-        run_id, {"status": QUEUED, "attempts": 0, "last_error": None}, if_status=[AWAITING_INPUT]
+        run_id,
+        {"status": QUEUED, "attempts": 0, "last_error": None},
+        if_status=[AWAITING_INPUT, RUNNING] if running else [AWAITING_INPUT],
     )
     if moved:
         runtime.dispatch(run_id)
