@@ -28,7 +28,7 @@ from typing import Any
 
 import pydantic
 
-from . import answers, names
+from . import answers, failpoints, names
 from .errors import InterruptPending, SignalPending, WaitError, WaitNameTaken, WaitNotRetrySafe
 from .journal import Journal
 from .ports import Store
@@ -144,7 +144,11 @@ class CallWaits:
         if rec is None:
             full = {**body, "name": name, "call_id": self.call_id, "tool": self.tool_name}
             refuse_nul(full, f"wait {name!r}")
-            rec, _ = self.journal.write(self.run_id, names.wait(name), full, fence=self.fence)
+            rec, inserted = self.journal.write(
+                self.run_id, names.wait(name), full, fence=self.fence
+            )
+            if inserted:
+                failpoints.hit(f"after-wait:{name}")
         if rec.get("call_id") != self.call_id or rec.get("kind") != body["kind"]:
             raise WaitNameTaken(
                 f"run {self.run_id!r} already has a wait called {name!r} ({rec.get('kind')} "
