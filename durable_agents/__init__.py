@@ -13,6 +13,7 @@ from .engine.commands.halts import resolve_halt
 from .engine.commands.recovery import recover
 from .engine.commands.runs import PendingRun, cancel, pending, resume
 from .engine.commands.sessions import SendResult, Session
+from .engine.commands.waits import WaitOutcome, answer_interrupt, signal
 from .engine.definition import ModelRetry, RunResult
 from .engine.errors import (
     AgentDrift,
@@ -30,6 +31,9 @@ from .engine.errors import (
     HaltInFlight,
     HaltOrphaned,
     HaltTooYoung,
+    InterruptAlreadyAnswered,
+    InterruptAnswerInvalid,
+    InterruptNotFound,
     InterruptPending,
     JournalVersionError,
     LeaseLost,
@@ -45,11 +49,15 @@ from .engine.errors import (
     TimerPending,
     ToolError,
     ToolOutcomeUnknown,
+    WaitError,
+    WaitNameTaken,
+    WaitNotRetrySafe,
 )
 from .engine.identity import Actor
 from .engine.journal import Journal
 from .engine.steps import Comparison, Step, as_of, compare, history
 from .engine.tools import Tool, ToolContext, tool
+from .engine.waits import TimedOut
 
 __all__ = [
     "Actor",
@@ -71,6 +79,9 @@ __all__ = [
     "HaltInFlight",
     "HaltOrphaned",
     "HaltTooYoung",
+    "InterruptAlreadyAnswered",
+    "InterruptAnswerInvalid",
+    "InterruptNotFound",
     "InterruptPending",
     "Journal",
     "JournalVersionError",
@@ -92,11 +103,17 @@ __all__ = [
     "SignalPending",
     "Step",
     "StorageError",
+    "TimedOut",
     "TimerPending",
     "Tool",
     "ToolContext",
     "ToolError",
     "ToolOutcomeUnknown",
+    "WaitError",
+    "WaitNameTaken",
+    "WaitNotRetrySafe",
+    "WaitOutcome",
+    "answer_interrupt",
     "approve",
     "as_of",
     "cancel",
@@ -108,5 +125,6 @@ __all__ = [
     "recover",
     "resolve_halt",
     "resume",
+    "signal",
     "tool",
 ]

@@ -279,6 +279,41 @@ class HaltOrphaned(HaltError):
     http_status = 409
 
 
+# -- waits (interrupts, signals) ----------------------------------------------------------
+
+
+class WaitError(ConfigError):
+    code = "wait.invalid"
+
+
+class WaitNotRetrySafe(WaitError):
+    """A wait in a tool that is not retry-safe: the tool re-runs from the top until the wait
+    resolves, so its side effects before the wait would run again."""
+
+    code = "config.wait_not_retry_safe"
+
+
+class WaitNameTaken(WaitError):
+    """Two calls of one run wait under one name: a name is one wait, resolved once."""
+
+    code = "config.wait_name_taken"
+    http_status = 409
+
+
+class InterruptNotFound(WaitError):
+    code = "interrupt.not_found"
+    http_status = 404
+
+
+class InterruptAnswerInvalid(WaitError):
+    code = "interrupt.invalid_answer"
+
+
+class InterruptAlreadyAnswered(WaitError):
+    code = "interrupt.already_answered"
+    http_status = 409
+
+
 # -- pauses ------------------------------------------------------------------------------
 
 

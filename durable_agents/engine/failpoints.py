@@ -6,7 +6,9 @@ dictionary lookup. Points: ``after-start``, ``after-model:<n>``, ``after-attempt
 ``after-result:<call>``, ``after-session-journal``, ``after-fork-row`` (a fork's row exists,
 nothing is copied yet), ``after-decision:<call>`` (a decision is journaled; its request and
 run are not updated yet), ``after-resolution:<call>`` (a halt's outcome is journaled; its run
-and halt row are not updated yet).
+and halt row are not updated yet), ``after-wait:<name>`` (a tool's wait is journaled; the
+run is not paused yet), ``after-answer:<name>`` / ``after-signal:<name>`` (an answer or a
+signal is journaled; the run is not handed over yet).
 """
 
 from __future__ import annotations

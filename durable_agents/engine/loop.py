@@ -40,6 +40,7 @@ from .errors import (
     Conflict,
     DriveStopped,
     DurableAgentsError,
+    InterruptPending,
     LeaseLost,
     ModelError,
     OutcomeUnknown,
@@ -47,8 +48,10 @@ from .errors import (
     ProtocolError,
     ResumeToolMissing,
     RunBusy,
+    SignalPending,
     ToolArgumentsError,
     ToolOutcomeUnknown,
+    WaitError,
 )
 from .fingerprint import diff, tools_digest
 from .journal import Journal, RunLog
@@ -60,6 +63,7 @@ from .ports import (
     APPROVAL_PENDING,
     APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
+    AWAITING_INPUT,
     CANCELLED,
     FAILED,
     FINISHED,
@@ -76,6 +80,7 @@ from .records import Record, decode, encode, refuse_nul, validate_run_id
 from .redact import error_text
 from .tools import Tool, ToolContext
 from .transcript import RunState, outcome_of
+from .waits import CallWaits
 
 log = logging.getLogger("durable_agents")
 
@@ -136,11 +141,14 @@ def drive(
                 log.fence = lease.token
                 log.refresh(since_last=True)
                 return Driver(agent, store, run_id, lease, log).drive(input, seed)
-        except ApprovalPending as pause:
-            # A decision that landed while this driver still held the lease was handed to a
-            # driver that found the run busy: having released the lease, look once more.
-            decisions = pause.details.get("decisions") or ()
-            if not any(journal.get(run_id, name) is not None for name in decisions):
+        except (ApprovalPending, InterruptPending, SignalPending) as pause:
+            # A decision, an answer or a signal that landed while this driver still held the
+            # lease was handed to a driver that found the run busy: having released the
+            # lease, look once more.
+            wakes = list(pause.details.get("decisions") or ()) + list(
+                pause.details.get("wakes") or ()
+            )
+            if not any(journal.get(run_id, name) is not None for name in wakes):
                 raise
 
 
@@ -278,6 +286,9 @@ class Driver:
         # What this drive's tools returned after its lease was lost: kept as evidence.
         self._fenced_out: LeaseLost | None = None
         self._unknown: dict[str, tuple[_Gate, int, Any]] = {}
+        # The waits this turn's calls paused on, and a wait refused as misuse.
+        self._pauses: list[InterruptPending | SignalPending] = []
+        self._misuse: WaitError | None = None
 
     @staticmethod
     def check_start(agent: Agent, run_id: str, state: RunState, input: Any) -> None:
@@ -656,6 +667,10 @@ class Driver:
         halts.extend(self._run_calls(runnable))
         if halts:
             self._halt_run(halts)
+        if self._misuse is not None:
+            raise self._misuse
+        if self._pauses and not gates:
+            self._pause_on_waits()
         if gates:
             assert self.state.start is not None
             for g in gates:
@@ -699,6 +714,28 @@ class Driver:
                     for g in gates
                 ],
             )
+
+    def _pause_on_waits(self) -> None:
+        """Every call that could settle did; the others wait for an answer or a signal."""
+        pauses, self._pauses = self._pauses, []
+        waits = [w for p in pauses for w in p.details.get("waits") or ()]
+        wakes = [w for p in pauses for w in p.details.get("wakes") or ()]
+        # Only from running: an answer or a signal that landed meanwhile queued the run,
+        # and a queued run is one recovery hands over, whatever happens to this driver
+        # next. (The drive looks at the journal again once it lets the run go.)
+        self.store.update_run(
+            self.run_id,
+            {"status": AWAITING_INPUT, "attempts": 0, "last_error": None},
+            fence=self.fence,
+            if_status=[RUNNING],
+        )
+        kind = next((type(p) for p in pauses if isinstance(p, InterruptPending)), SignalPending)
+        message = (
+            pauses[0].message
+            if len(pauses) == 1
+            else (f"run {self.run_id!r} waits for {', '.join(repr(w) for w in waits)}")
+        )
+        raise kind(message, run_id=self.run_id, waits=waits, wakes=wakes)
 
     def _decision(self, call: ToolCall, args: dict[str, Any]) -> tuple[Record | None, Any]:
         """The decision that lets ``call`` run with ``args``, or (None, the arguments it
@@ -841,11 +878,23 @@ class Driver:
             call_id=gate.call.id,
             tool_name=gate.tool.name,
             idempotency_key=gate.tool.key_for(self.origin, gate.call.id, gate.args),
+            _waits=CallWaits(
+                self.store,
+                self.run_id,
+                gate.call.id,
+                gate.tool.name,
+                retry_safe=gate.tool.safety.retry_safe,
+                fence=self.fence,
+            ),
         )
         try:
             return "ok", gate.tool.invoke(gate.args, ctx)
         except ToolOutcomeUnknown as exc:
             return "unknown", error_text(exc)
+        except (InterruptPending, SignalPending) as pause:
+            return "pause", pause
+        except WaitError as exc:
+            return "misuse", exc
         except Pause:
             raise
         except Exception as exc:
@@ -860,6 +909,12 @@ class Driver:
         """Record a call's outcome. A driver that lost its lease meanwhile records nothing:
         what its tool returned is kept as evidence (``@late/<call>/<attempt>``) instead."""
         kind, value = outcome
+        if kind == "pause":
+            self._pauses.append(value)
+            return None
+        if kind == "misuse":
+            self._misuse = self._misuse or value
+            return None
         if kind == "unknown" and not gate.tool.safety.retry_safe:
             # No result: the tool cannot tell whether its effect happened, so the run halts
             # on its live claim once the rest of this turn's calls have settled.

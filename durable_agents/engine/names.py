@@ -38,6 +38,10 @@ NOT_STARTED = "not-started:"
 APPROVAL = "approval:"
 STEP = "step:"
 USER = "user:"
+WAIT = "wait:"  # a tool asked a question or awaits a signal (its request, first writer wins)
+INPUT = "input:"  # a person's answer to an interrupt (first answer wins)
+SIGNAL = "signal:"  # a signal delivered to the run (first payload wins), awaited or not yet
+WAITED = "waited:"  # how an awaited signal resolved: its payload, or the timeout (once)
 # "@..." records are evidence beside the run's steps, never replayed into its transcript.
 SPEND = "@spend/"
 LATE = "@late/"
@@ -90,6 +94,40 @@ def parse_attempt(name: str) -> tuple[str, int] | None:
 def user(step_number: int) -> str:
     """A user message a fork appended after step ``step_number``."""
     return f"{USER}{step_number}"
+
+
+_WAIT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+
+
+def validate_wait_name(name: object) -> str:
+    """A wait's name (an interrupt's or a signal's): the caller's own, unique in its run."""
+    if not isinstance(name, str) or not _WAIT_NAME.fullmatch(name):
+        raise ConfigError(
+            f"invalid wait name {name!r}: a wait name is 1-100 characters of A-Za-z0-9_.- "
+            "(e.g. 'warehouse' or 'payment.confirmed')",
+            code="config.wait_name",
+        )
+    return name
+
+
+def wait(name: str) -> str:
+    """The request of the wait called ``name``: what it asks, by which call."""
+    return f"{WAIT}{name}"
+
+
+def interrupt_answer(name: str) -> str:
+    """The answer a person gave to the interrupt called ``name``."""
+    return f"{INPUT}{name}"
+
+
+def signal(name: str) -> str:
+    """The signal called ``name`` as delivered (before or after anyone awaits it)."""
+    return f"{SIGNAL}{name}"
+
+
+def waited(name: str) -> str:
+    """How the await of signal ``name`` resolved: delivered or timed out, decided once."""
+    return f"{WAITED}{name}"
 
 
 def drift(fingerprint_hash: str) -> str:

@@ -62,11 +62,35 @@ class ToolContext:
     idempotency_key: str
     _counter: int = field(default=0, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # The call's waits (``engine.waits.CallWaits``), set by the driver.
+    _waits: Any = field(default=None, repr=False)
 
     def once_key(self) -> str:
         with self._lock:
             self._counter += 1
             return f"{self.idempotency_key}:{self._counter}"
+
+    def interrupt(self, name: str, prompt: str, schema: Any = None) -> Any:
+        """Ask a person ``prompt`` and return their answer, checked against ``schema`` (a
+        pydantic model class, returned as an instance, or a JSON schema dict). Until it is
+        answered the run pauses ``awaiting_input`` and this tool runs again from the top
+        once it is: only a retry-safe tool may wait (see docs/waiting.md)."""
+        return self._run_waits().interrupt(name, prompt, schema)
+
+    def await_signal(self, name: str, timeout: float | None = None) -> Any:
+        """The payload of the signal ``name`` (``durable_agents.signal``), delivered before
+        or after this wait; with ``timeout`` (seconds), a ``TimedOut`` if the timeout won.
+        The outcome is decided once. Only a retry-safe tool may wait."""
+        return self._run_waits().await_signal(name, timeout)
+
+    def _run_waits(self) -> Any:
+        if self._waits is None:
+            raise ConfigError(
+                f"tool {self.tool_name!r} was called outside a run: it can wait only when a "
+                "run's driver calls it",
+                code="config.wait_outside_run",
+            )
+        return self._waits
 
 
 def call_key(run_id: str, call_id: str) -> str:

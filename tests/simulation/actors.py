@@ -18,6 +18,8 @@ from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.errors import (
     DriveStopped,
     DurableAgentsError,
+    InterruptAlreadyAnswered,
+    InterruptAnswerInvalid,
     LeaseLost,
     Pause,
     RunBusy,
@@ -26,7 +28,7 @@ from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import AWAITING_APPROVAL, HALTED
 
 from . import world as W
-from .agent import AGENT, NOT_HAPPENED, SESSION, Plans, is_agent_run
+from .agent import AGENT, ANSWERS, NOT_HAPPENED, SESSION, Plans, is_agent_run, parse_plan, wait_name
 from .invariants import effects_seen_by
 
 # -- actors -------------------------------------------------------------------------------
@@ -411,3 +413,69 @@ class Person(Actor):
             return fork_id
 
         return f"fork {run_id} at step {step} patch={kind}", op
+
+
+class Answerer(Actor):
+    """Staff answering a run's questions, and the payment provider sending its callbacks:
+    early (before the run waits), late (after it finished or was cancelled), twice (the same
+    value, or another), or with an answer the question's schema refuses."""
+
+    kind = "answerer"
+
+    def __init__(self, name: str, left: int) -> None:
+        super().__init__(name)
+        self.left = left
+
+    def weight(self, w: W.World) -> int:
+        return 2 if self.left else 0
+
+    def choose(self, w: W.World) -> Op | None:
+        targets = []
+        for run_id in w.runs:
+            start = Journal(w.raw).get(run_id, "run:start") if is_agent_run(run_id) else None
+            plan = start.get("input") if start is not None else None
+            if not isinstance(plan, str) or not plan.startswith("plan:"):
+                continue
+            for step in parse_plan(plan):
+                targets += [(run_id, order) for tool, order, _ in step if tool == "confirm"]
+        if not targets:
+            return None
+        self.left -= 1
+        run_id, order = targets[w.rng.randrange(len(targets))]
+        name = wait_name(order)
+        times = 2 if w.rng.random() < 0.3 else 1
+        if order % 2 == 0:
+            values = [w.rng.choice([*ANSWERS, *ANSWERS, "maybe"]) for _ in range(times)]
+            return f"answer {run_id} {name} {values}", lambda: self._answer(w, run_id, name, values)
+        payloads = [w.rng.randint(1, 9) for _ in range(times)]
+        return f"signal {run_id} {name} {payloads}", lambda: self._signal(w, run_id, name, payloads)
+
+    def _answer(self, w: W.World, run_id: str, name: str, values: list[Any]) -> str:
+        did = []
+        for value in values:
+            sent = w.answers.setdefault((run_id, name), [])
+            try:
+                out = da.answer_interrupt(run_id, name, value, by=self.name, store=w.store)
+            except InterruptAnswerInvalid:
+                sent.append((value, "invalid"))
+            except InterruptAlreadyAnswered:
+                sent.append((value, "refused"))
+            except DurableAgentsError as exc:
+                sent.append((value, exc.code))
+            else:
+                sent.append((value, "recorded" if out.recorded else "same"))
+            did.append(sent[-1][1])
+        return ", ".join(did)
+
+    def _signal(self, w: W.World, run_id: str, name: str, payloads: list[Any]) -> str:
+        did = []
+        for payload in payloads:
+            sent = w.signals.setdefault((run_id, name), [])
+            try:
+                out = da.signal(run_id, name, payload, store=w.store)
+            except DurableAgentsError as exc:
+                sent.append((payload, exc.code))
+            else:
+                sent.append((payload, "recorded" if out.recorded else "duplicate"))
+            did.append(sent[-1][1])
+        return ", ".join(did)

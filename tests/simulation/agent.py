@@ -118,6 +118,39 @@ def book(order: int, slot: int, ctx: ToolContext) -> Any:
     return _act("book", {"order": order, "slot": slot}, ctx)
 
 
+ANSWERS = ["yes", "no"]  # what a person may answer; anything else is refused
+
+
+def wait_name(order: int) -> str:
+    """An even order asks staff (an interrupt), an odd one awaits the payment (a signal)."""
+    return f"ok-{order}" if order % 2 == 0 else f"paid-{order}"
+
+
+def confirm(order: int, ctx: ToolContext) -> Any:
+    """Ask staff to confirm an order, or wait for its payment (read-only: it re-runs)."""
+    w = W.CURRENT
+    assert w is not None
+    w.point(f"tool confirm {ctx.call_id} start")
+    name = wait_name(order)
+    if order % 2 == 0:
+        value = ctx.interrupt(
+            name, f"Ship order {order}?", schema={"type": "string", "enum": ANSWERS}
+        )
+    else:
+        value = ctx.await_signal(name)
+    entry = w.record(
+        "confirm",
+        ctx.run_id,
+        ctx.call_id,
+        {"order": order},
+        "",
+        {"wait": name, "value": value},
+        effect=False,
+    )
+    w.point(f"tool confirm {ctx.call_id} done")
+    return entry.value
+
+
 TOOLS = {
     "lookup": da.tool(lookup, name="lookup", read_only=True),
     "charge_v1": da.tool(charge_v1, name="charge"),
@@ -126,6 +159,7 @@ TOOLS = {
     "refund_v2": da.tool(refund_v2, name="refund", requires_approval=True),
     "notify": da.tool(notify, name="notify", idempotent=True),
     "book": da.tool(book, name="book", idempotency_key=lambda a: f"book-{a['order']}"),
+    "confirm": da.tool(confirm, name="confirm", read_only=True),
 }
 
 # -- the model ----------------------------------------------------------------------------
@@ -285,6 +319,7 @@ class Deploy:
         if not self.no_notify:
             tools.append(TOOLS["notify"])
         tools.append(TOOLS["book"])
+        tools.append(TOOLS["confirm"])
         return da.Agent(
             AGENT,
             MODEL,
@@ -320,6 +355,11 @@ class Plans:
     def __init__(self, w: W.World) -> None:
         self.w = w
         self.next_order = 1
+        self.tools = ["charge", "charge", "charge", "refund", "notify", "book"]
+        # Waits (issue 15) came after the seeds of the known holes were found: without the
+        # answerer, a seed draws what it drew before, so those seeds keep their schedules.
+        if "answerer" in w.config.actors:
+            self.tools.append("confirm")
 
     def make(self) -> str:
         rng = self.w.rng
@@ -327,7 +367,7 @@ class Plans:
         for _ in range(rng.randint(1, 3)):
             ops = []
             for _ in range(rng.randint(1, 2)):
-                tool = rng.choice(["charge", "charge", "charge", "refund", "notify", "book"])
+                tool = rng.choice(self.tools)
                 amount = 0
                 if tool in UNFLAGGED:
                     amount = rng.choice([20, 20, 40, DECLINED_AMOUNT, UNKNOWN_AMOUNT])

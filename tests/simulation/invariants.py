@@ -20,6 +20,7 @@ from durable_agents.engine.approvals import decision_name
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import (
     AWAITING_APPROVAL,
+    AWAITING_INPUT,
     CANCELLED,
     FAILED,
     FINISHED,
@@ -30,6 +31,7 @@ from durable_agents.engine.ports import (
 )
 from durable_agents.engine.records import Record, encode
 from durable_agents.engine.transcript import RunState
+from durable_agents.engine.waits import open_waits
 
 from . import world as W
 from .agent import GATED, KEYED, NOT_HAPPENED, UNFLAGGED, is_agent_run
@@ -160,6 +162,7 @@ def check_all(w: W.World) -> None:
     check_forks(w, ix)
     check_agent_runs(w, ix)
     check_steps(w, ix)
+    check_waits(w, ix)
     check_as_we_go(w)
 
 
@@ -427,6 +430,18 @@ def check_rows(w: W.World, ix: Index) -> None:
                 f"run {run_id} awaits approval with nothing left to decide",
                 hole="new" if any(n.startswith("approval:") for n in names) else "?",
             )
+        if row.status == AWAITING_INPUT:
+            waits = open_waits(ix.records[run_id])
+            if not waits:
+                w.violate("rows_agree", f"run {run_id} awaits input with nothing left to wait for")
+            for wait in waits:
+                if wait.signal_delivered:
+                    w.violate(
+                        "rows_agree",
+                        f"run {run_id} awaits signal {wait.name}, which was delivered: a lost "
+                        "wake-up",
+                        hole="new",
+                    )
         if row.status == FAILED and not row.last_error:
             w.violate("rows_agree", f"run {run_id} failed without an error", hole="6")
         if (
@@ -631,3 +646,82 @@ INVARIANTS = (
     "terminates",
     "no_internal_errors",
 )
+
+
+def check_waits(w: W.World, ix: Index) -> None:
+    """An answer or a signal is recorded once, the first one wins everywhere (the journal,
+    the tool's result), and a signal is consumed by the one call that awaited it."""
+    for (run_id, name), sent in [*w.answers.items(), *w.signals.items()]:
+        names = ix.names.get(run_id) or {}
+        is_signal = (run_id, name) in w.signals and name.startswith("paid-")
+        rec = names.get(f"signal:{name}" if is_signal else f"input:{name}")
+        journaled = rec.get("payload" if is_signal else "value") if rec is not None else None
+        recorded = [v for v, did in sent if did == "recorded"]
+        if len(recorded) > 1:
+            w.violate(
+                "waits_first_value", f"run {run_id}: {name} was recorded {len(recorded)} times"
+            )
+        if recorded and (rec is None or encode(recorded[0]) != encode(journaled)):
+            w.violate(
+                "waits_first_value",
+                f"run {run_id}: {name} was recorded as {recorded[0]!r}, the journal holds "
+                f"{journaled!r}",
+            )
+        for value, did in sent:
+            if did in ("same", "refused") and rec is None:
+                w.violate("waits_first_value", f"run {run_id}: {name} {did} with nothing recorded")
+            if did == "same" and encode(value) != encode(journaled):
+                w.violate("waits_first_value", f"run {run_id}: {name}: {value!r} taken as the same")
+            if did == "refused" and encode(value) == encode(journaled):
+                w.violate("waits_first_value", f"run {run_id}: {name}: its own value refused")
+            if did == "invalid" and value in ("yes", "no"):
+                w.violate("waits_first_value", f"run {run_id}: a valid answer {value!r} refused")
+        if rec is not None and not is_signal and journaled not in ("yes", "no"):
+            w.violate(
+                "waits_first_value", f"run {run_id}: an invalid answer {journaled!r} recorded"
+            )
+    for run_id in w.runs:
+        names = ix.names.get(run_id) or {}
+        for rec in names.values():
+            if not rec.name.startswith("wait:"):
+                continue
+            name, call = rec.get("name"), rec.get("call_id")
+            waited = names.get(f"waited:{name}")
+            answer = names.get(f"input:{name}")
+            if waited is not None and waited.get("call_id") != call:
+                w.violate(
+                    "signals_consumed_once",
+                    f"run {run_id}: signal {name} awaited by {call} was consumed by "
+                    f"{waited.get('call_id')}",
+                )
+            delivered = names.get(f"signal:{name}")
+            if waited is not None and (
+                delivered is None
+                or encode(waited.get("payload")) != encode(delivered.get("payload"))
+            ):
+                w.violate(
+                    "signals_consumed_once", f"run {run_id}: {name} resolved to another payload"
+                )
+            result = names.get(f"tool:{call}")
+            if result is None or result.get("is_error") or result.get("reconciled"):
+                continue
+            want = answer.get("value") if answer is not None else None
+            if waited is not None:
+                want = waited.get("payload")
+            got = (result.get("result") or {}).get("value")
+            if (answer is None and waited is None) or encode(got) != encode(want):
+                w.violate(
+                    "waits_first_value",
+                    f"run {run_id}: call {call} returned {got!r} for {name}, the journal "
+                    f"resolved it to {want!r}",
+                )
+    consumed: dict[tuple[str, Any], list[str]] = defaultdict(list)
+    for e in w.ledger:
+        if e.tool == "confirm" and isinstance(e.value, dict):
+            consumed[(e.run, e.value.get("wait"))].append(e.call)
+    for (run_id, name), calls in consumed.items():
+        if len(set(calls)) > 1:
+            w.violate(
+                "signals_consumed_once",
+                f"run {run_id}: {name} was returned to calls {sorted(set(calls))}",
+            )

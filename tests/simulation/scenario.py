@@ -19,6 +19,7 @@ from durable_agents.engine.ports import CANCELLED, FAILED
 from . import world as W
 from .actors import (
     Actor,
+    Answerer,
     Client,
     Deployer,
     Driver,
@@ -65,6 +66,10 @@ def build(w: W.World) -> None:
         actors += [Webhook("webhook1", rng.randint(1, 4)), Webhook("webhook2", rng.randint(0, 3))]
     if on("stepper", 0.15):
         actors += [Stepper("stepper1", 2), Stepper("stepper2", 1)]
+    # The one exception to "every draw happens whatever the config": a seed without the
+    # answerer draws what it drew before waits existed (see ``Plans``).
+    if "answerer" in cfg.actors and on("answerer", 0.8):
+        actors.append(Answerer("carol", rng.randint(2, 6)))
     w.actors = actors
     w.log(
         "-",

@@ -33,6 +33,8 @@ def test_seeds_keep_the_promise():
         "forks": "person" in config.actors,
         "op: deployer": "deployer" in config.actors,
         "op: webhook": "webhook" in config.actors,
+        "answers recorded": "answerer" in config.actors,
+        "signals recorded": "answerer" in config.actors,
     }
     if len(seeds) >= 500:
         missed = [

@@ -57,7 +57,16 @@ class Config:
     seed: int
     steps: int = 400
     actors: frozenset[str] = frozenset(
-        {"client", "driver", "recovery", "person", "deployer", "webhook", "stepper"}
+        {
+            "client",
+            "driver",
+            "recovery",
+            "person",
+            "deployer",
+            "webhook",
+            "stepper",
+            "answerer",
+        }
     )
     faults: frozenset[str] = frozenset({"crash", "stall", "split"})
     drivers: int = 2
@@ -284,6 +293,9 @@ class World:
         self.approved: dict[tuple[str, str], list[Any]] = {}  # the arguments each approval saw
         self.denied: set[tuple[str, str]] = set()
         self.forks: list[dict[str, Any]] = []
+        # Answers and signals sent from outside: (run, wait name) -> [(value, what it did)].
+        self.answers: dict[tuple[str, str], list[tuple[Any, str]]] = {}
+        self.signals: dict[tuple[str, str], list[tuple[Any, str]]] = {}
         self.fork_snapshots: dict[str, list[Any]] = {}
         self.recovery_rounds: list[list[str]] = []
         self.last_drive: dict[str, str] = {}
@@ -310,6 +322,12 @@ class World:
         found["calls approved"] = len(self.approved)
         found["calls denied"] = len(self.denied)
         found["forks"] = len(self.forks)
+        found["answers recorded"] = sum(
+            1 for sent in self.answers.values() for _, did in sent if did == "recorded"
+        )
+        found["signals recorded"] = sum(
+            1 for sent in self.signals.values() for _, did in sent if did == "recorded"
+        )
         found["effects"] = sum(1 for e in self.ledger if e.effect)
         return found
 

@@ -174,3 +174,42 @@ halting = da.Agent(
     "Charge cards.",
     [charge],
 )
+
+
+# -- waits (issue 15) -----------------------------------------------------------------------
+
+
+@da.tool(read_only=True)
+def ask_warehouse(order: str, ctx: da.ToolContext) -> str:
+    """Ask staff which warehouse ships the order (re-runs until answered: read-only)."""
+    fire(ctx, "ask_warehouse")
+    answer = ctx.interrupt(
+        "warehouse",
+        f"Which warehouse ships {order}?",
+        schema={"type": "string", "enum": ["BER", "HAM"]},
+    )
+    if os.environ.get("DA_CRASH_AFTER_ANSWER") == ctx.call_id:
+        os.kill(os.getpid(), signal.SIGKILL)  # the answer is in; the call's result never is
+    return answer
+
+
+@da.tool
+def ship(order: str, warehouse: str, ctx: da.ToolContext) -> dict:
+    """Ship an order from a warehouse (a side effect: at most once)."""
+    fire(ctx, "ship")
+    return {"shipped": order, "from": warehouse}
+
+
+# Asks staff for the warehouse, then ships from it (the script ships from HAM).
+waiting = da.Agent(
+    "waiting",
+    ScriptedModel(
+        [
+            scripted.calls(scripted.call("ask_warehouse", {"order": "o-7"})),
+            scripted.calls(scripted.call("ship", {"order": "o-7", "warehouse": "HAM"})),
+            scripted.text("shipped"),
+        ]
+    ),
+    "Ship orders.",
+    [ask_warehouse, ship],
+)

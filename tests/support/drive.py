@@ -42,6 +42,8 @@ def drive(agent_name: str, run_id: str, text: str | None) -> dict:
         out = {"status": "halted", "halts": exc.details.get("halts")}
     except da.ApprovalPending as exc:
         out = {"status": "awaiting_approval", "calls": exc.details.get("calls")}
+    except (da.InterruptPending, da.SignalPending) as exc:
+        out = {"status": "awaiting_input", "waits": exc.details.get("waits")}
     except da.RunBusy:
         raise
     except da.DurableAgentsError as exc:

@@ -9,6 +9,7 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from .. import identity, names, runtime
@@ -45,6 +46,7 @@ from ..ports import (
 from ..records import encode, refuse_nul, validate_run_id
 from ..registry import get_agent
 from ..retry import describe
+from ..waits import open_waits
 
 log = logging.getLogger("durable_agents")
 
@@ -61,21 +63,35 @@ _WHY = {
 
 @dataclass(frozen=True)
 class Wait:
-    """One thing a paused run waits on: a call to approve (``approval``) or a call whose
-    outcome a person must record (``halt``)."""
+    """One thing a paused run waits on: a call to approve (``approval``), a call whose
+    outcome a person must record (``halt``), a question for a person (``interrupt``, with
+    its ``name``, ``prompt`` and answer ``schema``) or a signal (``signal``, with its
+    ``name`` and, with a timeout, its ``deadline``)."""
 
     kind: str
     call_id: str
     tool: str
     arguments: Any
+    name: str = ""
+    prompt: str = ""
+    schema: Any = None
+    deadline: datetime | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "kind": self.kind,
             "call_id": self.call_id,
             "tool": self.tool,
             "arguments": self.arguments,
         }
+        if self.name:
+            out.update(
+                name=self.name,
+                prompt=self.prompt,
+                schema=self.schema,
+                deadline=self.deadline.isoformat() if self.deadline else None,
+            )
+        return out
 
 
 @dataclass(frozen=True)
@@ -389,6 +405,13 @@ def pending(
             waits.setdefault(halt.run_id, []).append(
                 Wait("halt", halt.op_id, halt.tool_name, halt.arguments)
             )
+    journal = Journal(store)
+    for r in runs:
+        if r.status == AWAITING_INPUT:
+            for w in open_waits(journal.records(r.run_id)):
+                waits.setdefault(r.run_id, []).append(
+                    Wait(w.kind, w.call_id, w.tool, None, w.name, w.prompt, w.schema, w.deadline)
+                )
     return [
         PendingRun(
             run_id=r.run_id,

@@ -1,0 +1,186 @@
+"""Commands that resolve a run's waits from outside: a person's answer to an interrupt
+(``answer_interrupt``) and a signal (``signal``). Each is idempotent (the first value wins),
+journaled, and hands a run that waits for it to a driver after the record is written.
+
+The rules of the waits themselves (names, records, retry safety) are ``engine.waits``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import answers, failpoints, identity, names, runtime
+from ..errors import (
+    Conflict,
+    InterruptAlreadyAnswered,
+    InterruptAnswerInvalid,
+    InterruptNotFound,
+    NotFound,
+    ProtocolError,
+)
+from ..journal import Journal, now_ms
+from ..ports import AWAITING_INPUT, KIND_AGENT, QUEUED, RUNNING, TERMINAL_STATUSES, Store
+from ..records import encode, refuse_nul
+from ..waits import INTERRUPT, SIGNAL, OpenWait, open_waits
+
+
+@dataclass(frozen=True)
+class WaitOutcome:
+    """What a command did: ``recorded`` False means an equal value was already there (a
+    repeated answer, a duplicate signal) and nothing new was written."""
+
+    run_id: str
+    name: str
+    value: Any
+    recorded: bool
+    woke: bool
+
+
+def answer_interrupt(
+    run_id: str, name: str, value: Any, *, by: Any, store: Store | None = None
+) -> WaitOutcome:
+    """Record ``by``'s answer ``value`` to the interrupt ``name`` of run ``run_id``.
+
+    ``by`` must name one active user holding ``approve_toolcall`` (who may decide a run's
+    gated calls may answer its questions). The answer is checked against the schema the
+    tool asked with; an invalid one is refused (``interrupt.invalid_answer``) and nothing is
+    written. The first answer wins: the same answer again is accepted and changes nothing,
+    another one is refused (``interrupt.already_answered``) with the standing answer.
+    """
+    names.validate_wait_name(name)
+    actor = identity.resolve(by)
+    identity.require(actor, identity.APPROVE_TOOLCALL, "answer a run's question")
+    store = store or runtime.store()
+    journal = Journal(store)
+    _check_exists(store, run_id)
+    standing = journal.get(run_id, names.interrupt_answer(name))
+    if standing is None:
+        _check_open(store, journal, run_id)
+    request = journal.get(run_id, names.wait(name))
+    if request is None or request.get("kind") != INTERRUPT:
+        raise InterruptNotFound(f"run {run_id!r} asked no question called {name!r}")
+    _check_json(value, f"the answer to {name!r}")
+    wrong = answers.problems(request.get("schema"), value)
+    if wrong:
+        raise InterruptAnswerInvalid(
+            f"the answer to {name!r} does not fit its schema: {'; '.join(wrong)}",
+            problems=wrong,
+        )
+    body = {
+        "kind": "input",
+        "name": name,
+        "value": value,
+        "by": actor.username,
+        "by_id": actor.id,
+        "at": now_ms(),
+    }
+    rec, inserted = (
+        (standing, False)
+        if standing is not None
+        else journal.write(run_id, names.interrupt_answer(name), body)
+    )
+    if not inserted:
+        if encode(rec.get("value")) != encode(value):
+            raise InterruptAlreadyAnswered(
+                f"{name!r} of run {run_id!r} was already answered by {rec.get('by')!r}; the "
+                "first answer stands",
+                standing={"value": rec.get("value"), "by": rec.get("by")},
+            )
+        # The same answer again finishes what a first one that stopped early left undone.
+        woke = _wake(store, run_id, running=False)
+        return WaitOutcome(run_id, name, rec.get("value"), False, woke)
+    store.log_action(identity.logged(actor, "answer", run_id, name, {"value": value}))
+    failpoints.hit(f"after-answer:{name}")
+    return WaitOutcome(run_id, name, value, True, _wake(store, run_id))
+
+
+def signal(
+    run_id: str, name: str, payload: Any = None, *, by: Any = None, store: Store | None = None
+) -> WaitOutcome:
+    """Deliver the signal ``name`` with ``payload`` to run ``run_id``: kept in its journal
+    whether or not the run awaits it yet (an early signal is consumed when the wait comes).
+    The first payload wins; a duplicate changes nothing (``recorded`` False). A run waiting
+    for it is handed to a driver. ``by`` is optional (a system sends most signals); when
+    given, it must hold ``cancel_run`` (operate runs) and the signal is in the action log."""
+    names.validate_wait_name(name)
+    actor = None
+    if by is not None:
+        actor = identity.resolve(by)
+        identity.require(actor, identity.OPERATE_RUNS, "send a run a signal")
+    store = store or runtime.store()
+    journal = Journal(store)
+    _check_exists(store, run_id)
+    standing = journal.get(run_id, names.signal(name))
+    if standing is not None:  # a duplicate delivery, even after the run went on
+        return WaitOutcome(run_id, name, standing.get("payload"), False, False)
+    _check_open(store, journal, run_id)
+    _check_json(payload, f"the payload of signal {name!r}")
+    body = {"kind": "signal", "name": name, "payload": payload, "at": now_ms()}
+    if actor is not None:
+        body.update(by=actor.username, by_id=actor.id)
+    rec, inserted = journal.write(run_id, names.signal(name), body)
+    if inserted and actor is not None:
+        store.log_action(identity.logged(actor, "signal", run_id, name, {"payload": payload}))
+    if inserted:
+        failpoints.hit(f"after-signal:{name}")
+    awaited = journal.get(run_id, names.wait(name))
+    woke = False
+    if (
+        awaited is not None
+        and awaited.get("kind") == SIGNAL
+        and journal.get(run_id, names.waited(name)) is None
+    ):
+        woke = _wake(store, run_id)
+    return WaitOutcome(run_id, name, rec.get("payload"), inserted, woke)
+
+
+def waits_of(run_id: str, *, store: Store | None = None) -> list[OpenWait]:
+    """What run ``run_id`` waits for: its questions and signals nothing resolved yet."""
+    store = store or runtime.store()
+    if store.get_run(run_id) is None:
+        raise NotFound(f"no run {run_id!r}", code="run.not_found")
+    return open_waits(Journal(store).records(run_id))
+
+
+def _check_exists(store: Store, run_id: str) -> None:
+    if store.get_run(run_id) is None:
+        raise NotFound(f"no run {run_id!r}", code="run.not_found")
+
+
+def _check_open(store: Store, journal: Journal, run_id: str) -> None:
+    run = store.get_run(run_id)
+    if run is None:
+        raise NotFound(f"no run {run_id!r}", code="run.not_found")
+    if run.kind != KIND_AGENT:
+        raise Conflict(
+            f"run {run_id!r} is a {run.kind} journal, not an agent run", code="run.not_an_agent_run"
+        )
+    if run.status in TERMINAL_STATUSES or journal.get(run_id, names.RUN_CANCELLED) is not None:
+        status = "cancelled" if journal.get(run_id, names.RUN_CANCELLED) else run.status
+        raise Conflict(
+            f"run {run_id!r} is {status}: it waits for nothing any more", code=f"run.{status}"
+        )
+
+
+def _check_json(value: Any, what: str) -> None:
+    try:
+        # The action log keeps the value too, in a column that cannot hold U+0000.
+        refuse_nul(value, what)
+    except ProtocolError as exc:
+        raise InterruptAnswerInvalid(f"{what} cannot be recorded: {exc}") from None
+
+
+def _wake(store: Store, run_id: str, *, running: bool = True) -> bool:
+    """Hand a run paused on input back to a driver (queued first: if the hand-over fails,
+    recovery picks it up). A run being driven is queued too: its driver pauses only from
+    ``running``, so it cannot hide the wake-up behind a pause, even if it dies right after
+    (recovery hands a queued run over once its lease is free)."""
+    moved = store.update_run(
+        run_id,
+        {"status": QUEUED, "attempts": 0, "last_error": None},
+        if_status=[AWAITING_INPUT, RUNNING] if running else [AWAITING_INPUT],
+    )
+    if moved:
+        runtime.dispatch(run_id)
+    return bool(moved)

@@ -1,0 +1,210 @@
+"""Waits inside a tool: a question for a person (``ctx.interrupt``) and a signal from outside
+(``ctx.await_signal``).
+
+A tool that waits does not block a worker: it raises a pause, the run stops durably
+(``awaiting_input``), and when the answer or the signal is journaled the run is handed to a
+driver, which runs the tool again from the top. This time the wait finds its resolution in
+the journal and returns it. That is why a wait is allowed only in a retry-safe tool
+(read-only, idempotent or keyed): whatever the tool did before the wait runs again.
+
+Each wait has a name, unique in its run, and is resolved once:
+
+* ``wait:<name>`` — the request (first encounter): kind, call, prompt and schema, or the
+  signal's deadline. A second call of the run waiting under the same name is refused.
+* ``input:<name>`` — a person's answer (``commands.waits.answer_interrupt``): first wins.
+* ``signal:<name>`` — a delivered signal (``commands.waits.signal``), kept whether or not
+  anything awaits it yet: first payload wins.
+* ``waited:<name>`` — how an await of a signal resolved (the payload, or the timeout):
+  written once, so a signal arriving after the timeout cannot flip it, and the signal is
+  consumed by one call only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pydantic
+
+from . import answers, failpoints, names
+from .errors import InterruptPending, SignalPending, WaitError, WaitNameTaken, WaitNotRetrySafe
+from .journal import Journal
+from .ports import Store
+from .records import Record, refuse_nul
+
+INTERRUPT = "interrupt"
+SIGNAL = "signal"
+OUTCOME_SIGNAL = "signal"
+OUTCOME_TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """What ``ctx.await_signal(name, timeout=...)`` returns when the timeout won."""
+
+    name: str
+    deadline: datetime
+
+
+class CallWaits:
+    """The waits of one tool call in one drive (what a ``ToolContext`` delegates to)."""
+
+    def __init__(
+        self,
+        store: Store,
+        run_id: str,
+        call_id: str,
+        tool_name: str,
+        *,
+        retry_safe: bool,
+        fence: str | None,
+    ) -> None:
+        self.store = store
+        self.journal = Journal(store)
+        self.run_id = run_id
+        self.call_id = call_id
+        self.tool_name = tool_name
+        self.retry_safe = retry_safe
+        self.fence = fence
+
+    def interrupt(self, name: str, prompt: str, schema: Any = None) -> Any:
+        self._check(name, "ctx.interrupt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise WaitError(f"interrupt {name!r}: the prompt is a non-empty string")
+        json_schema = answers.schema_of(schema)
+        self._request(name, {"kind": INTERRUPT, "prompt": prompt, "schema": json_schema})
+        answer = self.journal.get(self.run_id, names.interrupt_answer(name))
+        if answer is None:
+            raise InterruptPending(
+                f"run {self.run_id!r} waits for an answer to {name!r}: {prompt}",
+                run_id=self.run_id,
+                waits=[name],
+                wakes=[names.interrupt_answer(name)],
+            )
+        value = answer.get("value")
+        if isinstance(schema, type) and issubclass(schema, pydantic.BaseModel):
+            return schema.model_validate(value)
+        return value
+
+    def await_signal(self, name: str, timeout: float | None = None) -> Any:
+        self._check(name, "ctx.await_signal")
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            raise WaitError(f"await_signal {name!r}: timeout is a positive number of seconds")
+        now_ms = int(self.store.now().timestamp() * 1000)
+        deadline = now_ms + int(timeout * 1000) if timeout is not None else None
+        request = self._request(name, {"kind": SIGNAL, "deadline_ms": deadline})
+        deadline = request.get("deadline_ms")
+        outcome = self.journal.get(self.run_id, names.waited(name))
+        if outcome is None:
+            delivered = self.journal.get(self.run_id, names.signal(name))
+            if delivered is not None:
+                outcome = self._resolve(
+                    name, {"outcome": OUTCOME_SIGNAL, "payload": delivered.get("payload")}
+                )
+            elif deadline is not None and now_ms >= deadline:
+                outcome = self._resolve(name, {"outcome": OUTCOME_TIMEOUT})
+        if outcome is None:
+            raise SignalPending(
+                f"run {self.run_id!r} waits for signal {name!r}",
+                run_id=self.run_id,
+                waits=[name],
+                wakes=[names.signal(name)],
+                deadline_ms=deadline,
+            )
+        if outcome.get("call_id") != self.call_id:
+            raise WaitNameTaken(
+                f"signal {name!r} of run {self.run_id!r} was consumed by call "
+                f"{outcome.get('call_id')!r}; a signal is consumed once: await another name"
+            )
+        if outcome.get("outcome") == OUTCOME_TIMEOUT:
+            return TimedOut(name, _at(deadline))
+        return outcome.get("payload")
+
+    # -- the journal ----------------------------------------------------------------------
+
+    def _check(self, name: str, what: str) -> None:
+        names.validate_wait_name(name)
+        if not self.retry_safe:
+            raise WaitNotRetrySafe(
+                f"tool {self.tool_name!r} calls {what}({name!r}) but is not retry-safe: a "
+                "waiting tool runs again from the top once the wait resolves, so its side "
+                "effects would repeat. Put the wait in its own tool marked read_only=True, "
+                "idempotent=True or idempotency_key=...",
+            )
+
+    def _request(self, name: str, body: dict[str, Any]) -> Record:
+        rec = self.journal.get(self.run_id, names.wait(name))
+        if rec is None:
+            full = {**body, "name": name, "call_id": self.call_id, "tool": self.tool_name}
+            refuse_nul(full, f"wait {name!r}")
+            rec, inserted = self.journal.write(
+                self.run_id, names.wait(name), full, fence=self.fence
+            )
+            if inserted:
+                failpoints.hit(f"after-wait:{name}")
+        if rec.get("call_id") != self.call_id or rec.get("kind") != body["kind"]:
+            raise WaitNameTaken(
+                f"run {self.run_id!r} already has a wait called {name!r} ({rec.get('kind')} "
+                f"of call {rec.get('call_id')!r}, tool {rec.get('tool')!r}); a wait name is "
+                "one wait in its run: use another name"
+            )
+        return rec
+
+    def _resolve(self, name: str, body: dict[str, Any]) -> Record:
+        full = {"kind": "waited", "name": name, "call_id": self.call_id, **body}
+        rec, _ = self.journal.write(self.run_id, names.waited(name), full, fence=self.fence)
+        return rec
+
+
+def _at(ms: Any) -> datetime:
+    return datetime.fromtimestamp(int(ms) / 1000, tz=UTC)
+
+
+@dataclass(frozen=True)
+class OpenWait:
+    """A wait of a paused run that nothing resolved yet."""
+
+    kind: str
+    name: str
+    call_id: str
+    tool: str
+    prompt: str = ""
+    schema: Any = None
+    deadline: datetime | None = None
+    signal_delivered: bool = False
+
+
+def open_waits(records: list[Record]) -> list[OpenWait]:
+    """The waits in ``records`` (a run's journal) with no resolution yet."""
+    by_name = {r.name: r for r in records}
+    out = []
+    for rec in records:
+        if not rec.name.startswith(names.WAIT):
+            continue
+        name = str(rec.get("name"))
+        if rec.get("kind") == INTERRUPT:
+            if names.interrupt_answer(name) in by_name:
+                continue
+        elif names.waited(name) in by_name:
+            continue
+        deadline = rec.get("deadline_ms")
+        out.append(
+            OpenWait(
+                kind=str(rec.get("kind")),
+                name=name,
+                call_id=str(rec.get("call_id")),
+                tool=str(rec.get("tool") or ""),
+                prompt=str(rec.get("prompt") or ""),
+                schema=rec.get("schema"),
+                deadline=_at(deadline) if deadline is not None else None,
+                signal_delivered=names.signal(name) in by_name,
+            )
+        )
+    return out
