@@ -646,6 +646,15 @@ class Driver:
                 if not decision.get("approved"):
                     self._record_result(call, _rejection(decision), is_error=True)
                     continue
+                edited = decision.get("edited")
+                if edited:
+                    # The approver's edit is exactly what runs (validated when decided; again
+                    # here, in case the tool's schema changed since).
+                    try:
+                        gate.args = tool.validate(encode(edited.get("arguments")))
+                    except ToolArgumentsError as exc:
+                        self._record_result(call, {"error": str(exc)}, is_error=True)
+                        continue
             attempt = 0
             if not tool.safety.retry_safe:
                 attempt, live = self._attempt_state(call.id)
@@ -990,9 +999,13 @@ def _unknown_tool(call: ToolCall, agent: Agent) -> dict[str, Any]:
 
 
 def _rejection(decision: Any) -> dict[str, Any]:
+    note = str(decision.get("note") or "")
+    # The denier's message is what the model reads first: it says what to do instead.
     return {
         "error": "denied",
-        "message": "a person denied this call; do not retry it without asking",
+        "message": f"a person denied this call: {note}"
+        if note
+        else "a person denied this call; do not retry it without asking",
         "note": decision.get("note") or "",
         "by": decision.get("by") or "",
     }
