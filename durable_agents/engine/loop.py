@@ -638,7 +638,7 @@ class Driver:
                 continue
             gate = _Gate(call, tool, args)
             if tool.safety.gated:
-                decision, gate.previous = self._decision(call, args)
+                decision, gate.previous = self._decision(call, args, tool)
                 if decision is None:
                     gates.append(gate)
                     continue
@@ -647,14 +647,8 @@ class Driver:
                     self._record_result(call, _rejection(decision), is_error=True)
                     continue
                 edited = decision.get("edited")
-                if edited:
-                    # The approver's edit is exactly what runs (validated when decided; again
-                    # here, in case the tool's schema changed since).
-                    try:
-                        gate.args = tool.validate(encode(edited.get("arguments")))
-                    except ToolArgumentsError as exc:
-                        self._record_result(call, {"error": str(exc)}, is_error=True)
-                        continue
+                if edited:  # the approver's edit is exactly what runs (``_still_fits``)
+                    gate.args = tool.validate(encode(edited.get("arguments")))
             attempt = 0
             if not tool.safety.retry_safe:
                 attempt, live = self._attempt_state(call.id)
@@ -709,18 +703,23 @@ class Driver:
                 ],
             )
 
-    def _decision(self, call: ToolCall, args: dict[str, Any]) -> tuple[Record | None, Any]:
+    def _decision(
+        self, call: ToolCall, args: dict[str, Any], tool: Tool
+    ) -> tuple[Record | None, Any]:
         """The decision that lets ``call`` run with ``args``, or (None, the arguments it
-        was approved with) when it was approved for others: it must be asked again."""
+        was approved with) when it was approved for others, or for an edit today's tool
+        would run differently: it must be asked again."""
         first = self.log.reread(decision_name(call.id, args, again=False))
         if first is None:
             return None, None
         approved = first.get("arguments")
         # A decision recorded without its arguments predates this rule: it stands.
         if not first.get("approved") or approved is None or encode(approved) == encode(args):
-            return first, None
+            if _still_fits(first, tool):
+                return first, None
+            approved = (first.get("edited") or {}).get("arguments")
         again = self.log.reread(decision_name(call.id, args, again=True))
-        if again is not None:
+        if again is not None and _still_fits(again, tool):
             return again, None
         return None, approved
 
@@ -996,6 +995,19 @@ def _describe(changes: dict[str, Any]) -> str:
 def _unknown_tool(call: ToolCall, agent: Agent) -> dict[str, Any]:
     available = ", ".join(sorted(agent.tools)) or "none"
     return {"error": f"unknown tool {call.name!r}; available tools: {available}"}
+
+
+def _still_fits(decision: Any, tool: Tool) -> bool:
+    """False for an approval whose edited arguments today's tool would not run exactly as
+    approved (its schema changed since: a new field, a default): it is asked again."""
+    edited = decision.get("edited")
+    if not decision.get("approved") or not edited:
+        return True
+    try:
+        valid = tool.validate(encode(edited.get("arguments")))
+    except ToolArgumentsError:
+        return False
+    return encode(valid) == encode(edited.get("arguments"))
 
 
 def _rejection(decision: Any) -> dict[str, Any]:

@@ -4,6 +4,7 @@ recorded, signed, exactly what runs), tools that forbid editing, quorums that mu
 from __future__ import annotations
 
 import base64
+from typing import Literal
 
 import pytest
 
@@ -13,6 +14,9 @@ from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support.signing import keypair
 from tests.support.wiring import wired
+
+# What a deploy may narrow a field to (the tool builder reads plain type hints).
+Allowed = Literal[5, 100]
 
 
 @pytest.fixture
@@ -150,3 +154,45 @@ def test_a_signature_binds_the_edited_arguments(store, wiring, fired):
     assert store.list_decisions("r1", "call_1_1") == [] and fired == []
     out = da.approve("r1", "call_1_1", True, "bob", edit=edit, signature=sign(edit), store=store)
     assert out.status == "approved" and fired == [(7, 2000)]
+
+
+def test_an_edit_todays_tool_would_refuse_is_asked_about_again(store, wiring):
+    """Approved with an edit under one deploy, driven under another whose schema refuses
+    the edit: nothing runs; the call is asked about again, showing the edit as before."""
+    paid: list[int] = []
+
+    def payer(limit: int):
+        if limit == 100:
+
+            @da.tool(requires_approval=True)
+            def pay(cents: Allowed) -> str:
+                paid.append(cents)
+                return "paid"
+
+        else:
+
+            @da.tool(requires_approval=True)
+            def pay(cents: int) -> str:  # type: ignore[misc]
+                paid.append(cents)
+                return "paid"
+
+        script = [scripted.calls(scripted.call("pay", {"cents": 5})), scripted.text("done")]
+        return da.Agent("dk-redeploy", ScriptedModel(script), "", [pay])
+
+    sent: list[str] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(1000).run("r1", "pay me", store=store)
+    with wired(dispatcher=sent.append):
+        da.approve("r1", "call_1_1", True, "ann", edit={"cents": 500}, store=store)
+    assert sent == ["r1"] and paid == []
+    payer(100)  # the deploy: 5 or 100 only
+    with pytest.raises(da.ApprovalPending):
+        da.resume("r1", store=store)
+    again = store.get_approval_request("r1", "call_1_1")
+    assert (again.status, again.arguments, again.previous_arguments) == (
+        "pending",
+        {"cents": 5},
+        {"cents": 500},
+    )
+    da.approve("r1", "call_1_1", True, "ann", edit={"cents": 100}, store=store)
+    assert paid == [100] and store.get_run("r1").status == "finished"
