@@ -79,6 +79,13 @@ def test_edit_and_approve_runs_exactly_the_edited_arguments(store, wiring, fired
     assert decision.arguments == {"order": 7, "cents": 2000}
     [action] = [a for a in store.list_actions(run_id="r1") if a.action == "approve"]
     assert action.payload["edited"] == {"order": 7, "cents": 2000}
+    # Approving as asked, or with another edit, is not the decision that stands.
+    for other in (None, {"order": 7, "cents": 1}):
+        with pytest.raises(da.ApprovalAlreadyDecided, match="other arguments") as info:
+            da.approve("r1", "call_1_1", True, "bob", edit=other, store=store)
+        assert info.value.details["standing"]["arguments"] == {"order": 7, "cents": 2000}
+    same = da.approve("r1", "call_1_1", True, "bob", edit={"order": 7, "cents": 2000}, store=store)
+    assert same.status == "approved" and fired == [(7, 2000)]
 
 
 @pytest.mark.parametrize(

@@ -126,7 +126,7 @@ def approve(
     if standing is not None:
         if finish_decision(store, run_id, call_id, standing):
             runtime.dispatch(run_id)
-        return _standing(request, standing, approved)
+        return _standing(request, standing, approved, edit)
     _refuse_orphans(store, journal, request, actor)
     if approved and policy.get("kind") == "quorum":
         _refuse_disagreeing(store, request, by_name, edit)
@@ -176,7 +176,7 @@ def approve(
         },
     )
     if not inserted:
-        return _standing(request, final, approved)
+        return _standing(request, final, approved, edit)
     failpoints.hit(f"after-decision:{call_id}")
     status = APPROVAL_APPROVED if count.passed else APPROVAL_DENIED
     # Queued, not awaiting approval: if the hand-over below fails (a broker down), recovery
@@ -345,14 +345,25 @@ def _refuse_orphans(
     )
 
 
-def _standing(request: ApprovalRequestInfo, standing: Any, approved: bool) -> ApprovalOutcome:
+def _standing(
+    request: ApprovalRequestInfo, standing: Any, approved: bool, edit: Any
+) -> ApprovalOutcome:
     was = bool(standing.get("approved"))
-    if was != approved:
+    # An approval of other arguments than the standing one's is another decision, not the
+    # same one again: the person must not believe their edit runs.
+    ran = (standing.get("edited") or {}).get("arguments") if was else None
+    if was != approved or (approved and encode(ran) != encode(edit)):
         raise ApprovalAlreadyDecided(
             f"call {request.call_id!r} of run {request.run_id!r} was already "
-            f"{'approved' if was else 'denied'} by {standing.get('by')!r}; the first decision "
-            "stands",
-            standing={"approved": was, "by": standing.get("by"), "note": standing.get("note")},
+            f"{'approved' if was else 'denied'} by {standing.get('by')!r}"
+            + (" with other arguments" if was == approved else "")
+            + "; the first decision stands",
+            standing={
+                "approved": was,
+                "by": standing.get("by"),
+                "note": standing.get("note"),
+                **({"arguments": ran} if ran is not None else {}),
+            },
         )
     status = APPROVAL_APPROVED if was else APPROVAL_DENIED
     return ApprovalOutcome(request.run_id, request.call_id, status, standing.get("tally") or {})
