@@ -234,7 +234,9 @@ def approval_decide_view(
     if not form.is_valid():
         return approval_detail(admin, request, obj, form)
     approved = form.cleaned_data["decision"] != "deny"
-    here = HttpResponseRedirect(admin_url(admin, "change", obj.pk))
+    # Decided from the run page's banner: back there, where the run's new state shows.
+    back = run_url(admin, obj.run_id) if request.POST.get("back") == "run" else None
+    here = HttpResponseRedirect(back or admin_url(admin, "change", obj.pk))
     try:
         outcome = approve(
             obj.run_id,

@@ -379,6 +379,28 @@ def test_edit_and_approve_in_the_admin_checks_the_schema_then_runs_the_edit():
     assert "edited arguments" in text_of(client_for(alice).get(approval_url(req, "change")))
 
 
+def test_the_run_page_asks_for_the_decision_it_waits_on():
+    req = waiting_for_approval("adm-banner")
+    alice = make_user("alice", "durable_agents.approve_toolcall", "durable_agents.cancel_run")
+    page = text_of(client_for(alice).get(run_url("adm-banner")))
+    assert "A person is needed" in page and "0 of 1 approved" in page
+    assert 'name="back" value="run"' in page and "Approve with edits" in page
+    assert 'value="Resume"' not in page  # resuming would only pause again
+    response = client_for(alice).post(
+        approval_url(req, "decide"),
+        {"decision": "edit", "edit": '{"order_id": "7", "cents": 100}', "back": "run"},
+    )
+    assert response.status_code == 302 and response["Location"] == run_url("adm-banner")
+    assert journal("adm-banner")["tool:call_1_1"]["result"] == {"refunded": 100}
+    page = text_of(client_for(alice).get(run_url("adm-banner")))
+    assert "A person is needed" not in page
+
+    halt = halted_in_process("adm-banner-halt")
+    page = text_of(client_for(alice).get(run_url("adm-banner-halt")))
+    assert "A person is needed" in page and "Record what happened" in page
+    assert f"/halt/{halt.pk}/" in page
+
+
 def test_an_invalid_decision_form_changes_nothing():
     req = waiting_for_approval("adm-bad-form")
     client = client_for(make_user("root", superuser=True))
