@@ -7,7 +7,7 @@ __version__ = "0.2.0.dev0"
 
 from .engine.agent import Agent
 from .engine.approvals import ApprovalOutcome, Quorum, decision_bytes
-from .engine.commands.approvals import approve
+from .engine.commands.approvals import approve, deny
 from .engine.commands.forks import Patch, fork
 from .engine.commands.halts import resolve_halt
 from .engine.commands.recovery import recover
@@ -18,7 +18,9 @@ from .engine.definition import ModelRetry, RunResult
 from .engine.errors import (
     AgentDrift,
     ApprovalAlreadyDecided,
+    ApprovalArgumentsDisagree,
     ApprovalBadSignature,
+    ApprovalEditInvalid,
     ApprovalNotFound,
     ApprovalOrphaned,
     ApprovalPending,
@@ -64,7 +66,9 @@ __all__ = [
     "Agent",
     "AgentDrift",
     "ApprovalAlreadyDecided",
+    "ApprovalArgumentsDisagree",
     "ApprovalBadSignature",
+    "ApprovalEditInvalid",
     "ApprovalNotFound",
     "ApprovalOrphaned",
     "ApprovalOutcome",
@@ -119,6 +123,7 @@ __all__ = [
     "cancel",
     "compare",
     "decision_bytes",
+    "deny",
     "fork",
     "history",
     "pending",

@@ -251,6 +251,8 @@ class Decision(models.Model):
     note = models.TextField(blank=True, default="")
     signature = models.TextField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
+    # An approval's edited arguments (what it approves running instead); null: as asked.
+    arguments = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["created_at"]

@@ -579,6 +579,7 @@ class DjangoStore:
                     approved=decision.approved,
                     note=decision.note,
                     signature=decision.signature,
+                    arguments=decision.arguments,
                 )
         except IntegrityError:
             return False
@@ -589,7 +590,16 @@ class DjangoStore:
             request__run_id=run_id, request__call_id=call_id
         )
         return [
-            DecisionInfo(run_id, call_id, d.approver, d.approved, d.note, d.signature, d.created_at)
+            DecisionInfo(
+                run_id,
+                call_id,
+                d.approver,
+                d.approved,
+                d.note,
+                d.signature,
+                d.created_at,
+                d.arguments,
+            )
             for d in rows
         ]
 

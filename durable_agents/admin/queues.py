@@ -5,6 +5,7 @@ takes: ``approve`` (decide) or ``resolve_halt`` (record the outcome). Registered
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django import forms
@@ -19,9 +20,10 @@ from django.urls import URLPattern
 
 from ..engine.commands.approvals import approve
 from ..engine.commands.halts import resolve_halt
-from ..engine.errors import DurableAgentsError
+from ..engine.errors import ApprovalEditInvalid, DurableAgentsError
 from ..engine.journal import Journal
 from ..engine.ports import APPROVAL_PENDING, HALT_OPEN
+from ..engine.registry import get_agent
 from ..models import ApprovalRequest, Decision, Halt, Lease
 from ..storage import site_store
 from .base import (
@@ -91,13 +93,48 @@ def _detail(
 
 
 class DecisionForm(forms.Form):
-    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("deny", "Deny")])
+    """Approve, edit and approve, or deny (with a note the model reads)."""
+
+    decision = forms.ChoiceField(
+        choices=[("approve", "Approve"), ("edit", "Approve with edits"), ("deny", "Deny")]
+    )
     note = forms.CharField(
         required=False,
         max_length=2000,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
-        help_text="Shown to the model with a denial, and kept in the journal.",
+        help_text="With a denial, the message the model reads as the call's result; kept in "
+        "the journal either way.",
     )
+    edit = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 60, "class": "da-mono"}),
+        help_text="Approve with edits: the arguments that run instead, as a JSON object. "
+        "They are checked against the tool's schema.",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        data["edited"] = None
+        if data.get("decision") == "edit":
+            try:
+                edited = json.loads(data.get("edit") or "")
+            except ValueError:
+                self.add_error("edit", "Not valid JSON.")
+                return data
+            if not isinstance(edited, dict):
+                self.add_error("edit", "The arguments must be a JSON object: {...}.")
+                return data
+            data["edited"] = edited
+        return data
+
+
+def editable(obj: ApprovalRequest) -> bool:
+    """Whether the call's tool (as loaded here) lets an approver edit its arguments."""
+    try:
+        tool = get_agent(obj.run.agent).tools.get(obj.tool_name)
+    except DurableAgentsError:
+        return False
+    return tool is not None and tool.safety.editable
 
 
 def progress(policy: Any, approvals: int, denials: int) -> str:
@@ -180,7 +217,8 @@ def approval_detail(
             "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
             "decisions": obj.decisions.order_by("created_at"),
             "can_decide": can_decide,
-            "form": form or DecisionForm(),
+            "editable": can_decide and editable(obj),
+            "form": form or DecisionForm(initial={"edit": pretty(obj.arguments)}),
             "decide_url": admin_url(admin, "decide", obj.pk),
         },
     )
@@ -195,8 +233,10 @@ def approval_decide_view(
     form = DecisionForm(request.POST)
     if not form.is_valid():
         return approval_detail(admin, request, obj, form)
-    approved = form.cleaned_data["decision"] == "approve"
-    here = HttpResponseRedirect(admin_url(admin, "change", obj.pk))
+    approved = form.cleaned_data["decision"] != "deny"
+    # Decided from the run page's banner: back there, where the run's new state shows.
+    back = run_url(admin, obj.run_id) if request.POST.get("back") == "run" else None
+    here = HttpResponseRedirect(back or admin_url(admin, "change", obj.pk))
     try:
         outcome = approve(
             obj.run_id,
@@ -204,7 +244,11 @@ def approval_decide_view(
             approved,
             by=admin_actor(request),
             note=form.cleaned_data["note"],
+            edit=form.cleaned_data["edited"],
         )
+    except ApprovalEditInvalid as exc:  # bad input: a form error, nothing written
+        form.add_error("edit", str(exc))
+        return approval_detail(admin, request, obj, form)
     except DurableAgentsError as exc:
         messages.error(request, f"{exc} [{exc.code}]")
         return here

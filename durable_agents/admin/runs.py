@@ -23,7 +23,14 @@ from django.urls import URLPattern, reverse
 from ..engine.commands.runs import cancel, delete, hand_over
 from ..engine.errors import DurableAgentsError
 from ..engine.journal import Journal
-from ..engine.ports import APPROVAL_PENDING, HALT_OPEN, QUEUED, RUNNING, TERMINAL_STATUSES
+from ..engine.ports import (
+    APPROVAL_PENDING,
+    AWAITING_APPROVAL,
+    HALT_OPEN,
+    QUEUED,
+    RUNNING,
+    TERMINAL_STATUSES,
+)
 from ..engine.records import Record
 from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
 from ..storage import site_store
@@ -42,7 +49,8 @@ from .base import (
     related_count,
     run_url,
 )
-from .timeline import agent_drift, build_timeline
+from .queues import editable, progress
+from .timeline import agent_drift, build_timeline, pretty
 
 # -- runs ---------------------------------------------------------------------------------
 
@@ -262,7 +270,28 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
         {"obj": h, "url": reverse("admin:durable_agents_halt_change", args=[h.pk])}
         for h in run.halts.order_by("created_at")
     ]
+    can_decide = allows(request, "decide")
+    # What a person is needed for, decided right here (the banner): pending calls with the
+    # same form as their own page, open halts linked to theirs.
+    waiting = [
+        {
+            "obj": a["obj"],
+            "url": a["url"],
+            "arguments": pretty(a["obj"].arguments),
+            "progress": progress(a["obj"].policy, *_tally_counts(a["obj"])),
+            "decide_url": reverse(
+                "admin:durable_agents_approvalrequest_decide", args=[a["obj"].pk]
+            ),
+            "editable": can_decide and editable(a["obj"]),
+        }
+        for a in approvals
+        if a["obj"].status == APPROVAL_PENDING
+    ]
     return {
+        "waiting_approvals": waiting,
+        "open_halts": [h for h in halts if h["obj"].status == HALT_OPEN],
+        "can_decide": can_decide,
+        "awaiting_approval": run.status == AWAITING_APPROVAL,
         "timeline": build_timeline(records),
         "timeline_error": timeline_error,
         **agent_drift(records, fallback=run.fingerprint),
@@ -279,6 +308,11 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
         "resume_url": admin_url(admin, "resume", quote(run.run_id)),
         "cancel_url": admin_url(admin, "cancel", quote(run.run_id)),
     }
+
+
+def _tally_counts(request: ApprovalRequest) -> tuple[int, int]:
+    decisions = list(request.decisions.values_list("approved", flat=True))
+    return sum(1 for d in decisions if d), sum(1 for d in decisions if not d)
 
 
 # -- resume and cancel ------------------------------------------------------------------

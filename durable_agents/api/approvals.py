@@ -92,7 +92,14 @@ def approval_out(
     decisions = list(row.decisions.all())
     infos = [
         DecisionInfo(
-            row.run_id, row.call_id, d.approver, d.approved, d.note, d.signature, d.created_at
+            row.run_id,
+            row.call_id,
+            d.approver,
+            d.approved,
+            d.note,
+            d.signature,
+            d.created_at,
+            d.arguments,
         )
         for d in decisions
     ]
@@ -136,6 +143,7 @@ def approval_out(
                 note=d.note,
                 signed=bool(d.signature),
                 created_at=d.created_at,
+                arguments=d.arguments,
             )
             for d in decisions
         ],
@@ -196,6 +204,7 @@ def decide_signed(
             approver,
             payload.note,
             signature=payload.signature,
+            edit=payload.edit,
         )
     )
 
@@ -207,7 +216,11 @@ def decide(request: HttpRequest, run_id: str, call_id: str, payload: DecideIn) -
     1-of-1: the first decision stands; the same decision again is accepted, a different one
     is 409 ``approval.already_decided`` with the standing decision in ``details``. Quorum:
     ``status`` stays ``pending`` until enough eligible approvers agreed (or too few remain).
+
+    Three kinds: approve; deny (``note`` is the message the model reads as the call's
+    result); edit and approve (``edit``: the arguments that run instead, validated against
+    the tool's schema — 400 ``approval.edit_invalid``, nothing recorded).
     """
     by = require(request, "decide")
     run_id, call_id = checked_run_id(run_id), checked_call_id(call_id)
-    return _result(approve(run_id, call_id, payload.approved, by, payload.note))
+    return _result(approve(run_id, call_id, payload.approved, by, payload.note, edit=payload.edit))

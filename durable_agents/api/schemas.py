@@ -177,6 +177,9 @@ class DecisionOut(Schema):
     note: str
     signed: bool
     created_at: datetime | None
+    arguments: dict[str, Any] | None = Field(
+        None, description="an edited approval: the arguments it approved running instead"
+    )
 
 
 class Progress(Schema):
@@ -269,9 +272,17 @@ class JournalOut(Schema):
 # -- approvals ------------------------------------------------------------------------
 
 
+_EDIT = (
+    "approvals only: the arguments to run instead of the ones asked about, validated "
+    "against the tool's schema (400 approval.edit_invalid; also for a tool with "
+    "editable=False); a quorum's approvals must agree (409 approval.arguments_disagree)"
+)
+
+
 class DecideIn(Body):
     approved: StrictBool
-    note: Note = ""
+    note: Note = Field("", description="a denial's note is the message the model reads")
+    edit: dict[Text, JsonValue] | None = Field(None, description=_EDIT)
 
 
 class SignedDecisionIn(Body):
@@ -283,6 +294,9 @@ class SignedDecisionIn(Body):
         max_length=1000,
         description="base64 Ed25519 signature over the format-2 decision bytes "
         "(durable_agents.decision_bytes; docs/api.md shows them byte by byte)",
+    )
+    edit: dict[Text, JsonValue] | None = Field(
+        None, description=_EDIT + "; signed too (decision_bytes(edited=...))"
     )
 
 

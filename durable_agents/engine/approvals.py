@@ -167,6 +167,7 @@ def decision_bytes(
     approver_id: str,
     approved: bool,
     note: str = "",
+    edited: Any = None,
 ) -> bytes:
     """What an external approver signs (format 2): this start of this run (its
     ``incarnation``, a random nonce recorded at ``run:start``), this call, this tool, these
@@ -176,6 +177,11 @@ def decision_bytes(
 
         b"durable_agents.approval.v2\\n" + f(incarnation) + f(run_id) + f(call_id)
         + f(tool_name) + sha256(arguments) + f(approver_id) + (b"\\x01" | b"\\x00") + f(note)
+
+    An approval that edits the arguments (``edited``: the arguments it approves running
+    instead, as the tool's schema validates them) appends ``b"\\x01" + sha256(edited)``; an
+    unedited decision's bytes are unchanged (the note's length prefix ends them, so the two
+    never coincide). ``arguments`` stays what the call asked about.
     """
     return (
         SIGNATURE_DOMAIN
@@ -187,6 +193,7 @@ def decision_bytes(
         + _field(approver_id)
         + (b"\x01" if approved else b"\x00")
         + _field(note)
+        + (b"" if edited is None else b"\x01" + arguments_digest(edited))
     )
 
 
@@ -227,6 +234,7 @@ def verify_signature(
     signature: str,
     *,
     incarnation: str,
+    edited: Any = None,
 ) -> None:
     """Refuse (``approval.bad_signature``) unless ``signature`` is the approver's, by one of
     the keys registered to them, over ``decision_bytes`` of exactly this decision; a
@@ -250,6 +258,7 @@ def verify_signature(
         approver_id=approver.id,
         approved=approved,
         note=note,
+        edited=edited,
     )
     if _verifies(keys, sig, message):
         return
@@ -262,7 +271,7 @@ def verify_signature(
     raise ApprovalBadSignature(
         f"the signature does not verify for {approver.username!r} on call "
         f"{request.call_id!r} of this start of run {request.run_id!r} with these arguments, "
-        "this verdict and this note"
+        "this verdict, this note" + (" and these edited arguments" if edited is not None else "")
     )
 
 
@@ -315,6 +324,7 @@ def tally(
                 "note": d.note,
                 "at": d.created_at.isoformat() if d.created_at else None,
                 "signed": bool(d.signature),
+                **({"arguments": d.arguments} if d.arguments is not None else {}),
             }
         )
     return Tally(

@@ -247,6 +247,20 @@ class ApprovalArgumentsChanged(ApprovalError):
     code = "approval.arguments_changed"
 
 
+class ApprovalEditInvalid(ApprovalError):
+    """Edited arguments that the tool's schema refuses, or an edit the tool forbids
+    (``editable=False``) or a denial cannot carry."""
+
+    code = "approval.edit_invalid"
+
+
+class ApprovalArgumentsDisagree(ApprovalError):
+    """A quorum's approvals must approve the same arguments."""
+
+    code = "approval.arguments_disagree"
+    http_status = 409
+
+
 # -- halts -------------------------------------------------------------------------------
 
 

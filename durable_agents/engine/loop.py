@@ -649,7 +649,7 @@ class Driver:
                 continue
             gate = _Gate(call, tool, args)
             if tool.safety.gated:
-                decision, gate.previous = self._decision(call, args)
+                decision, gate.previous = self._decision(call, args, tool)
                 if decision is None:
                     gates.append(gate)
                     continue
@@ -657,6 +657,9 @@ class Driver:
                 if not decision.get("approved"):
                     self._record_result(call, _rejection(decision), is_error=True)
                     continue
+                edited = decision.get("edited")
+                if edited:  # the approver's edit is exactly what runs (``_still_fits``)
+                    gate.args = tool.validate(encode(edited.get("arguments")))
             attempt = 0
             if not tool.safety.retry_safe:
                 attempt, live = self._attempt_state(call.id)
@@ -737,18 +740,23 @@ class Driver:
         )
         raise kind(message, run_id=self.run_id, waits=waits, wakes=wakes)
 
-    def _decision(self, call: ToolCall, args: dict[str, Any]) -> tuple[Record | None, Any]:
+    def _decision(
+        self, call: ToolCall, args: dict[str, Any], tool: Tool
+    ) -> tuple[Record | None, Any]:
         """The decision that lets ``call`` run with ``args``, or (None, the arguments it
-        was approved with) when it was approved for others: it must be asked again."""
+        was approved with) when it was approved for others, or for an edit today's tool
+        would run differently: it must be asked again."""
         first = self.log.reread(decision_name(call.id, args, again=False))
         if first is None:
             return None, None
         approved = first.get("arguments")
         # A decision recorded without its arguments predates this rule: it stands.
         if not first.get("approved") or approved is None or encode(approved) == encode(args):
-            return first, None
+            if _still_fits(first, tool):
+                return first, None
+            approved = (first.get("edited") or {}).get("arguments")
         again = self.log.reread(decision_name(call.id, args, again=True))
-        if again is not None:
+        if again is not None and _still_fits(again, tool):
             return again, None
         return None, approved
 
@@ -1044,10 +1052,27 @@ def _unknown_tool(call: ToolCall, agent: Agent) -> dict[str, Any]:
     return {"error": f"unknown tool {call.name!r}; available tools: {available}"}
 
 
+def _still_fits(decision: Any, tool: Tool) -> bool:
+    """False for an approval whose edited arguments today's tool would not run exactly as
+    approved (its schema changed since: a new field, a default): it is asked again."""
+    edited = decision.get("edited")
+    if not decision.get("approved") or not edited:
+        return True
+    try:
+        valid = tool.validate(encode(edited.get("arguments")))
+    except ToolArgumentsError:
+        return False
+    return encode(valid) == encode(edited.get("arguments"))
+
+
 def _rejection(decision: Any) -> dict[str, Any]:
+    note = str(decision.get("note") or "")
+    # The denier's message is what the model reads first: it says what to do instead.
     return {
         "error": "denied",
-        "message": "a person denied this call; do not retry it without asking",
+        "message": f"a person denied this call: {note}"
+        if note
+        else "a person denied this call; do not retry it without asking",
         "note": decision.get("note") or "",
         "by": decision.get("by") or "",
     }

@@ -225,6 +225,9 @@ class DecisionInfo:
     note: str = ""
     signature: str | None = None
     created_at: datetime | None = None
+    # An approval's edited arguments (validated against the tool's schema): what it approves
+    # running instead of the ones asked about. None: approved (or denied) as asked.
+    arguments: Any = None
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ class Safety:
     idempotency_key: Callable[[dict[str, Any]], str] | None = None
     requires_approval: bool = False
     approval: Any = None  # an approval policy (e.g. Quorum); implies requires_approval
+    # Whether an approver may edit the arguments before approving (the edit runs instead).
+    editable: bool = True
 
     @property
     def retry_safe(self) -> bool:
@@ -191,15 +193,21 @@ def tool(
     idempotency_key: Callable[[dict[str, Any]], str] | None = None,
     requires_approval: bool = False,
     approval: Any = None,
+    editable: bool = True,
 ) -> Any:
     """Turn a typed function into a ``Tool``. Its JSON schema comes from the type hints,
-    its description from the docstring. Use bare (``@tool``) or with options."""
+    its description from the docstring. Use bare (``@tool``) or with options.
+
+    ``editable=False`` forbids an approver to edit a gated call's arguments before approving
+    (approve or deny only)."""
     if read_only and (idempotent or idempotency_key is not None):
         raise ConfigError(
             "a tool is read_only or idempotent, not both: read_only already means safe to re-run",
             code="config.tool_safety",
         )
-    safety = Safety(read_only, idempotent, idempotency_key, requires_approval, approval)
+    if not isinstance(editable, bool):
+        raise ConfigError("editable must be True or False", code="config.tool_safety")
+    safety = Safety(read_only, idempotent, idempotency_key, requires_approval, approval, editable)
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(f, name=name, description=description, safety=safety)

@@ -116,6 +116,65 @@ def test_approve_in_the_browser_and_a_worker_finishes_the_run(
     screenshot(page, tmp_path / "run.png")
 
 
+def test_edit_and_approve_from_the_run_banner_with_a_schema_error_first(
+    live_server, celery: Celery, browser: Browser, tmp_path: Path
+):
+    worker = celery.worker()
+    user = staff_user("approver", *PERMS)
+    run_id = new_id("br-banner")
+    worker.wait_ready()
+    gated.start("refund order 7", run_id=run_id)
+    wait_status(run_id, "awaiting_approval", worker)
+
+    page = browser.page()
+    login(page, user.username)
+    page.goto(f"/admin/durable_agents/run/{run_id}/change/")
+    banner = page.locator("#da-needed")
+    expect(banner).to_contain_text("A person is needed")
+    expect(banner).to_contain_text("0 of 1 approved")
+    expect(page.locator("#da-operate input[value='Resume']")).to_have_count(0)
+    screenshot(page, tmp_path / "banner.png")
+    edit = banner.locator("textarea[name='edit']")
+    edit.fill('{"order_id": "7", "cents": "lots"}')
+    banner.get_by_role("button", name="Approve with edits").click()
+    # The schema's refusal: a form error on the call's page, nothing recorded.
+    expect(page.locator(".errorlist")).to_contain_text("cents")
+    assert ApprovalRequest.objects.get(run_id=run_id).status == "pending"
+    page.fill("#id_edit", '{"order_id": "7", "cents": 250}')
+    page.get_by_role("button", name="Approve with edits").click()
+    expect(page.locator(".messagelist")).to_contain_text("is approved")
+
+    run = wait_status(run_id, "finished", worker)
+    assert run.answer == "refunded" and count_effects(run_id) == {"call_1_1": 1}
+    assert journal(run_id)["tool:call_1_1"]["result"] == {"refunded": 250}
+    page.goto(f"/admin/durable_agents/run/{run_id}/change/")
+    expect(page.locator("#da-needed")).to_have_count(0)
+
+
+def test_approve_from_the_run_banner(live_server, celery: Celery, browser: Browser):
+    worker = celery.worker()
+    user = staff_user("approver", *PERMS)
+    run_id = new_id("br-here")
+    worker.wait_ready()
+    gated.start("refund order 7", run_id=run_id)
+    wait_status(run_id, "awaiting_approval", worker)
+
+    page = browser.page()
+    login(page, user.username)
+    page.goto(f"/admin/durable_agents/run/{run_id}/change/")
+    banner = page.locator("#da-needed")
+    banner.locator("textarea[name='note']").fill("fine")
+    banner.get_by_role("button", name="Approve", exact=True).click()
+    # Back on the run page, which says what happened.
+    expect(page.locator(".messagelist")).to_contain_text(
+        f"Call call_1_1 of run {run_id} is approved"
+    )
+    expect(page).to_have_url(re.compile(r"/run/.+/change/$"))
+    run = wait_status(run_id, "finished", worker)
+    assert run.answer == "refunded" and count_effects(run_id) == {"call_1_1": 1}
+    assert journal(run_id)["approval:call_1_1"]["note"] == "fine"
+
+
 def test_resolve_a_halt_in_the_browser_and_a_worker_finishes_the_run(
     live_server, celery: Celery, browser: Browser
 ):

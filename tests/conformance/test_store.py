@@ -334,6 +334,18 @@ def test_a_conditional_approval_status_changes_nothing_unless_it_matches(store, 
     assert store.get_approval_request(run_id, "c1").status == "withdrawn"
 
 
+def test_a_decision_keeps_its_edited_arguments(store, run_id):
+    from durable_agents.engine.ports import ApprovalRequestInfo, DecisionInfo
+
+    request = ApprovalRequestInfo(run_id, "c1", "pay", {"cents": 5}, {"kind": "quorum"}, 7)
+    assert store.save_approval_request(request)
+    edit = {"cents": 2, "memo": "ünï"}
+    assert store.save_decision(DecisionInfo(run_id, "c1", "ann", True, arguments=edit))
+    assert store.save_decision(DecisionInfo(run_id, "c1", "bob", False, "no"))
+    got = {d.approver: d.arguments for d in store.list_decisions(run_id, "c1")}
+    assert got == {"ann": edit, "bob": None}
+
+
 def test_a_request_for_other_arguments_replaces_the_decided_one(store, run_id):
     from durable_agents.engine.ports import ApprovalRequestInfo, DecisionInfo
 

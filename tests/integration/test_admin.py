@@ -352,6 +352,55 @@ def test_a_quorum_in_the_admin_and_engine_refusals_as_messages():
     assert sorted(ActionLog.objects.values_list("actor", flat=True)) == ["alice", "bob"]
 
 
+def test_edit_and_approve_in_the_admin_checks_the_schema_then_runs_the_edit():
+    req = waiting_for_approval("adm-edit")
+    alice = make_user("alice", "durable_agents.approve_toolcall")
+    page = text_of(client_for(alice).get(approval_url(req, "change")))
+    assert "Approve with edits" in page and "Edited arguments" in page
+    decide = approval_url(req, "decide")
+    for bad, says in (
+        ('{"order_id": "7", "cents": "lots"}', "cents"),
+        ("{not json", "Not valid JSON"),
+        ("[1, 2]", "JSON object"),
+    ):
+        response = client_for(alice).post(decide, {"decision": "edit", "edit": bad})
+        assert response.status_code == 200 and says in text_of(response)
+    assert not Decision.objects.exists() and not ActionLog.objects.exists()
+    assert Run.objects.get(run_id="adm-edit").status == "awaiting_approval"
+
+    edit = '{"order_id": "7", "cents": 250}'
+    response = client_for(alice).post(decide, {"decision": "edit", "edit": edit, "note": "half"})
+    assert response.status_code == 302
+    assert Run.objects.get(run_id="adm-edit").status == "finished"
+    assert journal("adm-edit")["tool:call_1_1"]["result"] == {"refunded": 250}
+    edited = journal("adm-edit")["approval:call_1_1"]["edited"]
+    assert edited["original"] == {"order_id": "7", "cents": 500} and edited["by"] == ["alice"]
+    assert count_effects("adm-edit") == {"call_1_1": 1}
+    assert "edited arguments" in text_of(client_for(alice).get(approval_url(req, "change")))
+
+
+def test_the_run_page_asks_for_the_decision_it_waits_on():
+    req = waiting_for_approval("adm-banner")
+    alice = make_user("alice", "durable_agents.approve_toolcall", "durable_agents.cancel_run")
+    page = text_of(client_for(alice).get(run_url("adm-banner")))
+    assert "A person is needed" in page and "0 of 1 approved" in page
+    assert 'name="back" value="run"' in page and "Approve with edits" in page
+    assert 'value="Resume"' not in page  # resuming would only pause again
+    response = client_for(alice).post(
+        approval_url(req, "decide"),
+        {"decision": "edit", "edit": '{"order_id": "7", "cents": 100}', "back": "run"},
+    )
+    assert response.status_code == 302 and response["Location"] == run_url("adm-banner")
+    assert journal("adm-banner")["tool:call_1_1"]["result"] == {"refunded": 100}
+    page = text_of(client_for(alice).get(run_url("adm-banner")))
+    assert "A person is needed" not in page
+
+    halt = halted_in_process("adm-banner-halt")
+    page = text_of(client_for(alice).get(run_url("adm-banner-halt")))
+    assert "A person is needed" in page and "Record what happened" in page
+    assert f"/halt/{halt.pk}/" in page
+
+
 def test_an_invalid_decision_form_changes_nothing():
     req = waiting_for_approval("adm-bad-form")
     client = client_for(make_user("root", superuser=True))

@@ -418,6 +418,40 @@ def test_a_denial_becomes_a_rejection_and_the_run_goes_on():
     assert result["data"]["is_error"] is True
 
 
+def test_the_three_decision_kinds_through_the_api():
+    caller = staff_with("durable_agents.approve_toolcall")
+    gated.start("refund order 7", run_id="kind-deny")
+    note = "refund 2.00 at most"
+    response = caller.post("/runs/kind-deny/approvals/call_1_1", {"approved": False, "note": note})
+    assert response.status_code == 200 and response.json()["status"] == "denied"
+    journal = caller.get("/runs/kind-deny/journal").json()["records"]
+    result = next(r for r in journal if r["name"] == "tool:call_1_1")["data"]["result"]
+    assert result["message"] == f"a person denied this call: {note}"
+
+    gated.start("refund order 7", run_id="kind-edit")
+    before = snapshot()
+    url = "/runs/kind-edit/approvals/call_1_1"
+    for bad in (
+        {"approved": True, "edit": {"order_id": "7", "cents": "lots"}},
+        {"approved": False, "edit": {"order_id": "7", "cents": 1}},
+    ):
+        error(caller.post(url, bad), 400, "approval.edit_invalid")
+    assert caller.post(url, {"approved": True, "edit": [1]}).status_code in (400, 422)
+    assert snapshot() == before
+    edit = {"order_id": "7", "cents": 200}
+    response = caller.post("/runs/kind-edit/approvals/call_1_1", {"approved": True, "edit": edit})
+    assert response.status_code == 200 and response.json()["status"] == "approved"
+    decided = caller.get("/approvals", status="approved", run_id="kind-edit").json()["items"]
+    assert decided[0]["decisions"][0]["arguments"] == edit
+    assert decided[0]["arguments"] == {"order_id": "7", "cents": 500}
+    journal = caller.get("/runs/kind-edit/journal").json()["records"]
+    record = next(r for r in journal if r["name"] == "approval:call_1_1")["data"]
+    assert record["edited"]["arguments"] == edit and record["edited"]["by"] == ["operator"]
+    ran = next(r for r in journal if r["name"] == "tool:call_1_1")["data"]
+    assert ran["result"] == {"refunded": 200}
+    assert count_effects("kind-edit") == {"call_1_1": 1}
+
+
 def test_deciding_what_does_not_exist_or_with_bad_input():
     gated.start("refund order 7", run_id="ap-bad")
     caller = staff_with("durable_agents.approve_toolcall")

@@ -105,6 +105,22 @@ def test_deny_reaches_the_model_and_fires_nothing():
     assert count_effects("cmd-deny") == {}
 
 
+def test_approve_with_edits_runs_the_edit():
+    call_id = _waiting("cmd-edit")
+    _user("ops", "approve_toolcall")
+    decide = ("durable_agents", "approve", "cmd-edit", call_id, "--by", "ops", "--edit")
+    with pytest.raises(CommandError, match="not valid JSON"):
+        call_command(*decide, "{oops")
+    with pytest.raises(CommandError, match=r"approval\.edit_invalid"):
+        call_command(*decide, '{"order_id": "7", "cents": "lots"}')
+    assert not ActionLog.objects.filter(run_id="cmd-edit").exists()
+    call_command(*decide, '{"order_id": "7", "cents": 300}', stdout=StringIO())
+    assert Run.objects.get(run_id="cmd-edit").status == "finished"
+    assert count_effects("cmd-edit") == {call_id: 1}
+    entry = ActionLog.objects.get(run_id="cmd-edit", action="approve")
+    assert entry.payload["edited"] == {"order_id": "7", "cents": 300}
+
+
 def test_cancel_needs_the_operate_permission():
     _waiting("cmd-cancel")
     _user("approver", "approve_toolcall")

@@ -13,6 +13,7 @@ from typing import Any
 import durable_agents as da
 from durable_agents.engine import runtime
 from durable_agents.engine.agent import get_agent
+from durable_agents.engine.approvals import decision_name
 from durable_agents.engine.commands import runs as commands
 from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.errors import (
@@ -272,7 +273,8 @@ class Person(Actor):
         what = w.pick(options)
         if what == "decide":
             req = requests[w.rng.randrange(len(requests))]
-            return self._decide(w, req.run_id, req.call_id, w.rng.random() < 0.7)
+            approve, edit = w.rng.random() < 0.7, w.rng.random() < 0.3
+            return self._decide(w, req.run_id, req.call_id, approve, edit=approve and edit)
         if what == "resolve":
             halt = halts[w.rng.randrange(len(halts))]
             return self._resolve(w, halt.run_id, halt.op_id)
@@ -290,24 +292,46 @@ class Person(Actor):
         self.forks_left -= 1
         return self._fork(w, started[w.rng.randrange(len(started))])
 
-    def _decide(self, w: W.World, run_id: str, call_id: str, approve: bool) -> Op:
+    def _decide(
+        self, w: W.World, run_id: str, call_id: str, approve: bool, *, edit: bool = False
+    ) -> Op:
         def op() -> str:
             # The person reads the request's page, then submits: the decision is for the
             # arguments they saw (the engine refuses it if the request changed meanwhile).
+            # Some approve with edits (a smaller amount); a denial carries a message the
+            # model reads.
             request = w.store.get_approval_request(run_id, call_id)
             if request is None:
                 return "gone"
             seen = request.arguments
+            edited = None
+            if edit and isinstance(seen, dict) and isinstance(seen.get("amount"), int):
+                edited = {**seen, "amount": max(1, seen["amount"] // 2)}
             outcome = da.approve(
-                run_id, call_id, approve, by=self.name, arguments=seen, store=w.store
+                run_id,
+                call_id,
+                approve,
+                by=self.name,
+                note="" if approve else W.deny_message(call_id),
+                arguments=seen,
+                edit=edited,
+                store=w.store,
             )
             if outcome.status == "approved":
-                w.approved.setdefault((run_id, call_id), []).append(seen)
+                # What the person whose approval stands approved running: their decision
+                # row's edit (it may be someone who crashed after deciding), else as asked.
+                again = request.previous_arguments is not None
+                name = decision_name(call_id, seen, again=again)
+                standing = Journal(w.raw).get(run_id, name)
+                by = str(standing.get("by")) if standing is not None else self.name
+                rows = [d for d in w.raw.list_decisions(run_id, call_id) if d.approver == by]
+                ran_as = rows[0].arguments if rows and rows[0].arguments is not None else seen
+                w.approved.setdefault((run_id, call_id), []).append(ran_as)
             elif outcome.status == "denied":
                 w.denied.add((run_id, call_id))
             return outcome.status
 
-        verb = "approve" if approve else "deny"
+        verb = ("edit-approve" if edit else "approve") if approve else "deny"
         return f"{verb} {run_id} {call_id}", op
 
     def _resolve(self, w: W.World, run_id: str, call_id: str) -> Op:

@@ -328,6 +328,20 @@ def check_approvals(w: W.World, ix: Index) -> None:
     for run_id, call_id in sorted(w.denied):
         if any(e.effect for e in ix.by_call.get((run_id, call_id), ())):
             w.violate("approvals_kept", f"run {run_id}: denied call {call_id} ran")
+        # The denier's message is the result the model reads.
+        result = ix.names.get(run_id, {}).get(f"tool:{call_id}")
+        message = W.deny_message(call_id)
+        denial = result.get("result") if result is not None else None
+        if (
+            isinstance(denial, dict)
+            and denial.get("error") == "denied"
+            and message not in str(denial.get("message"))
+        ):
+            w.violate(
+                "approvals_kept",
+                f"run {run_id}: denied call {call_id} reads {_short(denial, 70)!r}, not the "
+                "denier's message",
+            )
 
 
 def check_halts(w: W.World, ix: Index) -> None:

@@ -30,6 +30,7 @@ def test_seeds_keep_the_promise():
         "halts resolved": "person" in config.actors,
         "calls approved": "person" in config.actors,
         "calls denied": "person" in config.actors,
+        "calls approved with edits": "person" in config.actors,
         "forks": "person" in config.actors,
         "op: deployer": "deployer" in config.actors,
         "op: webhook": "webhook" in config.actors,

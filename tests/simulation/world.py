@@ -321,6 +321,11 @@ class World:
         found["halts resolved"] = len(self.resolutions)
         found["calls approved"] = len(self.approved)
         found["calls denied"] = len(self.denied)
+        found["calls approved with edits"] = sum(
+            1
+            for (run_id, call_id), approved in self.approved.items()
+            if any(d.arguments is not None for d in self.raw.list_decisions(run_id, call_id))
+        )
         found["forks"] = len(self.forks)
         found["answers recorded"] = sum(
             1 for sent in self.answers.values() for _, did in sent if did == "recorded"
@@ -642,6 +647,12 @@ class World:
                 self.current = None
         self.abandoned.clear()
         self.heartbeat.entries.clear()
+
+
+def deny_message(call_id: str) -> str:
+    """What a person who denies ``call_id`` tells the model (the same from either person,
+    so the invariant knows it whoever's denial stands)."""
+    return f"not {call_id}: ask the customer first"
 
 
 def _short(value: Any) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import failpoints, identity, names, runtime
+from .. import failpoints, identity, names, registry, runtime
 from ..approvals import (
     NOT_SHOWN,
     ApprovalOutcome,
@@ -19,9 +19,13 @@ from ..approvals import (
 from ..errors import (
     ApprovalAlreadyDecided,
     ApprovalArgumentsChanged,
+    ApprovalArgumentsDisagree,
+    ApprovalEditInvalid,
     ApprovalError,
     ApprovalNotFound,
     ApprovalOrphaned,
+    ConfigError,
+    ToolArgumentsError,
 )
 from ..identity import Actor
 from ..journal import Journal, now_ms
@@ -50,6 +54,7 @@ def approve(
     *,
     signature: str | None = None,
     arguments: Any = NOT_SHOWN,
+    edit: Any = None,
     store: Store | None = None,
 ) -> ApprovalOutcome:
     """Record ``by``'s decision on call ``call_id`` of run ``run_id``.
@@ -65,6 +70,17 @@ def approve(
     by now (a drive under new code asked again meanwhile), the decision is refused
     (``approval.arguments_changed``) and nothing is written — a decision never lands on
     arguments its maker did not see. Pass them whenever a person looked at a page first.
+
+    ``edit`` (approvals only): the arguments to run instead of the ones asked about. They
+    are validated against the tool's schema (``approval.edit_invalid``, nothing written, if
+    the schema refuses them or the tool says ``editable=False``), recorded with the
+    original and the editor, bound by the signature (``decision_bytes(edited=...)``), and
+    are exactly what the call runs with. An edit equal to the arguments asked about is a
+    plain approval. In a quorum every approval must approve the same arguments: after an
+    approver edits, the others approve with ``edit=`` the same arguments (or deny); an
+    approval for other arguments is refused (``approval.arguments_disagree``).
+
+    A denial's ``note`` is the message the model reads as the call's result.
 
     The journal is the truth: a decision that stopped after its record (a crash before the
     request and the run were updated) is finished by the next decision on the call, and by
@@ -89,10 +105,14 @@ def approve(
             arguments=request.arguments,
             shown=arguments,
         )
+    if edit is not None:
+        edit = _validated_edit(store, request, approved, edit)
     actor = resolve_approver(by)
     if signature is not None:  # before anything is read as this approver's, or written
         incarnation = incarnation_of(store, run_id)
-        verify_signature(request, actor, approved, note, signature, incarnation=incarnation)
+        verify_signature(
+            request, actor, approved, note, signature, incarnation=incarnation, edited=edit
+        )
     policy = dict(request.policy)
     eligible = (
         list(runtime.eligible_approvers(str(policy["group"])))
@@ -106,13 +126,15 @@ def approve(
     if standing is not None:
         if finish_decision(store, run_id, call_id, standing):
             runtime.dispatch(run_id)
-        return _standing(request, standing, approved)
+        return _standing(request, standing, approved, edit)
     _refuse_orphans(store, journal, request, actor)
-    decision = DecisionInfo(run_id, call_id, by_name, approved, note, signature)
+    if approved and policy.get("kind") == "quorum":
+        _refuse_disagreeing(store, request, by_name, edit)
+    decision = DecisionInfo(run_id, call_id, by_name, approved, note, signature, arguments=edit)
     recorded = store.save_decision(decision)
     if not recorded:
         mine = next(d for d in store.list_decisions(run_id, call_id) if d.approver == by_name)
-        if mine.approved != approved:
+        if mine.approved != approved or encode(mine.arguments) != encode(edit):
             raise ApprovalAlreadyDecided(
                 f"{by_name!r} already {'approved' if mine.approved else 'denied'} this call; a "
                 "decision cannot be changed",
@@ -129,7 +151,11 @@ def approve(
                 "approve" if approved else "deny",
                 run_id,
                 call_id,
-                {"note": note, "signed": signature is not None},
+                {
+                    "note": note,
+                    "signed": signature is not None,
+                    **({"edited": edit} if edit is not None else {}),
+                },
             )
         )
     if not (count.passed or count.unreachable):
@@ -146,10 +172,11 @@ def approve(
             "tally": count.to_json(),
             "at": now_ms(),
             "arguments": request.arguments,
+            **_edited(request, decisions, count.passed),
         },
     )
     if not inserted:
-        return _standing(request, final, approved)
+        return _standing(request, final, approved, edit)
     failpoints.hit(f"after-decision:{call_id}")
     status = APPROVAL_APPROVED if count.passed else APPROVAL_DENIED
     # Queued, not awaiting approval: if the hand-over below fails (a broker down), recovery
@@ -178,6 +205,96 @@ def approve(
     return ApprovalOutcome(
         run_id, call_id, APPROVAL_APPROVED if count.passed else APPROVAL_DENIED, count.to_json()
     )
+
+
+def deny(
+    run_id: str,
+    call_id: str,
+    by: Any,
+    message: str = "",
+    *,
+    signature: str | None = None,
+    arguments: Any = NOT_SHOWN,
+    store: Store | None = None,
+) -> ApprovalOutcome:
+    """Deny call ``call_id`` of run ``run_id`` as ``by``; ``message`` is what the model reads
+    as the call's result (it is the decision's note, and signed as one)."""
+    return approve(
+        run_id,
+        call_id,
+        False,
+        by,
+        message,
+        signature=signature,
+        arguments=arguments,
+        store=store,
+    )
+
+
+def _validated_edit(store: Store, request: ApprovalRequestInfo, approved: bool, edit: Any) -> Any:
+    """The edited arguments as the tool's schema validates them, or None for an edit that
+    changes nothing; refused (nothing written) when they cannot run."""
+    if not approved:
+        raise ApprovalEditInvalid("only an approval can edit the arguments; a denial has a note")
+    if not isinstance(edit, dict):
+        raise ApprovalEditInvalid("edited arguments must be a JSON object")
+    refuse_nul(edit, "the edited arguments")
+    run = store.get_run(request.run_id)
+    try:
+        tool = registry.get_agent(run.agent).tools.get(request.tool_name) if run else None
+    except ConfigError:
+        tool = None
+    if tool is None:
+        raise ApprovalEditInvalid(
+            f"tool {request.tool_name!r} is not loaded here, so edited arguments cannot be "
+            "checked against its schema; approve or deny as asked"
+        )
+    try:
+        valid = tool.validate(encode(edit))
+    except ToolArgumentsError as exc:
+        raise ApprovalEditInvalid(
+            f"the edited arguments do not fit tool {request.tool_name!r}: {exc}",
+            errors=str(exc),
+        ) from None
+    if encode(valid) == encode(request.arguments):
+        return None
+    if not tool.safety.editable:
+        raise ApprovalEditInvalid(
+            f"tool {request.tool_name!r} does not allow editing its arguments "
+            "(editable=False); approve or deny as asked"
+        )
+    return valid
+
+
+def _refuse_disagreeing(
+    store: Store, request: ApprovalRequestInfo, by_name: str, edit: Any
+) -> None:
+    mine = encode(edit if edit is not None else request.arguments)
+    for d in store.list_decisions(request.run_id, request.call_id):
+        if not d.approved or d.approver == by_name:
+            continue
+        theirs = d.arguments if d.arguments is not None else request.arguments
+        if encode(theirs) != mine:
+            raise ApprovalArgumentsDisagree(
+                f"{d.approver!r} approved call {request.call_id!r} with the arguments "
+                f"{encode(theirs)}; a quorum approves one set of arguments: approve those "
+                "(edit=...) or deny",
+                approved_arguments=theirs,
+            )
+
+
+def _edited(request: ApprovalRequestInfo, decisions: Any, passed: bool) -> dict[str, Any]:
+    """The journal's record of an edit: what runs, what was asked, who edited."""
+    edits = [d for d in decisions if d.approved and d.arguments is not None]
+    if not passed or not edits:
+        return {}
+    return {
+        "edited": {
+            "arguments": edits[0].arguments,
+            "original": request.arguments,
+            "by": [d.approver for d in edits],
+        }
+    }
 
 
 def finish_decision(store: Store, run_id: str, call_id: str, decision: Any) -> bool:
@@ -228,14 +345,25 @@ def _refuse_orphans(
     )
 
 
-def _standing(request: ApprovalRequestInfo, standing: Any, approved: bool) -> ApprovalOutcome:
+def _standing(
+    request: ApprovalRequestInfo, standing: Any, approved: bool, edit: Any
+) -> ApprovalOutcome:
     was = bool(standing.get("approved"))
-    if was != approved:
+    # An approval of other arguments than the standing one's is another decision, not the
+    # same one again: the person must not believe their edit runs.
+    ran = (standing.get("edited") or {}).get("arguments") if was else None
+    if was != approved or (approved and encode(ran) != encode(edit)):
         raise ApprovalAlreadyDecided(
             f"call {request.call_id!r} of run {request.run_id!r} was already "
-            f"{'approved' if was else 'denied'} by {standing.get('by')!r}; the first decision "
-            "stands",
-            standing={"approved": was, "by": standing.get("by"), "note": standing.get("note")},
+            f"{'approved' if was else 'denied'} by {standing.get('by')!r}"
+            + (" with other arguments" if was == approved else "")
+            + "; the first decision stands",
+            standing={
+                "approved": was,
+                "by": standing.get("by"),
+                "note": standing.get("note"),
+                **({"arguments": ran} if ran is not None else {}),
+            },
         )
     status = APPROVAL_APPROVED if was else APPROVAL_DENIED
     return ApprovalOutcome(request.run_id, request.call_id, status, standing.get("tally") or {})

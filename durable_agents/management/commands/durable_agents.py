@@ -70,6 +70,13 @@ class Command(BaseCommand):
                 "--by", required=True, help=f"the username deciding; needs {needs('decide')}"
             )
             p.add_argument("--note", default="", help="why (shown to the model on a denial)")
+            if verb == "approve":
+                p.add_argument(
+                    "--edit",
+                    default=None,
+                    help="approve with edits: the arguments that run instead, as a JSON "
+                    "object (checked against the tool's schema)",
+                )
 
         cancel = command("cancel", "cancel an unfinished run; it is never driven again")
         cancel.add_argument("run_id")
@@ -141,12 +148,19 @@ class Command(BaseCommand):
     def _approve(self, options: dict[str, Any], approved: bool = True) -> None:
         from durable_agents.engine.commands.approvals import approve
 
+        edit = None
+        if options.get("edit") is not None:
+            try:
+                edit = json.loads(options["edit"])
+            except ValueError as exc:
+                raise CommandError(f"--edit is not valid JSON: {exc}") from None
         outcome = approve(
             options["run_id"],
             options["call_id"],
             approved,
             by=actor_for(options["by"]),
             note=options["note"],
+            edit=edit,
         )
         self.stdout.write(
             f"call {options['call_id']} of run {options['run_id']}: {outcome.status}"
