@@ -62,10 +62,19 @@ def drive_run(self: Any, run_id: str) -> str:
         close_old_connections()
 
 
+# Timers further off than this get no ETA message: the sweep wakes them. A worker holds an
+# ETA message unacknowledged until it is due, and the Redis transport hands an unacknowledged
+# message out again after its visibility timeout (an hour by default), so a days-long ETA
+# would pile up copies in the workers' memory.
+ETA_HORIZON = 600.0
+
+
 def _drive_at(run_id: str, wake_ms: int) -> None:
     """Hand the run over again at its wake time. Sent only by the driver that paused it;
     an early or duplicate message just finds it still sleeping (or busy)."""
     eta = datetime.fromtimestamp(int(wake_ms) / 1000, tz=UTC)
+    if (eta - datetime.now(UTC)).total_seconds() > ETA_HORIZON:
+        return
     drive_run.apply_async(args=[run_id], queue=get_settings().celery_queue, eta=eta)
 
 
