@@ -28,6 +28,8 @@ class Settings:
     dispatch: str = "celery"
     lease_ttl: float = 30.0
     recovery_interval: float = 15.0
+    # Seconds between sweeps waking due timers (a lost ETA message is late by at most this).
+    timer_sweep_interval: float = 5.0
     on_drift: str = "warn"
     celery_queue: str = "durable_agents"
     database: str = "default"
@@ -47,6 +49,7 @@ _KEYS = {
     "DISPATCH": "dispatch",
     "LEASE_TTL": "lease_ttl",
     "RECOVERY_INTERVAL": "recovery_interval",
+    "TIMER_SWEEP_INTERVAL": "timer_sweep_interval",
     "ON_DRIFT": "on_drift",
     "CELERY_QUEUE": "celery_queue",
     "DATABASE": "database",
@@ -104,7 +107,7 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
             f"not {values['on_drift']!r}"
         )
         values.pop("on_drift")
-    for key in ("lease_ttl", "recovery_interval"):
+    for key in ("lease_ttl", "recovery_interval", "timer_sweep_interval"):
         if key in values:
             values[key] = _positive(key.upper(), values[key], problems)
     for key in ("celery_queue", "database"):

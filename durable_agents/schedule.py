@@ -6,7 +6,8 @@ In ``settings.py``, after ``DURABLE_AGENTS``::
 
     CELERY_BEAT_SCHEDULE = {**beat_schedule(DURABLE_AGENTS)}
 
-The entries send to ``CELERY_QUEUE`` every ``RECOVERY_INTERVAL`` seconds, so the schedule
+The entries send to ``CELERY_QUEUE``: recovery every ``RECOVERY_INTERVAL`` seconds, the
+timer sweep every ``TIMER_SWEEP_INTERVAL`` seconds, so the schedule
 cannot drift from the settings the workers use. (Django settings are not configured yet
 while ``settings.py`` runs, so the dict is passed in rather than read.)
 """
@@ -19,6 +20,7 @@ from .conf import parse
 from .engine.errors import ConfigError
 
 RECOVER_TASK = "durable_agents.tasks.recover_runs"
+WAKE_TASK = "durable_agents.tasks.wake_timers"
 
 
 def beat_schedule(durable_agents: Any = None) -> dict[str, dict[str, Any]]:
@@ -38,5 +40,14 @@ def beat_schedule(durable_agents: Any = None) -> dict[str, dict[str, Any]]:
             "schedule": interval,
             # A pass that waited longer than the interval is superseded by the next one.
             "options": {"queue": settings.celery_queue, "expires": interval},
+        },
+        # A lost ETA message delays a timer's wake by at most one sweep.
+        "durable-agents-wake-timers": {
+            "task": WAKE_TASK,
+            "schedule": settings.timer_sweep_interval,
+            "options": {
+                "queue": settings.celery_queue,
+                "expires": settings.timer_sweep_interval,
+            },
         },
     }

@@ -7,11 +7,15 @@
   retryable failure (provider 5xx, rate limit, database blip) is retried with backoff; a
   non-retryable one leaves the run ``failed`` with its error.
 * ``recover_runs()`` is one recovery pass, for Celery beat.
+* ``wake_timers()`` hands over paused runs whose timer or signal deadline is due, for Celery
+  beat. A sleeping run also gets a ``drive_run`` with an ETA at its wake time; the sweep
+  covers that message being lost.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 from celery import shared_task
@@ -40,6 +44,8 @@ def drive_run(self: Any, run_id: str) -> str:
         # The words are ``drive_quietly``'s: a pause, a busy run, a lost lease or a shutdown
         # is an outcome (recovery covers a run another driver had, if that driver dies).
         said = runs.outcome(exc)
+        if isinstance(exc, Pause) and exc.details.get("wake_ms") is not None:
+            _drive_at(run_id, exc.details["wake_ms"])
         if said is not None:
             return said
         assert isinstance(exc, DurableAgentsError)
@@ -52,6 +58,33 @@ def drive_run(self: Any, run_id: str) -> str:
             log.warning("run %s failed %d times in a row: %s", run_id, run.attempts, exc)
             return runs.FAILED_OUTCOME
         raise self.retry(countdown=policy.delay(run.attempts), max_retries=None) from exc
+    finally:
+        close_old_connections()
+
+
+# Timers further off than this get no ETA message: the sweep wakes them. A worker holds an
+# ETA message unacknowledged until it is due, and the Redis transport hands an unacknowledged
+# message out again after its visibility timeout (an hour by default), so a days-long ETA
+# would pile up copies in the workers' memory.
+ETA_HORIZON = 600.0
+
+
+def _drive_at(run_id: str, wake_ms: int) -> None:
+    """Hand the run over again at its wake time. Sent only by the driver that paused it;
+    an early or duplicate message just finds it still sleeping (or busy)."""
+    eta = datetime.fromtimestamp(int(wake_ms) / 1000, tz=UTC)
+    if (eta - datetime.now(UTC)).total_seconds() > ETA_HORIZON:
+        return
+    drive_run.apply_async(args=[run_id], queue=get_settings().celery_queue, eta=eta)
+
+
+@shared_task(name="durable_agents.tasks.wake_timers", ignore_result=True)  # type: ignore[untyped-decorator]
+def wake_timers() -> int:
+    from .engine.commands.timers import wake_timers as sweep
+
+    close_old_connections()
+    try:
+        return len(sweep())
     finally:
         close_old_connections()
 

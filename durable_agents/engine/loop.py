@@ -49,6 +49,7 @@ from .errors import (
     ResumeToolMissing,
     RunBusy,
     SignalPending,
+    TimerPending,
     ToolArgumentsError,
     ToolOutcomeUnknown,
     WaitError,
@@ -71,6 +72,7 @@ from .ports import (
     NOT_TERMINAL_STATUSES,
     QUEUED,
     RUNNING,
+    SLEEPING,
     ApprovalRequestInfo,
     HaltInfo,
     RunInfo,
@@ -141,7 +143,7 @@ def drive(
                 log.fence = lease.token
                 log.refresh(since_last=True)
                 return Driver(agent, store, run_id, lease, log).drive(input, seed)
-        except (ApprovalPending, InterruptPending, SignalPending) as pause:
+        except (ApprovalPending, InterruptPending, SignalPending, TimerPending) as pause:
             # A decision, an answer or a signal that landed while this driver still held the
             # lease was handed to a driver that found the run busy: having released the
             # lease, look once more.
@@ -287,7 +289,7 @@ class Driver:
         self._fenced_out: LeaseLost | None = None
         self._unknown: dict[str, tuple[_Gate, int, Any]] = {}
         # The waits this turn's calls paused on, and a wait refused as misuse.
-        self._pauses: list[InterruptPending | SignalPending] = []
+        self._pauses: list[InterruptPending | SignalPending | TimerPending] = []
         self._misuse: WaitError | None = None
 
     @staticmethod
@@ -726,19 +728,28 @@ class Driver:
         # Only from running: an answer or a signal that landed meanwhile queued the run,
         # and a queued run is one recovery hands over, whatever happens to this driver
         # next. (The drive looks at the journal again once it lets the run go.)
+        # Sleeping only when every wait is a timer: a person or a signal can wake it earlier.
+        timers = [p.details["wake_ms"] for p in pauses if isinstance(p, TimerPending)]
+        sleeping = len(timers) == len(pauses)
         self.store.update_run(
             self.run_id,
-            {"status": AWAITING_INPUT, "attempts": 0, "last_error": None},
+            {"status": SLEEPING if sleeping else AWAITING_INPUT, "attempts": 0, "last_error": None},
             fence=self.fence,
             if_status=[RUNNING],
         )
-        kind = next((type(p) for p in pauses if isinstance(p, InterruptPending)), SignalPending)
+        kind: type[Pause] = next(
+            (type(p) for p in pauses if isinstance(p, InterruptPending)),
+            TimerPending if sleeping else SignalPending,
+        )
         message = (
             pauses[0].message
             if len(pauses) == 1
             else (f"run {self.run_id!r} waits for {', '.join(repr(w) for w in waits)}")
         )
-        raise kind(message, run_id=self.run_id, waits=waits, wakes=wakes)
+        details: dict[str, Any] = {"waits": waits, "wakes": wakes}
+        if timers:
+            details["wake_ms"] = min(timers)
+        raise kind(message, run_id=self.run_id, **details)
 
     def _decision(
         self, call: ToolCall, args: dict[str, Any], tool: Tool
@@ -899,7 +910,7 @@ class Driver:
             return "ok", gate.tool.invoke(gate.args, ctx)
         except ToolOutcomeUnknown as exc:
             return "unknown", error_text(exc)
-        except (InterruptPending, SignalPending) as pause:
+        except (InterruptPending, SignalPending, TimerPending) as pause:
             return "pause", pause
         except WaitError as exc:
             return "misuse", exc

@@ -20,6 +20,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, get_type_hints
 
 import pydantic
@@ -84,6 +85,17 @@ class ToolContext:
         or after this wait; with ``timeout`` (seconds), a ``TimedOut`` if the timeout won.
         The outcome is decided once. Only a retry-safe tool may wait."""
         return self._run_waits().await_signal(name, timeout)
+
+    def sleep(self, name: str, seconds: float) -> datetime:
+        """Sleep ``seconds`` (the wake time is journaled on first encounter: a recovered or
+        redeployed run wakes at that same instant). Until then the run pauses ``sleeping``
+        and this tool runs again from the top. Only a retry-safe tool may sleep. Returns
+        the wake time."""
+        return self._run_waits().sleep(name, seconds)  # type: ignore[no-any-return]
+
+    def wait_until(self, name: str, when: datetime) -> datetime:
+        """Like ``sleep``, until ``when`` (a timezone-aware datetime)."""
+        return self._run_waits().wait_until(name, when)  # type: ignore[no-any-return]
 
     def _run_waits(self) -> Any:
         if self._waits is None:

@@ -16,7 +16,10 @@ Each wait has a name, unique in its run, and is resolved once:
   anything awaits it yet: first payload wins.
 * ``waited:<name>`` — how an await of a signal resolved (the payload, or the timeout):
   written once, so a signal arriving after the timeout cannot flip it, and the signal is
-  consumed by one call only.
+  consumed by one call only. For a timer (``ctx.sleep`` / ``ctx.wait_until``): that it woke.
+
+A timer's wake time is journaled in its ``wait:<name>`` on first encounter, so a run that is
+recovered, redeployed or driven early waits to that same instant, never to a new one.
 """
 
 from __future__ import annotations
@@ -29,15 +32,25 @@ from typing import Any
 import pydantic
 
 from . import answers, failpoints, names
-from .errors import InterruptPending, SignalPending, WaitError, WaitNameTaken, WaitNotRetrySafe
+from .errors import (
+    InterruptPending,
+    SignalPending,
+    TimerPending,
+    WaitError,
+    WaitNameTaken,
+    WaitNotRetrySafe,
+)
 from .journal import Journal
 from .ports import Store
 from .records import Record, refuse_nul
 
 INTERRUPT = "interrupt"
 SIGNAL = "signal"
+TIMER = "timer"
 OUTCOME_SIGNAL = "signal"
+TIMER = "timer"
 OUTCOME_TIMEOUT = "timeout"
+OUTCOME_WOKE = "woke"
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,40 @@ class CallWaits:
             return TimedOut(name, _at(deadline))
         return outcome.get("payload")
 
+    def sleep(self, name: str, seconds: float) -> datetime:
+        self._check(name, "ctx.sleep")
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds)
+            or seconds < 0
+        ):
+            raise WaitError(f"sleep {name!r}: seconds is a non-negative number")
+        now_ms = _ms(self.store.now())
+        return self._timer(name, now_ms, now_ms + int(seconds * 1000))
+
+    def wait_until(self, name: str, when: datetime) -> datetime:
+        self._check(name, "ctx.wait_until")
+        if not isinstance(when, datetime) or when.tzinfo is None:
+            raise WaitError(f"wait_until {name!r}: when is a timezone-aware datetime")
+        return self._timer(name, _ms(self.store.now()), _ms(when))
+
+    def _timer(self, name: str, now_ms: int, wake_ms: int) -> datetime:
+        # The first encounter fixes the wake time; later ones read it back.
+        request = self._request(name, {"kind": TIMER, "wake_ms": wake_ms})
+        wake_ms = int(request.get("wake_ms"))
+        if self.journal.get(self.run_id, names.waited(name)) is None:
+            if now_ms < wake_ms:
+                raise TimerPending(
+                    f"run {self.run_id!r} sleeps on {name!r} until {_at(wake_ms).isoformat()}",
+                    run_id=self.run_id,
+                    waits=[name],
+                    wakes=[],
+                    wake_ms=wake_ms,
+                )
+            self._resolve(name, {"outcome": OUTCOME_WOKE, "woke_ms": now_ms})
+        return _at(wake_ms)
+
     # -- the journal ----------------------------------------------------------------------
 
     def _check(self, name: str, what: str) -> None:
@@ -163,6 +210,10 @@ class CallWaits:
         return rec
 
 
+def _ms(when: datetime) -> int:
+    return int(when.timestamp() * 1000)
+
+
 def _at(ms: Any) -> datetime:
     return datetime.fromtimestamp(int(ms) / 1000, tz=UTC)
 
@@ -194,7 +245,7 @@ def open_waits(records: list[Record]) -> list[OpenWait]:
                 continue
         elif names.waited(name) in by_name:
             continue
-        deadline = rec.get("deadline_ms")
+        deadline = rec.get("wake_ms") if rec.get("kind") == TIMER else rec.get("deadline_ms")
         out.append(
             OpenWait(
                 kind=str(rec.get("kind")),
@@ -208,3 +259,10 @@ def open_waits(records: list[Record]) -> list[OpenWait]:
             )
         )
     return out
+
+
+def next_wake(records: list[Record]) -> datetime | None:
+    """The earliest instant a paused run's journal says it should be driven again: a timer's
+    wake time or a signal's deadline (None: nothing timed is open)."""
+    times = [w.deadline for w in open_waits(records) if w.deadline is not None]
+    return min(times, default=None)

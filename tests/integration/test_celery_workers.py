@@ -38,7 +38,7 @@ from durable_agents.models import JournalEntry, Lease, Run
 from durable_agents.recovery import recover
 from durable_agents.storage import DjangoStore
 from tests.support.agents import effects_connection
-from tests.support.celery_agents import ANSWER, CALLS, mixed, steps, steps_idempotent
+from tests.support.celery_agents import ANSWER, CALLS, mixed, napper, steps, steps_idempotent
 from tests.support.workers import (
     CeleryProcesses,
     CeleryTarget,
@@ -570,6 +570,35 @@ def test_lost_message_is_recovered(celery):
     assert recover() == [run_id]
     assert_finished_once_each(run_id)
     assert received(worker.log()) == 1
+
+
+@pytest.mark.timeout(90)
+def test_a_timer_whose_eta_message_was_lost_is_woken_by_the_sweep(celery):
+    """A run sleeps (its wake time journaled, a ``drive_run`` sent with an ETA at it); the
+    worker holding that message is killed and the queue purged, so nothing would ever wake
+    it. A fresh worker alone does not; one ``wake_timers`` sweep (what beat sends) hands it
+    over and it finishes, having fired once, never before its journaled wake time."""
+    from durable_agents.engine import names as journal_names
+    from durable_agents.engine.journal import Journal
+    from durable_agents.tasks import wake_timers
+
+    run_id = napper.start("go", run_id=new_id("nap"))
+    first = celery.worker(DA_NAP_SECONDS="2").wait_ready()
+    wait_status(run_id, "sleeping")
+    wait_for(lambda: received(first.log()) >= 2, RUN_TIMEOUT, "the ETA message to be taken")
+    first.kill()
+    celery.target.purge(celery.app)
+    wake = Journal(DjangoStore()).get(run_id, journal_names.wait("nap")).get("wake_ms")
+
+    second = celery.worker().wait_ready()
+    assert holds_for(lambda: status(run_id) == "sleeping", 3.5), "nothing should wake it"
+    assert received(second.log()) == 0
+    assert wake_timers() == 1
+    row = wait_status(run_id, "finished")
+    assert row.answer == ANSWER
+    assert fire_counts(run_id) == {"call_1_1": 1}
+    woke = Journal(DjangoStore()).get(run_id, journal_names.waited("nap"))
+    assert woke.get("woke_ms") >= wake
 
 
 # -- 6. warm shutdown -----------------------------------------------------------------------

@@ -81,6 +81,20 @@ def test_beat_schedule_follows_the_queue_and_interval():
         beat_schedule({"RECOVERY_INTERVAL": -1})
 
 
+def test_beat_schedule_sweeps_timers_on_its_own_interval():
+    entry = beat_schedule({"CELERY_QUEUE": "agents-eu", "TIMER_SWEEP_INTERVAL": 3})[
+        "durable-agents-wake-timers"
+    ]
+    assert entry == {
+        "task": "durable_agents.tasks.wake_timers",
+        "schedule": 3.0,
+        "options": {"queue": "agents-eu", "expires": 3.0},
+    }
+    assert beat_schedule()["durable-agents-wake-timers"]["schedule"] == 5.0
+    with pytest.raises(da.ConfigError, match="TIMER_SWEEP_INTERVAL"):
+        beat_schedule({"TIMER_SWEEP_INTERVAL": 0})
+
+
 def test_a_beat_entry_on_another_queue_is_a_warning():
     stale = beat_schedule({"CELERY_QUEUE": "old-queue"})
     [warning] = _ours(

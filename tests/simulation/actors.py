@@ -113,7 +113,8 @@ class Driver(Actor):
 
 
 class Recovery(Actor):
-    """Celery beat's recovery pass, every ``RECOVERY_INTERVAL`` (15 s) at most."""
+    """Celery beat's recovery pass, every ``RECOVERY_INTERVAL`` (15 s) at most, and its timer
+    sweep."""
 
     kind = "recovery"
     interval = 15.0
@@ -127,7 +128,17 @@ class Recovery(Actor):
 
     def choose(self, w: W.World) -> Op | None:
         self.next_pass = w.now + self.interval
-        return "recovery pass", recover
+        return "recovery pass", lambda: recover() + _wake_timers(w)
+
+
+def _wake_timers(w: W.World) -> list[str]:
+    """Beat's ``wake_timers`` sweep (its own schedule in production; here it rides on the
+    recovery pass, after it, so adding it did not move every seed's schedule)."""
+    from durable_agents.engine.commands.timers import wake_timers
+
+    if not any(w.raw.list_unfinished(statuses=["sleeping", "awaiting_input"])):
+        return []
+    return wake_timers(store=w.store)
 
 
 class Deployer(Actor):

@@ -127,11 +127,16 @@ def wait_name(order: int) -> str:
 
 
 def confirm(order: int, ctx: ToolContext) -> Any:
-    """Ask staff to confirm an order, or wait for its payment (read-only: it re-runs)."""
+    """Ask staff to confirm an order, or wait for its payment (read-only: it re-runs); an
+    order of 1, 5, 9… naps 20 s first."""
     w = W.CURRENT
     assert w is not None
     w.point(f"tool confirm {ctx.call_id} start")
     name = wait_name(order)
+    if order % 4 == 1:
+        # A timer first: the run sleeps 20 s (its wake time journaled once), then waits.
+        ctx.sleep(f"nap-{order}", 20.0)
+        w.count("timers woke")
     if order % 2 == 0:
         value = ctx.interrupt(
             name, f"Ship order {order}?", schema={"type": "string", "enum": ANSWERS}

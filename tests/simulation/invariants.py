@@ -27,6 +27,7 @@ from durable_agents.engine.ports import (
     HALT_OPEN,
     HALT_RESOLVED,
     HALTED,
+    SLEEPING,
     TERMINAL_STATUSES,
 )
 from durable_agents.engine.records import Record, encode
@@ -444,6 +445,10 @@ def check_rows(w: W.World, ix: Index) -> None:
                 f"run {run_id} awaits approval with nothing left to decide",
                 hole="new" if any(n.startswith("approval:") for n in names) else "?",
             )
+        if row.status == SLEEPING and not any(
+            wait.kind == "timer" for wait in open_waits(ix.records[run_id])
+        ):
+            w.violate("rows_agree", f"run {run_id} sleeps with no timer left to wait for")
         if row.status == AWAITING_INPUT:
             waits = open_waits(ix.records[run_id])
             if not waits:
@@ -701,6 +706,14 @@ def check_waits(w: W.World, ix: Index) -> None:
                 continue
             name, call = rec.get("name"), rec.get("call_id")
             waited = names.get(f"waited:{name}")
+            if rec.get("kind") == "timer":
+                if waited is not None and int(waited.get("woke_ms")) < int(rec.get("wake_ms")):
+                    w.violate(
+                        "timers_never_early",
+                        f"run {run_id}: timer {name} woke at {waited.get('woke_ms')}, before "
+                        f"its journaled {rec.get('wake_ms')}",
+                    )
+                continue
             answer = names.get(f"input:{name}")
             if waited is not None and waited.get("call_id") != call:
                 w.violate(

@@ -161,6 +161,7 @@ def quiet_phase(w: W.World) -> None:
     beat = Recovery("beat")
     w.actors += [worker, beat]
     from durable_agents.engine.commands.recovery import recover
+    from durable_agents.engine.commands.timers import wake_timers
 
     def drain() -> None:
         # Copies of one message are driven once: the rest would find it driven already.
@@ -177,6 +178,8 @@ def quiet_phase(w: W.World) -> None:
         w.step = round_
         proc = w.run_to_end(w.start(beat, "recovery pass", recover))
         sent = list(proc.result or [])
+        sweep = w.run_to_end(w.start(beat, "timer sweep", lambda: wake_timers(store=w.store)))
+        sent += list(sweep.result or [])
         w.recovery_rounds.append(sent)
         if not sent:
             return

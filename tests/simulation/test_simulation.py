@@ -36,6 +36,7 @@ def test_seeds_keep_the_promise():
         "op: webhook": "webhook" in config.actors,
         "answers recorded": "answerer" in config.actors,
         "signals recorded": "answerer" in config.actors,
+        "timers woke": "answerer" in config.actors,
     }
     if len(seeds) >= 500:
         missed = [

@@ -109,3 +109,19 @@ MIXED_SCRIPT = [
     scripted.text(ANSWER),
 ]
 mixed = _agent("celery-mixed", [step_idempotent, effect], MIXED_SCRIPT)
+
+
+# ``celery-napper``: one retry-safe ``nap`` call that sleeps ``DA_NAP_SECONDS`` (default 3,
+# read by the driver that first meets the timer: that wake time is journaled), fires once it
+# woke, then answers.
+@da.tool(name="nap", idempotent=True)
+def nap(ctx: da.ToolContext) -> dict:
+    """Wait a few seconds, then do the step."""
+    woke = ctx.sleep("nap", float(os.environ.get("DA_NAP_SECONDS") or 3))
+    fire(ctx, f"step@{driver_label()}")
+    return {"woke": woke.isoformat()}
+
+
+napper = _agent(
+    "celery-napper", [nap], [scripted.calls(scripted.call("nap", {})), scripted.text(ANSWER)]
+)

@@ -407,7 +407,7 @@ def pending(
             )
     journal = Journal(store)
     for r in runs:
-        if r.status == AWAITING_INPUT:
+        if r.status in (AWAITING_INPUT, SLEEPING):
             for w in open_waits(journal.records(r.run_id)):
                 waits.setdefault(r.run_id, []).append(
                     Wait(w.kind, w.call_id, w.tool, None, w.name, w.prompt, w.schema, w.deadline)
