@@ -43,6 +43,7 @@ from .base import (
     related_count,
     run_url,
 )
+from .readable import fields_of, policy_words, summary_of
 from .timeline import pretty
 
 
@@ -128,12 +129,17 @@ class DecisionForm(forms.Form):
         return data
 
 
+def tool_of(obj: ApprovalRequest) -> Any:
+    """The call's tool as loaded here, or None (its agent or tool is gone from the code)."""
+    try:
+        return get_agent(obj.run.agent).tools.get(obj.tool_name)
+    except DurableAgentsError:
+        return None
+
+
 def editable(obj: ApprovalRequest) -> bool:
     """Whether the call's tool (as loaded here) lets an approver edit its arguments."""
-    try:
-        tool = get_agent(obj.run.agent).tools.get(obj.tool_name)
-    except DurableAgentsError:
-        return False
+    tool = tool_of(obj)
     return tool is not None and tool.safety.editable
 
 
@@ -202,6 +208,7 @@ def approval_detail(
     admin: AnyModelAdmin, request: HttpRequest, obj: Any, form: DecisionForm | None = None
 ) -> TemplateResponse:
     can_decide = allows(request, "decide") and obj.status == APPROVAL_PENDING
+    tool = tool_of(obj)
     return _detail(
         admin,
         request,
@@ -214,6 +221,10 @@ def approval_detail(
             ),
             "run_input": pretty(obj.run.input),
             "policy": pretty(obj.policy),
+            "policy_words": policy_words(obj.policy, obj.n_approved),
+            "description": getattr(tool, "description", ""),
+            "summary": summary_of(tool, obj.arguments),
+            "fields": fields_of(tool, obj.arguments),
             "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
             "decisions": obj.decisions.order_by("created_at"),
             "can_decide": can_decide,

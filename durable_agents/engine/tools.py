@@ -122,8 +122,12 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
         safety: Safety = Safety(),
+        summary: Callable[[dict[str, Any]], str] | None = None,
     ) -> None:
         self.fn = fn
+        # For people only (the approval page): the model never sees it, so it may be wrong
+        # without harm, and a failing one falls back to the schema's fields.
+        self.summary = summary
         self.name = name or fn.__name__
         if not _TOOL_NAME.fullmatch(self.name):
             raise ConfigError(
@@ -206,12 +210,14 @@ def tool(
     requires_approval: bool = False,
     approval: Any = None,
     editable: bool = True,
+    summary: Callable[[dict[str, Any]], str] | None = None,
 ) -> Any:
     """Turn a typed function into a ``Tool``. Its JSON schema comes from the type hints,
     its description from the docstring. Use bare (``@tool``) or with options.
 
     ``editable=False`` forbids an approver to edit a gated call's arguments before approving
-    (approve or deny only)."""
+    (approve or deny only). ``summary=fn`` (``fn(arguments) -> str``) gives the approval page
+    a one-line reading of a call, e.g. "Refund 42.00 to order 7"."""
     if read_only and (idempotent or idempotency_key is not None):
         raise ConfigError(
             "a tool is read_only or idempotent, not both: read_only already means safe to re-run",
@@ -219,9 +225,11 @@ def tool(
         )
     if not isinstance(editable, bool):
         raise ConfigError("editable must be True or False", code="config.tool_safety")
+    if summary is not None and not callable(summary):
+        raise ConfigError("summary must be a function of the arguments", code="config.tool_summary")
     safety = Safety(read_only, idempotent, idempotency_key, requires_approval, approval, editable)
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool(f, name=name, description=description, safety=safety)
+        return Tool(f, name=name, description=description, safety=safety, summary=summary)
 
     return wrap(fn) if fn is not None else wrap

@@ -77,9 +77,10 @@ def test_approve_in_the_browser_and_a_worker_finishes_the_run(
         expect(row).to_contain_text(text)
     row.get_by_role("link", name="call_1_1", exact=True).click()
 
-    arguments = page.locator("h2:text-is('Arguments') + pre")
-    expect(arguments).to_contain_text('"order_id": "7"')
-    expect(arguments).to_contain_text('"cents": 500')
+    expect(page.locator(".da-summary")).to_have_text("Refund 5.00 to order 7")
+    fields = page.locator("table.da-fields")
+    expect(fields).to_contain_text("Order Id")
+    expect(fields).to_contain_text("500")
     page.fill("#id_note", "order 7 arrived broken; refund approved")
     screenshot(page, tmp_path / "approval.png")
     page.get_by_role("button", name="Approve", exact=True).click()

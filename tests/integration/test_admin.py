@@ -869,3 +869,55 @@ def test_a_halt_refusal_is_shown_once():
     assert response.status_code == 200
     assert text_of(response).count("halt.in_flight") == 1
     assert not messages_of(response)
+
+
+# -- the approval page reads as a decision ------------------------------------------------
+
+
+def test_the_approval_page_shows_summary_description_policy_and_decisions():
+    req = waiting_for_approval("adm-read")
+    alice = make_user("alice", "durable_agents.approve_toolcall")
+    page = text_of(client_for(alice).get(approval_url(req, "change")))
+    assert "Refund 5.00 to order 7" in page
+    assert "Refund an order (staff approve first)." in page
+    assert "needs one approval: 0 of 1 so far" in page and '{"kind": "single"}' not in page
+    assert "Arguments as JSON" in page  # the raw JSON, behind a toggle
+    client_for(alice).post(approval_url(req, "decide"), {"decision": "deny", "note": "no"})
+    page = text_of(client_for(alice).get(approval_url(req, "change")))
+    assert "<td>alice</td><td>denied</td><td>no</td><td>no</td>" in page
+
+
+def test_the_approval_page_titles_fields_from_the_schema_and_words_a_quorum():
+    finance = Group.objects.create(name="finance")
+    alice = make_user("alice", "durable_agents.approve_toolcall")
+    finance.user_set.add(alice)
+    quorum.start("pay a-1", run_id="adm-read-q")
+    req = ApprovalRequest.objects.get(run_id="adm-read-q")
+    client_for(alice).post(approval_url(req, "decide"), {"decision": "approve"})
+    page = text_of(client_for(alice).get(approval_url(req, "change")))
+    assert "<th>Invoice</th><td>inv-1</td>" in page and "<th>Cents</th><td>9900</td>" in page
+    assert "needs 2 approvals from group finance: 1 of 2 so far" in page
+
+
+def test_a_summary_that_fails_falls_back_to_the_fields():
+    from durable_agents.admin.readable import fields_of, summary_of
+
+    def boom(args: dict) -> str:
+        raise KeyError("cents")
+
+    for bad in (boom, lambda args: 42, lambda args: "  "):
+        tool = da.tool(requires_approval=True, summary=bad)(_titled)
+        assert summary_of(tool, {"order_id": "7", "cents": 1}) is None
+    tool = da.tool(_titled)
+    assert fields_of(tool, {"cents": 1, "order_id": "7", "extra": [1]}) == [
+        ("Order Id", "7"),  # pydantic titles every field
+        ("Cents", "1"),
+        ("Extra", "[1]"),
+    ]
+    with pytest.raises(da.ConfigError):
+        da.tool(summary="not a function")(_titled)
+
+
+def _titled(order_id: str, cents: int) -> dict:
+    """A tool for the fallback."""
+    return {}

@@ -105,7 +105,11 @@ def lookup(order_id: str) -> dict:
     return {"order": order_id, "status": "shipped"}
 
 
-@da.tool(requires_approval=True)
+def _refund_summary(args: dict) -> str:
+    return f"Refund {args['cents'] / 100:.2f} to order {args['order_id']}"
+
+
+@da.tool(requires_approval=True, summary=_refund_summary)
 def refund(order_id: str, cents: int, ctx: da.ToolContext) -> dict:
     """Refund an order (staff approve first)."""
     fire(ctx, "refund")

@@ -1,0 +1,54 @@
+"""A gated call as an approver reads it: the tool's own one-line summary, else its arguments
+as fields titled from the tool's JSON schema; the approval policy in words. Raw JSON stays on
+the page behind a toggle, so nothing here has to be complete, only never wrong or failing."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def summary_of(tool: Any, arguments: Any) -> str | None:
+    """The tool's ``summary=`` reading of the call, or None (no summary, or one that failed
+    or did not return a non-empty string: the page falls back to the fields, never a 500)."""
+    fn = getattr(tool, "summary", None)
+    if fn is None or not isinstance(arguments, dict):
+        return None
+    try:
+        text = fn(dict(arguments))
+    except Exception:
+        log.warning("summary of tool %s failed; showing its fields", tool.name, exc_info=True)
+        return None
+    return text.strip() or None if isinstance(text, str) else None
+
+
+def fields_of(tool: Any, arguments: Any) -> list[tuple[str, str]]:
+    """``[(title, value)]``: each argument under its schema title (or its name made readable),
+    in the schema's order, then any the schema does not know."""
+    if not isinstance(arguments, dict):
+        return []
+    props = ((getattr(tool, "parameters", None) or {}).get("properties")) or {}
+    order = [k for k in props if k in arguments] + [k for k in arguments if k not in props]
+    out = []
+    for key in order:
+        spec = props.get(key) or {}
+        title = spec.get("title") if isinstance(spec, dict) else None
+        value = arguments[key]
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        out.append((str(title or key.replace("_", " ").capitalize()), text))
+    return out
+
+
+def policy_words(policy: Any, approvals: int) -> str:
+    """``"needs 2 approvals from group finance: 1 of 2 so far"`` or ``"needs one approval"``."""
+    policy = policy if isinstance(policy, dict) else {}
+    if policy.get("kind") == "quorum":
+        need = int(policy.get("need", 1))
+        return (
+            f"needs {need} approval{'s' if need != 1 else ''} from group {policy.get('group')}: "
+            f"{approvals} of {need} so far"
+        )
+    return f"needs one approval: {approvals} of 1 so far"
