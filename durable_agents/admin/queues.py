@@ -26,6 +26,7 @@ from ..engine.ports import APPROVAL_PENDING, HALT_OPEN
 from ..engine.registry import get_agent
 from ..models import ApprovalRequest, Decision, Halt, Lease
 from ..storage import site_store
+from . import counts
 from .base import (
     BY_RECOVERY,
     AnyModelAdmin,
@@ -57,6 +58,12 @@ class _QueueAdmin(ReadOnlyAdmin):
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return super().has_view_permission(request, obj) or allows(request, self.view_action)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        allowed = super().has_module_permission(request)
+        if allowed:
+            counts.note_on_index(request)  # how much waits, on the admin index
+        return allowed
 
     def detail(self, request: HttpRequest, obj: Any) -> HttpResponse:
         raise NotImplementedError

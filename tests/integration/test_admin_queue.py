@@ -10,11 +10,14 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Group, User
 from django.contrib.messages import get_messages
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from durable_agents.models import ActionLog, ApprovalRequest, Decision, Run
-from tests.support.agents import count_effects, gated, quorum
+import durable_agents as da
+from durable_agents.models import ActionLog, ApprovalRequest, Decision, Halt, Run
+from tests.support.agents import count_effects, gated, halting, quorum
 from tests.support.journals import journal
 from tests.support.people import make_user
 
@@ -229,3 +232,53 @@ def test_calls_no_longer_pending_are_left_alone():
     assert "None of the selected calls is pending" in page
     assert "call_1_1 of bq6-gated (approved)" in page
     assert ActionLog.objects.count() == 1
+
+
+# -- pending counts -------------------------------------------------------------------------
+
+
+def test_pending_counts_on_the_index_and_the_app_list_show_only_what_the_user_may_see():
+    pending_calls("pc")
+    halting.start("charge card 4242", run_id="pc-halt")
+    Run.objects.create(run_id="pc-input", agent="echo", status="awaiting_input", input="x")
+    Run.objects.create(run_id="pc-done", agent="echo", status="finished", input="x")
+
+    root = client_for(make_user("root", superuser=True))
+    index = text_of(root.get(reverse("admin:index")))
+    assert "waiting on a person" in index
+    assert "tool calls awaiting approval (2)" in index
+    assert "open halts (1)" in index and "runs awaiting input (1)" in index
+    app = text_of(root.get(reverse("admin:app_list", args=["durable_agents"])))
+    assert "Tool calls awaiting approval (2)" in app and "Halts (1)" in app
+    assert "Runs (1 awaiting input)" in app
+
+    # An approver sees the approvals only.
+    approver = client_for(make_user("alice", APPROVE))
+    index = text_of(approver.get(reverse("admin:index")))
+    assert "tool calls awaiting approval (2)" in index
+    assert "open halts" not in index and "runs awaiting input" not in index
+    app = text_of(approver.get(reverse("admin:app_list", args=["durable_agents"])))
+    assert "Tool calls awaiting approval (2)" in app and "Halts" not in app
+
+    # Nothing waiting: no note on the index, "(0)" in the app list.
+    for req in ApprovalRequest.objects.all():
+        da.cancel(req.run_id, by="root", reason="done")
+    index = text_of(approver.get(reverse("admin:index")))
+    assert "waiting on a person" not in index
+    app = text_of(approver.get(reverse("admin:app_list", args=["durable_agents"])))
+    assert "Tool calls awaiting approval (0)" in app
+
+
+def test_pending_counts_cost_the_same_whatever_the_number_of_rows():
+    root = client_for(make_user("root", superuser=True))
+    url = reverse("admin:index")
+    root.get(url)  # warm caches (content types, permissions)
+    with CaptureQueriesContext(connection) as empty:
+        assert "waiting on a person" not in text_of(root.get(url))
+    pending_calls("pq")
+    Halt.objects.bulk_create(
+        [Halt(run_id="pq-gated", op_id=f"c{i}", tool_name="act", arguments={}) for i in range(50)]
+    )
+    with CaptureQueriesContext(connection) as full:
+        assert "open halts (50)" in text_of(root.get(url))
+    assert len(empty) == len(full), [q["sql"] for q in full]
