@@ -45,7 +45,7 @@ from .base import (
     run_url,
 )
 from .deciding import bulk_decide, decide_call, tell
-from .readable import fields_of, policy_words, summary_of
+from .readable import conversation, fields_of, policy_words, summary_of
 from .timeline import pretty
 
 
@@ -255,6 +255,10 @@ def approval_detail(
 ) -> TemplateResponse:
     can_decide = allows(request, "decide") and obj.status == APPROVAL_PENDING
     tool = tool_of(obj)
+    try:  # one read of the journal; a record that cannot be read leaves the rest shown
+        talk, talk_error = conversation(Journal(site_store()).records(obj.run_id), obj.call_id), ""
+    except DurableAgentsError as exc:
+        talk, talk_error = [], str(exc)
     return _detail(
         admin,
         request,
@@ -266,6 +270,8 @@ def approval_detail(
                 pretty(obj.previous_arguments) if obj.previous_arguments is not None else None
             ),
             "run_input": pretty(obj.run.input),
+            "conversation": talk,
+            "conversation_error": talk_error,
             "policy": pretty(obj.policy),
             "policy_words": policy_words(obj.policy, obj.n_approved),
             "description": getattr(tool, "description", ""),

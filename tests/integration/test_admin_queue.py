@@ -17,7 +17,9 @@ from django.urls import reverse
 
 import durable_agents as da
 from durable_agents.models import ActionLog, ApprovalRequest, Decision, Halt, Run
-from tests.support.agents import count_effects, gated, halting, quorum
+from durable_agents.providers import scripted
+from durable_agents.providers.scripted import ScriptedModel
+from tests.support.agents import count_effects, gated, halting, lookup, quorum, refund
 from tests.support.journals import journal
 from tests.support.people import make_user
 
@@ -282,3 +284,42 @@ def test_pending_counts_cost_the_same_whatever_the_number_of_rows():
     with CaptureQueriesContext(connection) as full:
         assert "open halts (50)" in text_of(root.get(url))
     assert len(empty) == len(full), [q["sql"] for q in full]
+
+
+# -- the conversation on the approval page --------------------------------------------------
+
+# Looks the order up (a text turn with a call), then asks to refund it: the approver reads
+# what the model saw first. Its texts carry markup, which the page must escape.
+looked_up = da.Agent(
+    "looked_up",
+    ScriptedModel(
+        [
+            scripted.calls(
+                scripted.call("lookup", {"order_id": "7"}), text="Checking <b>order 7</b> first."
+            ),
+            scripted.calls(scripted.call("refund", {"order_id": "7", "cents": 4200})),
+            scripted.text("refunded"),
+        ]
+    ),
+    "Refund when asked.",
+    [lookup, refund],
+)
+
+
+def test_the_approval_page_shows_the_conversation_so_far_escaped_and_collapsed():
+    looked_up.start("refund order 7 <script>alert(1)</script>", run_id="talk-1")
+    req = ApprovalRequest.objects.get(run_id="talk-1")
+    root = client_for(make_user("root", superuser=True))
+    url = reverse("admin:durable_agents_approvalrequest_change", args=[req.pk])
+    body = root.get(url).content.decode()
+    start = body.index('<details id="da-conversation">')
+    talk = body[start : body.index("</details>", start)]
+    assert "4 messages" in talk  # input, the lookup turn, its result, the refund turn
+    assert "refund order 7 &lt;script&gt;alert(1)&lt;/script&gt;" in talk
+    assert "<script>" not in talk and "<b>order 7</b>" not in talk
+    assert "Checking &lt;b&gt;order 7&lt;/b&gt; first." in talk
+    assert "calls <strong>lookup</strong> <code>call_1_1</code>" in talk
+    assert "tool result: lookup <code>call_1_1</code>" in talk
+    assert "&quot;status&quot;: &quot;shipped&quot;" in talk  # the lookup's result
+    assert "calls <strong>refund</strong> <code>call_2_1</code> (the call you are deciding)" in talk
+    assert '"order_id": "7"' not in talk and "&quot;cents&quot;: 4200" in talk
