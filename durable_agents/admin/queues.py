@@ -1,6 +1,7 @@
 """The two queues staff work through: tool calls awaiting approval and halted side effects.
 Each opens on what is still waiting, and each item has its own page with the one command it
-takes: ``approve`` (decide) or ``resolve_halt`` (record the outcome). Registered when
+takes: ``approve`` (decide) or ``resolve_halt`` (record the outcome). Approvals are also
+decided from the list, inline and in bulk (``deciding``). Registered when
 ``durable_agents.admin`` imports this module."""
 
 from __future__ import annotations
