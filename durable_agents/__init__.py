@@ -44,6 +44,7 @@ from .engine.errors import (
     OutcomeUnknown,
     Pause,
     ProtocolError,
+    ReplayDiverged,
     ResumeToolMissing,
     RunBusy,
     SignalPending,
@@ -57,6 +58,8 @@ from .engine.errors import (
 )
 from .engine.identity import Actor
 from .engine.journal import Journal
+from .engine.replay import ReplayReport, replay
+from .engine.replay_model import ReplayModel
 from .engine.steps import Comparison, Step, as_of, compare, history
 from .engine.tools import Tool, ToolContext, tool
 from .engine.waits import TimedOut
@@ -99,6 +102,9 @@ __all__ = [
     "PendingRun",
     "ProtocolError",
     "Quorum",
+    "ReplayDiverged",
+    "ReplayModel",
+    "ReplayReport",
     "ResumeToolMissing",
     "RunBusy",
     "RunResult",
@@ -128,6 +134,7 @@ __all__ = [
     "history",
     "pending",
     "recover",
+    "replay",
     "resolve_halt",
     "resume",
     "signal",

@@ -15,9 +15,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import quote
+from django.contrib.admin.utils import quote, unquote
 from django.db.models import Count, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.urls import URLPattern, reverse
 
 from ..engine.commands.runs import cancel, delete, hand_over
@@ -34,6 +39,7 @@ from ..engine.ports import (
 from ..engine.records import Record
 from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
 from ..storage import site_store
+from ..transfer import export_lines
 from . import counts, forks, health, sessions
 from .base import (
     BY_RECOVERY,
@@ -45,6 +51,7 @@ from .base import (
     allows,
     json_cell,
     not_handed_over,
+    object_gone,
     posted_object,
     related_count,
     run_url,
@@ -152,6 +159,7 @@ class RunAdmin(ReadOnlyAdmin):
             self.command_path("resume", run_resume_view),
             self.command_path("cancel", run_cancel_view),
             self.command_path("fork", forks.fork_view),
+            self.command_path("export", run_export_view),
             *[u for u in own if u not in catch_all],
             self.command_path("session", sessions.session_view, "sessions/<str:session_id>/"),
             *catch_all,
@@ -309,6 +317,7 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
         "run_finished": run.status in TERMINAL_STATUSES,
         "resume_url": admin_url(admin, "resume", quote(run.run_id)),
         "cancel_url": admin_url(admin, "cancel", quote(run.run_id)),
+        "export_url": admin_url(admin, "export", quote(run.run_id)),
     }
 
 
@@ -381,3 +390,17 @@ def run_cancel_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str) 
     done, refused = cancel_runs(request, [run.run_id], reason or "cancelled in the admin")
     report(request, "Cancelled", done, refused)
     return HttpResponseRedirect(run_url(admin, run.run_id))
+
+
+def run_export_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    """The run as JSON lines (docs/replay.md), for anyone who may view it."""
+    if request.method != "GET":
+        return HttpResponseNotAllowed(["GET"])
+    run = admin.get_object(request, unquote(object_id))
+    if run is None or not admin.has_view_permission(request, run):
+        return object_gone(admin, request, object_id)
+    body = "".join(f"{text}\n" for text in export_lines(run.run_id))
+    response = HttpResponse(body, content_type="application/x-ndjson; charset=utf-8")
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in run.run_id)
+    response["Content-Disposition"] = f'attachment; filename="{safe}.jsonl"'
+    return response

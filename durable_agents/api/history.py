@@ -1,10 +1,10 @@
-"""History, fork and compare of runs. Views call the engine's ``history``, ``fork`` and
-``compare``; a fork is handed to a driver after it is written."""
+"""History, fork, compare and export of runs. Views call the engine's ``history``, ``fork``
+and ``compare``; a fork is handed to a driver after it is written."""
 
 from __future__ import annotations
 
 from django.db import transaction
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from ninja import Router, Status
 
 from ..conf import get_settings
@@ -12,6 +12,7 @@ from ..dispatch import enqueue
 from ..engine.commands.forks import Patch, fork
 from ..engine.commands.runs import get_run
 from ..engine.steps import compare, history
+from ..transfer import export_lines
 from .auth import check, require
 from .schemas import (
     ERRORS,
@@ -40,6 +41,31 @@ def run_history(request: HttpRequest, run_id: str) -> HistoryOut:
     check(request, "view_runs")
     run = get_run(checked_run_id(run_id))
     return HistoryOut(run_id=run.run_id, steps=[s.to_json() for s in history(run.run_id)])
+
+
+@router.get(
+    "/runs/{path:run_id}/export",
+    response={200: None, **ERRORS},
+    openapi_extra={
+        "responses": {
+            200: {
+                "description": "The run as JSON lines (docs/replay.md, Export format)",
+                "content": {"application/x-ndjson": {"schema": {"type": "string"}}},
+            }
+        }
+    },
+)
+def export_run(request: HttpRequest, run_id: str, with_forks: bool = False) -> HttpResponse:
+    """The run (and with ``with_forks``, its forks) as JSON lines: its journal, approval
+    requests and decisions, halts and action log entries; ``manage.py durable_agents
+    import`` reads it."""
+    check(request, "view_runs")
+    run = get_run(checked_run_id(run_id))
+    body = "".join(f"{text}\n" for text in export_lines(run.run_id, with_forks=with_forks))
+    response = HttpResponse(body, content_type="application/x-ndjson; charset=utf-8")
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in run.run_id)
+    response["Content-Disposition"] = f'attachment; filename="{safe}.jsonl"'
+    return response
 
 
 @router.post("/runs/{path:run_id}/fork", response={202: Accepted, **ERRORS})

@@ -11,6 +11,8 @@ fails on a cycle):
   signatures, the tally), ``definition`` (an agent's definition), ``registry``, ``steps``
   (a run read as steps; compare);
 * ``loop``: the driver;
+* ``replay_model`` (a model answering from a journal), ``replay`` (today's code against a
+  recorded run) and ``export`` (the JSON-lines export format), read-only beside the loop;
 * ``commands/``: what people and processes do to runs, one module per concept;
 * ``agent``: ``Agent``, the definition with its facade (``run``, ``start``, ``session``),
   the only module on top of the commands.

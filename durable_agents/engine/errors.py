@@ -133,6 +133,15 @@ class JournalVersionError(ProtocolError):
     code = "protocol.journal_version"
 
 
+class ReplayDiverged(Conflict):
+    """A replay found today's code diverging from a recorded run: ``details`` holds the
+    ``step``, the ``kind`` (``instructions``, ``tool_removed``, ``tool_changed``,
+    ``refused``, ``request``) and both sides (``recorded``, ``today``)."""
+
+    code = "replay.diverged"
+    http_status = 409
+
+
 class BudgetError(DurableAgentsError):
     """A run hit one of its limits (turns, tokens)."""
 

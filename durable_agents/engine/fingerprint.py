@@ -5,7 +5,7 @@ so changing only code never counts as a change."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .model import Message, ToolSpec
@@ -25,9 +25,14 @@ def instructions_digest(instructions: str) -> str:
 
 
 def tools_digest(specs: Sequence[ToolSpec]) -> str:
-    if not specs:
+    return digest_of_hashes({s.name: tool_hash(s) for s in specs})
+
+
+def digest_of_hashes(hashes: Mapping[str, str]) -> str:
+    """``tools_digest`` from each tool's hash (as a fingerprint's ``tools`` holds them)."""
+    if not hashes:
         return ""
-    parts = sorted(f"{s.name}:{tool_hash(s)}" for s in specs)
+    parts = sorted(f"{name}:{h}" for name, h in hashes.items())
     return _sha("durable_agents.tools\n" + "\n".join(parts))[:16]
 
 

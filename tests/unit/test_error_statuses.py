@@ -23,6 +23,7 @@ EXPECTED = {
     errors.RunBusy: 409,
     errors.LeaseLost: 409,
     errors.DriveStopped: 409,
+    errors.ReplayDiverged: 409,
     # who acts
     errors.ApproverNotEligible: 403,
     errors.ActorForbidden: 403,

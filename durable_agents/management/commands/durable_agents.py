@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -37,7 +38,11 @@ _GLOBAL_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 
 
 class Command(BaseCommand):
-    help = "Operate durable agent runs: runs, approve, deny, cancel, resolve, recover."
+    help = (
+        "Operate durable agent runs: runs, approve, deny, cancel, resolve, recover, export, import."
+    )
+    # ``import -`` reads this stream (call_command(..., stdin=...)), else the process's stdin.
+    stealth_options = ("stdin",)
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, parser_class=CommandParser)
@@ -98,6 +103,14 @@ class Command(BaseCommand):
         )
         resolve.add_argument("--min-age", type=float, help="refuse halts younger than this (s)")
 
+        export = command("export", "write a run as JSON lines on stdout (docs/replay.md)")
+        export.add_argument("run_id")
+        export.add_argument("--with-forks", action="store_true", help="its forks too, and theirs")
+        imp = command(
+            "import", "import runs from an export file; refuses run ids the site already has"
+        )
+        imp.add_argument("file", help="the export file, or - for stdin")
+
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
         try:
@@ -141,6 +154,31 @@ class Command(BaseCommand):
         sent = recover()
         self.stdout.write(f"re-enqueued {len(sent)} run(s)")
         for run_id in sent:
+            self.stdout.write(f"  {run_id}")
+
+    def _export(self, options: dict[str, Any]) -> None:
+        from durable_agents.transfer import export_lines
+
+        lines = export_lines(options["run_id"], with_forks=options["with_forks"])
+        first = next(lines)  # a missing run fails here, before anything is written
+        self.stdout.write(first)
+        for text in lines:
+            self.stdout.write(text)
+
+    def _import(self, options: dict[str, Any]) -> None:
+        from durable_agents.transfer import import_lines
+
+        name = options["file"]
+        try:
+            if name == "-":
+                run_ids = import_lines(options.get("stdin") or sys.stdin)
+            else:
+                with open(name, encoding="utf-8") as f:
+                    run_ids = import_lines(f)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CommandError(f"cannot read {name}: {exc}") from None
+        self.stdout.write(f"imported {len(run_ids)} run(s)")
+        for run_id in run_ids:
             self.stdout.write(f"  {run_id}")
 
     # -- acting -------------------------------------------------------------------------

@@ -1,0 +1,241 @@
+"""Export and import of runs as JSON lines, on the site's database: the management command,
+the API endpoint and the admin's "Export JSONL" link."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import Client
+
+import durable_agents as da
+from durable_agents.engine.export import EXPORT_FORMAT
+from durable_agents.engine.journal import Journal
+from durable_agents.models import (
+    ActionLog,
+    ApprovalRequest,
+    Decision,
+    Halt,
+    JournalEntry,
+    Run,
+)
+from durable_agents.storage import site_store
+from tests.support.agents import count_effects, gated
+from tests.support.api import API, error, staff_with
+from tests.support.people import make_user
+from tests.support.procs import ROOT, subprocess_env
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+
+
+def _approved_run(run_id: str) -> str:
+    """A gated run, approved by a person, finished: journal, request, decision, action log."""
+    gated.start("refund order 7", run_id=run_id)
+    call_id = ApprovalRequest.objects.get(run_id=run_id).call_id
+    ops = make_user(f"ops-{run_id}", "approve_toolcall")
+    da.approve(run_id, call_id, approved=True, by=ops, note="ok")
+    assert Run.objects.get(run_id=run_id).status == "finished"
+    return call_id
+
+
+def _export(*args: str) -> str:
+    out = StringIO()
+    call_command("durable_agents", "export", *args, stdout=out)
+    return out.getvalue()
+
+
+def _snapshot(run_id: str) -> dict:
+    return {
+        "records": [(r.name, r.data) for r in Journal(site_store()).records(run_id)],
+        "run": Run.objects.filter(run_id=run_id)
+        .values("agent", "status", "input", "answer", "turns", "usage", "fingerprint")
+        .get(),
+        "requests": list(
+            ApprovalRequest.objects.filter(run_id=run_id).values(
+                "call_id", "tool_name", "arguments", "status", "policy"
+            )
+        ),
+        "decisions": list(
+            Decision.objects.filter(request__run_id=run_id).values(
+                "approver", "approved", "note", "signature", "arguments", "created_at"
+            )
+        ),
+        "actions": list(
+            ActionLog.objects.filter(run_id=run_id).values(
+                "actor", "action", "target", "payload", "channel", "created_at"
+            )
+        ),
+    }
+
+
+def _forget(*run_ids: str) -> None:
+    Run.objects.filter(run_id__in=run_ids).delete()
+    JournalEntry.objects.filter(run_id__in=run_ids).delete()
+    ActionLog.objects.filter(run_id__in=run_ids).delete()
+
+
+def _counts() -> tuple[int, ...]:
+    models = (Run, JournalEntry, ApprovalRequest, Decision, Halt, ActionLog)
+    return tuple(m.objects.count() for m in models)
+
+
+def test_a_run_exported_and_imported_is_the_same_run(tmp_path):
+    _approved_run("xp-1")
+    before = _snapshot("xp-1")
+    text = _export("xp-1")
+    lines = [json.loads(x) for x in text.splitlines()]
+    assert lines[0]["type"] == "header" and lines[0]["format"] == EXPORT_FORMAT
+    assert lines[0]["journal_format"] == "durable_agents.journal.v1"
+    assert lines[0]["runs"] == ["xp-1"]
+    assert lines[-1] == {"type": "end", "lines": len(lines) - 1}
+    assert {x["type"] for x in lines} == {
+        "header",
+        "run",
+        "record",
+        "approval_request",
+        "decision",
+        "action",
+        "end",
+    }
+    path = tmp_path / "run.jsonl"
+    path.write_text(text, encoding="utf-8")
+
+    _forget("xp-1")
+    out = StringIO()
+    call_command("durable_agents", "import", str(path), stdout=out)
+    assert "imported 1 run(s)" in out.getvalue()
+    assert _snapshot("xp-1") == before
+    # The request points at the imported run:start (seqs are this site's own).
+    start = JournalEntry.objects.get(run_id="xp-1", name="run:start")
+    assert ApprovalRequest.objects.get(run_id="xp-1").start_seq == start.seq
+    # The imported run is a run like any other: replay, history, and a finished answer.
+    assert da.replay("xp-1").identical
+    effects = count_effects("xp-1")
+    assert gated.run("xp-1").answer == "refunded"
+    assert count_effects("xp-1") == effects
+
+
+def test_with_forks_exports_the_forks_too():
+    _approved_run("xp-src")
+    fork_id = da.fork("xp-src", from_step=1, patch=da.Patch(), new_run_id="xp-src.f1")
+    assert _export("xp-src").count('"type":"run"') == 1
+    text = _export("xp-src", "--with-forks")
+    header = json.loads(text.splitlines()[0])
+    assert header["runs"] == ["xp-src", fork_id]
+    before = [_snapshot("xp-src")["records"], _snapshot(fork_id)["records"]]
+    _forget("xp-src", fork_id)
+    call_command("durable_agents", "import", "-", stdin=StringIO(text), stdout=StringIO())
+    assert [_snapshot("xp-src")["records"], _snapshot(fork_id)["records"]] == before
+    assert Run.objects.get(run_id=fork_id).forked_from == "xp-src"
+
+
+def _refused(text: str, code: str, tmp_path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text, encoding="utf-8")
+    before = _counts()
+    with pytest.raises(CommandError, match=code):
+        call_command("durable_agents", "import", str(path), stdout=StringIO())
+    assert _counts() == before
+
+
+def test_import_refuses_a_run_id_the_site_has(tmp_path):
+    _approved_run("xp-dup")
+    _refused(_export("xp-dup"), r"run\.exists", tmp_path)
+
+
+def test_import_refuses_another_format_or_a_cut_file_and_writes_nothing(tmp_path):
+    _approved_run("xp-bad")
+    text = _export("xp-bad")
+    _forget("xp-bad")
+    lines = text.splitlines()
+    header = json.loads(lines[0])
+    other = "\n".join([json.dumps({**header, "format": "durable_agents.export.v0"}), *lines[1:]])
+    _refused(other, r"export\.format", tmp_path)
+    journal = json.dumps({**header, "journal_format": "durable_agents.journal.v9"})
+    _refused("\n".join([journal, *lines[1:]]), r"protocol\.journal_version", tmp_path)
+    _refused("\n".join(lines[:-1]), r"export\.invalid: the file has no end line", tmp_path)
+    _refused("\n".join(lines[:3] + lines[4:]), r"export\.invalid", tmp_path)  # a line cut out
+    _refused('{"rows": []}\n', r"export\.format", tmp_path)
+    _refused("", r"export\.format", tmp_path)
+    assert not Run.objects.filter(run_id="xp-bad").exists()
+    # The same file, untouched, imports.
+    _refused_not = tmp_path / "good.jsonl"
+    _refused_not.write_text(text, encoding="utf-8")
+    call_command("durable_agents", "import", str(_refused_not), stdout=StringIO())
+    assert Run.objects.get(run_id="xp-bad").status == "finished"
+
+
+def test_the_command_exits_non_zero_on_a_refused_file(tmp_path):
+    _approved_run("xp-exit")
+    path = tmp_path / "run.jsonl"
+    env = subprocess_env()
+    command = [sys.executable, "-m", "django", "durable_agents"]
+    settings = ["--settings", "tests.settings"]
+    exported = subprocess.run(
+        [*command, "export", "xp-exit", *settings],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert exported.returncode == 0, exported.stderr
+    path.write_text(exported.stdout, encoding="utf-8")
+    imported = subprocess.run(
+        [*command, "import", str(path), *settings],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert imported.returncode != 0
+    assert "run.exists" in imported.stderr
+    missing = subprocess.run(
+        [*command, "export", "xp-none", *settings],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode != 0 and "run.not_found" in missing.stderr
+    assert missing.stdout == ""
+
+
+def test_the_api_exports_a_run_for_whoever_may_view_it():
+    _approved_run("xp-api")
+    response = staff_with().get("/runs/xp-api/export")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("application/x-ndjson")
+    assert 'filename="xp-api.jsonl"' in response["Content-Disposition"]
+    lines = response.content.decode().splitlines()
+    assert json.loads(lines[0])["runs"] == ["xp-api"]
+    assert json.loads(lines[-1]) == {"type": "end", "lines": len(lines) - 1}
+    error(staff_with(name="viewer2").get("/runs/nope/export"), 404, "run.not_found")
+    nobody = Client()
+    nobody.force_login(make_user("no-perms"))
+    error(nobody.get(f"{API}/runs/xp-api/export"), 403, "auth.forbidden")
+
+
+def test_the_admin_run_page_links_the_export():
+    _approved_run("xp-admin")
+    client = Client()
+    client.force_login(make_user("reader", "view_run"))
+    page = client.get("/admin/durable_agents/run/xp-admin/change/")
+    assert page.status_code == 200
+    assert "Export JSONL" in page.content.decode()
+    response = client.get("/admin/durable_agents/run/xp-admin/export/")
+    assert response.status_code == 200
+    assert 'filename="xp-admin.jsonl"' in response["Content-Disposition"]
+    lines = response.content.decode().splitlines()
+    assert json.loads(lines[0])["runs"] == ["xp-admin"]
+    assert client.post("/admin/durable_agents/run/xp-admin/export/").status_code == 405
+    stranger = Client()
+    stranger.force_login(make_user("stranger"))
+    assert stranger.get("/admin/durable_agents/run/xp-admin/export/").status_code != 200
