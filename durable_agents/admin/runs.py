@@ -335,7 +335,7 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
         "open_halts": [h for h in halts if h["obj"].status == HALT_OPEN],
         "can_decide": can_decide,
         "awaiting_approval": run.status == AWAITING_APPROVAL,
-        "timeline": build_timeline(records),
+        "timeline": build_timeline(records, [h["obj"] for h in halts]),
         "timeline_error": timeline_error,
         **agent_drift(records, fallback=run.fingerprint),
         "fork_url": admin_url(admin, "fork", quote(run.run_id)) if can_fork else None,
