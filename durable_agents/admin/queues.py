@@ -1,6 +1,7 @@
 """The two queues staff work through: tool calls awaiting approval and halted side effects.
 Each opens on what is still waiting, and each item has its own page with the one command it
-takes: ``approve`` (decide) or ``resolve_halt`` (record the outcome). Registered when
+takes: ``approve`` (decide) or ``resolve_halt`` (record the outcome). Approvals are also
+decided from the list, inline and in bulk (``deciding``). Registered when
 ``durable_agents.admin`` imports this module."""
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern
+from django.utils.html import format_html
 
-from ..engine.commands.approvals import approve
 from ..engine.commands.halts import resolve_halt
 from ..engine.errors import ApprovalEditInvalid, DurableAgentsError
 from ..engine.journal import Journal
@@ -26,6 +27,7 @@ from ..engine.ports import APPROVAL_PENDING, HALT_OPEN
 from ..engine.registry import get_agent
 from ..models import ApprovalRequest, Decision, Halt, Lease
 from ..storage import site_store
+from . import counts
 from .base import (
     BY_RECOVERY,
     AnyModelAdmin,
@@ -43,7 +45,8 @@ from .base import (
     related_count,
     run_url,
 )
-from .readable import fields_of, policy_words, summary_of
+from .deciding import bulk_decide, decide_call, tell
+from .readable import conversation, fields_of, policy_words, summary_of
 from .timeline import pretty
 
 
@@ -56,6 +59,12 @@ class _QueueAdmin(ReadOnlyAdmin):
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return super().has_view_permission(request, obj) or allows(request, self.view_action)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        allowed = super().has_module_permission(request)
+        if allowed:
+            counts.note_on_index(request)  # how much waits, on the admin index
+        return allowed
 
     def detail(self, request: HttpRequest, obj: Any) -> HttpResponse:
         raise NotImplementedError
@@ -177,6 +186,7 @@ class ApprovalRequestAdmin(_QueueAdmin):
     search_fields = ("run__run_id", "call_id", "tool_name")
     list_select_related = ("run",)
     view_action = "view_approvals"
+    actions = ["approve_selected", "deny_selected"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ApprovalRequest]:
         rows: QuerySet[ApprovalRequest] = (
@@ -191,6 +201,43 @@ class ApprovalRequestAdmin(_QueueAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         return [self.command_path("decide", approval_decide_view), *super().get_urls()]
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        shown = super().get_list_display(request)
+        return (*shown, "decide_here") if allows(request, "decide") else shown
+
+    # The actions' ``permissions=["decide"]`` (Django asks ``has_decide_permission``).
+    def has_decide_permission(self, request: HttpRequest) -> bool:
+        return allows(request, "decide")
+
+    @admin.action(description="Approve selected calls", permissions=["decide"])
+    def approve_selected(
+        self, request: HttpRequest, queryset: QuerySet[ApprovalRequest]
+    ) -> HttpResponse | None:
+        return bulk_decide(self, request, queryset, approved=True)
+
+    @admin.action(description="Deny selected calls", permissions=["decide"])
+    def deny_selected(
+        self, request: HttpRequest, queryset: QuerySet[ApprovalRequest]
+    ) -> HttpResponse | None:
+        return bulk_decide(self, request, queryset, approved=False)
+
+    @admin.display(description="decide")
+    def decide_here(self, obj: ApprovalRequest) -> str:
+        """Approve / Deny buttons that post the list's own form (its CSRF token) to the
+        call's decide URL: the same view as the call's page. A denial from here has no
+        message; write one on the call's page or with "Deny selected"."""
+        if obj.status != APPROVAL_PENDING:
+            return ""
+        url = admin_url(self, "decide", obj.pk) + "?back=queue"
+        return format_html(
+            '<button type="submit" formaction="{}" formmethod="post" formnovalidate '
+            'name="decision" value="approve" class="button da-row-approve">Approve</button> '
+            '<button type="submit" formaction="{}" formmethod="post" formnovalidate '
+            'name="decision" value="deny" class="button da-danger da-row-deny">Deny</button>',
+            url,
+            url,
+        )
 
     def detail(self, request: HttpRequest, obj: Any) -> HttpResponse:
         return approval_detail(self, request, obj)
@@ -209,6 +256,10 @@ def approval_detail(
 ) -> TemplateResponse:
     can_decide = allows(request, "decide") and obj.status == APPROVAL_PENDING
     tool = tool_of(obj)
+    try:  # one read of the journal; a record that cannot be read leaves the rest shown
+        talk, talk_error = conversation(Journal(site_store()).records(obj.run_id), obj.call_id), ""
+    except DurableAgentsError as exc:
+        talk, talk_error = [], str(exc)
     return _detail(
         admin,
         request,
@@ -220,6 +271,8 @@ def approval_detail(
                 pretty(obj.previous_arguments) if obj.previous_arguments is not None else None
             ),
             "run_input": pretty(obj.run.input),
+            "conversation": talk,
+            "conversation_error": talk_error,
             "policy": pretty(obj.policy),
             "policy_words": policy_words(obj.policy, obj.n_approved),
             "description": getattr(tool, "description", ""),
@@ -245,49 +298,23 @@ def approval_decide_view(
     if not form.is_valid():
         return approval_detail(admin, request, obj, form)
     approved = form.cleaned_data["decision"] != "deny"
-    # Decided from the run page's banner: back there, where the run's new state shows.
-    back = run_url(admin, obj.run_id) if request.POST.get("back") == "run" else None
-    here = HttpResponseRedirect(back or admin_url(admin, "change", obj.pk))
+    # Decided from the run page's banner or the queue: back there, where the new state shows.
+    back = {"run": run_url(admin, obj.run_id), "queue": admin_url(admin, "changelist")}.get(
+        request.POST.get("back") or request.GET.get("back") or ""
+    )
     try:
-        outcome = approve(
-            obj.run_id,
-            obj.call_id,
+        decided = decide_call(
+            request,
+            obj,
             approved,
-            by=admin_actor(request),
-            note=form.cleaned_data["note"],
+            form.cleaned_data["note"],
             edit=form.cleaned_data["edited"],
         )
     except ApprovalEditInvalid as exc:  # bad input: a form error, nothing written
         form.add_error("edit", str(exc))
         return approval_detail(admin, request, obj, form)
-    except DurableAgentsError as exc:
-        messages.error(request, f"{exc} [{exc.code}]")
-        return here
-    except Exception as exc:
-        # approve() hands the run over last, after the decision is recorded, so a broker
-        # that is down fails only that. A call that was pending and still is: a real error.
-        now = ApprovalRequest.objects.filter(pk=obj.pk).values_list("status", flat=True).first()
-        if obj.status != APPROVAL_PENDING or now in (None, APPROVAL_PENDING):
-            raise
-        recorded = f"Call {obj.call_id} of run {obj.run_id} is {now} (recorded)"
-        not_handed_over(request, recorded, exc, BY_RECOVERY)
-        return here
-    if obj.status != APPROVAL_PENDING:  # the same decision again: the standing one
-        messages.info(request, f"Call {obj.call_id} was already {outcome.status}; nothing changed.")
-    elif outcome.status == APPROVAL_PENDING:
-        tally = outcome.tally
-        messages.success(
-            request,
-            f"Your decision on call {obj.call_id} is recorded: "
-            f"{len(tally.get('approved_by') or ())} of {tally.get('need')} approved so far.",
-        )
-    else:
-        messages.success(
-            request,
-            f"Call {obj.call_id} of run {obj.run_id} is {outcome.status}; the run was handed to a "
-            "driver.",
-        )
-    return here
+    tell(request, decided)
+    return HttpResponseRedirect(back or admin_url(admin, "change", obj.pk))
 
 
 # -- halts --------------------------------------------------------------------------------

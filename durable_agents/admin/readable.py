@@ -8,6 +8,9 @@ import json
 import logging
 from typing import Any
 
+from ..engine.transcript import RunState
+from .timeline import pretty_text
+
 log = logging.getLogger(__name__)
 
 
@@ -52,3 +55,33 @@ def policy_words(policy: Any, approvals: int) -> str:
             f"{approvals} of {need} so far"
         )
     return f"needs one approval: {approvals} of 1 so far"
+
+
+def conversation(records: Any, call_id: str) -> list[dict[str, Any]]:
+    """The run's transcript as the model saw it when it asked for call ``call_id``, built
+    from the journal alone (``RunState.messages``): the input (and a session's earlier
+    messages), each model turn's text and tool calls, and each earlier call's result. One
+    dict per message; the template escapes every text."""
+    labels = {"user": "input", "assistant": "model", "tool": "tool result", "system": "system"}
+    out = []
+    for m in RunState.of(records).messages():
+        out.append(
+            {
+                "role": m.role,
+                "label": labels.get(m.role, m.role),
+                "text": pretty_text(m.content) if m.role == "tool" else m.content,
+                "calls": [
+                    {
+                        "id": c.id,
+                        "name": c.name,
+                        "arguments": pretty_text(c.arguments),
+                        "this": c.id == call_id,
+                    }
+                    for c in m.tool_calls
+                ],
+                "call_id": m.tool_call_id,
+                "name": m.name,
+                "is_error": m.is_error,
+            }
+        )
+    return out

@@ -36,7 +36,7 @@ from ..engine.ports import (
 from ..engine.records import Record
 from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
 from ..storage import site_store
-from . import forks, health, sessions
+from . import counts, forks, health, sessions
 from .base import (
     BY_RECOVERY,
     BY_RESUME,
@@ -159,6 +159,8 @@ class RunAdmin(ReadOnlyAdmin):
         allowed = super().has_module_permission(request)
         if allowed and self.has_view_permission(request):
             health.warn_on_index(request)  # staff who see runs see queue health
+        if allowed:
+            counts.note_on_index(request)
         return allowed
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:

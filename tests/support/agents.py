@@ -7,8 +7,10 @@ journal knows nothing about.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+from typing import Any
 
 import psycopg
 from django.db import connections
@@ -135,6 +137,54 @@ gated = da.Agent(
             scripted.calls(scripted.call("refund", {"order_id": "7", "cents": 500})),
             scripted.text("refunded"),
         ]
+    ),
+    "Refund when asked.",
+    [refund],
+)
+
+
+REQUESTS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS test_model_requests (id bigserial PRIMARY KEY, body text NOT NULL)"
+)
+
+
+def _requests_table(conn: psycopg.Connection) -> None:
+    try:
+        conn.execute(REQUESTS_TABLE)
+    except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
+        pass  # another process created it at the same moment
+
+
+def record_request(request: Any) -> None:
+    """Keep a model request's messages outside the journal (table ``test_model_requests``):
+    what a provider was really sent, for tests that check it from another process."""
+    body = json.dumps(
+        [{"role": m.role, "content": m.content} for m in request.messages], ensure_ascii=False
+    )
+    with effects_connection() as conn:
+        _requests_table(conn)
+        conn.execute("INSERT INTO test_model_requests (body) VALUES (%s)", [body])
+
+
+def requests_containing(text: str) -> int:
+    """How many recorded model requests contain ``text``."""
+    with effects_connection() as conn:
+        _requests_table(conn)
+        row = conn.execute(
+            "SELECT count(*) FROM test_model_requests WHERE strpos(body, %s) > 0", [text]
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+# ``gated`` whose model records every request it is sent (``record_request``).
+gated_recorded = da.Agent(
+    "gated_recorded",
+    ScriptedModel(
+        [
+            scripted.calls(scripted.call("refund", {"order_id": "7", "cents": 500})),
+            scripted.text("refunded"),
+        ],
+        on_request=record_request,
     ),
     "Refund when asked.",
     [refund],

@@ -1,0 +1,213 @@
+"""Deciding gated calls from the admin: one call (its page, the run page's banner, the
+queue's inline buttons) or several at once (the queue's "Approve selected" / "Deny selected"
+actions, confirmed on a page that lists exactly what will run).
+
+Every path decides each call through the engine's ``approve`` command, so the permission
+table, the quorum rules (a person counts once) and the action log are the same ones. A bulk
+decision first checks that the person may decide every selected call; if one is refused,
+nothing at all is decided. A call whose quorum is not met after this person's vote stays
+pending, and the result page says so on its row. (No policy requires a signature today; a
+signed decision is made through the API, never here.)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+
+from ..engine import runtime
+from ..engine.approvals import NOT_SHOWN, check_may_decide, resolve_approver
+from ..engine.commands.approvals import approve
+from ..engine.errors import ApprovalEditInvalid, DurableAgentsError
+from ..engine.ports import APPROVAL_PENDING
+from ..models import ApprovalRequest, Decision
+from .base import BY_RECOVERY, AnyModelAdmin, admin_actor, not_handed_over, page, run_url
+from .readable import fields_of, summary_of
+
+NOTE_MAX = 2000
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What one decision did: ``decided`` (the call is approved or denied now), ``pending``
+    (recorded; the quorum is not met yet), ``unchanged`` (the same decision again: the
+    standing one), ``refused`` (an engine refusal, nothing written) or ``not_handed_over``
+    (recorded, but the broker could not be reached)."""
+
+    kind: str
+    text: str
+
+
+def decide_call(
+    request: HttpRequest,
+    obj: ApprovalRequest,
+    approved: bool,
+    note: str = "",
+    *,
+    edit: Any = None,
+    arguments: Any = NOT_SHOWN,
+) -> Decided:
+    """Decide ``obj`` as the signed-in user through ``approve``. An invalid edit raises
+    ``ApprovalEditInvalid`` (a form error for the caller; nothing written)."""
+    try:
+        outcome = approve(
+            obj.run_id,
+            obj.call_id,
+            approved,
+            by=admin_actor(request),
+            note=note,
+            edit=edit,
+            arguments=arguments,
+        )
+    except ApprovalEditInvalid:
+        raise
+    except DurableAgentsError as exc:
+        return Decided("refused", f"{exc} [{exc.code}]")
+    except Exception as exc:
+        # approve() hands the run over last, after the decision is recorded, so a broker
+        # that is down fails only that. A call that was pending and still is: a real error.
+        now = ApprovalRequest.objects.filter(pk=obj.pk).values_list("status", flat=True).first()
+        if obj.status != APPROVAL_PENDING or now in (None, APPROVAL_PENDING):
+            raise
+        recorded = f"Call {obj.call_id} of run {obj.run_id} is {now} (recorded)"
+        not_handed_over(request, recorded, exc, BY_RECOVERY)
+        return Decided("not_handed_over", f"{recorded}; {BY_RECOVERY}")
+    if obj.status != APPROVAL_PENDING:  # the same decision again: the standing one
+        return Decided(
+            "unchanged", f"Call {obj.call_id} was already {outcome.status}; nothing changed."
+        )
+    if outcome.status == APPROVAL_PENDING:
+        tally = outcome.tally
+        return Decided(
+            "pending",
+            f"Your decision on call {obj.call_id} is recorded: "
+            f"{len(tally.get('approved_by') or ())} of {tally.get('need')} approved so far.",
+        )
+    return Decided(
+        "decided",
+        f"Call {obj.call_id} of run {obj.run_id} is {outcome.status}; the run was handed to a "
+        "driver.",
+    )
+
+
+def tell(request: HttpRequest, decided: Decided) -> None:
+    """Say on the next page what one decision did (a failed hand-over has said so already)."""
+    if decided.kind == "refused":
+        messages.error(request, decided.text)
+    elif decided.kind == "unchanged":
+        messages.info(request, decided.text)
+    elif decided.kind in ("decided", "pending"):
+        messages.success(request, decided.text)
+
+
+# -- several at once ------------------------------------------------------------------------
+
+
+def refusals(request: HttpRequest, rows: list[ApprovalRequest]) -> list[str]:
+    """Why this person may not decide some of ``rows`` (the engine's one rule,
+    ``check_may_decide``), or []: checked for all before any is decided."""
+    try:
+        actor = resolve_approver(admin_actor(request))
+    except DurableAgentsError as exc:
+        return [f"{exc} [{exc.code}]"]
+    groups: dict[str, list[str]] = {}
+    out = []
+    for obj in rows:
+        policy = obj.policy if isinstance(obj.policy, dict) else {}
+        if policy.get("kind") == "quorum":
+            group = str(policy.get("group"))
+            if group not in groups:
+                groups[group] = list(runtime.eligible_approvers(group))
+            eligible = groups[group]
+        else:
+            eligible = [actor.username]
+        try:
+            check_may_decide(actor, policy, eligible)
+        except DurableAgentsError as exc:
+            out.append(f"call {obj.call_id} of run {obj.run_id}: {exc} [{exc.code}]")
+    return out
+
+
+def _row(admin: AnyModelAdmin, obj: Any, mine: dict[int, bool]) -> dict[str, Any]:
+    from .queues import progress, tool_of  # queues registers the admin that calls this
+
+    tool = tool_of(obj)
+    summary = summary_of(tool, obj.arguments)
+    if summary is None:
+        summary = "; ".join(f"{t}: {v}" for t, v in fields_of(tool, obj.arguments))
+    return {
+        "obj": obj,
+        "summary": summary,
+        "run_url": run_url(admin, obj.run_id),
+        "url": reverse("admin:durable_agents_approvalrequest_change", args=[obj.pk]),
+        "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
+        "shown": json.dumps(obj.arguments, ensure_ascii=False, sort_keys=True),
+        "mine": mine.get(obj.pk),
+    }
+
+
+def bulk_decide(
+    admin: AnyModelAdmin, request: HttpRequest, queryset: QuerySet[ApprovalRequest], approved: bool
+) -> HttpResponse | None:
+    """The "Approve selected" / "Deny selected" action: a confirmation page listing what
+    will run (and, for a denial, asking for the message the model reads); once confirmed,
+    each pending call decided through ``approve`` and a page saying, row by row, what
+    happened. Rows no longer pending are listed and left alone."""
+    selected = list(queryset.select_related("run").order_by("created_at", "pk"))
+    pending = [o for o in selected if o.status == APPROVAL_PENDING]
+    skipped = [o for o in selected if o.status != APPROVAL_PENDING]
+    username = admin_actor(request).username
+    mine = dict(
+        Decision.objects.filter(request__in=pending, approver=username).values_list(
+            "request_id", "approved"
+        )
+    )
+    verb = "approve" if approved else "deny"
+    refused = refusals(request, pending)
+    note = str(request.POST.get("note") or "").strip()
+    errors = []
+    confirmed = request.POST.get("post") == "yes"
+    if confirmed and not approved and not note:
+        errors.append("Write the message the model reads as each denied call's result.")
+    if confirmed and len(note) > NOTE_MAX:
+        errors.append(f"The message is longer than {NOTE_MAX} characters.")
+    if confirmed and refused:
+        errors.append("Nothing was decided: you may not decide every selected call.")
+    context: dict[str, Any] = {
+        "verb": verb,
+        "approved": approved,
+        "action": f"{verb}_selected",
+        "rows": [_row(admin, o, mine) for o in pending],
+        "skipped": skipped,
+        "refused": refused,
+        "note": note,
+        "errors": errors,
+        "results": None,
+        "form_url": request.get_full_path(),
+    }
+    title = f"{verb.capitalize()} {len(pending)} tool call{'s' if len(pending) != 1 else ''}"
+    if not confirmed or errors or not pending:
+        return page(
+            admin, request, "admin/durable_agents/approvalrequest/bulk.html", title, context
+        )
+    results = []
+    for row in context["rows"]:
+        obj = row["obj"]
+        # Decided for the arguments the confirmation page showed: if the call asks about
+        # others by now, the engine refuses this row (approval.arguments_changed).
+        try:
+            shown = json.loads(request.POST.get(f"shown_{obj.pk}") or "")
+        except ValueError:
+            result = Decided("refused", "The arguments shown were not posted back; nothing done.")
+        else:
+            result = decide_call(request, obj, approved, note, arguments=shown)
+        results.append({**row, "result": result})
+    context["results"] = results
+    done = f"{verb.capitalize()}d" if approved else "Denied"
+    return page(admin, request, "admin/durable_agents/approvalrequest/bulk.html", done, context)
