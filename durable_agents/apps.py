@@ -7,10 +7,11 @@ class DurableAgentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import checks, signals  # noqa: F401  (checks registers the system checks)
         from .conf import get_settings
         from .dispatch import enqueue
         from .engine import runtime
+        from .notify import email_approvers
         from .people import approver_keys, eligible_approvers, resolve_actor
         from .registry import load_agents
         from .shutdown import shutting_down
@@ -30,3 +31,5 @@ class DurableAgentsConfig(AppConfig):
             retry_policy=lambda: get_settings().retry,
             recovery_interval=lambda: get_settings().recovery_interval,
         )
+        # The built-in notification; it does nothing unless NOTIFY["APPROVALS"] is on.
+        signals.approval_requested.connect(email_approvers, dispatch_uid="durable_agents.notify")

@@ -7,7 +7,7 @@ time), and ``durable_agents.checks`` validates them at startup with a fix-it hin
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .engine.errors import ConfigError
@@ -19,7 +19,20 @@ DOCS_URL = "https://github.com/durable-agents/durable-agents/blob/main/docs/"
 DISPATCH_MODES = ("celery", "inline")
 DRIFT_POLICIES = ("warn", "error", "ignore")
 
-__all__ = ["RetryPolicy", "Settings", "get_settings", "parse"]
+__all__ = ["Notify", "RetryPolicy", "Settings", "get_settings", "parse"]
+
+
+@dataclass(frozen=True)
+class Notify:
+    """``NOTIFY``: who is told what by email (``durable_agents.notify``)."""
+
+    # Email the eligible approvers of a call when it starts waiting for approval.
+    approvals: bool = False
+    # The sender; None: Django's DEFAULT_FROM_EMAIL.
+    from_email: str | None = None
+    # The site's address as approvers reach it ("https://ops.example.com"): emails are sent
+    # by workers, which have no request to build a link from.
+    base_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,7 @@ class Settings:
     public_api_docs: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     halt_min_age: float | None = None  # None: twice LEASE_TTL
+    notify: Notify = field(default_factory=Notify)
 
     @property
     def effective_halt_min_age(self) -> float:
@@ -57,8 +71,10 @@ _KEYS = {
     "PUBLIC_API_DOCS": "public_api_docs",
     "RETRY": "retry",
     "HALT_MIN_AGE": "halt_min_age",
+    "NOTIFY": "notify",
 }
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
+_NOTIFY_KEYS = {"APPROVALS": "approvals", "FROM_EMAIL": "from_email", "BASE_URL": "base_url"}
 
 
 def _suggest(key: str, known: Any) -> str:
@@ -153,11 +169,56 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
         else:
             retry_values[_RETRY_KEYS[key]] = _positive(f"RETRY.{key}", value, problems)
     values["retry"] = RetryPolicy(**retry_values)
+    values["notify"] = _parse_notify(values.pop("notify", None), problems)
 
     settings = Settings(**values)
     if settings.lease_ttl < 1:
         problems.append("DURABLE_AGENTS['LEASE_TTL'] must be at least 1 second")
     return settings, problems
+
+
+def _parse_notify(raw: Any, problems: list[str]) -> Notify:
+    if raw is None:
+        return Notify()
+    if not isinstance(raw, dict):
+        problems.append(
+            "DURABLE_AGENTS['NOTIFY'] must be a dict, e.g. {'APPROVALS': True, "
+            "'BASE_URL': 'https://ops.example.com'}"
+        )
+        return Notify()
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in _NOTIFY_KEYS:
+            problems.append(
+                f"unknown key DURABLE_AGENTS['NOTIFY'][{key!r}]{_suggest(str(key), _NOTIFY_KEYS)}"
+            )
+            continue
+        values[_NOTIFY_KEYS[key]] = value
+    if not isinstance(values.get("approvals", False), bool):
+        problems.append("DURABLE_AGENTS['NOTIFY']['APPROVALS'] must be True or False")
+        values.pop("approvals")
+    sender = values.get("from_email")
+    if sender is not None and (not isinstance(sender, str) or "@" not in sender):
+        problems.append(
+            "DURABLE_AGENTS['NOTIFY']['FROM_EMAIL'] must be an email address (or None for "
+            f"DEFAULT_FROM_EMAIL), not {sender!r}"
+        )
+        values.pop("from_email")
+    base = values.get("base_url", "")
+    absolute = isinstance(base, str) and base.startswith(("http://", "https://"))
+    if base != "" and not (absolute and len(base) > len("https://") and " " not in base):
+        problems.append(
+            "DURABLE_AGENTS['NOTIFY']['BASE_URL'] must be the site's absolute address, like "
+            f"'https://ops.example.com', not {base!r}"
+        )
+        values.pop("base_url")
+    elif values.get("approvals") and not base:
+        problems.append(
+            "DURABLE_AGENTS['NOTIFY']['APPROVALS'] needs 'BASE_URL' (the site's absolute "
+            "address, like 'https://ops.example.com'): the emails link to the approval page"
+        )
+    notify = Notify(**values)
+    return replace(notify, base_url=notify.base_url.rstrip("/"))
 
 
 def get_settings() -> Settings:

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db.models import Model, Q
+from django.db.models import Model, Q, QuerySet
 
 from .engine import identity
 from .engine.identity import Actor
@@ -68,8 +68,16 @@ def actor_for(by: Any, channel: str = COMMAND) -> Actor:
 def eligible_approvers(group: str) -> list[str]:
     """Active members of ``group`` who hold the approve_toolcall permission (directly, through
     a group, or as superusers), by username."""
+    return sorted(u.get_username() for u in approvers(group))
+
+
+def approvers(group: str | None = None) -> QuerySet[Any]:
+    """Active users who hold the approve_toolcall permission (directly, through a group, or
+    as superusers); with ``group``, only its members. One query when evaluated."""
     User = get_user_model()
-    members = User.objects.filter(is_active=True, groups__name=group).distinct()
+    members = User.objects.filter(is_active=True)
+    if group is not None:
+        members = members.filter(groups__name=group)
     # The permission the engine's eligibility rule asks for, as the Permission table names it.
     app_label, _, codename = identity.APPROVE_TOOLCALL.partition(".")
     perm = (
@@ -83,8 +91,7 @@ def eligible_approvers(group: str) -> list[str]:
             groups__permissions__content_type__app_label=app_label,
         )
     )
-    allowed = User.objects.filter(perm, pk__in=members.values("pk")).distinct()
-    return sorted(u.get_username() for u in allowed)
+    return User.objects.filter(perm, pk__in=members.values("pk")).distinct()
 
 
 def approver_keys(user_id: str) -> list[str]:

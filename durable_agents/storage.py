@@ -632,6 +632,13 @@ class DjangoStore:
             for a in rows
         ]
 
+    def announce(self, event: str, details: Mapping[str, Any]) -> None:
+        """Send ``event``'s Django signal after this database's transaction commits
+        (``durable_agents.signals``)."""
+        from .signals import send_after_commit
+
+        send_after_commit(event, details, using=self.using)
+
     def check_can_drive(self) -> None:
         """Driving needs each step to commit on its own: refuse inside ``atomic()``."""
         if self.connection.in_atomic_block:

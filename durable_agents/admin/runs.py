@@ -16,7 +16,9 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
-from django.db.models import Count, QuerySet
+from django.contrib.admin.views.main import ChangeList
+from django.db.models import Count, QuerySet, TextField
+from django.db.models.functions import Cast, Left
 from django.http import (
     HttpRequest,
     HttpResponse,
@@ -61,6 +63,30 @@ from .timeline import agent_drift, build_timeline, pretty
 
 # -- runs ---------------------------------------------------------------------------------
 
+EXCERPT = 80  # characters of a run's input and answer shown in its list row
+
+
+class RunChangeList(ChangeList):
+    """The runs list reads the first characters of each input and answer in its one query,
+    and leaves the large columns (the whole input and answer, usage, fingerprint) unread."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> Any:
+        rows = super().get_queryset(request, exclude_parameters)
+        return rows.annotate(
+            input_head=Left(Cast("input", TextField()), EXCERPT * 2),
+            answer_head=Left("answer", EXCERPT + 1),
+        ).defer("input", "answer", "usage", "spend", "fingerprint", "last_error")
+
+
+def excerpt(text: str | None, *, json_text: bool = False) -> str:
+    """The start of an input or an answer for a list row, on one line."""
+    if text is None:
+        return "-"
+    if json_text and text.startswith('"'):  # a string input: itself, not its JSON
+        text = text[1:].removesuffix('"').replace('\\"', '"').replace("\\n", " ")
+    text = " ".join(text.split())
+    return text if len(text) <= EXCERPT else text[: EXCERPT - 1].rstrip() + "…"
+
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
@@ -68,13 +94,19 @@ class RunAdmin(ReadOnlyAdmin):
         "run_id",
         "agent",
         "status",
+        "input_excerpt",
+        "answer_excerpt",
         "turns",
         "pending_approvals",
         "open_halts",
+        "created_at",
         "updated_at",
     )
-    list_filter = ("status", "agent")
-    search_fields = ("run_id", "session_id")
+    list_filter = ("status", "agent", ("created_at", admin.DateFieldListFilter))
+    # The input is searched as its JSON text (a string input as itself, in quotes); the
+    # input and answer searches scan the rows the other filters leave.
+    search_fields = ("run_id", "session_id", "input", "answer")
+    search_help_text = "Search by run id, session id, input or answer."
     actions = ["resume_selected", "cancel_selected"]
     change_form_template = "admin/durable_agents/run/change_form.html"
     change_list_template = "admin/durable_agents/run/change_list.html"
@@ -124,6 +156,9 @@ class RunAdmin(ReadOnlyAdmin):
         )
         return rows
 
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> Any:
+        return RunChangeList
+
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return super().has_view_permission(request, obj) or allows(request, "view_runs")
 
@@ -172,6 +207,14 @@ class RunAdmin(ReadOnlyAdmin):
     @admin.display(description="open halts", ordering="n_open_halts")
     def open_halts(self, obj: Any) -> int:
         return int(obj.n_open_halts)
+
+    @admin.display(description="input excerpt")
+    def input_excerpt(self, obj: Any) -> str:
+        return excerpt(getattr(obj, "input_head", None), json_text=True)
+
+    @admin.display(description="answer excerpt")
+    def answer_excerpt(self, obj: Any) -> str:
+        return excerpt(getattr(obj, "answer_head", None))
 
     @admin.display(description="input")
     def input_pretty(self, obj: Run) -> str:
@@ -302,7 +345,7 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
         "open_halts": [h for h in halts if h["obj"].status == HALT_OPEN],
         "can_decide": can_decide,
         "awaiting_approval": run.status == AWAITING_APPROVAL,
-        "timeline": build_timeline(records),
+        "timeline": build_timeline(records, [h["obj"] for h in halts]),
         "timeline_error": timeline_error,
         **agent_drift(records, fallback=run.fingerprint),
         "fork_url": admin_url(admin, "fork", quote(run.run_id)) if can_fork else None,

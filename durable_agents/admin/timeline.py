@@ -14,6 +14,7 @@ from typing import Any
 
 from ..engine import names
 from ..engine.errors import DurableAgentsError
+from ..engine.ports import HALT_ORPHANED, HALT_RESOLVED
 from ..engine.records import Record
 
 
@@ -39,18 +40,26 @@ def _ms(value: Any) -> datetime | None:
     return datetime.fromtimestamp(value / 1000, tz=UTC) if isinstance(value, int | float) else None
 
 
+# Records the engine keeps for itself (the journal's header, a fork's "copied" mark, spend
+# without a turn, late evidence): shown, but styled as internal.
+INTERNAL = "internal"
+
+
 def _entry(rec: Record, kind: str, title: str, **extra: Any) -> dict[str, Any]:
     return {
         "seq": rec.seq,
+        "number": None,  # the record's place in this run's journal (build_timeline)
         "name": rec.name,
         "at": rec.created_at,
         "kind": kind,
+        "internal": extra.pop("internal", False),
         "title": title,
         "meta": extra.pop("meta", []),
         "text": extra.pop("text", None),
         "calls": extra.pop("calls", []),
         "sections": [{"label": k, "json": v} for k, v in extra.pop("sections", [])],
         "step": extra.pop("step", None),  # a step a fork can start from
+        "raw": pretty(rec.body) if isinstance(rec.body, dict) else None,
     }
 
 
@@ -63,7 +72,25 @@ def _usage(usage: Any) -> str:
 def _describe(rec: Record) -> dict[str, Any]:
     name, body = rec.name, rec.body
     if name == names.HEADER:
-        return _entry(rec, "meta", f"Journal opened (format {body.get('format')})")
+        return _entry(rec, INTERNAL, f"Journal opened (format {body.get('format')})", internal=True)
+    if name == names.FORK_DONE:
+        return _entry(
+            rec, INTERNAL, "Fork completely copied: from here it may be driven", internal=True
+        )
+    if name.startswith(names.LATE):
+        return _entry(
+            rec,
+            "takeover",
+            f"Call {body.get('call_id')} ({body.get('tool')}) settled after its driver lost "
+            "the run to another",
+            meta=[
+                f"attempt {body.get('attempt')}",
+                f"outcome {body.get('outcome')}",
+                f"driver {body.get('holder')}",
+                "kept as evidence, not as the call's result",
+            ],
+            sections=[("what the tool returned", pretty(body.get("result")))],
+        )
     if name == names.RUN_START:
         value = body.get("input")
         return _entry(
@@ -131,13 +158,19 @@ def _describe(rec: Record) -> dict[str, Any]:
             meta.append("approved by " + ", ".join(tally["approved_by"]))
         if tally.get("denied_by"):
             meta.append("denied by " + ", ".join(tally["denied_by"]))
+        edited = body.get("edited")
+        sections = []
+        if isinstance(edited, dict):
+            meta.append("arguments edited by " + ", ".join(map(str, edited.get("by") or ())))
+            sections.append(("runs with", pretty(edited.get("arguments"))))
+        # The tally is in the meta line, and whole in the raw record behind the toggle.
         return _entry(
             rec,
             "approval" if body.get("approved") else "denial",
             f"Call {name[len(names.APPROVAL) :]} {verdict} by {body.get('by')}",
             text=body.get("note") or None,
             meta=meta,
-            sections=[("tally", pretty(tally))],
+            sections=sections,
         )
     if name == names.RUN_COMPLETE:
         meta = [f"{body.get('turns')} turns", _usage(body.get("spend") or body.get("usage"))]
@@ -163,9 +196,10 @@ def _describe(rec: Record) -> dict[str, Any]:
     if name.startswith(names.SPEND):
         return _entry(
             rec,
-            "meta",
+            INTERNAL,
             f"Model spend without a turn ({body.get('why')})",
             meta=[_usage(body.get("usage"))],
+            internal=True,
         )
     if name.startswith(names.USER):
         texts = [body.get("text"), *(body.get("then") or ())]
@@ -179,18 +213,90 @@ def _describe(rec: Record) -> dict[str, Any]:
             f"Step {name[len(names.STEP) :]}",
             sections=[("value", pretty(body.get("value")))],
         )
-    return _entry(rec, "meta", name, sections=[("record", pretty(body))])
+    return _entry(rec, "meta", name, internal=name.startswith("@"))
 
 
-def build_timeline(records: Iterable[Record]) -> list[dict[str, Any]]:
-    """The journal as a list of plain dicts a template can print without logic."""
+def _halt_entries(halt: Any) -> list[dict[str, Any]]:
+    """A halt row as the timeline's own entries: the halt, and its resolution if any (a halt
+    is a row beside the journal, not a record in it)."""
+    call = f"call {halt.op_id} ({halt.tool_name})" if halt.tool_name else str(halt.op_id)
+    cause = {
+        "crashed": "its driver stopped after claiming it, before recording an outcome",
+        "contended": "another driver had claimed it",
+    }.get(halt.cause, halt.cause)
+    base: dict[str, Any] = {
+        "seq": None,
+        "number": None,
+        "name": halt.attempt or "",
+        "internal": False,
+        "text": None,
+        "calls": [],
+        "step": None,
+        "raw": None,
+    }
+    out = [
+        {
+            **base,
+            "at": halt.created_at,
+            "kind": "halt",
+            "title": f"Run halted: the outcome of {call} is unknown",
+            "meta": [f"cause {halt.cause}: {cause}"],
+            "sections": [],
+        }
+    ]
+    if halt.status == HALT_ORPHANED:
+        out.append(
+            {
+                **base,
+                "at": halt.resolved_at or halt.created_at,
+                "kind": "halt",
+                "title": f"Halt on {call} closed: the run was cancelled",
+                "meta": [],
+                "sections": [],
+            }
+        )
+    elif halt.status == HALT_RESOLVED:
+        resolution = halt.resolution if isinstance(halt.resolution, dict) else {}
+        out.append(
+            {
+                **base,
+                "at": halt.resolved_at or halt.created_at,
+                "kind": "recovery",
+                "title": f"Halt on {call} resolved by {halt.resolved_by or 'a person'}; the run "
+                "continues",
+                "meta": ["error" if resolution.get("is_error") else "ok"],
+                "sections": [],
+            }
+        )
+    return out
+
+
+def build_timeline(records: Iterable[Record], halts: Iterable[Any] = ()) -> list[dict[str, Any]]:
+    """The journal as a list of plain dicts a template can print without logic: each record
+    numbered by its place in this run's journal (1, 2, 3…), and ``halts`` (Halt rows, already
+    read) placed among them by time."""
     out = []
-    for rec in records:
+    for number, rec in enumerate(records, start=1):
         try:
-            out.append(_describe(rec))
+            entry = _describe(rec)
         except (DurableAgentsError, AttributeError, KeyError, TypeError, ValueError) as exc:
             # An unreadable or oddly shaped record is shown as such; the page still renders.
-            out.append(_entry(rec, "tool-error", f"{rec.name}: unreadable", text=str(exc)))
+            entry = _entry(rec, "tool-error", f"{rec.name}: unreadable", text=str(exc))
+        entry["number"] = number
+        out.append(entry)
+    for halt in halts:
+        for entry in _halt_entries(halt):
+            at = entry["at"]
+            # After every record written no later than it (the records are in commit order).
+            place = next(
+                (
+                    i
+                    for i, e in enumerate(out)
+                    if at is not None and e["at"] is not None and e["at"] > at
+                ),
+                len(out),
+            )
+            out.insert(place, entry)
     return out
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from . import failpoints, names, runtime
+from . import events, failpoints, names, runtime
 from .approvals import decision_name, policy_for
 from .definition import AgentDefinition as Agent
 from .definition import RunResult
@@ -203,6 +203,38 @@ def close_cancelled(store: Store, run_id: str, fence: str | None = None) -> None
             run_id, request.call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING]
         )
     store.orphan_halts(run_id)
+
+
+def announce_halts(store: Store, agent: str, halts: list[HaltInfo]) -> None:
+    """``run_halted`` for each halt this caller wrote (a halt row is written once per
+    attempt, so a drive finding the run halted again announces nothing)."""
+    for halt in halts:
+        events.announce(
+            store,
+            events.RUN_HALTED,
+            run_id=halt.run_id,
+            agent=agent,
+            call_id=halt.op_id,
+            tool=halt.tool_name,
+            cause=halt.cause,
+        )
+
+
+def announce_failure(
+    store: Store, run_id: str, agent: str, error: dict[str, Any], attempts: int
+) -> None:
+    """``run_failed`` for a failure just projected onto the run row; ``will_retry`` says
+    whether recovery hands the run over again (a retryable error, attempts left)."""
+    will_retry = bool(error.get("retryable")) and attempts < runtime.retry_policy().max_attempts
+    events.announce(
+        store,
+        events.RUN_FAILED,
+        run_id=run_id,
+        agent=agent,
+        error=dict(error),
+        attempts=attempts,
+        will_retry=will_retry,
+    )
 
 
 def unknown_outcomes(state: RunState, run_id: str) -> list[HaltInfo]:
@@ -598,7 +630,7 @@ class Driver:
     def _finish(self, last: Any) -> RunResult:
         usage, spend, turns = self.state.usage(), self.state.spend(), len(self.state.turns)
         answer = self.state.assistant(last).content
-        rec, _ = self.log.write(
+        rec, inserted = self.log.write(
             names.RUN_COMPLETE,
             {
                 "kind": "complete",
@@ -618,7 +650,18 @@ class Driver:
             },
         )
         self.state.add(rec)
-        return finished_result(self.run_id, self.state)
+        result = finished_result(self.run_id, self.state)
+        if inserted:  # another driver's completion was announced by that driver
+            events.announce(
+                self.store,
+                events.RUN_FINISHED,
+                run_id=self.run_id,
+                agent=self.agent.name,
+                answer=result.answer,
+                turns=result.turns,
+                usage=result.usage.to_json(),
+            )
+        return result
 
     # -- tool calls -------------------------------------------------------------------
 
@@ -678,21 +721,34 @@ class Driver:
             self._pause_on_waits()
         if gates:
             assert self.state.start is not None
+            asked = []
             for g in gates:
-                self.store.save_approval_request(
-                    ApprovalRequestInfo(
-                        run_id=self.run_id,
-                        call_id=g.call.id,
-                        tool_name=g.tool.name,
-                        arguments=g.args,
-                        policy=policy_for(g.tool.safety.approval),
-                        start_seq=self.state.start.seq,
-                        previous_arguments=g.previous,
-                    )
+                request = ApprovalRequestInfo(
+                    run_id=self.run_id,
+                    call_id=g.call.id,
+                    tool_name=g.tool.name,
+                    arguments=g.args,
+                    policy=policy_for(g.tool.safety.approval),
+                    start_seq=self.state.start.seq,
+                    previous_arguments=g.previous,
                 )
+                if self.store.save_approval_request(request):  # not when asked already
+                    asked.append(request)
             # Requests before the status: a crash between them leaves a run recovery drives
             # again (and asks again, the same request), never one awaiting nothing visible.
             self._update(status=AWAITING_APPROVAL, attempts=0, last_error=None)
+            for request in asked:
+                events.announce(
+                    self.store,
+                    events.APPROVAL_REQUESTED,
+                    run_id=self.run_id,
+                    agent=self.agent.name,
+                    call_id=request.call_id,
+                    tool=request.tool_name,
+                    arguments=request.arguments,
+                    policy=dict(request.policy),
+                    previous_arguments=request.previous_arguments,
+                )
             listed = ", ".join(f"{g.call.id!r} ({g.tool.name})" for g in gates)
             again = [g for g in gates if g.previous is not None]
             note = (
@@ -805,14 +861,14 @@ class Driver:
         The rows come first so a crash between leaves a run recovery drives again, never
         one halted on nothing a person can see; a row is written once per attempt, so a
         driver that lost the run can add no halt that was not true and reopen none."""
-        for halt in halts:
-            self.store.save_halt(halt)
+        new = [halt for halt in halts if self.store.save_halt(halt)]
         try:
             self._update(status=HALTED, attempts=0, last_error=None)
         except LeaseLost:
             for gate, attempt, text in self._unknown.values():
                 self._late(gate, attempt, "unknown", text)
             raise
+        announce_halts(self.store, self.agent.name, new)
         first = halts[0]
         raise OutcomeUnknown(
             f"run {self.run_id!r} halted: the outcome of call {first.op_id!r} "
@@ -1022,14 +1078,12 @@ class Driver:
     def _fail(self, code: str, message: str, *, retryable: bool) -> None:
         run = self.store.get_run(self.run_id)
         attempts = (run.attempts if run else 0) + 1
+        error = {"code": code, "message": message, "retryable": retryable}
         try:
-            self._update(
-                status=FAILED,
-                last_error={"code": code, "message": message, "retryable": retryable},
-                attempts=attempts,
-            )
+            self._update(status=FAILED, last_error=error, attempts=attempts)
         except LeaseLost:
-            pass
+            return
+        announce_failure(self.store, self.run_id, self.agent.name, error, attempts)
 
 
 def _billed(usage: Usage) -> dict[str, int] | None:

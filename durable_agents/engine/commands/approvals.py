@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import failpoints, identity, names, registry, runtime
+from .. import events, failpoints, identity, names, registry, runtime
 from ..approvals import (
     NOT_SHOWN,
     ApprovalOutcome,
@@ -200,6 +200,24 @@ def approve(
             f"the approval of call {call_id!r} in run {run_id!r} is orphaned ({why}); "
             "nothing was run"
         )
+    edited = _edited(request, decisions, count.passed).get("edited")
+    run = store.get_run(run_id)
+    # Before the hand-over: an inline drive could finish the run before this returns.
+    events.announce(
+        store,
+        events.APPROVAL_DECIDED,
+        run_id=run_id,
+        agent=run.agent if run is not None else "",
+        call_id=call_id,
+        tool=request.tool_name,
+        decision=("edit" if edited else "approve") if count.passed else "deny",
+        approved=count.passed,
+        by=by_name,
+        note=note,
+        arguments=edited["arguments"] if edited else request.arguments,
+        original_arguments=request.arguments if edited else None,
+        tally=count.to_json(),
+    )
     if moved:
         runtime.dispatch(run_id)
     return ApprovalOutcome(

@@ -26,7 +26,7 @@ from .. import failpoints, identity, names, runtime
 from ..errors import ConfigError, Conflict, NotFound, RunBusy
 from ..journal import Journal
 from ..leases import HeldLease
-from ..loop import unknown_outcomes
+from ..loop import announce_halts, unknown_outcomes
 from ..ports import FAILED, HALTED, KIND_AGENT, QUEUED, ActionInfo, RunInfo, Store
 from ..records import Record, encode, validate_run_id
 from ..steps import check_step, prefix
@@ -254,11 +254,13 @@ def fork(
         _copy_into_fork(
             journal, new_run_id, run_id, from_step, origin, patch, kept, calls, lease.token
         )
+        halted = []
         if unknown:
             # The halt rows before the status: a fork halted on nothing a person can see
             # would never move.
             for halt in unknown_outcomes(RunState.of(journal.records(new_run_id)), new_run_id):
-                store.save_halt(halt)
+                if store.save_halt(halt):
+                    halted.append(halt)
         journal.write(
             new_run_id,
             names.FORK_DONE,
@@ -272,6 +274,7 @@ def fork(
         )
     finally:
         lease.release()
+    announce_halts(store, source.agent, halted)
     payload = {"step": from_step, "patch": patch.to_json()}
     store.log_action(
         identity.logged(actor, "fork", run_id, new_run_id, payload)

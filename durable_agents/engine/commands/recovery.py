@@ -31,6 +31,7 @@ import logging
 from datetime import datetime, timedelta
 
 from .. import runtime
+from ..loop import announce_failure
 from ..ports import FAILED, QUEUED, RUNNING, RunInfo, Store
 from ..retry import DRIVER_LOST, EXHAUSTED, RetryPolicy, due_at
 
@@ -110,19 +111,16 @@ def _hand_over(store: Store, run: RunInfo, policy: RetryPolicy, now: datetime) -
     # the changes apply only while the run is still in that state (another driver may have
     # just taken it).
     if run.attempts >= policy.max_attempts:
-        store.update_run(
-            run.run_id,
-            {
-                "status": FAILED,
-                "last_error": {
-                    "code": EXHAUSTED,
-                    "message": f"its driver died {run.attempts} times in a row without the "
-                    "run making progress (a tool or the model may be killing the worker)",
-                    "retryable": False,
-                },
-            },
-            if_status=[RUNNING],
-        )
+        error = {
+            "code": EXHAUSTED,
+            "message": f"its driver died {run.attempts} times in a row without the "
+            "run making progress (a tool or the model may be killing the worker)",
+            "retryable": False,
+        }
+        if store.update_run(
+            run.run_id, {"status": FAILED, "last_error": error}, if_status=[RUNNING]
+        ):
+            announce_failure(store, run.run_id, run.agent, error, run.attempts)
         log.warning("recovery gave up on run %s after %d attempts", run.run_id, run.attempts)
         return False
     return store.update_run(

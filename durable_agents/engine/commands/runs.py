@@ -26,7 +26,7 @@ from ..errors import (
 )
 from ..journal import Journal
 from ..leases import HeldLease
-from ..loop import close_cancelled, drive
+from ..loop import announce_failure, close_cancelled, drive
 from ..ports import (
     AWAITING_APPROVAL,
     AWAITING_INPUT,
@@ -277,19 +277,18 @@ def _fail_undriven(store: Store, run: RunInfo, exc: ConfigError) -> None:
         lease = HeldLease(store, run.run_id, runtime.lease_ttl()).acquire()
     except RunBusy:
         return  # someone is driving it: it is theirs to judge
+    error = {"code": exc.code, "message": str(exc), "retryable": False}
     try:
-        store.update_run(
+        failed = store.update_run(
             run.run_id,
-            {
-                "status": FAILED,
-                "last_error": {"code": exc.code, "message": str(exc), "retryable": False},
-                "attempts": run.attempts + 1,
-            },
+            {"status": FAILED, "last_error": error, "attempts": run.attempts + 1},
             fence=lease.token,
             if_status=NOT_TERMINAL_STATUSES,
         )
     finally:
         lease.release()
+    if failed:
+        announce_failure(store, run.run_id, run.agent, error, run.attempts + 1)
 
 
 # What a drive came to, in one vocabulary for every driver (inline, Celery task).

@@ -1,0 +1,117 @@
+"""Issue 14, see what happened: the run page's timeline numbers records within the run,
+styles internal records as such, keeps raw JSON behind a toggle, and shows halts, their
+resolution and a fenced-out driver's late result as entries of their own."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+from django.conf import settings
+from django.contrib.admin.utils import quote
+from django.contrib.auth.models import User
+from django.test import Client, override_settings
+from django.urls import reverse
+
+import durable_agents as da
+from durable_agents.engine import names
+from durable_agents.engine.journal import Journal
+from durable_agents.models import JournalEntry
+from durable_agents.storage import DjangoStore
+from tests.support.agents import echo, gated, halting
+from tests.support.people import make_user
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _page(run_id: str) -> str:
+    client = Client()
+    root = User.objects.filter(username="root").first() or make_user("root", superuser=True)
+    client.force_login(root)
+    url = reverse("admin:durable_agents_run_change", args=[quote(run_id)])
+    response = client.get(url)
+    assert response.status_code == 200
+    return html.unescape(response.content.decode())
+
+
+def _journal_html(page: str) -> str:
+    return page[page.index('class="da-timeline"') :]
+
+
+def _entries(page: str) -> list[str]:
+    return re.findall(r'<li class="da-entry.*?</li>', _journal_html(page), re.S)
+
+
+def test_records_are_numbered_within_the_run_and_raw_json_is_behind_a_toggle():
+    echo.start("where is order 7?", run_id="tl-a")
+    echo.start("where is order 7?", run_id="tl-b")  # pushes tl-b's seqs past tl-a's
+    page = _page("tl-b")
+    numbers = re.findall(r'<span class="da-seq" title="journal seq (\d+)">(\d+)</span>', page)
+    seqs = list(JournalEntry.objects.filter(run_id="tl-b").values_list("seq", flat=True))
+    assert [int(n) for _, n in numbers] == list(range(1, len(seqs) + 1))
+    assert [int(s) for s, _ in numbers] == seqs and seqs[0] > 1
+    entries = _entries(page)
+    assert all('<details class="da-raw"><summary>Raw record</summary>' in e for e in entries)
+    # The journal header is internal, and says so.
+    header = next(e for e in entries if "Journal opened" in e)
+    assert "da-internal" in header and ">internal<" in header
+
+
+def test_an_approval_shows_who_decided_without_a_raw_tally_block():
+    root = make_user("ann", "approve_toolcall")
+    with pytest.raises(da.ApprovalPending):
+        gated.run("tl-gated", "refund order 7")
+    da.approve("tl-gated", "call_1_1", True, by=root, edit={"order_id": "7", "cents": 250})
+    approval = next(e for e in _entries(_page("tl-gated")) if "approved by ann" in e)
+    visible = approval.split('<details class="da-raw">')[0]
+    assert "tally" not in visible and "arguments edited by ann" in visible
+    assert '"cents": 250' in visible  # what runs
+    assert '"tally"' in approval.split('<details class="da-raw">')[1]  # behind the toggle
+
+
+def test_a_fork_done_record_is_internal():
+    echo.start("where is order 7?", run_id="tl-src")
+    fork_id = da.fork("tl-src", from_step=1, new_run_id="tl-fork")
+    done = next(e for e in _entries(_page(fork_id)) if "fork:done" in e)
+    assert "da-internal" in done and "Fork completely copied" in done
+
+
+def test_a_halt_and_its_resolution_are_entries_of_their_own():
+    with pytest.raises(da.OutcomeUnknown):
+        halting.run("tl-halt", "charge it")
+    entries = _entries(_page("tl-halt"))
+    titles = [re.search(r'<strong class="da-title">(.*?)</strong>', e).group(1) for e in entries]
+    claimed = titles.index("Attempt 1 of call call_1_1 claimed")
+    assert titles[claimed + 1] == "Run halted: the outcome of call call_1_1 (charge) is unknown"
+    assert "da-halt" in entries[claimed + 1] and "cause crashed" in entries[claimed + 1]
+
+    make_user("ops", "resolve_halt")
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "HALT_MIN_AGE": 0}):
+        da.resolve_halt("tl-halt", "call_1_1", {"charged": True}, by="ops")
+    entries = _entries(_page("tl-halt"))
+    titles = [re.search(r'<strong class="da-title">(.*?)</strong>', e).group(1) for e in entries]
+    resolved = titles.index("Halt on call call_1_1 (charge) resolved by ops; the run continues")
+    assert titles.index("Run halted: the outcome of call call_1_1 (charge) is unknown") < resolved
+    assert titles[-1] == "Run finished"
+
+
+def test_a_late_result_is_shown_as_a_takeover():
+    echo.start("where is order 7?", run_id="tl-late")
+    Journal(DjangoStore()).write(
+        "tl-late",
+        names.late("call_1_1", 1),
+        {
+            "kind": "late",
+            "call_id": "call_1_1",
+            "tool": "lookup",
+            "outcome": "ok",
+            "result": {"status": "shipped"},
+            "attempt": 1,
+            "holder": "worker-a:42",
+        },
+    )
+    late = next(e for e in _entries(_page("tl-late")) if "@late/" in e)
+    assert "da-takeover" in late
+    assert "settled after its driver lost the run to another" in late
+    assert "driver worker-a:42" in late
