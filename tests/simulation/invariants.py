@@ -709,6 +709,12 @@ def check_waits(w: W.World, ix: Index) -> None:
             if rec.get("kind") == "timer":
                 # Early only by a person's decision (wake_timer), which says so and who.
                 staff = waited is not None and waited.get("early") and waited.get("by")
+                if staff and int(waited.get("woke_ms")) >= int(rec.get("wake_ms")):
+                    w.violate(
+                        "timers_never_early",
+                        f"run {run_id}: timer {name} marked woken early by {waited.get('by')} "
+                        "at or after its time",
+                    )
                 if (
                     waited is not None
                     and not staff
