@@ -16,6 +16,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin.utils import quote, unquote
+from django.core.exceptions import PermissionDenied
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -127,10 +128,17 @@ def waits_of_run(
 # -- the queue -----------------------------------------------------------------------------
 
 
+def _may_see(request: HttpRequest) -> None:
+    """Who may read runs, or answer their questions (as the approval queue is seen by those
+    who may decide), sees the queue and the questions' pages."""
+    if not (allows(request, "view_runs") or allows(request, "answer")):
+        raise PermissionDenied
+
+
 def waiting_view(admin: AnyModelAdmin, request: HttpRequest) -> TemplateResponse:
     """Runs awaiting input (questions and signals) and sleeping runs, oldest first. Three
     queries whatever the number of runs: the count, the runs, their wait records."""
-    require(request, "view_runs")
+    _may_see(request)
     rows = Run.objects.filter(status__in=[AWAITING_INPUT, SLEEPING]).order_by("updated_at")
     total = rows.count()
     runs = list(rows.only("run_id", "agent", "status", "updated_at")[:QUEUE_SIZE])
@@ -204,7 +212,7 @@ def answer_view(
 ) -> HttpResponse:
     """GET: the question's own page. POST: answer it (``approve_toolcall``); a bad answer is
     shown on the form and nothing is recorded."""
-    require(request, "view_runs")
+    _may_see(request)
     run = admin.get_object(request, unquote(object_id))
     if run is None:
         messages.warning(request, f"Run {unquote(object_id)!r} does not exist any more.")

@@ -163,6 +163,10 @@ def test_answering_and_waking_need_their_permissions():
     assert viewer.post(wake_url("n-3", "cool-off")).status_code == 403
     nobody = client_for(make_user("nobody"))
     assert nobody.get(reverse(QUEUE)).status_code == 403
+    assert nobody.get(answer_url("q-3", "shipping")).status_code == 403
+    # Who may answer sees the queue without view_run (as deciders see the approval queue).
+    answerer = text_of(client_for(make_user("answerer", "approve_toolcall")).get(reverse(QUEUE)))
+    assert "How does o-1 ship?" in answerer and 'name="a-boxes"' in answerer
     assert Run.objects.get(run_id="q-3").status == "awaiting_input"
     assert Run.objects.get(run_id="n-3").status == "sleeping"
     assert not ActionLog.objects.exists()

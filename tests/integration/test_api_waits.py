@@ -5,13 +5,14 @@ each, bad run ids, unknown names, and that a refused write records nothing."""
 from __future__ import annotations
 
 import pytest
+from django.test import Client
 
 import durable_agents as da
 from durable_agents.engine import names
 from durable_agents.models import ActionLog, JournalEntry, Run
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
-from tests.support.api import error, staff_with
+from tests.support.api import Caller, as_session, error, staff_with, with_key
 from tests.support.people import make_user
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -193,3 +194,61 @@ def test_waits_of_a_cancelled_run_are_refused_and_its_timer_stays_asleep():
     error(ops.post("/runs/tim-2/timers/cool-off/wake"), 409, "run.cancelled")
     error(ops.post("/runs/tim-2/signals/late", {"payload": 1}), 409, "run.cancelled")
     assert not JournalEntry.objects.filter(run_id="tim-2", name__startswith="waited:").exists()
+
+
+# -- who may call each route --------------------------------------------------------------
+
+ROUTES = {
+    "list waits": ("get", "/runs/w-ask/waits", None, "durable_agents.view_run", 200),
+    "answer": (
+        "post",
+        "/runs/w-ask/interrupts/warehouse/answer",
+        {"value": {"code": "BER"}},
+        "durable_agents.approve_toolcall",
+        200,
+    ),
+    "signal": (
+        "post",
+        "/runs/w-sig/signals/paid-i-2",
+        {"payload": 1},
+        "durable_agents.cancel_run",
+        200,
+    ),
+    "wake": ("post", "/runs/w-nap/timers/cool-off/wake", None, "durable_agents.cancel_run", 200),
+}
+
+
+@pytest.mark.parametrize(
+    "principal", ["anonymous", "non-staff", "staff without permission", "permitted", "api key"]
+)
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_who_may_call_each_waits_route(route, principal):
+    _agent("api-ask-m", api_pick_warehouse, {"order": "o-2"}).start("ship", run_id="w-ask")
+    _agent("api-sig-m", api_await_payment, {"invoice": "i-2"}).start("pay", run_id="w-sig")
+    _agent("api-nap-m", api_cool_off, {"order": "o-3"}).start("nap", run_id="w-nap")
+    method, path, body, permission, success = ROUTES[route]
+    if principal == "anonymous":
+        caller = Caller(Client(), {})
+    elif principal == "non-staff":
+        caller = as_session(make_user("visitor", permission, staff=False))
+    elif principal == "staff without permission":
+        caller = as_session(make_user("viewer"))
+    elif principal == "permitted":
+        caller = as_session(make_user("operator", permission))
+    else:
+        caller = with_key(make_user("robot", permission))
+    before = JournalEntry.objects.count()
+    response = caller.get(path) if method == "get" else caller.post(path, body)
+    refused = {
+        "anonymous": (401, "auth.required"),
+        "non-staff": (403, "auth.not_staff"),
+        "staff without permission": (403, "auth.forbidden"),
+    }
+    if principal in refused:
+        error(response, *refused[principal])
+        assert JournalEntry.objects.count() == before and not ActionLog.objects.exists()
+        return
+    assert response.status_code == success, response.content
+    if method == "post":  # in the action log, with the channel the caller came through
+        channel = ActionLog.objects.get().channel
+        assert channel == "session" if principal == "permitted" else channel.startswith("api-key:")
