@@ -18,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 import durable_agents as da
+from durable_agents.admin.answerform import AnswerForm
 from durable_agents.engine import names
 from durable_agents.models import ActionLog, JournalEntry, Run
 from durable_agents.providers import scripted
@@ -223,3 +224,24 @@ def test_the_queue_costs_the_same_with_2_or_20_waiting_runs():
     for i in range(2, 20):
         (ASK if i % 2 else NAP).start("x", run_id=f"c-{i}")
     assert _queue_queries(client) == few
+
+
+def test_forms_for_a_scalar_choice_no_schema_and_nested_values():
+    choice = AnswerForm({"type": "string", "enum": ["BER", "HAM"]}, {"value": '"HAM"'})
+    assert choice.is_valid() and choice.value() == "HAM"
+    assert not AnswerForm({"enum": ["BER"]}, {"value": '"MUC"'}).is_valid()
+    anything = AnswerForm(None, {"value": '{"any": [1, 2]}'})
+    assert anything.is_valid() and anything.value() == {"any": [1, 2]}
+    assert not AnswerForm(None, {"value": "{nope"}).is_valid()
+    nested = {
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "at": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        },
+        "required": ["ok", "tags"],
+    }
+    form = AnswerForm(nested, {"a-ok": "false", "a-tags": '["x"]', "a-at": ""})
+    assert form.is_valid(), form.errors
+    assert form.value() == {"ok": False, "tags": ["x"]}  # an empty optional field: no key
