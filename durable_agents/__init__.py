@@ -13,6 +13,7 @@ from .engine.commands.halts import resolve_halt
 from .engine.commands.recovery import recover
 from .engine.commands.runs import PendingRun, cancel, pending, resume
 from .engine.commands.sessions import SendResult, Session
+from .engine.commands.timers import WakeOutcome, wake_timer
 from .engine.commands.waits import WaitOutcome, answer_interrupt, signal
 from .engine.definition import ModelRetry, RunResult
 from .engine.errors import (
@@ -123,6 +124,7 @@ __all__ = [
     "WaitNameTaken",
     "WaitNotRetrySafe",
     "WaitOutcome",
+    "WakeOutcome",
     "answer_interrupt",
     "approve",
     "as_of",
@@ -139,4 +141,5 @@ __all__ = [
     "resume",
     "signal",
     "tool",
+    "wake_timer",
 ]

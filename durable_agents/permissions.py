@@ -62,6 +62,10 @@ RULES: dict[str, Rule] = {
     "resume": Rule("resume a run", (OPERATE_RUNS,)),
     "cancel": Rule("cancel a run", (OPERATE_RUNS,)),
     "decide": Rule("decide a tool call", (APPROVE_TOOLCALL,)),
+    # Who may decide a run's gated calls may answer its questions (engine.commands.waits).
+    "answer": Rule("answer a run's question", (APPROVE_TOOLCALL,)),
+    "signal": Rule("send a run a signal", (OPERATE_RUNS,)),
+    "wake": Rule("wake a sleeping run before its time", (OPERATE_RUNS,)),
     # The signature is the authority; relaying it needs to read what is being decided.
     "relay": Rule("relay a signed decision", (VIEW_APPROVALS, APPROVE_TOOLCALL)),
     "resolve": Rule("resolve a halt", (RESOLVE_HALT,)),

@@ -1,6 +1,7 @@
 """Runs in the admin: the list, the run page (fields, journal timeline, lineage, approvals,
-halts, lease, action log) and the commands a run takes: resume and cancel (the action
-log's own admin: ``actions``; fork and compare: ``forks``; sessions: ``sessions``).
+halts, waits, lease, action log) and the commands a run takes: resume and cancel (the action
+log's own admin: ``actions``; fork and compare: ``forks``; sessions: ``sessions``; the
+awaiting-input queue, answers and "wake now": ``waits``).
 
 Every page is read-only: staff change runs only through engine commands (approve, deny,
 resolve, cancel, resume), each behind its own permission and each written to ActionLog.
@@ -42,7 +43,7 @@ from ..engine.records import Record
 from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
 from ..storage import site_store
 from ..transfer import export_lines
-from . import counts, forks, health, sessions
+from . import counts, forks, health, sessions, waits
 from .base import (
     BY_RECOVERY,
     BY_RESUME,
@@ -191,6 +192,9 @@ class RunAdmin(ReadOnlyAdmin):
         return [
             self.command_path("compare", forks.compare_view, "compare/"),
             self.command_path("sessions", sessions.sessions_view, "sessions/"),
+            self.command_path("waiting", waits.waiting_view, "waiting/"),
+            self.command_path("answer", waits.answer_view, "<path:object_id>/answer/<str:name>/"),
+            self.command_path("wake", waits.wake_view, "<path:object_id>/wake/<str:name>/"),
             self.command_path("resume", run_resume_view),
             self.command_path("cancel", run_cancel_view),
             self.command_path("fork", forks.fork_view),
@@ -341,6 +345,7 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
         if a["obj"].status == APPROVAL_PENDING
     ]
     return {
+        "waits": waits.waits_of_run(admin, request, run, records),
         "waiting_approvals": waiting,
         "open_halts": [h for h in halts if h["obj"].status == HALT_OPEN],
         "can_decide": can_decide,

@@ -13,7 +13,7 @@ call it, each route behind the admin's permission table; every error is JSON ``{
 
 from ninja import Router
 
-from . import approvals, halts, history, runs, sessions
+from . import approvals, halts, history, runs, sessions, waits
 from .auth import api_auth
 from .docs import staff_docs
 from .errors import map_errors, normalize, not_found
@@ -21,9 +21,10 @@ from .errors import map_errors, normalize, not_found
 router = Router(auth=api_auth)
 router.add_decorator(map_errors, mode="operation")
 router.add_decorator(normalize, mode="view")
-# Approvals and halts first: their paths extend /runs/{run_id}, and run ids may hold "/".
+# Approvals, halts and waits first: their paths extend /runs/{run_id}, and run ids may hold "/".
 router.add_router("", approvals.router)
 router.add_router("", halts.router)
+router.add_router("", waits.router)
 router.add_router("", history.router)
 router.add_router("", sessions.router)
 router.add_router("", runs.router)

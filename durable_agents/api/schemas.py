@@ -394,3 +394,69 @@ class ComparisonOut(Schema):
     b: list[dict[str, Any]]
     diverged_at: int | None
     drift: dict[str, Any]
+
+
+# -- waits ------------------------------------------------------------------------------
+
+
+class WaitOut(Schema):
+    kind: str = Field(description="interrupt (a question), signal, or timer")
+    name: str = Field(description="the wait's name, unique in its run")
+    call_id: str = Field(description="the tool call that waits")
+    tool: str
+    prompt: str = Field(description="interrupt: the question, as the tool asked it")
+    answer_schema: Any = Field(
+        None, description="interrupt: the JSON schema an answer must fit (null: any JSON)"
+    )
+    deadline: datetime | None = Field(
+        None, description="timer: its wake time; signal: its timeout's deadline"
+    )
+    signal_delivered: bool = Field(
+        False, description="signal: delivered already (the run consumes it when driven)"
+    )
+
+
+class KeptSignalOut(Schema):
+    name: str
+    payload: Any
+    at: datetime | None
+    by: str | None
+
+
+class WaitsOut(Schema):
+    run_id: str
+    status: str
+    waits: list[WaitOut] = Field(description="what the run waits for, nothing resolved yet")
+    signals: list[KeptSignalOut] = Field(
+        description="signals delivered that no wait consumed yet (kept for when it waits)"
+    )
+
+
+class AnswerIn(Body):
+    value: JsonValue = Field(
+        description="the answer, checked against the question's schema (400 "
+        "interrupt.invalid_answer, nothing recorded)"
+    )
+
+
+class SignalIn(Body):
+    payload: JsonValue = Field(None, description="any JSON; the first payload wins")
+
+
+class WaitResult(Schema):
+    run_id: str
+    name: str
+    value: Any = Field(description="the standing answer or payload (the first one)")
+    recorded: bool = Field(description="false: the same value was already there")
+    woke: bool = Field(description="the run was handed to a driver")
+
+
+class WakeOut(Schema):
+    run_id: str
+    name: str
+    wake_at: datetime = Field(description="the timer's journaled wake time (unchanged)")
+    woke_at: datetime = Field(description="when it woke")
+    early: bool = Field(description="woken before its time, by a person")
+    by: str | None = Field(description="who woke it early")
+    recorded: bool = Field(description="false: the timer had already woken")
+    woke: bool = Field(description="the run was handed to a driver")

@@ -261,6 +261,39 @@ def open_waits(records: list[Record]) -> list[OpenWait]:
     return out
 
 
+@dataclass(frozen=True)
+class KeptSignal:
+    """A delivered signal no wait consumed yet (it arrived early, or nothing awaits it)."""
+
+    name: str
+    payload: Any
+    at_ms: int | None
+    by: str | None
+
+
+def kept_signals(records: list[Record]) -> list[KeptSignal]:
+    """The signals in ``records`` (a run's journal) that no ``waited:<name>`` consumed."""
+    resolved = {r.name for r in records if r.name.startswith(names.WAITED)}
+    out = []
+    for rec in records:
+        if not rec.name.startswith(names.SIGNAL):
+            continue
+        name = str(rec.get("name"))
+        if names.waited(name) in resolved:
+            continue
+        at = rec.get("at")
+        by = rec.get("by")
+        out.append(
+            KeptSignal(
+                name,
+                rec.get("payload"),
+                int(at) if at is not None else None,
+                str(by) if by is not None else None,
+            )
+        )
+    return out
+
+
 def next_wake(records: list[Record]) -> datetime | None:
     """The earliest instant a paused run's journal says it should be driven again: a timer's
     wake time or a signal's deadline (None: nothing timed is open)."""

@@ -18,7 +18,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from durable_agents.models import ActionLog, ApprovalRequest, Halt, Run
-from tests.support.agents import count_effects, gated
+from tests.support.agents import count_effects, gated, packing
 from tests.support.browser import Browser, Celery, login, screenshot, staff_user, wait_status
 from tests.support.journals import journal
 from tests.support.procs import drive_in_child
@@ -247,3 +247,48 @@ def test_resolve_a_halt_in_the_browser_and_a_worker_finishes_the_run(
     expect(result).to_contain_text('"provider_ref": "op-19"')
     expect(page.locator("#da-halts")).to_contain_text("call_1_1 (act, crashed): resolved")
     assert [r[1:4] for r in history_rows(page)] == [["operator", "resolve", "call_1_1"]]
+
+
+def test_answer_a_question_through_its_schema_form_invalid_first(
+    live_server, celery: Celery, browser: Browser, tmp_path: Path
+):
+    worker = celery.worker()
+    user = staff_user("answerer", "durable_agents.view_run", "durable_agents.approve_toolcall")
+    run_id = new_id("br-ask")
+    worker.wait_ready()
+    packing.start("pack order 8", run_id=run_id)
+    wait_status(run_id, "awaiting_input", worker)
+
+    page = browser.page()
+    login(page, user.username)
+    open_queue(page, "Runs")
+    page.locator("#da-waiting-link").click()
+    expect(page.locator("#da-awaiting-input")).to_contain_text("How should o-8 be packed?")
+    run_block = page.locator(".da-waiting-run", has_text=run_id)
+    run_block.get_by_label("Warehouse").select_option(label="HAM")
+    run_block.get_by_label("Boxes").fill("11")
+    screenshot(page, tmp_path / "question.png")
+    run_block.get_by_role("button", name="Answer").click()
+    # The schema's refusal, on the form (the question's own page); nothing recorded.
+    expect(page.locator(".da-answer-errors")).to_contain_text("boxes")
+    expect(page.locator(".da-answer-errors")).to_contain_text("at most 10")
+    assert "input:packing" not in journal(run_id)
+    assert Run.objects.get(run_id=run_id).status == "awaiting_input"
+    assert not ActionLog.objects.filter(run_id=run_id).exists()
+    page.get_by_label("Boxes").fill("2")
+    page.get_by_role("button", name="Answer").click()
+    expect(page.locator(".messagelist")).to_contain_text("Answered 'packing'")
+    expect(page).to_have_url(re.compile(r"/run/.+/change/$"))  # back to the run
+
+    run = wait_status(run_id, "finished", worker)
+    assert run.answer == "packed"
+    recorded = journal(run_id)
+    assert recorded["input:packing"]["value"] == {"boxes": 2, "warehouse": "HAM"}
+    assert recorded["input:packing"]["by"] == "answerer"
+    assert recorded["tool:call_1_1"]["result"] == {"warehouse": "HAM", "boxes": 2}
+    assert count_effects(run_id)["call_2_1"] == 1  # shipped once
+    assert list(ActionLog.objects.filter(run_id=run_id).values_list("actor", "action")) == [
+        ("answerer", "answer")
+    ]
+    page.goto(f"/admin/durable_agents/run/{run_id}/change/")
+    expect(page.locator("#da-needed")).to_have_count(0)

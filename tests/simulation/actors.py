@@ -27,6 +27,7 @@ from durable_agents.engine.errors import (
 )
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import AWAITING_APPROVAL, HALTED
+from durable_agents.engine.waits import open_waits
 
 from . import world as W
 from .agent import AGENT, ANSWERS, NOT_HAPPENED, SESSION, Plans, is_agent_run, parse_plan, wait_name
@@ -450,6 +451,18 @@ class Person(Actor):
         return f"fork {run_id} at step {step} patch={kind}", op
 
 
+def _asleep(w: W.World) -> tuple[str, str] | None:
+    """The first run (in start order) sleeping on an open timer, and the timer's name."""
+    for run_id in w.runs:
+        run = w.raw.get_run(run_id)
+        if run is None or run.status != "sleeping":
+            continue
+        for wait in open_waits(Journal(w.raw).records(run_id)):
+            if wait.kind == "timer":
+                return run_id, wait.name
+    return None
+
+
 class Answerer(Actor):
     """Staff answering a run's questions, and the payment provider sending its callbacks:
     early (before the run waits), late (after it finished or was cancelled), twice (the same
@@ -483,7 +496,13 @@ class Answerer(Actor):
             values = [w.rng.choice([*ANSWERS, *ANSWERS, "maybe"]) for _ in range(times)]
             return f"answer {run_id} {name} {values}", lambda: self._answer(w, run_id, name, values)
         payloads = [w.rng.randint(1, 9) for _ in range(times)]
-        return f"signal {run_id} {name} {payloads}", lambda: self._signal(w, run_id, name, payloads)
+        # Sometimes staff first wake a sleeping run's timer now (da.wake_timer, "Wake now"):
+        # the first run asleep. Decided from the draws above, so the seed's other choices stay.
+        nap = _asleep(w) if payloads[0] >= 5 else None
+        label = f"signal {run_id} {name} {payloads}"
+        if nap is not None:
+            label = f"wake {nap[0]} {nap[1]} now, then {label}"
+        return label, lambda: self._signal(w, run_id, name, payloads, wake=nap)
 
     def _answer(self, w: W.World, run_id: str, name: str, values: list[Any]) -> str:
         did = []
@@ -502,8 +521,26 @@ class Answerer(Actor):
             did.append(sent[-1][1])
         return ", ".join(did)
 
-    def _signal(self, w: W.World, run_id: str, name: str, payloads: list[Any]) -> str:
+    def _signal(
+        self,
+        w: W.World,
+        run_id: str,
+        name: str,
+        payloads: list[Any],
+        wake: tuple[str, str] | None = None,
+    ) -> str:
         did = []
+        if wake is not None:
+            try:
+                woke = da.wake_timer(wake[0], wake[1], by=self.name, store=w.store)
+            except DurableAgentsError as exc:
+                did.append(f"wake {exc.code}")
+            else:
+                if woke.recorded:
+                    # Early when the run's time has not come, else a staff hand-over of an
+                    # overdue timer; both are journaled as the person's decision.
+                    w.count("timers woken by staff")
+                did.append("woke early" if woke.recorded else "already woke")
         for payload in payloads:
             sent = w.signals.setdefault((run_id, name), [])
             try:

@@ -707,7 +707,19 @@ def check_waits(w: W.World, ix: Index) -> None:
             name, call = rec.get("name"), rec.get("call_id")
             waited = names.get(f"waited:{name}")
             if rec.get("kind") == "timer":
-                if waited is not None and int(waited.get("woke_ms")) < int(rec.get("wake_ms")):
+                # Early only by a person's decision (wake_timer), which says so and who.
+                staff = waited is not None and waited.get("early") and waited.get("by")
+                if staff and int(waited.get("woke_ms")) >= int(rec.get("wake_ms")):
+                    w.violate(
+                        "timers_never_early",
+                        f"run {run_id}: timer {name} marked woken early by {waited.get('by')} "
+                        "at or after its time",
+                    )
+                if (
+                    waited is not None
+                    and not staff
+                    and int(waited.get("woke_ms")) < int(rec.get("wake_ms"))
+                ):
                     w.violate(
                         "timers_never_early",
                         f"run {run_id}: timer {name} woke at {waited.get('woke_ms')}, before "

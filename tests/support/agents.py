@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
+import pydantic
 from django.db import connections
 
 import durable_agents as da
@@ -266,4 +267,34 @@ waiting = da.Agent(
     ),
     "Ship orders.",
     [ask_warehouse, ship],
+)
+
+
+class Packing(pydantic.BaseModel):
+    """How staff say an order is packed (the admin's form is generated from this schema)."""
+
+    warehouse: Literal["BER", "HAM"] = pydantic.Field(description="where it ships from")
+    boxes: int = pydantic.Field(ge=1, le=10, description="boxes to pack (1 to 10)")
+
+
+@da.tool(read_only=True)
+def ask_packing(order: str, ctx: da.ToolContext) -> dict:
+    """Ask staff how to pack the order (re-runs until answered: read-only)."""
+    fire(ctx, "ask_packing")
+    got = ctx.interrupt("packing", f"How should {order} be packed?", schema=Packing)
+    return got.model_dump()
+
+
+# Asks staff how to pack (a typed answer), then ships (the script ships o-8 from HAM).
+packing = da.Agent(
+    "packing",
+    ScriptedModel(
+        [
+            scripted.calls(scripted.call("ask_packing", {"order": "o-8"})),
+            scripted.calls(scripted.call("ship", {"order": "o-8", "warehouse": "HAM"})),
+            scripted.text("packed"),
+        ]
+    ),
+    "Pack and ship orders.",
+    [ask_packing, ship],
 )

@@ -146,3 +146,42 @@ def test_the_sweep_wakes_a_signal_wait_whose_deadline_passed(store, fired, clock
     assert wake_timers(store=store) == ["r1"]
     assert store.get_run("r1").status == "finished"
     assert Journal(store).get("r1", names.tool("call_1_1")).get("result") == "timeout"
+
+
+def test_wake_now_is_a_staff_decision_journaled_once(store, fired, clock):
+    a = sleeping_agent(fired, seconds=3600)
+    with pytest.raises(da.TimerPending) as info:
+        a.run("r1", "go", store=store)
+    wake_ms = info.value.details["wake_ms"]
+    with pytest.raises(da.ConfigError) as missing:
+        da.wake_timer("r1", "other", by="ann", store=store)
+    assert missing.value.code == "timer.not_found"
+    with pytest.raises(da.ConfigError) as nobody:
+        da.wake_timer("nope", "later", by="ann", store=store)
+    assert nobody.value.code == "run.not_found"
+    assert Journal(store).get("r1", names.waited("later")) is None
+
+    clock.advance(10)
+    outcome = da.wake_timer("r1", "later", by="ann", store=store)
+    assert outcome.recorded and outcome.woke and outcome.early and outcome.by == "ann"
+    assert outcome.wake_ms == wake_ms and outcome.woke_ms < wake_ms
+    assert store.get_run("r1").status == "finished" and fired.count("woke") == 1
+    waited = Journal(store).get("r1", names.waited("later"))
+    assert waited.get("early") is True and waited.get("by") == "ann"
+    # The tool still reads the journaled wake time: the record, not the clock, was changed.
+    tool = Journal(store).get("r1", names.tool("call_1_1"))
+    assert datetime.fromtimestamp(wake_ms / 1000, tz=UTC).isoformat() in str(tool.get("result"))
+
+    again = da.wake_timer("r1", "later", by="bob", store=store)
+    assert not again.recorded and not again.woke and again.by == "ann"
+    assert [a.action for a in store.list_actions(run_id="r1")] == ["wake"]
+
+
+def test_a_timer_that_woke_by_its_time_is_not_woken_again(store, fired, clock):
+    a = sleeping_agent(fired, seconds=60)
+    with pytest.raises(da.TimerPending):
+        a.run("r1", "go", store=store)
+    clock.advance(61)
+    assert a.run("r1", store=store).answer == "rested"
+    late = da.wake_timer("r1", "later", by="ann", store=store)
+    assert not late.recorded and not late.early and late.by is None

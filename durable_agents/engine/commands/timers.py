@@ -6,16 +6,24 @@ Celery message with an ETA). That message can be lost (a purged queue, a broker 
 a periodic sweep (``wake_timers``) hands over every paused run whose journal says a timed
 wait is due. Handing over early is harmless: the wait reads its journaled time and pauses
 again without a second record; the sweep only makes sure a wake is late by at most one sweep.
+
+A person may also wake a timer before its time (``wake_timer``, the admin's "wake now"): that
+is a staff decision, journaled as such (``waited:<name>`` with ``early`` and who decided), not a
+change of the clock: the wake time stays what was journaled, and the record says it was cut
+short, by whom and when.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any
 
-from .. import runtime
+from .. import identity, names, runtime
+from ..errors import Conflict, NotFound
 from ..journal import Journal
-from ..ports import AWAITING_INPUT, QUEUED, SLEEPING, Store
-from ..waits import next_wake
+from ..ports import AWAITING_INPUT, KIND_AGENT, QUEUED, RUNNING, SLEEPING, TERMINAL_STATUSES, Store
+from ..waits import OUTCOME_WOKE, TIMER, next_wake
 
 log = logging.getLogger("durable_agents.timers")
 
@@ -51,3 +59,98 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
     if woken:
         log.info("woke %d run(s) whose timer or deadline was due", len(woken))
     return woken
+
+
+@dataclass(frozen=True)
+class WakeOutcome:
+    """What ``wake_timer`` did: ``recorded`` False means the timer had already woken (by
+    its time or by an earlier wake) and nothing new was written."""
+
+    run_id: str
+    name: str
+    wake_ms: int
+    woke_ms: int
+    early: bool
+    by: str | None
+    recorded: bool
+    woke: bool
+
+
+def wake_timer(run_id: str, name: str, *, by: Any, store: Store | None = None) -> WakeOutcome:
+    """Wake the timer ``name`` of run ``run_id`` now, before its journaled time: a staff
+    decision (``by`` needs ``cancel_run``, operate runs), journaled as ``waited:<name>``
+    (``outcome: woke``, ``early: True``, who and when) and in the action log (``wake``); the
+    run is handed to a driver. The tool's ``ctx.sleep`` then returns (still the journaled
+    wake time: the record, not the clock, says it was cut short). A timer that already woke
+    changes nothing (``recorded`` False)."""
+    names.validate_wait_name(name)
+    actor = identity.resolve(by)
+    identity.require(actor, identity.OPERATE_RUNS, "wake a sleeping run")
+    store = store or runtime.store()
+    journal = Journal(store)
+    run = store.get_run(run_id)
+    if run is None:
+        raise NotFound(f"no run {run_id!r}", code="run.not_found")
+    request = journal.get(run_id, names.wait(name))
+    if request is None or request.get("kind") != TIMER:
+        raise NotFound(
+            f"run {run_id!r} has no timer called {name!r}; its open waits are in pending() "
+            "and on its page in the admin",
+            code="timer.not_found",
+        )
+    wake_ms = int(request.get("wake_ms"))
+    standing = journal.get(run_id, names.waited(name))
+    if standing is not None:
+        return _outcome(run_id, name, wake_ms, standing.body, recorded=False, woke=False)
+    cancelled = journal.get(run_id, names.RUN_CANCELLED) is not None
+    if run.kind != KIND_AGENT or run.status in TERMINAL_STATUSES or cancelled:
+        status = "cancelled" if cancelled else run.status
+        raise Conflict(
+            f"run {run_id!r} is {status}: it waits for nothing any more", code=f"run.{status}"
+        )
+    at = int(store.now().timestamp() * 1000)  # the store's clock, as the timer's own
+    body = {
+        "kind": "waited",
+        "name": name,
+        "call_id": request.get("call_id"),
+        "outcome": OUTCOME_WOKE,
+        "woke_ms": at,
+        "early": at < wake_ms,
+        "by": actor.username,
+        "by_id": actor.id,
+    }
+    rec, inserted = journal.write(run_id, names.waited(name), body)
+    if not inserted:  # the driver woke it meanwhile: its record stands
+        return _outcome(run_id, name, wake_ms, rec.body, recorded=False, woke=False)
+    store.log_action(
+        identity.logged(actor, "wake", run_id, name, {"wake_ms": wake_ms, "woke_ms": at})
+    )
+    # Queued first (from a paused or running status): if the hand-over is lost, recovery
+    # picks a queued run up; a running driver pauses only from running, so it cannot hide it.
+    woke = bool(
+        store.update_run(
+            run_id,
+            {"status": QUEUED, "attempts": 0, "last_error": None},
+            if_status=[SLEEPING, AWAITING_INPUT, RUNNING],
+        )
+    )
+    if woke:
+        runtime.dispatch(run_id)
+    return _outcome(run_id, name, wake_ms, body, recorded=True, woke=woke)
+
+
+def _outcome(
+    run_id: str, name: str, wake_ms: int, body: Any, *, recorded: bool, woke: bool
+) -> WakeOutcome:
+    body = body if isinstance(body, dict) else {}
+    woke_ms = int(body.get("woke_ms") or wake_ms)
+    return WakeOutcome(
+        run_id,
+        name,
+        wake_ms,
+        woke_ms,
+        bool(body.get("early")),
+        body.get("by"),
+        recorded,
+        woke,
+    )

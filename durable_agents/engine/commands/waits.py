@@ -20,9 +20,17 @@ from ..errors import (
     ProtocolError,
 )
 from ..journal import Journal, now_ms
-from ..ports import AWAITING_INPUT, KIND_AGENT, QUEUED, RUNNING, TERMINAL_STATUSES, Store
+from ..ports import (
+    AWAITING_INPUT,
+    KIND_AGENT,
+    QUEUED,
+    RUNNING,
+    TERMINAL_STATUSES,
+    RunInfo,
+    Store,
+)
 from ..records import encode, refuse_nul
-from ..waits import INTERRUPT, SIGNAL, OpenWait, open_waits
+from ..waits import INTERRUPT, SIGNAL, KeptSignal, OpenWait, kept_signals, open_waits
 
 
 @dataclass(frozen=True)
@@ -141,6 +149,26 @@ def waits_of(run_id: str, *, store: Store | None = None) -> list[OpenWait]:
     if store.get_run(run_id) is None:
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
     return open_waits(Journal(store).records(run_id))
+
+
+@dataclass(frozen=True)
+class RunWaits:
+    """What a run waits for, read from one journal read: its open waits (questions, signals,
+    timers) and the signals delivered that no wait consumed yet (early ones)."""
+
+    run: RunInfo
+    waits: list[OpenWait]
+    signals: list[KeptSignal]
+
+
+def run_waits(run_id: str, *, store: Store | None = None) -> RunWaits:
+    """Run ``run_id``'s open waits and kept signals (``run.not_found`` if there is none)."""
+    store = store or runtime.store()
+    run = store.get_run(run_id)
+    if run is None:
+        raise NotFound(f"no run {run_id!r}", code="run.not_found")
+    records = Journal(store).records(run_id)
+    return RunWaits(run, open_waits(records), kept_signals(records))
 
 
 def _check_exists(store: Store, run_id: str) -> None:
