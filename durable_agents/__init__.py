@@ -13,7 +13,7 @@ from .engine.commands.halts import resolve_halt
 from .engine.commands.recovery import recover
 from .engine.commands.runs import PendingRun, cancel, pending, resume
 from .engine.commands.sessions import SendResult, Session
-from .engine.commands.waits import WaitOutcome, answer_interrupt, signal
+from .engine.commands.waits import WaitOutcome, answer_interrupt, enqueue, signal
 from .engine.definition import ModelRetry, RunResult
 from .engine.errors import (
     AgentDrift,
@@ -27,6 +27,7 @@ from .engine.errors import (
     ApprovalSignatureOutdated,
     ApproverNotEligible,
     BudgetError,
+    ChannelPending,
     ConfigError,
     DurableAgentsError,
     HaltAlreadyResolved,
@@ -59,7 +60,7 @@ from .engine.identity import Actor
 from .engine.journal import Journal
 from .engine.steps import Comparison, Step, as_of, compare, history
 from .engine.tools import Tool, ToolContext, tool
-from .engine.waits import TimedOut
+from .engine.waits import ChannelMessage, TimedOut
 
 __all__ = [
     "Actor",
@@ -76,6 +77,8 @@ __all__ = [
     "ApprovalSignatureOutdated",
     "ApproverNotEligible",
     "BudgetError",
+    "ChannelMessage",
+    "ChannelPending",
     "Comparison",
     "ConfigError",
     "DurableAgentsError",
@@ -124,6 +127,7 @@ __all__ = [
     "compare",
     "decision_bytes",
     "deny",
+    "enqueue",
     "fork",
     "history",
     "pending",
