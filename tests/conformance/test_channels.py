@@ -78,5 +78,5 @@ def test_racing_enqueues_record_a_key_once_and_each_message_is_handled_once_in_o
         for r in Journal(store).records(rid)
         if r.name.startswith(names.MESSAGE)
     ]
-    assert HANDLED == order, "handled once each, in the channel's commit order"
+    assert order == HANDLED, "handled once each, in the channel's commit order"
     assert len(order) == 8

@@ -483,7 +483,24 @@ class Answerer(Actor):
             values = [w.rng.choice([*ANSWERS, *ANSWERS, "maybe"]) for _ in range(times)]
             return f"answer {run_id} {name} {values}", lambda: self._answer(w, run_id, name, values)
         payloads = [w.rng.randint(1, 9) for _ in range(times)]
+        if order % 4 == 3:
+            # A carrier's messages: keys repeat (a redelivery, maybe with another payload).
+            sends = [(w.rng.choice("ab"), p) for p in payloads]
+            return f"enqueue {run_id} {name} {sends}", lambda: self._enqueue(w, run_id, name, sends)
         return f"signal {run_id} {name} {payloads}", lambda: self._signal(w, run_id, name, payloads)
+
+    def _enqueue(self, w: W.World, run_id: str, channel: str, sends: list[Any]) -> str:
+        did = []
+        for key, payload in sends:
+            sent = w.messages.setdefault((run_id, channel), [])
+            try:
+                out = da.enqueue(run_id, channel, key, payload, store=w.store)
+            except DurableAgentsError as exc:
+                sent.append((key, payload, exc.code))
+            else:
+                sent.append((key, out.value, "recorded" if out.recorded else "duplicate"))
+            did.append(sent[-1][2])
+        return ", ".join(did)
 
     def _answer(self, w: W.World, run_id: str, name: str, values: list[Any]) -> str:
         did = []

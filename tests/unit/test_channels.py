@@ -82,9 +82,7 @@ def test_messages_enqueued_before_the_run_waits_are_received_without_a_pause(sto
         a.run("r1", "read", store=store)
     with pytest.raises(da.ChannelPending):
         a.run("r1", store=store)  # a resume while still empty pauses again, nothing new
-    receiving = [
-        r.name for r in Journal(store).records("r1") if r.name.startswith(names.RECEIVING)
-    ]
+    receiving = [r.name for r in Journal(store).records("r1") if r.name.startswith(names.RECEIVING)]
     assert receiving == [names.receiving("replies", 0)]
     da.cancel("r1", by="ann", store=store)
     b = inbox_agent(fired, name="unit-channels-early")
@@ -93,9 +91,7 @@ def test_messages_enqueued_before_the_run_waits_are_received_without_a_pause(sto
     da.enqueue("r2", "replies", "b", "stop", store=store)
     assert b.run("r2", store=store).answer == "read"
     assert ("handled", "a", "one") in fired and ("handled", "b", "stop") in fired
-    assert not [
-        r for r in Journal(store).records("r2") if r.name.startswith(names.RECEIVING)
-    ]
+    assert not [r for r in Journal(store).records("r2") if r.name.startswith(names.RECEIVING)]
 
 
 def test_a_message_handled_but_not_acked_is_received_again(store, fired, clock):
