@@ -58,6 +58,7 @@ from .engine.errors import (
 )
 from .engine.identity import Actor
 from .engine.journal import Journal
+from .engine.staff import ask_staff
 from .engine.steps import Comparison, Step, as_of, compare, history
 from .engine.tools import Tool, ToolContext, tool
 from .engine.waits import ChannelMessage, TimedOut
@@ -123,6 +124,7 @@ __all__ = [
     "answer_interrupt",
     "approve",
     "as_of",
+    "ask_staff",
     "cancel",
     "compare",
     "decision_bytes",
