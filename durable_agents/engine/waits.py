@@ -85,6 +85,45 @@ def _first_unacked(records: list[Record], channel: str) -> ChannelMessage | None
     return None
 
 
+@dataclass(frozen=True)
+class InboxEntry:
+    """One message of a run's channel as staff see it: whether and by which call it was
+    consumed (``acked_by``, None while it waits to be received)."""
+
+    channel: str
+    key: str
+    payload: Any
+    enqueued_at: datetime | None
+    by: str | None
+    acked_by: str | None
+
+
+def inbox(records: list[Record], channel: str | None = None) -> list[InboxEntry]:
+    """Every channel message in ``records`` (a run's journal), in enqueue order, optionally
+    of one ``channel`` only."""
+    acks = {r.name: r for r in records if r.name.startswith(names.ACK)}
+    out = []
+    for rec in records:
+        if not rec.name.startswith(names.MESSAGE):
+            continue
+        ch, key = str(rec.get("channel")), str(rec.get("key"))
+        if channel is not None and ch != channel:
+            continue
+        ack = acks.get(names.ack(ch, key))
+        at = rec.get("at")
+        out.append(
+            InboxEntry(
+                channel=ch,
+                key=key,
+                payload=rec.get("payload"),
+                enqueued_at=_at(at) if at is not None else None,
+                by=rec.get("by"),
+                acked_by=str(ack.get("call_id")) if ack is not None else None,
+            )
+        )
+    return out
+
+
 def channel_has_message(records: list[Record], channels: Any) -> bool:
     """Whether any of ``channels`` holds a message nothing acked yet."""
     return any(_first_unacked(records, c) is not None for c in channels)

@@ -165,3 +165,22 @@ def test_bad_enqueues_are_refused_with_nothing_written(store, fired):
         da.enqueue("r1", "replies", "k", "x", store=store)
     assert info.value.code == "run.cancelled"
     assert messages(store) == []
+
+
+def test_messages_of_lists_a_runs_inbox_with_who_consumed_what(store, fired):
+    from durable_agents.engine.commands.waits import messages_of
+
+    a = inbox_agent(fired)
+    with pytest.raises(da.ChannelPending):
+        a.run("r1", "read", store=store)
+    da.enqueue("r1", "replies", "m1", {"text": "hi"}, by="ann", store=store)
+    assert [(m.key, m.payload, m.by, m.acked_by) for m in messages_of("r1", store=store)] == [
+        ("m1", {"text": "hi"}, "ann", "call_1_1")
+    ]
+    assert messages_of("r1", "other", store=store) == []
+    assert [(x.action, x.target) for x in store.list_actions(run_id="r1")] == [
+        ("enqueue", "replies:m1")
+    ]
+    with pytest.raises(da.ConfigError) as info:
+        messages_of("nope", store=store)
+    assert info.value.code == "run.not_found"

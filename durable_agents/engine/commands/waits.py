@@ -22,7 +22,7 @@ from ..errors import (
 from ..journal import Journal, now_ms
 from ..ports import AWAITING_INPUT, KIND_AGENT, QUEUED, RUNNING, TERMINAL_STATUSES, Store
 from ..records import encode, refuse_nul
-from ..waits import INTERRUPT, SIGNAL, OpenWait, channel_waits_for, open_waits
+from ..waits import INTERRUPT, SIGNAL, InboxEntry, OpenWait, channel_waits_for, inbox, open_waits
 
 
 @dataclass(frozen=True)
@@ -190,6 +190,18 @@ def waits_of(run_id: str, *, store: Store | None = None) -> list[OpenWait]:
     if store.get_run(run_id) is None:
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
     return open_waits(Journal(store).records(run_id))
+
+
+def messages_of(
+    run_id: str, channel: str | None = None, *, store: Store | None = None
+) -> list[InboxEntry]:
+    """Run ``run_id``'s channel messages (of one ``channel``, or all), in enqueue order, each
+    with the call that acked it (None: not received yet) — what a run page lists."""
+    if channel is not None:
+        names.validate_channel(channel)
+    store = store or runtime.store()
+    _check_exists(store, run_id)
+    return inbox(Journal(store).records(run_id), channel)
 
 
 def _check_exists(store: Store, run_id: str) -> None:
