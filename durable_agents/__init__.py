@@ -14,7 +14,7 @@ from .engine.commands.recovery import recover
 from .engine.commands.runs import PendingRun, cancel, pending, resume
 from .engine.commands.sessions import SendResult, Session
 from .engine.commands.timers import WakeOutcome, wake_timer
-from .engine.commands.waits import WaitOutcome, answer_interrupt, signal
+from .engine.commands.waits import WaitOutcome, answer_interrupt, enqueue, signal
 from .engine.definition import ModelRetry, RunResult
 from .engine.errors import (
     AgentDrift,
@@ -28,6 +28,7 @@ from .engine.errors import (
     ApprovalSignatureOutdated,
     ApproverNotEligible,
     BudgetError,
+    ChannelPending,
     ConfigError,
     DurableAgentsError,
     HaltAlreadyResolved,
@@ -61,9 +62,10 @@ from .engine.identity import Actor
 from .engine.journal import Journal
 from .engine.replay import ReplayReport, replay
 from .engine.replay_model import ReplayModel
+from .engine.staff import ask_staff
 from .engine.steps import Comparison, Step, as_of, compare, history
 from .engine.tools import Tool, ToolContext, tool
-from .engine.waits import TimedOut
+from .engine.waits import ChannelMessage, TimedOut
 
 __all__ = [
     "Actor",
@@ -80,6 +82,8 @@ __all__ = [
     "ApprovalSignatureOutdated",
     "ApproverNotEligible",
     "BudgetError",
+    "ChannelMessage",
+    "ChannelPending",
     "Comparison",
     "ConfigError",
     "DurableAgentsError",
@@ -128,10 +132,12 @@ __all__ = [
     "answer_interrupt",
     "approve",
     "as_of",
+    "ask_staff",
     "cancel",
     "compare",
     "decision_bytes",
     "deny",
+    "enqueue",
     "fork",
     "history",
     "pending",

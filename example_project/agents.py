@@ -1,4 +1,4 @@
-"""The example support agent: four tools, one of each safety class.
+"""The example support agent: five tools, one of each safety class, and a question for staff.
 
 * ``lookup_order`` — read-only: safe to re-run after a crash.
 * ``send_receipt`` — idempotent: passes ``ctx.idempotency_key`` to the mailer, which drops
@@ -6,6 +6,9 @@
 * ``refund`` — requires approval: staff decide in the admin before it runs, once.
 * ``update_crm`` — a side effect, not gated: at most once; a crash mid-call halts the run
   for a person to check the CRM.
+* ``ship_replacement`` — idempotent, and it waits: it asks staff which warehouse ships the
+  parcel (``ctx.interrupt`` with a schema; the run is ``awaiting_input`` until someone
+  answers), then books the shipment under ``ctx.idempotency_key``.
 
 The model is OpenAI or Anthropic when their key is in the environment, else a scripted
 model that tells the demo's story. The "systems" the tools touch are a small JSON-lines
@@ -17,12 +20,15 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import pydantic
 from django.conf import settings
 
 import durable_agents as da
+from durable_agents.engine.model import ModelRequest, ModelResponse
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 
@@ -86,10 +92,35 @@ def update_crm(order_id: str, note: str) -> str:
     return "noted"
 
 
-TOOLS = [lookup_order, send_receipt, refund, update_crm]
+WAREHOUSES = {"BER": "Berlin", "HAM": "Hamburg"}
+
+
+class Warehouse(pydantic.BaseModel):
+    """Which warehouse ships the parcel."""
+
+    code: Literal["BER", "HAM"] = pydantic.Field(title="Warehouse (BER or HAM)")
+
+
+@da.tool(idempotent=True)
+def ship_replacement(order_id: str, ctx: da.ToolContext) -> str:
+    """Ship the customer a replacement for the order. Staff pick the warehouse."""
+    # A retry-safe tool may wait: it runs again from the top once staff answer, and the
+    # shipping service drops a repeat of the same key.
+    choice = ctx.interrupt(
+        f"warehouse-{order_id}",
+        f"Order {order_id} never arrived: which warehouse ships the replacement?",
+        schema=Warehouse,
+    )
+    if ctx.idempotency_key not in {e["key"] for e in effects("shipment")}:
+        record_effect("shipment", order_id=order_id, warehouse=choice.code, key=ctx.idempotency_key)
+    return f"replacement for order {order_id} ships from {WAREHOUSES[choice.code]}"
+
+
+TOOLS = [lookup_order, send_receipt, refund, update_crm, ship_replacement]
 INSTRUCTIONS = (
     "You are a support agent for an online shop. Look orders up before acting. Refunds need "
-    "staff approval. Note every refund in the CRM and send a receipt afterwards. Be brief."
+    "staff approval. Note every refund in the CRM and send a receipt afterwards. When a "
+    "parcel never arrived, ship a replacement. Be brief."
 )
 
 # The demo's story, for when no provider key is configured.
@@ -102,6 +133,29 @@ SCRIPT = [
     scripted.calls(scripted.call("send_receipt", {"order_id": "7"})),
     scripted.text("I refunded order 7 in full (42.00) and emailed you a receipt."),
 ]
+# The customer's next message in the same chat: the parcel never came at all.
+REPLACEMENT_SCRIPT = [
+    scripted.calls(scripted.call("ship_replacement", {"order_id": "7"})),
+    scripted.text("A replacement for order 7 is on its way; staff picked the warehouse."),
+]
+
+
+class StoryModel:
+    """The demo's scripted model: each customer message of the chat gets its own script.
+    A chat's turn sees the earlier turns too, so the script's turns are counted from the
+    latest user message."""
+
+    model_id = "scripted-support"
+
+    def __init__(self) -> None:
+        self.refund = ScriptedModel(SCRIPT, model_id=self.model_id)
+        self.replacement = ScriptedModel(REPLACEMENT_SCRIPT, model_id=self.model_id)
+
+    def generate(self, request: ModelRequest) -> ModelResponse:
+        messages = list(request.messages)
+        last = max((i for i, m in enumerate(messages) if m.role == "user"), default=0)
+        script = self.replacement if "never arrived" in messages[last].content else self.refund
+        return script.generate(replace(request, messages=messages[last:]))
 
 
 def _model() -> Any:
@@ -113,7 +167,7 @@ def _model() -> Any:
         from durable_agents.providers import AnthropicMessages
 
         return AnthropicMessages(os.environ.get("ANTHROPIC_MODEL", "claude-sonnet-4-6"))
-    return ScriptedModel(SCRIPT, model_id="scripted-support")
+    return StoryModel()
 
 
 support = da.Agent("support", _model(), INSTRUCTIONS, TOOLS, max_turns=12)

@@ -384,6 +384,12 @@ class SignalPending(Pause):
     code = "run.awaiting_signal"
 
 
+class ChannelPending(SignalPending):
+    """The run waits for a message on one of its channels (``ctx.receive``)."""
+
+    code = "run.awaiting_message"
+
+
 class TimerPending(Pause):
     """The run sleeps until a time."""
 

@@ -36,6 +36,7 @@ from .errors import (
     AgentDrift,
     ApprovalPending,
     BudgetError,
+    ChannelPending,
     ConfigError,
     Conflict,
     DriveStopped,
@@ -82,7 +83,7 @@ from .records import Record, decode, encode, refuse_nul, validate_run_id
 from .redact import error_text
 from .tools import Tool, ToolContext
 from .transcript import RunState, outcome_of
-from .waits import CallWaits
+from .waits import CallWaits, channel_has_message
 
 log = logging.getLogger("durable_agents")
 
@@ -150,7 +151,10 @@ def drive(
             wakes = list(pause.details.get("decisions") or ()) + list(
                 pause.details.get("wakes") or ()
             )
-            if not any(journal.get(run_id, name) is not None for name in wakes):
+            channels = pause.details.get("channels") or ()
+            if not any(journal.get(run_id, name) is not None for name in wakes) and not (
+                channels and channel_has_message(journal.records(run_id), channels)
+            ):
                 raise
 
 
@@ -793,9 +797,13 @@ class Driver:
             fence=self.fence,
             if_status=[RUNNING],
         )
-        kind: type[Pause] = next(
-            (type(p) for p in pauses if isinstance(p, InterruptPending)),
-            TimerPending if sleeping else SignalPending,
+        kind: type[Pause] = (
+            type(pauses[0])
+            if len(pauses) == 1
+            else next(
+                (type(p) for p in pauses if isinstance(p, InterruptPending)),
+                TimerPending if sleeping else SignalPending,
+            )
         )
         message = (
             pauses[0].message
@@ -805,6 +813,9 @@ class Driver:
         details: dict[str, Any] = {"waits": waits, "wakes": wakes}
         if timers:
             details["wake_ms"] = min(timers)
+        channels = [p.details["channel"] for p in pauses if isinstance(p, ChannelPending)]
+        if channels:
+            details["channels"] = channels
         raise kind(message, run_id=self.run_id, **details)
 
     def _decision(

@@ -42,6 +42,9 @@ WAIT = "wait:"  # a tool asked a question or awaits a signal (its request, first
 INPUT = "input:"  # a person's answer to an interrupt (first answer wins)
 SIGNAL = "signal:"  # a signal delivered to the run (first payload wins), awaited or not yet
 WAITED = "waited:"  # how an awaited signal resolved: its payload, or the timeout (once)
+MESSAGE = "message:"  # a message enqueued on one of the run's channels (first payload per key)
+ACK = "ack:"  # a channel's message consumed, by which call (once)
+RECEIVING = "receiving:"  # a receive found its channel empty: the run waits for a message
 # "@..." records are evidence beside the run's steps, never replayed into its transcript.
 SPEND = "@spend/"
 LATE = "@late/"
@@ -128,6 +131,47 @@ def signal(name: str) -> str:
 def waited(name: str) -> str:
     """How the await of signal ``name`` resolved: delivered or timed out, decided once."""
     return f"{WAITED}{name}"
+
+
+def validate_channel(channel: object) -> str:
+    """A channel's name, or a message's key on it: same alphabet as a wait's name."""
+    if not isinstance(channel, str) or not _WAIT_NAME.fullmatch(channel):
+        raise ConfigError(
+            f"invalid channel or message key {channel!r}: 1-100 characters of A-Za-z0-9_.- "
+            "(e.g. 'replies' or 'evt_123')",
+            code="config.channel_name",
+        )
+    return channel
+
+
+def message(channel: str, key: str) -> str:
+    """The message ``key`` enqueued on ``channel`` (first payload wins)."""
+    return f"{MESSAGE}{channel}:{key}"
+
+
+def message_key(channel: str, name: str) -> str | None:
+    """The key of a ``message:`` record name on ``channel`` (None: another record)."""
+    prefix = f"{MESSAGE}{channel}:"
+    return name[len(prefix) :] if name.startswith(prefix) else None
+
+
+def ack(channel: str, key: str) -> str:
+    """The message ``key`` of ``channel`` was consumed (by the call the record names)."""
+    return f"{ACK}{channel}:{key}"
+
+
+def receiving(channel: str, count: int) -> str:
+    """A receive on ``channel`` found its ``count`` messages all acked: the run waits for
+    message number ``count + 1``."""
+    return f"{RECEIVING}{channel}:{count}"
+
+
+def parse_receiving(name: str) -> tuple[str, int] | None:
+    """``(channel, count)`` of a ``receiving:`` name, or None for any other name."""
+    if not name.startswith(RECEIVING):
+        return None
+    channel, _, count = name[len(RECEIVING) :].rpartition(":")
+    return (channel, int(count)) if count.isdigit() else None
 
 
 def drift(fingerprint_hash: str) -> str:

@@ -86,6 +86,19 @@ class ToolContext:
         The outcome is decided once. Only a retry-safe tool may wait."""
         return self._run_waits().await_signal(name, timeout)
 
+    def receive(self, channel: str) -> Any:
+        """The oldest message on the run's ``channel`` that nothing acked yet (a
+        ``ChannelMessage`` with ``key`` and ``payload``), in enqueue order. It stays the
+        oldest until ``ack`` consumes it. With none, the run pauses ``awaiting_input`` until
+        ``durable_agents.enqueue`` delivers one and this tool runs again from the top: only
+        a retry-safe tool may receive (see docs/waiting.md)."""
+        return self._run_waits().receive(channel)
+
+    def ack(self, channel: str, key: str) -> bool:
+        """Consume the message ``key`` of ``channel``, once: True for the call that did
+        (again when it re-runs), False if another call consumed it first."""
+        return self._run_waits().ack(channel, key)  # type: ignore[no-any-return]
+
     def sleep(self, name: str, seconds: float) -> datetime:
         """Sleep ``seconds`` (the wake time is journaled on first encounter: a recovered or
         redeployed run wakes at that same instant). Until then the run pauses ``sleeping``

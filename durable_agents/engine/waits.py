@@ -33,6 +33,7 @@ import pydantic
 
 from . import answers, failpoints, names
 from .errors import (
+    ChannelPending,
     InterruptPending,
     SignalPending,
     TimerPending,
@@ -47,8 +48,8 @@ from .records import Record, refuse_nul
 INTERRUPT = "interrupt"
 SIGNAL = "signal"
 TIMER = "timer"
+CHANNEL = "channel"
 OUTCOME_SIGNAL = "signal"
-TIMER = "timer"
 OUTCOME_TIMEOUT = "timeout"
 OUTCOME_WOKE = "woke"
 
@@ -59,6 +60,92 @@ class TimedOut:
 
     name: str
     deadline: datetime
+
+
+@dataclass(frozen=True)
+class ChannelMessage:
+    """What ``ctx.receive(channel)`` returns: the oldest message nothing acked yet."""
+
+    channel: str
+    key: str
+    payload: Any
+
+
+def channel_messages(records: list[Record], channel: str) -> list[Record]:
+    """The messages of ``channel`` in ``records`` (a run's journal), in enqueue order."""
+    return [r for r in records if names.message_key(channel, r.name) is not None]
+
+
+def _first_unacked(records: list[Record], channel: str) -> ChannelMessage | None:
+    have = {r.name for r in records}
+    for rec in channel_messages(records, channel):
+        key = str(names.message_key(channel, rec.name))
+        if names.ack(channel, key) not in have:
+            return ChannelMessage(channel, key, rec.get("payload"))
+    return None
+
+
+@dataclass(frozen=True)
+class InboxEntry:
+    """One message of a run's channel as staff see it: whether and by which call it was
+    consumed (``acked_by``, None while it waits to be received)."""
+
+    channel: str
+    key: str
+    payload: Any
+    enqueued_at: datetime | None
+    by: str | None
+    acked_by: str | None
+
+
+def inbox(records: list[Record], channel: str | None = None) -> list[InboxEntry]:
+    """Every channel message in ``records`` (a run's journal), in enqueue order, optionally
+    of one ``channel`` only."""
+    acks = {r.name: r for r in records if r.name.startswith(names.ACK)}
+    out = []
+    for rec in records:
+        if not rec.name.startswith(names.MESSAGE):
+            continue
+        ch, key = str(rec.get("channel")), str(rec.get("key"))
+        if channel is not None and ch != channel:
+            continue
+        ack = acks.get(names.ack(ch, key))
+        at = rec.get("at")
+        out.append(
+            InboxEntry(
+                channel=ch,
+                key=key,
+                payload=rec.get("payload"),
+                enqueued_at=_at(at) if at is not None else None,
+                by=rec.get("by"),
+                acked_by=str(ack.get("call_id")) if ack is not None else None,
+            )
+        )
+    return out
+
+
+def channel_has_message(records: list[Record], channels: Any) -> bool:
+    """Whether any of ``channels`` holds a message nothing acked yet."""
+    return any(_first_unacked(records, c) is not None for c in channels)
+
+
+def channel_waits_for(records: list[Record], channel: str, key: str) -> bool:
+    """Whether the run whose journal is ``records`` waits on ``channel`` for the message
+    ``key`` (journaled, not acked): a ``receiving:`` record found the channel empty before
+    it came. Commit order decides: the message that is number k of the channel resolves the
+    receive that saw k - 1 messages."""
+    have = {r.name for r in records}
+    if names.ack(channel, key) in have:
+        return False
+    keys = [names.message_key(channel, r.name) for r in channel_messages(records, channel)]
+    if key not in keys:
+        return False
+    number = keys.index(key) + 1
+    for rec in records:
+        parsed = names.parse_receiving(rec.name)
+        if parsed is not None and parsed[0] == channel and parsed[1] >= number - 1:
+            return True
+    return False
 
 
 class CallWaits:
@@ -139,6 +226,51 @@ class CallWaits:
         if outcome.get("outcome") == OUTCOME_TIMEOUT:
             return TimedOut(name, _at(deadline))
         return outcome.get("payload")
+
+    def receive(self, channel: str) -> ChannelMessage:
+        names.validate_channel(channel)
+        self._check(channel, "ctx.receive")
+        records = self.journal.records(self.run_id)
+        found = _first_unacked(records, channel)
+        if found is not None:
+            return found
+        count = len(channel_messages(records, channel))
+        name = names.receiving(channel, count)
+        if self.journal.get(self.run_id, name) is None:
+            body = {"kind": CHANNEL, "channel": channel, "count": count}
+            _, inserted = self.journal.write(
+                self.run_id,
+                name,
+                {**body, "call_id": self.call_id, "tool": self.tool_name},
+                fence=self.fence,
+            )
+            if inserted:
+                failpoints.hit(f"after-receiving:{channel}")
+        # Written first, then looked at again: an enqueue writes its message, then looks for
+        # this record, so one of the two sees the other and a message never goes unnoticed.
+        found = _first_unacked(self.journal.records(self.run_id), channel)
+        if found is not None:
+            return found
+        raise ChannelPending(
+            f"run {self.run_id!r} waits for a message on channel {channel!r}",
+            run_id=self.run_id,
+            waits=[channel],
+            wakes=[],
+            channel=channel,
+        )
+
+    def ack(self, channel: str, key: str) -> bool:
+        names.validate_channel(channel)
+        names.validate_channel(key)
+        if self.journal.get(self.run_id, names.message(channel, key)) is None:
+            raise WaitError(
+                f"ack {key!r} on channel {channel!r}: run {self.run_id!r} has no such message"
+            )
+        body = {"kind": "ack", "channel": channel, "key": key, "call_id": self.call_id}
+        rec, inserted = self.journal.write(
+            self.run_id, names.ack(channel, key), body, fence=self.fence
+        )
+        return inserted or rec.get("call_id") == self.call_id
 
     def sleep(self, name: str, seconds: float) -> datetime:
         self._check(name, "ctx.sleep")
@@ -236,7 +368,22 @@ def open_waits(records: list[Record]) -> list[OpenWait]:
     """The waits in ``records`` (a run's journal) with no resolution yet."""
     by_name = {r.name: r for r in records}
     out = []
+    waiting: set[str] = set()
     for rec in records:
+        parsed = names.parse_receiving(rec.name)
+        if parsed is not None:
+            channel, count = parsed
+            if len(channel_messages(records, channel)) <= count and channel not in waiting:
+                waiting.add(channel)
+                out.append(
+                    OpenWait(
+                        kind=CHANNEL,
+                        name=channel,
+                        call_id=str(rec.get("call_id")),
+                        tool=str(rec.get("tool") or ""),
+                    )
+                )
+            continue
         if not rec.name.startswith(names.WAIT):
             continue
         name = str(rec.get("name"))

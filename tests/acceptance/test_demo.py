@@ -28,6 +28,12 @@ def _demo(env):
     assert "awaiting_approval" in text and "signal 9" in text
     assert "CRM notes 1, refunds 1, receipts 1" in text
     assert "I refunded order 7 in full" in text
+    # The support agent asks staff which warehouse ships the replacement (an interrupt with
+    # a schema): a wrong answer is refused, the right one finishes the run, one shipment.
+    assert "awaiting_input" in text and "which warehouse ships the replacement?" in text
+    assert "'PAR' is refused (interrupt.invalid_answer)" in text
+    assert "A replacement for order 7 is on its way" in text
+    assert "shipments 1, from HAM (exactly once)" in text
 
 
 def _rows(db):
@@ -49,6 +55,6 @@ def test_demo_runs_end_to_end_and_again_from_a_clean_slate(tmp_path):
     _demo(env)
     db = tmp_path / "db.sqlite3"
     first = _rows(db)
-    assert first["run"] >= 2 and first["approvalrequest"] == 1
+    assert first["run"] >= 3 and first["approvalrequest"] == 1
     _demo(env)  # the admin shows one story, not two
     assert _rows(db) == first

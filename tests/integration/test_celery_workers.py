@@ -38,7 +38,15 @@ from durable_agents.models import JournalEntry, Lease, Run
 from durable_agents.recovery import recover
 from durable_agents.storage import DjangoStore
 from tests.support.agents import effects_connection
-from tests.support.celery_agents import ANSWER, CALLS, mixed, napper, steps, steps_idempotent
+from tests.support.celery_agents import (
+    ANSWER,
+    CALLS,
+    inbox,
+    mixed,
+    napper,
+    steps,
+    steps_idempotent,
+)
 from tests.support.workers import (
     CeleryProcesses,
     CeleryTarget,
@@ -599,6 +607,27 @@ def test_a_timer_whose_eta_message_was_lost_is_woken_by_the_sweep(celery):
     assert fire_counts(run_id) == {"call_1_1": 1}
     woke = Journal(DjangoStore()).get(run_id, journal_names.waited("nap"))
     assert woke.get("woke_ms") >= wake
+
+
+@pytest.mark.timeout(90)
+def test_a_channel_wakes_its_run_through_the_worker(celery):
+    """A run waits on a channel; each ``enqueue`` hands it to the worker after commit, a
+    redelivered key changes nothing, and the worker handles every message once, in order."""
+    import durable_agents as da
+
+    run_id = inbox.start("go", run_id=new_id("inbox"))
+    worker = celery.worker().wait_ready()
+    wait_status(run_id, "awaiting_input")
+    assert da.enqueue(run_id, "box", "m1", "hello").woke
+    wait_for(lambda: [label for _, label in fires(run_id)] == ["handle:m1"], RUN_TIMEOUT, "m1")
+    wait_status(run_id, "awaiting_input")
+    again = da.enqueue(run_id, "box", "m1", "changed")
+    assert (again.recorded, again.value) == (False, "hello")
+    da.enqueue(run_id, "box", "m2", "more")
+    da.enqueue(run_id, "box", "m3", "stop")
+    assert wait_status(run_id, "finished").answer == ANSWER
+    assert [label for _, label in fires(run_id)] == ["handle:m1", "handle:m2", "handle:m3"]
+    assert received(worker.log()) >= 2
 
 
 # -- 6. warm shutdown -----------------------------------------------------------------------

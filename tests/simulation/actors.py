@@ -496,6 +496,10 @@ class Answerer(Actor):
             values = [w.rng.choice([*ANSWERS, *ANSWERS, "maybe"]) for _ in range(times)]
             return f"answer {run_id} {name} {values}", lambda: self._answer(w, run_id, name, values)
         payloads = [w.rng.randint(1, 9) for _ in range(times)]
+        if order % 4 == 3:
+            # A carrier's messages: keys repeat (a redelivery, maybe with another payload).
+            sends = [(w.rng.choice("ab"), p) for p in payloads]
+            return f"enqueue {run_id} {name} {sends}", lambda: self._enqueue(w, run_id, name, sends)
         # Sometimes staff first wake a sleeping run's timer now (da.wake_timer, "Wake now"):
         # the first run asleep. Decided from the draws above, so the seed's other choices stay.
         nap = _asleep(w) if payloads[0] >= 5 else None
@@ -503,6 +507,19 @@ class Answerer(Actor):
         if nap is not None:
             label = f"wake {nap[0]} {nap[1]} now, then {label}"
         return label, lambda: self._signal(w, run_id, name, payloads, wake=nap)
+
+    def _enqueue(self, w: W.World, run_id: str, channel: str, sends: list[Any]) -> str:
+        did = []
+        for key, payload in sends:
+            sent = w.messages.setdefault((run_id, channel), [])
+            try:
+                out = da.enqueue(run_id, channel, key, payload, store=w.store)
+            except DurableAgentsError as exc:
+                sent.append((key, payload, exc.code))
+            else:
+                sent.append((key, out.value, "recorded" if out.recorded else "duplicate"))
+            did.append(sent[-1][2])
+        return ", ".join(did)
 
     def _answer(self, w: W.World, run_id: str, name: str, values: list[Any]) -> str:
         did = []

@@ -122,8 +122,11 @@ ANSWERS = ["yes", "no"]  # what a person may answer; anything else is refused
 
 
 def wait_name(order: int) -> str:
-    """An even order asks staff (an interrupt), an odd one awaits the payment (a signal)."""
-    return f"ok-{order}" if order % 2 == 0 else f"paid-{order}"
+    """An even order asks staff (an interrupt); an order of 1, 5, 9… awaits the payment (a
+    signal); one of 3, 7, 11… reads the carrier's messages (a channel)."""
+    if order % 2 == 0:
+        return f"ok-{order}"
+    return f"paid-{order}" if order % 4 == 1 else f"inbox-{order}"
 
 
 def confirm(order: int, ctx: ToolContext) -> Any:
@@ -133,6 +136,7 @@ def confirm(order: int, ctx: ToolContext) -> Any:
     assert w is not None
     w.point(f"tool confirm {ctx.call_id} start")
     name = wait_name(order)
+    got: dict[str, Any] = {}
     if order % 4 == 1:
         # A timer first: the run sleeps 20 s (its wake time journaled once), then waits.
         ctx.sleep(f"nap-{order}", 20.0)
@@ -141,15 +145,21 @@ def confirm(order: int, ctx: ToolContext) -> Any:
         value = ctx.interrupt(
             name, f"Ship order {order}?", schema={"type": "string", "enum": ANSWERS}
         )
-    else:
+    elif order % 4 == 1:
         value = ctx.await_signal(name)
+    else:
+        # The oldest message nothing acked; consumed once by this call.
+        msg = ctx.receive(name)
+        ctx.ack(name, msg.key)
+        value = msg.payload
+        got["key"] = msg.key
     entry = w.record(
         "confirm",
         ctx.run_id,
         ctx.call_id,
         {"order": order},
         "",
-        {"wait": name, "value": value},
+        {"wait": name, "value": value, **got},
         effect=False,
     )
     w.point(f"tool confirm {ctx.call_id} done")

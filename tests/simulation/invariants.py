@@ -14,6 +14,7 @@ Vocabulary:
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import pairwise
 from typing import Any
 
 from durable_agents.engine.approvals import decision_name
@@ -164,6 +165,7 @@ def check_all(w: W.World) -> None:
     check_agent_runs(w, ix)
     check_steps(w, ix)
     check_waits(w, ix)
+    check_channels(w, ix)
     check_as_we_go(w)
 
 
@@ -764,3 +766,62 @@ def check_waits(w: W.World, ix: Index) -> None:
                 "signals_consumed_once",
                 f"run {run_id}: {name} was returned to calls {sorted(set(calls))}",
             )
+
+
+def check_channels(w: W.World, ix: Index) -> None:
+    """A channel's key is recorded once with its first payload (a redelivery gets that one
+    back), and each message is received in the channel's order and acked at most once: the
+    one ``confirm`` call that read the channel returned its oldest message, and the ack of
+    that message names that call."""
+    for (run_id, channel), sent in w.messages.items():
+        journal = ix.names.get(run_id) or {}
+        for key in {k for k, _, _ in sent}:
+            rec = journal.get(f"message:{channel}:{key}")
+            mine = [(p, did) for k, p, did in sent if k == key]
+            if sum(1 for _, did in mine if did == "recorded") > 1:
+                w.violate("channels_in_order", f"run {run_id}: {channel}/{key} recorded twice")
+            for payload, did in mine:
+                if did in ("recorded", "duplicate") and (
+                    rec is None or encode(payload) != encode(rec.get("payload"))
+                ):
+                    w.violate(
+                        "channels_in_order",
+                        f"run {run_id}: {channel}/{key} {did} as {payload!r}, the journal holds "
+                        f"{None if rec is None else rec.get('payload')!r}",
+                    )
+    for run_id in w.runs:
+        journal = ix.names.get(run_id) or {}
+        ordered = sorted(
+            (r for r in journal.values() if r.name.startswith("message:")), key=lambda r: r.seq
+        )
+        got: dict[str, list[str]] = defaultdict(list)
+        for e in w.ledger:
+            if (
+                e.run == run_id
+                and e.tool == "confirm"
+                and isinstance(e.value, dict)
+                and ("key" in e.value)
+            ):
+                got[e.call].append(f"{e.value.get('wait')}:{e.value.get('key')}")
+        for call, received in got.items():
+            channel = received[0].partition(":")[0]
+            keys = [str(r.get("key")) for r in ordered if r.name.startswith(f"message:{channel}:")]
+            # Each run of the call got the oldest message nothing acked: the first message,
+            # then the same (a crash before its ack) or the next one (acked, then a crash).
+            at = [
+                keys.index(k.partition(":")[2]) if k.partition(":")[2] in keys else -1
+                for k in received
+            ]
+            if at[0] != 0 or any(b not in (a, a + 1) for a, b in pairwise(at)):
+                w.violate(
+                    "channels_in_order",
+                    f"run {run_id}: call {call} received {received}, the channel holds {keys}",
+                )
+            for k in set(received):
+                ack = journal.get(f"ack:{k}")
+                if ack is None or ack.get("call_id") != call:
+                    w.violate(
+                        "channels_in_order",
+                        f"run {run_id}: {k} acked by "
+                        f"{None if ack is None else ack.get('call_id')}, received by {call}",
+                    )

@@ -296,6 +296,8 @@ class World:
         # Answers and signals sent from outside: (run, wait name) -> [(value, what it did)].
         self.answers: dict[tuple[str, str], list[tuple[Any, str]]] = {}
         self.signals: dict[tuple[str, str], list[tuple[Any, str]]] = {}
+        # Channel messages: (run, channel) -> [(key, payload sent or standing, what it did)].
+        self.messages: dict[tuple[str, str], list[tuple[str, Any, str]]] = {}
         self.fork_snapshots: dict[str, list[Any]] = {}
         self.recovery_rounds: list[list[str]] = []
         self.last_drive: dict[str, str] = {}
@@ -332,6 +334,9 @@ class World:
         )
         found["signals recorded"] = sum(
             1 for sent in self.signals.values() for _, did in sent if did == "recorded"
+        )
+        found["messages recorded"] = sum(
+            1 for sent in self.messages.values() for _, _, did in sent if did == "recorded"
         )
         found["effects"] = sum(1 for e in self.ledger if e.effect)
         return found

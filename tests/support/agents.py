@@ -298,3 +298,34 @@ packing = da.Agent(
     "Pack and ship orders.",
     [ask_packing, ship],
 )
+
+
+@da.tool(idempotent=True)
+def read_inbox(box: str, ctx: da.ToolContext) -> str:
+    """Handle each message of ``box`` (one ``handle:<key>`` effect per handling) until one
+    says stop. Kill points: DA_CRASH_BEFORE_ACK / DA_CRASH_AFTER_ACK name a message key."""
+    while True:
+        msg = ctx.receive(box)
+        with effects_connection() as conn:
+            conn.execute(
+                "INSERT INTO test_effects (run_id, call_id, tool, key) VALUES (%s, %s, %s, %s)",
+                [ctx.run_id, f"handle:{msg.key}", "handle", msg.key],
+            )
+        if os.environ.get("DA_CRASH_BEFORE_ACK") == msg.key:
+            os.kill(os.getpid(), signal.SIGKILL)  # handled, not acked
+        ctx.ack(box, msg.key)
+        if os.environ.get("DA_CRASH_AFTER_ACK") == msg.key:
+            os.kill(os.getpid(), signal.SIGKILL)  # acked; the call's result never is
+        if msg.payload == "stop":
+            return "read"
+
+
+# Reads the "box" channel until a message says stop.
+inbox = da.Agent(
+    "inbox",
+    ScriptedModel(
+        [scripted.calls(scripted.call("read_inbox", {"box": "box"})), scripted.text("all read")]
+    ),
+    "Read the inbox.",
+    [read_inbox],
+)

@@ -125,3 +125,21 @@ def nap(ctx: da.ToolContext) -> dict:
 napper = _agent(
     "celery-napper", [nap], [scripted.calls(scripted.call("nap", {})), scripted.text(ANSWER)]
 )
+
+
+# ``celery-inbox``: one retry-safe ``drain`` call that handles each message of the channel
+# ``box`` (firing ``handle:<key>``) until one says stop, then answers.
+@da.tool(name="drain", idempotent=True)
+def drain(ctx: da.ToolContext) -> dict:
+    """Handle the inbox's messages until one says stop."""
+    while True:
+        msg = ctx.receive("box")
+        fire(ctx, f"handle:{msg.key}")
+        ctx.ack("box", msg.key)
+        if msg.payload == "stop":
+            return {"drained": msg.key}
+
+
+inbox = _agent(
+    "celery-inbox", [drain], [scripted.calls(scripted.call("drain", {})), scripted.text(ANSWER)]
+)

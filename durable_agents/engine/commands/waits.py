@@ -30,7 +30,17 @@ from ..ports import (
     Store,
 )
 from ..records import encode, refuse_nul
-from ..waits import INTERRUPT, SIGNAL, KeptSignal, OpenWait, kept_signals, open_waits
+from ..waits import (
+    INTERRUPT,
+    SIGNAL,
+    InboxEntry,
+    KeptSignal,
+    OpenWait,
+    channel_waits_for,
+    inbox,
+    kept_signals,
+    open_waits,
+)
 
 
 @dataclass(frozen=True)
@@ -43,6 +53,7 @@ class WaitOutcome:
     value: Any
     recorded: bool
     woke: bool
+    key: str = ""  # a channel message's key (``enqueue``; ``name`` is the channel)
 
 
 def answer_interrupt(
@@ -143,6 +154,54 @@ def signal(
     return WaitOutcome(run_id, name, rec.get("payload"), inserted, woke)
 
 
+def enqueue(
+    run_id: str,
+    channel: str,
+    key: str,
+    payload: Any = None,
+    *,
+    by: Any = None,
+    store: Store | None = None,
+) -> WaitOutcome:
+    """Append ``payload`` to run ``run_id``'s ``channel`` under ``key``: an ordered inbox the
+    run reads with ``ctx.receive`` / ``ctx.ack``. Deduped by key: the first payload wins and
+    a redelivery changes nothing (``recorded`` False, the standing payload returned), so an
+    at-least-once sender is harmless. A run waiting on the channel is handed to a driver
+    after the record is written. ``by`` is optional, as for ``signal``."""
+    names.validate_channel(channel)
+    names.validate_channel(key)
+    actor = None
+    if by is not None:
+        actor = identity.resolve(by)
+        identity.require(actor, identity.OPERATE_RUNS, "enqueue a message for a run")
+    store = store or runtime.store()
+    journal = Journal(store)
+    _check_exists(store, run_id)
+    standing = journal.get(run_id, names.message(channel, key))
+    if standing is not None:
+        # A redelivery; it also finishes what a first one that stopped after its record
+        # left undone (the run still waiting with the message journaled).
+        woke = channel_waits_for(journal.records(run_id), channel, key) and _wake(
+            store, run_id, running=False
+        )
+        return WaitOutcome(run_id, channel, standing.get("payload"), False, woke, key)
+    _check_open(store, journal, run_id)
+    _check_json(payload, f"the payload of message {key!r} on channel {channel!r}")
+    body = {"kind": "message", "channel": channel, "key": key, "payload": payload, "at": now_ms()}
+    if actor is not None:
+        body.update(by=actor.username, by_id=actor.id)
+    rec, inserted = journal.write(run_id, names.message(channel, key), body)
+    if inserted and actor is not None:
+        store.log_action(
+            identity.logged(actor, "enqueue", run_id, f"{channel}:{key}", {"payload": payload})
+        )
+    if inserted:
+        failpoints.hit(f"after-enqueue:{channel}:{key}")
+    # Written first, then looked at: ``ctx.receive`` writes its wait, then looks again.
+    woke = channel_waits_for(journal.records(run_id), channel, key) and _wake(store, run_id)
+    return WaitOutcome(run_id, channel, rec.get("payload"), inserted, woke, key)
+
+
 def waits_of(run_id: str, *, store: Store | None = None) -> list[OpenWait]:
     """What run ``run_id`` waits for: its questions and signals nothing resolved yet."""
     store = store or runtime.store()
@@ -169,6 +228,18 @@ def run_waits(run_id: str, *, store: Store | None = None) -> RunWaits:
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
     records = Journal(store).records(run_id)
     return RunWaits(run, open_waits(records), kept_signals(records))
+
+
+def messages_of(
+    run_id: str, channel: str | None = None, *, store: Store | None = None
+) -> list[InboxEntry]:
+    """Run ``run_id``'s channel messages (of one ``channel``, or all), in enqueue order, each
+    with the call that acked it (None: not received yet) — what a run page lists."""
+    if channel is not None:
+        names.validate_channel(channel)
+    store = store or runtime.store()
+    _check_exists(store, run_id)
+    return inbox(Journal(store).records(run_id), channel)
 
 
 def _check_exists(store: Store, run_id: str) -> None:

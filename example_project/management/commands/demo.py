@@ -3,7 +3,9 @@
 A message arrives through the signed webhook; the agent looks the order up, notes it in the
 CRM and asks to refund it; the refund waits for staff approval; a worker approving it is
 killed (SIGKILL) right after the refund; recovery finishes the run without refunding twice;
-the answer goes out; a redelivered webhook is harmless.
+the answer goes out; a redelivered webhook is harmless. Then the customer writes again: the
+parcel never arrived; the agent ships a replacement, and its tool asks staff which warehouse
+ships it (the run waits ``awaiting_input``); staff answer, and the run finishes.
 
 Each run of the story starts clean: the previous story's runs, action log and side-effect
 ledger are removed first, so the admin shows one story (``--keep`` keeps them).
@@ -120,10 +122,37 @@ class Command(BaseCommand):
             f"5. The delivery arrives once more: {third.status_code} "
             f"{json.loads(third.content)['answer']!r}"
         )
+        self.ask_staff(chat, store)
         self.say()
         self.say(
             "See the same run in the admin: python manage.py runserver, then open "
             "http://127.0.0.1:8000/admin/ and log in as demo / demo."
+        )
+
+    def ask_staff(self, chat: str, store: Any) -> None:
+        body = json.dumps({"session": chat, "text": "Order 7 never arrived. Send a new one?"})
+        self.say("6. The customer writes again (delivery d-2): the parcel never arrived.")
+        response = self.post_webhook(body, "d-2")
+        run_id = json.loads(response.content)["run_id"]
+        self.say(f"   the agent ships a replacement; run is {store.get_run(run_id).status}")
+        [waiting] = da.pending(statuses=["awaiting_input"])
+        [question] = waiting.waits
+        self.say(f"   staff are asked ({question.name}): {question.prompt}")
+        wrong = "PAR"
+        try:
+            da.answer_interrupt(run_id, question.name, {"code": wrong}, by="demo")
+        except da.InterruptAnswerInvalid as exc:
+            self.say(f"   an answer of {wrong!r} is refused ({exc.code}), nothing recorded")
+        self.say(
+            "7. Staff answer HAM (da.answer_interrupt; the answer is checked, journaled once)."
+        )
+        da.answer_interrupt(run_id, question.name, {"code": "HAM"}, by="demo")
+        run = store.get_run(run_id)
+        shipments = agents.effects("shipment")
+        self.say(f"   run is {run.status}; answer: {run.answer!r}")
+        self.say(
+            f"   shipments {len(shipments)}, from "
+            f"{', '.join(s['warehouse'] for s in shipments)} (exactly once)"
         )
 
     def reset(self, chat: str) -> None:
