@@ -51,6 +51,7 @@ from .engine.ports import (
     RunInfo,
     same_request,
 )
+from .engine.records import encode
 from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Lease, Run
 
 _J = JournalEntry._meta.db_table
@@ -541,15 +542,26 @@ class DjangoStore:
         return row.to_domain() if row is not None else None
 
     def set_approval_status(
-        self, run_id: str, call_id: str, status: str, *, if_status: Sequence[str] | None = None
+        self,
+        run_id: str,
+        call_id: str,
+        status: str,
+        *,
+        if_status: Sequence[str] | None = None,
+        if_arguments: Any = None,
     ) -> bool:
         rows = ApprovalRequest.objects.using(self.using).filter(run_id=run_id, call_id=call_id)
         if if_status is not None:
             rows = rows.filter(status__in=list(if_status))
-        updated = rows.update(
-            status=status, decided_at=None if status == APPROVAL_PENDING else Now()
-        )
-        return updated > 0
+        changes = {"status": status, "decided_at": None if status == APPROVAL_PENDING else Now()}
+        if if_arguments is None:
+            return rows.update(**changes) > 0
+        with transaction.atomic(using=self.using):
+            # Compared as canonical JSON (jsonb and SQLite's JSON text disagree on equality).
+            row = rows.select_for_update().only("pk", "arguments").first()
+            if row is None or encode(row.arguments) != encode(if_arguments):
+                return False
+            return rows.filter(pk=row.pk).update(**changes) > 0
 
     def list_approval_requests(
         self, *, status: str | None = APPROVAL_PENDING, run_id: str | None = None

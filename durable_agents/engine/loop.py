@@ -853,6 +853,7 @@ class Driver:
                 call.id,
                 APPROVAL_APPROVED if decision.get("approved") else APPROVAL_DENIED,
                 if_status=[APPROVAL_PENDING],
+                if_arguments=args,
             )
 
     def _attempt_state(self, call_id: str) -> tuple[int, Any]:

@@ -32,6 +32,7 @@ from .ports import (
     RunInfo,
     same_request,
 )
+from .records import encode
 
 
 def _dt(ts: float) -> datetime:
@@ -278,11 +279,19 @@ class InMemoryStore:
             return self._requests.get((run_id, call_id))
 
     def set_approval_status(
-        self, run_id: str, call_id: str, status: str, *, if_status: Sequence[str] | None = None
+        self,
+        run_id: str,
+        call_id: str,
+        status: str,
+        *,
+        if_status: Sequence[str] | None = None,
+        if_arguments: Any = None,
     ) -> bool:
         with self._lock:
             request = self._requests.get((run_id, call_id))
             if request is None or (if_status is not None and request.status not in if_status):
+                return False
+            if if_arguments is not None and encode(request.arguments) != encode(if_arguments):
                 return False
             decided = None if status == APPROVAL_PENDING else _dt(self._clock())
             self._requests[(run_id, call_id)] = replace(request, status=status, decided_at=decided)

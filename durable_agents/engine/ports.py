@@ -204,10 +204,15 @@ class ApprovalRequestInfo:
 
 
 def same_request(existing: ApprovalRequestInfo, request: ApprovalRequestInfo) -> bool:
-    """Whether ``request`` is already asked by ``existing``, still undecided: the same run
-    start, the same arguments (and the same earlier ones, for a call asked again)."""
+    """Whether ``request`` is already asked by ``existing``, pending or decided: the same run
+    start, the same arguments (and the same earlier ones, for a call asked again). A decided
+    one is not asked anew: a driver that read the journal just before a person's decision
+    landed asks about a call already decided, and replacing the row would drop that person's
+    decision (and its signature) while the journal keeps it. A row is marked decided only
+    for the arguments its journaled decision is about (``set_approval_status``'s
+    ``if_arguments``), so a decided row never stands for a decision the journal lacks."""
     return (
-        existing.status == APPROVAL_PENDING
+        existing.status != APPROVAL_WITHDRAWN
         and existing.start_seq == request.start_seq
         and encode(existing.arguments) == encode(request.arguments)
         and encode(existing.previous_arguments) == encode(request.previous_arguments)
@@ -327,19 +332,26 @@ class Store(Protocol):
         """Mark every open halt of the run orphaned (its run was cancelled); how many."""
 
     def save_approval_request(self, request: ApprovalRequestInfo) -> bool:
-        """Insert the request unless the same one is pending (``same_request``); any other
-        for ``(run_id, call_id)`` — from an earlier incarnation of the run, for other
-        arguments, or already decided — is replaced, its decisions with it. True if
-        written. (A driver asks only while the journal holds no decision for what it asks,
-        so a decided row it meets belongs to other arguments: a decision that landed on a
-        request replaced under it.)"""
+        """Insert the request unless the same one is there, pending or decided
+        (``same_request``); any other for ``(run_id, call_id)`` — from an earlier incarnation
+        of the run, for other arguments, or withdrawn — is replaced, its decisions with it.
+        True if written."""
 
     def get_approval_request(self, run_id: str, call_id: str) -> ApprovalRequestInfo | None: ...
 
     def set_approval_status(
-        self, run_id: str, call_id: str, status: str, *, if_status: Sequence[str] | None = None
+        self,
+        run_id: str,
+        call_id: str,
+        status: str,
+        *,
+        if_status: Sequence[str] | None = None,
+        if_arguments: Any = None,
     ) -> bool:
-        """Set the request's status (with ``if_status``, only from those); True if set."""
+        """Set the request's status (with ``if_status``, only from those; with
+        ``if_arguments``, only while the request asks about those arguments: a decision
+        marks decided only the request it was about, never one a drive put in its place
+        meanwhile); True if set."""
 
     def list_approval_requests(
         self, *, status: str | None = APPROVAL_PENDING, run_id: str | None = None

@@ -392,11 +392,11 @@ def test_a_run_is_created_with_every_field_it_is_given(store):
     assert got.last_error == error and (got.forked_from, got.forked_step) == ("src", 2)
 
 
-def test_a_request_is_kept_only_while_the_same_one_is_pending(store, run_id):
-    """A quorum in progress keeps its decisions when a drive asks the same again; a request
-    already decided, or asked again for the same arguments after a decision on others, is
-    asked anew (a decision that landed on a request replaced under it must not leave a row
-    saying "approved" while the journal holds no decision on what it asks)."""
+def test_a_request_is_asked_once_per_arguments_pending_or_decided(store, run_id):
+    """A quorum in progress keeps its decisions when a drive asks the same again; so does a
+    request already decided (a drive that read the journal just before the decision landed
+    must not drop the person's decision row); a request for other arguments, or asked again
+    after a decision on others, is asked anew, its decisions dropped."""
     from dataclasses import replace
 
     from durable_agents.engine.ports import ApprovalRequestInfo, DecisionInfo
@@ -408,13 +408,36 @@ def test_a_request_is_kept_only_while_the_same_one_is_pending(store, run_id):
     assert not store.save_approval_request(ask)
     assert [d.approver for d in store.list_decisions(run_id, "c1")] == ["ann"]
     store.set_approval_status(run_id, "c1", "approved")
-    assert store.save_approval_request(ask)
-    request = store.get_approval_request(run_id, "c1")
-    assert request.status == "pending" and store.list_decisions(run_id, "c1") == []
+    assert not store.save_approval_request(ask)  # the stale drive's ask
+    assert store.get_approval_request(run_id, "c1").status == "approved"
+    assert [d.approver for d in store.list_decisions(run_id, "c1")] == ["ann"]
     again = replace(ask, previous_arguments={"cents": 4})
     assert store.save_approval_request(again)
-    assert store.get_approval_request(run_id, "c1").previous_arguments == {"cents": 4}
+    request = store.get_approval_request(run_id, "c1")
+    assert request.status == "pending" and request.previous_arguments == {"cents": 4}
+    assert store.list_decisions(run_id, "c1") == []
     assert not store.save_approval_request(again)
+    other = replace(ask, arguments={"cents": 6})
+    assert store.save_approval_request(other)
+    assert store.get_approval_request(run_id, "c1").arguments == {"cents": 6}
+
+
+def test_a_decision_marks_decided_only_the_request_it_was_about(store, run_id):
+    """A person decides on what the page showed; a drive that replaced the request with other
+    arguments meanwhile (a deploy changed how they validate) keeps its new request pending."""
+    from durable_agents.engine.ports import ApprovalRequestInfo
+
+    ask = ApprovalRequestInfo(run_id, "c1", "pay", {"cents": 5, "memo": ""}, {"kind": "single"}, 7)
+    assert store.save_approval_request(ask)
+    seen = {"cents": 5}
+    assert not store.set_approval_status(
+        run_id, "c1", "approved", if_status=["pending"], if_arguments=seen
+    )
+    assert store.get_approval_request(run_id, "c1").status == "pending"
+    assert store.set_approval_status(
+        run_id, "c1", "approved", if_status=["pending"], if_arguments={"memo": "", "cents": 5}
+    )
+    assert store.get_approval_request(run_id, "c1").status == "approved"
 
 
 def test_a_record_and_its_run_changes_are_stored_together_or_not_at_all(store, run_id):

@@ -186,7 +186,9 @@ def approve(
     # request, never a run awaiting a request nobody is shown any more.
     changes = {"status": QUEUED, "attempts": 0, "last_error": None}
     moved = store.update_run(run_id, changes, if_status=NOT_TERMINAL_STATUSES)
-    decided = store.set_approval_status(run_id, call_id, status, if_status=[APPROVAL_PENDING])
+    decided = store.set_approval_status(
+        run_id, call_id, status, if_status=[APPROVAL_PENDING], if_arguments=request.arguments
+    )
     cancelled = not (decided and moved) and (
         store.get_run(run_id) is None or journal.get(run_id, names.RUN_CANCELLED) is not None
     )
@@ -330,7 +332,13 @@ def finish_decision(store: Store, run_id: str, call_id: str, decision: Any) -> b
             if_status=[AWAITING_APPROVAL],
         )
     status = APPROVAL_APPROVED if decision.get("approved") else APPROVAL_DENIED
-    store.set_approval_status(run_id, call_id, status, if_status=[APPROVAL_PENDING])
+    store.set_approval_status(
+        run_id,
+        call_id,
+        status,
+        if_status=[APPROVAL_PENDING],
+        if_arguments=decision.get("arguments"),
+    )
     return queued
 
 
