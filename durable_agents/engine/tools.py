@@ -294,7 +294,9 @@ def tool(
 
     ``editable=False`` forbids an approver to edit a gated call's arguments before approving
     (approve or deny only). ``summary=fn`` (``fn(arguments) -> str``) gives the approval page
-    a one-line reading of a call, e.g. "Refund 42.00 to order 7"."""
+    a one-line reading of a call, e.g. "Refund 42.00 to order 7"; it reads the arguments'
+    JSON form (as journaled), while ``idempotency_key=fn`` gets the Python values the tool
+    gets (a pydantic model as an instance, a datetime as a datetime)."""
     if read_only and (idempotent or idempotency_key is not None):
         raise ConfigError(
             "a tool is read_only or idempotent, not both: read_only already means safe to re-run",

@@ -258,8 +258,9 @@ def test_model_arguments_are_asked_approved_claimed_and_run_as_json(wired):
     edit = {**POST_ARGS, "price": "7.25"}
     da.approve("post-1", "call_1_1", True, by="ann", edit=edit, store=store)
     assert store.get_run("post-1").status == "finished"
-    sent = datetime(2026, 12, 1, 10, tzinfo=UTC)
-    assert RECEIVED == [(Parcel(weight_g=250, sent=sent), Decimal("7.25"))]
+    [(parcel, price)] = RECEIVED
+    assert parcel == Parcel(weight_g=250, sent=datetime(2026, 12, 1, 10, tzinfo=UTC))
+    assert price == Decimal("7.25")
     journal = Journal(store)
     assert journal.get("post-1", "attempt:call_1_1:1").get("arguments") == edit
     assert journal.get("post-1", "tool:call_1_1").get("result") == edit["parcel"]
