@@ -81,7 +81,7 @@ from .ports import (
 )
 from .records import Record, decode, encode, refuse_nul, validate_run_id
 from .redact import error_text
-from .tools import Tool, ToolContext
+from .tools import Tool, ToolContext, json_result
 from .transcript import RunState, outcome_of
 from .waits import CallWaits, channel_has_message
 
@@ -1010,10 +1010,14 @@ class Driver:
             return self._halt(gate, marker, "crashed")
         if kind == "ok":
             try:
-                encode(value)
+                value = json_result(value)
             except ProtocolError as exc:
+                # Say that it ran: an effect that happened must not look like one to retry.
                 value, kind = (
-                    {"error": f"the tool returned a value JSON cannot hold: {exc}"},
+                    {
+                        "error": f"the tool ran, but returned a value JSON cannot hold: {exc}; "
+                        "its effect, if it has one, may have happened"
+                    },
                     "error",
                 )
         result = value if kind == "ok" else {"error": value} if isinstance(value, str) else value

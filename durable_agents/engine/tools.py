@@ -10,6 +10,12 @@ The safety class decides what a resume does with a call whose outcome is unknown
   call; a resume that finds a marker and no result halts for a human.
 
 ``requires_approval=True`` (or an ``approval`` policy) adds a staff decision before the call.
+
+Arguments live in two forms. The journal, the approval request, the decision and every
+comparison between them hold the *JSON form*: the validated arguments as pydantic dumps them
+in JSON mode (a model as an object, a datetime as ISO text, a Decimal as a string…). The
+tool receives the Python values that exact JSON validates to, so what was approved or
+journaled is exactly what runs.
 """
 
 from __future__ import annotations
@@ -25,10 +31,14 @@ from typing import Any, get_type_hints
 
 import pydantic
 
-from .errors import ConfigError, ToolArgumentsError
+from .errors import ConfigError, ProtocolError, ToolArgumentsError
 from .model import ToolSpec
+from .records import encode
 
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# Infinity and NaN stay floats (which the journal refuses) instead of turning into null.
+_JSON_CONFIG = pydantic.ConfigDict(ser_json_inf_nan="constants")
+_ANY = pydantic.TypeAdapter(Any, config=_JSON_CONFIG)
 
 
 @dataclass(frozen=True)
@@ -151,9 +161,26 @@ class Tool:
         self.description = (description or inspect.getdoc(fn) or "").strip()
         self.safety = safety
         self.context_param, fields = _fields_of(fn)
-        config = pydantic.ConfigDict(extra="forbid", strict=True)
-        self._model = pydantic.create_model(f"{self.name}_arguments", __config__=config, **fields)
-        schema = self._model.model_json_schema()
+        config = pydantic.ConfigDict(extra="forbid", strict=True, **_JSON_CONFIG)
+        try:
+            self._model: type[pydantic.BaseModel] = pydantic.create_model(
+                f"{self.name}_arguments", __config__=config, **fields
+            )
+            schema = self._model.model_json_schema()
+        except pydantic.PydanticUserError as exc:
+            raise ConfigError(
+                f"tool {self.name}: its parameters cannot be described to a model as JSON "
+                f"({exc}); use JSON-friendly types or pydantic models",
+                code="config.tool_signature",
+            ) from None
+        hidden = [key for key, info in self._model.model_fields.items() if info.exclude]
+        if hidden:
+            raise ConfigError(
+                f"tool {self.name}: parameter(s) {', '.join(hidden)} are excluded from "
+                "serialization, so the journaled arguments could not say what the tool ran "
+                "with; drop exclude=True",
+                code="config.tool_signature",
+            )
         schema.pop("title", None)
         self.parameters: dict[str, Any] = schema
 
@@ -161,29 +188,61 @@ class Tool:
         return ToolSpec(self.name, self.description, self.parameters)
 
     def validate(self, arguments: str) -> dict[str, Any]:
-        """Parse and validate the model's JSON arguments strictly, or raise
-        ``ToolArgumentsError`` with a message the model can act on."""
-        text = arguments.strip() or "{}"
+        """Parse and validate the model's JSON arguments strictly and return their JSON
+        form (what is journaled, approved and compared), or raise ``ToolArgumentsError``
+        with a message the model can act on. The JSON form validates to itself, so the
+        values the tool receives (``values``) are exactly the ones it stands for."""
+        data = self._json_form(self._parse(arguments.strip() or "{}"))
         try:
-            model = self._model.model_validate_json(text)
+            again = self._json_form(self._parse(encode(data)))
+        except ToolArgumentsError:
+            again = None
+        if again is None or encode(again) != encode(data):
+            raise ToolArgumentsError(
+                f"invalid arguments for {self.name}: they do not read back the same once "
+                f"written as JSON ({encode(data)}); the tool cannot run with them as journaled"
+            )
+        return data
+
+    def values(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The Python values (pydantic models, datetimes…) the tool is called with, from
+        the JSON form of its arguments."""
+        model = self._parse(encode(dict(args)))
+        return {key: getattr(model, key) for key in type(model).model_fields}
+
+    def invoke(self, args: Mapping[str, Any], ctx: ToolContext) -> Any:
+        """Call the tool with the values the JSON form ``args`` validates to."""
+        kwargs = self.values(args)
+        if self.context_param is not None:
+            kwargs[self.context_param] = ctx
+        return self.fn(**kwargs)
+
+    def key_for(self, run_id: str, call_id: str, args: Mapping[str, Any]) -> str:
+        """The call's idempotency key; an ``idempotency_key`` function gets the Python
+        values, as the tool does."""
+        if self.safety.idempotency_key is not None:
+            return str(self.safety.idempotency_key(self.values(args)))
+        return call_key(run_id, call_id)
+
+    def _parse(self, text: str) -> pydantic.BaseModel:
+        try:
+            return self._model.model_validate_json(text)
         except pydantic.ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
                 for err in exc.errors(include_url=False)
             )
             raise ToolArgumentsError(f"invalid arguments for {self.name}: {problems}") from None
-        return {key: getattr(model, key) for key in type(model).model_fields}
 
-    def invoke(self, args: Mapping[str, Any], ctx: ToolContext) -> Any:
-        kwargs = dict(args)
-        if self.context_param is not None:
-            kwargs[self.context_param] = ctx
-        return self.fn(**kwargs)
-
-    def key_for(self, run_id: str, call_id: str, args: Mapping[str, Any]) -> str:
-        if self.safety.idempotency_key is not None:
-            return str(self.safety.idempotency_key(dict(args)))
-        return call_key(run_id, call_id)
+    def _json_form(self, model: pydantic.BaseModel) -> dict[str, Any]:
+        try:
+            data = model.model_dump(mode="json")
+            encode(data)
+        except (ValueError, ProtocolError) as exc:  # a PydanticSerializationError too
+            raise ToolArgumentsError(
+                f"invalid arguments for {self.name}: they cannot be journaled as JSON: {exc}"
+            ) from None
+        return data
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -192,8 +251,26 @@ class Tool:
         return f"<Tool {self.name}>"
 
 
+def json_result(value: Any) -> Any:
+    """A tool's return value as the journal keeps it: plain JSON as it is; pydantic models,
+    dataclasses, datetimes, enums, UUIDs, Decimals… in pydantic's JSON form. Raises the
+    ``ProtocolError`` of plain JSON when neither holds it (an arbitrary object, NaN)."""
+    try:
+        encode(value)
+        return value
+    except ProtocolError as exc:
+        refused = exc
+    try:
+        converted = _ANY.dump_python(value, mode="json")
+        encode(converted)
+    except (ProtocolError, ValueError, TypeError):  # a PydanticSerializationError too
+        raise refused from None
+    return converted
+
+
 def _fields_of(fn: Callable[..., Any]) -> tuple[str | None, dict[str, Any]]:
-    hints = get_type_hints(fn)
+    # include_extras: Annotated[..., Field(gt=0, description=...)] is part of the schema.
+    hints = get_type_hints(fn, include_extras=True)
     context_param = None
     fields: dict[str, Any] = {}
     for param in inspect.signature(fn).parameters.values():
@@ -230,7 +307,9 @@ def tool(
 
     ``editable=False`` forbids an approver to edit a gated call's arguments before approving
     (approve or deny only). ``summary=fn`` (``fn(arguments) -> str``) gives the approval page
-    a one-line reading of a call, e.g. "Refund 42.00 to order 7"."""
+    a one-line reading of a call, e.g. "Refund 42.00 to order 7"; it reads the arguments'
+    JSON form (as journaled), while ``idempotency_key=fn`` gets the Python values the tool
+    gets (a pydantic model as an instance, a datetime as a datetime)."""
     if read_only and (idempotent or idempotency_key is not None):
         raise ConfigError(
             "a tool is read_only or idempotent, not both: read_only already means safe to re-run",

@@ -6,7 +6,10 @@ cancel, refusals on a cancelled run, a run row that disagrees with its journal, 
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
+from decimal import Decimal
 
+import pydantic
 import pytest
 
 import durable_agents as da
@@ -82,6 +85,30 @@ shipper = da.Agent(
     ScriptedModel([scripted.calls(scripted.call("ship", {"box": "b1"})), scripted.text("ok")]),
     "",
     [ship],
+)
+
+
+class Parcel(pydantic.BaseModel):
+    weight_g: int
+    sent: datetime
+
+
+RECEIVED: list[tuple[Parcel, Decimal]] = []
+
+
+@da.tool(requires_approval=True)
+def post(parcel: Parcel, price: Decimal) -> Parcel:
+    """Post a parcel (a side effect, gated)."""
+    RECEIVED.append((parcel, price))
+    return parcel
+
+
+POST_ARGS = {"parcel": {"weight_g": 250, "sent": "2026-12-01T10:00:00Z"}, "price": "3.10"}
+poster = da.Agent(
+    "rules-post",
+    ScriptedModel([scripted.calls(scripted.call("post", POST_ARGS)), scripted.text("posted")]),
+    "",
+    [post],
 )
 
 
@@ -217,3 +244,23 @@ def test_a_retry_safe_journal_step_may_run_again_but_records_once(store, run_id)
     )
     assert len(set(values)) == 1 and len(calls) >= 1
     assert not any(r.name.startswith("attempt:") for r in Journal(store).records(run_id))
+
+
+# -- tool arguments JSON has no type for ---------------------------------------------------
+
+
+def test_model_arguments_are_asked_approved_claimed_and_run_as_json(wired):
+    store = wired
+    RECEIVED.clear()
+    with pytest.raises(da.ApprovalPending):
+        poster.run("post-1", "post it", store=store)
+    assert store.get_approval_request("post-1", "call_1_1").arguments == POST_ARGS
+    edit = {**POST_ARGS, "price": "7.25"}
+    da.approve("post-1", "call_1_1", True, by="ann", edit=edit, store=store)
+    assert store.get_run("post-1").status == "finished"
+    [(parcel, price)] = RECEIVED
+    assert parcel == Parcel(weight_g=250, sent=datetime(2026, 12, 1, 10, tzinfo=UTC))
+    assert price == Decimal("7.25")
+    journal = Journal(store)
+    assert journal.get("post-1", "attempt:call_1_1:1").get("arguments") == edit
+    assert journal.get("post-1", "tool:call_1_1").get("result") == edit["parcel"]
