@@ -9,7 +9,7 @@
     records), and their time is taken off the run's wall time. The loop's cost includes
     everything a step costs: the run-row projection (one fenced UPDATE per model turn), the
     lease, transcript rebuilding. Also printed: this process's CPU time per record (engine
-    and driver work, without database waits). Target: <= 3.0.
+    and driver work, without database waits). Target: <= 1.5 (issue 17).
 
 (2) Resume of a finished run (replay only). A run with ~1,000 recorded steps is built once;
     then ``agent.run(run_id, input)`` on it must read the journal in one query and return
@@ -17,10 +17,15 @@
     with a raw psycopg ``SELECT seq, name, data, created_at ... ORDER BY seq`` (fetchall) of
     the same rows, interleaved. Target: <= 1.5.
 
-Prints medians; the last two lines are the results, loop first, then resume.
+(3) One-turn runs. A new run whose model answers at once (4 records: header, ``run:start``,
+    ``model:1``, ``run:complete``), ``agent.run`` of a fresh run id each time, against the
+    median raw psycopg autocommit INSERT, one raw insert before each run. Target: <= 4.0
+    per run (issue 17: half a DBOS empty workflow).
+
+Prints medians; the last three lines are the results: one-turn run, loop, resume.
 
     .venv/bin/python bench/loop.py [--turns 100] [--rounds 5] [--resume-turns 500]
-                                   [--resume-rounds 20]
+                                   [--resume-rounds 20] [--one-turn-runs 200]
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="live runs measured")
     parser.add_argument("--resume-turns", type=int, default=500, help="turns of the resumed run")
     parser.add_argument("--resume-rounds", type=int, default=20)
+    parser.add_argument("--one-turn-runs", type=int, default=200, help="one-turn runs measured")
     args = parser.parse_args()
     setup_django()
 
@@ -172,6 +178,24 @@ def main() -> None:
     assert replay.model.requests == requests, "a finished run called the model again"
     sa, sr = median_us(ra_), median_us(rs_)
 
+    # -- (3) one-turn runs ---------------------------------------------------------------
+    one = da.Agent(f"bench-one-{tag}", ScriptedModel([scripted.text("Hi.")]), "Say hi.")
+
+    def one_turn(i: int) -> None:
+        run_id = f"bench-one-{tag}-{i}"
+        created.append(run_id)
+        assert one.run(run_id, "Hello.").answer == "Hi."
+
+    for i in range(20):  # warm-up
+        raw_insert()
+        one_turn(-1 - i)
+    samples.clear()
+    one_runs: list[float] = []
+    for i in range(args.one_turn_runs):
+        raw_insert()
+        one_runs.append(timed(lambda: one_turn(i)))  # noqa: B023 (called at once)
+    so, ro = median_us(one_runs), median_us(samples)
+
     raw.execute("DELETE FROM bench_raw_journal WHERE run_id = %s", [raw_run])
     for run_id in created:
         store.delete_run(run_id)
@@ -187,7 +211,12 @@ def main() -> None:
     print(f"resume                 finished run of {steps} records, {args.resume_rounds} rounds")
     print(f"(c) raw SELECT         {sa:8.1f} us median")
     print(f"(d) resume (replay)    {sr:8.1f} us median  ({resume_ratio:.2f}x raw); 1 journal read")
-    print(f"RESULT loop ratio={loop_ratio:.2f} target=3.0")
+    one_ratio = so / ro
+    print(f"one-turn runs          {args.one_turn_runs} runs of 4 records")
+    print(f"(e) raw INSERT         {ro:8.1f} us median ({len(samples)} interleaved)")
+    print(f"(f) one-turn run       {so:8.1f} us median  ({one_ratio:.2f}x raw) per run")
+    print(f"RESULT one-turn ratio={one_ratio:.2f} target=4.0")
+    print(f"RESULT loop ratio={loop_ratio:.2f} target=1.5")
     print(f"RESULT resume ratio={resume_ratio:.2f} target=1.5")
 
 

@@ -67,6 +67,10 @@ _C_TIMESTAMPTZ = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEX
 _JSON_COLUMNS = frozenset({"input", "usage", "spend", "last_error", "fingerprint"})
 
 
+def _jsonb(value: Any) -> Any:
+    return Jsonb(value) if value is not None else None
+
+
 def _aware(value: Any) -> datetime:
     if isinstance(value, datetime):
         return value if value.tzinfo else value.replace(tzinfo=UTC)
@@ -333,6 +337,115 @@ class DjangoStore:
         fence: str | None = None,
         run_changes: Mapping[str, Any] | None = None,
     ) -> tuple[Entry, bool]:
+        return self._insert(run_id, name, data, fence, run_changes, release=False)
+
+    def finish_run(
+        self,
+        run_id: str,
+        name: str,
+        data: str,
+        *,
+        fence: str,
+        run_changes: Mapping[str, Any] | None = None,
+    ) -> tuple[Entry, bool]:
+        """A driver's last record, its row and the lease's release: one statement on
+        PostgreSQL (the lease row the insert locks ``FOR SHARE`` is deleted by the same
+        transaction), one transaction on SQLite."""
+        if self.dialect.postgres:
+            return self._insert(run_id, name, data, fence, run_changes, release=True)
+        with transaction.atomic(using=self.using):
+            entry, inserted = self.insert(run_id, name, data, fence=fence, run_changes=run_changes)
+            if inserted:
+                self.release_lease(run_id, fence)
+        return entry, inserted
+
+    def start_run(
+        self,
+        run: RunInfo,
+        *,
+        holder: str,
+        token: str,
+        ttl: float,
+        records: Sequence[tuple[str, str]],
+    ) -> list[Entry] | None:
+        """A new run's row, its lease and first records: one statement on PostgreSQL (a
+        data-modifying CTE, each part fed by the one before, so a run that exists gets
+        nothing), one transaction on SQLite."""
+        if not self.dialect.postgres:
+            with transaction.atomic(using=self.using):
+                if not self.create_run(run):
+                    return None
+                self.acquire_lease(run.run_id, holder, token, ttl)
+                return [self.insert(run.run_id, n, dt, fence=token)[0] for n, dt in records]
+        columns = [
+            "run_id",
+            "agent",
+            "status",
+            "input",
+            "answer",
+            "usage",
+            "spend",
+            "turns",
+            "last_error",
+            "attempts",
+            "fingerprint",
+            "session_id",
+            "parent_run_id",
+            "root_run_id",
+            "forked_from",
+            "forked_step",
+            "kind",
+        ]
+        values = [
+            run.run_id,
+            run.agent,
+            run.status,
+            _jsonb(run.input),
+            run.answer,
+            Jsonb(dict(run.usage)),
+            Jsonb(dict(run.spend)),
+            run.turns,
+            _jsonb(dict(run.last_error) if run.last_error is not None else None),
+            run.attempts,
+            _jsonb(run.fingerprint),
+            run.session_id,
+            run.parent_run_id,
+            run.root_run_id,
+            run.forked_from,
+            run.forked_step,
+            run.kind,
+        ]
+        rows = ", ".join(["(%s, %s, %s)"] * len(records))
+        sql = (
+            f"WITH r AS (INSERT INTO {_R} ({', '.join(columns)}, finished_at) "
+            f"VALUES ({', '.join(['%s'] * len(columns))}, CASE WHEN %s THEN now() END) "
+            "ON CONFLICT (run_id) DO NOTHING RETURNING run_id), "
+            f"l AS (INSERT INTO {_L} (run_id, holder, token, expires_at, renewed_at) "
+            "SELECT run_id, %s, %s, now() + make_interval(secs => %s), now() FROM r "
+            "RETURNING run_id), "
+            f"j AS (INSERT INTO {_J} (run_id, name, data, created_at) "
+            f"SELECT l.run_id, v.name, v.data, now() FROM l CROSS JOIN (VALUES {rows}) "
+            "AS v(ord, name, data) ORDER BY v.ord RETURNING seq, name, data, created_at) "
+            "SELECT seq, name, data, created_at FROM j ORDER BY seq"
+        )
+        params: list[Any] = [*values, run.status in TERMINAL_STATUSES, holder, token, float(ttl)]
+        for i, (name, data) in enumerate(records):
+            params += [i, name, data]
+        found = self._execute(sql, params, "all")
+        if not found:
+            return None
+        return [Entry(run.run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at in found]
+
+    def _insert(
+        self,
+        run_id: str,
+        name: str,
+        data: str,
+        fence: str | None,
+        run_changes: Mapping[str, Any] | None,
+        *,
+        release: bool,
+    ) -> tuple[Entry, bool]:
         d = self.dialect
         if run_changes and not d.postgres:
             unknown = set(run_changes) - RUN_FIELDS
@@ -363,15 +476,24 @@ class DjangoStore:
                 "ON CONFLICT (run_id, name) DO NOTHING RETURNING seq, created_at"
             )
             params = [run_id, name, data, run_id, fence]
-        if run_changes:
+        if run_changes or release:
             # The run row's projection changes in the same statement as the record it
             # projects: one round trip, and never out of step with the journal.
-            sets, values = self._run_sets(run_changes)
-            sql = (
-                f"WITH ins AS ({sql}), upd AS (UPDATE {_R} SET {sets} "
-                "WHERE run_id = %s AND EXISTS (SELECT 1 FROM ins)) SELECT seq, created_at FROM ins"
-            )
-            params += [*values, run_id]
+            parts = [f"ins AS ({sql})"]
+            if run_changes:
+                sets, values = self._run_sets(run_changes)
+                parts.append(
+                    f"upd AS (UPDATE {_R} SET {sets} "
+                    "WHERE run_id = %s AND EXISTS (SELECT 1 FROM ins))"
+                )
+                params += [*values, run_id]
+            if release:
+                parts.append(
+                    f"rel AS (DELETE FROM {_L} WHERE run_id = %s AND token = %s "
+                    "AND EXISTS (SELECT 1 FROM ins))"
+                )
+                params += [run_id, fence]
+            sql = f"WITH {', '.join(parts)} SELECT seq, created_at FROM ins"
         row = self._fetchone(sql, params)
         if row is not None:
             return Entry(run_id, name, int(row[0]), data, _aware(row[1])), True

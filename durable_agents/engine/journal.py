@@ -24,7 +24,7 @@ import time
 import uuid
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from . import names
@@ -52,6 +52,11 @@ _CHECKED_RUNS_LIMIT = 65536
 
 def to_record(entry: Entry) -> Record:
     return Record(*entry)
+
+
+def header() -> tuple[str, str]:
+    """The ``@journal`` header every run's journal starts with: (name, data)."""
+    return HEADER_NAME, encode({"kind": "header", "format": JOURNAL_FORMAT})
 
 
 def now_ms() -> int:
@@ -129,8 +134,7 @@ class Journal:
             # A run written only through the journal is a record, not work: finished, and
             # of a kind recovery never hands to a driver.
             self.store.create_run(RunInfo(run_id=run_id, kind=KIND_JOURNAL, status=FINISHED))
-        body = {"kind": "header", "format": JOURNAL_FORMAT}
-        entry, _ = self.store.insert(run_id, HEADER_NAME, encode(body), fence=fence)
+        entry, _ = self.store.insert(run_id, *header(), fence=fence)
         self._check_header(run_id, entry)
         self._remember(run_id)
 
@@ -144,10 +148,12 @@ class Journal:
         *,
         fence: str | None = None,
         run_changes: dict[str, Any] | None = None,
+        release: bool = False,
     ) -> tuple[Record, bool]:
         """Insert ``body`` as step ``name`` if absent; the engine's own write path.
 
-        Returns the record the journal holds and whether this call stored it.
+        Returns the record the journal holds and whether this call stored it. ``release``
+        (with ``fence``): the driver's last write, which also drops its lease if it stores.
         """
         validate_run_id(run_id, derived=True)
         validate_step_name(name)
@@ -158,9 +164,14 @@ class Journal:
             )
         data = encode(body)  # before the header: bad input writes nothing at all
         self._ensure_header(run_id, fence)
-        entry, inserted = self.store.insert(
-            run_id, name, data, fence=fence, run_changes=run_changes
-        )
+        if release and fence is not None:
+            entry, inserted = self.store.finish_run(
+                run_id, name, data, fence=fence, run_changes=run_changes
+            )
+        else:
+            entry, inserted = self.store.insert(
+                run_id, name, data, fence=fence, run_changes=run_changes
+            )
         return to_record(entry), inserted
 
     def do(
@@ -321,13 +332,28 @@ class RunLog:
     meanwhile comes back as theirs; ``refresh`` reads entries added by others.
     """
 
-    def __init__(self, journal: Journal, run_id: str, *, fence: str | None = None) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        run_id: str,
+        *,
+        fence: str | None = None,
+        entries: Sequence[Entry] | None = None,
+    ) -> None:
         self.journal = journal
         self.run_id = run_id
         self.fence = fence
         self._records: dict[str, Record] = {}
         self._order: list[Record] = []
-        self.refresh()
+        if entries is None:
+            self.refresh()
+            return
+        # A run this driver just created with these entries (``Store.start_run``): all
+        # there is, nothing to read.
+        journal._check_header(run_id, entries[0] if entries else None)
+        journal._remember(run_id)
+        for entry in entries:
+            self._add(to_record(entry))
 
     def refresh(self, *, since_last: bool = False) -> None:
         """Read entries added by others. A full read by default: an entry another writer
@@ -377,13 +403,18 @@ class RunLog:
         return record
 
     def write(
-        self, name: str, body: dict[str, Any], run_changes: dict[str, Any] | None = None
+        self,
+        name: str,
+        body: dict[str, Any],
+        run_changes: dict[str, Any] | None = None,
+        *,
+        release: bool = False,
     ) -> tuple[Record, bool]:
         existing = self._records.get(name)
         if existing is not None:
             return existing, False
         record, inserted = self.journal.write(
-            self.run_id, name, body, fence=self.fence, run_changes=run_changes
+            self.run_id, name, body, fence=self.fence, run_changes=run_changes, release=release
         )
         self._add(record)
         return record, inserted

@@ -39,6 +39,7 @@ class HeldLease:
         self.lost = threading.Event()
         self.last_renewed = time.monotonic()
         self.next_renewal = self.last_renewed + self.ttl / 3
+        self.held = False
 
     def acquire(self) -> HeldLease:
         if not self.store.acquire_lease(self.run_id, self.holder, self.token, self.ttl):
@@ -49,13 +50,25 @@ class HeldLease:
                 "driver dies (after its lease expires)",
                 run_id=self.run_id,
             )
+        return self.adopt()
+
+    def adopt(self) -> HeldLease:
+        """Start renewing a lease the store gave ``token`` (by ``acquire`` or ``start_run``)."""
+        self.held = True
         self.last_renewed = time.monotonic()
         self.next_renewal = self.last_renewed + self.ttl / 3
         _heartbeat.add(self)
         return self
 
+    def dropped(self) -> None:
+        """The store released the lease with the driver's last write (``finish_run``):
+        ``release`` has nothing left to delete."""
+        self.held = False
+
     def renew(self) -> None:
         """Called by the heartbeat thread."""
+        if not self.held:
+            return  # released with the driver's last write
         try:
             if self.store.renew_lease(self.run_id, self.token, self.ttl):
                 self.last_renewed = time.monotonic()
@@ -73,13 +86,16 @@ class HeldLease:
 
     def release(self) -> None:
         _heartbeat.remove(self)
+        if not self.held:
+            return
+        self.held = False
         try:
             self.store.release_lease(self.run_id, self.token)
         except Exception:  # the lease expires on its own
             log.warning("releasing the lease of run %s failed", self.run_id, exc_info=True)
 
     def __enter__(self) -> HeldLease:
-        return self.acquire()
+        return self if self.held else self.acquire()
 
     def __exit__(
         self,

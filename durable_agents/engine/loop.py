@@ -56,7 +56,7 @@ from .errors import (
     WaitError,
 )
 from .fingerprint import diff, tools_digest
-from .journal import Journal, RunLog
+from .journal import Journal, RunLog, header
 from .leases import HeldLease
 from .model import FINISH_FILTERED, FINISH_LENGTH, ModelRequest, ModelResponse, ToolCall, Usage
 from .ports import (
@@ -106,7 +106,17 @@ def drive(
     if check is not None:
         check()
     journal = Journal(store)
+    fresh = _start_new(agent, run_id, input, store, journal, seed, meta)
     while True:
+        if fresh is not None:  # created, leased and started in one write: nothing to read
+            lease, log, fresh = fresh[0], fresh[1], None
+            try:
+                with lease:
+                    return Driver(agent, store, run_id, lease, log, started=True).drive(input, seed)
+            except (ApprovalPending, InterruptPending, SignalPending, TimerPending) as pause:
+                if not _woken(journal, run_id, pause):
+                    raise
+                continue
         log = journal.open(run_id)  # the one full read of the journal
         complete = log.get(names.RUN_COMPLETE)
         if complete is not None and complete.get("usage") is not None:
@@ -145,17 +155,56 @@ def drive(
                 log.refresh(since_last=True)
                 return Driver(agent, store, run_id, lease, log).drive(input, seed)
         except (ApprovalPending, InterruptPending, SignalPending, TimerPending) as pause:
-            # A decision, an answer or a signal that landed while this driver still held the
-            # lease was handed to a driver that found the run busy: having released the
-            # lease, look once more.
-            wakes = list(pause.details.get("decisions") or ()) + list(
-                pause.details.get("wakes") or ()
-            )
-            channels = pause.details.get("channels") or ()
-            if not any(journal.get(run_id, name) is not None for name in wakes) and not (
-                channels and channel_has_message(journal.records(run_id), channels)
-            ):
+            if not _woken(journal, run_id, pause):
                 raise
+
+
+def _woken(journal: Journal, run_id: str, pause: Pause) -> bool:
+    """A decision, an answer or a signal that landed while this driver still held the lease
+    was handed to a driver that found the run busy: having released the lease, look once
+    more."""
+    wakes = list(pause.details.get("decisions") or ()) + list(pause.details.get("wakes") or ())
+    if any(journal.get(run_id, name) is not None for name in wakes):
+        return True
+    channels = pause.details.get("channels") or ()
+    return bool(channels) and channel_has_message(journal.records(run_id), channels)
+
+
+def _start_new(
+    agent: Agent,
+    run_id: str,
+    input: Any,
+    store: Store,
+    journal: Journal,
+    seed: list[dict[str, Any]] | None,
+    meta: dict[str, Any] | None,
+) -> tuple[HeldLease, RunLog] | None:
+    """Start a brand-new run in one write (``Store.start_run``): its row, already running,
+    the lease, the header and ``run:start``. None, having written nothing, when the run
+    exists (or there is no input to start it from): the drive reads it as usual."""
+    if input is None:
+        return None
+    lease = HeldLease(store, run_id, runtime.lease_ttl())
+    fingerprint = agent.fingerprint()
+    body = names.start_body(agent.name, input, fingerprint, seed)
+    run = RunInfo(
+        run_id=run_id,
+        agent=agent.name,
+        status=RUNNING,
+        input=input,
+        fingerprint=fingerprint,
+        **(meta or {}),
+    )
+    entries = store.start_run(
+        run,
+        holder=lease.holder,
+        token=lease.token,
+        ttl=lease.ttl,
+        records=[header(), (names.RUN_START, encode(body))],
+    )
+    if entries is None:
+        return None
+    return lease.adopt(), RunLog(journal, run_id, fence=lease.token, entries=entries)
 
 
 def _refuse_while_awaiting_approval(store: Store, run_id: str, exc: ConfigError) -> None:
@@ -307,8 +356,17 @@ class Driver:
     """One drive of one run, by one process, under one lease."""
 
     def __init__(
-        self, agent: Agent, store: Store, run_id: str, lease: HeldLease, log: RunLog
+        self,
+        agent: Agent,
+        store: Store,
+        run_id: str,
+        lease: HeldLease,
+        log: RunLog,
+        *,
+        started: bool = False,
     ) -> None:
+        # ``started``: this drive created the run, running, with its `run:start`.
+        self.started = started
         self.agent = agent
         self.store = store
         self.run_id = run_id
@@ -376,7 +434,8 @@ class Driver:
             self._halt_on_unknown_outcomes()
             self._close_settled_halts()
             self._check_drift()
-            self._update(status=RUNNING)
+            if not self.started:
+                self._update(status=RUNNING)
             return self._loop()
         except Pause:
             raise
@@ -408,6 +467,9 @@ class Driver:
 
     def _begin(self, input: Any, seed: list[dict[str, Any]] | None) -> None:
         start = self.state.start
+        if self.started:
+            failpoints.hit("after-start")
+            return
         if start is None:
             if input is None:
                 run = self.store.get_run(self.run_id)
@@ -652,7 +714,10 @@ class Driver:
                 "usage": usage.to_json(),
                 "spend": spend.to_json(),
             },
+            release=True,  # the last write: the lease goes with it
         )
+        if inserted:
+            self.lease.dropped()
         self.state.add(rec)
         result = finished_result(self.run_id, self.state)
         if inserted:  # another driver's completion was announced by that driver

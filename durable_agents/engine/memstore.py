@@ -163,6 +163,36 @@ class InMemoryStore:
             self._ordered.setdefault(run_id, []).append(entry)
             return entry, True
 
+    def start_run(
+        self,
+        run: RunInfo,
+        *,
+        holder: str,
+        token: str,
+        ttl: float,
+        records: Sequence[tuple[str, str]],
+    ) -> list[Entry] | None:
+        with self._lock:
+            if not self.create_run(run):
+                return None
+            self.acquire_lease(run.run_id, holder, token, ttl)
+            return [self._insert(run.run_id, n, d, token)[0] for n, d in records]
+
+    def finish_run(
+        self,
+        run_id: str,
+        name: str,
+        data: str,
+        *,
+        fence: str,
+        run_changes: Mapping[str, Any] | None = None,
+    ) -> tuple[Entry, bool]:
+        with self._lock:
+            entry, inserted = self.insert(run_id, name, data, fence=fence, run_changes=run_changes)
+            if inserted:
+                self.release_lease(run_id, fence)
+            return entry, inserted
+
     def get(self, run_id: str, name: str) -> Entry | None:
         with self._lock:
             return self._entries.get(run_id, {}).get(name)

@@ -30,6 +30,9 @@ Requirements every store meets:
 * **Dispatch stamps.** ``mark_dispatched`` records when recovery handed a run over, on the
   store's clock, without touching ``updated_at``; of concurrent stamps that saw the same
   earlier one, exactly one succeeds (two recovery passes never both re-send a run).
+* **One-write start and finish.** ``start_run`` creates a new run already leased, with its
+  first records, all or nothing (nothing at all when the run exists); ``finish_run`` is a
+  fenced ``insert`` that also releases the lease when it stores the record.
 * **Conditional writes.** ``update_run`` and ``set_approval_status`` given ``if_status``
   change the row only while its status is one of those, atomically, and say whether they did.
 """
@@ -298,6 +301,33 @@ class Store(Protocol):
 
         ``run_changes``, applied only if this call stored the entry, update the run row's
         projection with it (atomically where the store can)."""
+
+    def start_run(
+        self,
+        run: RunInfo,
+        *,
+        holder: str,
+        token: str,
+        ttl: float,
+        records: Sequence[tuple[str, str]],
+    ) -> list[Entry] | None:
+        """Create a brand-new run already leased: the row as ``run`` gives it, the lease for
+        ``token`` (``ttl`` seconds on the store's clock) and ``records`` (name, data) in that
+        order, all or nothing, in one write where the store can. The stored entries in
+        commit order; None, writing nothing, if the run exists."""
+
+    def finish_run(
+        self,
+        run_id: str,
+        name: str,
+        data: str,
+        *,
+        fence: str,
+        run_changes: Mapping[str, Any] | None = None,
+    ) -> tuple[Entry, bool]:
+        """``insert(run_id, name, data, fence=fence, run_changes=run_changes)`` that also
+        drops ``fence``'s lease in the same write when it stores the record (a driver's last
+        write). Fenced like ``insert``: a lost lease raises ``LeaseLost`` and stores nothing."""
 
     def get(self, run_id: str, name: str) -> Entry | None: ...
 

@@ -163,13 +163,13 @@ class SimStore:
             # that may be failed for good: no drive is owed to either, so for them the
             # atomic write is the whole rule, and no store breaks it.
             split = (
-                name == "insert"
+                name in ("insert", "finish_run")
                 and world.split_writes
                 and bool(kwargs.get("run_changes"))
                 and args[1] not in SPLIT_NEVER
             )
             if split:
-                result = world._split_insert(self._raw, args, kwargs)
+                result = world._split_insert(self._raw, args, kwargs, release=name == "finish_run")
             else:
                 result = attr(*args, **kwargs)
             world._after_store(name, args, kwargs, result)
@@ -436,7 +436,12 @@ class World:
         return self.receipts
 
     def _split_insert(
-        self, raw: InMemoryStore, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        raw: InMemoryStore,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        release: bool = False,
     ) -> Any:
         """A journal record and its run-row projection as two statements, so a crash can
         fall between. No store writes them apart any more (issue 10, hole 7: one statement
@@ -449,6 +454,10 @@ class World:
         if inserted:
             self._at_store("update_run", args[:1])
             raw.update_run(args[0], changes, fence=kwargs.get("fence"))
+        if inserted and release:
+            # finish_run: the lease goes last (a crash before it leaves it to expire)
+            self._at_store("release_lease", args[:1])
+            raw.release_lease(args[0], kwargs["fence"])
         return entry, inserted
 
     def _at_store(self, name: str, args: tuple[Any, ...]) -> None:
@@ -470,12 +479,20 @@ class World:
                 # person resolving a halt on it must account for the source's effects of
                 # the calls that were in flight then, even while the fork is being copied.
                 self.fork_snapshots[args[0].run_id] = list(proc.capture.get(source, []))
+        if name == "start_run" and result is not None:  # created, leased and started
+            self.runs.append(args[0].run_id)
+            self.progress = self.step
         if proc is None:
             return
         if name == "acquire_lease" and result:
             proc.leased.append(args[0])
+        elif name == "start_run" and result is not None:
+            proc.leased.append(args[0].run_id)
         elif name == "release_lease" and args[0] in proc.leased:
             proc.leased.remove(args[0])
+        elif name == "finish_run" and result[1] and args[0] in proc.leased:
+            proc.leased.remove(args[0])
+            self.progress = self.step
         elif name == "insert":
             entry, inserted = result
             if inserted:
