@@ -29,4 +29,5 @@ class DurableAgentsConfig(AppConfig):
             halt_min_age=lambda: get_settings().effective_halt_min_age,
             retry_policy=lambda: get_settings().retry,
             recovery_interval=lambda: get_settings().recovery_interval,
+            subagent_depth=lambda: get_settings().subagent_depth,
         )

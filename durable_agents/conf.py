@@ -37,6 +37,8 @@ class Settings:
     public_api_docs: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     halt_min_age: float | None = None  # None: twice LEASE_TTL
+    # How many levels of sub-runs (``agent.as_tool()``) a tree may have below its root.
+    subagent_depth: int = 5
 
     @property
     def effective_halt_min_age(self) -> float:
@@ -57,6 +59,7 @@ _KEYS = {
     "PUBLIC_API_DOCS": "public_api_docs",
     "RETRY": "retry",
     "HALT_MIN_AGE": "halt_min_age",
+    "SUBAGENT_DEPTH": "subagent_depth",
 }
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
 
@@ -125,6 +128,13 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
             values.pop("halt_min_age")
         else:
             values["halt_min_age"] = float(age)
+
+    depth = values.get("subagent_depth", 5)
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 50:
+        problems.append(
+            f"DURABLE_AGENTS['SUBAGENT_DEPTH'] must be an int from 1 to 50, not {depth!r}"
+        )
+        values.pop("subagent_depth")
 
     if not isinstance(values.get("prepared_statements", True), bool):
         problems.append("DURABLE_AGENTS['PREPARED_STATEMENTS'] must be True or False")

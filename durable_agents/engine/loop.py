@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from . import failpoints, names, runtime
+from . import failpoints, names, runtime, tree
 from .approvals import decision_name, policy_for
 from .definition import AgentDefinition as Agent
 from .definition import RunResult
@@ -36,6 +36,7 @@ from .errors import (
     AgentDrift,
     ApprovalPending,
     BudgetError,
+    ChildPending,
     ConfigError,
     Conflict,
     DriveStopped,
@@ -142,15 +143,17 @@ def drive(
             with HeldLease(store, run_id, runtime.lease_ttl()) as lease:
                 log.fence = lease.token
                 log.refresh(since_last=True)
-                return Driver(agent, store, run_id, lease, log).drive(input, seed)
-        except (ApprovalPending, InterruptPending, SignalPending, TimerPending) as pause:
-            # A decision, an answer or a signal that landed while this driver still held the
-            # lease was handed to a driver that found the run busy: having released the
-            # lease, look once more.
+                return Driver(agent, store, run_id, lease, log, meta).drive(input, seed)
+        except Pause as pause:
+            # A decision, an answer, a signal or a sub-run's end that landed while this
+            # driver still held the lease was handed to a driver that found the run busy:
+            # having released the lease, look once more.
             wakes = list(pause.details.get("decisions") or ()) + list(
                 pause.details.get("wakes") or ()
             )
-            if not any(journal.get(run_id, name) is not None for name in wakes):
+            if not any(
+                journal.get(run_id, name) is not None for name in wakes
+            ) and not tree.children_done(store, list(pause.details.get("children") or ())):
                 raise
 
 
@@ -271,9 +274,21 @@ class Driver:
     """One drive of one run, by one process, under one lease."""
 
     def __init__(
-        self, agent: Agent, store: Store, run_id: str, lease: HeldLease, log: RunLog
+        self,
+        agent: Agent,
+        store: Store,
+        run_id: str,
+        lease: HeldLease,
+        log: RunLog,
+        meta: dict[str, Any] | None = None,
     ) -> None:
         self.agent = agent
+        # A sub-run's parent and root (``subagents``), recorded in its ``run:start``.
+        self.tree = {
+            key: (meta or {}).get(f"{key}_run_id")
+            for key in ("parent", "root")
+            if (meta or {}).get(f"{key}_run_id")
+        }
         self.store = store
         self.run_id = run_id
         self.lease = lease
@@ -352,6 +367,8 @@ class Driver:
         except DurableAgentsError as exc:
             if exc.code not in _CALLER_ERRORS and exc.code != "run.cancelled":
                 self._fail(exc.code, str(exc), retryable=exc.retryable)
+                if not exc.retryable:  # its parent's call has its outcome: an error
+                    tree.hand_over_parent(self.store, self.state.start)
             raise
         except Exception as exc:
             self._fail("internal", error_text(exc), retryable=False)
@@ -381,7 +398,9 @@ class Driver:
                     f"run {self.run_id!r} has no recorded input; start it with an input",
                     code="config.input_missing",
                 )
-            body = names.start_body(self.agent.name, input, self.agent.fingerprint(), seed)
+            body = names.start_body(
+                self.agent.name, input, self.agent.fingerprint(), seed, self.tree
+            )
             rec, _ = self.log.write(names.RUN_START, body)
             self.state.add(rec)
             failpoints.hit("after-start")
@@ -618,6 +637,7 @@ class Driver:
             },
         )
         self.state.add(rec)
+        tree.hand_over_parent(self.store, self.state.start)
         return finished_result(self.run_id, self.state)
 
     # -- tool calls -------------------------------------------------------------------
@@ -731,15 +751,23 @@ class Driver:
         # Sleeping only when every wait is a timer: a person or a signal can wake it earlier.
         timers = [p.details["wake_ms"] for p in pauses if isinstance(p, TimerPending)]
         sleeping = len(timers) == len(pauses)
-        self.store.update_run(
-            self.run_id,
-            {"status": SLEEPING if sleeping else AWAITING_INPUT, "attempts": 0, "last_error": None},
-            fence=self.fence,
-            if_status=[RUNNING],
-        )
+        # A parent waiting only on sub-runs pauses as its first child did: the tree's pause.
+        children = [p for p in pauses if isinstance(p, ChildPending)]
+        status = SLEEPING if sleeping else AWAITING_INPUT
         kind: type[Pause] = next(
             (type(p) for p in pauses if isinstance(p, InterruptPending)),
             TimerPending if sleeping else SignalPending,
+        )
+        if children and len(children) == len(pauses):
+            status = str(children[0].details.get("child_status") or AWAITING_INPUT)
+            if status not in tree.PARENT_PAUSE_STATUSES:
+                status = AWAITING_INPUT
+            kind = _PAUSES.get(str(children[0].details.get("cause")), ChildPending)
+        self.store.update_run(
+            self.run_id,
+            {"status": status, "attempts": 0, "last_error": None},
+            fence=self.fence,
+            if_status=[RUNNING],
         )
         message = (
             pauses[0].message
@@ -747,6 +775,8 @@ class Driver:
             else (f"run {self.run_id!r} waits for {', '.join(repr(w) for w in waits)}")
         )
         details: dict[str, Any] = {"waits": waits, "wakes": wakes}
+        if children:
+            details["children"] = [p.details["child_run_id"] for p in children]
         if timers:
             details["wake_ms"] = min(timers)
         raise kind(message, run_id=self.run_id, **details)
@@ -910,7 +940,7 @@ class Driver:
             return "ok", gate.tool.invoke(gate.args, ctx)
         except ToolOutcomeUnknown as exc:
             return "unknown", error_text(exc)
-        except (InterruptPending, SignalPending, TimerPending) as pause:
+        except (InterruptPending, SignalPending, TimerPending, ChildPending) as pause:
             return "pause", pause
         except WaitError as exc:
             return "misuse", exc
@@ -1030,6 +1060,13 @@ class Driver:
             )
         except LeaseLost:
             pass
+
+
+# The pause a parent waiting on a sub-run raises, by the kind of its child's pause.
+_PAUSES: dict[str, type[Pause]] = {
+    cls.__name__: cls
+    for cls in (ApprovalPending, OutcomeUnknown, InterruptPending, SignalPending, TimerPending)
+}
 
 
 def _billed(usage: Usage) -> dict[str, int] | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .. import identity, names, runtime
+from .. import identity, names, runtime, tree
 from ..definition import AgentDefinition, RunResult
 from ..errors import (
     ConfigError,
@@ -380,6 +380,33 @@ def cancel(run_id: str, *, by: Any, reason: str = "", store: Store | None = None
         if inserted:
             store.log_action(identity.logged(actor, "cancel", run_id, "", {"reason": reason}))
     close_cancelled(store, run_id)
+    tree.hand_over_parent(store, journal.get(run_id, names.RUN_START))
+    _cancel_children(store, run_id, actor, reason)
+
+
+def _cancel_children(store: Store, run_id: str, actor: Any, reason: str) -> None:
+    """Cancel the unfinished sub-runs of a cancelled run, depth first. One being driven
+    right now is refused (``RunBusy``) after the others are cancelled: cancelling the
+    parent again finishes the cascade."""
+    busy: RunBusy | None = None
+    for child in tree.children_of(store, run_id):
+        run = store.get_run(child)
+        if run is None or run.status == FINISHED:
+            continue
+        try:
+            cancel(
+                child,
+                by=actor,
+                reason=reason or f"its parent {run_id!r} was cancelled",
+                store=store,
+            )
+        except RunBusy as exc:
+            busy = busy or exc
+        except Conflict as exc:
+            if exc.code != "run.finished":
+                raise
+    if busy is not None:
+        raise busy
 
 
 def pending(
