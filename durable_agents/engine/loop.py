@@ -473,12 +473,28 @@ class Driver:
 
     def _check_budget(self) -> None:
         budget = self.agent.token_budget
-        if budget is not None and self.state.spend().total_tokens >= budget:
+        if budget is None:
+            return
+        spent = (self.state.spend() + self._subtree()[1]).total_tokens
+        if spent >= budget:
             raise BudgetError(
-                f"run {self.run_id!r} spent {self.state.spend().total_tokens} tokens of its "
-                f"budget of {budget}; raise token_budget to continue",
+                f"run {self.run_id!r} spent {spent} tokens of its budget of {budget} (its "
+                "sub-runs' included); raise token_budget to continue",
                 code="budget.tokens",
             )
+
+    def _subtree(self) -> tuple[Usage, Usage]:
+        """What this run's sub-runs (``agent.as_tool()`` calls) used and spent: it rolls up
+        into this run's totals and counts against its token budget."""
+        children = [
+            tree.child_run_id(self.run_id, call.id)
+            for turn in self.state.turns
+            for call in self.state.calls(turn)
+            if getattr(self.agent.tools.get(call.name), "subagent", None)
+        ]
+        if not children:
+            return Usage(), Usage()
+        return tree.subtree_totals(self.store, children)
 
     def _request(self) -> ModelRequest:
         return ModelRequest(
@@ -561,7 +577,7 @@ class Driver:
         anyway, unfenced (a spend record changes no result), then stops."""
         name = names.spend(n, uuid.uuid4().hex[:12])
         body = {"kind": "spend", "usage": usage, "why": why}
-        total = self.state.spend() + Usage.from_json(usage)
+        total = self.state.spend() + Usage.from_json(usage) + self._subtree()[1]
         try:
             rec, _ = self.log.write(name, body, run_changes={"spend": total.to_json()})
         except LeaseLost:
@@ -570,8 +586,9 @@ class Driver:
         self.state.add(rec)
 
     def _record_turn(self, n: int, response: ModelResponse) -> None:
-        usage = self.state.usage() + response.usage
-        spend = self.state.spend() + response.usage
+        sub_usage, sub_spend = self._subtree()
+        usage = self.state.usage() + response.usage + sub_usage
+        spend = self.state.spend() + response.usage + sub_spend
         try:
             rec, inserted = self._write_turn(n, response, usage, spend)
         except LeaseLost:
@@ -615,7 +632,9 @@ class Driver:
         )
 
     def _finish(self, last: Any) -> RunResult:
-        usage, spend, turns = self.state.usage(), self.state.spend(), len(self.state.turns)
+        sub_usage, sub_spend = self._subtree()
+        usage, spend = self.state.usage() + sub_usage, self.state.spend() + sub_spend
+        turns = len(self.state.turns)
         answer = self.state.assistant(last).content
         rec, _ = self.log.write(
             names.RUN_COMPLETE,

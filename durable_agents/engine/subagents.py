@@ -34,14 +34,10 @@ from .journal import Journal
 from .loop import drive
 from .ports import AWAITING_INPUT, Store
 from .tools import Safety, Tool, ToolContext
+from .tree import child_run_id
 
 if TYPE_CHECKING:
     from .definition import AgentDefinition
-
-
-def child_run_id(parent_run_id: str, call_id: str) -> str:
-    """The derived id of the child run a parent's call starts."""
-    return f"{parent_run_id}/{call_id}"
 
 
 def as_tool(
@@ -52,13 +48,15 @@ def as_tool(
     def call_agent(input: str, ctx: ToolContext) -> str:
         return run_child(agent, input, ctx)
 
-    return Tool(
+    tool = Tool(
         call_agent,
         name=name or agent.name,
         description=description or f"Ask the {agent.name!r} agent; returns its answer.",
         # Retry-safe: calling again continues the same child run from its journal.
         safety=Safety(idempotent=True),
     )
+    tool.subagent = agent.name  # its calls' spend rolls up into the caller's (``tree``)
+    return tool
 
 
 def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:

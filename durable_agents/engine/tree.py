@@ -8,7 +8,34 @@ from typing import Any
 
 from . import names, runtime
 from .journal import Journal
+from .model import Usage
 from .ports import AWAITING_APPROVAL, AWAITING_INPUT, CANCELLED, HALTED, QUEUED, SLEEPING, Store
+
+
+def child_run_id(parent_run_id: str, call_id: str) -> str:
+    """The derived id of the child run a parent's call starts."""
+    return f"{parent_run_id}/{call_id}"
+
+
+def subtree_totals(store: Store, children: list[str]) -> tuple[Usage, Usage]:
+    """What ``children`` and their own descendants used and spent: a finished child's
+    totals from its ``run:complete`` (which rolls up its own children), an unfinished one's
+    from its row (as far as it got)."""
+    journal = Journal(store)
+    usage, spend = Usage(), Usage()
+    for child in children:
+        complete = journal.get(child, names.RUN_COMPLETE)
+        if complete is not None:
+            used, spent = complete.get("usage"), complete.get("spend")
+        else:
+            run = store.get_run(child)
+            if run is None:
+                continue
+            used, spent = run.usage, run.spend
+        usage = usage + Usage.from_json(dict(used or {}))
+        spend = spend + Usage.from_json(dict(spent or used or {}))
+    return usage, spend
+
 
 # The statuses a parent pauses in while a child is unfinished (its child's pause, mirrored).
 PARENT_PAUSE_STATUSES = (AWAITING_APPROVAL, AWAITING_INPUT, SLEEPING, HALTED)

@@ -156,3 +156,29 @@ def test_the_depth_limit_is_a_coded_error(store, fired):
     result = Journal(store).get("r7/call_1_1", names.tool("call_1_1"))
     assert result.get("is_error") and "subagent.depth" in str(result.get("result"))
     assert fired == []
+
+
+def test_spend_rolls_up_into_the_root(store, fired):
+    root, _, _ = tree(fired, "sa-spend")
+    result = root.run("r8", "go", store=store)
+    # Each scripted turn uses 15 tokens: leaf 2 turns, middle 2 (+ leaf), root 2 (+ middle).
+    assert store.get_run("r8/call_1_1/call_1_1").spend["input_tokens"] == 20
+    assert Journal(store).get("r8/call_1_1", names.RUN_COMPLETE).get("usage")["input_tokens"] == 40
+    assert result.usage.total_tokens == 90 and result.spend.total_tokens == 90
+    assert store.get_run("r8").usage["input_tokens"] == 60
+
+
+def test_the_roots_token_budget_counts_its_descendants(store, fired):
+    _, middle, _ = tree(fired, "sa-budget")
+    root = da.Agent(
+        "sa-budget-root2",
+        ScriptedModel([ask(middle.name, "delegate"), scripted.text("root done")]),
+        "",
+        [middle.as_tool()],
+        token_budget=50,  # root's own turn is 15; the tree below it spends 60
+    )
+    with pytest.raises(da.BudgetError) as failed:
+        root.run("r9", "go", store=store)
+    assert failed.value.code == "budget.tokens" and "75" in str(failed.value)
+    assert store.get_run("r9").status == "failed"
+    assert fired == [("send", "bob")]
