@@ -17,6 +17,7 @@ from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern
+from django.utils.html import format_html
 
 from ..engine.commands.approvals import approve
 from ..engine.commands.halts import resolve_halt
@@ -77,6 +78,12 @@ class _QueueAdmin(ReadOnlyAdmin):
     @admin.display(description="arguments")
     def arguments_pretty(self, obj: Any) -> str:
         return json_cell(obj.arguments)
+
+    @admin.display(description="root run", ordering="run__root_run_id")
+    def root_link(self, obj: Any) -> str:
+        """The tree's root, for a call that waits deep in a tree of sub-runs."""
+        root = obj.run.root_run_id
+        return format_html('<a href="{}">{}</a>', run_url(self, root), root) if root else "-"
 
 
 def _detail(
@@ -166,6 +173,7 @@ class ApprovalRequestAdmin(_QueueAdmin):
     list_display = (
         "call_id",
         "run_link",
+        "root_link",
         "tool_name",
         "arguments_pretty",
         "run_input",
@@ -331,6 +339,7 @@ class HaltAdmin(_QueueAdmin):
     list_display = (
         "op_id",
         "run_link",
+        "root_link",
         "tool_name",
         "arguments_pretty",
         "cause",
@@ -340,6 +349,7 @@ class HaltAdmin(_QueueAdmin):
     )
     list_filter = (HaltStatusFilter, "cause")
     search_fields = ("run__run_id", "op_id", "tool_name")
+    list_select_related = ("run",)
     view_action = "view_halts"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Halt]:

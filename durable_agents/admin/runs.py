@@ -34,7 +34,7 @@ from ..engine.ports import (
 from ..engine.records import Record
 from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
 from ..storage import site_store
-from . import forks, health, sessions
+from . import forks, health, sessions, tree
 from .base import (
     BY_RECOVERY,
     BY_RESUME,
@@ -66,7 +66,7 @@ class RunAdmin(ReadOnlyAdmin):
         "open_halts",
         "updated_at",
     )
-    list_filter = ("status", "agent")
+    list_filter = ("status", "agent", tree.TreeFilter)
     search_fields = ("run_id", "session_id")
     actions = ["resume_selected", "cancel_selected"]
     change_form_template = "admin/durable_agents/run/change_form.html"
@@ -195,6 +195,7 @@ class RunAdmin(ReadOnlyAdmin):
         if obj is not None:
             context.update(run_context(self, request, obj))
             context.update(forks.lineage(self, obj))
+            context.update(tree.tree(self, obj))
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     @admin.action(description="Resume selected runs", permissions=["resume_run"])

@@ -656,6 +656,7 @@ class Driver:
             },
         )
         self.state.add(rec)
+        failpoints.hit(f"after-complete:{self.run_id}")
         tree.hand_over_parent(self.store, self.state.start)
         return finished_result(self.run_id, self.state)
 
@@ -795,6 +796,7 @@ class Driver:
         )
         details: dict[str, Any] = {"waits": waits, "wakes": wakes}
         if children:
+            details.update(children[0].details.get("child_details") or {})
             details["children"] = [p.details["child_run_id"] for p in children]
         if timers:
             details["wake_ms"] = min(timers)

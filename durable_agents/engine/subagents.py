@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import names, runtime
+from . import failpoints, names, runtime
 from .errors import ChildPending, ConfigError, Conflict, DurableAgentsError, Pause, RunBusy
 from .journal import Journal
 from .loop import drive
@@ -74,6 +74,7 @@ def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:
         {"kind": "child", "run_id": child_id, "agent": agent.name, "call_id": ctx.call_id},
         fence=waits.fence if waits is not None else None,
     )
+    failpoints.hit(f"after-child:{child_id}")
     try:
         result = drive(
             agent,
@@ -90,6 +91,11 @@ def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:
             child_run_id=child_id,
             child_status=pause.status,
             cause=type(pause).__name__,
+            # What the deepest paused run waits on (its calls, halts, waits) and its id.
+            child_details={
+                **{k: v for k, v in pause.details.items() if k in ("calls", "halts", "cause")},
+                "paused_run_id": pause.details.get("paused_run_id") or child_id,
+            },
         ) from None
     except RunBusy:
         raise _waiting(ctx.run_id, child_id, "is being driven elsewhere") from None

@@ -182,3 +182,12 @@ def test_the_roots_token_budget_counts_its_descendants(store, fired):
     assert failed.value.code == "budget.tokens" and "75" in str(failed.value)
     assert store.get_run("r9").status == "failed"
     assert fired == [("send", "bob")]
+
+
+def test_the_roots_pause_names_the_run_that_waits(store, fired):
+    root, _, _ = tree(fired, "sa-names", gated=True)
+    with pytest.raises(da.ApprovalPending) as paused:
+        root.run("r10", "go", store=store)
+    details = paused.value.details
+    assert details["paused_run_id"] == "r10/call_1_1/call_1_1"
+    assert details["calls"] == ["call_1_1"] and details["children"] == ["r10/call_1_1"]
