@@ -10,8 +10,8 @@ and halt row are not updated yet), ``after-wait:<name>`` (a tool's wait is journ
 run is not paused yet), ``after-answer:<name>`` / ``after-signal:<name>`` (an answer or a
 signal is journaled; the run is not handed over yet), ``after-child:<child run>`` (a
 parent journaled the sub-run a call starts; the sub-run is not driven yet),
-``after-complete:<run>`` (a run's ``run:complete`` is journaled; its parent is not handed
-over yet).
+``after-complete:<run>`` (a run's ``run:complete`` is journaled; its paused parent is queued
+but not handed over yet).
 """
 
 from __future__ import annotations

@@ -635,6 +635,7 @@ class Driver:
         sub_usage, sub_spend = self._subtree()
         usage, spend = self.state.usage() + sub_usage, self.state.spend() + sub_spend
         turns = len(self.state.turns)
+        parent = tree.queue_parent(self.store, self.state.start)
         answer = self.state.assistant(last).content
         rec, _ = self.log.write(
             names.RUN_COMPLETE,
@@ -657,7 +658,8 @@ class Driver:
         )
         self.state.add(rec)
         failpoints.hit(f"after-complete:{self.run_id}")
-        tree.hand_over_parent(self.store, self.state.start)
+        if parent is not None:
+            runtime.dispatch(parent)
         return finished_result(self.run_id, self.state)
 
     # -- tool calls -------------------------------------------------------------------

@@ -41,6 +41,23 @@ def subtree_totals(store: Store, children: list[str]) -> tuple[Usage, Usage]:
 PARENT_PAUSE_STATUSES = (AWAITING_APPROVAL, AWAITING_INPUT, SLEEPING, HALTED)
 
 
+def queue_parent(store: Store, start: Any) -> str | None:
+    """Queue a paused parent before its child records its end; return the parent's id if
+    it was queued (the caller dispatches it once the end is recorded). A process dying
+    between the two leaves a queued parent, which recovery hands over: the parent drives the
+    child to its end itself. A parent being driven right now is left alone; its driver looks
+    at its children again after it pauses (``children_done``)."""
+    parent = start.get("parent") if start is not None else None
+    if not parent:
+        return None
+    moved = store.update_run(
+        str(parent),
+        {"status": QUEUED, "attempts": 0, "last_error": None},
+        if_status=list(PARENT_PAUSE_STATUSES),
+    )
+    return str(parent) if moved else None
+
+
 def hand_over_parent(store: Store, start: Any) -> None:
     """A child that finished (or failed for good, or was cancelled) hands its parent over,
     if the parent is paused: queued first (if the hand-over is lost, recovery picks a queued

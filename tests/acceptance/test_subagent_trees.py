@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from durable_agents.engine import names
+from durable_agents.engine.commands.recovery import recover
 from durable_agents.models import ApprovalRequest, Run
 from durable_agents.storage import site_store
 from tests.support.agents import count_effects
@@ -118,5 +119,30 @@ def test_a_driver_killed_at_a_hand_over_boundary_resumes_the_tree(point):
         assert count_effects(leaf) == {}  # killed before it ran; only a person may say
         return
     assert out == {"status": "finished", "answer": "root done"}
+    assert count_effects(leaf) == {CALL: 1}
+    assert_tree_agrees_with_journals(root)
+
+
+def test_a_decision_killed_between_the_leafs_end_and_its_parents_hand_over():
+    make_user("boss", "approve_toolcall")
+    root, middle, leaf = ids("g-2")
+    assert drive("gtree-root", root, "go")[1]["status"] == "awaiting_approval"
+    code, _ = child(
+        "manage.py",
+        "durable_agents",
+        "approve",
+        leaf,
+        CALL,
+        "--by",
+        "boss",
+        DURABLE_AGENTS_CRASH_AT=f"after-complete:{leaf}",
+    )
+    assert code == -9  # the leaf finished; its parent was queued, never handed over
+    assert Run.objects.get(run_id=leaf).status == "finished"
+    assert Run.objects.get(run_id=middle).status == "queued"
+    assert Run.objects.get(run_id=root).status == "awaiting_approval"
+    # Recovery hands the queued parent over; its end hands the root over.
+    assert recover(interval=0) == [middle]
+    assert Run.objects.get(run_id=root).status == "finished"
     assert count_effects(leaf) == {CALL: 1}
     assert_tree_agrees_with_journals(root)
