@@ -284,7 +284,7 @@ class Driver:
     ) -> None:
         self.agent = agent
         # A sub-run's parent and root (``subagents``), recorded in its ``run:start``.
-        self.tree = {
+        self.tree: dict[str, Any] = {
             key: (meta or {}).get(f"{key}_run_id")
             for key in ("parent", "root")
             if (meta or {}).get(f"{key}_run_id")
@@ -390,9 +390,11 @@ class Driver:
     def _begin(self, input: Any, seed: list[dict[str, Any]] | None) -> None:
         start = self.state.start
         if start is None:
-            if input is None:
+            if input is None:  # a resume: the row holds the input (and a sub-run's place)
                 run = self.store.get_run(self.run_id)
                 input = run.input if run is not None else None
+                if run is not None and run.parent_run_id and not self.tree:
+                    self.tree = {"parent": run.parent_run_id, "root": run.root_run_id}
             if input is None:
                 raise ConfigError(
                     f"run {self.run_id!r} has no recorded input; start it with an input",

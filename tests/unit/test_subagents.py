@@ -9,6 +9,7 @@ import pytest
 import durable_agents as da
 from durable_agents.engine import names
 from durable_agents.engine.journal import Journal
+from durable_agents.engine.ports import RunInfo
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support.doubles import Crash
@@ -191,3 +192,21 @@ def test_the_roots_pause_names_the_run_that_waits(store, fired):
     details = paused.value.details
     assert details["paused_run_id"] == "r10/call_1_1/call_1_1"
     assert details["calls"] == ["call_1_1"] and details["children"] == ["r10/call_1_1"]
+
+
+def test_a_sub_run_resumed_before_it_started_records_its_place_from_its_row(store, fired):
+    # (Found by the simulator: the parent's driver died after the child's row was made and
+    # before its run:start; recovery resumed the child on its own.)
+    _, _, leaf = tree(fired, "sa-row")
+    store.create_run(
+        RunInfo(
+            run_id="p/c",
+            agent=leaf.name,
+            input="errand",
+            parent_run_id="p",
+            root_run_id="p",
+        )
+    )
+    assert da.resume("p/c", store=store).answer == "leaf done"
+    start = Journal(store).get("p/c", names.RUN_START)
+    assert (start.get("parent"), start.get("root")) == ("p", "p")
