@@ -210,3 +210,13 @@ def test_a_sub_run_resumed_before_it_started_records_its_place_from_its_row(stor
     assert da.resume("p/c", store=store).answer == "leaf done"
     start = Journal(store).get("p/c", names.RUN_START)
     assert (start.get("parent"), start.get("root")) == ("p", "p")
+
+
+def test_pending_names_the_sub_run_a_parent_waits_on(store, fired):
+    root, _, _ = tree(fired, "sa-pending", gated=True)
+    with pytest.raises(da.ApprovalPending):
+        root.run("r11", "go", store=store)
+    by_run = {p.run_id: p for p in da.pending(store=store)}
+    assert [(w.kind, w.name) for w in by_run["r11"].waits] == [("sub_run", "r11/call_1_1")]
+    leaf = by_run["r11/call_1_1/call_1_1"]
+    assert [(w.kind, w.call_id) for w in leaf.waits] == [("approval", "call_1_1")]

@@ -66,7 +66,8 @@ class Wait:
     """One thing a paused run waits on: a call to approve (``approval``), a call whose
     outcome a person must record (``halt``), a question for a person (``interrupt``, with
     its ``name``, ``prompt`` and answer ``schema``) or a signal (``signal``, with its
-    ``name`` and, with a timeout, its ``deadline``)."""
+    ``name`` and, with a timeout, its ``deadline``) or a sub-run it waits on (``sub_run``:
+    the call that started it, its agent as ``tool``, its run id as ``name``)."""
 
     kind: str
     call_id: str
@@ -409,6 +410,10 @@ def _cancel_children(store: Store, run_id: str, actor: Any, reason: str) -> None
         raise busy
 
 
+def _settled(journal: Journal, run_id: str, child: Any) -> bool:
+    return journal.get(run_id, names.tool(str(child.get("call_id")))) is not None
+
+
 def pending(
     *,
     store: Store | None = None,
@@ -439,6 +444,19 @@ def pending(
                 waits.setdefault(r.run_id, []).append(
                     Wait(w.kind, w.call_id, w.tool, None, w.name, w.prompt, w.schema, w.deadline)
                 )
+        if r.status in tree.PARENT_PAUSE_STATUSES and not waits.get(r.run_id):
+            # Paused on nothing of its own: a parent whose sub-run waits (the tree's pause).
+            for rec in journal.records(r.run_id):
+                if rec.name.startswith(names.CHILD) and not _settled(journal, r.run_id, rec):
+                    waits.setdefault(r.run_id, []).append(
+                        Wait(
+                            "sub_run",
+                            str(rec.get("call_id")),
+                            str(rec.get("agent")),
+                            None,
+                            name=str(rec.get("run_id")),
+                        )
+                    )
     return [
         PendingRun(
             run_id=r.run_id,
