@@ -488,11 +488,13 @@ class Driver:
     def _subtree(self) -> tuple[Usage, Usage]:
         """What this run's sub-runs (``agent.as_tool()`` calls) used and spent: it rolls up
         into this run's totals and counts against its token budget."""
+        if not any(t.subagent for t in self.agent.tools.values()):
+            return Usage(), Usage()  # the common case: no sub-agents, nothing to read
         children = [
             tree.child_run_id(self.run_id, call.id)
             for turn in self.state.turns
             for call in self.state.calls(turn)
-            if getattr(self.agent.tools.get(call.name), "subagent", None)
+            if (tool := self.agent.tools.get(call.name)) is not None and tool.subagent
         ]
         if not children:
             return Usage(), Usage()
