@@ -30,6 +30,7 @@ class DurableAgentsConfig(AppConfig):
             halt_min_age=lambda: get_settings().effective_halt_min_age,
             retry_policy=lambda: get_settings().retry,
             recovery_interval=lambda: get_settings().recovery_interval,
+            subagent_depth=lambda: get_settings().subagent_depth,
         )
         # The built-in notification; it does nothing unless NOTIFY["APPROVALS"] is on.
         signals.approval_requested.connect(email_approvers, dispatch_uid="durable_agents.notify")

@@ -51,6 +51,8 @@ class Settings:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     halt_min_age: float | None = None  # None: twice LEASE_TTL
     notify: Notify = field(default_factory=Notify)
+    # How many levels of sub-runs (``agent.as_tool()``) a tree may have below its root.
+    subagent_depth: int = 5
 
     @property
     def effective_halt_min_age(self) -> float:
@@ -72,6 +74,7 @@ _KEYS = {
     "RETRY": "retry",
     "HALT_MIN_AGE": "halt_min_age",
     "NOTIFY": "notify",
+    "SUBAGENT_DEPTH": "subagent_depth",
 }
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
 _NOTIFY_KEYS = {"APPROVALS": "approvals", "FROM_EMAIL": "from_email", "BASE_URL": "base_url"}
@@ -141,6 +144,13 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
             values.pop("halt_min_age")
         else:
             values["halt_min_age"] = float(age)
+
+    depth = values.get("subagent_depth", 5)
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 50:
+        problems.append(
+            f"DURABLE_AGENTS['SUBAGENT_DEPTH'] must be an int from 1 to 50, not {depth!r}"
+        )
+        values.pop("subagent_depth")
 
     if not isinstance(values.get("prepared_statements", True), bool):
         problems.append("DURABLE_AGENTS['PREPARED_STATEMENTS'] must be True or False")

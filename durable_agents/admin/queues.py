@@ -87,6 +87,12 @@ class _QueueAdmin(ReadOnlyAdmin):
     def arguments_pretty(self, obj: Any) -> str:
         return json_cell(obj.arguments)
 
+    @admin.display(description="root run", ordering="run__root_run_id")
+    def root_link(self, obj: Any) -> str:
+        """The tree's root, for a call that waits deep in a tree of sub-runs."""
+        root = obj.run.root_run_id
+        return format_html('<a href="{}">{}</a>', run_url(self, root), root) if root else "-"
+
 
 def _detail(
     admin: AnyModelAdmin,
@@ -175,6 +181,7 @@ class ApprovalRequestAdmin(_QueueAdmin):
     list_display = (
         "call_id",
         "run_link",
+        "root_link",
         "tool_name",
         "arguments_pretty",
         "run_input",
@@ -358,6 +365,7 @@ class HaltAdmin(_QueueAdmin):
     list_display = (
         "op_id",
         "run_link",
+        "root_link",
         "tool_name",
         "arguments_pretty",
         "cause",
@@ -367,6 +375,7 @@ class HaltAdmin(_QueueAdmin):
     )
     list_filter = (HaltStatusFilter, "cause")
     search_fields = ("run__run_id", "op_id", "tool_name")
+    list_select_related = ("run",)
     view_action = "view_halts"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Halt]:

@@ -43,7 +43,7 @@ from ..engine.records import Record
 from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
 from ..storage import site_store
 from ..transfer import export_lines
-from . import counts, forks, health, sessions, waits
+from . import counts, forks, health, sessions, tree, waits
 from .base import (
     BY_RECOVERY,
     BY_RESUME,
@@ -103,7 +103,7 @@ class RunAdmin(ReadOnlyAdmin):
         "created_at",
         "updated_at",
     )
-    list_filter = ("status", "agent", ("created_at", admin.DateFieldListFilter))
+    list_filter = ("status", "agent", ("created_at", admin.DateFieldListFilter), tree.TreeFilter)
     # The input is searched as its JSON text (a string input as itself, in quotes); the
     # input and answer searches scan the rows the other filters leave.
     search_fields = ("run_id", "session_id", "input", "answer")
@@ -252,6 +252,7 @@ class RunAdmin(ReadOnlyAdmin):
         if obj is not None:
             context.update(run_context(self, request, obj))
             context.update(forks.lineage(self, obj))
+            context.update(tree.tree(self, obj))
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     @admin.action(description="Resume selected runs", permissions=["resume_run"])

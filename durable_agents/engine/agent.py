@@ -19,6 +19,7 @@ from .loop import drive
 from .model import Model
 from .ports import Store
 from .registry import get_agent
+from .subagents import as_tool
 from .tools import Tool
 
 __all__ = ["Agent", "ModelRetry", "RunResult", "get_agent"]
@@ -74,6 +75,11 @@ class Agent(AgentDefinition):
         same id started again with the same input just hands it over again.
         """
         return start(self, input, run_id, store=store)
+
+    def as_tool(self, name: str | None = None, description: str | None = None) -> Tool:
+        """This agent as a tool for another agent: each call runs a child run
+        ``<parent>/<call_id>`` of this agent and returns its answer (docs/composition.md)."""
+        return as_tool(self, name, description)
 
     def session(self, session_id: str, *, store: Store | None = None) -> Session:
         """A durable conversation with this agent (see ``engine.commands.sessions``)."""

@@ -395,3 +395,12 @@ class TimerPending(Pause):
 
     status = "sleeping"
     code = "run.sleeping"
+
+
+class ChildPending(Pause):
+    """A call waits for its sub-run (``agent.as_tool()``), which paused or is driven
+    elsewhere. The parent pauses in its child's status (``details['child_status']``): a
+    child's pause is the tree's pause."""
+
+    status = "awaiting_input"
+    code = "run.awaiting_child"

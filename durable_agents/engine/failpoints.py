@@ -8,7 +8,10 @@ nothing is copied yet), ``after-decision:<call>`` (a decision is journaled; its 
 run are not updated yet), ``after-resolution:<call>`` (a halt's outcome is journaled; its run
 and halt row are not updated yet), ``after-wait:<name>`` (a tool's wait is journaled; the
 run is not paused yet), ``after-answer:<name>`` / ``after-signal:<name>`` (an answer or a
-signal is journaled; the run is not handed over yet).
+signal is journaled; the run is not handed over yet), ``after-child:<child run>`` (a
+parent journaled the sub-run a call starts; the sub-run is not driven yet),
+``after-complete:<run>`` (a run's ``run:complete`` is journaled; its paused parent is queued
+but not handed over yet).
 """
 
 from __future__ import annotations

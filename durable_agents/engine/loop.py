@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from . import events, failpoints, names, runtime
+from . import events, failpoints, names, runtime, tree
 from .approvals import decision_name, policy_for
 from .definition import AgentDefinition as Agent
 from .definition import RunResult
@@ -37,6 +37,7 @@ from .errors import (
     ApprovalPending,
     BudgetError,
     ChannelPending,
+    ChildPending,
     ConfigError,
     Conflict,
     DriveStopped,
@@ -112,9 +113,11 @@ def drive(
             lease, log, fresh = fresh[0], fresh[1], None
             try:
                 with lease:
-                    return Driver(agent, store, run_id, lease, log, started=True).drive(input, seed)
-            except (ApprovalPending, InterruptPending, SignalPending, TimerPending) as pause:
-                if not _woken(journal, run_id, pause):
+                    return Driver(agent, store, run_id, lease, log, meta, started=True).drive(
+                        input, seed
+                    )
+            except Pause as pause:
+                if not _woken(store, journal, run_id, pause):
                     raise
                 continue
         log = journal.open(run_id)  # the one full read of the journal
@@ -153,18 +156,20 @@ def drive(
             with HeldLease(store, run_id, runtime.lease_ttl()) as lease:
                 log.fence = lease.token
                 log.refresh(since_last=True)
-                return Driver(agent, store, run_id, lease, log).drive(input, seed)
-        except (ApprovalPending, InterruptPending, SignalPending, TimerPending) as pause:
-            if not _woken(journal, run_id, pause):
+                return Driver(agent, store, run_id, lease, log, meta).drive(input, seed)
+        except Pause as pause:
+            if not _woken(store, journal, run_id, pause):
                 raise
 
 
-def _woken(journal: Journal, run_id: str, pause: Pause) -> bool:
-    """A decision, an answer or a signal that landed while this driver still held the lease
-    was handed to a driver that found the run busy: having released the lease, look once
-    more."""
+def _woken(store: Store, journal: Journal, run_id: str, pause: Pause) -> bool:
+    """A decision, an answer, a signal, a message or a sub-run's end that landed while this
+    driver still held the lease was handed to a driver that found the run busy: having
+    released the lease, look once more."""
     wakes = list(pause.details.get("decisions") or ()) + list(pause.details.get("wakes") or ())
     if any(journal.get(run_id, name) is not None for name in wakes):
+        return True
+    if tree.children_done(store, list(pause.details.get("children") or ())):
         return True
     channels = pause.details.get("channels") or ()
     return bool(channels) and channel_has_message(journal.records(run_id), channels)
@@ -186,7 +191,13 @@ def _start_new(
         return None
     lease = HeldLease(store, run_id, runtime.lease_ttl())
     fingerprint = agent.fingerprint()
-    body = names.start_body(agent.name, input, fingerprint, seed)
+    # A sub-run's parent and root, as the driver records them (``Driver.tree``).
+    tree_ids = {
+        key: (meta or {}).get(f"{key}_run_id")
+        for key in ("parent", "root")
+        if (meta or {}).get(f"{key}_run_id")
+    }
+    body = names.start_body(agent.name, input, fingerprint, seed, tree_ids)
     run = RunInfo(
         run_id=run_id,
         agent=agent.name,
@@ -362,12 +373,19 @@ class Driver:
         run_id: str,
         lease: HeldLease,
         log: RunLog,
+        meta: dict[str, Any] | None = None,
         *,
         started: bool = False,
     ) -> None:
         # ``started``: this drive created the run, running, with its `run:start`.
         self.started = started
         self.agent = agent
+        # A sub-run's parent and root (``subagents``), recorded in its ``run:start``.
+        self.tree: dict[str, Any] = {
+            key: (meta or {}).get(f"{key}_run_id")
+            for key in ("parent", "root")
+            if (meta or {}).get(f"{key}_run_id")
+        }
         self.store = store
         self.run_id = run_id
         self.lease = lease
@@ -447,6 +465,8 @@ class Driver:
         except DurableAgentsError as exc:
             if exc.code not in _CALLER_ERRORS and exc.code != "run.cancelled":
                 self._fail(exc.code, str(exc), retryable=exc.retryable)
+                if not exc.retryable:  # its parent's call has its outcome: an error
+                    tree.hand_over_parent(self.store, self.state.start)
             raise
         except Exception as exc:
             self._fail("internal", error_text(exc), retryable=False)
@@ -471,15 +491,19 @@ class Driver:
             failpoints.hit("after-start")
             return
         if start is None:
-            if input is None:
+            if input is None:  # a resume: the row holds the input (and a sub-run's place)
                 run = self.store.get_run(self.run_id)
                 input = run.input if run is not None else None
+                if run is not None and run.parent_run_id and not self.tree:
+                    self.tree = {"parent": run.parent_run_id, "root": run.root_run_id}
             if input is None:
                 raise ConfigError(
                     f"run {self.run_id!r} has no recorded input; start it with an input",
                     code="config.input_missing",
                 )
-            body = names.start_body(self.agent.name, input, self.agent.fingerprint(), seed)
+            body = names.start_body(
+                self.agent.name, input, self.agent.fingerprint(), seed, self.tree
+            )
             rec, _ = self.log.write(names.RUN_START, body)
             self.state.add(rec)
             failpoints.hit("after-start")
@@ -552,12 +576,30 @@ class Driver:
 
     def _check_budget(self) -> None:
         budget = self.agent.token_budget
-        if budget is not None and self.state.spend().total_tokens >= budget:
+        if budget is None:
+            return
+        spent = (self.state.spend() + self._subtree()[1]).total_tokens
+        if spent >= budget:
             raise BudgetError(
-                f"run {self.run_id!r} spent {self.state.spend().total_tokens} tokens of its "
-                f"budget of {budget}; raise token_budget to continue",
+                f"run {self.run_id!r} spent {spent} tokens of its budget of {budget} (its "
+                "sub-runs' included); raise token_budget to continue",
                 code="budget.tokens",
             )
+
+    def _subtree(self) -> tuple[Usage, Usage]:
+        """What this run's sub-runs (``agent.as_tool()`` calls) used and spent: it rolls up
+        into this run's totals and counts against its token budget."""
+        if not any(t.subagent for t in self.agent.tools.values()):
+            return Usage(), Usage()  # the common case: no sub-agents, nothing to read
+        children = [
+            tree.child_run_id(self.run_id, call.id)
+            for turn in self.state.turns
+            for call in self.state.calls(turn)
+            if (tool := self.agent.tools.get(call.name)) is not None and tool.subagent
+        ]
+        if not children:
+            return Usage(), Usage()
+        return tree.subtree_totals(self.store, children)
 
     def _request(self) -> ModelRequest:
         return ModelRequest(
@@ -640,7 +682,7 @@ class Driver:
         anyway, unfenced (a spend record changes no result), then stops."""
         name = names.spend(n, uuid.uuid4().hex[:12])
         body = {"kind": "spend", "usage": usage, "why": why}
-        total = self.state.spend() + Usage.from_json(usage)
+        total = self.state.spend() + Usage.from_json(usage) + self._subtree()[1]
         try:
             rec, _ = self.log.write(name, body, run_changes={"spend": total.to_json()})
         except LeaseLost:
@@ -649,8 +691,9 @@ class Driver:
         self.state.add(rec)
 
     def _record_turn(self, n: int, response: ModelResponse) -> None:
-        usage = self.state.usage() + response.usage
-        spend = self.state.spend() + response.usage
+        sub_usage, sub_spend = self._subtree()
+        usage = self.state.usage() + response.usage + sub_usage
+        spend = self.state.spend() + response.usage + sub_spend
         try:
             rec, inserted = self._write_turn(n, response, usage, spend)
         except LeaseLost:
@@ -694,7 +737,10 @@ class Driver:
         )
 
     def _finish(self, last: Any) -> RunResult:
-        usage, spend, turns = self.state.usage(), self.state.spend(), len(self.state.turns)
+        sub_usage, sub_spend = self._subtree()
+        usage, spend = self.state.usage() + sub_usage, self.state.spend() + sub_spend
+        turns = len(self.state.turns)
+        parent = tree.queue_parent(self.store, self.state.start)
         answer = self.state.assistant(last).content
         rec, inserted = self.log.write(
             names.RUN_COMPLETE,
@@ -730,6 +776,9 @@ class Driver:
                 turns=result.turns,
                 usage=result.usage.to_json(),
             )
+        failpoints.hit(f"after-complete:{self.run_id}")
+        if parent is not None:
+            runtime.dispatch(parent)
         return result
 
     # -- tool calls -------------------------------------------------------------------
@@ -856,12 +905,9 @@ class Driver:
         # Sleeping only when every wait is a timer: a person or a signal can wake it earlier.
         timers = [p.details["wake_ms"] for p in pauses if isinstance(p, TimerPending)]
         sleeping = len(timers) == len(pauses)
-        self.store.update_run(
-            self.run_id,
-            {"status": SLEEPING if sleeping else AWAITING_INPUT, "attempts": 0, "last_error": None},
-            fence=self.fence,
-            if_status=[RUNNING],
-        )
+        # A parent waiting only on sub-runs pauses as its first child did: the tree's pause.
+        children = [p for p in pauses if isinstance(p, ChildPending)]
+        status = SLEEPING if sleeping else AWAITING_INPUT
         kind: type[Pause] = (
             type(pauses[0])
             if len(pauses) == 1
@@ -870,12 +916,26 @@ class Driver:
                 TimerPending if sleeping else SignalPending,
             )
         )
+        if children and len(children) == len(pauses):
+            status = str(children[0].details.get("child_status") or AWAITING_INPUT)
+            if status not in tree.PARENT_PAUSE_STATUSES:
+                status = AWAITING_INPUT
+            kind = _PAUSES.get(str(children[0].details.get("cause")), ChildPending)
+        self.store.update_run(
+            self.run_id,
+            {"status": status, "attempts": 0, "last_error": None},
+            fence=self.fence,
+            if_status=[RUNNING],
+        )
         message = (
             pauses[0].message
             if len(pauses) == 1
             else (f"run {self.run_id!r} waits for {', '.join(repr(w) for w in waits)}")
         )
         details: dict[str, Any] = {"waits": waits, "wakes": wakes}
+        if children:
+            details.update(children[0].details.get("child_details") or {})
+            details["children"] = [p.details["child_run_id"] for p in children]
         if timers:
             details["wake_ms"] = min(timers)
         channels = [p.details["channel"] for p in pauses if isinstance(p, ChannelPending)]
@@ -1043,7 +1103,7 @@ class Driver:
             return "ok", gate.tool.invoke(gate.args, ctx)
         except ToolOutcomeUnknown as exc:
             return "unknown", error_text(exc)
-        except (InterruptPending, SignalPending, TimerPending) as pause:
+        except (InterruptPending, SignalPending, TimerPending, ChildPending) as pause:
             return "pause", pause
         except WaitError as exc:
             return "misuse", exc
@@ -1165,6 +1225,13 @@ class Driver:
         except LeaseLost:
             return
         announce_failure(self.store, self.run_id, self.agent.name, error, attempts)
+
+
+# The pause a parent waiting on a sub-run raises, by the kind of its child's pause.
+_PAUSES: dict[str, type[Pause]] = {
+    cls.__name__: cls
+    for cls in (ApprovalPending, OutcomeUnknown, InterruptPending, SignalPending, TimerPending)
+}
 
 
 def _billed(usage: Usage) -> dict[str, int] | None:

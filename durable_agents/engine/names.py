@@ -45,10 +45,16 @@ WAITED = "waited:"  # how an awaited signal resolved: its payload, or the timeou
 MESSAGE = "message:"  # a message enqueued on one of the run's channels (first payload per key)
 ACK = "ack:"  # a channel's message consumed, by which call (once)
 RECEIVING = "receiving:"  # a receive found its channel empty: the run waits for a message
+CHILD = "child:"  # a call started a sub-run (``agent.as_tool()``): its id and agent
 # "@..." records are evidence beside the run's steps, never replayed into its transcript.
 SPEND = "@spend/"
 LATE = "@late/"
 DRIFT = "@drift/"
+
+
+def child(call_id: str) -> str:
+    """The sub-run a call started."""
+    return f"{CHILD}{call_id}"
 
 
 def model(n: int) -> str:
@@ -208,9 +214,14 @@ def new_incarnation() -> str:
 
 
 def start_body(
-    agent: str, input: Any, fingerprint: dict[str, Any], seed: list[dict[str, Any]] | None
+    agent: str,
+    input: Any,
+    fingerprint: dict[str, Any],
+    seed: list[dict[str, Any]] | None,
+    tree: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``run:start`` body: agent, input, fingerprint, and which start of the run id."""
+    """The ``run:start`` body: agent, input, fingerprint, and which start of the run id; a
+    sub-run's also its ``parent`` and ``root`` run ids."""
     body: dict[str, Any] = {
         "kind": "start",
         "agent": agent,
@@ -220,6 +231,8 @@ def start_body(
     }
     if seed:
         body["seed"] = seed
+    if tree:
+        body.update(tree)
     return body
 
 

@@ -54,6 +54,8 @@ class Runtime:
     # may replace them with its own clock.
     sleep: Callable[[float], None] = time.sleep
     monotonic: Callable[[], float] = time.monotonic
+    # How many levels of sub-runs (``agent.as_tool()``) a tree may have below its root.
+    subagent_depth: Callable[[], int] = lambda: 5
 
     def __post_init__(self) -> None:
         if self.halt_min_age is None:
@@ -67,7 +69,7 @@ def configure(**values: Any) -> None:
     """Set wiring: ``store_factory``, ``agent_loader``, ``lease_ttl``, ``on_drift``,
     ``dispatcher``, ``inline_driver``, ``should_stop``, ``eligible_approvers``, ``approver_keys``,
     ``resolve_actor``, ``halt_min_age``, ``retry_policy``, ``recovery_interval``, ``sleep``,
-    ``monotonic``."""
+    ``monotonic``, ``subagent_depth``."""
     for key, value in values.items():
         if not hasattr(_runtime, key):
             raise ConfigError(f"unknown runtime setting {key!r}", code="config.runtime")
@@ -108,6 +110,10 @@ def retry_policy() -> RetryPolicy:
 
 def recovery_interval() -> float:
     return float(_runtime.recovery_interval())
+
+
+def subagent_depth() -> int:
+    return int(_runtime.subagent_depth())
 
 
 def sleep(seconds: float) -> None:

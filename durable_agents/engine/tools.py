@@ -138,6 +138,9 @@ def call_key(run_id: str, call_id: str) -> str:
 class Tool:
     """A function the model can call. Build one with ``@durable_agents.tool``."""
 
+    # The agent a sub-agent tool (``agent.as_tool()``) runs, else None.
+    subagent: str | None = None
+
     def __init__(
         self,
         fn: Callable[..., Any],

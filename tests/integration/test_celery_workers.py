@@ -33,11 +33,12 @@ import pytest
 from celery import _state as celery_state
 from django.db import transaction
 
-import durable_agents.tasks  # noqa: F401  (registers drive_run with the test's Celery app)
+import durable_agents as da
+import durable_agents.tasks  # registers drive_run with the test's Celery app
 from durable_agents.models import JournalEntry, Lease, Run
 from durable_agents.recovery import recover
 from durable_agents.storage import DjangoStore
-from tests.support.agents import effects_connection
+from tests.support.agents import count_effects, effects_connection, gated_tree
 from tests.support.celery_agents import (
     ANSWER,
     CALLS,
@@ -47,6 +48,7 @@ from tests.support.celery_agents import (
     steps,
     steps_idempotent,
 )
+from tests.support.people import make_user
 from tests.support.workers import (
     CeleryProcesses,
     CeleryTarget,
@@ -662,3 +664,23 @@ def test_sigterm_stops_after_the_step_in_flight(celery):
     recover_until(lambda: status(run_id) == "finished")
     assert_finished_once_each(run_id)
     assert fired_by(run_id, rescuer.pid) == {"call_3_1": 1}
+
+
+# -- 5. a tree of sub-agents (issue 16) ---------------------------------------------------
+
+
+def test_a_tree_paused_at_the_bottom_finishes_through_a_worker_once_decided(celery):
+    """A worker drives a three-level tree (the sub-runs inline) until its bottom call awaits
+    approval; the decision hands the leaf to a worker, the leaf's end the middle, the
+    middle's end the root: each a Celery message of its own."""
+    boss = make_user("boss", "approve_toolcall")
+    root = new_id("tree")
+    middle, leaf = f"{root}/call_1_1", f"{root}/call_1_1/call_1_1"
+    celery.worker("threads", 2).wait_ready()
+    gated_tree[0].start("go", run_id=root)
+    wait_for(lambda: status(root) == "awaiting_approval", RUN_TIMEOUT, "the tree to pause")
+    assert status(middle) == status(leaf) == "awaiting_approval"
+    da.approve(leaf, "call_1_1", approved=True, by=boss)
+    wait_for(lambda: status(root) == "finished", RUN_TIMEOUT, "the tree to finish")
+    assert status(middle) == status(leaf) == "finished"
+    assert count_effects(leaf) == {"call_1_1": 1}

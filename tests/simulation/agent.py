@@ -195,12 +195,16 @@ def parse_plan(text: str) -> list[list[tuple[str, int, int]]]:
 def _op_of(call: ToolCall) -> tuple[str, int] | None:
     try:
         args = json.loads(call.arguments or "{}")
+        if call.name == ERRAND:  # a sub-agent's one argument is its input: a plan
+            return call.name, parse_plan(str(args["input"]))[0][0][1]
         return call.name, int(args["order"])
     except (ValueError, KeyError, TypeError):
         return None
 
 
 def _arguments(tool: str, order: int, amount: int, spec: Any) -> str:
+    if tool == ERRAND:  # the sub-run mails the customer and books a slot
+        return json.dumps({"input": f"plan:notify.{order}.0|book.{order}.0"})
     args: dict[str, Any] = {"order": order}
     if tool in ("charge", "refund"):
         args["amount"] = amount
@@ -305,6 +309,21 @@ class SimModel:
 
 MODEL = SimModel()
 
+# -- a sub-agent (issue 16) ---------------------------------------------------------------
+
+ERRAND = "errand"
+# Runs the errand its parent's call gives it (a plan of its own) with keyed side effects;
+# the parent calls it as a tool, so each call is a sub-run ``<parent>/<call>``.
+ERRAND_AGENT = da.Agent(
+    "sim-errand",
+    MODEL,
+    "Run the errand.",
+    [TOOLS["notify"], TOOLS["book"]],
+    max_turns=6,
+    model_retry=da.ModelRetry(max_attempts=3, base_delay=1.0, max_delay=2.0),
+)
+TOOLS[ERRAND] = ERRAND_AGENT.as_tool(name=ERRAND)
+
 # -- deploys ------------------------------------------------------------------------------
 
 
@@ -335,6 +354,7 @@ class Deploy:
             tools.append(TOOLS["notify"])
         tools.append(TOOLS["book"])
         tools.append(TOOLS["confirm"])
+        tools.append(TOOLS[ERRAND])
         return da.Agent(
             AGENT,
             MODEL,
@@ -375,6 +395,7 @@ class Plans:
         # answerer, a seed draws what it drew before, so those seeds keep their schedules.
         if "answerer" in w.config.actors:
             self.tools.append("confirm")
+            self.tools.append(ERRAND)  # sub-agents came after waits: the same seeds draw them
 
     def make(self) -> str:
         rng = self.w.rng

@@ -36,7 +36,7 @@ from durable_agents.engine.transcript import RunState
 from durable_agents.engine.waits import open_waits
 
 from . import world as W
-from .agent import GATED, KEYED, NOT_HAPPENED, UNFLAGGED, is_agent_run
+from .agent import ERRAND, GATED, KEYED, NOT_HAPPENED, UNFLAGGED, is_agent_run
 
 
 def _short(value: Any, n: int = 60) -> str:
@@ -66,6 +66,11 @@ def _inherited_from(w: W.World, run_id: str, call_id: str) -> str | None:
     names = _names(w, run_id)
     n = _turn_of(names, call_id)
     if n is None or "fork" not in names:
+        return None
+    done = names.get("fork:done")
+    if done is not None and names[f"model:{n}"].seq > done.seq:
+        # The fork generated this turn itself (after its copy was done): a fork taken before
+        # the turn may well be answered the same by a deterministic model, call ids and all.
         return None
     source = _names(w, row.forked_from).get(f"model:{n}")
     if source is None or source.data != names[f"model:{n}"].data:
@@ -166,6 +171,7 @@ def check_all(w: W.World) -> None:
     check_steps(w, ix)
     check_waits(w, ix)
     check_channels(w, ix)
+    check_trees(w, ix)
     check_as_we_go(w)
 
 
@@ -287,6 +293,8 @@ def check_results(w: W.World, ix: Index) -> None:
                     )
                 continue
             runs = ix.by_call.get((run_id, call_id), [])
+            if rec.get("name") == ERRAND:
+                continue  # a sub-run's answer, not a ledgered tool: ``check_trees``
             if not is_error:
                 if encode(result) not in {encode(e.value) for e in runs if e.outcome == "returned"}:
                     w.violate(
@@ -825,3 +833,46 @@ def check_channels(w: W.World, ix: Index) -> None:
                         f"run {run_id}: {k} acked by "
                         f"{None if ack is None else ack.get('call_id')}, received by {call}",
                     )
+
+
+def check_trees(w: W.World, ix: Index) -> None:
+    """A sub-run (``agent.as_tool()``) sits where its journal says: its row's parent and root
+    are its ``run:start``'s, its id is ``<parent>/<call>``, its parent journaled starting it
+    (``child:<call>``) and its root is its parent's root; a parent's result for the call is
+    the sub-run's answer."""
+    for run_id in w.runs:
+        row = ix.rows[run_id]
+        if row is None or row.parent_run_id is None:
+            continue
+        parent, root = row.parent_run_id, row.root_run_id
+        start = ix.names[run_id].get("run:start")
+        if start is not None and (start.get("parent"), start.get("root")) != (parent, root):
+            w.violate(
+                "tree_agrees",
+                f"{run_id}: its row says parent {parent!r}, root {root!r}; its run:start "
+                f"says {start.get('parent')!r}, {start.get('root')!r}",
+            )
+        call = run_id.removeprefix(f"{parent}/")
+        if call == run_id:
+            w.violate("tree_agrees", f"{run_id} is not named after its parent {parent!r}")
+            continue
+        names = ix.names.get(parent) or _names(w, parent)
+        # (A fork's copy of the record names its source's sub-run: first writer wins.)
+        child = names.get(f"child:{call}")
+        if child is None or child.get("call_id") != call:
+            w.violate("tree_agrees", f"{parent} never journaled starting its sub-run {run_id}")
+        parent_row = ix.rows.get(parent) or w.raw.get_run(parent)
+        if parent_row is not None and root != (parent_row.root_run_id or parent):
+            w.violate("tree_agrees", f"{run_id}'s root {root!r} is not its parent's root")
+        result = names.get(f"tool:{call}")
+        complete = ix.names[run_id].get("run:complete")
+        settled = result is not None and not result.get("is_error")
+        if (
+            settled
+            and not result.get("reconciled")
+            and (complete is None or result.get("result") != complete.get("answer"))
+        ):
+            w.violate(
+                "tree_agrees",
+                f"{parent}'s result for {call} is not the answer of its sub-run {run_id}",
+            )

@@ -339,6 +339,10 @@ class World:
             1 for sent in self.messages.values() for _, _, did in sent if did == "recorded"
         )
         found["effects"] = sum(1 for e in self.ledger if e.effect)
+        sub_runs = [r for r in self.runs if (row := self.raw.get_run(r)) and row.parent_run_id]
+        found["sub-runs finished"] = sum(
+            1 for r in sub_runs if self.raw.get(r, "run:complete") is not None
+        )
         return found
 
     # -- the trace -----------------------------------------------------------------------

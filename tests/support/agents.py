@@ -329,3 +329,64 @@ inbox = da.Agent(
     "Read the inbox.",
     [read_inbox],
 )
+
+
+# -- sub-agents (issue 16) ------------------------------------------------------------------
+
+
+@da.tool(requires_approval=True)
+def wire_money(to: str, ctx: da.ToolContext) -> dict:
+    """Wire money (a gated side effect: at most once, after a staff decision)."""
+    fire(ctx, "wire_money")
+    return {"wired": to}
+
+
+@da.tool
+def post_letter(to: str, ctx: da.ToolContext) -> dict:
+    """Post a letter (a side effect: at most once)."""
+    fire(ctx, "post_letter")
+    return {"posted": to}
+
+
+def _tree(prefix: str, leaf_tool: da.Tool) -> list[da.Agent]:
+    """``<prefix>-root`` -> ``<prefix>-middle`` -> ``<prefix>-leaf``, whose one call is
+    ``leaf_tool(to="bob")``; every call id is ``call_1_1``, so the leaf is
+    ``<run>/call_1_1/call_1_1``."""
+    leaf = da.Agent(
+        f"{prefix}-leaf",
+        ScriptedModel(
+            [
+                scripted.calls(scripted.call(leaf_tool.name, {"to": "bob"})),
+                scripted.text("leaf done"),
+            ]
+        ),
+        "Do the errand.",
+        [leaf_tool],
+    )
+    middle = da.Agent(
+        f"{prefix}-middle",
+        ScriptedModel(
+            [
+                scripted.calls(scripted.call(leaf.name, {"input": "errand"})),
+                scripted.text("middle done"),
+            ]
+        ),
+        "Delegate the errand.",
+        [leaf.as_tool()],
+    )
+    root = da.Agent(
+        f"{prefix}-root",
+        ScriptedModel(
+            [
+                scripted.calls(scripted.call(middle.name, {"input": "plan"})),
+                scripted.text("root done"),
+            ]
+        ),
+        "Delegate the plan.",
+        [middle.as_tool()],
+    )
+    return [root, middle, leaf]
+
+
+gated_tree = _tree("gtree", wire_money)
+side_tree = _tree("stree", post_letter)

@@ -24,7 +24,7 @@ def main() -> None:
     while True:  # a killed driver's lease must expire before this process may take over
         try:
             out = drive(agent_name, run_id, text)
-        except da.RunBusy:
+        except (da.RunBusy, da.ChildPending):  # a killed driver's sub-run's lease, too
             if time.monotonic() > deadline:
                 out = {"status": "busy"}
             else:
@@ -44,7 +44,7 @@ def drive(agent_name: str, run_id: str, text: str | None) -> dict:
         out = {"status": "awaiting_approval", "calls": exc.details.get("calls")}
     except (da.InterruptPending, da.SignalPending) as exc:
         out = {"status": "awaiting_input", "waits": exc.details.get("waits")}
-    except da.RunBusy:
+    except (da.RunBusy, da.ChildPending):
         raise
     except da.DurableAgentsError as exc:
         out = {"status": "error", "code": exc.code, "message": str(exc)}

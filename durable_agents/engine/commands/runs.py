@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .. import identity, names, runtime
+from .. import identity, names, runtime, tree
 from ..definition import AgentDefinition, RunResult
 from ..errors import (
     ConfigError,
@@ -66,7 +66,8 @@ class Wait:
     """One thing a paused run waits on: a call to approve (``approval``), a call whose
     outcome a person must record (``halt``), a question for a person (``interrupt``, with
     its ``name``, ``prompt`` and answer ``schema``) or a signal (``signal``, with its
-    ``name`` and, with a timeout, its ``deadline``)."""
+    ``name`` and, with a timeout, its ``deadline``) or a sub-run it waits on (``sub_run``:
+    the call that started it, its agent as ``tool``, its run id as ``name``)."""
 
     kind: str
     call_id: str
@@ -379,6 +380,37 @@ def cancel(run_id: str, *, by: Any, reason: str = "", store: Store | None = None
         if inserted:
             store.log_action(identity.logged(actor, "cancel", run_id, "", {"reason": reason}))
     close_cancelled(store, run_id)
+    tree.hand_over_parent(store, journal.get(run_id, names.RUN_START))
+    _cancel_children(store, run_id, actor, reason)
+
+
+def _cancel_children(store: Store, run_id: str, actor: Any, reason: str) -> None:
+    """Cancel the unfinished sub-runs of a cancelled run, depth first. One being driven
+    right now is refused (``RunBusy``) after the others are cancelled: cancelling the
+    parent again finishes the cascade."""
+    busy: RunBusy | None = None
+    for child in tree.children_of(store, run_id):
+        run = store.get_run(child)
+        if run is None or run.status == FINISHED:
+            continue
+        try:
+            cancel(
+                child,
+                by=actor,
+                reason=reason or f"its parent {run_id!r} was cancelled",
+                store=store,
+            )
+        except RunBusy as exc:
+            busy = busy or exc
+        except Conflict as exc:
+            if exc.code != "run.finished":
+                raise
+    if busy is not None:
+        raise busy
+
+
+def _settled(journal: Journal, run_id: str, child: Any) -> bool:
+    return journal.get(run_id, names.tool(str(child.get("call_id")))) is not None
 
 
 def pending(
@@ -411,6 +443,19 @@ def pending(
                 waits.setdefault(r.run_id, []).append(
                     Wait(w.kind, w.call_id, w.tool, None, w.name, w.prompt, w.schema, w.deadline)
                 )
+        if r.status in tree.PARENT_PAUSE_STATUSES and not waits.get(r.run_id):
+            # Paused on nothing of its own: a parent whose sub-run waits (the tree's pause).
+            for rec in journal.records(r.run_id):
+                if rec.name.startswith(names.CHILD) and not _settled(journal, r.run_id, rec):
+                    waits.setdefault(r.run_id, []).append(
+                        Wait(
+                            "sub_run",
+                            str(rec.get("call_id")),
+                            str(rec.get("agent")),
+                            None,
+                            name=str(rec.get("run_id")),
+                        )
+                    )
     return [
         PendingRun(
             run_id=r.run_id,

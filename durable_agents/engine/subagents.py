@@ -1,0 +1,148 @@
+"""Sub-agents: an agent called as a tool, each call a child run of one durable tree.
+
+``child.as_tool()`` is a tool whose every call starts (or continues) the child run
+``<parent>/<call_id>``, with ``parent_run_id`` and ``root_run_id`` set on its row and in its
+``run:start`` record, its own journal, lease, turn limit and token budget. The parent's tool
+result is the child's answer.
+
+How a tree is driven (see docs/composition.md):
+
+* The child is driven **inline**, by the parent's driver, inside the tool call: a tree that
+  never pauses runs start to end in one worker, with no hand-over latency. The call is
+  retry-safe: running it again drives the child again, which replays its own journal (a
+  child step is never run twice; a finished child answers from its ``run:complete``).
+* A child that pauses (approval, halt, wait) or that another driver holds (its lease is
+  live) pauses the parent too (``ChildPending``), in the child's status: the tree's pause.
+  A retryably failed or stopped child pauses its parent the same way; recovery drives the
+  child.
+* Whoever drives the child to its end afterwards (a decision's hand-over, recovery) hands
+  the parent over when the child finishes (``hand_over_parent``), which re-runs the call:
+  the child answers from its journal and the parent continues. So deciding a call at the
+  bottom of a tree resumes the whole tree, one level at a time, up to the root.
+* A child that failed for good or was cancelled is the call's error result in the parent.
+* The chain of a child's ancestors is at most ``runtime.subagent_depth()`` deep, and never
+  holds the child's own agent (a cycle): both are the call's error result, with a code.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import failpoints, names, runtime
+from .errors import ChildPending, ConfigError, Conflict, DurableAgentsError, Pause, RunBusy
+from .journal import Journal
+from .loop import drive
+from .ports import AWAITING_INPUT, Store
+from .tools import Safety, Tool, ToolContext
+from .tree import child_run_id
+
+if TYPE_CHECKING:
+    from .definition import AgentDefinition
+
+
+def as_tool(
+    agent: AgentDefinition, name: str | None = None, description: str | None = None
+) -> Tool:
+    """``agent`` as a tool: each call runs a child run of it (see the module docstring)."""
+
+    def call_agent(input: str, ctx: ToolContext) -> str:
+        return run_child(agent, input, ctx)
+
+    tool = Tool(
+        call_agent,
+        name=name or agent.name,
+        description=description or f"Ask the {agent.name!r} agent; returns its answer.",
+        # Retry-safe: calling again continues the same child run from its journal.
+        safety=Safety(idempotent=True),
+    )
+    tool.subagent = agent.name  # its calls' spend rolls up into the caller's (``tree``)
+    return tool
+
+
+def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:
+    """Drive the child run of this call (start it on the first call) and return its answer;
+    raise ``ChildPending`` when it cannot finish now."""
+    waits = ctx._waits
+    store: Store = waits.store if waits is not None else runtime.store()
+    parent = store.get_run(ctx.run_id)
+    child_id = child_run_id(ctx.run_id, ctx.call_id)
+    root = (parent.root_run_id if parent is not None else None) or ctx.run_id
+    check_tree(store, ctx.run_id, agent.name)
+    Journal(store).write(
+        ctx.run_id,
+        names.child(ctx.call_id),
+        {"kind": "child", "run_id": child_id, "agent": agent.name, "call_id": ctx.call_id},
+        fence=waits.fence if waits is not None else None,
+    )
+    failpoints.hit(f"after-child:{child_id}")
+    try:
+        result = drive(
+            agent,
+            child_id,
+            input,
+            store=store,
+            derived_id=True,
+            meta={"parent_run_id": ctx.run_id, "root_run_id": root},
+        )
+    except Pause as pause:
+        raise ChildPending(
+            f"run {ctx.run_id!r} waits for its sub-run {child_id!r}: {pause.message}",
+            run_id=ctx.run_id,
+            child_run_id=child_id,
+            child_status=pause.status,
+            cause=type(pause).__name__,
+            # What the deepest paused run waits on (its calls, halts, waits) and its id.
+            child_details={
+                **{k: v for k, v in pause.details.items() if k in ("calls", "halts", "cause")},
+                "paused_run_id": pause.details.get("paused_run_id") or child_id,
+            },
+        ) from None
+    except RunBusy:
+        raise _waiting(ctx.run_id, child_id, "is being driven elsewhere") from None
+    except DurableAgentsError as exc:
+        if exc.retryable:
+            raise _waiting(ctx.run_id, child_id, f"will be retried ({exc.code})") from None
+        code = f"subagent.{'cancelled' if exc.code == 'run.cancelled' else 'failed'}"
+        raise Conflict(
+            f"[{code}] sub-run {child_id!r} of agent {agent.name!r} ended without an answer "
+            f"({exc.code}): {exc}",
+            code=code,
+        ) from None
+    return result.answer
+
+
+def _waiting(run_id: str, child_id: str, why: str) -> ChildPending:
+    return ChildPending(
+        f"run {run_id!r} waits for its sub-run {child_id!r}, which {why}",
+        run_id=run_id,
+        child_run_id=child_id,
+        child_status=AWAITING_INPUT,
+        cause="busy",
+    )
+
+
+def check_tree(store: Store, parent_run_id: str, agent_name: str) -> None:
+    """Refuse a child that would be deeper than the depth limit, or whose agent already runs
+    among its ancestors (an agent calling itself through the chain)."""
+    limit = runtime.subagent_depth()
+    chain: list[str] = []
+    run_id: str | None = parent_run_id
+    while run_id is not None:
+        run = store.get_run(run_id)
+        if run is None:
+            break
+        chain.append(run.agent)
+        if run.agent == agent_name:
+            path = " -> ".join(reversed(chain)) + f" -> {agent_name}"
+            raise ConfigError(
+                f"[subagent.cycle] agent {agent_name!r} would call itself through its "
+                f"sub-agents ({path}); a tree of sub-agents may not hold a cycle",
+                code="subagent.cycle",
+            )
+        run_id = run.parent_run_id
+    if len(chain) > limit:
+        raise ConfigError(
+            f"[subagent.depth] a sub-run of agent {agent_name!r} would be {len(chain)} levels "
+            f"below its root; the limit is {limit} (DURABLE_AGENTS['SUBAGENT_DEPTH'])",
+            code="subagent.depth",
+        )

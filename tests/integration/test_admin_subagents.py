@@ -1,0 +1,66 @@
+"""Trees of sub-runs in the admin (PostgreSQL, test client): the run page shows a run's
+parent, root and sub-runs with the status of each; the approval queue names the root run of
+a call that waits deep in a tree; the runs list can hide sub-runs. Deciding the bottom call
+in the admin resumes the whole tree."""
+
+from __future__ import annotations
+
+import html
+
+import pytest
+from django.contrib.admin.utils import quote
+from django.test import Client
+from django.urls import reverse
+
+from durable_agents.models import ApprovalRequest, Run
+from tests.support.agents import count_effects, gated_tree
+from tests.support.people import make_user
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
+
+ROOT, MIDDLE, LEAF = "adm-tree", "adm-tree/call_1_1", "adm-tree/call_1_1/call_1_1"
+
+
+def staff() -> Client:
+    client = Client()
+    client.force_login(make_user("boss", superuser=True))
+    return client
+
+
+def text(response) -> str:
+    assert response.status_code == 200
+    return html.unescape(response.content.decode())
+
+
+def run_url(run_id: str) -> str:
+    return reverse("admin:durable_agents_run_change", args=[quote(run_id)])
+
+
+def run_page(client: Client, run_id: str) -> str:
+    return text(client.get(run_url(run_id)))
+
+
+def test_a_tree_in_the_admin_and_its_bottom_call_decided_there():
+    gated_tree[0].start("go", run_id=ROOT)  # inline dispatch: the tree pauses at the bottom
+    client = staff()
+    page = run_page(client, MIDDLE)
+    assert 'id="da-tree"' in page and f'Sub-run of <a href="{run_url(ROOT)}">{ROOT}</a>' in page
+    assert LEAF in page and "awaiting_approval" in page
+    root_page = run_page(client, ROOT)
+    assert MIDDLE in root_page and 'id="da-tree-children"' in root_page
+
+    runs = reverse("admin:durable_agents_run_changelist")
+    assert {r.run_id for r in client.get(runs + "?tree=roots").context["cl"].result_list} == {ROOT}
+    children = client.get(runs + "?tree=children").context["cl"].result_list
+    assert {r.run_id for r in children} == {MIDDLE, LEAF}
+
+    queue = text(client.get(reverse("admin:durable_agents_approvalrequest_changelist")))
+    assert "Root run" in queue and ROOT in queue and LEAF in queue
+
+    request = ApprovalRequest.objects.get()
+    decide = reverse("admin:durable_agents_approvalrequest_decide", args=[request.pk])
+    response = client.post(decide, {"decision": "approve", "note": ""})
+    assert response.status_code == 302
+    statuses = dict(Run.objects.values_list("run_id", "status"))
+    assert statuses == dict.fromkeys((ROOT, MIDDLE, LEAF), "finished")
+    assert count_effects(LEAF) == {"call_1_1": 1}

@@ -1,0 +1,222 @@
+"""Sub-agents (``agent.as_tool()``): a call runs a child run ``<parent>/<call>`` of one
+durable tree, driven inline; a child's pause is the tree's pause, deciding it resumes the tree,
+cancel cascades, cycles and depth are refused (in-memory store, runs handed over inline)."""
+
+from __future__ import annotations
+
+import pytest
+
+import durable_agents as da
+from durable_agents.engine import names
+from durable_agents.engine.journal import Journal
+from durable_agents.engine.ports import RunInfo
+from durable_agents.providers import scripted
+from durable_agents.providers.scripted import ScriptedModel
+from tests.support.doubles import Crash
+from tests.support.wiring import wired
+
+
+def ask(tool: str, text: str) -> scripted.Turn:
+    return scripted.calls(scripted.call(tool, {"input": text}))
+
+
+def tree(fired, prefix, *, gated=False, crash_in_leaf=False):
+    """root -> middle -> leaf; the leaf sends (gated if asked) and counts each send."""
+
+    @da.tool(requires_approval=gated, idempotent=not gated)
+    def send(to: str) -> str:
+        fired.append(("send", to))
+        if crash_in_leaf and fired.count(("send", to)) == 1:
+            raise Crash()
+        return f"sent to {to}"
+
+    leaf = da.Agent(
+        f"{prefix}-leaf",
+        ScriptedModel(
+            [scripted.calls(scripted.call("send", {"to": "bob"})), scripted.text("leaf done")]
+        ),
+        "",
+        [send],
+    )
+    middle = da.Agent(
+        f"{prefix}-middle",
+        ScriptedModel([ask(leaf.name, "send it"), scripted.text("middle done")]),
+        "",
+        [leaf.as_tool()],
+    )
+    root = da.Agent(
+        f"{prefix}-root",
+        ScriptedModel([ask(middle.name, "delegate"), scripted.text("root done")]),
+        "",
+        [middle.as_tool()],
+    )
+    return root, middle, leaf
+
+
+def test_a_call_runs_a_child_run_and_returns_its_answer(store, fired):
+    root, _middle, leaf = tree(fired, "sa-plain")
+    result = root.run("r1", "go", store=store)
+    assert result.answer == "root done"
+    mid_id, leaf_id = "r1/call_1_1", "r1/call_1_1/call_1_1"
+    mid, lf = store.get_run(mid_id), store.get_run(leaf_id)
+    assert (mid.parent_run_id, mid.root_run_id, mid.status) == ("r1", "r1", "finished")
+    assert (lf.parent_run_id, lf.root_run_id, lf.agent) == (mid_id, "r1", leaf.name)
+    journal = Journal(store)
+    start = journal.get(leaf_id, names.RUN_START)
+    assert (start.get("parent"), start.get("root")) == (mid_id, "r1")
+    assert journal.get("r1", names.child("call_1_1")).get("run_id") == mid_id
+    tool = journal.get(mid_id, names.tool("call_1_1"))
+    assert tool.get("result") == "leaf done"
+    assert fired == [("send", "bob")]
+    # Running the finished tree again replays it: no child step runs twice.
+    assert root.run("r1", "go", store=store).answer == "root done"
+    assert fired == [("send", "bob")]
+
+
+def test_an_approval_at_the_bottom_pauses_the_tree_and_its_decision_resumes_it(store, fired):
+    root, _, _ = tree(fired, "sa-gated", gated=True)
+    with pytest.raises(da.ApprovalPending):
+        root.run("r2", "go", store=store)
+    leaf_id = "r2/call_1_1/call_1_1"
+    assert store.get_run(leaf_id).status == "awaiting_approval"
+    assert store.get_run("r2/call_1_1").status == "awaiting_approval"
+    assert store.get_run("r2").status == "awaiting_approval"
+    assert [r.run_id for r in store.list_approval_requests()] == [leaf_id]
+    assert fired == []
+    da.approve(leaf_id, "call_1_1", approved=True, by="ann", store=store)
+    # The decision drove the leaf, whose end handed the middle over, whose end the root.
+    assert store.get_run(leaf_id).status == "finished"
+    assert store.get_run("r2").status == "finished"
+    assert store.get_run("r2").answer == "root done"
+    assert fired == [("send", "bob")]
+
+
+def test_a_crash_inside_the_leaf_resumes_each_run_from_its_journal(store, clock, fired):
+    root, _, _ = tree(fired, "sa-crash", crash_in_leaf=True)
+    with pytest.raises(Crash):
+        root.run("r3", "go", store=store)
+    clock.advance(60)  # every lease in the tree expires
+    assert root.run("r3", None, store=store).answer == "root done"
+    # The idempotent send ran again (retry-safe); each model turn was generated once.
+    assert fired == [("send", "bob"), ("send", "bob")]
+    journal = Journal(store)
+    for run_id in ("r3", "r3/call_1_1", "r3/call_1_1/call_1_1"):
+        assert [r.name for r in journal.records(run_id)].count(names.model(1)) == 1
+
+
+def test_a_parent_waits_for_a_child_driven_elsewhere(store, fired):
+    root, _middle, _ = tree(fired, "sa-busy", gated=True)
+    with pytest.raises(da.ApprovalPending):
+        root.run("r4", "go", store=store)
+    mid_id = "r4/call_1_1"
+    held = store.acquire_lease(mid_id, "elsewhere", "tok", 30)
+    assert held
+    store.update_run("r4", {"status": "queued"})
+    with pytest.raises(da.ChildPending) as paused:
+        root.run("r4", None, store=store)
+    assert paused.value.details["children"] == [mid_id]
+    assert store.get_run("r4").status == "awaiting_input"
+    store.release_lease(mid_id, "tok")
+    da.approve(mid_id + "/call_1_1", "call_1_1", approved=True, by="ann", store=store)
+    assert store.get_run("r4").status == "finished"
+    assert fired == [("send", "bob")]
+
+
+def test_cancel_of_a_parent_cancels_its_unfinished_descendants(store, fired):
+    root, _, _ = tree(fired, "sa-cancel", gated=True)
+    with pytest.raises(da.ApprovalPending):
+        root.run("r5", "go", store=store)
+    da.cancel("r5", by="ann", store=store)
+    for run_id in ("r5", "r5/call_1_1", "r5/call_1_1/call_1_1"):
+        assert store.get_run(run_id).status == "cancelled"
+    request = store.get_approval_request("r5/call_1_1/call_1_1", "call_1_1")
+    assert request.status == "withdrawn"
+    assert fired == []
+
+
+def test_an_agent_calling_itself_through_the_chain_is_a_coded_error(store):
+    @da.tool(read_only=True)
+    def noop() -> str:
+        return "x"
+
+    ping_model = ScriptedModel([ask("sa-pong", "hi"), scripted.text("ping done")])
+    pong_model = ScriptedModel([ask("sa-ping", "hi"), scripted.text("pong done")])
+    ping = da.Agent("sa-ping", ping_model, "", [noop])
+    pong = da.Agent("sa-pong", pong_model, "", [ping.as_tool()])
+    ping.tools[pong.name] = pong.as_tool()  # a cycle only a deploy could make
+    assert ping.run("r6", "go", store=store).answer == "ping done"
+    inner = Journal(store).get("r6/call_1_1", names.tool("call_1_1"))
+    assert inner.get("is_error") and "subagent.cycle" in str(inner.get("result"))
+    assert store.get_run("r6/call_1_1/call_1_1") is None
+
+
+def test_the_depth_limit_is_a_coded_error(store, fired):
+    root, _, _ = tree(fired, "sa-depth")
+    with wired(subagent_depth=lambda: 1):
+        assert root.run("r7", "go", store=store).answer == "root done"
+    result = Journal(store).get("r7/call_1_1", names.tool("call_1_1"))
+    assert result.get("is_error") and "subagent.depth" in str(result.get("result"))
+    assert fired == []
+
+
+def test_spend_rolls_up_into_the_root(store, fired):
+    root, _, _ = tree(fired, "sa-spend")
+    result = root.run("r8", "go", store=store)
+    # Each scripted turn uses 15 tokens: leaf 2 turns, middle 2 (+ leaf), root 2 (+ middle).
+    assert store.get_run("r8/call_1_1/call_1_1").spend["input_tokens"] == 20
+    assert Journal(store).get("r8/call_1_1", names.RUN_COMPLETE).get("usage")["input_tokens"] == 40
+    assert result.usage.total_tokens == 90 and result.spend.total_tokens == 90
+    assert store.get_run("r8").usage["input_tokens"] == 60
+
+
+def test_the_roots_token_budget_counts_its_descendants(store, fired):
+    _, middle, _ = tree(fired, "sa-budget")
+    root = da.Agent(
+        "sa-budget-root2",
+        ScriptedModel([ask(middle.name, "delegate"), scripted.text("root done")]),
+        "",
+        [middle.as_tool()],
+        token_budget=50,  # root's own turn is 15; the tree below it spends 60
+    )
+    with pytest.raises(da.BudgetError) as failed:
+        root.run("r9", "go", store=store)
+    assert failed.value.code == "budget.tokens" and "75" in str(failed.value)
+    assert store.get_run("r9").status == "failed"
+    assert fired == [("send", "bob")]
+
+
+def test_the_roots_pause_names_the_run_that_waits(store, fired):
+    root, _, _ = tree(fired, "sa-names", gated=True)
+    with pytest.raises(da.ApprovalPending) as paused:
+        root.run("r10", "go", store=store)
+    details = paused.value.details
+    assert details["paused_run_id"] == "r10/call_1_1/call_1_1"
+    assert details["calls"] == ["call_1_1"] and details["children"] == ["r10/call_1_1"]
+
+
+def test_a_sub_run_resumed_before_it_started_records_its_place_from_its_row(store, fired):
+    # (Found by the simulator: the parent's driver died after the child's row was made and
+    # before its run:start; recovery resumed the child on its own.)
+    _, _, leaf = tree(fired, "sa-row")
+    store.create_run(
+        RunInfo(
+            run_id="p/c",
+            agent=leaf.name,
+            input="errand",
+            parent_run_id="p",
+            root_run_id="p",
+        )
+    )
+    assert da.resume("p/c", store=store).answer == "leaf done"
+    start = Journal(store).get("p/c", names.RUN_START)
+    assert (start.get("parent"), start.get("root")) == ("p", "p")
+
+
+def test_pending_names_the_sub_run_a_parent_waits_on(store, fired):
+    root, _, _ = tree(fired, "sa-pending", gated=True)
+    with pytest.raises(da.ApprovalPending):
+        root.run("r11", "go", store=store)
+    by_run = {p.run_id: p for p in da.pending(store=store)}
+    assert [(w.kind, w.name) for w in by_run["r11"].waits] == [("sub_run", "r11/call_1_1")]
+    leaf = by_run["r11/call_1_1/call_1_1"]
+    assert [(w.kind, w.call_id) for w in leaf.waits] == [("approval", "call_1_1")]
