@@ -11,6 +11,7 @@ class DurableAgentsConfig(AppConfig):
         from .conf import get_settings
         from .dispatch import enqueue
         from .engine import runtime
+        from .events import events
         from .people import approver_keys, eligible_approvers, resolve_actor
         from .registry import load_agents
         from .shutdown import shutting_down
@@ -29,4 +30,5 @@ class DurableAgentsConfig(AppConfig):
             halt_min_age=lambda: get_settings().effective_halt_min_age,
             retry_policy=lambda: get_settings().retry,
             recovery_interval=lambda: get_settings().recovery_interval,
+            events=events,
         )

@@ -1,0 +1,88 @@
+"""Following a run: its journal records as they are committed, until it ends or pauses.
+
+``follow(store, run_id, after)`` works on any ``Store`` by polling; a store that can be told
+when a run changes (PostgreSQL ``LISTEN``, in ``durable_agents.events``) passes a ``wait``
+that returns as soon as something was committed, so the same loop follows with no delay.
+
+Scope: it reports what the journal holds, in ``seq`` order, each record once; it ends when
+the run's status is neither queued nor running (finished, failed, cancelled, or paused on a
+person, a signal or a timer) after reading every record committed before that status. It
+does not keep a run alive or drive it: follow again after a pause is resolved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from . import runtime
+from .errors import NotFound
+from .journal import to_record
+from .ports import QUEUED, RUNNING, Store
+from .records import Record
+
+# A run in one of these may still write records; any other status ends a stream.
+LIVE_STATUSES = frozenset({QUEUED, RUNNING})
+POLL_SECONDS = 0.2
+
+# Blocks up to ``timeout`` seconds; True when the run may have changed (a notification),
+# False when the time ran out quietly.
+Wait = Callable[[float], bool]
+
+
+def polling(seconds: float) -> Wait:
+    """A ``wait`` that just sleeps ``seconds`` (stores that cannot notify)."""
+
+    def wait(timeout: float) -> bool:
+        runtime.sleep(min(seconds, timeout))
+        return True
+
+    return wait
+
+
+def ticks(
+    store: Store,
+    run_id: str,
+    after: int = 0,
+    *,
+    wait: Wait | None = None,
+    idle: float = 15.0,
+) -> Iterator[Record | None]:
+    """The records of ``run_id`` with ``seq > after`` as they commit, and ``None`` whenever
+    ``idle`` seconds passed with nothing new (a stream sends a keep-alive then).
+
+    Whoever passes ``wait`` must have started listening before calling this: the backlog
+    is read after, so nothing committed in between is missed; records are never repeated
+    because each read starts after the last ``seq`` seen. Raises ``NotFound``
+    (``run.not_found``) for a run that does not exist.
+    """
+    wait = wait or polling(POLL_SECONDS)
+    quiet = 0.0
+    while True:
+        for entry in store.load(run_id, after):
+            after = entry.seq
+            quiet = 0.0
+            yield to_record(entry)
+        run = store.get_run(run_id)
+        if run is None:
+            raise NotFound(f"no run {run_id!r}", code="run.not_found")
+        if run.status not in LIVE_STATUSES:
+            # Whatever was committed before the status changed is visible now.
+            for entry in store.load(run_id, after):
+                after = entry.seq
+                yield to_record(entry)
+            return
+        started = runtime.monotonic()
+        woken = wait(max(idle - quiet, 0.0))
+        quiet += runtime.monotonic() - started
+        if not woken or quiet >= idle:
+            quiet = 0.0
+            yield None
+
+
+def follow(
+    store: Store, run_id: str, after: int = 0, *, wait: Wait | None = None
+) -> Iterator[Record]:
+    """The records of ``run_id`` after ``after`` as they are committed (see ``ticks``)."""
+    for record in ticks(store, run_id, after, wait=wait):
+        if record is not None:
+            yield record
