@@ -14,14 +14,21 @@ the same iterator.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
-from collections.abc import Iterator
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any
 
 import psycopg
+from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
+from django.http import HttpRequest, StreamingHttpResponse
 
-from .engine.events import POLL_SECONDS, Wait, polling, ticks
+from .engine.errors import NotFound
+from .engine.events import POLL_SECONDS, Wait, pauses_or_ends, polling, ticks
 from .engine.records import Record
 from .storage import DjangoStore, site_store
 
@@ -62,17 +69,20 @@ def ticks_of(
     store: DjangoStore | None = None,
     idle: float = IDLE_SECONDS,
     poll: float = POLL_SECONDS,
-) -> Iterator[Record | None]:
-    """``events``, with ``None`` after every ``idle`` seconds without a record (a stream
-    sends a keep-alive then; writing it is also how a server learns the client left)."""
+    stop: Callable[[str], bool] = pauses_or_ends,
+) -> Iterator[Record | str | None]:
+    """``events``, with the run's status (a ``str``) first and whenever it changes, and
+    ``None`` after every ``idle`` seconds without news (a stream sends a keep-alive then;
+    writing it is also how a server learns that its client left). Ends after the status
+    ``stop`` accepts (by default: the run ended or paused)."""
     store = store or site_store()
     if not store.dialect.postgres:
-        yield from ticks(store, run_id, after, wait=polling(poll), idle=idle)
+        yield from ticks(store, run_id, after, wait=polling(poll), idle=idle, stop=stop)
         return
     conn = listen_connection(store.using)
     try:
         conn.execute(f'LISTEN "{channel(run_id)}"')
-        yield from ticks(store, run_id, after, wait=_notified(conn), idle=idle)
+        yield from ticks(store, run_id, after, wait=_notified(conn), idle=idle, stop=stop)
     finally:
         conn.close()
 
@@ -83,6 +93,127 @@ def events(run_id: str, after: int = 0, *, store: DjangoStore | None = None) -> 
     return at once for a run that already has). Resume a broken stream with ``after=`` the
     last ``seq`` you got. Raises ``NotFound`` (``run.not_found``) for an unknown run.
     Close the iterator (or leave its ``for`` loop) to free its connection early."""
-    for record in ticks_of(run_id, after, store=store):
-        if record is not None:
-            yield record
+    for item in ticks_of(run_id, after, store=store):
+        if isinstance(item, Record):
+            yield item
+
+
+# -- Server-Sent Events -------------------------------------------------------------------
+
+RETRY_MS = 3000
+_DONE = object()
+
+
+def record_json(record: Record) -> dict[str, Any]:
+    """A record as the stream (and the journal API) shows it."""
+    at = record.created_at.isoformat() if record.created_at is not None else None
+    return {
+        "seq": record.seq,
+        "name": record.name,
+        "kind": record.kind,
+        "data": record.body,
+        "created_at": at,
+    }
+
+
+def _event(kind: str, payload: Any, event_id: int | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=str)
+    return f"{head}event: {kind}\ndata: {text}\n\n"
+
+
+def frames(
+    run_id: str,
+    after: int = 0,
+    *,
+    store: DjangoStore | None = None,
+    stop: Callable[[str], bool] = pauses_or_ends,
+    idle: float | None = None,
+) -> Generator[str]:
+    """The run as Server-Sent Events: ``record`` events (``id`` = the record's seq, so a
+    client reconnecting with ``Last-Event-ID`` resumes after it), ``status`` events, a
+    ``: keep-alive`` comment every ``idle`` seconds (default ``IDLE_SECONDS``), and a last
+    ``end`` event with the status the stream ended on (a client should close then, not
+    reconnect)."""
+    yield f"retry: {RETRY_MS}\n\n"
+    status: str | None = None
+    try:
+        idle = IDLE_SECONDS if idle is None else idle
+        for item in ticks_of(run_id, after, store=store, stop=stop, idle=idle):
+            if item is None:
+                yield ": keep-alive\n\n"
+            elif isinstance(item, Record):
+                yield _event("record", record_json(item), item.seq)
+            else:
+                status = item
+                yield _event("status", {"status": status})
+    except NotFound:
+        status = None  # deleted while followed
+    yield _event("end", {"status": status})
+
+
+async def aframes(run_id: str, after: int = 0, **options: Any) -> AsyncIterator[str]:
+    """``frames`` for an ASGI server: the blocking follower runs in a thread of its own
+    (its database connections are its own, closed when it ends), handing frames to the
+    event loop. When the client leaves, the thread stops at its next frame (at the latest
+    after a keep-alive interval)."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    leaving = threading.Event()
+
+    def put(item: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody listens
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def pump() -> None:
+        try:
+            with contextlib.closing(frames(run_id, after, **options)) as stream:
+                for frame in stream:
+                    if leaving.is_set():
+                        break
+                    put(frame)
+        except BaseException as exc:
+            put(exc)
+        finally:
+            connections.close_all()
+            put(_DONE)
+
+    threading.Thread(target=pump, name=f"events:{run_id}"[:60], daemon=True).start()
+    try:
+        while True:
+            item = await queue.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        leaving.set()
+
+
+def sse_response(
+    request: HttpRequest, run_id: str, after: int, **options: Any
+) -> StreamingHttpResponse:
+    """A ``StreamingHttpResponse`` of the run's events: a generator under WSGI, an async
+    iterator under ASGI."""
+    content: Any
+    if isinstance(request, ASGIRequest):
+        content = aframes(run_id, after, **options)
+    else:
+        content = frames(run_id, after, **options)
+    response = StreamingHttpResponse(content, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
+    return response
+
+
+def last_event_id(request: HttpRequest, after: int) -> int:
+    """Where a stream starts: after the ``Last-Event-ID`` a reconnecting client sends (a
+    seq), else after ``after``. ``ValueError`` when the header is not a seq."""
+    header = request.headers.get("Last-Event-ID")
+    if header is None or header.strip() == "":
+        return after
+    value = int(header.strip())
+    if not 0 <= value < 2**63:
+        raise ValueError(header)
+    return value

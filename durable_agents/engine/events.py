@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from . import runtime
 from .errors import NotFound
 from .journal import to_record
-from .ports import QUEUED, RUNNING, Store
+from .ports import FAILED, QUEUED, RUNNING, TERMINAL_STATUSES, Store
 from .records import Record
 
 # A run in one of these may still write records; any other status ends a stream.
@@ -39,6 +39,16 @@ def polling(seconds: float) -> Wait:
     return wait
 
 
+def pauses_or_ends(status: str) -> bool:
+    """Whether a stream ends on ``status``: the run ended or paused (the default)."""
+    return status not in LIVE_STATUSES
+
+
+def ends(status: str) -> bool:
+    """Whether a stream that watches through pauses ends on ``status``: the run ended."""
+    return status in TERMINAL_STATUSES or status == FAILED
+
+
 def ticks(
     store: Store,
     run_id: str,
@@ -46,9 +56,11 @@ def ticks(
     *,
     wait: Wait | None = None,
     idle: float = 15.0,
-) -> Iterator[Record | None]:
-    """The records of ``run_id`` with ``seq > after`` as they commit, and ``None`` whenever
-    ``idle`` seconds passed with nothing new (a stream sends a keep-alive then).
+    stop: Callable[[str], bool] = pauses_or_ends,
+) -> Iterator[Record | str | None]:
+    """The records of ``run_id`` with ``seq > after`` as they commit; the run's status (a
+    ``str``) first and whenever it changes; ``None`` whenever ``idle`` seconds passed with
+    nothing new (a stream sends a keep-alive then). Ends after the status ``stop`` accepts.
 
     Whoever passes ``wait`` must have started listening before calling this: the backlog
     is read after, so nothing committed in between is missed; records are never repeated
@@ -57,6 +69,7 @@ def ticks(
     """
     wait = wait or polling(POLL_SECONDS)
     quiet = 0.0
+    status: str | None = None
     while True:
         for entry in store.load(run_id, after):
             after = entry.seq
@@ -65,11 +78,17 @@ def ticks(
         run = store.get_run(run_id)
         if run is None:
             raise NotFound(f"no run {run_id!r}", code="run.not_found")
-        if run.status not in LIVE_STATUSES:
+        ending = stop(run.status)
+        if ending:
             # Whatever was committed before the status changed is visible now.
             for entry in store.load(run_id, after):
                 after = entry.seq
                 yield to_record(entry)
+        if run.status != status:
+            status = run.status
+            quiet = 0.0
+            yield status
+        if ending:
             return
         started = runtime.monotonic()
         woken = wait(max(idle - quiet, 0.0))
@@ -83,6 +102,6 @@ def follow(
     store: Store, run_id: str, after: int = 0, *, wait: Wait | None = None
 ) -> Iterator[Record]:
     """The records of ``run_id`` after ``after`` as they are committed (see ``ticks``)."""
-    for record in ticks(store, run_id, after, wait=wait):
-        if record is not None:
-            yield record
+    for item in ticks(store, run_id, after, wait=wait):
+        if isinstance(item, Record):
+            yield item

@@ -106,6 +106,7 @@ def test_a_notification_wakes_the_follower_at_once_and_idle_ticks_keep_it_alive(
     store = DjangoStore()
     store.create_run(RunInfo(run_id="ev-4", agent="echo", status=RUNNING))
     stream = ticks_of("ev-4", store=store, idle=0.3)
+    assert next(stream) == RUNNING  # the status first
     assert next(stream) is None  # nothing for `idle` seconds: a keep-alive tick
     started = time.monotonic()
     writer = threading.Thread(
@@ -116,7 +117,7 @@ def test_a_notification_wakes_the_follower_at_once_and_idle_ticks_keep_it_alive(
     assert record is not None and record.name == "step:a"
     assert time.monotonic() - started < 0.25  # woken by NOTIFY, not by the idle timeout
     store.update_run("ev-4", {"status": FINISHED})
-    assert list(stream) == []  # the status change notifies too: the stream ends
+    assert list(stream) == [FINISHED]  # the status change notifies too: the stream ends
 
 
 def test_the_triggers_notify_the_runs_channel_with_seq_and_run_id():
