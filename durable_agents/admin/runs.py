@@ -34,7 +34,7 @@ from ..engine.ports import (
 from ..engine.records import Record
 from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
 from ..storage import site_store
-from . import counts, forks, health, sessions
+from . import counts, forks, health, live, sessions
 from .base import (
     BY_RECOVERY,
     BY_RESUME,
@@ -152,6 +152,7 @@ class RunAdmin(ReadOnlyAdmin):
             self.command_path("resume", run_resume_view),
             self.command_path("cancel", run_cancel_view),
             self.command_path("fork", forks.fork_view),
+            self.command_path("events", live.run_events_view),
             *[u for u in own if u not in catch_all],
             self.command_path("session", sessions.session_view, "sessions/<str:session_id>/"),
             *catch_all,
