@@ -19,7 +19,7 @@ import contextlib
 import hashlib
 import json
 import threading
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -29,8 +29,13 @@ from django.http import HttpRequest, StreamingHttpResponse
 
 from .engine.errors import NotFound
 from .engine.events import POLL_SECONDS, Wait, pauses_or_ends, polling, ticks
+from .engine.ports import Entry, RunInfo
 from .engine.records import Record
+from .models import JournalEntry, Run
 from .storage import DjangoStore, site_store
+
+_J = JournalEntry._meta.db_table
+_R = Run._meta.db_table
 
 IDLE_SECONDS = 15.0
 
@@ -47,6 +52,27 @@ def listen_connection(using: str) -> psycopg.Connection[Any]:
     params.pop("cursor_factory", None)
     params.pop("prepare_threshold", None)
     return psycopg.connect(**params, autocommit=True)
+
+
+class _Reader:
+    """The two reads of a follower, on its own listening connection: a stream then holds no
+    connection of Django's, which a WSGI server that drops a client without closing the
+    response (the development server) would never give back."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def load(self, run_id: str, after: int = 0) -> Sequence[Entry]:
+        rows = self.conn.execute(
+            f"SELECT seq, name, data, created_at FROM {_J} "
+            "WHERE run_id = %s AND seq > %s ORDER BY seq",
+            [run_id, after],
+        ).fetchall()
+        return [Entry(run_id, name, seq, data, at) for seq, name, data, at in rows]
+
+    def get_run(self, run_id: str) -> RunInfo | None:
+        row = self.conn.execute(f"SELECT status FROM {_R} WHERE run_id = %s", [run_id]).fetchone()
+        return RunInfo(run_id=run_id, status=row[0]) if row is not None else None
 
 
 def _notified(conn: psycopg.Connection[Any]) -> Wait:
@@ -82,7 +108,7 @@ def ticks_of(
     conn = listen_connection(store.using)
     try:
         conn.execute(f'LISTEN "{channel(run_id)}"')
-        yield from ticks(store, run_id, after, wait=_notified(conn), idle=idle, stop=stop)
+        yield from ticks(_Reader(conn), run_id, after, wait=_notified(conn), idle=idle, stop=stop)
     finally:
         conn.close()
 
@@ -122,6 +148,15 @@ def _event(kind: str, payload: Any, event_id: int | None = None) -> str:
     return f"{head}event: {kind}\ndata: {text}\n\n"
 
 
+def _let_go_of_request_connections() -> None:
+    """Close this thread's Django connections as the end of the request would (when the
+    stream starts, the view is done with them): a WSGI server that drops a client without
+    closing the response never ends the request. Not inside a transaction."""
+    for conn in connections.all(initialized_only=True):
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
+
+
 def frames(
     run_id: str,
     after: int = 0,
@@ -135,6 +170,7 @@ def frames(
     ``: keep-alive`` comment every ``idle`` seconds (default ``IDLE_SECONDS``), and a last
     ``end`` event with the status the stream ended on (a client should close then, not
     reconnect)."""
+    _let_go_of_request_connections()
     yield f"retry: {RETRY_MS}\n\n"
     status: str | None = None
     try:

@@ -12,17 +12,27 @@ does not keep a run alive or drive it: follow again after a pause is resolved.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 from . import runtime
 from .errors import NotFound
 from .journal import to_record
-from .ports import FAILED, QUEUED, RUNNING, TERMINAL_STATUSES, Store
+from .ports import FAILED, QUEUED, RUNNING, TERMINAL_STATUSES, Entry, RunInfo
 from .records import Record
 
 # A run in one of these may still write records; any other status ends a stream.
 LIVE_STATUSES = frozenset({QUEUED, RUNNING})
 POLL_SECONDS = 0.2
+
+
+class Readable(Protocol):
+    """What following reads: a ``Store`` is one."""
+
+    def load(self, run_id: str, after: int = 0) -> Sequence[Entry]: ...
+
+    def get_run(self, run_id: str) -> RunInfo | None: ...
+
 
 # Blocks up to ``timeout`` seconds; True when the run may have changed (a notification),
 # False when the time ran out quietly.
@@ -50,7 +60,7 @@ def ends(status: str) -> bool:
 
 
 def ticks(
-    store: Store,
+    store: Readable,
     run_id: str,
     after: int = 0,
     *,
@@ -99,7 +109,7 @@ def ticks(
 
 
 def follow(
-    store: Store, run_id: str, after: int = 0, *, wait: Wait | None = None
+    store: Readable, run_id: str, after: int = 0, *, wait: Wait | None = None
 ) -> Iterator[Record]:
     """The records of ``run_id`` after ``after`` as they are committed (see ``ticks``)."""
     for item in ticks(store, run_id, after, wait=wait):
