@@ -9,7 +9,13 @@ from typing import Any
 
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseNotAllowed,
+    JsonResponse,
+)
 
 from ..engine.events import ends
 from ..engine.ports import APPROVAL_PENDING
@@ -22,6 +28,8 @@ def run_events_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str) 
     """The run's records and status changes after ``?after=`` (or ``Last-Event-ID``), as
     Server-Sent Events, for whoever may view the run. Unlike the API's stream it goes on
     through pauses (a person may approve elsewhere) and ends when the run ends."""
+    if request.method != "GET":
+        return HttpResponseNotAllowed(["GET"])
     run = Run.objects.filter(pk=unquote(object_id)).only("run_id").first()
     if run is None:
         return object_gone(admin, request, object_id)
@@ -37,6 +45,8 @@ def run_events_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str) 
 def pending_view(admin: AnyModelAdmin, request: HttpRequest) -> HttpResponse:
     """The ids of the pending approval requests (the queue page compares them with its rows,
     and refreshes them when they differ). One query."""
+    if request.method != "GET":
+        return HttpResponseNotAllowed(["GET"])
     if not admin.has_view_permission(request):
         raise PermissionDenied
     ids: list[Any] = list(

@@ -143,7 +143,7 @@ class RunAdmin(ReadOnlyAdmin):
         # "compare/" and "sessions/<id>/", so those go before it. A run's own pages
         # ("<object_id>/change/" …) go before the session page, so a run named "sessions"
         # still opens; a session named "change" (or "history", "delete", "resume", "cancel",
-        # "fork") has no page of its own.
+        # "fork", "events") has no page of its own.
         own = super().get_urls()
         catch_all = [u for u in own if str(u.pattern) == "<path:object_id>/"]
         return [

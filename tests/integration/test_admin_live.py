@@ -37,6 +37,9 @@ def test_the_run_pages_stream_needs_a_staff_session_that_may_view_runs():
     after = viewer.get(url, {"after": names[-2][0]})
     assert records(parse(b"".join(after.streaming_content).decode())) == names[-1:]
     assert viewer.get(url, {"after": "soon"}).status_code == 400
+    assert Client(enforce_csrf_checks=False).post(url).status_code == 302
+    viewer_post = viewer.post(url)
+    assert viewer_post.status_code == 405
     gone = viewer.get(reverse("admin:durable_agents_run_events", args=["nope"]))
     assert gone.status_code == 302
 
