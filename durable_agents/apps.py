@@ -11,6 +11,7 @@ class DurableAgentsConfig(AppConfig):
         from .conf import get_settings
         from .dispatch import enqueue
         from .engine import runtime
+        from .events import events
         from .notify import email_approvers
         from .people import approver_keys, eligible_approvers, resolve_actor
         from .registry import load_agents
@@ -31,6 +32,7 @@ class DurableAgentsConfig(AppConfig):
             retry_policy=lambda: get_settings().retry,
             recovery_interval=lambda: get_settings().recovery_interval,
             subagent_depth=lambda: get_settings().subagent_depth,
+            events=events,
         )
         # The built-in notification; it does nothing unless NOTIFY["APPROVALS"] is on.
         signals.approval_requested.connect(email_approvers, dispatch_uid="durable_agents.notify")

@@ -27,7 +27,7 @@ from ..engine.ports import APPROVAL_PENDING, HALT_OPEN
 from ..engine.registry import get_agent
 from ..models import ApprovalRequest, Decision, Halt, Lease
 from ..storage import site_store
-from . import counts
+from . import counts, live
 from .base import (
     BY_RECOVERY,
     AnyModelAdmin,
@@ -195,6 +195,9 @@ class ApprovalRequestAdmin(_QueueAdmin):
     view_action = "view_approvals"
     actions = ["approve_selected", "deny_selected"]
 
+    class Media:
+        js = ("durable_agents/live.js",)  # the queue refreshes its rows (admin.live)
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[ApprovalRequest]:
         rows: QuerySet[ApprovalRequest] = (
             super()
@@ -207,7 +210,11 @@ class ApprovalRequestAdmin(_QueueAdmin):
         return rows
 
     def get_urls(self) -> list[URLPattern]:
-        return [self.command_path("decide", approval_decide_view), *super().get_urls()]
+        return [
+            self.command_path("decide", approval_decide_view),
+            self.command_path("pending", live.pending_view, "pending.json"),
+            *super().get_urls(),
+        ]
 
     def get_list_display(self, request: HttpRequest) -> Any:
         shown = super().get_list_display(request)

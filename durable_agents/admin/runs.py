@@ -43,7 +43,7 @@ from ..engine.records import Record
 from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
 from ..storage import site_store
 from ..transfer import export_lines
-from . import counts, forks, health, sessions, tree, waits
+from . import counts, forks, health, live, sessions, tree, waits
 from .base import (
     BY_RECOVERY,
     BY_RESUME,
@@ -186,7 +186,7 @@ class RunAdmin(ReadOnlyAdmin):
         # "compare/" and "sessions/<id>/", so those go before it. A run's own pages
         # ("<object_id>/change/" …) go before the session page, so a run named "sessions"
         # still opens; a session named "change" (or "history", "delete", "resume", "cancel",
-        # "fork") has no page of its own.
+        # "fork", "events") has no page of its own.
         own = super().get_urls()
         catch_all = [u for u in own if str(u.pattern) == "<path:object_id>/"]
         return [
@@ -199,6 +199,7 @@ class RunAdmin(ReadOnlyAdmin):
             self.command_path("cancel", run_cancel_view),
             self.command_path("fork", forks.fork_view),
             self.command_path("export", run_export_view),
+            self.command_path("events", live.run_events_view),
             *[u for u in own if u not in catch_all],
             self.command_path("session", sessions.session_view, "sessions/<str:session_id>/"),
             *catch_all,

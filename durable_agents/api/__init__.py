@@ -13,7 +13,7 @@ call it, each route behind the admin's permission table; every error is JSON ``{
 
 from ninja import Router
 
-from . import approvals, halts, history, runs, sessions, waits
+from . import approvals, events, halts, history, runs, sessions, waits
 from .auth import api_auth
 from .docs import staff_docs
 from .errors import map_errors, normalize, not_found
@@ -26,6 +26,7 @@ router.add_router("", approvals.router)
 router.add_router("", halts.router)
 router.add_router("", waits.router)
 router.add_router("", history.router)
+router.add_router("", events.router)
 router.add_router("", sessions.router)
 router.add_router("", runs.router)
 

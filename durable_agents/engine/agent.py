@@ -8,16 +8,18 @@ module on top of the engine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import registry, runtime
 from .commands.runs import start
 from .commands.sessions import Session
 from .definition import AgentDefinition, ModelRetry, RunResult
+from .follow import follow
 from .loop import drive
 from .model import Model
 from .ports import Store
+from .records import Record
 from .registry import get_agent
 from .subagents import as_tool
 from .tools import Tool
@@ -84,3 +86,16 @@ class Agent(AgentDefinition):
     def session(self, session_id: str, *, store: Store | None = None) -> Session:
         """A durable conversation with this agent (see ``engine.commands.sessions``)."""
         return Session(self, session_id, store=store)
+
+    def events(
+        self, run_id: str, after: int = 0, *, store: Store | None = None
+    ) -> Iterator[Record]:
+        """The journal records of run ``run_id`` with ``seq > after``, each as soon as it is
+        committed, in ``seq`` order; the iterator ends when the run ends or pauses. Resume
+        with ``after=`` the last ``seq`` seen. With the Django app on PostgreSQL it waits on
+        ``LISTEN``/``NOTIFY`` (``durable_agents.events``); otherwise it polls the store.
+        It reads any run, not only this agent's."""
+        source = runtime.events_source()
+        if store is None and source is not None:
+            return source(run_id, after)
+        return follow(store or runtime.store(), run_id, after)

@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,9 @@ class Runtime:
     # Real-time waits (model retry backoff, waiting for another caller's turn); a simulator
     # may replace them with its own clock.
     sleep: Callable[[float], None] = time.sleep
+    # Follows a run's journal as it is committed (``agent.events``): the glue's, which
+    # listens for notifications; None: poll the store (``engine.follow.follow``).
+    events: Callable[[str, int], Iterator[Any]] | None = None
     monotonic: Callable[[], float] = time.monotonic
     # How many levels of sub-runs (``agent.as_tool()``) a tree may have below its root.
     subagent_depth: Callable[[], int] = lambda: 5
@@ -69,7 +72,7 @@ def configure(**values: Any) -> None:
     """Set wiring: ``store_factory``, ``agent_loader``, ``lease_ttl``, ``on_drift``,
     ``dispatcher``, ``inline_driver``, ``should_stop``, ``eligible_approvers``, ``approver_keys``,
     ``resolve_actor``, ``halt_min_age``, ``retry_policy``, ``recovery_interval``, ``sleep``,
-    ``monotonic``, ``subagent_depth``."""
+    ``monotonic``, ``subagent_depth``, ``events``."""
     for key, value in values.items():
         if not hasattr(_runtime, key):
             raise ConfigError(f"unknown runtime setting {key!r}", code="config.runtime")
@@ -136,6 +139,11 @@ def dispatch(run_id: str) -> None:
             code="config.runtime",
         )
     _runtime.inline_driver(run_id)
+
+
+def events_source() -> Callable[[str, int], Iterator[Any]] | None:
+    """The host's follower of a run's journal (None: poll the store)."""
+    return _runtime.events
 
 
 def eligible_approvers(group: str) -> list[str]:
