@@ -51,6 +51,8 @@ class Settings:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     halt_min_age: float | None = None  # None: twice LEASE_TTL
     notify: Notify = field(default_factory=Notify)
+    # Runs whose audit chains a system check verifies (the most recently updated); 0: off.
+    audit_check_sample: int = 0
 
     @property
     def effective_halt_min_age(self) -> float:
@@ -72,6 +74,7 @@ _KEYS = {
     "RETRY": "retry",
     "HALT_MIN_AGE": "halt_min_age",
     "NOTIFY": "notify",
+    "AUDIT_CHECK_SAMPLE": "audit_check_sample",
 }
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
 _NOTIFY_KEYS = {"APPROVALS": "approvals", "FROM_EMAIL": "from_email", "BASE_URL": "base_url"}
@@ -145,6 +148,13 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
     if not isinstance(values.get("prepared_statements", True), bool):
         problems.append("DURABLE_AGENTS['PREPARED_STATEMENTS'] must be True or False")
         values.pop("prepared_statements")
+
+    sample = values.get("audit_check_sample", 0)
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
+        problems.append(
+            f"DURABLE_AGENTS['AUDIT_CHECK_SAMPLE'] must be a number of runs >= 0, not {sample!r}"
+        )
+        values.pop("audit_check_sample")
 
     if not isinstance(values.get("public_api_docs", False), bool):
         problems.append("DURABLE_AGENTS['PUBLIC_API_DOCS'] must be True or False")
