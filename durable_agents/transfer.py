@@ -89,7 +89,13 @@ def _run_lines(run_id: str, using: str) -> Iterator[str]:
     run = Run.objects.using(using).get(pk=run_id)
     entries = JournalEntry.objects.using(using).filter(run_id=run_id).order_by("seq")
     head = entries.reverse().values_list("hash", flat=True).first()
-    yield line({"type": "run", "run_id": run_id, "row": _row(run), "head": head})
+    item: dict[str, Any] = {"type": "run", "run_id": run_id, "row": _row(run), "head": head}
+    if get_settings().audit_signing_key:  # the site vouches for the head (docs/audit.md)
+        from .audit import sign_head
+
+        signed = sign_head(run_id, using=using)
+        item.update(head_signature=signed["signature"], public_key=signed["public_key"])
+    yield line(item)
     for e in entries.iterator():
         yield record_line(to_record(Entry(run_id, e.name, e.seq, e.data, e.created_at)), e.hash)
     requests = ApprovalRequest.objects.using(using).filter(run_id=run_id).order_by("created_at")

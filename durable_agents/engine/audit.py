@@ -137,3 +137,14 @@ def verify_run(store: ChainStore, run_id: str) -> ChainReport:
 
 def verify_actions(store: ChainStore) -> ChainReport:
     return verify_links("action log", store.action_chain())
+
+
+HEAD_DOMAIN = "durable_agents.head.v1\n"
+BUNDLE_FORMAT = "durable_agents.audit_bundle.v1"
+
+
+def head_message(run_id: str, head: str | None, records: int) -> bytes:
+    """What a signed run head signs: the domain line, then the canonical JSON of the run id,
+    its head and how many records lead to it."""
+    body = encode({"head": head, "records": records, "run_id": run_id})
+    return (HEAD_DOMAIN + body).encode("utf-8")

@@ -112,3 +112,12 @@ def test_the_system_check_verifies_a_sample_when_asked():
     assert ours(0) == []  # off unless asked
     [error] = ours(5)
     assert "au-7" in error.msg and "verify --all" in error.hint
+
+
+def test_bad_audit_settings_are_errors():
+    from durable_agents.conf import parse
+
+    base = dict(django_settings.DURABLE_AGENTS)
+    _, problems = parse({**base, "AUDIT_CHECK_SAMPLE": -1, "AUDIT_SIGNING_KEY": "secret"})
+    assert any("AUDIT_CHECK_SAMPLE" in p for p in problems)
+    assert any("AUDIT_SIGNING_KEY" in p and "Ed25519" in p for p in problems)

@@ -120,6 +120,12 @@ class Command(BaseCommand):
             "--all", action="store_true", help="every run, and the site's action log"
         )
         verify.add_argument("--json", action="store_true", help="one JSON document on stdout")
+        bundle = command(
+            "bundle",
+            "write one run's audit bundle (journal, signed head, decisions, action log) as JSON "
+            "on stdout; docs/audit.md has a script that checks it without Django",
+        )
+        bundle.add_argument("run_id")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -205,6 +211,11 @@ class Command(BaseCommand):
         broken = [r for r in reports if not r.ok]
         if broken:
             raise CommandError(f"{len(broken)} of {len(reports)} chain(s) broken", returncode=1)
+
+    def _bundle(self, options: dict[str, Any]) -> None:
+        from durable_agents.audit import bundle
+
+        self.stdout.write(json.dumps(bundle(options["run_id"]), indent=1, ensure_ascii=False))
 
     # -- acting -------------------------------------------------------------------------
 
