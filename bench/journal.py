@@ -4,8 +4,12 @@ Per step, interleaved in one run on the local PostgreSQL:
   (a) raw psycopg autocommit INSERT of the same row (run_id, name, ~1 KB JSON) into a table
       with the same unique index;
   (b) DjangoStore fenced insert-if-absent (the journal's hot path);
-  (c) a memo hit: Journal.do on a recorded step (one read, fn not called).
-Prints medians and the ratio (b)/(a); the last line is the result. Target: <= 1.3.
+  (c) a memo hit: Journal.do on a recorded step (one read, fn not called);
+  (d) the fenced insert of (b) with the audit chain's trigger disabled (docs/audit.md).
+(b) and (d) alternate in blocks of 20 steps (the trigger is switched with ALTER TABLE
+between blocks, and the first step after a switch is not timed). Prints medians, the ratio
+(b)/(a) and the chain's overhead (b)/(d) - 1; the last lines are the results. Targets:
+(b)/(a) <= 1.3, chain overhead <= 5%.
 
     .venv/bin/python bench/journal.py [--steps 2000]
 """
@@ -24,9 +28,19 @@ def main() -> None:
     args = parser.parse_args()
     setup_django()
 
+    from django.db import connection
+
     from durable_agents.engine.journal import Journal
     from durable_agents.engine.ports import RunInfo
+    from durable_agents.models import JournalEntry
     from durable_agents.storage import site_store
+
+    def chain(on: bool) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"ALTER TABLE {JournalEntry._meta.db_table} "
+                f"{'ENABLE' if on else 'DISABLE'} TRIGGER durable_agents_journal_chain"
+            )
 
     store = site_store()
     journal = Journal(store)
@@ -59,21 +73,35 @@ def main() -> None:
     a: list[float] = []
     b: list[float] = []
     c: list[float] = []
-    for i in range(args.steps):
-        a.append(timed(lambda i=i: raw_insert(i)))
-        b.append(timed(lambda i=i: fenced_insert(i)))
-        c.append(timed(lambda i=i: memo_hit(i)))
+    d: list[float] = []
+    block = 20
+    try:
+        for start in range(0, args.steps, block):
+            for on, series in ((True, b), (False, d)):
+                chain(on)
+                fenced_insert(-10_000 - start * 2 - on)  # re-plans after the switch: untimed
+                for i in range(start, min(start + block, args.steps)):
+                    step = i if on else args.steps + i
+                    a.append(timed(lambda step=step: raw_insert(step)))
+                    series.append(timed(lambda step=step: fenced_insert(step)))
+                    hit = timed(lambda step=step: memo_hit(step))  # in both: the same rhythm
+                    if on:
+                        c.append(hit)
+    finally:
+        chain(True)
 
     raw.execute("DELETE FROM bench_raw_journal WHERE run_id = %s", [raw_run])
     store.release_lease(run_id, token)
     store.delete_run(run_id)
 
-    ra, rb, rc = median_us(a), median_us(b), median_us(c)
+    ra, rb, rc, rd = median_us(a), median_us(b), median_us(c), median_us(d)
     print(f"steps per series       {args.steps} (interleaved), record {len(data)} bytes")
     print(f"(a) raw INSERT         {ra:8.1f} us median")
     print(f"(b) fenced journal     {rb:8.1f} us median  ({rb / ra:.2f}x raw)")
     print(f"(c) memo hit (read)    {rc:8.1f} us median  ({rc / ra:.2f}x raw insert)")
+    print(f"(d) (b), chain off     {rd:8.1f} us median  ({rd / ra:.2f}x raw)")
     print(f"RESULT journal ratio={rb / ra:.2f} target=1.3")
+    print(f"RESULT chain overhead={(rb / rd - 1) * 100:.1f}% target=5%")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ class DurableAgentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, signals  # noqa: F401  (checks registers the system checks)
+        # checks registers the system checks; audit, the SQL function SQLite's journal
+        # trigger calls (on every new connection).
+        from . import audit, checks, signals  # noqa: F401
         from .conf import get_settings
         from .dispatch import enqueue
         from .engine import runtime

@@ -13,6 +13,9 @@ Each kind of problem has its own id, so a deployment can silence one kind
 * ``durable_agents.W003`` — runs have waited in the queue for several recovery intervals with
   no driver (``queue_health``): likely no worker consumes ``CELERY_QUEUE``. It reads the
   database, so it runs with ``manage.py check --database default`` (and ``migrate``).
+* ``durable_agents.E004`` — the audit chain of one of the ``AUDIT_CHECK_SAMPLE`` most
+  recently updated runs does not verify (docs/audit.md). Off unless that setting is set;
+  it reads the database like W003.
 """
 
 from __future__ import annotations
@@ -134,3 +137,35 @@ def _check_celery(settings: conf.Settings) -> list[checks.CheckMessage]:
                 )
             )
     return found
+
+
+@checks.register(checks.Tags.database)
+def check_audit_chains(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Opt-in (``AUDIT_CHECK_SAMPLE``): verify the audit chains of the latest runs."""
+    from django.db import DatabaseError, connections
+
+    from .audit import sample_check
+    from .models import JournalEntry
+
+    settings, problems = conf.parse(getattr(django_settings, "DURABLE_AGENTS", None))
+    if problems or not settings.audit_check_sample or settings.database not in (databases or ()):
+        return []
+    try:
+        tables = connections[settings.database].introspection.table_names()
+        if JournalEntry._meta.db_table not in tables:
+            return []  # not migrated yet
+        broken = sample_check(settings.audit_check_sample, using=settings.database)
+    except DatabaseError:
+        return []  # unreachable: other checks and commands say so
+    return [
+        checks.Error(
+            f"audit chain of run {report.message()}",
+            hint="Someone changed the journal behind the library's back, or a record was lost. "
+            "`manage.py durable_agents verify --all` lists every broken chain; see "
+            f"{conf.DOCS_URL}audit.md",
+            id="durable_agents.E004",
+        )
+        for report in broken
+    ]

@@ -53,6 +53,10 @@ class Settings:
     notify: Notify = field(default_factory=Notify)
     # How many levels of sub-runs (``agent.as_tool()``) a tree may have below its root.
     subagent_depth: int = 5
+    # Runs whose audit chains a system check verifies (the most recently updated); 0: off.
+    audit_check_sample: int = 0
+    # PEM text of the site's Ed25519 private key that signs run heads (docs/audit.md).
+    audit_signing_key: str | None = None
 
     @property
     def effective_halt_min_age(self) -> float:
@@ -75,6 +79,8 @@ _KEYS = {
     "HALT_MIN_AGE": "halt_min_age",
     "NOTIFY": "notify",
     "SUBAGENT_DEPTH": "subagent_depth",
+    "AUDIT_CHECK_SAMPLE": "audit_check_sample",
+    "AUDIT_SIGNING_KEY": "audit_signing_key",
 }
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
 _NOTIFY_KEYS = {"APPROVALS": "approvals", "FROM_EMAIL": "from_email", "BASE_URL": "base_url"}
@@ -155,6 +161,23 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
     if not isinstance(values.get("prepared_statements", True), bool):
         problems.append("DURABLE_AGENTS['PREPARED_STATEMENTS'] must be True or False")
         values.pop("prepared_statements")
+
+    sample = values.get("audit_check_sample", 0)
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
+        problems.append(
+            f"DURABLE_AGENTS['AUDIT_CHECK_SAMPLE'] must be a number of runs >= 0, not {sample!r}"
+        )
+        values.pop("audit_check_sample")
+
+    signing_key = values.get("audit_signing_key")
+    if signing_key is not None and not (
+        isinstance(signing_key, str) and "PRIVATE KEY" in signing_key
+    ):
+        problems.append(
+            "DURABLE_AGENTS['AUDIT_SIGNING_KEY'] must be the PEM text of an Ed25519 private key "
+            "(-----BEGIN PRIVATE KEY-----…), or None"
+        )
+        values.pop("audit_signing_key")
 
     if not isinstance(values.get("public_api_docs", False), bool):
         problems.append("DURABLE_AGENTS['PUBLIC_API_DOCS'] must be True or False")

@@ -109,6 +109,9 @@ class JournalEntry(models.Model):
     # Canonical JSON text, kept as text (not jsonb) so it comes back byte for byte.
     data = models.TextField()
     created_at = models.DateTimeField(db_default=Now())
+    # The audit chain (docs/audit.md): set by a database trigger on insert, never by Python.
+    # Null on records written before the chain existed (a run's unchained prefix).
+    hash = models.CharField(max_length=64, null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["seq"]
@@ -284,6 +287,8 @@ class ActionLog(models.Model):
     target = models.CharField(max_length=500, blank=True, default="")
     payload = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(db_default=Now())
+    # The site-wide audit chain (docs/audit.md), set by ``DjangoStore.log_action``.
+    hash = models.CharField(max_length=64, null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -33,6 +33,7 @@ from django.utils.dateparse import parse_datetime
 from psycopg.types.json import Jsonb
 
 from .engine import failpoints
+from .engine.audit import ACTION_FIELDS, ACTION_NAME, Link, action_content, action_hash
 from .engine.errors import ApprovalNotFound, ConfigError, LeaseLost, StorageError
 from .engine.ports import (
     APPROVAL_PENDING,
@@ -58,6 +59,7 @@ _J = JournalEntry._meta.db_table
 _L = Lease._meta.db_table
 _R = Run._meta.db_table
 _NEVER_AUTO_PREPARE = 2**31 - 1
+_ACTION_LOCK = 1684107621  # the advisory lock the action log's writers take turns on
 # One reusable server-binding cursor per psycopg connection (Django's connections are per
 # thread); weak keys let closed connections go.
 _CURSORS: weakref.WeakKeyDictionary[Any, psycopg.Cursor[Any]] = weakref.WeakKeyDictionary()
@@ -738,15 +740,31 @@ class DjangoStore:
         ]
 
     def log_action(self, action: ActionInfo) -> None:
-        ActionLog.objects.using(self.using).create(
-            actor=action.actor,
-            actor_id=action.actor_id,
-            channel=action.channel,
-            action=action.action,
-            run_id=action.run_id,
-            target=action.target,
-            payload=dict(action.payload),
+        self.append_action(
+            {
+                "actor": action.actor,
+                "actor_id": action.actor_id,
+                "channel": action.channel,
+                "action": action.action,
+                "run_id": action.run_id,
+                "target": action.target,
+                "payload": dict(action.payload),
+            }
         )
+
+    def append_action(self, fields: Mapping[str, Any]) -> None:
+        """Append one row to the action log, chained to the row before it (docs/audit.md).
+
+        Writers of the action log take turns: a transaction-scoped advisory lock on
+        PostgreSQL, the database's write lock on SQLite (``IMMEDIATE`` transactions), so the
+        row read as the previous one is the last committed, and ids follow the chain.
+        """
+        with transaction.atomic(using=self.using):
+            if self.dialect.postgres:
+                self._execute("SELECT pg_advisory_xact_lock(%s)", [_ACTION_LOCK], "one")
+            rows = ActionLog.objects.using(self.using)
+            prev = rows.order_by("-id").values_list("hash", flat=True).first()
+            rows.create(**fields, hash=action_hash(prev, fields))
 
     def list_actions(self, *, run_id: str | None = None) -> Sequence[ActionInfo]:
         rows = ActionLog.objects.using(self.using).all()
@@ -764,6 +782,32 @@ class DjangoStore:
                 channel=a.channel,
             )
             for a in rows
+        ]
+
+    # -- audit chains (engine/audit.py) -------------------------------------------------
+
+    def chain(self, run_id: str) -> Sequence[Link]:
+        rows = self._execute(
+            f"SELECT seq, name, data, hash FROM {_J} WHERE run_id = %s ORDER BY seq",
+            [run_id],
+            "all",
+        )
+        return [Link(int(seq), name, data, h) for seq, name, data, h in rows]
+
+    def action_chain(self) -> Sequence[Link]:
+        rows = (
+            ActionLog.objects.using(self.using)
+            .order_by("id")
+            .values_list("id", "hash", *ACTION_FIELDS)
+        )
+        return [
+            Link(
+                row[0],
+                ACTION_NAME,
+                action_content(dict(zip(ACTION_FIELDS, row[2:], strict=True))),
+                row[1],
+            )
+            for row in rows.iterator()
         ]
 
     def announce(self, event: str, details: Mapping[str, Any]) -> None:

@@ -22,6 +22,7 @@ from .engine.export import EXPORT_FORMAT, end_line, header_line, line, parse, re
 from .engine.journal import to_record
 from .engine.ports import Entry
 from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Run
+from .storage import DjangoStore
 
 __all__ = ["EXPORT_FORMAT", "export_lines", "import_lines"]
 
@@ -86,10 +87,17 @@ def export_lines(run_id: str, *, with_forks: bool = False) -> Iterator[str]:
 
 def _run_lines(run_id: str, using: str) -> Iterator[str]:
     run = Run.objects.using(using).get(pk=run_id)
-    yield line({"type": "run", "run_id": run_id, "row": _row(run)})
     entries = JournalEntry.objects.using(using).filter(run_id=run_id).order_by("seq")
+    head = entries.reverse().values_list("hash", flat=True).first()
+    item: dict[str, Any] = {"type": "run", "run_id": run_id, "row": _row(run), "head": head}
+    if get_settings().audit_signing_key:  # the site vouches for the head (docs/audit.md)
+        from .audit import sign_head
+
+        signed = sign_head(run_id, using=using)
+        item.update(head_signature=signed["signature"], public_key=signed["public_key"])
+    yield line(item)
     for e in entries.iterator():
-        yield record_line(to_record(Entry(run_id, e.name, e.seq, e.data, e.created_at)))
+        yield record_line(to_record(Entry(run_id, e.name, e.seq, e.data, e.created_at)), e.hash)
     requests = ApprovalRequest.objects.using(using).filter(run_id=run_id).order_by("created_at")
     for r in requests:
         yield line({"type": "approval_request", "run_id": run_id, **_row(r)})
@@ -103,17 +111,18 @@ def _run_lines(run_id: str, using: str) -> Iterator[str]:
         yield line({"type": "decision", "run_id": run_id, "call_id": d.request.call_id, **_row(d)})
     for h in Halt.objects.using(using).filter(run_id=run_id).order_by("created_at"):
         yield line({"type": "halt", "run_id": run_id, **_row(h)})
-    actions = ActionLog.objects.using(using).filter(run_id=run_id).order_by("created_at", "id")
+    actions = ActionLog.objects.using(using).filter(run_id=run_id).order_by("id")
+    log = ActionLog.objects.using(using).order_by("-id").values_list("hash", flat=True)
     for a in actions:
-        yield line({"type": "action", **_row(a)})
+        # The hash of the row before it in the site's chain, so each row verifies alone.
+        prev = log.filter(id__lt=a.id).first()
+        yield line({"type": "action", **_row(a), "prev": prev})
 
 
 def import_lines(lines: Iterable[str]) -> list[str]:
     """Import an export; return the run ids written. Refuses (``ProtocolError``,
     ``JournalVersionError``, ``Conflict`` ``run.exists``) before writing anything."""
-    export = parse(lines)
-    # Hash-chain verification comes here (issue 18, audit): a file whose chains do not
-    # verify is refused before anything is written. Today's records carry no hashes.
+    export = parse(lines)  # also verifies the file's audit chains (docs/audit.md)
     using = _using()
     taken = sorted(Run.objects.using(using).filter(pk__in=export.runs).values_list("pk", flat=True))
     if taken:
@@ -153,8 +162,10 @@ def import_lines(lines: Iterable[str]) -> list[str]:
                 Decision.objects.using(using).create(request=request, **_fields(Decision, row))
             for row in run.rows.get("halt", ()):
                 Halt.objects.using(using).create(run_id=run.run_id, **_fields(Halt, row))
+            store = DjangoStore(using)
             for row in run.rows.get("action", ()):
-                ActionLog.objects.using(using).create(
-                    **{**_fields(ActionLog, row), "run_id": run.run_id}
-                )
+                # Appended to this site's action-log chain (a new hash, this site's order).
+                fields = {**_fields(ActionLog, row), "run_id": run.run_id}
+                fields.pop("hash", None)
+                store.append_action(fields)
     return list(export.runs)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .audit import ACTION_NAME, Link, action_content, chain_hash, verify_links
 from .errors import JournalVersionError, ProtocolError
 from .records import HEADER_NAME, JOURNAL_FORMAT, SUPPORTED_FORMATS, Record, decode
 
@@ -45,7 +46,8 @@ def header_line(run_ids: Sequence[str], *, exported_at: datetime, library: str) 
     )
 
 
-def record_line(record: Record) -> str:
+def record_line(record: Record, hash: str | None = None) -> str:
+    """A record's line; ``hash`` is its audit-chain hash (docs/audit.md), None if unchained."""
     return line(
         {
             "type": "record",
@@ -54,6 +56,7 @@ def record_line(record: Record) -> str:
             "name": record.name,
             "data": record.data,
             "created_at": record.created_at.isoformat() if record.created_at else None,
+            "hash": hash,
         }
     )
 
@@ -71,6 +74,8 @@ class RunExport:
     row: dict[str, Any] = field(default_factory=dict)
     records: list[Record] = field(default_factory=list)
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    hashes: list[str | None] = field(default_factory=list)  # beside ``records``
+    head: str | None = None  # the chain head the run line states
 
 
 @dataclass
@@ -120,6 +125,8 @@ def parse(lines: Iterable[str]) -> Export:
                 raise _refuse(f"line {number}: run {item.get('run_id')!r} is not in the header")
             if kind == "run":
                 run.row = dict(item.get("row") or {})
+                head = item.get("head")
+                run.head = head if isinstance(head, str) else None
             else:
                 run.rows.setdefault(str(kind), []).append(item)
         else:
@@ -134,7 +141,39 @@ def parse(lines: Iterable[str]) -> Export:
             raise _refuse(f"run {run.run_id!r} has no run line")
         if not run.records:
             raise _refuse(f"run {run.run_id!r} has no journal records")
+        _check_chains(run)
     return Export(header, runs)
+
+
+def _check_chains(run: RunExport) -> None:
+    """Refuse a run whose journal or action rows do not verify (docs/audit.md)."""
+    links = [Link(r.seq, r.name, r.data, h) for r, h in zip(run.records, run.hashes, strict=True)]
+    report = verify_links(run.run_id, links)
+    if not report.ok:
+        raise _refuse(
+            f"run {run.run_id!r}: the audit chain is broken at record {report.broken_name!r} "
+            f"(seq {report.broken_at}): {report.reason}. The file was changed after export",
+            "export.chain",
+        )
+    if run.head is not None and report.head != run.head:
+        raise _refuse(
+            f"run {run.run_id!r}: the file's records end at chain head {report.head!r}, not at "
+            f"the head its run line states ({run.head!r}): records were removed from the end",
+            "export.chain",
+        )
+    for row in run.rows.get("action", ()):
+        stated = row.get("hash")
+        if stated is None:
+            continue  # logged before the chain existed
+        prev = row.get("prev")
+        if not isinstance(prev, str | None) or stated != chain_hash(
+            prev, ACTION_NAME, action_content(row)
+        ):
+            raise _refuse(
+                f"run {run.run_id!r}: action-log row {row.get('action')!r} by "
+                f"{row.get('actor')!r} does not match its hash: it was changed after export",
+                "export.chain",
+            )
 
 
 def _check_header(item: dict[str, Any]) -> dict[str, Any]:
@@ -196,6 +235,10 @@ def _add_record(
                 supported=list(SUPPORTED_FORMATS),
             )
     created = item.get("created_at")
+    stated = item.get("hash")
+    if stated is not None and not isinstance(stated, str):
+        raise _refuse(f"line {number}: a record's hash must be a string or null")
+    run.hashes.append(stated)
     run.records.append(
         Record(
             run.run_id,

@@ -14,6 +14,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from .audit import ACTION_NAME, Link, action_content, action_hash, chain_hash
 from .errors import ConfigError, LeaseLost
 from .ports import (
     APPROVAL_PENDING,
@@ -39,6 +40,18 @@ def _dt(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=UTC)
 
 
+def _action_fields(action: ActionInfo) -> dict[str, Any]:
+    return {
+        "action": action.action,
+        "actor": action.actor,
+        "actor_id": action.actor_id,
+        "channel": action.channel,
+        "payload": dict(action.payload),
+        "run_id": action.run_id,
+        "target": action.target,
+    }
+
+
 class InMemoryStore:
     """A thread-safe Store kept in memory. ``clock`` stands in for the database clock."""
 
@@ -54,6 +67,11 @@ class InMemoryStore:
         self._requests: dict[tuple[str, str], ApprovalRequestInfo] = {}
         self._decisions: dict[tuple[str, str], list[DecisionInfo]] = {}
         self._actions: list[ActionInfo] = []
+        # The audit chains (engine/audit.py): each record's hash by (run, name), each run's
+        # head, and the action log's hashes beside its rows.
+        self._hashes: dict[tuple[str, str], str] = {}
+        self._heads: dict[str, str] = {}
+        self._action_hashes: list[str] = []
 
     def now(self) -> datetime:
         """This store's clock (what stands in for the database clock)."""
@@ -114,7 +132,9 @@ class InMemoryStore:
         with self._lock:
             self._runs.pop(run_id, None)
             self._entries.pop(run_id, None)
-            self._ordered.pop(run_id, None)
+            for entry in self._ordered.pop(run_id, ()):
+                self._hashes.pop((run_id, entry.name), None)
+            self._heads.pop(run_id, None)
             self._leases.pop(run_id, None)
 
     def _require_run(self, run_id: str, doing: str) -> None:
@@ -161,6 +181,10 @@ class InMemoryStore:
             entry = Entry(run_id, name, self._seq, str(data), _dt(self._clock()))
             entries[name] = entry
             self._ordered.setdefault(run_id, []).append(entry)
+            head = self._hashes[(run_id, name)] = chain_hash(
+                self._heads.get(run_id), name, entry.data
+            )
+            self._heads[run_id] = head
             return entry, True
 
     def start_run(
@@ -351,11 +375,29 @@ class InMemoryStore:
 
     def log_action(self, action: ActionInfo) -> None:
         with self._lock:
+            prev = self._action_hashes[-1] if self._action_hashes else None
+            self._action_hashes.append(action_hash(prev, _action_fields(action)))
             self._actions.append(replace(action, created_at=_dt(self._clock())))
 
     def list_actions(self, *, run_id: str | None = None) -> Sequence[ActionInfo]:
         with self._lock:
             return [a for a in self._actions if run_id is None or a.run_id == run_id]
+
+    # -- audit chains (engine/audit.py) -------------------------------------------------
+
+    def chain(self, run_id: str) -> Sequence[Link]:
+        with self._lock:
+            return [
+                Link(e.seq, e.name, e.data, self._hashes.get((run_id, e.name)))
+                for e in self._ordered.get(run_id, ())
+            ]
+
+    def action_chain(self) -> Sequence[Link]:
+        with self._lock:
+            return [
+                Link(i, ACTION_NAME, action_content(_action_fields(a)), h)
+                for i, (a, h) in enumerate(zip(self._actions, self._action_hashes, strict=True), 1)
+            ]
 
     # -- listing ----------------------------------------------------------------------
 

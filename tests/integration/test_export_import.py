@@ -170,6 +170,69 @@ def test_import_refuses_another_format_or_a_cut_file_and_writes_nothing(tmp_path
     assert Run.objects.get(run_id="xp-bad").status == "finished"
 
 
+def _retyped(lines: list[dict]) -> str:
+    """The lines as a file again, the end line recounted (as a careful forger would)."""
+    body = [x for x in lines if x["type"] != "end"]
+    return "\n".join(json.dumps(x) for x in [*body, {"type": "end", "lines": len(body)}])
+
+
+def test_an_export_carries_the_chain_and_import_keeps_it(tmp_path):
+    _approved_run("xp-chain")
+    text = _export("xp-chain")
+    lines = [json.loads(x) for x in text.splitlines()]
+    records = [x for x in lines if x["type"] == "record"]
+    stored = list(JournalEntry.objects.filter(run_id="xp-chain").values_list("hash", flat=True))
+    assert [x["hash"] for x in records] == stored and None not in stored
+    [run] = [x for x in lines if x["type"] == "run"]
+    assert run["head"] == stored[-1]
+    assert all(x["hash"] and "prev" in x for x in lines if x["type"] == "action")
+    _forget("xp-chain")
+    call_command("durable_agents", "import", "-", stdin=StringIO(text), stdout=StringIO())
+    again = JournalEntry.objects.filter(run_id="xp-chain").values_list("hash", flat=True)
+    assert list(again) == stored, "the importing site's trigger recomputes the same chain"
+    out = StringIO()
+    call_command("durable_agents", "verify", "--all", stdout=out)
+    assert "action log: ok" in out.getvalue()
+
+
+def test_import_refuses_a_file_whose_chain_does_not_verify(tmp_path):
+    _approved_run("xp-forged")
+    lines = [json.loads(x) for x in _export("xp-forged").splitlines()]
+    _forget("xp-forged")
+    records = [i for i, x in enumerate(lines) if x["type"] == "record"]
+
+    edited = [dict(x) for x in lines]
+    data = json.loads(edited[records[2]]["data"])
+    edited[records[2]]["data"] = json.dumps({**data, "forged": 1}, separators=(",", ":"))
+    name = edited[records[2]]["name"]
+    _refused(_retyped(edited), rf"export\.chain: .*broken at record '{name}'", tmp_path)
+
+    dropped = [x for i, x in enumerate(lines) if i != records[1]]
+    _refused(_retyped(dropped), r"export\.chain: .*broken at record", tmp_path)
+
+    cut_tail = [x for i, x in enumerate(lines) if i != records[-1]]
+    _refused(_retyped(cut_tail), r"export\.chain: .*removed from the end", tmp_path)
+
+    swapped = [dict(x) for x in lines]
+    a, b = records[1], records[2]
+    swapped[a], swapped[b] = (
+        {**lines[b], "seq": lines[a]["seq"]},
+        {**lines[a], "seq": lines[b]["seq"]},
+    )
+    _refused(_retyped(swapped), r"export\.chain", tmp_path)
+
+    action = next(i for i, x in enumerate(lines) if x["type"] == "action")
+    acted = [dict(x) for x in lines]
+    acted[action]["actor"] = "someone-else"
+    _refused(_retyped(acted), r"export\.chain: .*action-log row", tmp_path)
+
+    # Untouched (and merely re-serialised), it imports.
+    call_command(
+        "durable_agents", "import", "-", stdin=StringIO(_retyped(lines)), stdout=StringIO()
+    )
+    assert Run.objects.get(run_id="xp-forged").status == "finished"
+
+
 def test_the_command_exits_non_zero_on_a_refused_file(tmp_path):
     _approved_run("xp-exit")
     path = tmp_path / "run.jsonl"

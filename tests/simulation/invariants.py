@@ -18,6 +18,7 @@ from itertools import pairwise
 from typing import Any
 
 from durable_agents.engine.approvals import decision_name
+from durable_agents.engine.audit import verify_actions, verify_run
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import (
     AWAITING_APPROVAL,
@@ -172,6 +173,7 @@ def check_all(w: W.World) -> None:
     check_waits(w, ix)
     check_channels(w, ix)
     check_trees(w, ix)
+    check_chains(w)
     check_as_we_go(w)
 
 
@@ -658,6 +660,18 @@ def check_steps(w: W.World, ix: Index) -> None:
             )
 
 
+def check_chains(w: W.World) -> None:
+    """Every run's journal and the action log are one unbroken hash chain (docs/audit.md),
+    whatever crashes, races and concurrent writers (decisions, signals) the schedule had."""
+    for run_id in w.runs:
+        report = verify_run(w.raw, run_id)
+        if not report.ok or report.unchained:
+            w.violate("chains_verify", f"run {run_id}: {report.message()}")
+    actions = verify_actions(w.raw)
+    if not actions.ok:
+        w.violate("chains_verify", actions.message())
+
+
 INVARIANTS = (
     "effects_once",
     "results_true",
@@ -670,6 +684,7 @@ INVARIANTS = (
     "forks_reach_model",
     "only_agent_runs_run",
     "steps_once",
+    "chains_verify",
     "webhooks_never_busy",
     "sessions_stay_open",
     "terminates",

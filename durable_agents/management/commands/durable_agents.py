@@ -110,6 +110,22 @@ class Command(BaseCommand):
             "import", "import runs from an export file; refuses run ids the site already has"
         )
         imp.add_argument("file", help="the export file, or - for stdin")
+        verify = command(
+            "verify",
+            "recompute the audit hash chains (docs/audit.md) and report the first broken record "
+            "of each run; exit status 1 if any is broken",
+        )
+        verify.add_argument("run_ids", nargs="*", metavar="RUN")
+        verify.add_argument(
+            "--all", action="store_true", help="every run, and the site's action log"
+        )
+        verify.add_argument("--json", action="store_true", help="one JSON document on stdout")
+        bundle = command(
+            "bundle",
+            "write one run's audit bundle (journal, signed head, decisions, action log) as JSON "
+            "on stdout; docs/audit.md has a script that checks it without Django",
+        )
+        bundle.add_argument("run_id")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -180,6 +196,26 @@ class Command(BaseCommand):
         self.stdout.write(f"imported {len(run_ids)} run(s)")
         for run_id in run_ids:
             self.stdout.write(f"  {run_id}")
+
+    def _verify(self, options: dict[str, Any]) -> None:
+        from durable_agents.audit import verify
+
+        if bool(options["run_ids"]) == bool(options["all"]):
+            raise CommandError("name the runs to verify, or --all (not both)")
+        reports = verify(options["run_ids"] or None, actions=options["all"])
+        if options["json"]:
+            self.stdout.write(json.dumps([r.to_json() for r in reports], indent=2))
+        else:
+            for report in reports:
+                self.stdout.write(report.message())
+        broken = [r for r in reports if not r.ok]
+        if broken:
+            raise CommandError(f"{len(broken)} of {len(reports)} chain(s) broken", returncode=1)
+
+    def _bundle(self, options: dict[str, Any]) -> None:
+        from durable_agents.audit import bundle
+
+        self.stdout.write(json.dumps(bundle(options["run_id"]), indent=1, ensure_ascii=False))
 
     # -- acting -------------------------------------------------------------------------
 

@@ -1,0 +1,220 @@
+"""The audit chains on the site's database (docs/audit.md): verification, and the SQL
+function SQLite's journal trigger calls.
+
+The chain's definition and the verifier are the engine's (``engine/audit.py``); the hash of
+a journal record is computed by the database in the statement that inserts it (migration
+``0007_audit_chain``).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable
+from functools import lru_cache
+from typing import Any
+
+from django.db.backends.signals import connection_created
+from django.dispatch import receiver
+
+from .engine.audit import (
+    BUNDLE_FORMAT,
+    ChainReport,
+    chain_hash,
+    head_message,
+    verify_actions,
+    verify_links,
+    verify_run,
+)
+from .engine.errors import ConfigError, NotFound
+
+__all__ = ["bundle", "sample_check", "sign_head", "verify"]
+
+
+@receiver(connection_created, dispatch_uid="durable_agents.audit.sqlite")
+def _register_sqlite_hash(sender: Any, connection: Any, **kwargs: Any) -> None:
+    if connection.vendor == "sqlite":
+        connection.connection.create_function(
+            "durable_agents_chain_hash", 3, _sqlite_hash, deterministic=True
+        )
+
+
+def _sqlite_hash(prev: str | None, name: str, data: str) -> str:
+    return chain_hash(prev, name, data)
+
+
+def verify(
+    run_ids: Iterable[str] | None = None, *, actions: bool = False, using: str | None = None
+) -> list[ChainReport]:
+    """Verify the chains of ``run_ids`` (every run when None), and the site's action log
+    when ``actions``; one report each, in that order."""
+    from .models import Run
+    from .storage import DjangoStore
+
+    store = DjangoStore(using)
+    runs = Run.objects.using(store.using)
+    if run_ids is None:
+        run_ids = runs.order_by("run_id").values_list("pk", flat=True).iterator()
+    else:
+        run_ids = list(run_ids)
+        missing = sorted(
+            set(run_ids) - set(runs.filter(pk__in=run_ids).values_list("pk", flat=True))
+        )
+        if missing:
+            raise NotFound(f"no run {', '.join(map(repr, missing))}", code="run.not_found")
+    reports = [verify_run(store, run_id) for run_id in run_ids]
+    if actions:
+        reports.append(verify_actions(store))
+    return reports
+
+
+def sample_check(size: int, *, using: str | None = None) -> list[ChainReport]:
+    """Verify the chains of the ``size`` most recently updated runs (the system check)."""
+    from .models import Run
+
+    runs = Run.objects.using(using or _database()).order_by("-updated_at")
+    return [
+        r for r in verify(list(runs.values_list("pk", flat=True)[:size]), using=using) if not r.ok
+    ]
+
+
+def _database() -> str:
+    from .conf import get_settings
+
+    return get_settings().database
+
+
+@lru_cache(maxsize=4)
+def _load_key(pem: str) -> Any:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        key = load_pem_private_key(pem.encode(), password=None)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"DURABLE_AGENTS['AUDIT_SIGNING_KEY'] is not a readable PEM private key: {exc}",
+            code="config.audit_key",
+        ) from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ConfigError(
+            "DURABLE_AGENTS['AUDIT_SIGNING_KEY'] must be an Ed25519 private key (PKCS#8 PEM)",
+            code="config.audit_key",
+        )
+    return key
+
+
+def _public(key: Any) -> str:
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return base64.b64encode(raw).decode()
+
+
+def sign_head(run_id: str, *, using: str | None = None) -> dict[str, Any]:
+    """The run's chain head, and when ``AUDIT_SIGNING_KEY`` is set, the site's Ed25519
+    signature over ``head_message`` with the public key to check it (base64)."""
+    from .conf import get_settings
+    from .storage import DjangoStore
+
+    report = verify_links(run_id, DjangoStore(using).chain(run_id))
+    message = head_message(run_id, report.head, report.links)
+    signed: dict[str, Any] = {
+        "run_id": run_id,
+        "head": report.head,
+        "records": report.links,
+        "message": message.decode("utf-8"),
+        "signature": None,
+        "public_key": None,
+    }
+    pem = get_settings().audit_signing_key
+    if pem:
+        key = _load_key(pem)
+        signed["signature"] = base64.b64encode(key.sign(message)).decode()
+        signed["public_key"] = _public(key)
+    return signed
+
+
+def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
+    """One run's audit bundle (docs/audit.md): its journal with hashes, its signed head, its
+    decisions with their signatures and the bytes they sign, its action-log rows with the
+    hash before each, and the site's action-log head. ``NotFound`` for an unknown run."""
+    from django.contrib.auth import get_user_model
+
+    from .engine.approvals import decision_bytes
+    from .engine.journal import Journal
+    from .engine.names import RUN_START
+    from .models import ActionLog, Decision, JournalEntry, Run
+    from .people import approver_keys
+    from .storage import DjangoStore
+
+    store = DjangoStore(using)
+    if not Run.objects.using(store.using).filter(pk=run_id).exists():
+        raise NotFound(f"no run {run_id!r}", code="run.not_found")
+    entries = JournalEntry.objects.using(store.using).filter(run_id=run_id).order_by("seq")
+    records = [
+        {"seq": e.seq, "name": e.name, "data": e.data, "hash": e.hash,
+         "created_at": e.created_at.isoformat()}
+        for e in entries
+    ]  # fmt: skip
+    start = Journal(store).get(run_id, RUN_START)
+    incarnation = str(start.get("incarnation") or "") if start is not None else ""
+    users = get_user_model()
+    decisions = []
+    rows = Decision.objects.using(store.using).filter(request__run_id=run_id)
+    for d in rows.select_related("request").order_by("created_at", "id"):
+        item: dict[str, Any] = {
+            "call_id": d.request.call_id,
+            "tool_name": d.request.tool_name,
+            "arguments": d.request.arguments,
+            "approver": d.approver,
+            "approved": d.approved,
+            "note": d.note,
+            "edited": d.arguments,
+            "created_at": d.created_at.isoformat(),
+            "signature": d.signature,
+            "signed_bytes": None,
+            "approver_keys": [],
+        }
+        user = users._default_manager.filter(**{users.USERNAME_FIELD: d.approver}).first()
+        if d.signature and user is not None:
+            signed = decision_bytes(
+                incarnation=incarnation,
+                run_id=run_id,
+                call_id=d.request.call_id,
+                tool_name=d.request.tool_name,
+                arguments=d.request.arguments,
+                approver_id=str(user.pk),
+                approved=d.approved,
+                note=d.note,
+                edited=d.arguments,
+            )
+            item["signed_bytes"] = base64.b64encode(signed).decode()
+            item["approver_keys"] = approver_keys(str(user.pk))
+        decisions.append(item)
+    log = ActionLog.objects.using(store.using)
+    before = log.order_by("-id").values_list("hash", flat=True)
+    actions = [
+        {
+            "id": a.id,
+            "actor": a.actor,
+            "actor_id": a.actor_id,
+            "channel": a.channel,
+            "action": a.action,
+            "run_id": a.run_id,
+            "target": a.target,
+            "payload": a.payload,
+            "created_at": a.created_at.isoformat(),
+            "hash": a.hash,
+            "prev": before.filter(id__lt=a.id).first(),
+        }
+        for a in log.filter(run_id=run_id).order_by("id")
+    ]
+    return {
+        "format": BUNDLE_FORMAT,
+        "run_id": run_id,
+        "records": records,
+        "head": sign_head(run_id, using=store.using),
+        "decisions": decisions,
+        "actions": actions,
+        "action_head": before.first(),
+    }
