@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import html
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,9 +20,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.conf import settings
 from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Group, User
-from django.contrib.messages import get_messages
 from django.db import connection
-from django.test import Client
 from django.test.utils import CaptureQueriesContext, override_settings
 from django.urls import reverse
 from django.utils import timezone
@@ -44,6 +41,7 @@ from durable_agents.models import (
     Run,
 )
 from durable_agents.storage import DjangoStore
+from tests.support.admin_pages import client_for, messages_of, text_of
 from tests.support.agents import count_effects, echo, gated, halting, quorum
 from tests.support.journals import journal
 from tests.support.people import make_user
@@ -53,21 +51,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def client_for(user: User | None) -> Client:
-    client = Client()
-    if user is not None:
-        client.force_login(user)
-    return client
-
-
-def messages_of(response: Any) -> list[str]:
-    return [str(m) for m in get_messages(response.wsgi_request)]
-
-
-def text_of(response: Any) -> str:
-    return html.unescape(response.content.decode())
 
 
 def run_url(run_id: str, suffix: str = "change") -> str:

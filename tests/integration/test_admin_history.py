@@ -5,16 +5,12 @@ same number of queries whatever its length."""
 
 from __future__ import annotations
 
-import html
 import re
 from typing import Any
 
 import pytest
 from django.contrib.admin.utils import quote
-from django.contrib.auth.models import User
-from django.contrib.messages import get_messages
 from django.db import connection
-from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
@@ -31,6 +27,7 @@ from durable_agents.engine.model import (
 )
 from durable_agents.models import ActionLog, ApprovalRequest, Run
 from durable_agents.storage import DjangoStore
+from tests.support.admin_pages import client_for, messages_of, text_of
 from tests.support.agents import echo, gated, lookup
 from tests.support.journals import journal
 from tests.support.people import make_user
@@ -62,20 +59,6 @@ parrot = da.Agent("admin-parrot", Parrot(), "Repeat what you hear.", [lookup])
 
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def client_for(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def text_of(response: Any) -> str:
-    return html.unescape(response.content.decode())
-
-
-def messages_of(response: Any) -> list[str]:
-    return [str(m) for m in get_messages(response.wsgi_request)]
 
 
 def run_url(run_id: str, suffix: str = "change") -> str:

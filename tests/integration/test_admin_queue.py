@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
-from django.contrib.messages import get_messages
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -19,6 +18,7 @@ import durable_agents as da
 from durable_agents.models import ActionLog, ApprovalRequest, Decision, Halt, Run
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
+from tests.support.admin_pages import client_for, messages_of, text_of
 from tests.support.agents import count_effects, gated, halting, lookup, quorum, refund
 from tests.support.journals import journal
 from tests.support.people import make_user
@@ -27,20 +27,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
 QUEUE = "admin:durable_agents_approvalrequest_changelist"
 APPROVE = "durable_agents.approve_toolcall"
-
-
-def client_for(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def text_of(response: Any) -> str:
-    return html.unescape(response.content.decode())
-
-
-def messages_of(response: Any) -> list[str]:
-    return [str(m) for m in get_messages(response.wsgi_request)]
 
 
 def pending_calls(tag: str) -> tuple[ApprovalRequest, ApprovalRequest]:

@@ -5,13 +5,11 @@ the queue costs the same number of queries with 2 or 20 waiting runs."""
 
 from __future__ import annotations
 
-import html
-from typing import Any, Literal
+from typing import Literal
 
 import pydantic
 import pytest
 from django.contrib.admin.utils import quote
-from django.contrib.messages import get_messages
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -23,6 +21,7 @@ from durable_agents.engine import names
 from durable_agents.models import ActionLog, JournalEntry, Run
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
+from tests.support.admin_pages import client_for, messages_of, text_of
 from tests.support.people import make_user
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -64,20 +63,6 @@ def _agent(name: str, tool: da.Tool, args: dict) -> da.Agent:
 ASK = _agent("adm-ask", adm_pick_warehouse, {"order": "o-1"})
 NAP = _agent("adm-nap", adm_cool_off, {"order": "o-2"})
 PAY = _agent("adm-pay", adm_await_payment, {"invoice": "i-3"})
-
-
-def client_for(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def text_of(response: Any) -> str:
-    return html.unescape(response.content.decode())
-
-
-def messages_of(response: Any) -> list[str]:
-    return [str(m) for m in get_messages(response.wsgi_request)]
 
 
 def answer_url(run_id: str, name: str) -> str:
