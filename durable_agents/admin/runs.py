@@ -34,12 +34,15 @@ from ..engine.journal import Journal
 from ..engine.ports import (
     APPROVAL_PENDING,
     AWAITING_APPROVAL,
+    AWAITING_INPUT,
     HALT_OPEN,
     QUEUED,
     RUNNING,
+    SLEEPING,
     TERMINAL_STATUSES,
 )
 from ..engine.records import Record
+from ..engine.waits import CHANNEL, INTERRUPT, TIMER, OpenWait, open_waits
 from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
 from ..storage import site_store
 from ..transfer import export_lines
@@ -78,6 +81,29 @@ class RunChangeList(ChangeList):
             answer_head=Left("answer", EXCERPT + 1),
         ).defer("input", "answer", "usage", "spend", "fingerprint", "last_error")
 
+    def get_results(self, request: HttpRequest) -> None:
+        """Also what each paused run on the page waits for, from its wait records: one query
+        for the whole page, none when no run on it waits on the world."""
+        super().get_results(request)
+        paused = [r for r in self.result_list if r.status in (AWAITING_INPUT, SLEEPING)]
+        records = waits.wait_records([r.run_id for r in paused]) if paused else {}
+        for row in paused:
+            row.waiting_for = "; ".join(
+                describe_wait(w) for w in open_waits(records.get(row.run_id, []))
+            )
+
+
+def describe_wait(wait: OpenWait) -> str:
+    """One open wait in a few words, for a list row."""
+    when = f" until {wait.deadline:%Y-%m-%d %H:%M}" if wait.deadline else ""
+    if wait.kind == INTERRUPT:
+        return f"an answer to {wait.name!r}"
+    if wait.kind == TIMER:
+        return f"timer {wait.name!r}{when.replace(' until', ' at')}"
+    if wait.kind == CHANNEL:
+        return f"a message on {wait.name!r}"
+    return f"signal {wait.name!r}{when}"
+
 
 def excerpt(text: str | None, *, json_text: bool = False) -> str:
     """The start of an input or an answer for a list row, on one line."""
@@ -100,6 +126,7 @@ class RunAdmin(ReadOnlyAdmin):
         "turns",
         "pending_approvals",
         "open_halts",
+        "waits_for",
         "created_at",
         "updated_at",
     )
@@ -220,6 +247,10 @@ class RunAdmin(ReadOnlyAdmin):
     @admin.display(description="answer excerpt")
     def answer_excerpt(self, obj: Any) -> str:
         return excerpt(getattr(obj, "answer_head", None))
+
+    @admin.display(description="waits for")
+    def waits_for(self, obj: Any) -> str:
+        return getattr(obj, "waiting_for", "") or "-"
 
     @admin.display(description="input")
     def input_pretty(self, obj: Run) -> str:

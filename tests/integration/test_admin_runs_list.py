@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+import durable_agents as da
 from durable_agents.engine.ports import RunInfo
 from durable_agents.models import Run
 from durable_agents.storage import DjangoStore
@@ -89,3 +90,30 @@ def test_the_list_reads_excerpts_not_whole_inputs():
     assert '"durable_agents_run"."input",' not in select
     assert '"durable_agents_run"."answer",' not in select
     assert len(response.content) < 50_000
+
+
+def _waiting_run(run_id: str) -> None:
+    from tests.support.agents import waiting
+
+    with pytest.raises(da.InterruptPending):
+        waiting.run(run_id, "ship o-7")
+
+
+def test_a_run_waiting_on_the_world_says_what_for_in_one_query():
+    """Issue 15: the runs list shows what each paused run waits for, read for the whole page
+    in one query (the same count with one waiting run or three)."""
+    _waiting_run("wf-1")
+    echo.start("hello", run_id="wf-done")
+    client = _viewer()
+    page = html.unescape(client.get(LIST).content.decode())
+    assert "Waits for" in page and "an answer to 'warehouse'" in page
+    cl = client.get(LIST).context["cl"]
+    assert {r.run_id: getattr(r, "waiting_for", "") for r in cl.result_list}["wf-done"] == ""
+    with CaptureQueriesContext(connection) as one:
+        client.get(LIST)
+    _waiting_run("wf-2")
+    _waiting_run("wf-3")
+    with CaptureQueriesContext(connection) as three:
+        page = html.unescape(client.get(LIST).content.decode())
+    assert page.count("an answer to 'warehouse'") == 3
+    assert len(three.captured_queries) == len(one.captured_queries)
