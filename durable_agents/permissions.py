@@ -65,6 +65,8 @@ RULES: dict[str, Rule] = {
     # Who may decide a run's gated calls may answer its questions (engine.commands.waits).
     "answer": Rule("answer a run's question", (APPROVE_TOOLCALL,)),
     "signal": Rule("send a run a signal", (OPERATE_RUNS,)),
+    # A message is a signal with a key: the same people may send one (engine.commands.waits).
+    "enqueue": Rule("enqueue a message for a run", (OPERATE_RUNS,)),
     "wake": Rule("wake a sleeping run before its time", (OPERATE_RUNS,)),
     # The signature is the authority; relaying it needs to read what is being decided.
     "relay": Rule("relay a signed decision", (VIEW_APPROVALS, APPROVE_TOOLCALL)),

@@ -1,6 +1,7 @@
 """Runs waiting on the world, in the admin: the "awaiting input" queue (questions with a form
-generated from their schema, awaited signals), sleeping runs with their wake time and a
-"Wake now" button, and the same on the run page (with the signals delivered early).
+generated from their schema, awaited signals, channels waited on), sleeping runs with their
+wake time and a "Wake now" button, and the same on the run page (with the signals delivered
+early and the run's channel messages, received or not).
 
 Glue only: answering calls ``answer_interrupt`` and waking calls ``wake_timer``; both check
 the permission again, journal once (the first value wins), write the action log and hand
@@ -27,7 +28,16 @@ from ..engine.commands.waits import answer_interrupt
 from ..engine.errors import DurableAgentsError, InterruptAnswerInvalid
 from ..engine.ports import AWAITING_INPUT, SLEEPING
 from ..engine.records import Record
-from ..engine.waits import INTERRUPT, SIGNAL, TIMER, OpenWait, kept_signals, open_waits
+from ..engine.waits import (
+    CHANNEL,
+    INTERRUPT,
+    SIGNAL,
+    TIMER,
+    OpenWait,
+    inbox,
+    kept_signals,
+    open_waits,
+)
 from ..models import JournalEntry, Run
 from .answerform import AnswerForm
 from .base import (
@@ -44,12 +54,20 @@ from .base import (
 from .timeline import pretty
 
 QUEUE_SIZE = 200  # runs shown on the queue page (oldest first: they waited longest)
-_WAIT_RECORDS = (names.WAIT, names.INPUT, names.SIGNAL, names.WAITED)
+_WAIT_RECORDS = (
+    names.WAIT,
+    names.INPUT,
+    names.SIGNAL,
+    names.WAITED,
+    names.RECEIVING,
+    names.MESSAGE,
+    names.ACK,
+)
 
 
 def wait_records(run_ids: Sequence[str]) -> dict[str, list[Record]]:
-    """The wait records (requests, answers, signals, resolutions) of ``run_ids``, in one
-    query, in commit order per run."""
+    """The wait records (requests, answers, signals, resolutions, channel messages, acks and
+    receives) of ``run_ids``, in one query, in commit order per run."""
     prefixes = Q()
     for prefix in _WAIT_RECORDS:
         prefixes |= Q(name__startswith=prefix)
@@ -81,13 +99,14 @@ def waits_of_run(
     forms: dict[str, AnswerForm] | None = None,
 ) -> dict[str, Any]:
     """What ``run`` waits for, ready for a template: questions (with their form, when the
-    user may answer), awaited signals, timers (with "Wake now", when the user may wake) and
-    signals delivered that no wait consumed yet."""
+    user may answer), awaited signals, channels waited on, timers (with "Wake now", when the
+    user may wake), signals delivered that no wait consumed yet, and the channel messages
+    (each with the call that acked it, or none yet)."""
     records = list(records)
     may_answer = allows(request, "answer")
     may_wake = allows(request, "wake")
     open_ = open_waits(records)
-    questions, signals, timers = [], [], []
+    questions, signals, channels, timers = [], [], [], []
     for wait in open_:
         item: dict[str, Any] = {"wait": wait, "run": run}
         if wait.kind == INTERRUPT:
@@ -102,6 +121,8 @@ def waits_of_run(
             questions.append(item)
         elif wait.kind == SIGNAL:
             signals.append(item)
+        elif wait.kind == CHANNEL:
+            channels.append(item)
         elif wait.kind == TIMER:
             item["wake_url"] = (
                 admin_url(admin, "wake", quote(run.run_id), wait.name) if may_wake else None
@@ -115,13 +136,16 @@ def waits_of_run(
         }
         for s in kept_signals(records)
     ]
+    inbox_ = [{"message": m, "payload": pretty(m.payload)} for m in inbox(records)]
     return {
         "questions": questions,
         "signals": signals,
+        "channels": channels,
         "timers": timers,
         "kept_signals": kept,
+        "messages": inbox_,
         "may_answer": may_answer,
-        "any": bool(questions or signals or timers),
+        "any": bool(questions or signals or channels or timers),
     }
 
 
@@ -136,7 +160,7 @@ def _may_see(request: HttpRequest) -> None:
 
 
 def waiting_view(admin: AnyModelAdmin, request: HttpRequest) -> TemplateResponse:
-    """Runs awaiting input (questions and signals) and sleeping runs, oldest first. Three
+    """Runs awaiting input (questions, signals, channels) and sleeping runs, oldest first. Three
     queries whatever the number of runs: the count, the runs, their wait records."""
     _may_see(request)
     rows = Run.objects.filter(status__in=[AWAITING_INPUT, SLEEPING]).order_by("updated_at")
@@ -153,7 +177,7 @@ def waiting_view(admin: AnyModelAdmin, request: HttpRequest) -> TemplateResponse
         "admin/durable_agents/run/waiting.html",
         "Waiting on the world",
         {
-            "awaiting": [i for i in items if i["questions"] or i["signals"]],
+            "awaiting": [i for i in items if i["questions"] or i["signals"] or i["channels"]],
             "sleeping": [i for i in items if i["timers"]],
             "total": total,
             "shown": len(runs),

@@ -400,8 +400,8 @@ class ComparisonOut(Schema):
 
 
 class WaitOut(Schema):
-    kind: str = Field(description="interrupt (a question), signal, or timer")
-    name: str = Field(description="the wait's name, unique in its run")
+    kind: str = Field(description="interrupt (a question), signal, timer, or channel")
+    name: str = Field(description="the wait's name, unique in its run (channel: the channel)")
     call_id: str = Field(description="the tool call that waits")
     tool: str
     prompt: str = Field(description="interrupt: the question, as the tool asked it")
@@ -423,12 +423,26 @@ class KeptSignalOut(Schema):
     by: str | None
 
 
+class ChannelMessageOut(Schema):
+    channel: str
+    key: str
+    payload: Any
+    enqueued_at: datetime | None
+    by: str | None = Field(description="who enqueued it (null: a system, from Python)")
+    acked_by: str | None = Field(
+        description="the tool call that received and acked it (null: not received yet)"
+    )
+
+
 class WaitsOut(Schema):
     run_id: str
     status: str
     waits: list[WaitOut] = Field(description="what the run waits for, nothing resolved yet")
     signals: list[KeptSignalOut] = Field(
         description="signals delivered that no wait consumed yet (kept for when it waits)"
+    )
+    messages: list[ChannelMessageOut] = Field(
+        description="the run's channel messages in enqueue order, received (acked) or not"
     )
 
 
@@ -441,6 +455,23 @@ class AnswerIn(Body):
 
 class SignalIn(Body):
     payload: JsonValue = Field(None, description="any JSON; the first payload wins")
+
+
+class EnqueueIn(Body):
+    key: str = Field(
+        description="the message's key on the channel (A-Za-z0-9_.-, 1-100): a redelivery "
+        "under the same key changes nothing"
+    )
+    payload: JsonValue = Field(None, description="any JSON; the first payload wins")
+
+
+class EnqueueResult(Schema):
+    run_id: str
+    channel: str
+    key: str
+    value: Any = Field(description="the standing payload (the first one)")
+    recorded: bool = Field(description="false: a message with this key was already there")
+    woke: bool = Field(description="the run was handed to a driver")
 
 
 class WaitResult(Schema):

@@ -1,9 +1,11 @@
 """Waits: what a run waits for, and resolving it from outside.
 
-* ``GET /runs/{run_id}/waits``: its open questions, signals and timers, and the signals
-  delivered that no wait consumed yet.
+* ``GET /runs/{run_id}/waits``: its open questions, signals, timers and channel waits, the
+  signals delivered that no wait consumed yet, and its channel messages (received or not).
 * ``POST .../interrupts/{name}/answer``: a person's answer (``durable_agents.answer_interrupt``).
 * ``POST .../signals/{name}``: a signal (``durable_agents.signal``), sent as the caller.
+* ``POST .../channels/{channel}/messages``: a message on a channel (``durable_agents.enqueue``),
+  deduped by its key, sent as the caller.
 * ``POST .../timers/{name}/wake``: wake a sleeping timer now (``durable_agents.wake_timer``),
   a staff decision journaled as such.
 
@@ -20,11 +22,14 @@ from ninja import Router
 
 from ..engine import names
 from ..engine.commands.timers import WakeOutcome, wake_timer
-from ..engine.commands.waits import WaitOutcome, answer_interrupt, run_waits, signal
+from ..engine.commands.waits import WaitOutcome, answer_interrupt, enqueue, run_waits, signal
 from .auth import check, require
 from .schemas import (
     ERRORS,
     AnswerIn,
+    ChannelMessageOut,
+    EnqueueIn,
+    EnqueueResult,
     KeptSignalOut,
     SignalIn,
     WaitOut,
@@ -58,8 +63,10 @@ def _result(outcome: WaitOutcome) -> WaitResult:
 @router.get("/runs/{path:run_id}/waits", response={200: WaitsOut, **ERRORS})
 def list_waits(request: HttpRequest, run_id: str) -> WaitsOut:
     """What the run waits for (needs ``view_run``): each open question with its prompt and
-    schema, each awaited signal (with its deadline), each timer with its wake time; and the
-    signals delivered that no wait consumed yet."""
+    schema, each awaited signal (with its deadline), each timer with its wake time, each
+    channel it waits on for a message; the signals delivered that no wait consumed yet; and
+    its channel messages in enqueue order, each with the call that acked it (null: not
+    received yet)."""
     check(request, "view_runs")
     found = run_waits(checked_run_id(run_id))
     return WaitsOut(
@@ -81,6 +88,17 @@ def list_waits(request: HttpRequest, run_id: str) -> WaitsOut:
         signals=[
             KeptSignalOut(name=s.name, payload=s.payload, at=_at(s.at_ms), by=s.by)
             for s in found.signals
+        ],
+        messages=[
+            ChannelMessageOut(
+                channel=m.channel,
+                key=m.key,
+                payload=m.payload,
+                enqueued_at=m.enqueued_at,
+                by=m.by,
+                acked_by=m.acked_by,
+            )
+            for m in found.messages
         ],
     )
 
@@ -107,6 +125,30 @@ def send_signal(request: HttpRequest, run_id: str, name: str, payload: SignalIn)
     by = require(request, "signal")
     run_id, name = checked_run_id(run_id), _name(name)
     return _result(signal(run_id, name, payload.payload, by=by))
+
+
+@router.post(
+    "/runs/{path:run_id}/channels/{channel}/messages", response={200: EnqueueResult, **ERRORS}
+)
+def send_message(
+    request: HttpRequest, run_id: str, channel: str, payload: EnqueueIn
+) -> EnqueueResult:
+    """Enqueue ``payload`` on the run's ``channel`` under ``key``, as the caller (needs
+    ``cancel_run``, operate runs, as a signal does). Kept whether or not the run waits on the
+    channel yet; a run waiting on it is handed to a driver. Deduped by key: the first payload
+    wins (a redelivery is 200 with ``recorded`` false and the standing payload). 400
+    ``config.channel_name`` for a bad channel or key, nothing written."""
+    by = require(request, "enqueue")
+    run_id = checked_run_id(run_id)
+    outcome = enqueue(run_id, channel, payload.key, payload.payload, by=by)
+    return EnqueueResult(
+        run_id=outcome.run_id,
+        channel=outcome.name,
+        key=outcome.key,
+        value=outcome.value,
+        recorded=outcome.recorded,
+        woke=outcome.woke,
+    )
 
 
 def _wake(outcome: WakeOutcome) -> WakeOut:

@@ -1,6 +1,7 @@
 """Waits in the admin on PostgreSQL (inline dispatch): the awaiting-input queue with a form
 generated from each question's schema (errors on the form, nothing recorded), "Wake now" for
-a sleeping run, early signals on the run page, all behind permissions and in the action log;
+a sleeping run, early signals and channel messages on the run page, a run waiting on a
+channel and a ``da.ask_staff`` question in the queue, all behind permissions and in the action log;
 the queue costs the same number of queries with 2 or 20 waiting runs."""
 
 from __future__ import annotations
@@ -55,6 +56,16 @@ def adm_await_payment(invoice: str, ctx: da.ToolContext) -> dict:
     return {"paid": ctx.await_signal(f"paid-{invoice}")}
 
 
+@da.tool(idempotent=True)
+def adm_read_replies(ticket: str, ctx: da.ToolContext) -> str:
+    """Read the customer's replies until one closes the ticket."""
+    while True:
+        msg = ctx.receive("replies")
+        ctx.ack("replies", msg.key)
+        if msg.payload == "close":
+            return f"{ticket} closed"
+
+
 def _agent(name: str, tool: da.Tool, args: dict) -> da.Agent:
     script = [scripted.calls(scripted.call(tool.name, args)), scripted.text("done")]
     return da.Agent(name, ScriptedModel(script), "", [tool])
@@ -63,6 +74,24 @@ def _agent(name: str, tool: da.Tool, args: dict) -> da.Agent:
 ASK = _agent("adm-ask", adm_pick_warehouse, {"order": "o-1"})
 NAP = _agent("adm-nap", adm_cool_off, {"order": "o-2"})
 PAY = _agent("adm-pay", adm_await_payment, {"invoice": "i-3"})
+INBOX = _agent("adm-inbox", adm_read_replies, {"ticket": "t-1"})
+STAFF = da.Agent(
+    "adm-staff",
+    ScriptedModel(
+        [
+            scripted.calls(
+                scripted.call(
+                    "ask_staff",
+                    {"question": "Which warehouse ships o-5?", "choices": ["BER", "HAM"]},
+                    id="call_ask",
+                )
+            ),
+            scripted.text("done"),
+        ]
+    ),
+    "",
+    [da.ask_staff],
+)
 
 
 def answer_url(run_id: str, name: str) -> str:
@@ -195,6 +224,55 @@ def test_the_run_page_shows_signals_awaited_and_delivered_early():
     assert '"cents": 7' in page
 
 
+def test_a_run_waiting_on_a_channel_in_the_queue_and_its_messages_on_the_run_page():
+    INBOX.start("read", run_id="ch-1")
+    viewer = client_for(make_user("viewer", "view_run", "approve_toolcall"))
+    queue = text_of(viewer.get(reverse(QUEUE)))
+    flat = queue.replace("<code>", "").replace("</code>", "")
+    assert "ch-1" in queue and "Waits for a message on channel replies" in flat
+    # No form: the message comes from outside, and the queue says from where.
+    assert "POST /runs/ch-1/channels/replies/messages" in flat
+    assert 'durable_agents.enqueue(run_id, "replies", key, payload)' in flat
+    assert "da-answer" not in queue and "No run awaits input." not in queue
+
+    ops = make_user("ops", "cancel_run")
+    assert da.enqueue("ch-1", "replies", "m1", {"text": "hello"}, by=ops).woke
+    da.enqueue("ch-1", "notes", "n1", "nobody reads this")
+    page = text_of(viewer.get(run_page("ch-1")))
+    flat = page.replace("<code>", "").replace("</code>", "")
+    assert "Waiting on the world" in page and "Waits for a message on channel replies" in flat
+    assert "Channel messages" in page
+    assert "replies</td><td>m1" in flat and '"text": "hello"' in page
+    assert "acked by call call_1_1" in flat
+    assert "notes</td><td>n1" in flat and "not received yet" in page
+    assert "ops" in page and "a system" in page
+
+    da.enqueue("ch-1", "replies", "m2", "close")
+    assert Run.objects.get(run_id="ch-1").status == "finished"
+    page = text_of(viewer.get(run_page("ch-1")))
+    assert "Waits for a message" not in page and "Channel messages" in page
+    assert "No run awaits input." in text_of(viewer.get(reverse(QUEUE)))
+
+
+def test_a_question_from_ask_staff_in_the_queue_with_its_choices():
+    STAFF.start("ship", run_id="st-1")
+    boss = client_for(make_user("boss", "view_run", "approve_toolcall"))
+    queue = text_of(boss.get(reverse(QUEUE)))
+    assert "Which warehouse ships o-5?" in queue and "staff.call_ask" in queue
+    assert '<select name="value"' in queue
+    assert ">BER</option>" in queue and ">HAM</option>" in queue
+    response = boss.post(answer_url("st-1", "staff.call_ask"), {"value": '"MUC"'})
+    assert response.status_code == 200 and "errorlist" in text_of(response)
+    assert not JournalEntry.objects.filter(
+        run_id="st-1", name=names.interrupt_answer("staff.call_ask")
+    ).exists()
+    response = boss.post(answer_url("st-1", "staff.call_ask"), {"value": '"HAM"'})
+    assert response.status_code == 302, text_of(response)
+    run = Run.objects.get(run_id="st-1")
+    assert run.status == "finished" and run.answer == "done"
+    assert "HAM" in JournalEntry.objects.get(run_id="st-1", name=names.tool("call_ask")).data
+
+
 def _queue_queries(client: Client) -> int:
     with CaptureQueriesContext(connection) as ctx:
         assert client.get(reverse(QUEUE)).status_code == 200
@@ -207,7 +285,7 @@ def test_the_queue_costs_the_same_with_2_or_20_waiting_runs():
         ASK.start("ship", run_id=f"c-{i}")
     few = _queue_queries(client)
     for i in range(2, 20):
-        (ASK if i % 2 else NAP).start("x", run_id=f"c-{i}")
+        (ASK, NAP, INBOX)[i % 3].start("x", run_id=f"c-{i}")
     assert _queue_queries(client) == few
 
 

@@ -1,6 +1,7 @@
 """The waits API on PostgreSQL with inline dispatch: list what a run waits for, answer a
-question (schema-checked, first value wins), send a signal, wake a timer early; who may call
-each, bad run ids, unknown names, and that a refused write records nothing."""
+question (schema-checked, first value wins), send a signal, enqueue a channel message (first
+payload per key wins), wake a timer early; who may call each, bad run ids, unknown names,
+and that a refused write records nothing."""
 
 from __future__ import annotations
 
@@ -43,6 +44,16 @@ def api_cool_off(order: str, ctx: da.ToolContext) -> str:
     """Wait a day before shipping."""
     ctx.sleep("cool-off", 24 * 3600)
     return f"{order} cooled off"
+
+
+@da.tool(idempotent=True)
+def api_read_replies(ticket: str, ctx: da.ToolContext) -> str:
+    """Wait for the customer's replies until one closes the ticket."""
+    while True:
+        msg = ctx.receive("replies")
+        ctx.ack("replies", msg.key)
+        if msg.payload == "close":
+            return f"{ticket} closed by {msg.key}"
 
 
 def _agent(name: str, tool: da.Tool, args: dict) -> da.Agent:
@@ -196,6 +207,89 @@ def test_waits_of_a_cancelled_run_are_refused_and_its_timer_stays_asleep():
     assert not JournalEntry.objects.filter(run_id="tim-2", name__startswith="waited:").exists()
 
 
+def test_enqueue_a_channel_message_first_payload_wins_and_is_listed():
+    _agent("api-inbox", api_read_replies, {"ticket": "t-1"}).start("read", run_id="box-1")
+    viewer = staff_with(name="viewer")
+    body = viewer.get("/runs/box-1/waits").json()
+    assert body["status"] == "awaiting_input" and body["messages"] == []
+    [wait] = body["waits"]
+    assert (wait["kind"], wait["name"], wait["tool"]) == ("channel", "replies", "api_read_replies")
+
+    # Wrong permission, unknown run, bad channel or key, a missing key: nothing written.
+    before = _journal("box-1")
+    error(
+        viewer.post("/runs/box-1/channels/replies/messages", {"key": "m1", "payload": "hi"}),
+        403,
+        "auth.forbidden",
+    )
+    ops = staff_with("durable_agents.cancel_run", name="ops")
+    error(
+        ops.post("/runs/nope/channels/replies/messages", {"key": "m1", "payload": 1}),
+        404,
+        "run.not_found",
+    )
+    error(
+        ops.post("/runs/box-1/channels/bad%20name/messages", {"key": "m1"}),
+        400,
+        "config.channel_name",
+    )
+    error(
+        ops.post("/runs/box-1/channels/replies/messages", {"key": "m 1", "payload": 1}),
+        400,
+        "config.channel_name",
+    )
+    error(ops.post("/runs/box-1/channels/replies/messages", {"payload": 1}), 422, "request.invalid")
+    assert _journal("box-1") == before and _log("box-1") == []
+
+    first = ops.post("/runs/box-1/channels/replies/messages", {"key": "m1", "payload": "hi"})
+    assert first.status_code == 200, first.content
+    assert first.json() == {
+        "run_id": "box-1",
+        "channel": "replies",
+        "key": "m1",
+        "value": "hi",
+        "recorded": True,
+        "woke": True,
+    }
+    # Received and acked by the tool, which waits on the channel again.
+    body = viewer.get("/runs/box-1/waits").json()
+    assert body["status"] == "awaiting_input"
+    [wait] = body["waits"]
+    assert wait["kind"] == "channel"
+    [msg] = body["messages"]
+    assert (msg["channel"], msg["key"], msg["payload"], msg["by"]) == ("replies", "m1", "hi", "ops")
+    assert msg["acked_by"] == "call_1_1" and msg["enqueued_at"]
+
+    # A duplicate key: 200, nothing recorded, the standing payload back, nothing logged.
+    again = ops.post("/runs/box-1/channels/replies/messages", {"key": "m1", "payload": "close"})
+    assert again.status_code == 200
+    assert (again.json()["recorded"], again.json()["value"]) == (False, "hi")
+    assert Run.objects.get(run_id="box-1").status == "awaiting_input"
+
+    last = ops.post("/runs/box-1/channels/replies/messages", {"key": "m2", "payload": "close"})
+    assert last.json()["recorded"] is True and last.json()["woke"] is True
+    run = Run.objects.get(run_id="box-1")
+    assert run.status == "finished" and run.answer == "done"
+    assert "t-1 closed by m2" in JournalEntry.objects.get(run_id="box-1", name="tool:call_1_1").data
+    body = viewer.get("/runs/box-1/waits").json()
+    assert body["waits"] == [] and [m["acked_by"] for m in body["messages"]] == ["call_1_1"] * 2
+    assert _log("box-1") == [("ops", "enqueue", "replies:m1"), ("ops", "enqueue", "replies:m2")]
+    error(
+        ops.post("/runs/box-1/channels/replies/messages", {"key": "m3", "payload": 1}),
+        409,
+        "run.finished",
+    )
+
+
+def test_a_message_before_the_run_waits_is_kept_unreceived():
+    _agent("api-timer-box", api_cool_off, {"order": "o-9"}).start("nap", run_id="box-2")
+    ops = staff_with("durable_agents.cancel_run", name="ops")
+    early = ops.post("/runs/box-2/channels/replies/messages", {"key": "e1", "payload": [1, 2]})
+    assert early.status_code == 200 and early.json()["woke"] is False
+    [msg] = ops.get("/runs/box-2/waits").json()["messages"]
+    assert msg["key"] == "e1" and msg["payload"] == [1, 2] and msg["acked_by"] is None
+
+
 # -- who may call each route --------------------------------------------------------------
 
 ROUTES = {
@@ -215,6 +309,13 @@ ROUTES = {
         200,
     ),
     "wake": ("post", "/runs/w-nap/timers/cool-off/wake", None, "durable_agents.cancel_run", 200),
+    "enqueue": (
+        "post",
+        "/runs/w-box/channels/replies/messages",
+        {"key": "k1", "payload": "close"},
+        "durable_agents.cancel_run",
+        200,
+    ),
 }
 
 
@@ -226,6 +327,7 @@ def test_who_may_call_each_waits_route(route, principal):
     _agent("api-ask-m", api_pick_warehouse, {"order": "o-2"}).start("ship", run_id="w-ask")
     _agent("api-sig-m", api_await_payment, {"invoice": "i-2"}).start("pay", run_id="w-sig")
     _agent("api-nap-m", api_cool_off, {"order": "o-3"}).start("nap", run_id="w-nap")
+    _agent("api-box-m", api_read_replies, {"ticket": "t-2"}).start("read", run_id="w-box")
     method, path, body, permission, success = ROUTES[route]
     if principal == "anonymous":
         caller = Caller(Client(), {})

@@ -632,6 +632,39 @@ def test_a_channel_wakes_its_run_through_the_worker(celery):
     assert received(worker.log()) >= 2
 
 
+@pytest.mark.timeout(90)
+def test_a_message_enqueued_through_the_api_wakes_its_run_through_the_worker(celery):
+    """``POST /runs/{id}/channels/{channel}/messages`` (a staff API key) on a run waiting on
+    the channel: the view's ``enqueue`` hands the run to the worker after commit and the run
+    finishes; the redelivered key changes nothing, and each message was handled once."""
+    from django.urls import get_resolver
+
+    from tests.support.api import with_key
+
+    # The test URLconf imports example_project, whose Celery app makes itself the current
+    # one on import: load it first, then publish through this module's app again.
+    get_resolver().url_patterns  # noqa: B018
+    celery.app.set_current()
+    ops = with_key(make_user("ops", "durable_agents.view_run", "durable_agents.cancel_run"))
+    run_id = inbox.start("go", run_id=new_id("inbox-api"))
+    celery.worker().wait_ready()
+    wait_status(run_id, "awaiting_input")
+    url = f"/runs/{run_id}/channels/box/messages"
+    first = ops.post(url, {"key": "m1", "payload": "hello"})
+    assert first.status_code == 200, first.content
+    assert first.json()["recorded"] and first.json()["woke"]
+    wait_for(lambda: [label for _, label in fires(run_id)] == ["handle:m1"], RUN_TIMEOUT, "m1")
+    wait_status(run_id, "awaiting_input")
+    again = ops.post(url, {"key": "m1", "payload": "stop"}).json()
+    assert (again["recorded"], again["value"], again["woke"]) == (False, "hello", False)
+    assert ops.post(url, {"key": "m2", "payload": "stop"}).json()["recorded"]
+    assert wait_status(run_id, "finished").answer == ANSWER
+    assert [label for _, label in fires(run_id)] == ["handle:m1", "handle:m2"]
+    listed = ops.get(f"/runs/{run_id}/waits").json()
+    assert listed["waits"] == [] and [m["key"] for m in listed["messages"]] == ["m1", "m2"]
+    assert all(m["acked_by"] for m in listed["messages"])
+
+
 # -- 6. warm shutdown -----------------------------------------------------------------------
 
 

@@ -213,21 +213,24 @@ def waits_of(run_id: str, *, store: Store | None = None) -> list[OpenWait]:
 @dataclass(frozen=True)
 class RunWaits:
     """What a run waits for, read from one journal read: its open waits (questions, signals,
-    timers) and the signals delivered that no wait consumed yet (early ones)."""
+    timers, channels), the signals delivered that no wait consumed yet (early ones) and its
+    channel messages, received or not."""
 
     run: RunInfo
     waits: list[OpenWait]
     signals: list[KeptSignal]
+    messages: list[InboxEntry]
 
 
 def run_waits(run_id: str, *, store: Store | None = None) -> RunWaits:
-    """Run ``run_id``'s open waits and kept signals (``run.not_found`` if there is none)."""
+    """Run ``run_id``'s open waits, kept signals and channel messages (``run.not_found`` if
+    there is none)."""
     store = store or runtime.store()
     run = store.get_run(run_id)
     if run is None:
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
     records = Journal(store).records(run_id)
-    return RunWaits(run, open_waits(records), kept_signals(records))
+    return RunWaits(run, open_waits(records), kept_signals(records), inbox(records))
 
 
 def messages_of(
