@@ -19,15 +19,18 @@ from django.dispatch import receiver
 from .engine.audit import (
     BUNDLE_FORMAT,
     ChainReport,
+    action_content,
     chain_hash,
+    data_digest,
     head_message,
     verify_actions,
     verify_links,
     verify_run,
 )
-from .engine.errors import ConfigError, NotFound
+from .engine.errors import ConfigError, DurableAgentsError, NotFound
+from .engine.sensitive import Redactor, derive_key
 
-__all__ = ["bundle", "sample_check", "sign_head", "verify"]
+__all__ = ["bundle", "redactor", "sample_check", "sign_head", "verify"]
 
 
 @receiver(connection_created, dispatch_uid="durable_agents.audit.sqlite")
@@ -81,6 +84,43 @@ def _database() -> str:
     from .conf import get_settings
 
     return get_settings().database
+
+
+def redactor(run_id: str, *, using: str | None = None) -> Redactor:
+    """The redactor of run ``run_id``'s exports: the sensitive fields of its agent's tools
+    (as defined today; an agent this process does not load has none), the values they took
+    in the run, and the key derived from ``AUDIT_SALT_KEY`` (else ``SECRET_KEY``)."""
+    from django.conf import settings
+
+    from .conf import get_settings
+    from .engine.registry import get_agent
+    from .models import ApprovalRequest, Decision, Halt, JournalEntry, Run
+
+    using = using or _database()
+    agent_name = Run.objects.using(using).filter(pk=run_id).values_list("agent", flat=True).first()
+    sensitive: dict[str, tuple[str, ...]] = {}
+    if agent_name:
+        try:
+            tools = get_agent(agent_name).tools
+        except DurableAgentsError:
+            tools = {}
+        sensitive = {name: t.sensitive for name, t in tools.items() if t.sensitive}
+    secret = get_settings().audit_salt_key or settings.SECRET_KEY
+    found = Redactor(derive_key(secret), run_id, sensitive)
+    if not sensitive:
+        return found
+    for data in (
+        JournalEntry.objects.using(using).filter(run_id=run_id).values_list("data", flat=True)
+    ):
+        found.collect_record(data)
+    for r in ApprovalRequest.objects.using(using).filter(run_id=run_id):
+        for args in (r.arguments, r.previous_arguments):
+            found.collect_call(r.tool_name, args)
+    for d in Decision.objects.using(using).filter(request__run_id=run_id).select_related("request"):
+        found.collect_call(d.request.tool_name, d.arguments)
+    for h in Halt.objects.using(using).filter(run_id=run_id):
+        found.collect_call(h.tool_name, h.arguments)
+    return found
 
 
 @lru_cache(maxsize=4)
@@ -151,25 +191,30 @@ def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
     if not Run.objects.using(store.using).filter(pk=run_id).exists():
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
     entries = JournalEntry.objects.using(store.using).filter(run_id=run_id).order_by("seq")
-    records = [
-        {"seq": e.seq, "name": e.name, "data": e.data, "hash": e.hash,
-         "created_at": e.created_at.isoformat()}
-        for e in entries
-    ]  # fmt: skip
+    hide = redactor(run_id, using=store.using)
+    records = []
+    for e in entries:
+        shown = hide.redact_text(e.name, e.data)
+        records.append(
+            {"seq": e.seq, "name": e.name, "data": shown, "hash": e.hash,
+             "digest": data_digest(e.data), "redacted": shown != e.data,
+             "created_at": e.created_at.isoformat()}
+        )  # fmt: skip
     start = Journal(store).get(run_id, RUN_START)
     incarnation = str(start.get("incarnation") or "") if start is not None else ""
     users = get_user_model()
     decisions = []
     rows = Decision.objects.using(store.using).filter(request__run_id=run_id)
     for d in rows.select_related("request").order_by("created_at", "id"):
+        where = f"decision:{d.request.call_id}:{d.approver}"
         item: dict[str, Any] = {
             "call_id": d.request.call_id,
             "tool_name": d.request.tool_name,
-            "arguments": d.request.arguments,
+            "arguments": hide.redact(where, d.request.arguments),
             "approver": d.approver,
             "approved": d.approved,
-            "note": d.note,
-            "edited": d.arguments,
+            "note": hide.redact(where, d.note),
+            "edited": hide.redact(where, d.arguments),
             "created_at": d.created_at.isoformat(),
             "signature": d.signature,
             "signed_bytes": None,
@@ -193,9 +238,9 @@ def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
         decisions.append(item)
     log = ActionLog.objects.using(store.using)
     before = log.order_by("-id").values_list("hash", flat=True)
-    actions = [
-        {
-            "id": a.id,
+    actions = []
+    for a in log.filter(run_id=run_id).order_by("id"):
+        fields = {
             "actor": a.actor,
             "actor_id": a.actor_id,
             "channel": a.channel,
@@ -203,15 +248,24 @@ def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
             "run_id": a.run_id,
             "target": a.target,
             "payload": a.payload,
-            "created_at": a.created_at.isoformat(),
-            "hash": a.hash,
-            "prev": before.filter(id__lt=a.id).first(),
         }
-        for a in log.filter(run_id=run_id).order_by("id")
-    ]
+        content = action_content(fields)
+        shown = hide.redact(f"action:{a.id}", fields)
+        actions.append(
+            {
+                "id": a.id,
+                **shown,
+                "created_at": a.created_at.isoformat(),
+                "hash": a.hash,
+                "prev": before.filter(id__lt=a.id).first(),
+                "digest": data_digest(content),
+                "redacted": shown != fields,
+            }
+        )
     return {
         "format": BUNDLE_FORMAT,
         "run_id": run_id,
+        "redacted": hide.active,
         "records": records,
         "head": sign_head(run_id, using=store.using),
         "decisions": decisions,

@@ -57,6 +57,8 @@ class Settings:
     audit_check_sample: int = 0
     # PEM text of the site's Ed25519 private key that signs run heads (docs/audit.md).
     audit_signing_key: str | None = None
+    # The secret sensitive values' salted hashes derive from (docs/audit.md); None: SECRET_KEY.
+    audit_salt_key: str | None = None
 
     @property
     def effective_halt_min_age(self) -> float:
@@ -81,6 +83,7 @@ _KEYS = {
     "SUBAGENT_DEPTH": "subagent_depth",
     "AUDIT_CHECK_SAMPLE": "audit_check_sample",
     "AUDIT_SIGNING_KEY": "audit_signing_key",
+    "AUDIT_SALT_KEY": "audit_salt_key",
 }
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
 _NOTIFY_KEYS = {"APPROVALS": "approvals", "FROM_EMAIL": "from_email", "BASE_URL": "base_url"}
@@ -178,6 +181,13 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
             "(-----BEGIN PRIVATE KEY-----…), or None"
         )
         values.pop("audit_signing_key")
+
+    salt_key = values.get("audit_salt_key")
+    if salt_key is not None and not (isinstance(salt_key, str) and salt_key):
+        problems.append(
+            "DURABLE_AGENTS['AUDIT_SALT_KEY'] must be a secret string, or None (SECRET_KEY)"
+        )
+        values.pop("audit_salt_key")
 
     if not isinstance(values.get("public_api_docs", False), bool):
         problems.append("DURABLE_AGENTS['PUBLIC_API_DOCS'] must be True or False")

@@ -16,11 +16,14 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from . import __version__
+from .audit import redactor
 from .conf import get_settings
+from .engine.audit import action_content, data_digest
 from .engine.errors import Conflict, NotFound, ProtocolError
 from .engine.export import EXPORT_FORMAT, end_line, header_line, line, parse, record_line
 from .engine.journal import to_record
 from .engine.ports import Entry
+from .engine.sensitive import Redactor
 from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Run
 from .storage import DjangoStore
 
@@ -76,20 +79,29 @@ def export_lines(run_id: str, *, with_forks: bool = False) -> Iterator[str]:
     if not Run.objects.using(using).filter(pk=run_id).exists():
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
     run_ids = _with_forks(run_id, using) if with_forks else [run_id]
+    hiders = {rid: redactor(rid, using=using) for rid in run_ids}
     count = 1
-    yield header_line(run_ids, exported_at=timezone.now(), library=__version__)
+    yield header_line(
+        run_ids,
+        exported_at=timezone.now(),
+        library=__version__,
+        redacted=any(h.active for h in hiders.values()),
+    )
     for rid in run_ids:
-        for text in _run_lines(rid, using):
+        for text in _run_lines(rid, using, hiders[rid]):
             count += 1
             yield text
     yield end_line(count)
 
 
-def _run_lines(run_id: str, using: str) -> Iterator[str]:
+def _run_lines(run_id: str, using: str, hide: Redactor) -> Iterator[str]:
+    """One run's lines; ``hide`` shows its sensitive values as salted hashes: a redacted
+    record carries its data digest, a redacted action row its content's (docs/audit.md)."""
     run = Run.objects.using(using).get(pk=run_id)
     entries = JournalEntry.objects.using(using).filter(run_id=run_id).order_by("seq")
     head = entries.reverse().values_list("hash", flat=True).first()
-    item: dict[str, Any] = {"type": "run", "run_id": run_id, "row": _row(run), "head": head}
+    row = hide.redact("run", _row(run))
+    item: dict[str, Any] = {"type": "run", "run_id": run_id, "row": row, "head": head}
     if get_settings().audit_signing_key:  # the site vouches for the head (docs/audit.md)
         from .audit import sign_head
 
@@ -97,10 +109,13 @@ def _run_lines(run_id: str, using: str) -> Iterator[str]:
         item.update(head_signature=signed["signature"], public_key=signed["public_key"])
     yield line(item)
     for e in entries.iterator():
-        yield record_line(to_record(Entry(run_id, e.name, e.seq, e.data, e.created_at)), e.hash)
+        shown = hide.redact_text(e.name, e.data)
+        record = to_record(Entry(run_id, e.name, e.seq, shown, e.created_at))
+        yield record_line(record, e.hash, digest=data_digest(e.data) if shown != e.data else None)
     requests = ApprovalRequest.objects.using(using).filter(run_id=run_id).order_by("created_at")
     for r in requests:
-        yield line({"type": "approval_request", "run_id": run_id, **_row(r)})
+        where = f"approval_request:{r.call_id}"
+        yield line({"type": "approval_request", "run_id": run_id, **hide.redact(where, _row(r))})
     decisions = (
         Decision.objects.using(using)
         .filter(request__run_id=run_id)
@@ -108,15 +123,19 @@ def _run_lines(run_id: str, using: str) -> Iterator[str]:
         .order_by("created_at", "id")
     )
     for d in decisions:
-        yield line({"type": "decision", "run_id": run_id, "call_id": d.request.call_id, **_row(d)})
+        fields = hide.redact(f"decision:{d.request.call_id}:{d.approver}", _row(d))
+        yield line({"type": "decision", "run_id": run_id, "call_id": d.request.call_id, **fields})
     for h in Halt.objects.using(using).filter(run_id=run_id).order_by("created_at"):
-        yield line({"type": "halt", "run_id": run_id, **_row(h)})
+        yield line({"type": "halt", "run_id": run_id, **hide.redact(f"halt:{h.pk}", _row(h))})
     actions = ActionLog.objects.using(using).filter(run_id=run_id).order_by("id")
     log = ActionLog.objects.using(using).order_by("-id").values_list("hash", flat=True)
     for a in actions:
         # The hash of the row before it in the site's chain, so each row verifies alone.
         prev = log.filter(id__lt=a.id).first()
-        yield line({"type": "action", **_row(a), "prev": prev})
+        fields = _row(a)
+        shown = hide.redact(f"action:{a.id}", fields)
+        extra = {"digest": data_digest(action_content(fields)), "redacted": True}
+        yield line({"type": "action", **shown, "prev": prev, **(extra if shown != fields else {})})
 
 
 def import_lines(lines: Iterable[str]) -> list[str]:

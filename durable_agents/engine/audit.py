@@ -1,9 +1,11 @@
 """The audit hash chains (docs/audit.md): their definition and their verification.
 
-Each journal record stores ``hash = sha256(prev ‖ 0x00 ‖ name ‖ 0x00 ‖ data)`` as 64
+Each journal record stores ``hash = sha256(prev ‖ 0x00 ‖ name ‖ 0x00 ‖ digest)`` as 64
 lowercase hex digits, where ``prev`` is the previous record's hash of the same run (as
-ASCII hex; empty for the first hashed record), ``name`` the record's name and ``data`` its
-canonical JSON text as stored, both UTF-8. The head of a run is its last record's hash.
+ASCII hex; empty for the first hashed record), ``name`` the record's name (UTF-8) and
+``digest`` the *data digest*: ``sha256`` of its canonical JSON text as stored (UTF-8), as 64
+hex digits. A redacted export carries the digest beside redacted data, so its chain still
+verifies without the hidden values. The head of a run is its last record's hash.
 
 The action log is one chain for the whole site, in id order, with the same function:
 ``hash = H(prev, "action", content)`` where ``content`` is the canonical JSON of the row's
@@ -32,14 +34,25 @@ ACTION_NAME = "action"
 ACTION_FIELDS = ("action", "actor", "actor_id", "channel", "payload", "run_id", "target")
 
 
-def chain_hash(prev: str | None, name: str, data: str) -> str:
-    """The hash of one link: ``sha256(prev ‖ 0x00 ‖ name ‖ 0x00 ‖ data)`` in hex."""
+def data_digest(data: str) -> str:
+    """The data digest a link hashes: ``sha256`` of the record's stored text, in hex."""
+    return hashlib.sha256(data.encode("utf-8")).hexdigest()
+
+
+def link_hash(prev: str | None, name: str, digest: str) -> str:
+    """The hash of one link from its data digest: ``sha256(prev ‖ 0x00 ‖ name ‖ 0x00 ‖
+    digest)`` in hex."""
     h = hashlib.sha256((prev or "").encode("ascii"))
     h.update(b"\x00")
     h.update(name.encode("utf-8"))
     h.update(b"\x00")
-    h.update(data.encode("utf-8"))
+    h.update(digest.encode("ascii"))
     return h.hexdigest()
+
+
+def chain_hash(prev: str | None, name: str, data: str) -> str:
+    """The hash of one link from its data: ``link_hash(prev, name, data_digest(data))``."""
+    return link_hash(prev, name, data_digest(data))
 
 
 def action_content(fields: Mapping[str, Any]) -> str:
@@ -52,12 +65,14 @@ def action_hash(prev: str | None, fields: Mapping[str, Any]) -> str:
 
 
 class Link(NamedTuple):
-    """One stored link: its position (journal seq or action id), name, hashed text, hash."""
+    """One stored link: its position (journal seq or action id), name, hashed text, hash.
+    ``digest`` stands in for ``data``'s digest when ``data`` was redacted (an export)."""
 
     position: int
     name: str
     data: str
     hash: str | None
+    digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -109,7 +124,8 @@ def verify_links(chain: str, links: Iterable[Link]) -> ChainReport:
                 chain, count, unchained, prev, link.position, link.name,
                 "it has no hash, but records before it do: its hash was removed",
             )  # fmt: skip
-        expected = chain_hash(prev, link.name, link.data)
+        digest = link.digest if link.digest is not None else data_digest(link.data)
+        expected = link_hash(prev, link.name, digest)
         if link.hash != expected:
             return ChainReport(
                 chain, count, unchained, prev, link.position, link.name,

@@ -33,7 +33,9 @@ def line(value: Mapping[str, Any]) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
-def header_line(run_ids: Sequence[str], *, exported_at: datetime, library: str) -> str:
+def header_line(
+    run_ids: Sequence[str], *, exported_at: datetime, library: str, redacted: bool = False
+) -> str:
     return line(
         {
             "type": "header",
@@ -42,12 +44,14 @@ def header_line(run_ids: Sequence[str], *, exported_at: datetime, library: str) 
             "runs": list(run_ids),
             "exported_at": exported_at.isoformat(),
             "library": library,
+            **({"redacted": True} if redacted else {}),
         }
     )
 
 
-def record_line(record: Record, hash: str | None = None) -> str:
-    """A record's line; ``hash`` is its audit-chain hash (docs/audit.md), None if unchained."""
+def record_line(record: Record, hash: str | None = None, *, digest: str | None = None) -> str:
+    """A record's line; ``hash`` is its audit-chain hash (docs/audit.md), None if unchained.
+    ``digest`` (the stored text's data digest) marks ``record.data`` as redacted."""
     return line(
         {
             "type": "record",
@@ -57,6 +61,7 @@ def record_line(record: Record, hash: str | None = None) -> str:
             "data": record.data,
             "created_at": record.created_at.isoformat() if record.created_at else None,
             "hash": hash,
+            **({"digest": digest, "redacted": True} if digest is not None else {}),
         }
     )
 
@@ -117,6 +122,8 @@ def parse(lines: Iterable[str]) -> Export:
                     "it was cut or edited"
                 )
             ended = True
+        elif item.get("redacted"):
+            raise _redacted(f"line {number}")
         elif kind == "record":
             _add_record(runs, header, item, number)
         elif kind in ROW_TYPES:
@@ -176,6 +183,15 @@ def _check_chains(run: RunExport) -> None:
             )
 
 
+def _redacted(where: str) -> ProtocolError:
+    return _refuse(
+        f"{where}: this export is redacted (sensitive values of its tool calls are shown as "
+        "salted hashes): it verifies, but cannot be imported or replayed, since the values "
+        "it hides cannot be restored. Export the run without sensitive tool fields to move it",
+        "export.redacted",
+    )
+
+
 def _check_header(item: dict[str, Any]) -> dict[str, Any]:
     if item.get("type") != "header":
         raise _refuse(
@@ -197,6 +213,8 @@ def _check_header(item: dict[str, Any]) -> dict[str, Any]:
             found=journal_format,
             supported=list(SUPPORTED_FORMATS),
         )
+    if item.get("redacted"):
+        raise _redacted("the header")
     run_ids = item.get("runs")
     if (
         not isinstance(run_ids, list)

@@ -24,7 +24,7 @@ import hashlib
 import inspect
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, get_type_hints
@@ -149,6 +149,7 @@ class Tool:
         description: str | None = None,
         safety: Safety = Safety(),
         summary: Callable[[dict[str, Any]], str] | None = None,
+        sensitive: Sequence[str] = (),
     ) -> None:
         self.fn = fn
         # For people only (the approval page): the model never sees it, so it may be wrong
@@ -186,6 +187,21 @@ class Tool:
             )
         schema.pop("title", None)
         self.parameters: dict[str, Any] = schema
+        if isinstance(sensitive, str) or not all(isinstance(f, str) for f in sensitive):
+            raise ConfigError(
+                f"tool {self.name}: sensitive must be a list of argument names",
+                code="config.tool_sensitive",
+            )
+        unknown = [f for f in sensitive if f not in self._model.model_fields]
+        if unknown:
+            raise ConfigError(
+                f"tool {self.name}: sensitive names {', '.join(map(repr, unknown))}, which "
+                f"is not an argument of the tool (its arguments: "
+                f"{', '.join(self._model.model_fields) or 'none'})",
+                code="config.tool_sensitive",
+            )
+        # Argument fields whose values exports and audit bundles hide (docs/audit.md).
+        self.sensitive: tuple[str, ...] = tuple(dict.fromkeys(sensitive))
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)
@@ -304,6 +320,7 @@ def tool(
     approval: Any = None,
     editable: bool = True,
     summary: Callable[[dict[str, Any]], str] | None = None,
+    sensitive: Sequence[str] = (),
 ) -> Any:
     """Turn a typed function into a ``Tool``. Its JSON schema comes from the type hints,
     its description from the docstring. Use bare (``@tool``) or with options.
@@ -312,7 +329,9 @@ def tool(
     (approve or deny only). ``summary=fn`` (``fn(arguments) -> str``) gives the approval page
     a one-line reading of a call, e.g. "Refund 42.00 to order 7"; it reads the arguments'
     JSON form (as journaled), while ``idempotency_key=fn`` gets the Python values the tool
-    gets (a pydantic model as an instance, a datetime as a datetime)."""
+    gets (a pydantic model as an instance, a datetime as a datetime). ``sensitive=[...]``
+    names argument fields whose values exports and audit bundles show as salted hashes
+    (docs/audit.md); a name that is not an argument is a ``ConfigError``."""
     if read_only and (idempotent or idempotency_key is not None):
         raise ConfigError(
             "a tool is read_only or idempotent, not both: read_only already means safe to re-run",
@@ -325,6 +344,13 @@ def tool(
     safety = Safety(read_only, idempotent, idempotency_key, requires_approval, approval, editable)
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool(f, name=name, description=description, safety=safety, summary=summary)
+        return Tool(
+            f,
+            name=name,
+            description=description,
+            safety=safety,
+            summary=summary,
+            sensitive=sensitive,
+        )
 
     return wrap(fn) if fn is not None else wrap

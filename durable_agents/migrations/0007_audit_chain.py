@@ -24,7 +24,7 @@ BEGIN
     NEW.hash := encode(sha256(
         convert_to(coalesce(prev, ''), 'UTF8') || '\\x00'::bytea
         || convert_to(NEW.name, 'UTF8') || '\\x00'::bytea
-        || convert_to(NEW.data, 'UTF8')), 'hex');
+        || convert_to(encode(sha256(convert_to(NEW.data, 'UTF8')), 'hex'), 'UTF8')), 'hex');
     RETURN NEW;
 END
 $body$;
