@@ -58,7 +58,9 @@ RunStatus = Literal[
     "awaiting_input",
     "sleeping",
     "halted",
+    "compensating",
     "finished",
+    "compensated",
     "failed",
     "cancelled",
 ]

@@ -31,6 +31,7 @@ from ..ports import (
     AWAITING_APPROVAL,
     AWAITING_INPUT,
     CANCELLED,
+    COMPENSATING,
     FAILED,
     FINISHED,
     HALTED,
@@ -57,6 +58,7 @@ _WHY = {
     AWAITING_INPUT: "waiting for input",
     SLEEPING: "sleeping until a timer fires",
     HALTED: "a side effect's outcome is unknown: a person must record it",
+    COMPENSATING: "a saga aborted: its completed calls are being undone",
     FAILED: "the last attempt failed",
 }
 
