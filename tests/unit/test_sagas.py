@@ -274,3 +274,31 @@ def test_a_retryable_failure_with_attempts_left_does_not_abort(store):
         trip.agent.run("t11", "go", store=store)
     assert trip.undos == [] and store.get_run("t11").status == "failed"
     assert "saga:abort" not in journal_names(store, "t11")
+
+
+def test_the_simulator_invariant_holds_on_real_rollbacks_and_catches_broken_ones(store):
+    from durable_agents.engine.records import Record
+    from tests.simulation.invariants import saga_violations
+
+    trip = Trip()
+    with pytest.raises(da.SagaAborted):
+        trip.agent.run("s1", "go", store=store)
+    records = Journal(store).records("s1")
+    assert saga_violations(records) == []
+    # the same undos, in call order instead of reverse: caught
+    by_name = {r.name: r for r in records}
+    first, second = by_name["compensate:call_2_1"], by_name["compensate:call_1_1"]
+    swapped = [
+        Record(r.run_id, r.name, {first.seq: second.seq, second.seq: first.seq}[r.seq], r.data)
+        if r in (first, second)
+        else r
+        for r in records
+    ]
+    swapped.sort(key=lambda r: r.seq)
+    assert "undos not in reverse order of the calls' completion" in saga_violations(swapped)
+    # an undo of a call that failed, and one before any abort: caught
+    charge = by_name["tool:call_3_1"]
+    bogus = Record("s1", "compensate:call_3_1", charge.seq + 1, '{"kind": "tool"}')
+    assert any("no successful result" in p for p in saga_violations([*records, bogus]))
+    no_abort = [r for r in records if r.name != "saga:abort"]
+    assert saga_violations(no_abort) == ["undone without a journaled abort"]
