@@ -142,6 +142,8 @@ class Accepted(Schema):
 
 class CancelIn(Body):
     reason: Note = ""
+    # "Cancel and compensate": undo the run's completed compensable calls (a saga's abort).
+    compensate: bool = False
 
 
 class CancelOut(Schema):

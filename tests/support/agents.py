@@ -438,3 +438,27 @@ saga_trip = da.Agent(
     [book_flight, book_hotel, charge_trip],
     saga=True,
 )
+
+
+@da.tool(requires_approval=True)
+def charge_trip_gated(cents: int, ctx: da.ToolContext) -> dict:
+    """Charge the card (staff approve first)."""
+    fire(ctx, "charge_trip")
+    return {"charged": cents}
+
+
+# The same trip, but the charge waits for staff: "cancel and compensate" undoes the bookings.
+saga_gated = da.Agent(
+    "saga-gated",
+    ScriptedModel(
+        [
+            scripted.calls(scripted.call("book_flight", {"to": "LIS"})),
+            scripted.calls(scripted.call("book_hotel", {"city": "LIS"})),
+            scripted.calls(scripted.call("charge_trip_gated", {"cents": 50000})),
+            scripted.text("booked"),
+        ]
+    ),
+    "Book a trip: flight, hotel, then charge the card.",
+    [book_flight, book_hotel, charge_trip_gated],
+    saga=True,
+)

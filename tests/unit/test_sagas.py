@@ -5,6 +5,8 @@ the rollback resumes the rollback."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import durable_agents as da
@@ -302,3 +304,69 @@ def test_the_simulator_invariant_holds_on_real_rollbacks_and_catches_broken_ones
     assert any("no successful result" in p for p in saga_violations([*records, bogus]))
     no_abort = [r for r in records if r.name != "saga:abort"]
     assert saga_violations(no_abort) == ["undone without a journaled abort"]
+
+
+# -- cancel and compensate ----------------------------------------------------------------
+
+
+def _gated_trip():
+    """The flight and hotel booked, then the charge waits for a staff decision."""
+    trip = Trip(charge="ok")
+    charge = trip.agent.tools["charge_card"]
+    charge.safety = dataclasses.replace(charge.safety, requires_approval=True)
+    return trip
+
+
+def test_cancel_and_compensate_undoes_a_paused_run(store):
+    trip = _gated_trip()
+    with pytest.raises(da.ApprovalPending):
+        trip.agent.run("c1", "go", store=store)
+    da.cancel("c1", compensate=True, reason="customer changed their mind", by="ann", store=store)
+    assert [u[0] for u in trip.undos] == ["hotel", "flight"]
+    run = store.get_run("c1")
+    assert run.status == "compensated" and run.last_error["code"] == "saga.cancelled"
+    assert "customer changed their mind" in run.last_error["message"]
+    [request] = store.list_approval_requests(run_id="c1", status=None)
+    assert request.status == "withdrawn"
+    assert "charge" not in trip.effects
+    [action] = [a for a in store.list_actions(run_id="c1") if a.action == "cancel"]
+    assert action.payload == {"reason": "customer changed their mind", "compensate": True}
+    # over: cancelling again is refused, as is a plain cancel of it
+    for compensate in (True, False):
+        with pytest.raises(da.ConfigError) as info:
+            da.cancel("c1", compensate=compensate, by="ann", store=store)
+        assert info.value.code == "run.compensated"
+
+
+def test_a_saga_rolling_back_cannot_be_cancelled_half_way(store):
+    trip = Trip(undo_hotel="crash")
+    with pytest.raises(Crash):
+        trip.agent.run("c2", "go", store=store)
+    with pytest.raises(da.ConfigError) as info:
+        da.cancel("c2", by="ann", store=store)
+    assert info.value.code == "run.compensating"
+    assert store.get_run("c2").status == "compensating"
+    [listed] = [p for p in da.pending(store=store) if p.run_id == "c2"]
+    assert listed.status == "compensating"
+    assert listed.why == "a saga aborted: its completed calls are being undone: card declined"
+
+
+def test_cancel_and_compensate_of_a_halted_run_waits_for_the_person(store):
+    trip = Trip(hotel="unknown", charge="ok")
+    with pytest.raises(da.OutcomeUnknown):
+        trip.agent.run("c3", "go", store=store)
+    da.cancel("c3", compensate=True, by="ann", store=store)
+    assert trip.undos == [] and store.get_run("c3").status == "halted"
+    da.resolve_halt("c3", "call_2_1", {"booking": "H-LIS"}, evidence="e", by="ann", store=store)
+    assert [u[0] for u in trip.undos] == ["hotel", "flight"]
+    assert store.get_run("c3").status == "compensated"
+
+
+def test_a_cancelled_run_cannot_then_be_compensated(store):
+    trip = _gated_trip()
+    with pytest.raises(da.ApprovalPending):
+        trip.agent.run("c4", "go", store=store)
+    da.cancel("c4", by="ann", store=store)
+    with pytest.raises(da.ConfigError) as info:
+        da.cancel("c4", compensate=True, by="ann", store=store)
+    assert info.value.code == "run.cancelled" and trip.undos == []
