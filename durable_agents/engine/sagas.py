@@ -64,11 +64,13 @@ def should_abort(driver: Driver, exc: DurableAgentsError) -> bool:
         attempts = (run.attempts if run else 0) + 1
         if attempts < runtime.retry_policy().max_attempts:
             return False  # recovery tries again: not for good yet
-    state = driver.state
+    # Folded again: a claim this drive took (an outcome it could not learn) is in its log.
+    state = RunState.of(driver.log)
+    live = state.live_attempts()
     pending_undo = any(
         (tool := driver.agent.tools.get(call.name)) is not None
         and tool.safety.compensate is not None
-        and call.id in state.live_attempts()
+        and call.id in live
         for turn in state.turns
         for call in state.calls(turn)
     )

@@ -370,3 +370,20 @@ def test_a_cancelled_run_cannot_then_be_compensated(store):
     with pytest.raises(da.ConfigError) as info:
         da.cancel("c4", compensate=True, by="ann", store=store)
     assert info.value.code == "run.cancelled" and trip.undos == []
+
+
+def test_an_abort_with_only_an_unknown_outcome_halts_rather_than_failing(store):
+    trip = Trip(hotel="unknown")
+    trip.model.turns[:3] = [
+        scripted.calls(
+            scripted.call("book_hotel", {"city": "LIS"}),
+            scripted.call("charge_card", {"amount": 1}),
+        )
+    ]
+    with pytest.raises(da.OutcomeUnknown) as info:
+        trip.agent.run("u1", "go", store=store)
+    assert info.value.details["halts"] == ["call_1_1"]
+    assert "saga:abort" in journal_names(store, "u1") and trip.undos == []
+    da.resolve_halt("u1", "call_1_1", {"booking": "H-LIS"}, evidence="e", by="ann", store=store)
+    assert [u[0] for u in trip.undos] == ["hotel"]
+    assert store.get_run("u1").status == "compensated"
