@@ -387,3 +387,20 @@ def test_an_abort_with_only_an_unknown_outcome_halts_rather_than_failing(store):
     da.resolve_halt("u1", "call_1_1", {"booking": "H-LIS"}, evidence="e", by="ann", store=store)
     assert [u[0] for u in trip.undos] == ["hotel"]
     assert store.get_run("u1").status == "compensated"
+
+
+def test_cancel_and_compensate_of_an_agent_without_undos_is_refused(store):
+    @da.tool(requires_approval=True)
+    def pay(amount: int) -> dict:
+        return {"paid": amount}
+
+    agent = da.Agent(
+        "no-undos", ScriptedModel([scripted.calls(scripted.call("pay", {"amount": 1}))]), "", [pay]
+    )
+    with pytest.raises(da.ApprovalPending):
+        agent.run("n1", "go", store=store)
+    with pytest.raises(da.ConfigError) as info:
+        da.cancel("n1", compensate=True, by="ann", store=store)
+    assert info.value.code == "run.not_compensable"
+    assert store.get_run("n1").status == "awaiting_approval"
+    assert "saga:abort" not in journal_names(store, "n1")

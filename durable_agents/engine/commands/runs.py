@@ -375,12 +375,23 @@ def cancel(
         )
     if run.status == FINISHED or journal.get(run_id, names.RUN_COMPLETE) is not None:
         raise Conflict(f"run {run_id!r} already finished; nothing to cancel", code="run.finished")
-    if run.status == COMPENSATED or journal.get(run_id, names.RUN_COMPENSATED) is not None:
+    if compensate and not _has_undos(get_agent(run.agent)):
+        raise Conflict(
+            f"agent {run.agent!r} has no tool with an undo (compensate=); there is nothing "
+            "to compensate: cancel the run instead",
+            code="run.not_compensable",
+        )
+    # Only a run whose agent has undos can have a saga's records (asked of the journal then
+    # only: a cancel of any other run reads what it always did).
+    undos = compensate or _has_undos(_loaded(run.agent))
+    if run.status == COMPENSATED or (
+        undos and journal.get(run_id, names.RUN_COMPENSATED) is not None
+    ):
         raise Conflict(
             f"run {run_id!r} was already compensated; nothing to cancel", code="run.compensated"
         )
     cancelled = run.status == CANCELLED or journal.get(run_id, names.RUN_CANCELLED) is not None
-    if journal.get(run_id, names.SAGA_ABORT) is not None and not cancelled:
+    if undos and not cancelled and journal.get(run_id, names.SAGA_ABORT) is not None:
         if compensate:  # asked again: the rollback is under way, hand it to a driver
             runtime.dispatch(run_id)
             return
@@ -399,7 +410,7 @@ def cancel(
         _cancel_children(store, run_id, actor, reason)
         runtime.dispatch(run_id)
         return
-    if run.status != CANCELLED and journal.get(run_id, names.RUN_CANCELLED) is None:
+    if not cancelled:
         try:
             lease = HeldLease(store, run_id, runtime.lease_ttl()).acquire()
         except RunBusy:
@@ -427,6 +438,20 @@ def cancel(
     close_cancelled(store, run_id)
     tree.hand_over_parent(store, journal.get(run_id, names.RUN_START))
     _cancel_children(store, run_id, actor, reason)
+
+
+def _loaded(agent_name: str) -> AgentDefinition | None:
+    try:
+        return get_agent(agent_name)
+    except ConfigError:
+        return None
+
+
+def _has_undos(agent: AgentDefinition | None) -> bool:
+    """Whether runs of ``agent`` may roll back (an agent not loaded here: assume so)."""
+    if agent is None:
+        return True
+    return any(t.safety.compensate is not None for t in agent.tools.values())
 
 
 def _abort_saga(store: Store, journal: Journal, run_id: str, actor: Any, reason: str) -> None:
