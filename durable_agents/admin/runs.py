@@ -28,6 +28,7 @@ from django.http import (
 )
 from django.urls import URLPattern, reverse
 
+from ..engine import names
 from ..engine.commands.runs import cancel, delete, hand_over
 from ..engine.errors import DurableAgentsError
 from ..engine.journal import Journal
@@ -42,6 +43,7 @@ from ..engine.ports import (
     TERMINAL_STATUSES,
 )
 from ..engine.records import Record
+from ..engine.registry import get_agent
 from ..engine.waits import CHANNEL, INTERRUPT, TIMER, OpenWait, open_waits
 from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
 from ..storage import site_store
@@ -398,8 +400,19 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
         "run_finished": run.status in TERMINAL_STATUSES,
         "resume_url": admin_url(admin, "resume", quote(run.run_id)),
         "cancel_url": admin_url(admin, "cancel", quote(run.run_id)),
+        # "Cancel and compensate": an agent with undos, whose run is not rolling back yet.
+        "can_compensate": _has_undos(run.agent)
+        and not any(r.name == names.SAGA_ABORT for r in records),
         "export_url": admin_url(admin, "export", quote(run.run_id)),
     }
+
+
+def _has_undos(agent_name: str) -> bool:
+    try:
+        agent = get_agent(agent_name)
+    except DurableAgentsError:
+        return False
+    return any(t.safety.compensate is not None for t in agent.tools.values())
 
 
 def _tally_counts(request: ApprovalRequest) -> tuple[int, int]:
@@ -434,12 +447,12 @@ def resume_runs(request: HttpRequest, run_ids: Iterable[str]) -> tuple[list[str]
 
 
 def cancel_runs(
-    request: HttpRequest, run_ids: Iterable[str], reason: str
+    request: HttpRequest, run_ids: Iterable[str], reason: str, *, compensate: bool = False
 ) -> tuple[list[str], list[str]]:
     done, refused = [], []
     for run_id in run_ids:
         try:
-            cancel(run_id, by=admin_actor(request), reason=reason)
+            cancel(run_id, by=admin_actor(request), reason=reason, compensate=compensate)
         except DurableAgentsError as exc:
             refused.append(f"{run_id}: {exc}")
         else:
@@ -468,8 +481,16 @@ def run_cancel_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str) 
     if isinstance(run, HttpResponse):
         return run
     reason = str(request.POST.get("reason") or "").strip()[:1000]
-    done, refused = cancel_runs(request, [run.run_id], reason or "cancelled in the admin")
-    report(request, "Cancelled", done, refused)
+    compensate = "compensate" in request.POST
+    done, refused = cancel_runs(
+        request, [run.run_id], reason or "cancelled in the admin", compensate=compensate
+    )
+    report(
+        request,
+        "Cancelled; undoing its completed calls" if compensate else "Cancelled",
+        done,
+        refused,
+    )
     return HttpResponseRedirect(run_url(admin, run.run_id))
 
 

@@ -130,6 +130,10 @@ def _describe(rec: Record) -> dict[str, Any]:
             meta = [f"tool {body.get('tool')}"] + (
                 [f"attempted at {at:%Y-%m-%d %H:%M:%S}"] if at else []
             )
+            if names.is_compensation(call):
+                undone = call[len(names.COMPENSATE) :]
+                title = f"Undo of call {undone}: attempt {k} claimed"
+                return _entry(rec, "attempt", title, meta=meta)
             return _entry(rec, "attempt", f"Attempt {k} of call {call} claimed", meta=meta)
         return _entry(rec, "attempt", f"Attempt {k} of call {call} never started")
     if name.startswith(names.TOOL):
@@ -149,6 +153,48 @@ def _describe(rec: Record) -> dict[str, Any]:
             f"Result of call {name[len(names.TOOL) :]} ({body.get('name')})",
             meta=flags,
             sections=sections,
+        )
+    if name.startswith(names.COMPENSATE):
+        flags = ["error"] if body.get("is_error") else ["ok"]
+        sections = [("result", pretty(body.get("result")))]
+        if body.get("reconciled"):
+            flags.append(f"outcome recorded by {body.get('by') or 'a person'}")
+            if body.get("evidence") is not None:
+                sections.append(("evidence", pretty(body.get("evidence"))))
+        undone = name[len(names.COMPENSATE) :]
+        return _entry(
+            rec,
+            "tool-error" if body.get("is_error") else "undo",
+            f"Undo of call {undone} ({body.get('name')})"
+            + (" failed" if body.get("is_error") else ""),
+            meta=flags,
+            sections=sections,
+        )
+    if name == names.SAGA_ABORT:
+        cause = body.get("cause") or {}
+        calls = body.get("calls") or []
+        meta = [f"cause {cause.get('code')}"] + (
+            [f"to undo: {', '.join(map(str, calls))}"] if calls else []
+        )
+        who = f" by {body.get('by')}" if body.get("by") else ""
+        return _entry(
+            rec,
+            "cancelled",
+            f"Saga aborted{who}: undoing its calls",
+            text=cause.get("message"),
+            meta=meta,
+        )
+    if name == names.RUN_COMPENSATED:
+        undone = ", ".join(map(str, body.get("undone") or ())) or "nothing"
+        meta = [f"undone: {undone}"]
+        if body.get("failed"):
+            meta.append("undo failed: " + ", ".join(map(str, body["failed"])))
+        return _entry(
+            rec,
+            "tool-error" if body.get("failed") else "complete",
+            "Run compensated",
+            text=(body.get("cause") or {}).get("message"),
+            meta=meta,
         )
     if name.startswith(names.APPROVAL):
         verdict = "approved" if body.get("approved") else "denied"

@@ -168,11 +168,21 @@ def resume_run(request: HttpRequest, run_id: str) -> Status[Accepted]:
 def cancel_run(request: HttpRequest, run_id: str, payload: CancelIn) -> CancelOut:
     """Cancel an unfinished run (needs ``cancel_run``): it is never driven again and its
     pending approvals are withdrawn. 409 ``run.busy`` while a driver holds it, 409
-    ``run.finished`` once finished; cancelling a cancelled run is a no-op."""
+    ``run.finished`` once finished; cancelling a cancelled run is a no-op.
+
+    ``compensate: true`` ("cancel and compensate") aborts the run as a saga: its completed
+    compensable calls are undone, latest first, and it ends ``compensated``; the answer's
+    ``status`` is the run's once handed over (``compensating`` until a driver is done, or
+    ``halted`` on an unknown outcome). 409 ``run.compensating`` for a plain cancel of a saga
+    rolling back, ``run.compensated`` once it is over."""
     by = require(request, "cancel")
     run_id = checked_run_id(run_id)
-    cancel(run_id, by=by, reason=payload.reason)
-    return CancelOut(run_id=run_id, status="cancelled")
+    if not payload.compensate:
+        cancel(run_id, by=by, reason=payload.reason)
+        return CancelOut(run_id=run_id, status="cancelled")
+    with transaction.atomic(using=get_settings().database):
+        cancel(run_id, by=by, reason=payload.reason, compensate=True)
+    return CancelOut(run_id=run_id, status=get_run(run_id).status)
 
 
 # Last: run ids may contain "/", so the paths above must be tried before this one.

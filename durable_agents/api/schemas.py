@@ -58,7 +58,9 @@ RunStatus = Literal[
     "awaiting_input",
     "sleeping",
     "halted",
+    "compensating",
     "finished",
+    "compensated",
     "failed",
     "cancelled",
 ]
@@ -140,6 +142,8 @@ class Accepted(Schema):
 
 class CancelIn(Body):
     reason: Note = ""
+    # "Cancel and compensate": undo the run's completed compensable calls (a saga's abort).
+    compensate: bool = False
 
 
 class CancelOut(Schema):

@@ -43,6 +43,7 @@ class Agent(AgentDefinition):
         tool_concurrency: int = 1,
         model_retry: ModelRetry | None = None,
         on_drift: str | None = None,
+        saga: bool = False,
     ) -> None:
         super().__init__(
             name,
@@ -54,6 +55,7 @@ class Agent(AgentDefinition):
             tool_concurrency=tool_concurrency,
             model_retry=model_retry,
             on_drift=on_drift,
+            saga=saga,
         )
         registry.register(self)
 

@@ -58,6 +58,7 @@ class AgentDefinition:
         tool_concurrency: int = 1,
         model_retry: ModelRetry | None = None,
         on_drift: str | None = None,
+        saga: bool = False,
     ) -> None:
         if not isinstance(name, str) or not name or len(name) > 200:
             raise ConfigError("an agent needs a name of 1-200 characters", code="config.agent")
@@ -86,7 +87,11 @@ class AgentDefinition:
             raise ConfigError("token_budget must be a positive int", code="config.agent")
         if on_drift not in (None, "warn", "error", "ignore"):
             raise ConfigError("on_drift is 'warn', 'error' or 'ignore'", code="config.agent")
+        if not isinstance(saga, bool):
+            raise ConfigError("saga must be True or False", code="config.agent")
         self.name = name
+        # A saga undoes its completed compensable calls when it fails for good (``sagas``).
+        self.saga = saga
         self.model = model
         self.instructions = instructions
         self.tools = {t.name: t for t in tools}

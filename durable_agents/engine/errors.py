@@ -110,6 +110,15 @@ class ToolOutcomeUnknown(ToolError):
     code = "tool.outcome_unknown"
 
 
+class SagaAborted(ToolError):
+    """A saga run (``Agent(saga=True)``) aborted: its completed compensable calls were undone
+    in reverse order and it ended ``compensated``. ``details["cause"]`` is the failure that
+    aborted it (code and message). A tool may raise it to abort its saga on purpose."""
+
+    code = "saga.aborted"
+    http_status = 409
+
+
 class StorageError(DurableAgentsError):
     """The store could not read or write."""
 

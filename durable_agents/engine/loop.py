@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from . import events, failpoints, names, runtime, tree
+from . import events, failpoints, names, runtime, sagas, tree
 from .approvals import decision_name, policy_for
 from .definition import AgentDefinition as Agent
 from .definition import RunResult
@@ -50,6 +50,7 @@ from .errors import (
     ProtocolError,
     ResumeToolMissing,
     RunBusy,
+    SagaAborted,
     SignalPending,
     TimerPending,
     ToolArgumentsError,
@@ -403,6 +404,8 @@ class Driver:
         # The waits this turn's calls paused on, and a wait refused as misuse.
         self._pauses: list[InterruptPending | SignalPending | TimerPending] = []
         self._misuse: WaitError | None = None
+        # A tool of a saga that raised ``SagaAborted``: the run aborts once the turn settles.
+        self._abort: SagaAborted | None = None
 
     @staticmethod
     def check_start(agent: Agent, run_id: str, state: RunState, input: Any) -> None:
@@ -441,6 +444,8 @@ class Driver:
                     f"run {self.run_id!r} was cancelled; start a new run to try again",
                     code="run.cancelled",
                 )
+            if self.state.compensated is not None:
+                sagas.repair(self)
             if self.state.fork is not None and not self.state.fork_done:
                 raise ConfigError(
                     f"run {self.run_id!r} is a fork that was not completely written (its "
@@ -451,6 +456,8 @@ class Driver:
             # Before the tools, their schemas or the agent's drift are even looked at.
             self._halt_on_unknown_outcomes()
             self._close_settled_halts()
+            if self.state.saga_abort is not None:
+                sagas.rollback(self)  # an aborted saga only rolls back, crash or not
             self._check_drift()
             if not self.started:
                 self._update(status=RUNNING)
@@ -463,12 +470,19 @@ class Driver:
             self._update(status=QUEUED)
             raise
         except DurableAgentsError as exc:
+            if self.state.compensated is not None:
+                raise  # the saga's end (``sagas.repair``): its row is already in step
             if exc.code not in _CALLER_ERRORS and exc.code != "run.cancelled":
+                if sagas.should_abort(self, exc):
+                    sagas.abort(self, exc)
                 self._fail(exc.code, str(exc), retryable=exc.retryable)
                 if not exc.retryable:  # its parent's call has its outcome: an error
                     tree.hand_over_parent(self.store, self.state.start)
             raise
         except Exception as exc:
+            internal = DurableAgentsError(error_text(exc), code="internal")
+            if sagas.should_abort(self, internal):
+                sagas.abort(self, internal)
             self._fail("internal", error_text(exc), retryable=False)
             raise
 
@@ -831,6 +845,8 @@ class Driver:
                     continue
             runnable.append((gate, attempt))
         halts.extend(self._run_calls(runnable))
+        if self._abort is not None and self.agent.saga:
+            raise self._abort  # before any halt: the rollback halts on unknown outcomes itself
         if halts:
             self._halt_run(halts)
         if self._misuse is not None:
@@ -1016,6 +1032,17 @@ class Driver:
             cause=first.cause,
         )
 
+    def unknown_halts(self) -> list[HaltInfo]:
+        """One halt per op of this drive's state whose outcome is unknown."""
+        return unknown_outcomes(self.state, self.run_id)
+
+    def halt_op(self, op: str, tool_name: str, args: Any, marker: Any, cause: str) -> HaltInfo:
+        return halt_info(self.run_id, op, tool_name, args, marker, cause)
+
+    def announce_failed(self, error: dict[str, Any]) -> None:
+        """``run_failed`` for an end the run will not be retried from (a saga's)."""
+        announce_failure(self.store, self.run_id, self.agent.name, error, 1)
+
     def _halt(self, gate: _Gate, marker: Any, cause: str) -> HaltInfo:
         return halt_info(self.run_id, gate.call.id, gate.tool.name, gate.args, marker, cause)
 
@@ -1107,6 +1134,9 @@ class Driver:
             return "pause", pause
         except WaitError as exc:
             return "misuse", exc
+        except SagaAborted as exc:
+            self._abort = self._abort or exc
+            return "error", error_text(exc)
         except Pause:
             raise
         except Exception as exc:

@@ -28,6 +28,8 @@ HEADER = "@journal"  # the journal's format version, first record of every run
 RUN_START = "run:start"
 RUN_COMPLETE = "run:complete"
 RUN_CANCELLED = "run:cancelled"
+RUN_COMPENSATED = "run:compensated"  # terminal: a saga's rollback is over (its cause, undos)
+SAGA_ABORT = "saga:abort"  # a saga run failed for good: from now on it only rolls back
 FORK = "fork"  # a fork's source, origin, step and patch (a forked session's too)
 FORK_DONE = "fork:done"  # the fork is completely copied: from now on it may be driven
 
@@ -45,6 +47,7 @@ WAITED = "waited:"  # how an awaited signal resolved: its payload, or the timeou
 MESSAGE = "message:"  # a message enqueued on one of the run's channels (first payload per key)
 ACK = "ack:"  # a channel's message consumed, by which call (once)
 RECEIVING = "receiving:"  # a receive found its channel empty: the run waits for a message
+COMPENSATE = "compensate:"  # a saga undid a call (``undo``'s outcome), at most once
 CHILD = "child:"  # a call started a sub-run (``agent.as_tool()``): its id and agent
 # "@..." records are evidence beside the run's steps, never replayed into its transcript.
 SPEND = "@spend/"
@@ -76,9 +79,19 @@ def is_step(op_id: str) -> bool:
     return op_id.startswith(STEP)
 
 
+def compensate(call_id: str) -> str:
+    """The undo of a saga's call: its op id (attempts, halts) and where its outcome is."""
+    return f"{COMPENSATE}{call_id}"
+
+
+def is_compensation(op_id: str) -> bool:
+    return op_id.startswith(COMPENSATE)
+
+
 def result(op_id: str) -> str:
-    """Where an op's outcome is recorded: ``tool:<call>``, or the step's own name."""
-    return op_id if is_step(op_id) else tool(op_id)
+    """Where an op's outcome is recorded: ``tool:<call>``, or the op's own name (a step's,
+    an undo's)."""
+    return op_id if is_step(op_id) or is_compensation(op_id) else tool(op_id)
 
 
 def attempt(op_id: str, k: int) -> str:

@@ -53,9 +53,11 @@ AWAITING_APPROVAL = "awaiting_approval"
 AWAITING_INPUT = "awaiting_input"
 SLEEPING = "sleeping"
 HALTED = "halted"
+COMPENSATING = "compensating"  # a saga aborted and is undoing its completed calls
 FINISHED = "finished"
 FAILED = "failed"
 CANCELLED = "cancelled"
+COMPENSATED = "compensated"  # a saga aborted and undid what it had done
 
 STATUSES = (
     QUEUED,
@@ -64,11 +66,13 @@ STATUSES = (
     AWAITING_INPUT,
     SLEEPING,
     HALTED,
+    COMPENSATING,
     FINISHED,
+    COMPENSATED,
     FAILED,
     CANCELLED,
 )
-TERMINAL_STATUSES = frozenset({FINISHED, CANCELLED})
+TERMINAL_STATUSES = frozenset({FINISHED, CANCELLED, COMPENSATED})
 # Paused on a person: recovery leaves these alone.
 HUMAN_WAIT_STATUSES = frozenset({AWAITING_APPROVAL, AWAITING_INPUT, HALTED})
 NOT_TERMINAL_STATUSES = tuple(s for s in STATUSES if s not in TERMINAL_STATUSES)

@@ -50,6 +50,8 @@ class Safety:
     approval: Any = None  # an approval policy (e.g. Quorum); implies requires_approval
     # Whether an approver may edit the arguments before approving (the edit runs instead).
     editable: bool = True
+    # A saga's undo of this call's effect: ``compensate(args, result, ctx)``.
+    compensate: Callable[[dict[str, Any], Any, ToolContext], Any] | None = None
 
     @property
     def retry_safe(self) -> bool:
@@ -321,6 +323,7 @@ def tool(
     editable: bool = True,
     summary: Callable[[dict[str, Any]], str] | None = None,
     sensitive: Sequence[str] = (),
+    compensate: Callable[[dict[str, Any], Any, ToolContext], Any] | None = None,
 ) -> Any:
     """Turn a typed function into a ``Tool``. Its JSON schema comes from the type hints,
     its description from the docstring. Use bare (``@tool``) or with options.
@@ -331,7 +334,22 @@ def tool(
     JSON form (as journaled), while ``idempotency_key=fn`` gets the Python values the tool
     gets (a pydantic model as an instance, a datetime as a datetime). ``sensitive=[...]``
     names argument fields whose values exports and audit bundles show as salted hashes
-    (docs/audit.md); a name that is not an argument is a ``ConfigError``."""
+    (docs/audit.md); a name that is not an argument is a ``ConfigError``.
+
+    ``compensate=undo`` declares how a saga (``Agent(saga=True)``) reverses this call's
+    effect once the run aborts: ``undo(args, result, ctx)`` gets the call's arguments (the
+    Python values the tool got), its journaled result and a ``ToolContext`` whose
+    ``idempotency_key`` is the undo's own. An undo runs at most once (see
+    docs/composition.md)."""
+    if compensate is not None and not callable(compensate):
+        raise ConfigError(
+            "compensate must be a function undo(args, result, ctx)", code="config.tool_safety"
+        )
+    if compensate is not None and read_only:
+        raise ConfigError(
+            "a read_only tool has no effect to undo: drop compensate= or read_only=True",
+            code="config.tool_safety",
+        )
     if read_only and (idempotent or idempotency_key is not None):
         raise ConfigError(
             "a tool is read_only or idempotent, not both: read_only already means safe to re-run",
@@ -341,7 +359,9 @@ def tool(
         raise ConfigError("editable must be True or False", code="config.tool_safety")
     if summary is not None and not callable(summary):
         raise ConfigError("summary must be a function of the arguments", code="config.tool_summary")
-    safety = Safety(read_only, idempotent, idempotency_key, requires_approval, approval, editable)
+    safety = Safety(
+        read_only, idempotent, idempotency_key, requires_approval, approval, editable, compensate
+    )
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(

@@ -46,6 +46,7 @@ _SPEND = names.SPEND[:_P]
 _ATTEMPT = names.ATTEMPT[:_P]
 _NOT_STARTED = names.NOT_STARTED[:_P]
 _STEP = names.STEP[:_P]
+_COMPENSATE = names.COMPENSATE[:_P]
 
 
 @dataclass
@@ -60,6 +61,10 @@ class RunState:
     cancelled: Record | None = None
     fork: Record | None = None
     fork_done: bool = False
+    # A saga's abort (from then on the run only rolls back), its undos by call id, its end.
+    saga_abort: Record | None = None
+    compensations: dict[str, Record] = field(default_factory=dict)
+    compensated: Record | None = None
     spend_records: list[Record] = field(default_factory=list)
     # Attempt claims (``attempt:<op>:<k>``), the attempts recorded as never started, and the
     # values of durable steps: what decides whether an op's outcome is unknown.
@@ -97,6 +102,12 @@ class RunState:
                 state.not_started.add(name)
             elif prefix == _STEP:
                 state.step_values.add(name)
+            elif prefix == _COMPENSATE:
+                state.compensations[name[len(names.COMPENSATE) :]] = rec
+            elif name == names.SAGA_ABORT:
+                state.saga_abort = rec
+            elif name == names.RUN_COMPENSATED:
+                state.compensated = rec
             elif name == names.RUN_START:
                 state.start = rec
             elif name == names.RUN_COMPLETE:
@@ -130,6 +141,12 @@ class RunState:
             self.not_started.add(name)
         elif name.startswith(names.STEP):
             self.step_values.add(name)
+        elif name.startswith(names.COMPENSATE):
+            self.compensations[name[len(names.COMPENSATE) :]] = rec
+        elif name == names.SAGA_ABORT:
+            self.saga_abort = rec
+        elif name == names.RUN_COMPENSATED:
+            self.compensated = rec
         elif name == names.RUN_START:
             self.start = rec
         elif name == names.RUN_COMPLETE:
@@ -138,7 +155,10 @@ class RunState:
             self.cancelled = rec
 
     def has_outcome(self, op: str) -> bool:
-        """Whether ``op`` (a call id, or ``step:<name>``) has a recorded outcome."""
+        """Whether ``op`` (a call id, ``step:<name>`` or ``compensate:<call>``) has a
+        recorded outcome."""
+        if names.is_compensation(op):
+            return op[len(names.COMPENSATE) :] in self.compensations
         return op in self.results or op in self.step_values
 
     def live_attempts(self) -> dict[str, Record]:

@@ -173,6 +173,7 @@ def check_all(w: W.World) -> None:
     check_waits(w, ix)
     check_channels(w, ix)
     check_trees(w, ix)
+    check_sagas(w, ix)
     check_chains(w)
     check_as_we_go(w)
 
@@ -685,6 +686,7 @@ INVARIANTS = (
     "only_agent_runs_run",
     "steps_once",
     "chains_verify",
+    "sagas_undo_once",
     "webhooks_never_busy",
     "sessions_stay_open",
     "terminates",
@@ -891,3 +893,53 @@ def check_trees(w: W.World, ix: Index) -> None:
                 "tree_agrees",
                 f"{parent}'s result for {call} is not the answer of its sub-run {run_id}",
             )
+
+
+def saga_violations(records: list[Record]) -> list[str]:
+    """What is wrong with one run's saga records (``docs/composition.md``): an undo
+    (``compensate:<call>``) only after the abort, only for a call whose ``tool:<call>`` is a
+    success, at most one claim that ran it (a person's resolution claim aside), latest
+    completed call first; and after the abort no step of the forward path."""
+    problems: list[str] = []
+    names = {rec.name: rec for rec in records}
+    abort = names.get("saga:abort")
+    undos = [rec for rec in records if rec.name.startswith("compensate:")]
+    claims: dict[str, int] = defaultdict(int)
+    for rec in records:
+        if rec.name.startswith("attempt:compensate:") and not rec.get("resolution"):
+            claims[rec.name.removeprefix("attempt:").rpartition(":")[0]] += 1
+    for op, n in claims.items():
+        if n > 1:
+            problems.append(f"{op} was claimed to run {n} times")
+    if abort is None:
+        if undos or claims:
+            problems.append("undone without a journaled abort")
+        return problems
+    for rec in records:
+        if rec.seq <= abort.seq:
+            continue
+        forward = rec.name.startswith("model:") or (
+            rec.name.startswith("tool:") and not rec.get("reconciled")
+        )
+        if forward:
+            problems.append(f"{rec.name} was written after the abort")
+    done_at: list[int] = []
+    for rec in undos:
+        call = rec.name.removeprefix("compensate:")
+        result = names.get(f"tool:{call}")
+        if rec.seq < abort.seq:
+            problems.append(f"{rec.name} came before the abort")
+        if result is None or result.get("is_error"):
+            problems.append(f"{rec.name} undid a call with no successful result")
+            continue
+        done_at.append(result.seq)
+    if any(a < b for a, b in pairwise(done_at)):
+        problems.append("undos not in reverse order of the calls' completion")
+    return problems
+
+
+def check_sagas(w: W.World, ix: Index) -> None:
+    """``saga_violations`` for every run."""
+    for run_id, records in ix.records.items():
+        for problem in saga_violations(records):
+            w.violate("sagas_undo_once", f"{run_id}: {problem}")

@@ -390,3 +390,75 @@ def _tree(prefix: str, leaf_tool: da.Tool) -> list[da.Agent]:
 
 gated_tree = _tree("gtree", wire_money)
 side_tree = _tree("stree", post_letter)
+
+
+# A saga (issue 16): book a flight, then a hotel, then charge a card, which is declined:
+# the hotel, then the flight, are undone. Effects and undos are counted in ``test_effects``
+# (an undo's call id is ``compensate:<call>``).
+def _undo(what: str) -> Any:
+    def undo(args: dict, result: Any, ctx: da.ToolContext) -> dict:
+        fire(ctx, f"undo_{what}")
+        return {"cancelled": result["booking"]}
+
+    return undo
+
+
+@da.tool(compensate=_undo("flight"))
+def book_flight(to: str, ctx: da.ToolContext) -> dict:
+    """Book a flight."""
+    fire(ctx, "book_flight")
+    return {"booking": f"F-{to}"}
+
+
+@da.tool(compensate=_undo("hotel"))
+def book_hotel(city: str, ctx: da.ToolContext) -> dict:
+    """Book a hotel."""
+    fire(ctx, "book_hotel")
+    return {"booking": f"H-{city}"}
+
+
+@da.tool
+def charge_trip(cents: int, ctx: da.ToolContext) -> dict:
+    """Charge the card; it is declined."""
+    fire(ctx, "charge_trip")
+    raise da.SagaAborted("the card was declined")
+
+
+saga_trip = da.Agent(
+    "saga-trip",
+    ScriptedModel(
+        [
+            scripted.calls(scripted.call("book_flight", {"to": "LIS"})),
+            scripted.calls(scripted.call("book_hotel", {"city": "LIS"})),
+            scripted.calls(scripted.call("charge_trip", {"cents": 50000})),
+            scripted.text("booked"),
+        ]
+    ),
+    "Book a trip: flight, hotel, then charge the card.",
+    [book_flight, book_hotel, charge_trip],
+    saga=True,
+)
+
+
+@da.tool(requires_approval=True)
+def charge_trip_gated(cents: int, ctx: da.ToolContext) -> dict:
+    """Charge the card (staff approve first)."""
+    fire(ctx, "charge_trip")
+    return {"charged": cents}
+
+
+# The same trip, but the charge waits for staff: "cancel and compensate" undoes the bookings.
+saga_gated = da.Agent(
+    "saga-gated",
+    ScriptedModel(
+        [
+            scripted.calls(scripted.call("book_flight", {"to": "LIS"})),
+            scripted.calls(scripted.call("book_hotel", {"city": "LIS"})),
+            scripted.calls(scripted.call("charge_trip_gated", {"cents": 50000})),
+            scripted.text("booked"),
+        ]
+    ),
+    "Book a trip: flight, hotel, then charge the card.",
+    [book_flight, book_hotel, charge_trip_gated],
+    saga=True,
+)

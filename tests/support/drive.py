@@ -46,6 +46,8 @@ def drive(agent_name: str, run_id: str, text: str | None) -> dict:
         out = {"status": "awaiting_input", "waits": exc.details.get("waits")}
     except (da.RunBusy, da.ChildPending):
         raise
+    except da.SagaAborted as exc:
+        out = {"status": "compensated", "code": exc.code, "undone": exc.details.get("undone")}
     except da.DurableAgentsError as exc:
         out = {"status": "error", "code": exc.code, "message": str(exc)}
     return out

@@ -28,9 +28,13 @@ from ..journal import Journal
 from ..leases import HeldLease
 from ..loop import announce_failure, close_cancelled, drive
 from ..ports import (
+    APPROVAL_PENDING,
+    APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
     AWAITING_INPUT,
     CANCELLED,
+    COMPENSATED,
+    COMPENSATING,
     FAILED,
     FINISHED,
     HALTED,
@@ -57,6 +61,7 @@ _WHY = {
     AWAITING_INPUT: "waiting for input",
     SLEEPING: "sleeping until a timer fires",
     HALTED: "a side effect's outcome is unknown: a person must record it",
+    COMPENSATING: "a saga aborted: its completed calls are being undone",
     FAILED: "the last attempt failed",
 }
 
@@ -337,14 +342,30 @@ def drive_quietly(run_id: str, *, store: Store | None = None) -> str:
 runtime.configure(inline_driver=drive_quietly)
 
 
-def cancel(run_id: str, *, by: Any, reason: str = "", store: Store | None = None) -> None:
+def cancel(
+    run_id: str,
+    *,
+    by: Any,
+    reason: str = "",
+    compensate: bool = False,
+    store: Store | None = None,
+) -> None:
     """Cancel an unfinished run: it is never driven again; its pending approval requests
     are withdrawn and its open halts orphaned, so a decision or a resolution arriving later
     is refused. Refused (``RunBusy``) while a driver holds the run: cancel once it pauses.
     Cancelling again finishes a cancel that stopped half-way. ``by`` (a user object, a
-    username or an ``identity.Actor``) must name an active user holding ``cancel_run``."""
+    username or an ``identity.Actor``) must name an active user holding ``cancel_run``.
+
+    ``compensate=True`` ("cancel and compensate") aborts the run as a saga instead: the
+    abort is journaled (``saga:abort``, cause ``saga.cancelled``), its pending approval
+    requests are withdrawn and its completed compensable calls are undone by a driver, latest
+    first, before it ends ``compensated`` (see docs/composition.md). Its open halts stay open:
+    an unknown outcome is a person's to record before anything is undone. A saga already
+    rolling back cannot be cancelled half-way (``run.compensating``)."""
     actor = identity.resolve(by)
     identity.require(actor, identity.OPERATE_RUNS, "cancel a run")
+    if not isinstance(compensate, bool):
+        raise ConfigError("compensate must be True or False", code="config.invalid")
     store = store or runtime.store()
     run = get_run(run_id, store=store)
     journal = Journal(store)
@@ -354,7 +375,42 @@ def cancel(run_id: str, *, by: Any, reason: str = "", store: Store | None = None
         )
     if run.status == FINISHED or journal.get(run_id, names.RUN_COMPLETE) is not None:
         raise Conflict(f"run {run_id!r} already finished; nothing to cancel", code="run.finished")
-    if run.status != CANCELLED and journal.get(run_id, names.RUN_CANCELLED) is None:
+    if compensate and not _has_undos(get_agent(run.agent)):
+        raise Conflict(
+            f"agent {run.agent!r} has no tool with an undo (compensate=); there is nothing "
+            "to compensate: cancel the run instead",
+            code="run.not_compensable",
+        )
+    # Only a run whose agent has undos can have a saga's records (asked of the journal then
+    # only: a cancel of any other run reads what it always did).
+    undos = compensate or _has_undos(_loaded(run.agent))
+    if run.status == COMPENSATED or (
+        undos and journal.get(run_id, names.RUN_COMPENSATED) is not None
+    ):
+        raise Conflict(
+            f"run {run_id!r} was already compensated; nothing to cancel", code="run.compensated"
+        )
+    cancelled = run.status == CANCELLED or journal.get(run_id, names.RUN_CANCELLED) is not None
+    if undos and not cancelled and journal.get(run_id, names.SAGA_ABORT) is not None:
+        if compensate:  # asked again: the rollback is under way, hand it to a driver
+            runtime.dispatch(run_id)
+            return
+        raise Conflict(
+            f"run {run_id!r} is undoing its completed calls (a saga that aborted); it cannot "
+            "be cancelled half-way: let the rollback finish, resolving any halt it stops on",
+            code="run.compensating",
+        )
+    if compensate:
+        if cancelled:
+            raise Conflict(
+                f"run {run_id!r} was cancelled without compensation; its effects stay",
+                code="run.cancelled",
+            )
+        _abort_saga(store, journal, run_id, actor, reason)
+        _cancel_children(store, run_id, actor, reason)
+        runtime.dispatch(run_id)
+        return
+    if not cancelled:
         try:
             lease = HeldLease(store, run_id, runtime.lease_ttl()).acquire()
         except RunBusy:
@@ -382,6 +438,62 @@ def cancel(run_id: str, *, by: Any, reason: str = "", store: Store | None = None
     close_cancelled(store, run_id)
     tree.hand_over_parent(store, journal.get(run_id, names.RUN_START))
     _cancel_children(store, run_id, actor, reason)
+
+
+def _loaded(agent_name: str) -> AgentDefinition | None:
+    try:
+        return get_agent(agent_name)
+    except ConfigError:
+        return None
+
+
+def _has_undos(agent: AgentDefinition | None) -> bool:
+    """Whether runs of ``agent`` may roll back (an agent not loaded here: assume so)."""
+    if agent is None:
+        return True
+    return any(t.safety.compensate is not None for t in agent.tools.values())
+
+
+def _abort_saga(store: Store, journal: Journal, run_id: str, actor: Any, reason: str) -> None:
+    """Journal a person's abort of a run (under its lease), withdraw its pending requests."""
+    try:
+        lease = HeldLease(store, run_id, runtime.lease_ttl()).acquire()
+    except RunBusy:
+        raise RunBusy(
+            f"run {run_id!r} is being driven right now; cancel it once it pauses or "
+            "finishes its step",
+            run_id=run_id,
+        ) from None
+    try:
+        if journal.get(run_id, names.RUN_COMPLETE) is not None:  # it finished meanwhile
+            raise Conflict(
+                f"run {run_id!r} already finished; nothing to cancel", code="run.finished"
+            )
+        message = f"cancelled by {actor.username}" + (f": {reason}" if reason else "")
+        cause = {"code": "saga.cancelled", "message": message}
+        _, inserted = journal.write(
+            run_id,
+            names.SAGA_ABORT,
+            {
+                "kind": "saga_abort",
+                "cause": cause,
+                "by": actor.username,
+                "by_id": actor.id,
+                "reason": reason,
+            },
+            fence=lease.token,
+            run_changes={"status": COMPENSATING, "last_error": cause, "attempts": 0},
+        )
+    finally:
+        lease.release()
+    if inserted:
+        store.log_action(
+            identity.logged(actor, "cancel", run_id, "", {"reason": reason, "compensate": True})
+        )
+    for request in store.list_approval_requests(run_id=run_id):
+        store.set_approval_status(
+            run_id, request.call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING]
+        )
 
 
 def _cancel_children(store: Store, run_id: str, actor: Any, reason: str) -> None:

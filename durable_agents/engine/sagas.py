@@ -1,0 +1,249 @@
+"""Sagas: a run that undoes what it did when it fails for good.
+
+An agent made with ``saga=True`` runs as a transaction. When its run fails for good (an error
+that is not retryable, or a retryable one with no attempt left; or a tool raised
+``SagaAborted``) after at least one compensable call (``@tool(compensate=undo)``) completed:
+
+1. the abort is journaled first (``saga:abort``: the cause and the calls to undo). From then
+   on every drive of the run rolls back; none goes forward again.
+2. each completed compensable call is undone, the latest completed first, as a side effect of
+   its own: an attempt marker (``attempt:compensate:<call>:<k>``), then ``undo``, then its
+   outcome (``compensate:<call>``). A crash between marker and outcome halts for a person, who
+   records what the undo did; it is never run twice.
+3. a call whose own outcome is unknown (a live attempt, halted) is never undone on a guess: the
+   run halts on it, and the person's resolution decides (a recorded success is undone, an error
+   is not).
+4. the run ends ``compensated`` (``run:compensated``) and its drive raises ``SagaAborted`` with
+   the cause. An undo that raised is recorded as failed (it ran: it is not run again); the run
+   then ends ``failed`` with ``saga.compensation_failed``, for a person to finish by hand.
+
+Scope: the calls of this run only (a sub-agent's own calls are not undone with its parent).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from . import failpoints, names, runtime, tree
+from .errors import DurableAgentsError, ProtocolError, SagaAborted, ToolOutcomeUnknown
+from .ports import COMPENSATED, COMPENSATING, FAILED, HaltInfo
+from .records import Record
+from .redact import error_text
+from .tools import Tool, ToolContext, call_key, json_result
+from .transcript import RunState
+
+# The loop's ``Driver``, which calls this module (so this module cannot import it).
+Driver = Any
+
+FAILED_CODE = "saga.compensation_failed"
+
+
+def compensable(driver: Driver) -> list[tuple[str, Tool, Record]]:
+    """The run's calls to undo, latest completed first: each call of a tool with an undo whose
+    outcome is a success (recorded by the run, or by a person resolving a halt)."""
+    state = driver.state
+    found = []
+    for turn in state.turns:
+        for call in state.calls(turn):
+            tool = driver.agent.tools.get(call.name)
+            rec = state.results.get(call.id)
+            if tool is None or tool.safety.compensate is None or rec is None:
+                continue
+            if not rec.get("is_error"):
+                found.append((call.id, tool, rec))
+    found.sort(key=lambda item: item[2].seq, reverse=True)
+    return found
+
+
+def should_abort(driver: Driver, exc: DurableAgentsError) -> bool:
+    """Whether ``exc`` ends a saga run for good, with something done to undo."""
+    if not driver.agent.saga or driver.state.saga_abort is not None:
+        return False
+    if exc.retryable:
+        run = driver.store.get_run(driver.run_id)
+        attempts = (run.attempts if run else 0) + 1
+        if attempts < runtime.retry_policy().max_attempts:
+            return False  # recovery tries again: not for good yet
+    # Folded again: a claim this drive took (an outcome it could not learn) is in its log.
+    state = RunState.of(driver.log)
+    live = state.live_attempts()
+    pending_undo = any(
+        (tool := driver.agent.tools.get(call.name)) is not None
+        and tool.safety.compensate is not None
+        and call.id in live
+        for turn in state.turns
+        for call in state.calls(turn)
+    )
+    return pending_undo or bool(compensable(driver))
+
+
+def abort(driver: Driver, exc: DurableAgentsError) -> NoReturn:
+    """Journal the abort (the decision comes before any undo), then roll back."""
+    cause = {"code": exc.code, "message": str(exc)}
+    plan = [call_id for call_id, _, _ in compensable(driver)]
+    rec, _ = driver.log.write(
+        names.SAGA_ABORT,
+        {"kind": "saga_abort", "cause": cause, "calls": plan},
+        run_changes={"status": COMPENSATING, "last_error": cause, "attempts": 0},
+    )
+    driver.state.add(rec)
+    failpoints.hit("after-saga-abort")
+    rollback(driver)
+
+
+def rollback(driver: Driver) -> NoReturn:
+    """Undo the completed compensable calls, latest first, each at most once; halt on any
+    outcome that is unknown (a forward call's or an undo's); end ``compensated``."""
+    # Folded again: the attempts this drive claimed are in its log, not yet in its state.
+    driver.state = state = RunState.of(driver.log)
+    abort_rec = state.saga_abort
+    assert abort_rec is not None
+    halts = driver.unknown_halts()
+    if halts:
+        driver._halt_run(halts)
+    driver._update(status=COMPENSATING)
+    for call_id, tool, rec in compensable(driver):
+        if call_id in state.compensations:
+            continue
+        halt = _undo(driver, call_id, tool, rec)
+        if halt is not None:
+            driver._halt_run([halt])
+    _finish(driver, abort_rec)
+
+
+def _arguments(driver: Driver, call_id: str, tool: Tool) -> dict[str, Any]:
+    """The arguments the call ran with: its attempt marker holds them (an approver's edit
+    included); a retry-safe call has none, and ran with what the model asked."""
+    k = 1
+    ran: Any = None
+    while (marker := driver.log.get(names.attempt(call_id, k))) is not None:
+        ran = marker.get("arguments") if marker.get("arguments") is not None else ran
+        k += 1
+    if ran is not None:
+        return dict(ran)
+    for turn in driver.state.turns:
+        for call in driver.state.calls(turn):
+            if call.id == call_id:
+                return tool.validate(call.arguments)
+    raise ProtocolError(f"run {driver.run_id!r} has no call {call_id!r} to undo")
+
+
+def _undo(driver: Driver, call_id: str, tool: Tool, rec: Record) -> HaltInfo | None:
+    op = names.compensate(call_id)
+    args = _arguments(driver, call_id, tool)
+    k, live = driver._attempt_state(op)
+    if live is not None:
+        return _halt(driver, op, tool.name, args, live, "contended")
+    driver._check_continue()
+    won, marker = driver.log.claim_attempt(
+        names.attempt(op, k), extra={"tool": tool.name, "arguments": args, "compensates": call_id}
+    )
+    if not won:
+        return _halt(driver, op, tool.name, args, marker, "contended")
+    failpoints.hit(f"after-attempt:{op}")
+    ctx = ToolContext(
+        run_id=driver.run_id,
+        call_id=op,
+        tool_name=tool.name,
+        idempotency_key=call_key(driver.origin, op),
+    )
+    undo = tool.safety.compensate
+    assert undo is not None
+    try:
+        value, is_error = undo(tool.values(args), rec.get("result"), ctx), False
+    except ToolOutcomeUnknown:
+        # The undo cannot tell whether it happened: its claim stays live, a person decides.
+        return _halt(driver, op, tool.name, args, marker, "crashed")
+    except Exception as exc:
+        value, is_error = {"error": error_text(exc)}, True
+    if not is_error:
+        try:
+            value = json_result(value)
+        except ProtocolError as exc:
+            value, is_error = (
+                {"error": f"the undo ran, but returned a value JSON cannot hold: {exc}"},
+                True,
+            )
+    written, _ = driver.log.write(
+        op, names.tool_body(op, tool.name, value, is_error=is_error, compensates=call_id)
+    )
+    driver.state.add(written)
+    failpoints.hit(f"after-compensate:{call_id}")
+    return None
+
+
+def _halt(driver: Driver, op: str, tool: str, args: Any, marker: Any, cause: str) -> HaltInfo:
+    halt: HaltInfo = driver.halt_op(op, tool, args, marker, cause)
+    return halt
+
+
+def _finish(driver: Driver, abort_rec: Record) -> NoReturn:
+    state = driver.state
+    cause = dict(abort_rec.get("cause") or {})
+    undone = sorted(state.compensations.values(), key=lambda r: r.seq)
+    failed = [r.name[len(names.COMPENSATE) :] for r in undone if r.get("is_error")]
+    done = [r.name[len(names.COMPENSATE) :] for r in undone if not r.get("is_error")]
+    if failed:
+        error = {
+            "code": FAILED_CODE,
+            "message": f"undo of call(s) {', '.join(failed)} failed; finish them by hand",
+            "retryable": False,
+            "cause": cause,
+        }
+        changes = {"status": FAILED, "last_error": error, "attempts": 0}
+    else:
+        changes = {"status": COMPENSATED, "last_error": cause, "attempts": 0}
+    rec, inserted = driver.log.write(
+        names.RUN_COMPENSATED,
+        {"kind": "compensated", "cause": cause, "undone": done, "failed": failed},
+        run_changes=changes,
+        release=True,
+    )
+    if inserted:
+        driver.lease.dropped()
+    driver.state.add(rec)
+    ended = aborted(driver.run_id, rec)
+    if inserted:  # ``run_failed``: the run did not do what it was asked (``will_retry`` False)
+        driver.announce_failed({"code": ended.code, "message": str(ended), "retryable": False})
+    failpoints.hit(f"after-compensated:{driver.run_id}")
+    tree.hand_over_parent(driver.store, state.start)
+    raise ended
+
+
+def aborted(run_id: str, rec: Record) -> SagaAborted:
+    """The error a compensated run's drive raises, from its ``run:compensated`` record."""
+    cause = dict(rec.get("cause") or {})
+    failed = list(rec.get("failed") or ())
+    undone = list(rec.get("undone") or ())
+    if failed:
+        return SagaAborted(
+            f"saga run {run_id!r} aborted ({cause.get('message')}); undone: "
+            f"{', '.join(undone) or 'nothing'}; the undo of {', '.join(failed)} failed: "
+            "finish it by hand",
+            code=FAILED_CODE,
+            run_id=run_id,
+            cause=cause,
+            undone=undone,
+            failed=failed,
+        )
+    return SagaAborted(
+        f"saga run {run_id!r} aborted ({cause.get('message')}); undone, latest first: "
+        f"{', '.join(undone) or 'nothing'}",
+        run_id=run_id,
+        cause=cause,
+        undone=undone,
+        failed=failed,
+    )
+
+
+def repair(driver: Driver) -> NoReturn:
+    """A run whose journal holds ``run:compensated`` is over: its row says so; raise."""
+    rec = driver.state.compensated
+    assert rec is not None
+    status = FAILED if rec.get("failed") else COMPENSATED
+    run = driver.store.get_run(driver.run_id)
+    if run is not None and run.status != status:
+        error = aborted(driver.run_id, rec)
+        last = {"code": error.code, "message": str(error), "retryable": False}
+        driver._update(status=status, last_error=last if status == FAILED else rec.get("cause"))
+    raise aborted(driver.run_id, rec)

@@ -1,0 +1,88 @@
+"""Sagas on PostgreSQL (issue 16): "cancel and compensate" through the API and the admin,
+the run page's timeline showing each undo, and the refusals (a plain cancel of a saga
+rolling back, a compensated run). Undos are counted outside the journal (``test_effects``)."""
+
+from __future__ import annotations
+
+import html
+
+import pytest
+from django.contrib.admin.utils import quote
+from django.contrib.messages import get_messages
+from django.test import Client
+from django.urls import reverse
+
+from durable_agents.models import ActionLog, ApprovalRequest, Run
+from tests.support.agents import count_effects, saga_gated, saga_trip
+from tests.support.api import error, staff_with
+from tests.support.people import make_user
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+
+BOOKED = {"call_1_1": 1, "call_2_1": 1}
+UNDONE = {"compensate:call_2_1": 1, "compensate:call_1_1": 1}
+
+
+def run_url(run_id: str, suffix: str = "change") -> str:
+    return reverse(f"admin:durable_agents_run_{suffix}", args=[quote(run_id)])
+
+
+def test_api_cancel_and_compensate_undoes_the_bookings_once():
+    saga_gated.start("book a trip", run_id="api-saga")
+    assert Run.objects.get(run_id="api-saga").status == "awaiting_approval"
+    caller = staff_with("durable_agents.cancel_run")
+    response = caller.post(
+        "/runs/api-saga/cancel", {"reason": "customer withdrew", "compensate": True}
+    )
+    assert response.status_code == 200, response.content
+    assert response.json() == {"run_id": "api-saga", "status": "compensated"}
+    assert count_effects("api-saga") == {**BOOKED, **UNDONE}
+    run = Run.objects.get(run_id="api-saga")
+    assert run.status == "compensated" and run.last_error["code"] == "saga.cancelled"
+    assert ApprovalRequest.objects.get(run_id="api-saga").status == "withdrawn"
+    [action] = ActionLog.objects.filter(run_id="api-saga", action="cancel")
+    assert action.payload == {"reason": "customer withdrew", "compensate": True}
+    error(caller.post("/runs/api-saga/cancel", {"compensate": True}), 409, "run.compensated")
+    error(caller.post("/runs/api-saga/cancel", {}), 409, "run.compensated")
+    assert count_effects("api-saga") == {**BOOKED, **UNDONE}
+    # a bad flag is a 4xx with a code, and changes nothing
+    saga_gated.start("book a trip", run_id="api-saga-2")
+    response = caller.post("/runs/api-saga-2/cancel", {"compensate": "please"})
+    assert response.status_code in (400, 422)
+    assert Run.objects.get(run_id="api-saga-2").status == "awaiting_approval"
+    # listed as compensated by the runs list's status filter
+    listed = caller.get("/runs", status="compensated").json()
+    assert [r["run_id"] for r in listed["items"]] == ["api-saga"]
+
+
+def test_admin_cancel_and_compensate_and_the_timeline_shows_each_undo():
+    saga_gated.start("book a trip", run_id="adm-saga")
+    client = Client()
+    client.force_login(make_user("operator", "durable_agents.cancel_run"))
+    page = html.unescape(client.get(run_url("adm-saga")).content.decode())
+    assert "Cancel and compensate" in page
+    response = client.post(run_url("adm-saga", "cancel"), {"reason": "no card", "compensate": "1"})
+    said = [str(m) for m in get_messages(response.wsgi_request)]
+    assert any(m.startswith("Cancelled; undoing its completed calls") for m in said), said
+    assert Run.objects.get(run_id="adm-saga").status == "compensated"
+    assert count_effects("adm-saga") == {**BOOKED, **UNDONE}
+    page = html.unescape(client.get(run_url("adm-saga")).content.decode())
+    assert "Saga aborted by operator" in page
+    assert page.index("Undo of call call_2_1 (book_hotel)") < page.index(
+        "Undo of call call_1_1 (book_flight)"
+    )
+    assert "Run compensated" in page and "Cancel and compensate" not in page
+
+
+def test_an_aborted_saga_is_compensated_and_listed_with_its_cause():
+    with pytest.raises(Exception) as info:
+        saga_trip.run("plain-saga", "book a trip")
+    assert type(info.value).__name__ == "SagaAborted"
+    run = Run.objects.get(run_id="plain-saga")
+    assert (run.status, run.last_error["code"]) == ("compensated", "saga.aborted")
+    assert run.finished_at is not None
+    client = Client()
+    client.force_login(make_user("viewer", "durable_agents.view_run"))
+    changelist = reverse("admin:durable_agents_run_changelist")
+    found = client.get(changelist + "?status__exact=compensated").context["cl"].result_list
+    assert [r.run_id for r in found] == ["plain-saga"]
