@@ -9,7 +9,16 @@ from typing import Any
 from . import names, runtime
 from .journal import Journal
 from .model import Usage
-from .ports import AWAITING_APPROVAL, AWAITING_INPUT, CANCELLED, HALTED, QUEUED, SLEEPING, Store
+from .ports import (
+    AWAITING_APPROVAL,
+    AWAITING_INPUT,
+    CANCELLED,
+    COMPENSATED,
+    HALTED,
+    QUEUED,
+    SLEEPING,
+    Store,
+)
 
 
 def child_run_id(parent_run_id: str, call_id: str) -> str:
@@ -82,7 +91,7 @@ def children_done(store: Store, children: list[str]) -> bool:
         if journal.get(child, names.RUN_COMPLETE) is not None:
             return True
         run = store.get_run(child)
-        if run is not None and run.status == CANCELLED:
+        if run is not None and run.status in (CANCELLED, COMPENSATED):  # ended, no answer
             return True
     return False
 

@@ -220,3 +220,15 @@ def test_pending_names_the_sub_run_a_parent_waits_on(store, fired):
     assert [(w.kind, w.name) for w in by_run["r11"].waits] == [("sub_run", "r11/call_1_1")]
     leaf = by_run["r11/call_1_1/call_1_1"]
     assert [(w.kind, w.call_id) for w in leaf.waits] == [("approval", "call_1_1")]
+
+
+@pytest.mark.parametrize("status", ["cancelled", "compensated"])
+def test_a_parent_paused_on_a_child_goes_on_once_the_child_ended_without_an_answer(store, status):
+    """A child that ended cancelled, or compensated (a saga that aborted), has ended: the
+    parent that paused on it is woken, not left waiting for an answer that never comes."""
+    from durable_agents.engine.tree import children_done
+
+    store.create_run(RunInfo("p/c1", agent="leaf", status="running"))
+    assert not children_done(store, ["p/c1"])
+    store.update_run("p/c1", {"status": status})
+    assert children_done(store, ["p/c1"])
