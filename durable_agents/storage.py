@@ -43,6 +43,7 @@ from .engine.ports import (
     KIND_AGENT,
     RUN_FIELDS,
     TERMINAL_STATUSES,
+    Acquired,
     ActionInfo,
     ApprovalRequestInfo,
     DecisionInfo,
@@ -536,28 +537,45 @@ class DjangoStore:
 
     # -- leases -----------------------------------------------------------------------
 
-    def acquire_lease(self, run_id: str, holder: str, token: str, ttl: float) -> bool:
+    def acquire_lease(self, run_id: str, holder: str, token: str, ttl: float) -> Acquired | None:
         d = self.dialect
-        later = d.later()
-        row = self._fetchone(
+        upsert = (
             f"INSERT INTO {_L} (run_id, holder, token, expires_at, renewed_at) "
-            f"SELECT %s, %s, %s, {later}, {d.now} "
+            f"SELECT %s, %s, %s, {d.later()}, {d.now} "
             f"WHERE EXISTS (SELECT 1 FROM {_R} WHERE run_id = %s) "
             "ON CONFLICT (run_id) DO UPDATE SET holder = excluded.holder, "
             "token = excluded.token, expires_at = excluded.expires_at, "
             "renewed_at = excluded.renewed_at "
             f"WHERE {_L}.expires_at <= {d.now} OR {_L}.token = excluded.token "
-            "RETURNING token",
-            [run_id, holder, token, d.ttl_param(ttl), run_id],
+            "RETURNING token"
         )
+        params = [run_id, holder, token, d.ttl_param(ttl), run_id]
+        before = f"SELECT holder, token, expires_at, renewed_at FROM {_L} WHERE run_id = %s"
+        if d.postgres:
+            # One statement: the lease it replaces is read from the statement's snapshot.
+            row = self._fetchone(
+                f"WITH old AS ({before}), ins AS ({upsert}) "
+                "SELECT ins.token, old.holder, old.token, old.expires_at, old.renewed_at "
+                "FROM ins LEFT JOIN old ON true",
+                [run_id, *params],
+            )
+        else:  # writers are serialised: nothing changes the lease between the two
+            with transaction.atomic(using=self.using):
+                previous = self._fetchone(before, [run_id])
+                won = self._fetchone(upsert, params)
+                row = (*won, *(previous or (None,) * 4)) if won is not None else None
         if row is not None:
-            return True
+            if row[2] is None or row[2] == token:
+                return Acquired()
+            return Acquired(
+                LeaseInfo(run_id, row[1], row[2], _aware(row[3]), _aware(row[4]), False)
+            )
         if not Run.objects.using(self.using).filter(run_id=run_id).exists():
             raise ConfigError(
                 f"run {run_id!r} does not exist; create it before leasing it",
                 code="config.run_missing",
             )
-        return False
+        return None
 
     def renew_lease(self, run_id: str, token: str, ttl: float) -> bool:
         d = self.dialect
