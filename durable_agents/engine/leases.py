@@ -54,8 +54,9 @@ class HeldLease:
             lease = self.store.get_lease(self.run_id)
             who = f" by {lease.holder} until {lease.expires_at:%H:%M:%S}" if lease else ""
             raise RunBusy(
-                f"run {self.run_id!r} is being driven{who}; it will be picked up again if that "
-                "driver dies (after its lease expires)",
+                f"run {self.run_id!r} is being driven{who}; if that driver dies it can be "
+                "taken over at once on PostgreSQL (its process's connection is gone), else "
+                "once its lease expires",
                 run_id=self.run_id,
             )
         self.adopt()
@@ -68,12 +69,14 @@ class HeldLease:
         return self
 
     def _journal_takeover(self, previous: LeaseInfo) -> None:
+        """``previous.live``: its lease had not expired, its holder's process was gone (the
+        store could tell: instant takeover on PostgreSQL)."""
         if self.store.get(self.run_id, names.HEADER) is None:
             # Its driver died before the journal was opened: nothing to record beside, and
             # the header must stay the first record.
             return
         log.info(
-            "run %s: took the lease over from %s (expired %s)",
+            "run %s: took the lease over from %s (its lease ran until %s)",
             self.run_id,
             previous.holder,
             previous.expires_at.isoformat(),
@@ -81,7 +84,9 @@ class HeldLease:
         self.store.insert(
             self.run_id,
             names.takeover(uuid.uuid4().hex[:12]),
-            encode(takeover_body(previous, self.holder, "expired")),
+            encode(
+                takeover_body(previous, self.holder, "holder gone" if previous.live else "expired")
+            ),
             fence=self.token,
         )
 
@@ -141,7 +146,8 @@ class HeldLease:
 
 def takeover_body(previous: LeaseInfo, holder: str, reason: str) -> dict[str, Any]:
     """The ``@takeover/<nonce>`` body: who held the lease, when it expired and was last
-    renewed, why it could be taken (``expired``), and who took it."""
+    renewed, why it could be taken (``expired``, or ``holder gone``: its process died before
+    the lease expired), and who took it."""
     return {
         "kind": "takeover",
         "previous_holder": previous.holder,

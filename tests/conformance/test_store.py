@@ -3,6 +3,7 @@ leases on the store's clock, fencing, and listing unfinished runs."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -166,7 +167,16 @@ def test_expired_lease_is_reported_not_live(store, run_id):
 
 
 def test_lease_threads_one_holder(store, run_id):
-    results = in_threads(16, lambda i: store.acquire_lease(run_id, f"w{i}", f"tok-{i}", 30))
+    acquired = threading.Barrier(16)
+
+    def take(i):
+        granted = store.acquire_lease(run_id, f"w{i}", f"tok-{i}", 30)
+        # Every thread's connection stays open until all have tried: on PostgreSQL a holder
+        # whose connection closed has given its lease up (instant takeover).
+        acquired.wait(timeout=30)
+        return granted
+
+    results = in_threads(16, take)
     assert sum(map(bool, results)) == 1
 
 
