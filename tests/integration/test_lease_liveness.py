@@ -10,6 +10,7 @@ import threading
 import pytest
 from django.db import connections
 
+import durable_agents as da
 from durable_agents.engine.ports import RunInfo
 from durable_agents.storage import DjangoStore
 
@@ -67,3 +68,29 @@ def test_with_instant_takeover_off_a_closed_holder_keeps_its_lease_until_it_expi
     thread.join(timeout=30)
     assert not store.acquire_lease("live-3", "taker", "tok-taker", 30)
     assert store.get_lease("live-3").live
+
+
+def _my_advisory_locks() -> int:
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+            "AND pid = pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_a_driver_lets_its_liveness_locks_go_with_its_leases():
+    from durable_agents.engine.commands.runs import resume
+    from tests.support.agents import echo, gated
+
+    before = _my_advisory_locks()
+    echo.run("live-4", "where is order 7?")  # started and finished in one write each
+    assert _my_advisory_locks() == before
+    with pytest.raises(da.ApprovalPending):  # paused: its lease released
+        gated.run("live-5", "refund order 7")
+    assert _my_advisory_locks() == before
+    store = DjangoStore()
+    store.create_run(RunInfo("live-6", agent=echo.name, input="where is order 7?"))
+    resume("live-6")  # leased by acquire_lease, finished by finish_run
+    assert store.get_run("live-6").status == "finished"
+    assert _my_advisory_locks() == before
