@@ -47,6 +47,9 @@ class Settings:
     celery_queue: str = "durable_agents"
     database: str = "default"
     prepared_statements: bool = True
+    # PostgreSQL: a driver's process that died gives its runs up at once (a session-level
+    # advisory lock per lease); off behind poolers that cannot hold session locks.
+    instant_takeover: bool = True
     public_api_docs: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     halt_min_age: float | None = None  # None: twice LEASE_TTL
@@ -76,6 +79,7 @@ _KEYS = {
     "CELERY_QUEUE": "celery_queue",
     "DATABASE": "database",
     "PREPARED_STATEMENTS": "prepared_statements",
+    "INSTANT_TAKEOVER": "instant_takeover",
     "PUBLIC_API_DOCS": "public_api_docs",
     "RETRY": "retry",
     "HALT_MIN_AGE": "halt_min_age",
@@ -161,9 +165,10 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
         )
         values.pop("subagent_depth")
 
-    if not isinstance(values.get("prepared_statements", True), bool):
-        problems.append("DURABLE_AGENTS['PREPARED_STATEMENTS'] must be True or False")
-        values.pop("prepared_statements")
+    for key in ("prepared_statements", "instant_takeover"):
+        if not isinstance(values.get(key, True), bool):
+            problems.append(f"DURABLE_AGENTS[{key.upper()!r}] must be True or False")
+            values.pop(key)
 
     sample = values.get("audit_check_sample", 0)
     if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:

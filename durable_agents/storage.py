@@ -43,6 +43,7 @@ from .engine.ports import (
     KIND_AGENT,
     RUN_FIELDS,
     TERMINAL_STATUSES,
+    Acquired,
     ActionInfo,
     ApprovalRequestInfo,
     DecisionInfo,
@@ -65,6 +66,25 @@ _ACTION_LOCK = 1684107621  # the advisory lock the action log's writers take tur
 _CURSORS: weakref.WeakKeyDictionary[Any, psycopg.Cursor[Any]] = weakref.WeakKeyDictionary()
 _TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
 _C_TIMESTAMPTZ = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEXT)
+
+# Instant takeover (PostgreSQL): a driver holds a session-level advisory lock keyed by its
+# lease token on the connection it leased the run from, taken in the statement that grants
+# the lease. The server releases it the moment that connection drops — the process died —
+# so a live lease whose token's lock is free has no driver left and may be taken at once. A
+# stalled (SIGSTOPped) process keeps its connection, its lock, and so its lease until expiry.
+# The key: the token's md5, first 64 bits.
+_LOCK_KEY = "('x' || substr(md5({}), 1, 16))::bit(64)::bigint"
+# Whether anyone holds token {0}'s lock — this very session too (advisory locks are reentrant
+# per session, so a probe by taking it would "succeed" on a lease this connection holds). A
+# bigint key shows in pg_locks as classid (high 32 bits) and objid (low 32 bits).
+_LOCK_HELD = (
+    "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted "
+    "AND classid = ('x' || substr(md5({0}), 1, 8))::bit(32)::bigint::oid "
+    "AND objid = ('x' || substr(md5({0}), 9, 8))::bit(32)::bigint::oid "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
+)
+# The tokens whose lock each connection holds (weak keys: a closed connection's locks are gone).
+_LOCKED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 _JSON_COLUMNS = frozenset({"input", "usage", "spend", "last_error", "fingerprint"})
 
@@ -132,15 +152,24 @@ def _forget_site_store(*, setting: str, **kwargs: Any) -> None:
 class DjangoStore:
     """The Store port over a Django database alias."""
 
-    def __init__(self, using: str | None = None, *, prepared: bool | None = None) -> None:
-        if using is None or prepared is None:
+    def __init__(
+        self,
+        using: str | None = None,
+        *,
+        prepared: bool | None = None,
+        instant_takeover: bool | None = None,
+    ) -> None:
+        if using is None or prepared is None or instant_takeover is None:
             from .conf import get_settings
 
             settings = get_settings()
             using = settings.database if using is None else using
             prepared = settings.prepared_statements if prepared is None else prepared
+            if instant_takeover is None:
+                instant_takeover = settings.instant_takeover
         self.using = using
         self.prepared = prepared
+        self.instant_takeover = instant_takeover
         self._dialect: _Dialect | None = None
 
     @property
@@ -152,6 +181,34 @@ class DjangoStore:
         if self._dialect is None:
             self._dialect = _Dialect(self.connection.vendor)
         return self._dialect
+
+    @property
+    def _instant(self) -> bool:
+        return self.instant_takeover and self.dialect.postgres
+
+    def _locked(self) -> set[str] | None:
+        """The tokens whose liveness lock this thread's connection holds (None: no connection,
+        or no liveness locks on this database)."""
+        if not self._instant:
+            return None
+        raw = self.connection.connection
+        if raw is None or raw.closed:
+            return None
+        return _LOCKED.setdefault(raw, set())
+
+    def _held_lock(self, token: str) -> None:
+        locked = self._locked()
+        if locked is not None:
+            locked.add(token)
+
+    def _forget_lock(self, token: str) -> None:
+        locked = self._locked()
+        if locked is not None:
+            locked.discard(token)
+
+    def _holds_lock(self, token: str) -> bool:
+        locked = self._locked()
+        return locked is not None and token in locked
 
     def _execute(self, sql: str, params: Sequence[Any], fetch: str) -> Any:
         """Run one statement; on PostgreSQL as a prepared statement with server-side binding.
@@ -418,13 +475,15 @@ class DjangoStore:
             run.kind,
         ]
         rows = ", ".join(["(%s, %s, %s)"] * len(records))
+        # Once, with the lease row: a RETURNING expression runs once per row inserted.
+        lock = f", pg_try_advisory_lock({_LOCK_KEY.format('token')})" if self._instant else ""
         sql = (
             f"WITH r AS (INSERT INTO {_R} ({', '.join(columns)}, finished_at) "
             f"VALUES ({', '.join(['%s'] * len(columns))}, CASE WHEN %s THEN now() END) "
             "ON CONFLICT (run_id) DO NOTHING RETURNING run_id), "
             f"l AS (INSERT INTO {_L} (run_id, holder, token, expires_at, renewed_at) "
             "SELECT run_id, %s, %s, now() + make_interval(secs => %s), now() FROM r "
-            "RETURNING run_id), "
+            f"RETURNING run_id{lock}), "
             f"j AS (INSERT INTO {_J} (run_id, name, data, created_at) "
             f"SELECT l.run_id, v.name, v.data, now() FROM l CROSS JOIN (VALUES {rows}) "
             "AS v(ord, name, data) ORDER BY v.ord RETURNING seq, name, data, created_at) "
@@ -436,6 +495,8 @@ class DjangoStore:
         found = self._execute(sql, params, "all")
         if not found:
             return None
+        if lock:
+            self._held_lock(token)
         return [Entry(run.run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at in found]
 
     def _insert(
@@ -489,15 +550,20 @@ class DjangoStore:
                     "WHERE run_id = %s AND EXISTS (SELECT 1 FROM ins))"
                 )
                 params += [*values, run_id]
+            unlocks = release and fence is not None and self._holds_lock(fence)
             if release:
+                # The liveness lock goes with the lease (once: one row deleted).
+                unlock = f" RETURNING pg_advisory_unlock({_LOCK_KEY.format('token')})"
                 parts.append(
                     f"rel AS (DELETE FROM {_L} WHERE run_id = %s AND token = %s "
-                    "AND EXISTS (SELECT 1 FROM ins))"
+                    f"AND EXISTS (SELECT 1 FROM ins){unlock if unlocks else ''})"
                 )
                 params += [run_id, fence]
             sql = f"WITH {', '.join(parts)} SELECT seq, created_at FROM ins"
         row = self._fetchone(sql, params)
         if row is not None:
+            if release and fence is not None:
+                self._forget_lock(fence)
             return Entry(run_id, name, int(row[0]), data, _aware(row[1])), True
         existing = self.get(run_id, name)
         if existing is not None and (fence is None or self._holds(run_id, fence)):
@@ -536,28 +602,64 @@ class DjangoStore:
 
     # -- leases -----------------------------------------------------------------------
 
-    def acquire_lease(self, run_id: str, holder: str, token: str, ttl: float) -> bool:
+    def acquire_lease(self, run_id: str, holder: str, token: str, ttl: float) -> Acquired | None:
         d = self.dialect
-        later = d.later()
-        row = self._fetchone(
+        instant = self._instant
+        # With instant takeover, a live lease whose holder's lock nobody holds (its
+        # connection is gone: the process died) is taken too.
+        gone = f" OR NOT {_LOCK_HELD.format(f'{_L}.token')}" if instant else ""
+        upsert = (
             f"INSERT INTO {_L} (run_id, holder, token, expires_at, renewed_at) "
-            f"SELECT %s, %s, %s, {later}, {d.now} "
+            f"SELECT %s, %s, %s, {d.later()}, {d.now} "
             f"WHERE EXISTS (SELECT 1 FROM {_R} WHERE run_id = %s) "
             "ON CONFLICT (run_id) DO UPDATE SET holder = excluded.holder, "
             "token = excluded.token, expires_at = excluded.expires_at, "
             "renewed_at = excluded.renewed_at "
-            f"WHERE {_L}.expires_at <= {d.now} OR {_L}.token = excluded.token "
-            "RETURNING token",
-            [run_id, holder, token, d.ttl_param(ttl), run_id],
+            f"WHERE {_L}.expires_at <= {d.now} OR {_L}.token = excluded.token{gone} "
+            "RETURNING token"
         )
+        params = [run_id, holder, token, d.ttl_param(ttl), run_id]
+        before = f"SELECT holder, token, expires_at, renewed_at FROM {_L} WHERE run_id = %s"
+        if d.postgres:
+            # One statement: the lease it replaces is read from the statement's snapshot —
+            # only when the upsert did replace a row (``xmax = 0``: it inserted one, the lease
+            # was released meanwhile); the new holder's liveness lock is taken in it (once:
+            # the result has one row).
+            lock = (
+                "CASE WHEN ins.fresh OR old.token IS DISTINCT FROM ins.token THEN "
+                f"pg_try_advisory_lock({_LOCK_KEY.format('ins.token')}) END"
+                if instant
+                else "NULL"
+            )
+            found = self._fetchone(
+                f"WITH old AS ({before}), ins AS ({upsert}, xmax = 0 AS fresh) "
+                "SELECT ins.token, old.holder, old.token, old.expires_at, old.renewed_at, "
+                f"old.expires_at > now(), {lock}, ins.fresh "
+                "FROM ins LEFT JOIN old ON true",
+                [run_id, *params],
+            )
+            if found is not None and found[6]:
+                self._held_lock(token)
+            row = found
+            if found is not None and found[7]:  # inserted: no lease was there to replace
+                row = (found[0], None, None, None, None, None)
+        else:  # writers are serialised: nothing changes the lease between the two
+            with transaction.atomic(using=self.using):
+                previous = self._fetchone(before, [run_id])
+                won = self._fetchone(upsert, params)
+                row = (*won, *(previous or (None,) * 4), False) if won is not None else None
         if row is not None:
-            return True
+            if row[2] is None or row[2] == token:
+                return Acquired()
+            return Acquired(
+                LeaseInfo(run_id, row[1], row[2], _aware(row[3]), _aware(row[4]), bool(row[5]))
+            )
         if not Run.objects.using(self.using).filter(run_id=run_id).exists():
             raise ConfigError(
                 f"run {run_id!r} does not exist; create it before leasing it",
                 code="config.run_missing",
             )
-        return False
+        return None
 
     def renew_lease(self, run_id: str, token: str, ttl: float) -> bool:
         d = self.dialect
@@ -569,8 +671,17 @@ class DjangoStore:
         return row is not None
 
     def release_lease(self, run_id: str, token: str) -> None:
+        delete = f"DELETE FROM {_L} WHERE run_id = %s AND token = %s"
         with self.connection.cursor() as cursor:
-            cursor.execute(f"DELETE FROM {_L} WHERE run_id = %s AND token = %s", [run_id, token])
+            if self._holds_lock(token):
+                # Let go of the liveness lock whether or not the lease was still ours.
+                cursor.execute(
+                    f"WITH d AS ({delete}) SELECT pg_advisory_unlock({_LOCK_KEY.format('%s')})",
+                    [run_id, token, token],
+                )
+                self._forget_lock(token)
+            else:
+                cursor.execute(delete, [run_id, token])
 
     def get_lease(self, run_id: str) -> LeaseInfo | None:
         d = self.dialect

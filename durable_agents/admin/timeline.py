@@ -239,6 +239,21 @@ def _describe(rec: Record) -> dict[str, Any]:
             "Resumed under a changed agent",
             sections=[("changes", pretty(body.get("changes")))],
         )
+    if name.startswith(names.TAKEOVER):
+        why = {
+            "expired": "its lease had expired",
+            "holder gone": "its process was gone (its connection dropped)",
+        }.get(str(body.get("reason")), str(body.get("reason")))
+        return _entry(
+            rec,
+            "takeover",
+            f"Driver {body.get('holder')} took the run over from {body.get('previous_holder')}",
+            meta=[
+                f"because {why}",
+                f"its lease ran until {body.get('expired_at')}",
+                f"last renewed {body.get('renewed_at')}",
+            ],
+        )
     if name.startswith(names.SPEND):
         return _entry(
             rec,

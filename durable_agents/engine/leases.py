@@ -15,9 +15,12 @@ import threading
 import time
 import uuid
 from types import TracebackType
+from typing import Any
 
+from . import names
 from .errors import RunBusy
-from .ports import Store
+from .ports import LeaseInfo, Store
+from .records import encode
 from .runtime import holder_name
 
 log = logging.getLogger("durable_agents.lease")
@@ -42,15 +45,50 @@ class HeldLease:
         self.held = False
 
     def acquire(self) -> HeldLease:
-        if not self.store.acquire_lease(self.run_id, self.holder, self.token, self.ttl):
+        """Take the lease (``RunBusy`` if another holder holds it live). Taking it over from
+        another holder is journaled (``@takeover/<nonce>``) before anything else is written, in
+        a journal already opened (one whose driver died before its header has nothing to
+        record beside)."""
+        granted = self.store.acquire_lease(self.run_id, self.holder, self.token, self.ttl)
+        if not granted:
             lease = self.store.get_lease(self.run_id)
             who = f" by {lease.holder} until {lease.expires_at:%H:%M:%S}" if lease else ""
             raise RunBusy(
-                f"run {self.run_id!r} is being driven{who}; it will be picked up again if that "
-                "driver dies (after its lease expires)",
+                f"run {self.run_id!r} is being driven{who}; if that driver dies it can be "
+                "taken over at once on PostgreSQL (its process's connection is gone), else "
+                "once its lease expires",
                 run_id=self.run_id,
             )
-        return self.adopt()
+        self.adopt()
+        if granted.previous is not None:
+            try:
+                self._journal_takeover(granted.previous)
+            except BaseException:
+                self.release()
+                raise
+        return self
+
+    def _journal_takeover(self, previous: LeaseInfo) -> None:
+        """``previous.live``: its lease had not expired, its holder's process was gone (the
+        store could tell: instant takeover on PostgreSQL)."""
+        if self.store.get(self.run_id, names.HEADER) is None:
+            # Its driver died before the journal was opened: nothing to record beside, and
+            # the header must stay the first record.
+            return
+        log.info(
+            "run %s: took the lease over from %s (its lease ran until %s)",
+            self.run_id,
+            previous.holder,
+            previous.expires_at.isoformat(),
+        )
+        self.store.insert(
+            self.run_id,
+            names.takeover(uuid.uuid4().hex[:12]),
+            encode(
+                takeover_body(previous, self.holder, "holder gone" if previous.live else "expired")
+            ),
+            fence=self.token,
+        )
 
     def adopt(self) -> HeldLease:
         """Start renewing a lease the store gave ``token`` (by ``acquire`` or ``start_run``)."""
@@ -104,6 +142,20 @@ class HeldLease:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def takeover_body(previous: LeaseInfo, holder: str, reason: str) -> dict[str, Any]:
+    """The ``@takeover/<nonce>`` body: who held the lease, when it expired and was last
+    renewed, why it could be taken (``expired``, or ``holder gone``: its process died before
+    the lease expired), and who took it."""
+    return {
+        "kind": "takeover",
+        "previous_holder": previous.holder,
+        "expired_at": previous.expires_at.isoformat(),
+        "renewed_at": previous.renewed_at.isoformat(),
+        "reason": reason,
+        "holder": holder,
+    }
 
 
 class _Heartbeat:

@@ -24,6 +24,7 @@ from .ports import (
     KIND_AGENT,
     RUN_FIELDS,
     TERMINAL_STATUSES,
+    Acquired,
     ActionInfo,
     ApprovalRequestInfo,
     DecisionInfo,
@@ -231,15 +232,20 @@ class InMemoryStore:
         lease = self._leases.get(run_id)
         return lease is not None and lease[1] == token and lease[2] > self._clock()
 
-    def acquire_lease(self, run_id: str, holder: str, token: str, ttl: float) -> bool:
+    def acquire_lease(self, run_id: str, holder: str, token: str, ttl: float) -> Acquired | None:
         with self._lock:
             self._require_run(run_id, "leasing it")
             now = self._clock()
             lease = self._leases.get(run_id)
             if lease is not None and lease[2] > now and lease[1] != token:
-                return False
+                return None
             self._leases[run_id] = (holder, token, now + ttl, now)
-            return True
+            if lease is None or lease[1] == token:
+                return Acquired()
+            old_holder, old_token, expires, renewed = lease
+            return Acquired(
+                LeaseInfo(run_id, old_holder, old_token, _dt(expires), _dt(renewed), False)
+            )
 
     def renew_lease(self, run_id: str, token: str, ttl: float) -> bool:
         with self._lock:

@@ -53,6 +53,7 @@ CHILD = "child:"  # a call started a sub-run (``agent.as_tool()``): its id and a
 SPEND = "@spend/"
 LATE = "@late/"
 DRIFT = "@drift/"
+TAKEOVER = "@takeover/"  # a driver took the run's lease over from another holder
 
 
 def child(call_id: str) -> str:
@@ -196,6 +197,11 @@ def parse_receiving(name: str) -> tuple[str, int] | None:
 def drift(fingerprint_hash: str) -> str:
     """The agent changed under the run (fingerprint ``fingerprint_hash`` took over)."""
     return f"{DRIFT}{fingerprint_hash}"
+
+
+def takeover(nonce: str) -> str:
+    """A driver took the lease over from another holder (whose lease had expired)."""
+    return f"{TAKEOVER}{nonce}"
 
 
 def spend(n: int, nonce: str) -> str:

@@ -130,6 +130,18 @@ class LeaseInfo:
 
 
 @dataclass(frozen=True)
+class Acquired:
+    """A lease ``acquire_lease`` granted (always true). ``previous`` is the lease of another
+    holder it replaced (expired), None when the lease was free or already the caller's: a
+    driver that took a run over from someone else journals it."""
+
+    previous: LeaseInfo | None = None
+
+    def __bool__(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
 class RunInfo:
     """The projected state of a run, as the run row holds it."""
 
@@ -338,8 +350,9 @@ class Store(Protocol):
     def load(self, run_id: str, after: int = 0) -> Sequence[Entry]:
         """Entries with ``seq > after``, in commit order, in one read."""
 
-    def acquire_lease(self, run_id: str, holder: str, token: str, ttl: float) -> bool:
-        """Take the lease if absent, expired, or already ``token``'s; True if held now."""
+    def acquire_lease(self, run_id: str, holder: str, token: str, ttl: float) -> Acquired | None:
+        """Take the lease if absent, expired, or already ``token``'s; None if another holder
+        holds it live. ``Acquired.previous`` names the other holder's lease it replaced."""
 
     def renew_lease(self, run_id: str, token: str, ttl: float) -> bool:
         """Extend ``token``'s own live lease; False if it is no longer held."""

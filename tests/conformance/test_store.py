@@ -3,6 +3,7 @@ leases on the store's clock, fencing, and listing unfinished runs."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -137,6 +138,28 @@ def test_lease_expiry_and_takeover(store, run_id):
     assert not store.renew_lease(run_id, "tok-1", 30), "an expired holder cannot renew"
 
 
+def test_acquire_reports_the_expired_lease_it_took_over(store, run_id):
+    first = store.acquire_lease(run_id, "w1", "tok-1", 0.3)
+    assert first and first.previous is None, "a free lease replaces nobody's"
+    again = store.acquire_lease(run_id, "w1", "tok-1", 0.3)
+    assert again and again.previous is None, "re-acquiring one's own lease is no takeover"
+    held = store.get_lease(run_id)
+    granted = None
+
+    def take():
+        nonlocal granted
+        granted = store.acquire_lease(run_id, "w2", "tok-2", 30)
+        return granted
+
+    assert _wait_until(take)
+    previous = granted.previous
+    assert (previous.holder, previous.token, previous.live) == ("w1", "tok-1", False)
+    assert previous.expires_at == held.expires_at and previous.renewed_at == held.renewed_at
+    store.release_lease(run_id, "tok-2")
+    after_release = store.acquire_lease(run_id, "w3", "tok-3", 30)
+    assert after_release and after_release.previous is None, "a released lease is free"
+
+
 def test_expired_lease_is_reported_not_live(store, run_id):
     store.acquire_lease(run_id, "w1", "tok-1", 0.2)
     assert _wait_until(lambda: not store.get_lease(run_id).live)
@@ -144,8 +167,17 @@ def test_expired_lease_is_reported_not_live(store, run_id):
 
 
 def test_lease_threads_one_holder(store, run_id):
-    results = in_threads(16, lambda i: store.acquire_lease(run_id, f"w{i}", f"tok-{i}", 30))
-    assert results.count(True) == 1
+    acquired = threading.Barrier(16)
+
+    def take(i):
+        granted = store.acquire_lease(run_id, f"w{i}", f"tok-{i}", 30)
+        # Every thread's connection stays open until all have tried: on PostgreSQL a holder
+        # whose connection closed has given its lease up (instant takeover).
+        acquired.wait(timeout=30)
+        return granted
+
+    results = in_threads(16, take)
+    assert sum(map(bool, results)) == 1
 
 
 def test_lease_needs_a_run(store):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import re
+import time
 
 import pytest
 from django.conf import settings
@@ -16,7 +17,8 @@ from django.urls import reverse
 
 import durable_agents as da
 from durable_agents.engine import names
-from durable_agents.engine.journal import Journal
+from durable_agents.engine.journal import Journal, header
+from durable_agents.engine.ports import RunInfo
 from durable_agents.models import JournalEntry
 from durable_agents.storage import DjangoStore
 from tests.support.agents import echo, gated, halting
@@ -115,3 +117,18 @@ def test_a_late_result_is_shown_as_a_takeover():
     assert "da-takeover" in late
     assert "settled after its driver lost the run to another" in late
     assert "driver worker-a:42" in late
+
+
+def test_a_takeover_of_an_expired_lease_is_an_entry_of_its_own():
+    """A driver died holding the run: the next driver journals that it took the run over."""
+    store = DjangoStore()
+    store.create_run(RunInfo("tl-take", agent=echo.name))
+    store.insert("tl-take", *header())
+    assert store.acquire_lease("tl-take", "worker-dead@host:41", "dead-token", 0.2)
+    deadline = time.monotonic() + 10
+    while store.get_lease("tl-take").live and time.monotonic() < deadline:
+        time.sleep(0.05)
+    echo.run("tl-take", "where is order 7?")
+    [takeover] = [e for e in _entries(_page("tl-take")) if "took the run over" in e]
+    assert "from worker-dead@host:41" in takeover and "its lease had expired" in takeover
+    assert "da-takeover" in takeover and "da-internal" not in takeover

@@ -170,6 +170,7 @@ def test_journal_of_a_finished_start():
         ({"LEASE_TTLS": 3}, "did you mean 'LEASE_TTL'"),
         ({"RETRY": {"MAX_ATTEMPTS": 0}}, "MAX_ATTEMPTS"),
         ({"AGENTS": "not.a.list.of", "PREPARED_STATEMENTS": "yes"}, "PREPARED_STATEMENTS"),
+        ({"INSTANT_TAKEOVER": 1}, "INSTANT_TAKEOVER"),
         ("not a dict", "must be a dict"),
     ],
 )

@@ -14,6 +14,7 @@ Vocabulary:
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
@@ -175,6 +176,7 @@ def check_all(w: W.World) -> None:
     check_trees(w, ix)
     check_sagas(w, ix)
     check_chains(w)
+    check_takeovers(w, ix)
     check_as_we_go(w)
 
 
@@ -542,6 +544,31 @@ def check_recovery(w: W.World, ix: Index) -> None:
             )
 
 
+def check_takeovers(w: W.World, ix: Index) -> None:
+    """A ``@takeover/`` record tells the truth: written after the lease it replaced had
+    expired, in a journal whose header stays first. (Holders are named by process and
+    thread, all alike here: the lease tokens tell drivers apart.)"""
+    for run_id in w.runs:
+        records = ix.records[run_id]
+        for i, rec in enumerate(records):
+            if not rec.name.startswith("@takeover/"):
+                continue
+            expired = datetime.fromisoformat(str(rec.get("expired_at")))
+            if i == 0:
+                w.violate(
+                    "takeovers_true",
+                    f"run {run_id}: takeover {rec.name} is the journal's first record",
+                    hole="new",
+                )
+            elif rec.created_at is not None and expired > rec.created_at:
+                w.violate(
+                    "takeovers_true",
+                    f"run {run_id}: {rec.name} written at {rec.created_at} although the lease "
+                    f"it replaced ran until {expired}",
+                    hole="new",
+                )
+
+
 def check_spend(w: W.World, ix: Index) -> None:
     """A run's recorded spend covers every response the provider billed it for, except
     the ones a crash lost before anything could record them."""
@@ -590,7 +617,12 @@ def check_forks(w: W.World, ix: Index) -> None:
                 )
     for run_id in w.runs:
         row, names = ix.rows[run_id], ix.names[run_id]
-        records = [r for r in ix.records[run_id] if r.name != "@journal"]
+        # The header and takeover records are bookkeeping beside the run's own records.
+        records = [
+            r
+            for r in ix.records[run_id]
+            if r.name != "@journal" and not r.name.startswith("@takeover/")
+        ]
         if row is not None and row.forked_from and "fork" in names and records[0].name != "fork":
             w.violate(
                 "forks_distinct",

@@ -86,3 +86,24 @@ slow_chat = da.Agent(
     "Answer about orders.",
     [slow_lookup],
 )
+
+
+@da.tool(read_only=True)
+def dawdle(order: str) -> dict:
+    """Look an order up; a process started with ``DA_DAWDLE=1`` hangs here, holding the
+    run's lease, until it is killed (the instant-takeover tests)."""
+    if os.environ.get("DA_DAWDLE"):
+        import time
+
+        time.sleep(120)
+    return {"order": order, "status": "shipped"}
+
+
+dawdling = da.Agent(
+    "hole-dawdle",
+    ScriptedModel(
+        [scripted.calls(scripted.call("dawdle", {"order": "7"})), scripted.text("shipped")]
+    ),
+    "Answer about orders.",
+    [dawdle],
+)

@@ -1,0 +1,96 @@
+"""Instant takeover on PostgreSQL, the store's part: a lease whose holder's connection closed
+(its process died) may be taken at once, and the taker learns it replaced a live lease; a
+holder whose connection is open — another thread, or this very connection — keeps its lease.
+``INSTANT_TAKEOVER = False`` (poolers that cannot hold session locks) falls back to the TTL."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connections
+
+import durable_agents as da
+from durable_agents.engine.ports import RunInfo
+from durable_agents.storage import DjangoStore
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _held_in_a_thread(store: DjangoStore, run_id: str, token: str):
+    """Lease ``run_id`` from another thread's connection; set the returned event to make that
+    thread close its connection (its process dying, as the server sees it)."""
+    leased, close = threading.Event(), threading.Event()
+
+    def holder():
+        try:
+            assert store.acquire_lease(run_id, "holder", token, 30)
+            leased.set()
+            close.wait(timeout=30)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert leased.wait(timeout=30)
+    return close, thread
+
+
+def test_a_lease_whose_holder_connection_closed_is_taken_at_once():
+    store = DjangoStore()
+    store.create_run(RunInfo("live-1", agent="echo"))
+    close, thread = _held_in_a_thread(store, "live-1", "tok-holder")
+    assert not store.acquire_lease("live-1", "taker", "tok-taker", 30), "its holder is alive"
+    close.set()
+    thread.join(timeout=30)
+    granted = store.acquire_lease("live-1", "taker", "tok-taker", 30)
+    assert granted and granted.previous is not None
+    assert (granted.previous.holder, granted.previous.live) == ("holder", True)
+    store.release_lease("live-1", "tok-taker")
+
+
+def test_a_lease_this_connection_holds_is_not_taken_by_it_under_another_token():
+    store = DjangoStore()
+    store.create_run(RunInfo("live-2", agent="echo"))
+    assert store.acquire_lease("live-2", "outer", "tok-outer", 30)
+    assert not store.acquire_lease("live-2", "inner", "tok-inner", 30)
+    store.release_lease("live-2", "tok-outer")
+    granted = store.acquire_lease("live-2", "inner", "tok-inner", 30)
+    assert granted and granted.previous is None, "a released lease is free"
+    store.release_lease("live-2", "tok-inner")
+
+
+def test_with_instant_takeover_off_a_closed_holder_keeps_its_lease_until_it_expires():
+    store = DjangoStore(instant_takeover=False)
+    store.create_run(RunInfo("live-3", agent="echo"))
+    close, thread = _held_in_a_thread(store, "live-3", "tok-holder")
+    close.set()
+    thread.join(timeout=30)
+    assert not store.acquire_lease("live-3", "taker", "tok-taker", 30)
+    assert store.get_lease("live-3").live
+
+
+def _my_advisory_locks() -> int:
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+            "AND pid = pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_a_driver_lets_its_liveness_locks_go_with_its_leases():
+    from durable_agents.engine.commands.runs import resume
+    from tests.support.agents import echo, gated
+
+    before = _my_advisory_locks()
+    echo.run("live-4", "where is order 7?")  # started and finished in one write each
+    assert _my_advisory_locks() == before
+    with pytest.raises(da.ApprovalPending):  # paused: its lease released
+        gated.run("live-5", "refund order 7")
+    assert _my_advisory_locks() == before
+    store = DjangoStore()
+    store.create_run(RunInfo("live-6", agent=echo.name, input="where is order 7?"))
+    resume("live-6")  # leased by acquire_lease, finished by finish_run
+    assert store.get_run("live-6").status == "finished"
+    assert _my_advisory_locks() == before
