@@ -126,6 +126,16 @@ class Command(BaseCommand):
             "on stdout; docs/audit.md has a script that checks it without Django",
         )
         bundle.add_argument("run_id")
+        replay = command(
+            "replay",
+            "re-drive recorded runs against today's agent code, calling no model and no tool "
+            "(docs/replay.md); exit status 1 if any diverges",
+        )
+        replay.add_argument("run_ids", nargs="+", metavar="RUN")
+        replay.add_argument(
+            "--agent", help="replay against this registered agent (default: the run's own)"
+        )
+        replay.add_argument("--json", action="store_true", help="one JSON document on stdout")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -216,6 +226,24 @@ class Command(BaseCommand):
         from durable_agents.audit import bundle
 
         self.stdout.write(json.dumps(bundle(options["run_id"]), indent=1, ensure_ascii=False))
+
+    def _replay(self, options: dict[str, Any]) -> None:
+        from durable_agents.engine.registry import get_agent
+        from durable_agents.engine.replay import replay
+
+        agent = get_agent(options["agent"]) if options["agent"] else None
+        reports = [replay(run_id, agent) for run_id in options["run_ids"]]
+        if options["json"]:
+            self.stdout.write(json.dumps([r.to_json() for r in reports], indent=2))
+        else:
+            for report in reports:
+                self.stdout.write(report.describe())
+        diverged = [r for r in reports if not r.identical]
+        if diverged:
+            raise CommandError(
+                f"{len(diverged)} of {len(reports)} run(s) diverge from today's code",
+                returncode=1,
+            )
 
     # -- acting -------------------------------------------------------------------------
 
