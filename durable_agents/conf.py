@@ -43,6 +43,8 @@ class Settings:
     recovery_interval: float = 15.0
     # Seconds between sweeps waking due timers (a lost ETA message is late by at most this).
     timer_sweep_interval: float = 5.0
+    # Seconds between keep-alive comments on an event stream with no news (``events``).
+    events_keepalive: float = 15.0
     on_drift: str = "warn"
     celery_queue: str = "durable_agents"
     database: str = "default"
@@ -75,6 +77,7 @@ _KEYS = {
     "LEASE_TTL": "lease_ttl",
     "RECOVERY_INTERVAL": "recovery_interval",
     "TIMER_SWEEP_INTERVAL": "timer_sweep_interval",
+    "EVENTS_KEEPALIVE": "events_keepalive",
     "ON_DRIFT": "on_drift",
     "CELERY_QUEUE": "celery_queue",
     "DATABASE": "database",
@@ -139,7 +142,7 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
             f"not {values['on_drift']!r}"
         )
         values.pop("on_drift")
-    for key in ("lease_ttl", "recovery_interval", "timer_sweep_interval"):
+    for key in ("lease_ttl", "recovery_interval", "timer_sweep_interval", "events_keepalive"):
         if key in values:
             values[key] = _positive(key.upper(), values[key], problems)
     for key in ("celery_queue", "database"):

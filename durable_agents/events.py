@@ -27,6 +27,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
 from django.http import HttpRequest, StreamingHttpResponse
 
+from .conf import get_settings
 from .engine.errors import NotFound
 from .engine.follow import POLL_SECONDS, Wait, pauses_or_ends, polling, ticks
 from .engine.ports import Entry, RunInfo
@@ -36,8 +37,6 @@ from .storage import DjangoStore, site_store
 
 _J = JournalEntry._meta.db_table
 _R = Run._meta.db_table
-
-IDLE_SECONDS = 15.0
 
 
 def channel(run_id: str) -> str:
@@ -93,15 +92,17 @@ def ticks_of(
     after: int = 0,
     *,
     store: DjangoStore | None = None,
-    idle: float = IDLE_SECONDS,
+    idle: float | None = None,
     poll: float = POLL_SECONDS,
     stop: Callable[[str], bool] = pauses_or_ends,
 ) -> Iterator[Record | str | None]:
     """``events``, with the run's status (a ``str``) first and whenever it changes, and
     ``None`` after every ``idle`` seconds without news (a stream sends a keep-alive then;
-    writing it is also how a server learns that its client left). Ends after the status
+    writing it is also how a server learns that its client left; default: the
+    ``EVENTS_KEEPALIVE`` setting). Ends after the status
     ``stop`` accepts (by default: the run ended or paused)."""
     store = store or site_store()
+    idle = get_settings().events_keepalive if idle is None else idle
     if not store.dialect.postgres:
         yield from ticks(store, run_id, after, wait=polling(poll), idle=idle, stop=stop)
         return
@@ -167,14 +168,14 @@ def frames(
 ) -> Generator[str]:
     """The run as Server-Sent Events: ``record`` events (``id`` = the record's seq, so a
     client reconnecting with ``Last-Event-ID`` resumes after it), ``status`` events, a
-    ``: keep-alive`` comment every ``idle`` seconds (default ``IDLE_SECONDS``), and a last
+    ``: keep-alive`` comment every ``idle`` seconds (default: the ``EVENTS_KEEPALIVE``
+    setting), and a last
     ``end`` event with the status the stream ended on (a client should close then, not
     reconnect)."""
     _let_go_of_request_connections()
     yield f"retry: {RETRY_MS}\n\n"
     status: str | None = None
     try:
-        idle = IDLE_SECONDS if idle is None else idle
         for item in ticks_of(run_id, after, store=store, stop=stop, idle=idle):
             if item is None:
                 yield ": keep-alive\n\n"

@@ -171,6 +171,7 @@ def test_journal_of_a_finished_start():
         ({"RETRY": {"MAX_ATTEMPTS": 0}}, "MAX_ATTEMPTS"),
         ({"AGENTS": "not.a.list.of", "PREPARED_STATEMENTS": "yes"}, "PREPARED_STATEMENTS"),
         ({"INSTANT_TAKEOVER": 1}, "INSTANT_TAKEOVER"),
+        ({"EVENTS_KEEPALIVE": 0}, "EVENTS_KEEPALIVE"),
         ("not a dict", "must be a dict"),
     ],
 )

@@ -7,8 +7,10 @@ import time
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.conf import settings as django_settings
 from django.db import connections
 from django.test import AsyncClient
+from django.test.utils import override_settings
 
 from durable_agents.api.auth import issue_api_key
 from durable_agents.engine.ports import FINISHED, RUNNING, RunInfo
@@ -120,10 +122,17 @@ def listeners() -> int:
         return int(cursor.fetchone()[0])
 
 
+@pytest.fixture
+def quick_keepalive():
+    """Keep-alives every 0.3 s, so a server notices a client that left at once."""
+    config = {**django_settings.DURABLE_AGENTS, "EVENTS_KEEPALIVE": 0.3}
+    with override_settings(DURABLE_AGENTS=config):
+        yield
+
+
 def test_a_live_stream_over_http_reconnects_with_last_event_id_losing_and_repeating_nothing(
-    live_server, monkeypatch
+    live_server, quick_keepalive
 ):
-    monkeypatch.setattr("durable_agents.events.IDLE_SECONDS", 0.3)
     store = DjangoStore()
     store.create_run(RunInfo(run_id="sse-live", agent="echo", status=RUNNING))
     for i in range(3):

@@ -411,28 +411,14 @@ def cancel(
         runtime.dispatch(run_id)
         return
     if not cancelled:
-        try:
-            lease = HeldLease(store, run_id, runtime.lease_ttl()).acquire()
-        except RunBusy:
-            raise RunBusy(
-                f"run {run_id!r} is being driven right now; cancel it once it pauses or "
-                "finishes its step",
-                run_id=run_id,
-            ) from None
-        try:
-            if journal.get(run_id, names.RUN_COMPLETE) is not None:  # it finished meanwhile
-                raise Conflict(
-                    f"run {run_id!r} already finished; nothing to cancel", code="run.finished"
-                )
-            _, inserted = journal.write(
-                run_id,
-                names.RUN_CANCELLED,
-                {"kind": "cancelled", "by": actor.username, "by_id": actor.id, "reason": reason},
-                fence=lease.token,
-                run_changes={"status": CANCELLED},
-            )
-        finally:
-            lease.release()
+        inserted = _write_under_lease(
+            store,
+            journal,
+            run_id,
+            names.RUN_CANCELLED,
+            {"kind": "cancelled", "by": actor.username, "by_id": actor.id, "reason": reason},
+            {"status": CANCELLED},
+        )
         if inserted:
             store.log_action(identity.logged(actor, "cancel", run_id, "", {"reason": reason}))
     close_cancelled(store, run_id)
@@ -454,8 +440,17 @@ def _has_undos(agent: AgentDefinition | None) -> bool:
     return any(t.safety.compensate is not None for t in agent.tools.values())
 
 
-def _abort_saga(store: Store, journal: Journal, run_id: str, actor: Any, reason: str) -> None:
-    """Journal a person's abort of a run (under its lease), withdraw its pending requests."""
+def _write_under_lease(
+    store: Store,
+    journal: Journal,
+    run_id: str,
+    name: str,
+    body: dict[str, Any],
+    run_changes: dict[str, Any],
+) -> bool:
+    """Write a person's cancel-kind record under the run's own lease, so no driver is
+    between steps meanwhile: refused while a driver holds the run, or once it finished.
+    True if this call wrote it (False: it was there already)."""
     try:
         lease = HeldLease(store, run_id, runtime.lease_ttl()).acquire()
     except RunBusy:
@@ -469,23 +464,30 @@ def _abort_saga(store: Store, journal: Journal, run_id: str, actor: Any, reason:
             raise Conflict(
                 f"run {run_id!r} already finished; nothing to cancel", code="run.finished"
             )
-        message = f"cancelled by {actor.username}" + (f": {reason}" if reason else "")
-        cause = {"code": "saga.cancelled", "message": message}
-        _, inserted = journal.write(
-            run_id,
-            names.SAGA_ABORT,
-            {
-                "kind": "saga_abort",
-                "cause": cause,
-                "by": actor.username,
-                "by_id": actor.id,
-                "reason": reason,
-            },
-            fence=lease.token,
-            run_changes={"status": COMPENSATING, "last_error": cause, "attempts": 0},
-        )
+        _, inserted = journal.write(run_id, name, body, fence=lease.token, run_changes=run_changes)
     finally:
         lease.release()
+    return inserted
+
+
+def _abort_saga(store: Store, journal: Journal, run_id: str, actor: Any, reason: str) -> None:
+    """Journal a person's abort of a run (under its lease), withdraw its pending requests."""
+    message = f"cancelled by {actor.username}" + (f": {reason}" if reason else "")
+    cause = {"code": "saga.cancelled", "message": message}
+    inserted = _write_under_lease(
+        store,
+        journal,
+        run_id,
+        names.SAGA_ABORT,
+        {
+            "kind": "saga_abort",
+            "cause": cause,
+            "by": actor.username,
+            "by_id": actor.id,
+            "reason": reason,
+        },
+        {"status": COMPENSATING, "last_error": cause, "attempts": 0},
+    )
     if inserted:
         store.log_action(
             identity.logged(actor, "cancel", run_id, "", {"reason": reason, "compensate": True})
