@@ -5,8 +5,8 @@ module, ``records`` included, may use it.
 
 A record's name is its identity (unique per run, first writer wins), so a name spelled two
 ways would be two records. Every module builds names and shared bodies here; none spells a
-journal name as a string literal. The table in docs/guarantees.md and DESIGN.md lists what
-each record holds.
+journal name as a string literal. The table in docs/journal.md ("Journal names") lists
+what each record holds.
 
 Also here: the ids the engine derives from a session (``<session>>turn/<n>``,
 ``<session>>event/<key>``, ``<session>>session``) — names too, of runs.
