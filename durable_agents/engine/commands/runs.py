@@ -505,7 +505,8 @@ def _cancel_children(store: Store, run_id: str, actor: Any, reason: str) -> None
     busy: RunBusy | None = None
     for child in tree.children_of(store, run_id):
         run = store.get_run(child)
-        if run is None or run.status == FINISHED:
+        # A fork's reference to its source's child is not the fork's to cancel.
+        if run is None or run.status == FINISHED or run.parent_run_id != run_id:
             continue
         try:
             cancel(
