@@ -99,7 +99,9 @@ def test_forks_of_a_tree_in_the_admin_show_their_own_and_their_referenced_sub_ru
     assert Run.objects.get(run_id=again).status == "finished"
     page = run_page(client, again)
     assert f'<a href="{run_url(child)}">{child}</a>' in page
-    assert "finished <span class=\"help da-referenced\">(its source's, referenced by this fork)" in page
+    assert (
+        'finished <span class="help da-referenced">(its source\'s, referenced by this fork)' in page
+    )
     assert "not started" not in page
     assert not Run.objects.filter(run_id__startswith=f"{again}/").exists()
     assert count_effects(leaf) == {"call_1_1": 1}

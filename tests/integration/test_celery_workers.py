@@ -719,6 +719,40 @@ def test_a_tree_paused_at_the_bottom_finishes_through_a_worker_once_decided(cele
     assert count_effects(leaf) == {"call_1_1": 1}
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("point", ["after-child:{leaf}", "after-complete:{leaf}"])
+def test_a_worker_killed_at_a_tree_hand_over_is_rescued_by_recovery(celery, point):
+    """Issue 16's required test, through Celery: the whole worker (solo pool) is SIGKILLed
+    where the middle journaled starting the leaf (its first drive), or where the leaf,
+    driven after its decision, finished and queued its parent but did not hand it over.
+    Beat recovery and a second worker take the tree from each run's journal; the leaf's
+    side effect fires once."""
+    root = new_id("ktree")
+    middle, leaf = f"{root}/call_1_1", f"{root}/call_1_1/call_1_1"
+    boss = make_user("boss", "approve_toolcall")
+    at = point.format(leaf=leaf)
+    doomed = celery.worker("solo", 1, name="doomed", DURABLE_AGENTS_CRASH_AT=at).wait_ready()
+    gated_tree[0].start("go", run_id=root)
+    if at.startswith("after-complete"):
+        wait_for(lambda: status(root) == "awaiting_approval", RUN_TIMEOUT, "the tree to pause")
+        da.approve(leaf, "call_1_1", approved=True, by=boss)  # the doomed worker drives it
+    assert doomed.wait_exit(RUN_TIMEOUT) == -signal.SIGKILL
+    if at.startswith("after-complete"):
+        assert (status(leaf), status(middle)) == ("finished", "queued")
+    else:
+        assert run_row(leaf) is None and status(middle) == "running"
+    start_rescue(celery)
+    if at.startswith("after-child"):
+        # Recovery resumes the root and the middle (both leases expired); the root may find
+        # the middle driven by the other thread and wait for it (awaiting_input) rather
+        # than mirror the leaf's pause: either way, the leaf's decision finishes the tree.
+        wait_status(leaf, "awaiting_approval")
+        da.approve(leaf, "call_1_1", approved=True, by=boss)
+    wait_status(root, "finished")
+    assert status(middle) == status(leaf) == "finished"
+    assert count_effects(leaf) == {"call_1_1": 1}
+
+
 def staff_client(celery):
     """Staff in the admin (Django's test client) in this process, which dispatches through
     the test's Celery app."""
