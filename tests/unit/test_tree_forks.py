@@ -107,6 +107,8 @@ def test_an_unfinished_child_is_forked_under_the_forks_id(store, fired):
     assert (start.get("parent"), start.get("root")) == (mid, fork)
     # The fork's sub-runs wait for their parent to drive them; recovery leaves them alone.
     assert statuses(store, fork, mid, leaf) == ["queued", "awaiting_input", "awaiting_input"]
+    why = {p.run_id: p.why for p in da.pending(store=store)}
+    assert why[leaf].startswith("a fork's own sub-run") and repr(mid) in why[leaf]
     with pytest.raises(da.ApprovalPending) as paused:
         da.resume(fork, store=store)
     assert paused.value.details["paused_run_id"] == leaf
