@@ -80,3 +80,22 @@ def test_a_roots_budget_stops_the_leaf_of_a_three_level_tree(wired):
     for run_id in (run, middle_of(run), leaf_of(run)):
         row = store.get_run(run_id)
         assert row.status == "failed" and row.last_error["code"] == "budget.tokens"
+
+
+def test_a_fork_taken_while_the_leaf_charges_halts_its_copy_on_the_charge(wired):
+    store, fired, forks = wired, [], []
+    source = new_id("ctf")
+
+    def fork_now(ctx: da.ToolContext) -> None:
+        forks.append(da.fork(source, 2, store=store))  # the leaf is claimed and charging
+
+    root, _, _ = fork_tree("ctf-busy", fired, gated=False, during_charge=fork_now)
+    assert root.run(source, "go", store=store).answer == "root done"
+    (fork,) = forks
+    leaf = leaf_of(fork)
+    assert store.get_run(leaf).status == "halted"
+    with pytest.raises(da.OutcomeUnknown):
+        da.resume(fork, store=store)
+    da.resolve_halt(leaf, "call_1_1", result="charged", evidence={"seen": 1}, by="ann", store=store)
+    assert store.get_run(fork).status == "finished"
+    assert [f for f in fired if f[0] == "charge"] == [("charge", leaf_of(source))]
