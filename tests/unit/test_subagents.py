@@ -261,3 +261,29 @@ def test_a_parent_paused_on_a_child_goes_on_once_the_child_ended_without_an_answ
     assert not children_done(store, ["p/c1"])
     store.update_run("p/c1", {"status": status})
     assert children_done(store, ["p/c1"])
+
+
+def test_ancestors_budgets_are_read_once_per_drive_of_a_sub_run_and_never_for_a_root(
+    store, monkeypatch
+):
+    from durable_agents.engine import tree as tree_module
+
+    calls: list[str] = []
+    real = tree_module.ancestor_budgets
+
+    def counted(store_, run_id, parent):
+        calls.append(run_id)
+        return real(store_, run_id, parent)
+
+    monkeypatch.setattr(tree_module, "ancestor_budgets", counted)
+    fired: list = []
+    root, _, _ = fork_tree("sa-budget-reads", fired, gated=False, token_budget=10_000)
+    assert root.run("r9c", "go", store=store).answer == "root done"
+    # The leaf made 3 model calls and the middle 2: one read of their ancestors each.
+    assert calls == [middle_of("r9c"), leaf_of("r9c")]
+    alone = da.Agent(
+        "sa-budget-alone", ScriptedModel([scripted.text("hi")]), "", [], token_budget=5
+    )
+    calls.clear()
+    alone.run("r9d", "go", store=store)
+    assert calls == []
