@@ -11,7 +11,9 @@ comparing two, is ``engine.steps``.)
   for that call. A fork keeps its source's origin, so a call's idempotency key is the same
   in a run and in all its forks. A fork is runnable only once it is completely copied: its
   row says ``failed`` (``history.fork_incomplete``) until ``fork:done``, so a fork whose
-  maker died is never driven from its input or from a partial journal.
+  maker died is never driven from its input or from a partial journal. The sub-runs its
+  copied calls started are referenced (ended) or forked under the fork's id (unfinished)
+  first: ``tree_forks``.
 * ``fork_session(session, from_turn)`` — a new session whose transcript is the first turns
   of another.
 """
