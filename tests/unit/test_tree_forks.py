@@ -214,3 +214,26 @@ def test_a_referenced_child_survives_its_source_being_cancelled(store, fired):
     da.cancel(fork, by="ann", store=store)  # the fork's cancel leaves its source's child be
     assert store.get_run(middle_of("s8")).status == "finished"
     assert fired.count(("charge", leaf_of("s8"))) == 1 and ("later", "n") not in fired
+
+
+def test_a_fork_patching_the_result_of_an_unfinished_childs_call_leaves_the_child_alone(
+    store, fired
+):
+    paused_tree(store, fired, "tf-patch", "s9")
+    fork = da.fork("s9", 2, da.Patch(tool_results={MIDDLE_CALL: "planned by hand"}), store=store)
+    assert tree.children_of(store, fork) == []
+    assert da.resume(fork, store=store).answer == "root done"
+    assert store.get_run(middle_of(fork)) is None
+    assert fired == [("charge", leaf_of("s9"))]
+    assert statuses(store, "s9", middle_of("s9"), leaf_of("s9")) == ["awaiting_approval"] * 3
+
+
+def test_cancelling_a_fork_cancels_its_own_sub_runs_and_none_of_its_sources(store, fired):
+    paused_tree(store, fired, "tf-cancel-fork", "s10")
+    fork = da.fork("s10", 2, store=store)
+    da.cancel(fork, by="ann", store=store)
+    assert statuses(store, fork, middle_of(fork), leaf_of(fork)) == ["cancelled"] * 3
+    assert statuses(store, "s10", middle_of("s10"), leaf_of("s10")) == ["awaiting_approval"] * 3
+    da.approve(leaf_of("s10"), SEND_CALL, approved=True, by="ann", store=store)
+    assert store.get_run("s10").status == "finished"
+    assert fired == [("charge", leaf_of("s10")), ("send", leaf_of("s10"))]
