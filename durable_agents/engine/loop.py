@@ -393,6 +393,7 @@ class Driver:
         self.fence = lease.token
         self.log = log
         self.state = RunState.of(log)
+        self._ancestors: list[tuple[str, int, Usage]] | None = None  # ``_ancestor_budgets``
         self._tools_digest = tools_digest(agent.tool_specs())
         # Idempotency keys derive from the call's origin: the run a fork was taken from (and
         # its origin), so a run and all its forks give one call one key.
@@ -590,23 +591,47 @@ class Driver:
 
     def _check_budget(self) -> None:
         budget = self.agent.token_budget
-        if budget is None:
+        ancestors = self._ancestor_budgets()
+        if budget is None and not ancestors:
             return
-        spent = (self.state.spend() + self._subtree()[1]).total_tokens
-        if spent >= budget:
+        spent = self.state.spend() + self._subtree()[1]
+        if budget is not None and spent.total_tokens >= budget:
             raise BudgetError(
-                f"run {self.run_id!r} spent {spent} tokens of its budget of {budget} (its "
-                "sub-runs' included); raise token_budget to continue",
+                f"run {self.run_id!r} spent {spent.total_tokens} tokens of its budget of "
+                f"{budget} (its sub-runs' included); raise token_budget to continue",
                 code="budget.tokens",
             )
+        # A sub-run stops where an ancestor's budget does: the tree's spend, counted as the
+        # ancestor counts it, may not pass it (see docs/composition.md, "Spend and budgets").
+        for ancestor, limit, outside in ancestors:
+            total = (outside + spent).total_tokens
+            if total >= limit:
+                raise BudgetError(
+                    f"run {self.run_id!r} stops: its tree under {ancestor!r} spent {total} "
+                    f"tokens of that run's budget of {limit}; raise the token_budget of "
+                    f"{ancestor!r}'s agent to continue",
+                    code="budget.tokens",
+                    budget_run_id=ancestor,
+                )
+
+    def _ancestor_budgets(self) -> list[tuple[str, int, Usage]]:
+        """The budgets of this sub-run's ancestors, read once per drive (none, and no read,
+        for a run without a parent)."""
+        if self._ancestors is None:
+            parent = self.state.start.get("parent") if self.state.start is not None else None
+            self._ancestors = (
+                tree.ancestor_budgets(self.store, self.run_id, str(parent)) if parent else []
+            )
+        return self._ancestors
 
     def _subtree(self) -> tuple[Usage, Usage]:
         """What this run's sub-runs (``agent.as_tool()`` calls) used and spent: it rolls up
         into this run's totals and counts against its token budget."""
         if not any(t.subagent for t in self.agent.tools.values()):
             return Usage(), Usage()  # the common case: no sub-agents, nothing to read
+        # A fork's call may reference its source's ended child (``child:<call>``, copied).
         children = [
-            tree.child_run_id(self.run_id, call.id)
+            self.state.children.get(call.id) or tree.child_run_id(self.run_id, call.id)
             for turn in self.state.turns
             for call in self.state.calls(turn)
             if (tool := self.agent.tools.get(call.name)) is not None and tool.subagent

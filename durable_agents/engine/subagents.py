@@ -32,7 +32,7 @@ from . import failpoints, names, runtime
 from .errors import ChildPending, ConfigError, Conflict, DurableAgentsError, Pause, RunBusy
 from .journal import Journal
 from .loop import drive
-from .ports import AWAITING_INPUT, Store
+from .ports import AWAITING_INPUT, CANCELLED, Store
 from .tools import Safety, Tool, ToolContext
 from .tree import child_run_id
 
@@ -68,12 +68,17 @@ def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:
     child_id = child_run_id(ctx.run_id, ctx.call_id)
     root = (parent.root_run_id if parent is not None else None) or ctx.run_id
     check_tree(store, ctx.run_id, agent.name)
-    Journal(store).write(
+    journal = Journal(store)
+    recorded, _ = journal.write(
         ctx.run_id,
         names.child(ctx.call_id),
         {"kind": "child", "run_id": child_id, "agent": agent.name, "call_id": ctx.call_id},
         fence=waits.fence if waits is not None else None,
     )
+    if str(recorded.get("run_id")) != child_id:
+        # A fork's copy of its source's call, whose child had ended before the fork point:
+        # referenced, never driven (it is the source's run, not the fork's).
+        return _referenced(store, journal, str(recorded.get("run_id")), agent.name)
     failpoints.hit(f"after-child:{child_id}")
     try:
         result = drive(
@@ -109,6 +114,21 @@ def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:
             code=code,
         ) from None
     return result.answer
+
+
+def _referenced(store: Store, journal: Journal, child_id: str, agent: str) -> str:
+    """The answer of an ended child a fork references, or the error its source's call got."""
+    complete = journal.get(child_id, names.RUN_COMPLETE)
+    if complete is not None:
+        return str(complete.get("answer"))
+    run = store.get_run(child_id)
+    status = run.status if run is not None else "deleted"
+    code = f"subagent.{'cancelled' if status == CANCELLED else 'failed'}"
+    raise Conflict(
+        f"[{code}] sub-run {child_id!r} of agent {agent!r}, which this fork references from "
+        f"its source, ended without an answer ({status})",
+        code=code,
+    )
 
 
 def _waiting(run_id: str, child_id: str, why: str) -> ChildPending:

@@ -47,6 +47,7 @@ _ATTEMPT = names.ATTEMPT[:_P]
 _NOT_STARTED = names.NOT_STARTED[:_P]
 _STEP = names.STEP[:_P]
 _COMPENSATE = names.COMPENSATE[:_P]
+_CHILD = names.CHILD[:_P]
 
 
 @dataclass
@@ -71,6 +72,9 @@ class RunState:
     markers: list[Record] = field(default_factory=list)
     not_started: set[str] = field(default_factory=set)
     step_values: set[str] = field(default_factory=set)
+    # The sub-run each call started (``child:<call>``), by call id: ``<run>/<call>``, or, in a
+    # fork, a child of its source that had ended before the fork point (a reference).
+    children: dict[str, str] = field(default_factory=dict)
     # Parsed messages by record name: records never change, and a driver rebuilds the
     # transcript every turn, which would otherwise re-parse every earlier turn.
     _parsed: dict[str, Message] = field(default_factory=dict, repr=False, compare=False)
@@ -104,6 +108,8 @@ class RunState:
                 state.step_values.add(name)
             elif prefix == _COMPENSATE:
                 state.compensations[name[len(names.COMPENSATE) :]] = rec
+            elif prefix == _CHILD:
+                state.children[name[len(names.CHILD) :]] = str(rec.get("run_id"))
             elif name == names.SAGA_ABORT:
                 state.saga_abort = rec
             elif name == names.RUN_COMPENSATED:

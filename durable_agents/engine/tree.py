@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import names, runtime
+from .errors import ConfigError
 from .journal import Journal
 from .model import Usage
 from .ports import (
@@ -19,6 +20,7 @@ from .ports import (
     SLEEPING,
     Store,
 )
+from .transcript import RunState
 
 
 def child_run_id(parent_run_id: str, call_id: str) -> str:
@@ -28,21 +30,23 @@ def child_run_id(parent_run_id: str, call_id: str) -> str:
 
 def subtree_totals(store: Store, children: list[str]) -> tuple[Usage, Usage]:
     """What ``children`` and their own descendants used and spent: a finished child's
-    totals from its ``run:complete`` (which rolls up its own children), an unfinished one's
-    from its row (as far as it got)."""
+    totals from its ``run:complete`` (which rolls up its own children); an unfinished one's
+    (paused, failed, being driven) from its journal and, the same way, its own children's:
+    its row's totals date from its last turn, before what its children spent since."""
     journal = Journal(store)
     usage, spend = Usage(), Usage()
     for child in children:
         complete = journal.get(child, names.RUN_COMPLETE)
         if complete is not None:
-            used, spent = complete.get("usage"), complete.get("spend")
-        else:
-            run = store.get_run(child)
-            if run is None:
-                continue
-            used, spent = run.usage, run.spend
-        usage = usage + Usage.from_json(dict(used or {}))
-        spend = spend + Usage.from_json(dict(spent or used or {}))
+            used = Usage.from_json(dict(complete.get("usage") or {}))
+            spent = complete.get("spend")
+            usage = usage + used
+            spend = spend + (Usage.from_json(dict(spent)) if spent else used)
+            continue
+        state = RunState.of(journal.records(child))
+        below = subtree_totals(store, list(state.children.values()))
+        usage = usage + state.usage() + below[0]
+        spend = spend + state.spend() + below[1]
     return usage, spend
 
 
@@ -103,3 +107,40 @@ def children_of(store: Store, run_id: str) -> list[str]:
         for rec in Journal(store).records(run_id)
         if rec.name.startswith(names.CHILD)
     ]
+
+
+def ancestor_budgets(store: Store, run_id: str, parent: str | None) -> list[tuple[str, int, Usage]]:
+    """For each ancestor of a sub-run (from its ``parent`` up) whose agent has a
+    ``token_budget``: the ancestor's id, its budget, and what its tree spent *outside* the
+    sub-run's own subtree (its own turns and its other children's, and so on up). The
+    sub-run may spend the rest. Reads one row per ancestor, and, only up to the highest one
+    with a budget, its journal and its other children's totals: a bounded number of reads
+    (the tree's depth is), once per drive."""
+    from .registry import get_agent  # the registry imports the loop's modules: import late
+
+    chain: list[tuple[str, int | None]] = []
+    current = parent
+    while current and len(chain) <= runtime.subagent_depth():
+        row = store.get_run(current)
+        if row is None:
+            break
+        try:
+            budget = get_agent(row.agent).token_budget
+        except ConfigError:  # an agent no longer loaded: its budget is unknown here
+            budget = None
+        chain.append((current, budget))
+        current = row.parent_run_id
+    while chain and chain[-1][1] is None:
+        chain.pop()
+    out: list[tuple[str, int, Usage]] = []
+    outside = Usage()
+    below = run_id  # the ancestor's child on the way down to the sub-run
+    journal = Journal(store)
+    for ancestor, budget in chain:
+        state = RunState.of(journal.records(ancestor))
+        others = [c for c in state.children.values() if c != below]
+        outside = outside + state.spend() + subtree_totals(store, others)[1]
+        if budget is not None:
+            out.append((ancestor, budget, outside))
+        below = ancestor
+    return out

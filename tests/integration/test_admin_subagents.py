@@ -64,3 +64,44 @@ def test_a_tree_in_the_admin_and_its_bottom_call_decided_there():
     statuses = dict(Run.objects.values_list("run_id", "status"))
     assert statuses == dict.fromkeys((ROOT, MIDDLE, LEAF), "finished")
     assert count_effects(LEAF) == {"call_1_1": 1}
+
+
+def fork_url(run_id: str, step: int) -> str:
+    return reverse("admin:durable_agents_run_fork", args=[quote(run_id)]) + f"?step={step}"
+
+
+def test_forks_of_a_tree_in_the_admin_show_their_own_and_their_referenced_sub_runs():
+    """A fork (made in the admin) of a root waiting on its unfinished child gets a child of
+    its own, shown with its status and decided there; a fork of that fork, after it
+    finished, references the finished child, shown finished (not "not started")."""
+    source, fork, again = "adm-ftree", "adm-ftree-f", "adm-ftree-ff"
+    gated_tree[0].start("go", run_id=source)
+    client = staff()
+    response = client.post(fork_url(source, 1), {"new_run_id": fork})
+    assert response.status_code == 302, text(response)
+    child, leaf = f"{fork}/call_1_1", f"{fork}/call_1_1/call_1_1"
+    page = run_page(client, fork)
+    assert child in page and "awaiting_approval" in page and "not started" not in page
+    assert Run.objects.get(run_id=child).forked_from == f"{source}/call_1_1"
+
+    request = ApprovalRequest.objects.get(run_id=leaf)
+    decide = reverse("admin:durable_agents_approvalrequest_decide", args=[request.pk])
+    assert client.post(decide, {"decision": "approve", "note": ""}).status_code == 302
+    assert Run.objects.get(run_id=fork).status == "finished"
+    assert count_effects(leaf) == {"call_1_1": 1}
+    # The source's tree was not driven by its fork's: it waits as it did, nothing fired.
+    source_leaf = f"{source}/call_1_1/call_1_1"
+    assert Run.objects.get(run_id=source_leaf).status == "awaiting_approval"
+    assert count_effects(source_leaf) == {}
+
+    response = client.post(fork_url(fork, 1), {"new_run_id": again})
+    assert response.status_code == 302, text(response)
+    assert Run.objects.get(run_id=again).status == "finished"
+    page = run_page(client, again)
+    assert f'<a href="{run_url(child)}">{child}</a>' in page
+    assert (
+        'finished <span class="help da-referenced">(its source\'s, referenced by this fork)' in page
+    )
+    assert "not started" not in page
+    assert not Run.objects.filter(run_id__startswith=f"{again}/").exists()
+    assert count_effects(leaf) == {"call_1_1": 1}

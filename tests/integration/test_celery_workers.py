@@ -717,3 +717,100 @@ def test_a_tree_paused_at_the_bottom_finishes_through_a_worker_once_decided(cele
     wait_for(lambda: status(root) == "finished", RUN_TIMEOUT, "the tree to finish")
     assert status(middle) == status(leaf) == "finished"
     assert count_effects(leaf) == {"call_1_1": 1}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("point", ["after-child:{leaf}", "after-complete:{leaf}"])
+def test_a_worker_killed_at_a_tree_hand_over_is_rescued_by_recovery(celery, point):
+    """Issue 16's required test, through Celery: the whole worker (solo pool) is SIGKILLed
+    where the middle journaled starting the leaf (its first drive), or where the leaf,
+    driven after its decision, finished and queued its parent but did not hand it over.
+    Beat recovery and a second worker take the tree from each run's journal; the leaf's
+    side effect fires once."""
+    root = new_id("ktree")
+    middle, leaf = f"{root}/call_1_1", f"{root}/call_1_1/call_1_1"
+    boss = make_user("boss", "approve_toolcall")
+    at = point.format(leaf=leaf)
+    doomed = celery.worker("solo", 1, name="doomed", DURABLE_AGENTS_CRASH_AT=at).wait_ready()
+    gated_tree[0].start("go", run_id=root)
+    if at.startswith("after-complete"):
+        wait_for(lambda: status(root) == "awaiting_approval", RUN_TIMEOUT, "the tree to pause")
+        da.approve(leaf, "call_1_1", approved=True, by=boss)  # the doomed worker drives it
+    assert doomed.wait_exit(RUN_TIMEOUT) == -signal.SIGKILL
+    if at.startswith("after-complete"):
+        assert (status(leaf), status(middle)) == ("finished", "queued")
+    else:
+        assert run_row(leaf) is None and status(middle) == "running"
+    start_rescue(celery)
+    if at.startswith("after-child"):
+        # Recovery resumes the root and the middle (both leases expired); the root may find
+        # the middle driven by the other thread and wait for it (awaiting_input) rather
+        # than mirror the leaf's pause: either way, the leaf's decision finishes the tree.
+        wait_status(leaf, "awaiting_approval")
+        da.approve(leaf, "call_1_1", approved=True, by=boss)
+    wait_status(root, "finished")
+    assert status(middle) == status(leaf) == "finished"
+    assert count_effects(leaf) == {"call_1_1": 1}
+
+
+def staff_client(celery):
+    """Staff in the admin (Django's test client) in this process, which dispatches through
+    the test's Celery app."""
+    from django.test import Client
+    from django.urls import get_resolver
+
+    # The test URLconf imports example_project, whose Celery app makes itself the current
+    # one on import: load it first, then publish through this module's app again.
+    get_resolver().url_patterns  # noqa: B018
+    celery.app.set_current()
+    client = Client()
+    client.force_login(make_user("boss", superuser=True))
+    return client
+
+
+def test_a_tree_decided_in_the_admin_finishes_through_workers(celery):
+    """Issue 16's required test: a three-level tree whose bottom call awaits approval,
+    decided in the admin; the decision's hand-overs (leaf, then middle, then root) each go
+    through a real Celery worker, and the leaf's side effect fires once."""
+    from django.urls import reverse
+
+    from durable_agents.models import ApprovalRequest
+
+    client = staff_client(celery)
+    root = new_id("atree")
+    middle, leaf = f"{root}/call_1_1", f"{root}/call_1_1/call_1_1"
+    celery.worker("threads", 2).wait_ready()
+    gated_tree[0].start("go", run_id=root)
+    wait_for(lambda: status(leaf) == "awaiting_approval", RUN_TIMEOUT, "the tree to pause")
+    wait_for(lambda: status(root) == "awaiting_approval", RUN_TIMEOUT, "the root to pause")
+    request = ApprovalRequest.objects.get(run_id=leaf)
+    decide = reverse("admin:durable_agents_approvalrequest_decide", args=[request.pk])
+    assert client.post(decide, {"decision": "approve", "note": ""}).status_code == 302
+    wait_for(lambda: status(root) == "finished", RUN_TIMEOUT, "the tree to finish")
+    assert status(middle) == status(leaf) == "finished"
+    assert count_effects(leaf) == {"call_1_1": 1}
+    assert Run.objects.get(run_id=root).answer == "root done"
+
+
+def test_cancel_of_a_root_in_the_admin_cascades_down_its_tree(celery):
+    """Issue 16's required test: cancelling the root of a tree a worker paused at its
+    bottom cancels the middle and the leaf, withdraws the leaf's request, fires nothing;
+    a recovery pass afterwards drives none of them."""
+    from django.contrib.admin.utils import quote
+    from django.urls import reverse
+
+    from durable_agents.models import ApprovalRequest
+
+    client = staff_client(celery)
+    root = new_id("ctree")
+    middle, leaf = f"{root}/call_1_1", f"{root}/call_1_1/call_1_1"
+    celery.worker("threads", 2).wait_ready()
+    gated_tree[0].start("go", run_id=root)
+    wait_for(lambda: status(root) == "awaiting_approval", RUN_TIMEOUT, "the tree to pause")
+    url = reverse("admin:durable_agents_run_cancel", args=[quote(root)])
+    assert client.post(url, {"reason": "changed my mind"}).status_code == 302
+    assert [status(r) for r in (root, middle, leaf)] == ["cancelled"] * 3
+    assert ApprovalRequest.objects.get(run_id=leaf).status == "withdrawn"
+    recover()
+    assert [status(r) for r in (root, middle, leaf)] == ["cancelled"] * 3
+    assert count_effects(leaf) == {}

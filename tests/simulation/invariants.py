@@ -159,6 +159,31 @@ class Index:
             self.by_call[(e.run, e.call)].append(e)
 
 
+def _awaits_its_parent(w: W.World, ix: Index, run_id: str) -> bool:
+    """A fork's own sub-run (a fork of the child its source's parent waited on) waits for its
+    forked parent to drive it: legitimately, while the parent's call that names it has no
+    result and the parent has not ended."""
+    row = ix.rows[run_id]
+    if row is None or not row.forked_from or not row.parent_run_id:
+        return False
+    parent = row.parent_run_id
+    records = ix.records.get(parent)
+    if records is None:
+        records = Journal(w.raw).records(parent)
+    by_name = {rec.name: rec for rec in records}
+    calls = [
+        rec.name.removeprefix("child:")
+        for rec in records
+        if rec.name.startswith("child:") and rec.get("run_id") == run_id
+    ]
+    parent_row = w.raw.get_run(parent)
+    return (
+        bool(calls)
+        and all(f"tool:{c}" not in by_name for c in calls)
+        and (parent_row is not None and parent_row.status not in TERMINAL_STATUSES)
+    )
+
+
 def check_all(w: W.World) -> None:
     ix = Index(w)
     check_effects(w, ix)
@@ -466,7 +491,7 @@ def check_rows(w: W.World, ix: Index) -> None:
             w.violate("rows_agree", f"run {run_id} sleeps with no timer left to wait for")
         if row.status == AWAITING_INPUT:
             waits = open_waits(ix.records[run_id])
-            if not waits:
+            if not waits and not _awaits_its_parent(w, ix, run_id):
                 w.violate("rows_agree", f"run {run_id} awaits input with nothing left to wait for")
             for wait in waits:
                 if wait.signal_delivered:

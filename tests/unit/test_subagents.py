@@ -13,6 +13,7 @@ from durable_agents.engine.ports import RunInfo
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support.doubles import Crash
+from tests.support.trees import fork_tree, leaf_of, middle_of
 from tests.support.wiring import wired
 
 
@@ -180,9 +181,37 @@ def test_the_roots_token_budget_counts_its_descendants(store, fired):
     )
     with pytest.raises(da.BudgetError) as failed:
         root.run("r9", "go", store=store)
-    assert failed.value.code == "budget.tokens" and "75" in str(failed.value)
+    # The middle stopped before its second turn (the tree had spent 60 of the root's 50),
+    # its call's error is in the root's journal, and the root stops too, counting it.
+    assert failed.value.code == "budget.tokens" and "spent 60" in str(failed.value)
     assert store.get_run("r9").status == "failed"
+    middle_row = store.get_run("r9/call_1_1")
+    assert middle_row.status == "failed" and middle_row.last_error["code"] == "budget.tokens"
+    result = Journal(store).get("r9", names.tool("call_1_1"))
+    assert result.get("is_error") and "budget.tokens" in str(result.get("result"))
     assert fired == [("send", "bob")]
+
+
+def test_a_roots_budget_stops_a_leaf_three_levels_down_before_its_next_effect(store):
+    """The leaf's model calls check the root's budget, counted over the whole tree: the leaf
+    stops before its second turn, its second charge never happens, and each level fails
+    with ``budget.tokens`` in turn. (Before, the leaf ran to its end: one child run over.)"""
+    fired: list = []
+    root, _, _ = fork_tree("sa-budget3", fired, gated=False, token_budget=55)
+    with pytest.raises(da.BudgetError) as failed:
+        root.run("r9b", "go", store=store)
+    # root 2 turns (30) + middle 1 (15) + leaf 1 (15) = 60 >= 55 before the leaf's turn 2.
+    assert failed.value.code == "budget.tokens"
+    assert fired == [("charge", leaf_of("r9b"))]
+    leaf_row = store.get_run(leaf_of("r9b"))
+    assert leaf_row.status == "failed" and leaf_row.last_error["code"] == "budget.tokens"
+    assert "'r9b'" in leaf_row.last_error["message"]
+    assert [store.get_run(r).status for r in ("r9b", middle_of("r9b"))] == ["failed"] * 2
+    turns = [
+        len([n for n in (r.name for r in Journal(store).records(run)) if n.startswith("model:")])
+        for run in ("r9b", middle_of("r9b"), leaf_of("r9b"))
+    ]
+    assert turns == [2, 1, 1]
 
 
 def test_the_roots_pause_names_the_run_that_waits(store, fired):
@@ -232,3 +261,29 @@ def test_a_parent_paused_on_a_child_goes_on_once_the_child_ended_without_an_answ
     assert not children_done(store, ["p/c1"])
     store.update_run("p/c1", {"status": status})
     assert children_done(store, ["p/c1"])
+
+
+def test_ancestors_budgets_are_read_once_per_drive_of_a_sub_run_and_never_for_a_root(
+    store, monkeypatch
+):
+    from durable_agents.engine import tree as tree_module
+
+    calls: list[str] = []
+    real = tree_module.ancestor_budgets
+
+    def counted(store_, run_id, parent):
+        calls.append(run_id)
+        return real(store_, run_id, parent)
+
+    monkeypatch.setattr(tree_module, "ancestor_budgets", counted)
+    fired: list = []
+    root, _, _ = fork_tree("sa-budget-reads", fired, gated=False, token_budget=10_000)
+    assert root.run("r9c", "go", store=store).answer == "root done"
+    # The leaf made 3 model calls and the middle 2: one read of their ancestors each.
+    assert calls == [middle_of("r9c"), leaf_of("r9c")]
+    alone = da.Agent(
+        "sa-budget-alone", ScriptedModel([scripted.text("hi")]), "", [], token_budget=5
+    )
+    calls.clear()
+    alone.run("r9d", "go", store=store)
+    assert calls == []

@@ -11,7 +11,9 @@ comparing two, is ``engine.steps``.)
   for that call. A fork keeps its source's origin, so a call's idempotency key is the same
   in a run and in all its forks. A fork is runnable only once it is completely copied: its
   row says ``failed`` (``history.fork_incomplete``) until ``fork:done``, so a fork whose
-  maker died is never driven from its input or from a partial journal.
+  maker died is never driven from its input or from a partial journal. The sub-runs its
+  copied calls started are referenced (ended) or forked under the fork's id (unfinished)
+  first: ``tree_forks``.
 * ``fork_session(session, from_turn)`` — a new session whose transcript is the first turns
   of another.
 """
@@ -27,10 +29,21 @@ from ..errors import ConfigError, Conflict, NotFound, RunBusy
 from ..journal import Journal
 from ..leases import HeldLease
 from ..loop import announce_halts, unknown_outcomes
-from ..ports import FAILED, HALTED, KIND_AGENT, QUEUED, ActionInfo, RunInfo, Store
+from ..ports import (
+    AWAITING_INPUT,
+    FAILED,
+    HALTED,
+    KIND_AGENT,
+    QUEUED,
+    ActionInfo,
+    RunInfo,
+    Store,
+)
 from ..records import Record, encode, validate_run_id
 from ..steps import check_step, prefix
 from ..transcript import RunState
+from ..tree import child_run_id
+from . import tree_forks
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,8 @@ def _copy_into_fork(
     kept: Sequence[Record],
     calls: Mapping[str, Any],
     fence: str,
+    place: Mapping[str, str] | None,
+    subruns: Sequence[tree_forks.SubRun],
 ) -> None:
     # Written first, and ``fork:done`` last: drivers refuse a fork with one and not the
     # other instead of running from a partial journal.
@@ -132,6 +147,11 @@ def _copy_into_fork(
             continue  # written below, with the patch's message after it
         if rec.name == names.RUN_START:
             body["incarnation"] = names.new_incarnation()  # a fork is a start of its own
+            # Its place in a tree is its own: a fork of a sub-run is top-level (it must not
+            # hand its source's parent over), a sub-run's fork is its forked parent's.
+            body.pop("parent", None)
+            body.pop("root", None)
+            body.update(place or {})
         journal.write(new_run_id, rec.name, body, fence=fence)
     for call_id, result in patch.tool_results.items():
         journal.write(
@@ -149,6 +169,13 @@ def _copy_into_fork(
     if patch.append_user:
         earlier = next((r for r in kept if r.name == appended_at), None)
         journal.write(new_run_id, appended_at, user_record(patch.append_user, earlier), fence=fence)
+    for sub in subruns:
+        journal.write(
+            new_run_id,
+            names.child(sub.call_id),
+            tree_forks.child_record(sub, new_run_id),
+            fence=fence,
+        )
 
 
 def fork(
@@ -168,12 +195,39 @@ def fork(
         identity.require(actor, identity.FORK_RUN, "fork a run")
     store = store or runtime.store()
     patch = patch or Patch()
+    if new_run_id is not None:
+        validate_run_id(new_run_id)
+    new_run_id, subruns = fork_run(store, run_id, from_step, patch, new_run_id)
+    payload: dict[str, Any] = {"step": from_step, "patch": patch.to_json()}
+    if subruns:
+        payload["sub_runs"] = subruns
+    store.log_action(
+        identity.logged(actor, "fork", run_id, new_run_id, payload)
+        if actor is not None
+        else ActionInfo("system", "fork", run_id, new_run_id, payload, channel=identity.PYTHON)
+    )
+    return new_run_id
+
+
+def fork_run(
+    store: Store,
+    run_id: str,
+    from_step: int | None,
+    patch: Patch,
+    new_run_id: str | None,
+    place: Mapping[str, str] | None = None,
+) -> tuple[str, dict[str, str]]:
+    """Make the fork (``from_step`` None: at the source's latest step) and return its id and
+    the sub-runs it references or forked, by call id (``tree_forks``). ``place``: the parent
+    and root of a sub-run's fork, made by its forked parent."""
     journal = Journal(store)
     source = store.get_run(run_id)
     if source is None:
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
     records = journal.records(run_id)
     state = RunState.of(records)
+    if from_step is None:
+        from_step = len(state.turns)
     check_step(run_id, from_step, len(state.turns))
     kept = prefix(records, from_step)
     kept_state = RunState.of(kept)
@@ -195,8 +249,6 @@ def fork(
     if patch.append_user is not None and not isinstance(patch.append_user, str):
         raise ConfigError("append_user must be a string", code="history.patch")
     encode(patch.to_json())  # a patch that does not encode fails before anything is written
-    if new_run_id is not None:
-        validate_run_id(new_run_id)
     if source.kind != KIND_AGENT:
         raise ConfigError(
             f"run {run_id!r} is a {source.kind} journal, not an agent run; fork the session "
@@ -208,6 +260,9 @@ def fork(
         raise ConfigError(f"run {run_id!r} has not started", code="history.not_started")
     # Calls whose outcome is unknown up to the fork point, and that the patch leaves so.
     unknown = sorted(set(kept_state.live_attempts()) - set(patch.tool_results))
+    subruns = tree_forks.plan(
+        store, records, calls, set(kept_state.results) | set(patch.tool_results)
+    )
     fork_record = state.fork
     origin = (fork_record.get("origin") or fork_record.get("source")) if fork_record else run_id
     # The row is created refusing to be driven (failed, not retryable: recovery leaves it
@@ -230,10 +285,27 @@ def fork(
             usage=kept_state.usage().to_json(),
             spend=kept_state.spend().to_json(),
             turns=from_step,
+            parent_run_id=(place or {}).get("parent"),
+            root_run_id=(place or {}).get("root"),
         ),
         explicit=new_run_id is not None,
     )
     failpoints.hit("after-fork-row")
+    # The sub-runs the fork gets of its own, before it is runnable (a fork driven before its
+    # child exists would start that child afresh, doing its recorded steps again). Each
+    # waits for its parent to drive it (``awaiting_input``: recovery leaves it alone), so
+    # one whose maker died before the parent was done is never driven on its own.
+    root = (place or {}).get("root") or new_run_id
+    for sub in subruns:
+        if sub.fork:
+            fork_run(
+                store,
+                sub.source,
+                None,
+                Patch(),
+                child_run_id(new_run_id, sub.call_id),
+                {"parent": new_run_id, "root": root},
+            )
     try:
         lease = HeldLease(store, new_run_id, runtime.lease_ttl()).acquire()
     except RunBusy:
@@ -252,7 +324,17 @@ def fork(
                 code="history.fork_cancelled",
             )
         _copy_into_fork(
-            journal, new_run_id, run_id, from_step, origin, patch, kept, calls, lease.token
+            journal,
+            new_run_id,
+            run_id,
+            from_step,
+            origin,
+            patch,
+            kept,
+            calls,
+            lease.token,
+            place,
+            subruns,
         )
         halted = []
         if unknown:
@@ -267,7 +349,7 @@ def fork(
             {"kind": "fork-done"},
             fence=lease.token,
             run_changes={
-                "status": HALTED if unknown else QUEUED,
+                "status": HALTED if unknown else (AWAITING_INPUT if place else QUEUED),
                 "last_error": None,
                 "attempts": 0,
             },
@@ -275,13 +357,9 @@ def fork(
     finally:
         lease.release()
     announce_halts(store, source.agent, halted)
-    payload = {"step": from_step, "patch": patch.to_json()}
-    store.log_action(
-        identity.logged(actor, "fork", run_id, new_run_id, payload)
-        if actor is not None
-        else ActionInfo("system", "fork", run_id, new_run_id, payload, channel=identity.PYTHON)
-    )
-    return new_run_id
+    return new_run_id, {
+        sub.call_id: str(tree_forks.child_record(sub, new_run_id)["run_id"]) for sub in subruns
+    }
 
 
 def fork_session(session: Any, from_turn: int, new_session_id: str | None = None) -> str:

@@ -505,7 +505,8 @@ def _cancel_children(store: Store, run_id: str, actor: Any, reason: str) -> None
     busy: RunBusy | None = None
     for child in tree.children_of(store, run_id):
         run = store.get_run(child)
-        if run is None or run.status == FINISHED:
+        # A fork's reference to its source's child is not the fork's to cancel.
+        if run is None or run.status == FINISHED or run.parent_run_id != run_id:
             continue
         try:
             cancel(
@@ -521,6 +522,16 @@ def _cancel_children(store: Store, run_id: str, actor: Any, reason: str) -> None
                 raise
     if busy is not None:
         raise busy
+
+
+def _awaits_its_parent(run: RunInfo, waits: bool) -> str:
+    """Why a fork's own sub-run waits with nothing of its own to wait on (``tree_forks``)."""
+    if run.status != AWAITING_INPUT or waits or not (run.forked_from and run.parent_run_id):
+        return ""
+    return (
+        f"a fork's own sub-run (a copy of {run.forked_from!r}): its parent "
+        f"{run.parent_run_id!r} drives it when it runs"
+    )
 
 
 def _settled(journal: Journal, run_id: str, child: Any) -> bool:
@@ -576,6 +587,7 @@ def pending(
             agent=r.agent,
             status=r.status,
             why=describe(r, policy)
+            or _awaits_its_parent(r, bool(waits.get(r.run_id)))
             or (
                 _WHY.get(r.status, r.status)
                 + (f": {r.last_error.get('message')}" if r.last_error else "")
