@@ -100,8 +100,10 @@ class PrivateCluster:
         options += [f"-c {key}={value}" for key, value in self.settings.items()]
         self._run(
             "pg_ctl",
-            ["-D", str(self.data), "-o", " ".join(options), "-l", str(self.log_path), "-w"]
-            + ["-t", str(int(START_TIMEOUT)), "start"],
+            [
+                *("-D", str(self.data), "-o", " ".join(options), "-l", str(self.log_path)),
+                *("-w", "-t", str(int(START_TIMEOUT)), "start"),
+            ],
         )
         deadline = time.monotonic() + START_TIMEOUT
         while not self.up():

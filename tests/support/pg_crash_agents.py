@@ -71,12 +71,44 @@ SCRIPT = [
     scripted.text(ANSWER),
 ]
 
+
+# ``pgcrash-reads-<durability>``: three turns of one read-only ``peek`` each, then the answer.
+# With ``DA_GATE_FILE`` set, the third call writes ``<file>.waiting`` and waits for the file:
+# the test crashes the server while the run's records since its start are all relaxed.
+READS_ANSWER = "peeked"
+
+
+@da.tool(read_only=True)
+def peek(item: str, ctx: da.ToolContext) -> dict:
+    """Peek at an item."""
+    fire(ctx, "peek")
+    gate = os.environ.get("DA_GATE_FILE")
+    if gate and ctx.call_id == "call_3_1":
+        with open(f"{gate}.waiting", "w") as f:
+            f.write(ctx.run_id)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return {"item": item}
+
+
+READS = [scripted.calls(scripted.call("peek", {"item": i})) for i in "abc"]
+
 agents = [
     da.Agent(
         f"pgcrash-{durability}",
         ScriptedModel(SCRIPT),
         "Look, charge, notify, charge, answer.",
         [look, notify, charge],
+        durability=durability,
+    )
+    for durability in ("sync", "async")
+] + [
+    da.Agent(
+        f"pgcrash-reads-{durability}",
+        ScriptedModel([*READS, scripted.text(READS_ANSWER)]),
+        "Peek three times, answer.",
+        [peek],
         durability=durability,
     )
     for durability in ("sync", "async")
