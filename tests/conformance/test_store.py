@@ -253,7 +253,7 @@ def test_a_relaxed_insert_keeps_every_rule(store, run_id):
     assert store.get_run(run_id).turns == 1
     again, inserted = store.insert(run_id, "model:1", '{"v":2}', fence="tok-1", sync=False)
     assert not inserted and again.data == '{"v":1}'
-    unfenced, inserted = store.insert(run_id, "spend:1", "{}", sync=False)
+    _, inserted = store.insert(run_id, "spend:1", "{}", sync=False)
     assert inserted and [e.name for e in store.load(run_id)] == ["model:1", "spend:1"]
     assert _wait_until(lambda: store.acquire_lease(run_id, "w2", "tok-2", 30))
     with pytest.raises(LeaseLost):
