@@ -37,10 +37,10 @@ answer differently) and re-runs retry-safe tools. No side effect can depend on a
   run's answer, a signal — is a synchronous record, which makes everything before it
   durable first.
 
-What ``async`` can cost on a power loss (or an OS crash; a crash of PostgreSQL alone loses
-nothing, its log is in the OS cache): the model calls and read-only tool calls of the lost
-suffix are made again, and billed again. A live viewer (``agent.events``) may have seen a
-turn that is then answered differently.
+What ``async`` can cost on a power loss, an OS crash or a crash of PostgreSQL (which loses
+what its WAL writer had not yet handed to the OS, up to three ``wal_writer_delay``): the
+model calls and retry-safe tool calls of the lost suffix are made again, and billed again.
+A live viewer (``agent.events``) may have seen a turn that is then answered differently.
 
 The chosen dial is not journaled: the rule is per record and holds whichever mode wrote the
 records before it, so a deploy that changes the dial between a crash and its resume is safe
