@@ -15,13 +15,19 @@ def noop(n: int) -> int:
     return n
 
 
-steps = da.Agent(
-    "bench-steps",
-    ScriptedModel(
-        [scripted.calls(scripted.call("noop", {"n": i})) for i in range(STEPS - 1)]
-        + [scripted.text("done")]
-    ),
-    "Benchmark.",
-    [noop],
-    max_turns=STEPS + 1,
-)
+_SCRIPT = [scripted.calls(scripted.call("noop", {"n": i})) for i in range(STEPS - 1)] + [
+    scripted.text("done")
+]
+
+# The same run in both durability modes (bench/throughput.py measures both in one run).
+steps = [
+    da.Agent(
+        "bench-steps" if durability == "sync" else f"bench-steps-{durability}",
+        ScriptedModel(_SCRIPT),
+        "Benchmark.",
+        [noop],
+        max_turns=STEPS + 1,
+        durability=durability,
+    )
+    for durability in ("sync", "async")
+]

@@ -86,6 +86,15 @@ _LOCK_HELD = (
 # The tokens whose lock each connection holds (weak keys: a closed connection's locks are gone).
 _LOCKED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
+# The durability dial (engine/durability.py) on PostgreSQL: ``SET LOCAL synchronous_commit =
+# off`` inside the statement itself, so a relaxed write costs no extra round trip. It is in
+# the statement's result list: evaluated once, exactly when the record was stored (a name
+# already recorded stores nothing and changes nothing), and it lasts until this statement's
+# own (autocommit) transaction commits. The commit then returns without waiting for the WAL
+# flush; the WAL writer flushes it within ``wal_writer_delay`` (200 ms by default), and any
+# later synchronous commit flushes it first (the log is written in commit order).
+_ASYNC_COMMIT = "set_config('synchronous_commit', 'off', true)"
+
 _JSON_COLUMNS = frozenset({"input", "usage", "spend", "last_error", "fingerprint"})
 
 
@@ -395,8 +404,9 @@ class DjangoStore:
         *,
         fence: str | None = None,
         run_changes: Mapping[str, Any] | None = None,
+        sync: bool = True,
     ) -> tuple[Entry, bool]:
-        return self._insert(run_id, name, data, fence, run_changes, release=False)
+        return self._insert(run_id, name, data, fence, run_changes, release=False, sync=sync)
 
     def finish_run(
         self,
@@ -508,8 +518,12 @@ class DjangoStore:
         run_changes: Mapping[str, Any] | None,
         *,
         release: bool,
+        sync: bool = True,
     ) -> tuple[Entry, bool]:
         d = self.dialect
+        # The durability dial: only a statement that is its own transaction (autocommit) is
+        # relaxed, so ``synchronous_commit = off`` covers exactly this record (and its row).
+        relax = not sync and d.postgres and not self.connection.in_atomic_block
         if run_changes and not d.postgres:
             unknown = set(run_changes) - RUN_FIELDS
             if unknown:
@@ -539,7 +553,7 @@ class DjangoStore:
                 "ON CONFLICT (run_id, name) DO NOTHING RETURNING seq, created_at"
             )
             params = [run_id, name, data, run_id, fence]
-        if run_changes or release:
+        if run_changes or release or relax:
             # The run row's projection changes in the same statement as the record it
             # projects: one round trip, and never out of step with the journal.
             parts = [f"ins AS ({sql})"]
@@ -559,7 +573,8 @@ class DjangoStore:
                     f"AND EXISTS (SELECT 1 FROM ins){unlock if unlocks else ''})"
                 )
                 params += [run_id, fence]
-            sql = f"WITH {', '.join(parts)} SELECT seq, created_at FROM ins"
+            dial = f", {_ASYNC_COMMIT}" if relax else ""
+            sql = f"WITH {', '.join(parts)} SELECT seq, created_at{dial} FROM ins"
         row = self._fetchone(sql, params)
         if row is not None:
             if release and fence is not None:

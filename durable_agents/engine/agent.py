@@ -44,6 +44,7 @@ class Agent(AgentDefinition):
         model_retry: ModelRetry | None = None,
         on_drift: str | None = None,
         saga: bool = False,
+        durability: str = "sync",
     ) -> None:
         super().__init__(
             name,
@@ -56,6 +57,7 @@ class Agent(AgentDefinition):
             model_retry=model_retry,
             on_drift=on_drift,
             saga=saga,
+            durability=durability,
         )
         registry.register(self)
 

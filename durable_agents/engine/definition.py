@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import durability as dial
 from .errors import ConfigError
 from .fingerprint import fingerprint
 from .model import Model, Usage
@@ -59,6 +60,7 @@ class AgentDefinition:
         model_retry: ModelRetry | None = None,
         on_drift: str | None = None,
         saga: bool = False,
+        durability: str = "sync",
     ) -> None:
         if not isinstance(name, str) or not name or len(name) > 200:
             raise ConfigError("an agent needs a name of 1-200 characters", code="config.agent")
@@ -89,6 +91,8 @@ class AgentDefinition:
             raise ConfigError("on_drift is 'warn', 'error' or 'ignore'", code="config.agent")
         if not isinstance(saga, bool):
             raise ConfigError("saga must be True or False", code="config.agent")
+        # Which records may commit without waiting for the disk (``engine.durability``).
+        self.durability = dial.check(durability, name)
         self.name = name
         # A saga undoes its completed compensable calls when it fails for good (``sagas``).
         self.saga = saga

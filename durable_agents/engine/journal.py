@@ -149,11 +149,14 @@ class Journal:
         fence: str | None = None,
         run_changes: dict[str, Any] | None = None,
         release: bool = False,
+        sync: bool = True,
     ) -> tuple[Record, bool]:
         """Insert ``body`` as step ``name`` if absent; the engine's own write path.
 
         Returns the record the journal holds and whether this call stored it. ``release``
         (with ``fence``): the driver's last write, which also drops its lease if it stores.
+        ``sync=False``: the record is safe to redo and may commit without waiting for the
+        disk (``engine.durability``); a last write (``release``) always waits.
         """
         validate_run_id(run_id, derived=True)
         validate_step_name(name)
@@ -169,8 +172,10 @@ class Journal:
                 run_id, name, data, fence=fence, run_changes=run_changes
             )
         else:
+            # Passed only when it says something: a store without the dial still works.
+            lag = {} if sync else {"sync": False}
             entry, inserted = self.store.insert(
-                run_id, name, data, fence=fence, run_changes=run_changes
+                run_id, name, data, fence=fence, run_changes=run_changes, **lag
             )
         return to_record(entry), inserted
 
@@ -409,12 +414,19 @@ class RunLog:
         run_changes: dict[str, Any] | None = None,
         *,
         release: bool = False,
+        sync: bool = True,
     ) -> tuple[Record, bool]:
         existing = self._records.get(name)
         if existing is not None:
             return existing, False
         record, inserted = self.journal.write(
-            self.run_id, name, body, fence=self.fence, run_changes=run_changes, release=release
+            self.run_id,
+            name,
+            body,
+            fence=self.fence,
+            run_changes=run_changes,
+            release=release,
+            sync=sync,
         )
         self._add(record)
         return record, inserted

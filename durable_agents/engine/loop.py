@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from . import events, failpoints, names, runtime, sagas, tree
+from . import durability, events, failpoints, names, runtime, sagas, tree
 from .approvals import decision_name, policy_for
 from .definition import AgentDefinition as Agent
 from .definition import RunResult
@@ -722,10 +722,13 @@ class Driver:
         name = names.spend(n, uuid.uuid4().hex[:12])
         body = {"kind": "spend", "usage": usage, "why": why}
         total = self.state.spend() + Usage.from_json(usage) + self._subtree()[1]
+        lag = durability.spend_may_lag(self.agent.durability)
         try:
-            rec, _ = self.log.write(name, body, run_changes={"spend": total.to_json()})
+            rec, _ = self.log.write(
+                name, body, run_changes={"spend": total.to_json()}, sync=not lag
+            )
         except LeaseLost:
-            self.log.journal.write(self.run_id, name, body)
+            self.log.journal.write(self.run_id, name, body, sync=not lag)
             raise
         self.state.add(rec)
 
@@ -742,6 +745,7 @@ class Driver:
                     self.run_id,
                     names.spend(n, uuid.uuid4().hex[:12]),
                     {"kind": "spend", "usage": billed, "why": "lease_lost"},
+                    sync=not durability.spend_may_lag(self.agent.durability),
                 )
             raise
         self.state.add(rec)
@@ -773,6 +777,9 @@ class Driver:
                 "attempts": 0,
                 "last_error": None,
             },
+            sync=not durability.turn_may_lag(
+                self.agent.durability, response.message.tool_calls, self.agent.tools
+            ),
         )
 
     def _finish(self, last: Any) -> RunResult:
@@ -1252,6 +1259,9 @@ class Driver:
         rec, _ = self.log.write(
             names.tool(call.id),
             names.tool_body(call.id, call.name, result, is_error=is_error, read_only=read_only),
+            sync=not durability.result_may_lag(
+                self.agent.durability, self.agent.tools.get(call.name)
+            ),
         )
         self.state.add(rec)
         failpoints.hit(f"after-result:{call.id}")

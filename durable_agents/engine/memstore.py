@@ -155,6 +155,7 @@ class InMemoryStore:
         *,
         fence: str | None = None,
         run_changes: Mapping[str, Any] | None = None,
+        sync: bool = True,  # the durability dial: nothing here is on a disk either way
     ) -> tuple[Entry, bool]:
         if run_changes:
             unknown = set(run_changes) - RUN_FIELDS

@@ -13,7 +13,10 @@ Requirements every store meets:
 * **Commit order.** ``seq`` grows in commit order within a run; ``load`` returns a prefix of
   the final order, never an entry before one with a lower ``seq`` that is not yet visible.
 * **Durable before return, byte fidelity, append-only.** An entry comes back exactly as
-  written; there is no update or delete of an entry.
+  written; there is no update or delete of an entry. The one exception to "durable before
+  return" is an insert the engine marks ``sync=False`` (the durability dial): it may be lost
+  by a power loss, but only together with every relaxed write after it — a later durable
+  write makes every earlier write durable (commit order is log order).
 * **Fencing.** An insert or run update given ``fence=token`` succeeds only while ``token``
   holds the run's live lease, checked atomically with the write; otherwise it raises
   ``LeaseLost`` and stores nothing — also when the name is already recorded, so a driver
@@ -312,11 +315,16 @@ class Store(Protocol):
         *,
         fence: str | None = None,
         run_changes: Mapping[str, Any] | None = None,
+        sync: bool = True,
     ) -> tuple[Entry, bool]:
         """Insert if absent; return the stored entry and whether this call stored it.
 
         ``run_changes``, applied only if this call stored the entry, update the run row's
-        projection with it (atomically where the store can)."""
+        projection with it (atomically where the store can). ``sync=False`` (the durability
+        dial, ``engine.durability``): the record is safe to redo, so its write may return
+        before it is on disk — but never become durable after a later ``sync`` write does,
+        and only this one write may be relaxed. A store that cannot tell the difference
+        ignores it (every write is then durable)."""
 
     def start_run(
         self,

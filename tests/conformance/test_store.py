@@ -241,6 +241,26 @@ def test_fenced_run_update(store, run_id):
     assert store.get_run(run_id).status == "running"
 
 
+def test_a_relaxed_insert_keeps_every_rule(store, run_id):
+    """``sync=False`` (the durability dial) changes when a write reaches the disk, nothing a
+    reader or another writer sees: first writer wins, the row change comes with it, and a
+    lost lease stores nothing."""
+    store.acquire_lease(run_id, "w1", "tok-1", 0.3)
+    entry, inserted = store.insert(
+        run_id, "model:1", '{"v":1}', fence="tok-1", run_changes={"turns": 1}, sync=False
+    )
+    assert inserted and store.get(run_id, "model:1") == entry
+    assert store.get_run(run_id).turns == 1
+    again, inserted = store.insert(run_id, "model:1", '{"v":2}', fence="tok-1", sync=False)
+    assert not inserted and again.data == '{"v":1}'
+    _, inserted = store.insert(run_id, "spend:1", "{}", sync=False)
+    assert inserted and [e.name for e in store.load(run_id)] == ["model:1", "spend:1"]
+    assert _wait_until(lambda: store.acquire_lease(run_id, "w2", "tok-2", 30))
+    with pytest.raises(LeaseLost):
+        store.insert(run_id, "model:2", "{}", fence="tok-1", run_changes={"turns": 2}, sync=False)
+    assert store.get(run_id, "model:2") is None and store.get_run(run_id).turns == 1
+
+
 def test_unfenced_insert_needs_the_run(store):
     with pytest.raises(ConfigError):
         store.insert("no-such-run", "x", "{}")

@@ -338,8 +338,17 @@ class Deploy:
     instructions: int = 0
     drift: str = "warn"
 
+    @property
+    def durability(self) -> str:
+        """Every other version relaxes its records (docs/durability.md): a deploy that bumps
+        the instructions flips the dial under runs in flight. Derived, not drawn, so seeds
+        keep their schedules; the in-memory store commits both alike, so what this explores
+        is that the dial changes nothing the engine decides."""
+        return "async" if self.instructions % 2 else "sync"
+
     def describe(self) -> str:
         parts = [f"instructions v{self.instructions}", f"on_drift={self.drift}"]
+        parts.append(f"durability={self.durability}")
         parts += [
             name for name in ("currency", "reason", "no_notify", "no_charge") if getattr(self, name)
         ]
@@ -363,6 +372,7 @@ class Deploy:
             max_turns=8,
             on_drift=self.drift,
             model_retry=da.ModelRetry(max_attempts=3, base_delay=1.0, max_delay=2.0),
+            durability=self.durability,
         )
 
     def changed(self, w: W.World) -> Deploy:
