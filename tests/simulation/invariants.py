@@ -13,6 +13,7 @@ Vocabulary:
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from datetime import datetime
 from itertools import pairwise
@@ -930,8 +931,10 @@ def check_trees(w: W.World, ix: Index) -> None:
 def saga_violations(records: list[Record]) -> list[str]:
     """What is wrong with one run's saga records (``docs/composition.md``): an undo
     (``compensate:<call>``) only after the abort, only for a call whose ``tool:<call>`` is a
-    success, at most one claim that ran it (a person's resolution claim aside), latest
-    completed call first; and after the abort no step of the forward path."""
+    success (or, for the rollback of a sub-run, a call that started one: whatever its
+    outcome, placed as the latest if it has none), at most one claim that ran it (a
+    person's resolution claim aside), latest completed call first; and after the abort no
+    step of the forward path."""
     problems: list[str] = []
     names = {rec.name: rec for rec in records}
     abort = names.get("saga:abort")
@@ -955,12 +958,18 @@ def saga_violations(records: list[Record]) -> list[str]:
         )
         if forward:
             problems.append(f"{rec.name} was written after the abort")
-    done_at: list[int] = []
+    done_at: list[float] = []
     for rec in undos:
         call = rec.name.removeprefix("compensate:")
         result = names.get(f"tool:{call}")
         if rec.seq < abort.seq:
             problems.append(f"{rec.name} came before the abort")
+        undid = rec.get("result")
+        if isinstance(undid, dict) and "sub_run" in undid:
+            if f"child:{call}" not in names:
+                problems.append(f"{rec.name} rolled back a sub-run the call never started")
+            done_at.append(result.seq if result is not None else math.inf)
+            continue
         if result is None or result.get("is_error"):
             problems.append(f"{rec.name} undid a call with no successful result")
             continue
