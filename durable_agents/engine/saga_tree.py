@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import names, runtime, sagas
+from . import failpoints, names, runtime, sagas
 from .errors import ChildPending, Pause, ProtocolError, RunBusy, SagaAborted
 from .journal import Journal
 from .leases import HeldLease
@@ -90,6 +90,7 @@ def rollback_child(
     if done is None:
         try:
             abort_subrun(store, child_id, parent_run_id, cause)
+            failpoints.hit(f"after-subrun-abort:{child_id}")
             drive(agent, child_id, None, store=store, derived_id=True)
         except SagaAborted:
             pass  # its rollback ended: ``run:compensated`` says how
