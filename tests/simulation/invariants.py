@@ -39,7 +39,7 @@ from durable_agents.engine.transcript import RunState
 from durable_agents.engine.waits import open_waits
 
 from . import world as W
-from .agent import ERRAND, GATED, KEYED, NOT_HAPPENED, UNFLAGGED, is_agent_run
+from .agent import ERRAND, GATED, KEYED, NOT_HAPPENED, UNDOS, UNFLAGGED, is_agent_run
 
 
 def _short(value: Any, n: int = 60) -> str:
@@ -429,8 +429,10 @@ def check_rows(w: W.World, ix: Index) -> None:
                 "checked the run's status before it took the lease)",
                 hole="new",
             )
-        elif complete is not None and (
-            row.status != FINISHED or row.answer != complete.get("answer")
+        elif (
+            complete is not None
+            and "saga:abort" not in names  # a finished sub-run its parent's saga rolled back
+            and (row.status != FINISHED or row.answer != complete.get("answer"))
         ):
             w.violate(
                 "rows_agree",
@@ -448,8 +450,18 @@ def check_rows(w: W.World, ix: Index) -> None:
             w.violate("rows_agree", f"run {run_id} is finished without run:complete")
         if row.status == CANCELLED and cancelled is None:
             w.violate("rows_agree", f"run {run_id} is cancelled without run:cancelled")
-        if row.status == HALTED and not any(
-            (run_id, c) in open_halts for c in _pending_calls(names)
+        # A saga rolling back its sub-runs pauses as the sub-run it waits on does.
+        rolling_back = "saga:abort" in names and "run:compensated" not in names
+        waits_on_child = rolling_back and any(
+            (child := ix.rows.get(f"{run_id}/{rec.get('call_id')}")) is not None
+            and child.status in (HALTED, AWAITING_INPUT, "compensating", "queued", "running")
+            for n, rec in names.items()
+            if n.startswith("child:")
+        )
+        if (
+            row.status == HALTED
+            and not waits_on_child
+            and not any((run_id, c) in open_halts for c in _pending_calls(names))
         ):
             w.violate("rows_agree", f"run {run_id} is halted with nothing left to resolve")
         if row.status == AWAITING_APPROVAL and not any(
@@ -465,7 +477,7 @@ def check_rows(w: W.World, ix: Index) -> None:
             wait.kind == "timer" for wait in open_waits(ix.records[run_id])
         ):
             w.violate("rows_agree", f"run {run_id} sleeps with no timer left to wait for")
-        if row.status == AWAITING_INPUT:
+        if row.status == AWAITING_INPUT and not waits_on_child:
             waits = open_waits(ix.records[run_id])
             if not waits:
                 w.violate("rows_agree", f"run {run_id} awaits input with nothing left to wait for")
@@ -980,7 +992,21 @@ def saga_violations(records: list[Record]) -> list[str]:
 
 
 def check_sagas(w: W.World, ix: Index) -> None:
-    """``saga_violations`` for every run."""
+    """``saga_violations`` for every run (an undo only of a call whose journaled outcome is
+    a success); and in the ledger, outside the journal: each undo took effect at most once,
+    and only in a run whose abort is journaled. (Which effect an undo reverses is the
+    journal's to say: a fork's copied call, or a keyed call its downstream deduped against
+    another run's, was done elsewhere.)"""
     for run_id, records in ix.records.items():
         for problem in saga_violations(records):
             w.violate("sagas_undo_once", f"{run_id}: {problem}")
+    undone: dict[tuple[str, str], int] = defaultdict(int)
+    for e in w.ledger:
+        if e.tool not in UNDOS or not e.effect:
+            continue
+        undone[(e.run, e.call)] += 1
+        if "saga:abort" not in ix.names.get(e.run, {}):
+            w.violate("sagas_undo_once", f"{e.run}: {e.call} ran with no abort journaled")
+    for (run_id, call), n in undone.items():
+        if n > 1:
+            w.violate("sagas_undo_once", f"{run_id}: {call} took effect {n} times")
