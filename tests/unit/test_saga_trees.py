@@ -6,6 +6,8 @@ and compensates its sub-runs; ``agent.run_saga`` makes any agent's run a saga, f
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import durable_agents as da
@@ -307,3 +309,36 @@ def test_run_saga_on_a_run_started_plainly_is_refused_and_changes_nothing(store)
     assert info.value.code == "config.saga_mismatch"
     assert journal_names(store, "s11") == before
     assert store.get_run("s11").status == "awaiting_approval"
+
+
+def test_a_sub_run_cancelled_plainly_keeps_its_effects_and_the_parent_needs_a_person(store):
+    trip = Tree("st12", car="gated")
+    with pytest.raises(da.ApprovalPending):
+        trip.agent.run("s12", "go", store=store)
+    child = "s12/call_2_1"
+    da.cancel(child, by="ann", store=store)  # the child alone, plainly: its hotel stays
+    # the parent's model reads subagent.cancelled and goes on: the card is declined, abort
+    assert store.get_run("s12").status == "failed"
+    assert trip.undos == ["flight"]
+    run = store.get_run("s12")
+    assert run.last_error["code"] == "saga.compensation_failed"
+    undo = Journal(store).get("s12", names.compensate("call_2_1"))
+    assert undo.get("is_error") and undo.get("result")["failed"] == ["call_1_1"]
+    assert_sagas_sound(store, "s12", child)
+
+
+def test_a_failing_undo_in_a_sub_run_fails_the_trees_rollback_after_the_rest(store):
+    trip = Tree("st13")
+    car = trip.hotels.tools["book_car"]
+
+    def broken(args, result, ctx):
+        trip.undos.append("car")
+        raise RuntimeError("rental desk closed")
+
+    car.safety = dataclasses.replace(car.safety, compensate=broken)
+    with pytest.raises(da.SagaAborted) as info:
+        trip.agent.run("s13", "go", store=store)
+    assert info.value.code == "saga.compensation_failed"
+    assert trip.undos == ["car", "hotel", "flight"]  # the rest still undone, each once
+    assert store.get_run("s13/call_2_1").status == "failed"
+    assert store.get_run("s13").status == "failed"
