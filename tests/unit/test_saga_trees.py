@@ -342,3 +342,16 @@ def test_a_failing_undo_in_a_sub_run_fails_the_trees_rollback_after_the_rest(sto
     assert trip.undos == ["car", "hotel", "flight"]  # the rest still undone, each once
     assert store.get_run("s13/call_2_1").status == "failed"
     assert store.get_run("s13").status == "failed"
+
+
+def test_a_finished_sub_run_rolling_back_is_refused_a_plain_cancel_as_compensating(store):
+    trip = Tree("st14", undo_car="crash")
+    with pytest.raises(Crash):
+        trip.agent.run("s14", "go", store=store)
+    child = "s14/call_2_1"
+    assert store.get_run(child).status == "compensating"
+    with pytest.raises(da.ConfigError) as info:
+        da.cancel(child, by="ann", store=store)
+    assert info.value.code == "run.compensating"
+    [listed] = [p for p in da.pending(store=store) if p.run_id == child]
+    assert listed.status == "compensating"

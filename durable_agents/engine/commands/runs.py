@@ -373,7 +373,11 @@ def cancel(
         raise Conflict(
             f"run {run_id!r} is a {run.kind} journal, not an agent run", code="run.not_an_agent_run"
         )
-    if run.status == FINISHED or journal.get(run_id, names.RUN_COMPLETE) is not None:
+    # (A finished sub-run its parent's saga rolls back is not: ``saga:abort`` follows its end.)
+    if run.status == FINISHED or (
+        journal.get(run_id, names.RUN_COMPLETE) is not None
+        and journal.get(run_id, names.SAGA_ABORT) is None
+    ):
         raise Conflict(f"run {run_id!r} already finished; nothing to cancel", code="run.finished")
     if compensate and not _has_undos(get_agent(run.agent)):
         raise Conflict(
