@@ -518,3 +518,17 @@ saga_tree = _saga_tree("saga-tree", book_car)
 # The same, but the child's car waits for staff: "cancel and compensate" of the trip undoes
 # the child's hotel and the trip's flight.
 saga_tree_gated = _saga_tree("saga-tree-gated", book_car_gated)
+# An agent with no undo of its own that delegates to the gated hotels agent, which has: it
+# counts as having undos (the admin offers "Cancel and compensate"), and a cancel-and-
+# compensate of it undoes its sub-run's hotel.
+saga_delegator = da.Agent(
+    "saga-delegator",
+    ScriptedModel(
+        [
+            scripted.calls(scripted.call(saga_tree_gated[1].name, {"input": "LIS"})),
+            scripted.text("delegated"),
+        ]
+    ),
+    "Delegate the booking.",
+    [saga_tree_gated[1].as_tool()],
+)
