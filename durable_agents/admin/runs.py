@@ -28,7 +28,7 @@ from django.http import (
 )
 from django.urls import URLPattern, reverse
 
-from ..engine import names
+from ..engine import names, sagas
 from ..engine.commands.runs import cancel, delete, hand_over
 from ..engine.errors import DurableAgentsError
 from ..engine.journal import Journal
@@ -412,7 +412,7 @@ def _has_undos(agent_name: str) -> bool:
         agent = get_agent(agent_name)
     except DurableAgentsError:
         return False
-    return any(t.safety.compensate is not None for t in agent.tools.values())
+    return sagas.has_undos(agent)  # its sub-agents' undos count: the tree rolls back
 
 
 def _tally_counts(request: ApprovalRequest) -> tuple[int, int]:

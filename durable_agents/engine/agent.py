@@ -73,6 +73,15 @@ class Agent(AgentDefinition):
         """
         return drive(self, run_id, input, store=store or runtime.store())
 
+    def run_saga(self, run_id: str, input: Any = None, *, store: Store | None = None) -> RunResult:
+        """``run``, as a saga (docs/composition.md) even if this agent was not made with
+        ``saga=True``: when the run fails for good, its completed compensable calls (and its
+        sub-runs') are undone, latest first, and it raises ``SagaAborted``. Saga mode is
+        recorded in the run's ``run:start``, so a resume anywhere (``run``, ``da.resume``, a
+        worker) keeps it. A run already started without it is refused
+        (``config.saga_mismatch``): saga mode is chosen when a run starts."""
+        return drive(self, run_id, input, store=store or runtime.store(), saga=True)
+
     def start(self, input: Any, run_id: str | None = None, *, store: Store | None = None) -> str:
         """Create the run, record its input, and hand it to a driver; return its id at once.
 

@@ -11,7 +11,11 @@ run is not paused yet), ``after-answer:<name>`` / ``after-signal:<name>`` (an an
 signal is journaled; the run is not handed over yet), ``after-child:<child run>`` (a
 parent journaled the sub-run a call starts; the sub-run is not driven yet),
 ``after-complete:<run>`` (a run's ``run:complete`` is journaled; its paused parent is queued
-but not handed over yet).
+but not handed over yet), ``after-saga-abort`` (a saga's abort is journaled, nothing undone
+yet), ``after-compensate:<call>`` (an undo's outcome is journaled), ``after-subrun-abort:<child
+run>`` (a rolling-back parent journaled its sub-run's abort; the sub-run is not rolled back
+yet), ``after-compensated:<run>`` (a saga's ``run:compensated`` is journaled; its paused parent
+is not handed over yet).
 """
 
 from __future__ import annotations

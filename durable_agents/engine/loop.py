@@ -99,8 +99,11 @@ def drive(
     derived_id: bool = False,
     seed: list[dict[str, Any]] | None = None,
     meta: dict[str, Any] | None = None,
+    saga: bool = False,
 ) -> RunResult:
-    """Drive ``run_id`` under a lease until it finishes, pauses or fails."""
+    """Drive ``run_id`` under a lease until it finishes, pauses or fails. ``saga``: start it
+    as a saga (``agent.run_saga``), recorded in its ``run:start``; a run started otherwise
+    is refused (``config.saga_mismatch``)."""
     validate_run_id(run_id, derived=derived_id)
     if input is not None:
         refuse_nul(input, "the run's input")
@@ -108,22 +111,27 @@ def drive(
     if check is not None:
         check()
     journal = Journal(store)
-    fresh = _start_new(agent, run_id, input, store, journal, seed, meta)
+    fresh = _start_new(agent, run_id, input, store, journal, seed, meta, saga)
     while True:
         if fresh is not None:  # created, leased and started in one write: nothing to read
             lease, log, fresh = fresh[0], fresh[1], None
             try:
                 with lease:
-                    return Driver(agent, store, run_id, lease, log, meta, started=True).drive(
-                        input, seed
-                    )
+                    return Driver(
+                        agent, store, run_id, lease, log, meta, started=True, saga=saga
+                    ).drive(input, seed)
             except Pause as pause:
                 if not _woken(store, journal, run_id, pause):
                     raise
                 continue
         log = journal.open(run_id)  # the one full read of the journal
         complete = log.get(names.RUN_COMPLETE)
-        if complete is not None and complete.get("usage") is not None:
+        # (A finished run that a saga rolls back is not: ``saga:abort`` came after its end.)
+        if (
+            complete is not None
+            and complete.get("usage") is not None
+            and log.get(names.SAGA_ABORT) is None
+        ):
             # Finished is final: answer from the journal without leasing or calling anything
             # (or even folding the whole journal: the completion record holds the totals).
             done = RunState(start=log.get(names.RUN_START), complete=complete)
@@ -132,7 +140,7 @@ def drive(
             repair_finished(store, run_id, result)
             return result
         state = RunState.of(log)
-        if state.complete is not None:
+        if state.complete is not None and state.saga_abort is None:
             Driver.check_start(agent, run_id, state, input)
             result = finished_result(run_id, state)
             repair_finished(store, run_id, result)
@@ -157,7 +165,7 @@ def drive(
             with HeldLease(store, run_id, runtime.lease_ttl()) as lease:
                 log.fence = lease.token
                 log.refresh(since_last=True)
-                return Driver(agent, store, run_id, lease, log, meta).drive(input, seed)
+                return Driver(agent, store, run_id, lease, log, meta, saga=saga).drive(input, seed)
         except Pause as pause:
             if not _woken(store, journal, run_id, pause):
                 raise
@@ -184,6 +192,7 @@ def _start_new(
     journal: Journal,
     seed: list[dict[str, Any]] | None,
     meta: dict[str, Any] | None,
+    saga: bool = False,
 ) -> tuple[HeldLease, RunLog] | None:
     """Start a brand-new run in one write (``Store.start_run``): its row, already running,
     the lease, the header and ``run:start``. None, having written nothing, when the run
@@ -198,7 +207,7 @@ def _start_new(
         for key in ("parent", "root")
         if (meta or {}).get(f"{key}_run_id")
     }
-    body = names.start_body(agent.name, input, fingerprint, seed, tree_ids)
+    body = names.start_body(agent.name, input, fingerprint, seed, tree_ids, saga=saga)
     run = RunInfo(
         run_id=run_id,
         agent=agent.name,
@@ -361,7 +370,9 @@ class _Gate:
 
 
 # Caller errors a drive refuses without touching the run (nothing about the run is wrong).
-_CALLER_ERRORS = frozenset({"config.input_mismatch", "config.agent_mismatch"})
+_CALLER_ERRORS = frozenset(
+    {"config.input_mismatch", "config.agent_mismatch", "config.saga_mismatch"}
+)
 
 
 class Driver:
@@ -377,9 +388,12 @@ class Driver:
         meta: dict[str, Any] | None = None,
         *,
         started: bool = False,
+        saga: bool = False,
     ) -> None:
         # ``started``: this drive created the run, running, with its `run:start`.
         self.started = started
+        # ``saga``: asked to run as a saga (``agent.run_saga``), whatever the agent says.
+        self.saga_asked = saga
         self.agent = agent
         # A sub-run's parent and root (``subagents``), recorded in its ``run:start``.
         self.tree: dict[str, Any] = {
@@ -408,6 +422,13 @@ class Driver:
         # A tool of a saga that raised ``SagaAborted``: the run aborts once the turn settles.
         self._abort: SagaAborted | None = None
 
+    @property
+    def saga(self) -> bool:
+        """Whether this run is a saga: its agent is one, or its ``run:start`` says it was
+        started as one (``agent.run_saga``), so every later drive keeps it one."""
+        start = self.state.start
+        return self.agent.saga or bool(start is not None and start.get("saga"))
+
     @staticmethod
     def check_start(agent: Agent, run_id: str, state: RunState, input: Any) -> None:
         """Refuse a drive by another agent, or with another input than the run recorded."""
@@ -435,7 +456,13 @@ class Driver:
             if self.state.start is None:
                 self._refuse_an_uncopied_fork()
             self._begin(input, seed)
-            if self.state.complete is not None:
+            if self.saga_asked and not self.saga:
+                raise Conflict(
+                    f"run {self.run_id!r} was started without saga mode; run_saga cannot "
+                    "make it a saga now: use a new run id",
+                    code="config.saga_mismatch",
+                )
+            if self.state.complete is not None and self.state.saga_abort is None:
                 result = finished_result(self.run_id, self.state)
                 repair_finished(self.store, self.run_id, result)
                 return result
@@ -517,7 +544,12 @@ class Driver:
                     code="config.input_missing",
                 )
             body = names.start_body(
-                self.agent.name, input, self.agent.fingerprint(), seed, self.tree
+                self.agent.name,
+                input,
+                self.agent.fingerprint(),
+                seed,
+                self.tree,
+                saga=self.saga_asked,
             )
             rec, _ = self.log.write(names.RUN_START, body)
             self.state.add(rec)
@@ -877,7 +909,7 @@ class Driver:
                     continue
             runnable.append((gate, attempt))
         halts.extend(self._run_calls(runnable))
-        if self._abort is not None and self.agent.saga:
+        if self._abort is not None and self.saga:
             raise self._abort  # before any halt: the rollback halts on unknown outcomes itself
         if halts:
             self._halt_run(halts)

@@ -238,9 +238,12 @@ def start_body(
     fingerprint: dict[str, Any],
     seed: list[dict[str, Any]] | None,
     tree: dict[str, Any] | None = None,
+    *,
+    saga: bool = False,
 ) -> dict[str, Any]:
     """The ``run:start`` body: agent, input, fingerprint, and which start of the run id; a
-    sub-run's also its ``parent`` and ``root`` run ids."""
+    sub-run's also its ``parent`` and ``root`` run ids; a run started as a saga
+    (``agent.run_saga``) ``saga: true``."""
     body: dict[str, Any] = {
         "kind": "start",
         "agent": agent,
@@ -252,6 +255,8 @@ def start_body(
         body["seed"] = seed
     if tree:
         body.update(tree)
+    if saga:
+        body["saga"] = True
     return body
 
 

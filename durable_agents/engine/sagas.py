@@ -17,16 +17,32 @@ that is not retryable, or a retryable one with no attempt left; or a tool raised
    the cause. An undo that raised is recorded as failed (it ran: it is not run again); the run
    then ends ``failed`` with ``saga.compensation_failed``, for a person to finish by hand.
 
-Scope: the calls of this run only (a sub-agent's own calls are not undone with its parent).
+Sub-agents: a saga's rollback recurses into the tree. A call that started a sub-run
+(``agent.as_tool()``) counts, at its own place in completion order, as one undo: the child
+is rolled back in its own journal (``saga_tree``), its own sub-runs likewise.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, NoReturn
 
 from . import failpoints, names, runtime, tree
-from .errors import DurableAgentsError, ProtocolError, SagaAborted, ToolOutcomeUnknown
-from .ports import COMPENSATED, COMPENSATING, FAILED, HaltInfo
+from .errors import (
+    ApprovalPending,
+    ChildPending,
+    DurableAgentsError,
+    InterruptPending,
+    OutcomeUnknown,
+    Pause,
+    ProtocolError,
+    SagaAborted,
+    SignalPending,
+    TimerPending,
+    ToolOutcomeUnknown,
+)
+from .journal import Journal
+from .ports import AWAITING_INPUT, COMPENSATED, COMPENSATING, FAILED, HaltInfo, Store
 from .records import Record
 from .redact import error_text
 from .tools import Tool, ToolContext, call_key, json_result
@@ -37,27 +53,78 @@ Driver = Any
 
 FAILED_CODE = "saga.compensation_failed"
 
+# A call undone in the rollback: its id, its tool, its ``tool:<call>`` record (None for a
+# sub-agent call with no outcome yet: its child had not ended).
+Undo = tuple[str, Tool, Record | None]
 
-def compensable(driver: Driver) -> list[tuple[str, Tool, Record]]:
-    """The run's calls to undo, latest completed first: each call of a tool with an undo whose
-    outcome is a success (recorded by the run, or by a person resolving a halt)."""
-    state = driver.state
-    found = []
+
+def has_undos(agent: Any, _seen: frozenset[str] = frozenset()) -> bool:
+    """Whether runs of ``agent`` may have something to undo: a tool with ``compensate=``, or
+    a sub-agent tool whose agent has one (at any depth)."""
+    for tool in agent.tools.values():
+        if tool.safety.compensate is not None:
+            return True
+        child = tool.subagent_def
+        if child is not None and child.name not in _seen and has_undos(child, _seen | {agent.name}):
+            return True
+    return False
+
+
+def compensable(driver: Driver) -> list[Undo]:
+    """The run's calls to undo, latest completed first (see ``_calls``)."""
+    # Reread: a call's ``child:<call>`` is written by the call itself, beside the driver's log.
+    return _calls(driver.state, driver.agent, driver.log.reread)
+
+
+def _calls(state: RunState, agent: Any, get: Any) -> list[Undo]:
+    """Each call of a tool with an undo whose outcome is a success (recorded by the run, or
+    by a person resolving a halt), and each call that started a sub-run of an agent with
+    undos (whatever the call's outcome: the child may have done things before it failed or
+    paused), latest completed first; a sub-agent call with no outcome yet counts as the
+    latest (its child was still going)."""
+    found: list[Undo] = []
     for turn in state.turns:
         for call in state.calls(turn):
-            tool = driver.agent.tools.get(call.name)
-            rec = state.results.get(call.id)
-            if tool is None or tool.safety.compensate is None or rec is None:
+            tool = agent.tools.get(call.name)
+            if tool is None:
                 continue
-            if not rec.get("is_error"):
+            rec = state.results.get(call.id)
+            if tool.subagent_def is not None:
+                if has_undos(tool.subagent_def) and get(names.child(call.id)) is not None:
+                    found.append((call.id, tool, rec))
+            elif tool.safety.compensate is not None and rec is not None and not rec.get("is_error"):
                 found.append((call.id, tool, rec))
-    found.sort(key=lambda item: item[2].seq, reverse=True)
+    found.sort(key=lambda item: item[2].seq if item[2] is not None else math.inf, reverse=True)
     return found
+
+
+def effects_in(store: Store, agent: Any, run_id: str) -> list[str]:
+    """The calls of run ``run_id`` (of ``agent``) whose effects are done and not undone, or
+    may be (a live claim): undo-able calls, and sub-agent calls whose sub-runs have some."""
+    log = Journal(store).open(run_id)
+    state = RunState.of(log)
+    live = state.live_attempts()
+    left = []
+    for call_id, tool, _ in _calls(state, agent, log.get):
+        if call_id in state.compensations:
+            continue
+        if tool.subagent_def is not None:
+            child = tree.child_run_id(run_id, call_id)
+            if store.get_run(child) is not None and effects_in(store, tool.subagent_def, child):
+                left.append(call_id)
+        else:
+            left.append(call_id)
+    for turn in state.turns:
+        for call in state.calls(turn):
+            tool = agent.tools.get(call.name)
+            if tool is not None and tool.safety.compensate is not None and call.id in live:
+                left.append(call.id)
+    return left
 
 
 def should_abort(driver: Driver, exc: DurableAgentsError) -> bool:
     """Whether ``exc`` ends a saga run for good, with something done to undo."""
-    if not driver.agent.saga or driver.state.saga_abort is not None:
+    if not driver.saga or driver.state.saga_abort is not None:
         return False
     if exc.retryable:
         run = driver.store.get_run(driver.run_id)
@@ -65,16 +132,7 @@ def should_abort(driver: Driver, exc: DurableAgentsError) -> bool:
         if attempts < runtime.retry_policy().max_attempts:
             return False  # recovery tries again: not for good yet
     # Folded again: a claim this drive took (an outcome it could not learn) is in its log.
-    state = RunState.of(driver.log)
-    live = state.live_attempts()
-    pending_undo = any(
-        (tool := driver.agent.tools.get(call.name)) is not None
-        and tool.safety.compensate is not None
-        and call.id in live
-        for turn in state.turns
-        for call in state.calls(turn)
-    )
-    return pending_undo or bool(compensable(driver))
+    return bool(effects_in(driver.store, driver.agent, driver.run_id))
 
 
 def abort(driver: Driver, exc: DurableAgentsError) -> NoReturn:
@@ -93,7 +151,8 @@ def abort(driver: Driver, exc: DurableAgentsError) -> NoReturn:
 
 def rollback(driver: Driver) -> NoReturn:
     """Undo the completed compensable calls, latest first, each at most once; halt on any
-    outcome that is unknown (a forward call's or an undo's); end ``compensated``."""
+    outcome that is unknown (a forward call's or an undo's); roll each sub-run back; end
+    ``compensated``."""
     # Folded again: the attempts this drive claimed are in its log, not yet in its state.
     driver.state = state = RunState.of(driver.log)
     abort_rec = state.saga_abort
@@ -105,10 +164,56 @@ def rollback(driver: Driver) -> NoReturn:
     for call_id, tool, rec in compensable(driver):
         if call_id in state.compensations:
             continue
+        if tool.subagent_def is not None:
+            _undo_child(driver, call_id, tool, abort_rec)
+            continue
+        assert rec is not None
         halt = _undo(driver, call_id, tool, rec)
         if halt is not None:
             driver._halt_run([halt])
     _finish(driver, abort_rec)
+
+
+# How a parent pauses on a sub-run's rollback: as the child did (the tree's pause).
+_PAUSES: dict[str, type[Pause]] = {
+    cls.__name__: cls
+    for cls in (ApprovalPending, OutcomeUnknown, InterruptPending, SignalPending, TimerPending)
+}
+
+
+def _undo_child(driver: Driver, call_id: str, tool: Tool, abort_rec: Record) -> None:
+    """Roll back the sub-run ``call_id`` started, then record it as the call's undo. No
+    attempt marker: rolling a child back again goes on from the child's own journal."""
+    child = tree.child_run_id(driver.run_id, call_id)
+    driver._check_continue()
+    rollback_child = tool.subagent_rollback
+    assert rollback_child is not None
+    cause = dict(abort_rec.get("cause") or {})
+    try:
+        value, is_error = rollback_child(driver.store, driver.run_id, child, cause)
+    except ChildPending as pause:
+        status = str(pause.details.get("child_status") or AWAITING_INPUT)
+        if status not in tree.PARENT_PAUSE_STATUSES:
+            status = AWAITING_INPUT
+        driver.store.update_run(
+            driver.run_id,
+            {"status": status, "attempts": 0},
+            fence=driver.fence,
+            if_status=[COMPENSATING],
+        )
+        kind = _PAUSES.get(str(pause.details.get("cause")), ChildPending)
+        raise kind(
+            pause.message,
+            run_id=driver.run_id,
+            children=[child],
+            **dict(pause.details.get("child_details") or {}),
+        ) from None
+    op = names.compensate(call_id)
+    written, _ = driver.log.write(
+        op, names.tool_body(op, tool.name, value, is_error=is_error, compensates=call_id)
+    )
+    driver.state.add(written)
+    failpoints.hit(f"after-compensate:{call_id}")
 
 
 def _arguments(driver: Driver, call_id: str, tool: Tool) -> dict[str, Any]:

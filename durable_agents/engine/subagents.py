@@ -26,9 +26,10 @@ How a tree is driven (see docs/composition.md):
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
-from . import failpoints, names, runtime
+from . import failpoints, names, runtime, saga_tree
 from .errors import ChildPending, ConfigError, Conflict, DurableAgentsError, Pause, RunBusy
 from .journal import Journal
 from .loop import drive
@@ -56,6 +57,9 @@ def as_tool(
         safety=Safety(idempotent=True),
     )
     tool.subagent = agent.name  # its calls' spend rolls up into the caller's (``tree``)
+    # A saga's rollback of the caller rolls the child back too (``saga_tree``).
+    tool.subagent_def = agent
+    tool.subagent_rollback = partial(saga_tree.rollback_child, agent)
     return tool
 
 

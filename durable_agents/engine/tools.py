@@ -142,6 +142,11 @@ class Tool:
 
     # The agent a sub-agent tool (``agent.as_tool()``) runs, else None.
     subagent: str | None = None
+    # A sub-agent tool's agent (its definition), which a saga rolling back the tree needs to
+    # drive the child's rollback, and how: ``rollback(store, parent, child, cause)``
+    # (``saga_tree.rollback_child``). None on every other tool.
+    subagent_def: Any = None
+    subagent_rollback: Callable[..., tuple[Any, bool]] | None = None
 
     def __init__(
         self,

@@ -92,7 +92,11 @@ def children_done(store: Store, children: list[str]) -> bool:
     """True if one of ``children`` ended: its parent, which paused on it, goes on."""
     journal = Journal(store)
     for child in children:
-        if journal.get(child, names.RUN_COMPLETE) is not None:
+        # A finished child that a saga rolls back has ended only once that is over.
+        finished = journal.get(child, names.RUN_COMPLETE) is not None
+        if finished and journal.get(child, names.SAGA_ABORT) is None:
+            return True
+        if journal.get(child, names.RUN_COMPENSATED) is not None:
             return True
         run = store.get_run(child)
         if run is not None and run.status in (CANCELLED, COMPENSATED):  # ended, no answer

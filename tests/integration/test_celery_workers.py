@@ -38,7 +38,14 @@ import durable_agents.tasks  # registers drive_run with the test's Celery app
 from durable_agents.models import JournalEntry, Lease, Run
 from durable_agents.recovery import recover
 from durable_agents.storage import DjangoStore
-from tests.support.agents import count_effects, effects_connection, gated_tree
+from tests.support.agents import (
+    count_effects,
+    effects_connection,
+    gated_tree,
+    saga_tree,
+    saga_tree_gated,
+)
+from tests.support.api import staff_with
 from tests.support.celery_agents import (
     ANSWER,
     CALLS,
@@ -814,3 +821,50 @@ def test_cancel_of_a_root_in_the_admin_cascades_down_its_tree(celery):
     recover()
     assert [status(r) for r in (root, middle, leaf)] == ["cancelled"] * 3
     assert count_effects(leaf) == {}
+
+
+# -- 6. sagas across a tree (issue 16) ----------------------------------------------------
+
+
+def test_a_saga_spanning_a_sub_agent_rolls_back_through_a_worker(celery):
+    """A worker drives the trip, its sub-run books a hotel and a car, the card is declined:
+    the worker rolls the sub-run back in its own journal (car, hotel), then the flight."""
+    run_id = new_id("saga-tree")
+    child = f"{run_id}/call_2_1"
+    celery.worker("threads", 2).wait_ready()
+    saga_tree[0].start("go", run_id=run_id)
+    row = wait_status(run_id, "compensated")
+    assert row.last_error["code"] == "saga.aborted"
+    assert status(child) == "compensated"
+    assert count_effects(run_id) == {"call_1_1": 1, "call_3_1": 1, "compensate:call_1_1": 1}
+    assert count_effects(child) == {
+        "call_1_1": 1,
+        "call_2_1": 1,
+        "compensate:call_2_1": 1,
+        "compensate:call_1_1": 1,
+    }
+
+
+def test_cancel_and_compensate_of_a_tree_through_the_api_and_a_worker(celery):
+    """The trip waits on its sub-run's car, gated; staff cancel-and-compensate the trip
+    through the API: the sub-run's request is withdrawn at once and a worker undoes the
+    sub-run's hotel, then the trip's flight."""
+    # The test URLconf imports example_project, whose Celery app makes itself the current
+    # one on import: load it first, then publish through this module's app again.
+    from django.urls import get_resolver
+
+    get_resolver().url_patterns  # noqa: B018
+    celery.app.set_current()
+    run_id = new_id("saga-tree-api")
+    child = f"{run_id}/call_2_1"
+    celery.worker("threads", 2).wait_ready()
+    saga_tree_gated[0].start("go", run_id=run_id)
+    wait_for(lambda: status(run_id) == "awaiting_approval", RUN_TIMEOUT, "the tree to pause")
+    caller = staff_with("durable_agents.cancel_run")
+    response = caller.post(f"/runs/{run_id}/cancel", {"reason": "trip off", "compensate": True})
+    assert response.status_code == 200, response.content
+    assert DjangoStore().get_approval_request(child, "call_2_1").status == "withdrawn"
+    wait_status(run_id, "compensated")
+    assert status(child) == "compensated"
+    assert count_effects(child) == {"call_1_1": 1, "compensate:call_1_1": 1}  # no car
+    assert count_effects(run_id) == {"call_1_1": 1, "compensate:call_1_1": 1}  # no charge

@@ -13,7 +13,13 @@ from django.test import Client
 from django.urls import reverse
 
 from durable_agents.models import ActionLog, ApprovalRequest, Run
-from tests.support.agents import count_effects, saga_gated, saga_trip
+from tests.support.agents import (
+    count_effects,
+    saga_delegator,
+    saga_gated,
+    saga_tree_gated,
+    saga_trip,
+)
 from tests.support.api import error, staff_with
 from tests.support.people import make_user
 
@@ -86,3 +92,38 @@ def test_an_aborted_saga_is_compensated_and_listed_with_its_cause():
     changelist = reverse("admin:durable_agents_run_changelist")
     found = client.get(changelist + "?status__exact=compensated").context["cl"].result_list
     assert [r.run_id for r in found] == ["plain-saga"]
+
+
+def test_api_cancel_and_compensate_of_a_tree_compensates_its_sub_run():
+    """The trip waits on its sub-run's gated car: cancel-and-compensate of the trip withdraws
+    the sub-run's request and undoes the sub-run's hotel, then the trip's flight, once."""
+    saga_tree_gated[0].start("go", run_id="api-tree")
+    child = "api-tree/call_2_1"
+    assert Run.objects.get(run_id="api-tree").status == "awaiting_approval"
+    assert Run.objects.get(run_id=child).status == "awaiting_approval"
+    caller = staff_with("durable_agents.cancel_run")
+    response = caller.post("/runs/api-tree/cancel", {"reason": "trip off", "compensate": True})
+    assert response.status_code == 200, response.content
+    assert response.json() == {"run_id": "api-tree", "status": "compensated"}
+    assert ApprovalRequest.objects.get(run_id=child).status == "withdrawn"
+    assert Run.objects.get(run_id=child).status == "compensated"
+    assert count_effects(child) == {"call_1_1": 1, "compensate:call_1_1": 1}
+    assert count_effects("api-tree") == {"call_1_1": 1, "compensate:call_1_1": 1}
+    # the sub-run's own cancel is refused now: it is over
+    error(caller.post(f"/runs/{child}/cancel", {}), 409, "run.compensated")
+
+
+def test_admin_offers_cancel_and_compensate_for_undos_only_a_sub_agent_has():
+    saga_delegator.start("go", run_id="adm-tree")
+    child = "adm-tree/call_1_1"
+    assert Run.objects.get(run_id=child).status == "awaiting_approval"
+    client = Client()
+    client.force_login(make_user("operator", "durable_agents.cancel_run"))
+    page = html.unescape(client.get(run_url("adm-tree")).content.decode())
+    assert "Cancel and compensate" in page
+    client.post(run_url("adm-tree", "cancel"), {"reason": "off", "compensate": "1"})
+    assert Run.objects.get(run_id="adm-tree").status == "compensated"
+    assert Run.objects.get(run_id=child).status == "compensated"
+    assert count_effects(child) == {"call_1_1": 1, "compensate:call_1_1": 1}
+    page = html.unescape(client.get(run_url("adm-tree")).content.decode())
+    assert "Undo of call call_1_1" in page

@@ -298,8 +298,11 @@ class Person(Actor):
         if what == "cancel":
             self.cancels_left -= 1
             run_id = unfinished[w.rng.randrange(len(unfinished))]
-            return f"cancel {run_id}", lambda: da.cancel(
-                run_id, by=self.name, reason="sim", store=w.store
+            # Under a saga deploy every other cancel is "cancel and compensate" (not drawn:
+            # the seeds without sagas keep their schedules).
+            compensate = bool(w.deploy.saga) and self.cancels_left % 2 == 0
+            return f"cancel{' and compensate' if compensate else ''} {run_id}", lambda: da.cancel(
+                run_id, by=self.name, reason="sim", compensate=compensate, store=w.store
             )
         self.forks_left -= 1
         return self._fork(w, started[w.rng.randrange(len(started))])

@@ -166,8 +166,39 @@ def confirm(order: int, ctx: ToolContext) -> Any:
     return entry.value
 
 
+# -- undos (sagas, issue 16) ---------------------------------------------------------------
+# A saga deploy's charge is refunded and its booking released when the run aborts: each undo
+# is a ledgered effect of its own (``uncharge``/``unbook``, call ``compensate:<call>``), with
+# scheduler points around it, so a crash can land inside an undo.
+
+
+def _undo(tool: str, args: dict[str, Any], result: Any, ctx: ToolContext) -> Any:
+    w = W.CURRENT
+    assert w is not None
+    w.point(f"tool {tool} {ctx.call_id} start")
+    entry = w.record(tool, ctx.run_id, ctx.call_id, args, ctx.idempotency_key, result, effect=True)
+    w.count("undos run")
+    w.point(f"tool {tool} {ctx.call_id} done")
+    return {"undone": entry.seq}
+
+
+def uncharge(args: dict[str, Any], result: Any, ctx: ToolContext) -> Any:
+    return _undo("uncharge", args, result, ctx)
+
+
+def unbook(args: dict[str, Any], result: Any, ctx: ToolContext) -> Any:
+    return _undo("unbook", args, result, ctx)
+
+
+UNDOS = frozenset({"uncharge", "unbook"})
+
 TOOLS = {
     "lookup": da.tool(lookup, name="lookup", read_only=True),
+    "charge_v1_saga": da.tool(charge_v1, name="charge", compensate=uncharge),
+    "charge_v2_saga": da.tool(charge_v2, name="charge", compensate=uncharge),
+    "book_saga": da.tool(
+        book, name="book", idempotency_key=lambda a: f"book-{a['order']}", compensate=unbook
+    ),
     "charge_v1": da.tool(charge_v1, name="charge"),
     "charge_v2": da.tool(charge_v2, name="charge"),
     "refund_v1": da.tool(refund_v1, name="refund", requires_approval=True),
@@ -323,6 +354,17 @@ ERRAND_AGENT = da.Agent(
     model_retry=da.ModelRetry(max_attempts=3, base_delay=1.0, max_delay=2.0),
 )
 TOOLS[ERRAND] = ERRAND_AGENT.as_tool(name=ERRAND)
+# The errand of a saga deploy: its booking has an undo, so an aborted parent rolls the
+# sub-run back in its own journal (the saga recurses into the tree).
+ERRAND_SAGA_AGENT = da.Agent(
+    "sim-errand-saga",
+    MODEL,
+    "Run the errand.",
+    [TOOLS["notify"], TOOLS["book_saga"]],
+    max_turns=6,
+    model_retry=da.ModelRetry(max_attempts=3, base_delay=1.0, max_delay=2.0),
+)
+TOOLS["errand_saga"] = ERRAND_SAGA_AGENT.as_tool(name=ERRAND)
 
 # -- deploys ------------------------------------------------------------------------------
 
@@ -337,6 +379,10 @@ class Deploy:
     no_charge: bool = False  # charge is removed
     instructions: int = 0
     drift: str = "warn"
+    # A saga (issue 16): charges and the errand's bookings have undos, the agent aborts and
+    # rolls back (its errands' sub-runs too) when a run fails for good. Set by the cast, not
+    # drawn, so seeds without it draw what they drew before.
+    saga: bool = False
 
     @property
     def durability(self) -> str:
@@ -350,20 +396,23 @@ class Deploy:
         parts = [f"instructions v{self.instructions}", f"on_drift={self.drift}"]
         parts.append(f"durability={self.durability}")
         parts += [
-            name for name in ("currency", "reason", "no_notify", "no_charge") if getattr(self, name)
+            name
+            for name in ("currency", "reason", "no_notify", "no_charge", "saga")
+            if getattr(self, name)
         ]
         return ", ".join(parts)
 
     def activate(self) -> da.Agent:
+        saga = "_saga" if self.saga else ""
         tools = [TOOLS["lookup"]]
         if not self.no_charge:
-            tools.append(TOOLS["charge_v2" if self.currency else "charge_v1"])
+            tools.append(TOOLS[("charge_v2" if self.currency else "charge_v1") + saga])
         tools.append(TOOLS["refund_v2" if self.reason else "refund_v1"])
         if not self.no_notify:
             tools.append(TOOLS["notify"])
         tools.append(TOOLS["book"])
         tools.append(TOOLS["confirm"])
-        tools.append(TOOLS[ERRAND])
+        tools.append(TOOLS["errand" + saga])
         return da.Agent(
             AGENT,
             MODEL,
@@ -373,6 +422,7 @@ class Deploy:
             on_drift=self.drift,
             model_retry=da.ModelRetry(max_attempts=3, base_delay=1.0, max_delay=2.0),
             durability=self.durability,
+            saga=self.saga,
         )
 
     def changed(self, w: W.World) -> Deploy:

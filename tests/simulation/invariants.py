@@ -13,6 +13,7 @@ Vocabulary:
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from datetime import datetime
 from itertools import pairwise
@@ -38,7 +39,7 @@ from durable_agents.engine.transcript import RunState
 from durable_agents.engine.waits import open_waits
 
 from . import world as W
-from .agent import ERRAND, GATED, KEYED, NOT_HAPPENED, UNFLAGGED, is_agent_run
+from .agent import ERRAND, GATED, KEYED, NOT_HAPPENED, UNDOS, UNFLAGGED, is_agent_run
 
 
 def _short(value: Any, n: int = 60) -> str:
@@ -453,8 +454,10 @@ def check_rows(w: W.World, ix: Index) -> None:
                 "checked the run's status before it took the lease)",
                 hole="new",
             )
-        elif complete is not None and (
-            row.status != FINISHED or row.answer != complete.get("answer")
+        elif (
+            complete is not None
+            and "saga:abort" not in names  # a finished sub-run its parent's saga rolled back
+            and (row.status != FINISHED or row.answer != complete.get("answer"))
         ):
             w.violate(
                 "rows_agree",
@@ -472,8 +475,18 @@ def check_rows(w: W.World, ix: Index) -> None:
             w.violate("rows_agree", f"run {run_id} is finished without run:complete")
         if row.status == CANCELLED and cancelled is None:
             w.violate("rows_agree", f"run {run_id} is cancelled without run:cancelled")
-        if row.status == HALTED and not any(
-            (run_id, c) in open_halts for c in _pending_calls(names)
+        # A saga rolling back its sub-runs pauses as the sub-run it waits on does.
+        rolling_back = "saga:abort" in names and "run:compensated" not in names
+        waits_on_child = rolling_back and any(
+            (child := ix.rows.get(f"{run_id}/{rec.get('call_id')}")) is not None
+            and child.status in (HALTED, AWAITING_INPUT, "compensating", "queued", "running")
+            for n, rec in names.items()
+            if n.startswith("child:")
+        )
+        if (
+            row.status == HALTED
+            and not waits_on_child
+            and not any((run_id, c) in open_halts for c in _pending_calls(names))
         ):
             w.violate("rows_agree", f"run {run_id} is halted with nothing left to resolve")
         if row.status == AWAITING_APPROVAL and not any(
@@ -489,7 +502,7 @@ def check_rows(w: W.World, ix: Index) -> None:
             wait.kind == "timer" for wait in open_waits(ix.records[run_id])
         ):
             w.violate("rows_agree", f"run {run_id} sleeps with no timer left to wait for")
-        if row.status == AWAITING_INPUT:
+        if row.status == AWAITING_INPUT and not waits_on_child:
             waits = open_waits(ix.records[run_id])
             if not waits and not _awaits_its_parent(w, ix, run_id):
                 w.violate("rows_agree", f"run {run_id} awaits input with nothing left to wait for")
@@ -955,8 +968,10 @@ def check_trees(w: W.World, ix: Index) -> None:
 def saga_violations(records: list[Record]) -> list[str]:
     """What is wrong with one run's saga records (``docs/composition.md``): an undo
     (``compensate:<call>``) only after the abort, only for a call whose ``tool:<call>`` is a
-    success, at most one claim that ran it (a person's resolution claim aside), latest
-    completed call first; and after the abort no step of the forward path."""
+    success (or, for the rollback of a sub-run, a call that started one: whatever its
+    outcome, placed as the latest if it has none), at most one claim that ran it (a
+    person's resolution claim aside), latest completed call first; and after the abort no
+    step of the forward path."""
     problems: list[str] = []
     names = {rec.name: rec for rec in records}
     abort = names.get("saga:abort")
@@ -980,12 +995,18 @@ def saga_violations(records: list[Record]) -> list[str]:
         )
         if forward:
             problems.append(f"{rec.name} was written after the abort")
-    done_at: list[int] = []
+    done_at: list[float] = []
     for rec in undos:
         call = rec.name.removeprefix("compensate:")
         result = names.get(f"tool:{call}")
         if rec.seq < abort.seq:
             problems.append(f"{rec.name} came before the abort")
+        undid = rec.get("result")
+        if isinstance(undid, dict) and "sub_run" in undid:
+            if f"child:{call}" not in names:
+                problems.append(f"{rec.name} rolled back a sub-run the call never started")
+            done_at.append(result.seq if result is not None else math.inf)
+            continue
         if result is None or result.get("is_error"):
             problems.append(f"{rec.name} undid a call with no successful result")
             continue
@@ -996,7 +1017,21 @@ def saga_violations(records: list[Record]) -> list[str]:
 
 
 def check_sagas(w: W.World, ix: Index) -> None:
-    """``saga_violations`` for every run."""
+    """``saga_violations`` for every run (an undo only of a call whose journaled outcome is
+    a success); and in the ledger, outside the journal: each undo took effect at most once,
+    and only in a run whose abort is journaled. (Which effect an undo reverses is the
+    journal's to say: a fork's copied call, or a keyed call its downstream deduped against
+    another run's, was done elsewhere.)"""
     for run_id, records in ix.records.items():
         for problem in saga_violations(records):
             w.violate("sagas_undo_once", f"{run_id}: {problem}")
+    undone: dict[tuple[str, str], int] = defaultdict(int)
+    for e in w.ledger:
+        if e.tool not in UNDOS or not e.effect:
+            continue
+        undone[(e.run, e.call)] += 1
+        if "saga:abort" not in ix.names.get(e.run, {}):
+            w.violate("sagas_undo_once", f"{e.run}: {e.call} ran with no abort journaled")
+    for (run_id, call), n in undone.items():
+        if n > 1:
+            w.violate("sagas_undo_once", f"{run_id}: {call} took effect {n} times")

@@ -39,7 +39,8 @@ def build(w: W.World) -> None:
     cfg = w.config
     rng = w.rng
     w.plans = Plans(w)
-    w.deploy = Deploy()
+    # Sagas came after sub-agents: only a cast with the answerer runs a saga deploy.
+    w.deploy = Deploy(saga="answerer" in cfg.actors)
     w.deploy.activate()
     w.deliveries = {f"d{i}": w.plans.make() for i in range(1, 3)}
     w.chat = [w.plans.make() for _ in range(2)]

@@ -462,3 +462,73 @@ saga_gated = da.Agent(
     [book_flight, book_hotel, charge_trip_gated],
     saga=True,
 )
+
+
+# A saga across a sub-agent (issue 16): the trip books a flight, asks ``saga-tree-hotels``
+# (which books a hotel, then a car), then charges the card, which is declined: the child's
+# car and hotel (in its own journal, its own undos), then the flight, are undone. The child
+# run is ``<run>/call_2_1``; its undos' call ids are ``compensate:call_2_1`` (the car) and
+# ``compensate:call_1_1`` (the hotel), the trip's flight undo ``compensate:call_1_1`` too,
+# each under its own run id in ``test_effects``.
+@da.tool(compensate=_undo("car"))
+def book_car(city: str, ctx: da.ToolContext) -> dict:
+    """Book a car."""
+    fire(ctx, "book_car")
+    return {"booking": f"C-{city}"}
+
+
+@da.tool(compensate=_undo("car"), requires_approval=True)
+def book_car_gated(city: str, ctx: da.ToolContext) -> dict:
+    """Book a car (staff approve first)."""
+    fire(ctx, "book_car")
+    return {"booking": f"C-{city}"}
+
+
+def _saga_tree(prefix: str, car: da.Tool) -> list[da.Agent]:
+    hotels = da.Agent(
+        f"{prefix}-hotels",
+        ScriptedModel(
+            [
+                scripted.calls(scripted.call("book_hotel", {"city": "LIS"})),
+                scripted.calls(scripted.call(car.name, {"city": "LIS"})),
+                scripted.text("hotel and car booked"),
+            ]
+        ),
+        "Book a hotel, then a car.",
+        [book_hotel, car],
+    )
+    trip = da.Agent(
+        prefix,
+        ScriptedModel(
+            [
+                scripted.calls(scripted.call("book_flight", {"to": "LIS"})),
+                scripted.calls(scripted.call(hotels.name, {"input": "LIS"})),
+                scripted.calls(scripted.call("charge_trip", {"cents": 50000})),
+                scripted.text("booked"),
+            ]
+        ),
+        "Book a trip: flight, then a hotel and a car, then charge the card.",
+        [book_flight, hotels.as_tool(), charge_trip],
+        saga=True,
+    )
+    return [trip, hotels]
+
+
+saga_tree = _saga_tree("saga-tree", book_car)
+# The same, but the child's car waits for staff: "cancel and compensate" of the trip undoes
+# the child's hotel and the trip's flight.
+saga_tree_gated = _saga_tree("saga-tree-gated", book_car_gated)
+# An agent with no undo of its own that delegates to the gated hotels agent, which has: it
+# counts as having undos (the admin offers "Cancel and compensate"), and a cancel-and-
+# compensate of it undoes its sub-run's hotel.
+saga_delegator = da.Agent(
+    "saga-delegator",
+    ScriptedModel(
+        [
+            scripted.calls(scripted.call(saga_tree_gated[1].name, {"input": "LIS"})),
+            scripted.text("delegated"),
+        ]
+    ),
+    "Delegate the booking.",
+    [saga_tree_gated[1].as_tool()],
+)

@@ -176,6 +176,10 @@ def approve(
         },
     )
     if not inserted:
+        # Another approver's decision won the race; its maker may have died before moving
+        # the rows on (``after-decision``): finish it, as a decision found standing is.
+        if finish_decision(store, run_id, call_id, final):
+            runtime.dispatch(run_id)
         return _standing(request, final, approved, edit)
     failpoints.hit(f"after-decision:{call_id}")
     status = APPROVAL_APPROVED if count.passed else APPROVAL_DENIED

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .. import identity, names, runtime, tree
+from .. import identity, names, runtime, saga_tree, sagas, tree
 from ..definition import AgentDefinition, RunResult
 from ..errors import (
     ConfigError,
@@ -373,7 +373,11 @@ def cancel(
         raise Conflict(
             f"run {run_id!r} is a {run.kind} journal, not an agent run", code="run.not_an_agent_run"
         )
-    if run.status == FINISHED or journal.get(run_id, names.RUN_COMPLETE) is not None:
+    # (A finished sub-run its parent's saga rolls back is not: ``saga:abort`` follows its end.)
+    if run.status == FINISHED or (
+        journal.get(run_id, names.RUN_COMPLETE) is not None
+        and journal.get(run_id, names.SAGA_ABORT) is None
+    ):
         raise Conflict(f"run {run_id!r} already finished; nothing to cancel", code="run.finished")
     if compensate and not _has_undos(get_agent(run.agent)):
         raise Conflict(
@@ -406,8 +410,8 @@ def cancel(
                 f"run {run_id!r} was cancelled without compensation; its effects stay",
                 code="run.cancelled",
             )
-        _abort_saga(store, journal, run_id, actor, reason)
-        _cancel_children(store, run_id, actor, reason)
+        cause = _abort_saga(store, journal, run_id, actor, reason)
+        _abort_children(store, run_id, actor, reason, cause)
         runtime.dispatch(run_id)
         return
     if not cancelled:
@@ -434,10 +438,11 @@ def _loaded(agent_name: str) -> AgentDefinition | None:
 
 
 def _has_undos(agent: AgentDefinition | None) -> bool:
-    """Whether runs of ``agent`` may roll back (an agent not loaded here: assume so)."""
+    """Whether runs of ``agent`` may roll back, its sub-agents' undos included (an agent
+    not loaded here: assume so)."""
     if agent is None:
         return True
-    return any(t.safety.compensate is not None for t in agent.tools.values())
+    return sagas.has_undos(agent)
 
 
 def _write_under_lease(
@@ -470,8 +475,11 @@ def _write_under_lease(
     return inserted
 
 
-def _abort_saga(store: Store, journal: Journal, run_id: str, actor: Any, reason: str) -> None:
-    """Journal a person's abort of a run (under its lease), withdraw its pending requests."""
+def _abort_saga(
+    store: Store, journal: Journal, run_id: str, actor: Any, reason: str
+) -> dict[str, Any]:
+    """Journal a person's abort of a run (under its lease), withdraw its pending requests;
+    return the cause."""
     message = f"cancelled by {actor.username}" + (f": {reason}" if reason else "")
     cause = {"code": "saga.cancelled", "message": message}
     inserted = _write_under_lease(
@@ -496,6 +504,46 @@ def _abort_saga(store: Store, journal: Journal, run_id: str, actor: Any, reason:
         store.set_approval_status(
             run_id, request.call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING]
         )
+    return cause
+
+
+def _abort_children(
+    store: Store, run_id: str, actor: Any, reason: str, cause: dict[str, Any]
+) -> None:
+    """Stop a compensated run's sub-runs at once, depth first: a sub-run of an agent with
+    undos gets its abort journaled (its pending requests withdrawn), so it only rolls back
+    from now on, and the parent's rollback finishes it (``saga_tree``); one of an agent
+    without undos is cancelled plainly. A sub-run being driven right now is left to the
+    parent's rollback, which waits for it."""
+    journal = Journal(store)
+    for child in tree.children_of(store, run_id):
+        run = store.get_run(child)
+        if run is None or run.status in (CANCELLED, COMPENSATED):
+            continue
+        if journal.get(child, names.RUN_COMPENSATED) is not None:
+            continue
+        if not _has_undos(_loaded(run.agent)):
+            if run.status != FINISHED:
+                try:
+                    _cancel_unfinished(store, child, actor, reason, run_id)
+                except RunBusy:
+                    pass  # its parent's rollback leaves it be; cancelling again retries
+            continue
+        try:
+            saga_tree.abort_subrun(store, child, run_id, cause)
+        except RunBusy:
+            continue  # driven right now: the parent's rollback waits for it
+        _abort_children(store, child, actor, reason, cause)
+
+
+def _cancel_unfinished(store: Store, child: str, actor: Any, reason: str, parent: str) -> None:
+    try:
+        cancel(
+            child, by=actor, reason=reason or f"its parent {parent!r} was cancelled", store=store
+        )
+    except Conflict as exc:
+        if exc.code not in ("run.finished", "run.compensating", "run.compensated"):
+            raise
 
 
 def _cancel_children(store: Store, run_id: str, actor: Any, reason: str) -> None:
