@@ -109,7 +109,7 @@ def effects_in(store: Store, agent: Any, run_id: str) -> list[str]:
         if call_id in state.compensations:
             continue
         if tool.subagent_def is not None:
-            child = tree.child_run_id(run_id, call_id)
+            child = sub_run_of(state, run_id, call_id)
             if store.get_run(child) is not None and effects_in(store, tool.subagent_def, child):
                 left.append(call_id)
         else:
@@ -120,6 +120,14 @@ def effects_in(store: Store, agent: Any, run_id: str) -> list[str]:
             if tool is not None and tool.safety.compensate is not None and call.id in live:
                 left.append(call.id)
     return left
+
+
+def sub_run_of(state: RunState, run_id: str, call_id: str) -> str:
+    """The sub-run a call started, as its ``child:<call>`` names it: a fork's copied call
+    names its source's sub-run (referenced, not the fork's own), so the id is read when the
+    record is in the state; a call's own ``child:`` (written beside the driver's log during
+    this drive) always names the derived id."""
+    return state.children.get(call_id) or tree.child_run_id(run_id, call_id)
 
 
 def should_abort(driver: Driver, exc: DurableAgentsError) -> bool:
@@ -184,7 +192,7 @@ _PAUSES: dict[str, type[Pause]] = {
 def _undo_child(driver: Driver, call_id: str, tool: Tool, abort_rec: Record) -> None:
     """Roll back the sub-run ``call_id`` started, then record it as the call's undo. No
     attempt marker: rolling a child back again goes on from the child's own journal."""
-    child = tree.child_run_id(driver.run_id, call_id)
+    child = sub_run_of(driver.state, driver.run_id, call_id)
     driver._check_continue()
     rollback_child = tool.subagent_rollback
     assert rollback_child is not None

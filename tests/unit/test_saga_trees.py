@@ -355,3 +355,28 @@ def test_a_finished_sub_run_rolling_back_is_refused_a_plain_cancel_as_compensati
     assert info.value.code == "run.compensating"
     [listed] = [p for p in da.pending(store=store) if p.run_id == child]
     assert listed.status == "compensating"
+
+
+def test_a_forks_rollback_undoes_the_sub_run_it_references_once(store):
+    """A fork references the source's finished sub-run (``<source>/<call>``, not
+    ``<fork>/<call>``): its rollback undoes that sub-run's calls, once, and a second
+    rollback through the source's id finds them undone."""
+    trip = Tree("st-fork", charge="ok")
+    assert trip.agent.run("sf", "go", store=store).answer == "booked"
+    child = "sf/call_2_1"
+    fork = da.fork("sf", 2, store=store)
+    assert Journal(store).get(fork, names.child("call_2_1")).get("run_id") == child
+    da.cancel(
+        fork, compensate=True, reason="what if the trip was called off", by="ann", store=store
+    )
+    assert store.get_run(fork).status == "compensated"
+    assert trip.undos == ["car", "hotel", "flight"]
+    undo = Journal(store).get(fork, names.compensate("call_2_1"))
+    assert undo.get("result")["sub_run"] == child
+    assert store.get_run(child).status == "compensated"
+    assert store.get_run(f"{fork}/call_2_1") is None
+    assert_sagas_sound(store, fork, child)
+    # a second fork referencing the same sub-run finds its calls undone: nothing twice
+    again = da.fork("sf", 2, store=store)
+    da.cancel(again, compensate=True, by="ann", store=store)
+    assert trip.undos == ["car", "hotel", "flight", "flight"]
