@@ -364,6 +364,7 @@ def test_a_forks_rollback_undoes_the_sub_run_it_references_once(store):
     trip = Tree("st-fork", charge="ok")
     assert trip.agent.run("sf", "go", store=store).answer == "booked"
     child = "sf/call_2_1"
+    source_names = journal_names(store, "sf")
     fork = da.fork("sf", 2, store=store)
     assert Journal(store).get(fork, names.child("call_2_1")).get("run_id") == child
     da.cancel(
@@ -376,6 +377,9 @@ def test_a_forks_rollback_undoes_the_sub_run_it_references_once(store):
     assert store.get_run(child).status == "compensated"
     assert store.get_run(f"{fork}/call_2_1") is None
     assert_sagas_sound(store, fork, child)
+    # the source itself is not written to, and not handed over by its sub-run's end
+    assert journal_names(store, "sf") == source_names
+    assert store.get_run("sf").status == "finished"
     # a second fork referencing the same sub-run finds its calls undone: nothing twice
     again = da.fork("sf", 2, store=store)
     da.cancel(again, compensate=True, by="ann", store=store)
