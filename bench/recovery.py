@@ -7,7 +7,11 @@ The pass hands each run to a collecting dispatcher, so what is measured is the d
 side: listing unfinished, lease-free runs through the partial index. Prints medians and
 the ratio (with / without); the last line is the result. Target: <= 1.2.
 
-    .venv/bin/python bench/recovery.py [--finished 1000000] [--rounds 30]
+``--leased``: each unfinished run also holds an unexpired lease whose holder died (no
+liveness lock held: PostgreSQL's instant takeover), so the pass finds them through the
+``pg_locks`` probe instead of by expiry.
+
+    .venv/bin/python bench/recovery.py [--finished 1000000] [--rounds 30] [--leased]
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ def main() -> None:
     parser.add_argument("--finished", type=int, default=1_000_000)
     parser.add_argument("--unfinished", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--leased", action="store_true", help="unexpired leases whose holders died")
     args = parser.parse_args()
     setup_django()
 
@@ -42,6 +47,12 @@ def main() -> None:
         "now(), now() FROM generate_series(1, %s) g",
         [tag, args.unfinished],
     )
+    if args.leased:
+        raw.execute(
+            "INSERT INTO durable_agents_lease (run_id, holder, token, expires_at, renewed_at) "
+            "SELECT run_id, 'dead', md5(run_id), now() + interval '1 day', now() "
+            "FROM durable_agents_run WHERE run_id LIKE 'bench-rec-open-%%'"
+        )
     raw.execute("VACUUM ANALYZE durable_agents_run")
     sent: list[str] = []
     runtime.configure(dispatcher=sent.append)
@@ -81,9 +92,11 @@ def main() -> None:
         one_pass()
     full = statistics.median(one_pass() for _ in range(args.rounds))
 
+    raw.execute("DELETE FROM durable_agents_lease")
     raw.execute("DELETE FROM durable_agents_run WHERE run_id LIKE 'bench-rec-%%'")
     ratio = full / empty
-    print(f"unfinished runs        {args.unfinished} (running, lease expired)")
+    leases = "unexpired lease, holder dead" if args.leased else "no lease"
+    print(f"unfinished runs        {args.unfinished} (running, {leases})")
     print(f"pass, 0 finished       {empty * 1e3:8.2f} ms median of {args.rounds}")
     print(
         f"pass, {args.finished:,} finished {full * 1e3:8.2f} ms median  (loaded in {loaded:.1f} s)"
