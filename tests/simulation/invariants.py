@@ -818,12 +818,12 @@ def check_waits(w: W.World, ix: Index) -> None:
     journal = Journal(w.raw)
     for run_id in w.runs:
         row = w.raw.get_run(run_id)
-        if row is not None and row.status in (AWAITING_INPUT, SLEEPING):
-            if all_answered(journal.records(run_id)):
-                w.violate(
-                    "waits_not_stranded",
-                    f"run {run_id} is {row.status} though every wait it has is answered",
-                )
+        paused = row is not None and row.status in (AWAITING_INPUT, SLEEPING)
+        if paused and all_answered(journal.records(run_id)):
+            w.violate(
+                "waits_not_stranded",
+                f"run {run_id} is {row.status} though every wait it has is answered",
+            )
     consumed: dict[tuple[str, Any], list[str]] = defaultdict(list)
     for e in w.ledger:
         if e.tool == "confirm" and isinstance(e.value, dict):
