@@ -12,10 +12,12 @@ import pytest
 
 import durable_agents as da
 from durable_agents.engine import failpoints
+from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.commands.timers import wake_timers
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support.doubles import Crash
+from tests.support.wiring import wired
 
 
 @pytest.fixture
@@ -34,10 +36,8 @@ def crash_at(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
 
 @pytest.fixture
 def handed(store) -> Iterator[list[str]]:
-    """The run ids handed to a driver by sweeps, besides driving them inline."""
-    from durable_agents.engine.commands.runs import drive_quietly
-    from tests.support.wiring import wired
-
+    """The run ids handed to a driver, each driven inline at once (the site's inline
+    dispatch)."""
     sent: list[str] = []
 
     def dispatch(run_id: str) -> None:
