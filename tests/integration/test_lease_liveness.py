@@ -131,3 +131,23 @@ def test_recovery_does_not_list_a_run_this_connection_drives():
     finally:
         store.release_lease("live-9", "tok-me")
     assert _free(store, "live-9")
+
+
+def test_recovery_hands_a_dead_holders_run_over_once_per_interval():
+    """Taking dead drivers at once does not flood the broker: the run recovery handed over
+    is not sent again within the interval (``dispatched_at``), and a second recovery pass
+    right after finds nothing to send."""
+    from durable_agents.recovery import recover
+    from tests.support.wiring import wired
+
+    store = DjangoStore()
+    store.create_run(RunInfo("live-10", agent="echo", status="running"))
+    dead, thread = _held_in_a_thread(store, "live-10", "tok-dead")
+    dead.set()
+    thread.join(timeout=30)
+    sent: list[str] = []
+    with wired(dispatcher=sent.append):
+        assert "live-10" in recover(interval=60)
+        assert "live-10" not in recover(interval=60), "sent again within the interval"
+    assert sent.count("live-10") == 1
+    assert store.get_run("live-10").attempts == 1, "the death counted once"
