@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 from django.core.signals import setting_changed
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import BooleanField, Exists, F, Func, OuterRef, Q
 from django.db.models.functions import Now
 from django.dispatch import receiver
 from django.utils.dateparse import parse_datetime
@@ -83,6 +83,16 @@ _LOCK_HELD = (
     "AND objid = ('x' || substr(md5({0}), 9, 8))::bit(32)::bigint::oid "
     "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
 )
+
+
+class _HolderAlive(Func):
+    """``_LOCK_HELD`` over a lease's token column, for ORM queries (the column's alias is
+    the query's to choose)."""
+
+    template = _LOCK_HELD.format("%(expressions)s")
+    output_field = BooleanField()
+
+
 # The tokens whose lock each connection holds (weak keys: a closed connection's locks are gone).
 _LOCKED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
@@ -970,6 +980,11 @@ class DjangoStore:
         live = Lease.objects.using(self.using).filter(
             run_id=OuterRef("run_id"), expires_at__gt=Now()
         )
+        if self._instant:
+            # A live lease whose holder's liveness lock nobody holds has no driver left (its
+            # process died): the run is as free as if its lease had expired, and recovery
+            # hands it over at once. Only leased unfinished runs pay for the probe.
+            live = live.filter(_HolderAlive(F("token")))
         rows = (
             Run.objects.using(self.using)
             .filter(finished_at__isnull=True, kind=KIND_AGENT)

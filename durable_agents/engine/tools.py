@@ -294,9 +294,32 @@ def json_result(value: Any) -> Any:
     return converted
 
 
+def _unresolved(fn: Callable[..., Any], exc: BaseException) -> str:
+    """Which of ``fn``'s type hints the failure ``exc`` is about, as best it can be told."""
+    hints = getattr(fn, "__annotations__", {})
+    missing = getattr(exc, "name", None)
+    for param, hint in hints.items():
+        text = hint if isinstance(hint, str) else repr(hint)
+        if missing and re.search(rf"\b{re.escape(missing)}\b", text):
+            what = "the return type hint" if param == "return" else f"the type hint of {param!r}"
+            return f"{what} ({text!r})"
+    return "a type hint"
+
+
 def _fields_of(fn: Callable[..., Any]) -> tuple[str | None, dict[str, Any]]:
     # include_extras: Annotated[..., Field(gt=0, description=...)] is part of the schema.
-    hints = get_type_hints(fn, include_extras=True)
+    try:
+        hints = get_type_hints(fn, include_extras=True)
+    except (NameError, AttributeError, SyntaxError, TypeError) as exc:
+        # A hint written as text (``from __future__ import annotations``, quotes) is resolved
+        # here, in the tool's module: a name imported only under TYPE_CHECKING, a typo or a
+        # class defined after the tool fails now, naming the tool, not at its first call.
+        raise ConfigError(
+            f"tool {fn.__name__}: {_unresolved(fn, exc)} cannot be resolved ({exc}); a tool's "
+            "parameter types are read when it is defined: import them at module level (not "
+            "only under TYPE_CHECKING) and define them before the tool",
+            code="config.tool_signature",
+        ) from None
     context_param = None
     fields: dict[str, Any] = {}
     for param in inspect.signature(fn).parameters.values():

@@ -441,6 +441,24 @@ def kept_signals(records: list[Record]) -> list[KeptSignal]:
     return out
 
 
+def all_answered(records: list[Record]) -> bool:
+    """True when a paused run's journal holds waits and every one of them is answered: each
+    question has its answer, each awaited signal was delivered, each channel a call reads
+    has a message for it — and no sub-run of its own is unsettled (a parent paused on its
+    child waits for the child, not for the outside). Such a run waits for nothing: whoever
+    recorded the last answer died before handing the run over (the record commits first,
+    the hand-over follows), and the run must be driven now."""
+    if not any(r.name.startswith(names.WAIT) or names.parse_receiving(r.name) for r in records):
+        return False
+    if any(not (w.kind == SIGNAL and w.signal_delivered) for w in open_waits(records)):
+        return False
+    recorded = {r.name for r in records}
+    return not any(
+        r.name.startswith(names.CHILD) and names.tool(str(r.get("call_id"))) not in recorded
+        for r in records
+    )
+
+
 def next_wake(records: list[Record]) -> datetime | None:
     """The earliest instant a paused run's journal says it should be driven again: a timer's
     wake time or a signal's deadline (None: nothing timed is open)."""

@@ -60,6 +60,22 @@ def test_an_enqueue_killed_before_the_hand_over_is_finished_by_the_redelivery():
     _acked_once_by_the_call("c-1", "m1")
 
 
+def test_an_enqueue_killed_before_the_hand_over_is_handed_over_by_the_sweep():
+    """Issue 17: the sender never retries; the periodic sweep (``wake_timers``) sees a run
+    waiting on a channel that has its message and hands it over, once."""
+    from durable_agents.engine.commands.timers import wake_timers
+
+    assert drive("c-4", "read")[1] == {"status": "awaiting_input", "waits": ["box"]}
+    code, _ = enqueue("c-4", "m1", "stop", DURABLE_AGENTS_CRASH_AT="after-enqueue:box:m1")
+    assert code == -9
+    assert Run.objects.get(run_id="c-4").status == "awaiting_input"
+    assert wake_timers() == ["c-4"]
+    assert Run.objects.get(run_id="c-4").status == "finished"
+    assert wake_timers() == []
+    assert handled("c-4") == {"m1": 1}
+    _acked_once_by_the_call("c-4", "m1")
+
+
 def test_a_driver_killed_before_its_ack_handles_the_message_again():
     assert drive("c-2", "read")[1] == {"status": "awaiting_input", "waits": ["box"]}
     # The enqueue hands the run to a driver in its own process (inline dispatch), which is

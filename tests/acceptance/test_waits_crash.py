@@ -88,6 +88,24 @@ def test_an_answer_killed_before_the_hand_over_is_finished_by_answering_again():
     _journaled_once("w-2", "HAM")
 
 
+def test_an_answer_killed_before_the_hand_over_is_handed_over_by_the_sweep():
+    """Issue 17: nobody answers again; the periodic sweep (``wake_timers``, on beat) sees a
+    run awaiting input whose question is answered and hands it over, once."""
+    from durable_agents.engine.commands.timers import wake_timers
+
+    make_user("boss", "approve_toolcall")
+    assert drive("w-4", "ship o-7")[1] == {"status": "awaiting_input", "waits": ["warehouse"]}
+    assert wake_timers() == [], "nothing answered yet"
+    code, _ = answer("w-4", "HAM", "boss", DURABLE_AGENTS_CRASH_AT="after-answer:warehouse")
+    assert code == -9
+    assert Run.objects.get(run_id="w-4").status == "awaiting_input"
+    assert wake_timers() == ["w-4"]  # handed over (driven inline here)
+    assert Run.objects.get(run_id="w-4").status == "finished"
+    assert wake_timers() == []
+    assert count_effects("w-4")[SHIP] == 1
+    _journaled_once("w-4", "HAM")
+
+
 def test_a_driver_killed_after_the_answer_before_the_tool_result():
     make_user("boss", "approve_toolcall")
     assert drive("w-3", "ship o-7")[1] == {"status": "awaiting_input", "waits": ["warehouse"]}

@@ -35,6 +35,8 @@ from django.db import transaction
 
 import durable_agents as da
 import durable_agents.tasks  # registers drive_run with the test's Celery app
+from durable_agents.engine import names as names_mod
+from durable_agents.engine.journal import Journal
 from durable_agents.models import JournalEntry, Lease, Run
 from durable_agents.recovery import recover
 from durable_agents.storage import DjangoStore
@@ -388,6 +390,91 @@ def test_worker_killed_between_steps(celery, pool):
             "the requeued message to be driven",
         )
         assert_finished_once_each(run_id)
+
+
+def takeovers(run_id: str) -> list[dict]:
+    """The data of the run's journaled takeovers (``@takeover/…``), in order."""
+    records = Journal(DjangoStore()).records(run_id)
+    return [r.body for r in records if r.name.startswith(names_mod.TAKEOVER)]
+
+
+@pytest.mark.timeout(120)
+def test_beat_recovery_takes_a_killed_workers_run_over_before_its_lease_expires(celery):
+    """Issue 17: a worker SIGKILLed mid-run (its whole process group) leaves a live 30 s
+    lease, but its liveness lock went with its connection. Beat recovery (no resume call, no
+    redelivery: the message stays unacked for an hour) finds the run at its next pass and
+    another worker is driving it within 2 s of the kill."""
+    long_ttl = "30"
+    doomed = celery.worker(
+        "prefork",
+        1,
+        name="doomed",
+        DA_LEASE_TTL=long_ttl,
+        DA_GATE_FILE=str(celery.tmp / "gate"),
+        DA_KILL_INSIDE="call_2_1",
+    ).wait_ready()
+    run_id, gate = hold_at_gate(celery, steps_idempotent)
+    rescuer = celery.worker("threads", 2, name="rescuer", DA_LEASE_TTL=long_ttl)
+    beat = celery.beat()
+    rescuer.wait_ready()
+    beat.wait_for_log("beat: Starting", 60)
+    lease = DjangoStore().get_lease(run_id)
+
+    gate.touch()
+    wait_for(lambda: not pid_alive(doomed.pid), RUN_TIMEOUT, "the worker to kill itself")
+    killed = time.monotonic()
+    wait_for(lambda: takeovers(run_id), 10, "another worker to take the run over")
+    took = time.monotonic() - killed
+    print(f"\nRESULT beat_takeover_after_sigkill_s={took:.2f} (lease TTL {long_ttl}s)")
+    [takeover] = takeovers(run_id)
+    assert takeover["reason"] == "holder gone" and takeover["previous_holder"] == lease.holder
+    assert (lease.expires_at - DjangoStore().now()).total_seconds() > 20, "not by expiry"
+    assert took < 2.0, took
+    row = wait_status(run_id, "finished")
+    assert row.answer == ANSWER
+    assert fire_counts(run_id) == {"call_1_1": 1, "call_2_1": 2, "call_3_1": 1}
+    assert "recover_runs" in rescuer.log(), "handed over by recovery"
+
+
+@pytest.mark.timeout(120)
+def test_beat_recovery_leaves_a_stopped_workers_run_until_its_lease_expires(celery):
+    """A SIGSTOPped driver is alive (its connection, so its liveness lock, stays): beat
+    recovery passes every second leave its run alone until the lease expires, then hand it
+    over, and the takeover says why (``expired``)."""
+    ttl = 6.0
+    signals = celery.tmp / "signals"
+    signals.mkdir()
+    stalled = celery.worker(
+        "threads",
+        1,
+        name="stalled",
+        DA_LEASE_TTL=str(ttl),
+        DA_TOOL_SLEEP="1.5",
+        DA_TOOL_SIGNAL_DIR=str(signals),
+    ).wait_ready()
+    run_id = steps_idempotent.start("go", run_id=new_id("stop"))
+    started = signals / f"{run_id}.call_1_1.{stalled.pid}.started"
+    wait_for(started.exists, RUN_TIMEOUT, "the worker to start call 1")
+    stalled.signal_group(signal.SIGSTOP)
+    stopped = time.monotonic()
+    lease = DjangoStore().get_lease(run_id)
+    rescuer = celery.worker("threads", 2, name="rescuer", DA_LEASE_TTL=str(ttl))
+    beat = celery.beat()
+    rescuer.wait_ready()
+    beat.wait_for_log("beat: Starting", 60)
+
+    def untouched() -> bool:
+        current = DjangoStore().get_lease(run_id)
+        return current is not None and current.token == lease.token and not takeovers(run_id)
+
+    remaining = (lease.expires_at - DjangoStore().now()).total_seconds()
+    assert holds_for(untouched, remaining - 1.0), "a stopped driver's run was taken"
+    wait_for(lambda: takeovers(run_id), RUN_TIMEOUT, "recovery to take it once expired")
+    assert time.monotonic() - stopped >= ttl - 1.5
+    assert [t["reason"] for t in takeovers(run_id)] == ["expired"]
+    assert "recover_runs" in rescuer.log()
+    wait_status(run_id, "finished")
+    stalled.signal_group(signal.SIGCONT)
 
 
 # -- 3. racing workers and recovery ------------------------------------------------------

@@ -1,7 +1,8 @@
 """Instant takeover on PostgreSQL, the store's part: a lease whose holder's connection closed
 (its process died) may be taken at once, and the taker learns it replaced a live lease; a
 holder whose connection is open — another thread, or this very connection — keeps its lease.
-``INSTANT_TAKEOVER = False`` (poolers that cannot hold session locks) falls back to the TTL."""
+``INSTANT_TAKEOVER = False`` (poolers that cannot hold session locks) falls back to the TTL.
+Recovery's listing sees the same: a run whose driver died is lease-free at once."""
 
 from __future__ import annotations
 
@@ -94,3 +95,59 @@ def test_a_driver_lets_its_liveness_locks_go_with_its_leases():
     resume("live-6")  # leased by acquire_lease, finished by finish_run
     assert store.get_run("live-6").status == "finished"
     assert _my_advisory_locks() == before
+
+
+def _free(store: DjangoStore, run_id: str) -> bool:
+    return run_id in [r.run_id for r in store.list_unfinished(lease_free=True, limit=1000)]
+
+
+@pytest.mark.parametrize("instant", [True, False], ids=["instant", "ttl"])
+def test_recovery_lists_a_run_whose_driver_died_as_lease_free_at_once(instant):
+    store = DjangoStore(instant_takeover=instant)
+    store.create_run(RunInfo("live-7", agent="echo", status="running"))
+    store.create_run(RunInfo("live-8", agent="echo", status="running"))
+    dead, dead_thread = _held_in_a_thread(store, "live-7", "tok-dead")
+    alive, alive_thread = _held_in_a_thread(store, "live-8", "tok-alive")
+    try:
+        assert not _free(store, "live-7") and not _free(store, "live-8"), "both drivers live"
+        dead.set()
+        dead_thread.join(timeout=30)
+        assert store.get_lease("live-7").live, "its lease has not expired"
+        assert _free(store, "live-7") is instant, "a dead holder frees it only with the locks"
+        assert not _free(store, "live-8"), "a live holder on another connection keeps its run"
+        [row] = [r for r in store.list_unfinished(limit=1000) if r.run_id == "live-7"]
+        assert row.lease_expired is instant
+    finally:
+        alive.set()
+        alive_thread.join(timeout=30)
+
+
+def test_recovery_does_not_list_a_run_this_connection_drives():
+    store = DjangoStore()
+    store.create_run(RunInfo("live-9", agent="echo", status="running"))
+    assert store.acquire_lease("live-9", "me", "tok-me", 30)
+    try:
+        assert not _free(store, "live-9"), "a lease held on the listing's own connection is live"
+    finally:
+        store.release_lease("live-9", "tok-me")
+    assert _free(store, "live-9")
+
+
+def test_recovery_hands_a_dead_holders_run_over_once_per_interval():
+    """Taking dead drivers at once does not flood the broker: the run recovery handed over
+    is not sent again within the interval (``dispatched_at``), and a second recovery pass
+    right after finds nothing to send."""
+    from durable_agents.recovery import recover
+    from tests.support.wiring import wired
+
+    store = DjangoStore()
+    store.create_run(RunInfo("live-10", agent="echo", status="running"))
+    dead, thread = _held_in_a_thread(store, "live-10", "tok-dead")
+    dead.set()
+    thread.join(timeout=30)
+    sent: list[str] = []
+    with wired(dispatcher=sent.append):
+        assert "live-10" in recover(interval=60)
+        assert "live-10" not in recover(interval=60), "sent again within the interval"
+    assert sent.count("live-10") == 1
+    assert store.get_run("live-10").attempts == 1, "the death counted once"

@@ -14,8 +14,11 @@ from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+import durable_agents as da
 from durable_agents.models import ActionLog, ApprovalRequest, Run
-from tests.support.agents import count_effects, gated
+from durable_agents.providers import scripted
+from durable_agents.providers.scripted import ScriptedModel
+from tests.support.agents import count_effects, gated, halting, inbox, waiting
 from tests.support.procs import ROOT, subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,6 +62,53 @@ def test_runs_names_the_call_each_run_waits_on():
     assert f"durable_agents approve|deny cmd-wait {call_id}" in out.getvalue()
     assert _runs_json("--status", "halted") == []
     assert [r["run_id"] for r in _runs_json("--status", "awaiting_approval")] == ["cmd-wait"]
+
+
+@da.tool(idempotent=True)
+def _await_payment(ctx: da.ToolContext) -> str:
+    """Wait for the payment callback."""
+    return str(ctx.await_signal("paid", timeout=3600))
+
+
+@da.tool(idempotent=True)
+def _nap(ctx: da.ToolContext) -> str:
+    """Sleep an hour."""
+    return ctx.sleep("cool-off", 3600).isoformat()
+
+
+def _one_call(name: str, tool) -> da.Agent:
+    script = [scripted.calls(scripted.call(tool.name, {})), scripted.text("done")]
+    return da.Agent(name, ScriptedModel(script), "", [tool])
+
+
+def test_runs_prints_the_right_hint_for_each_kind_of_wait():
+    with pytest.raises(da.InterruptPending):
+        waiting.run("cmd-ask", "ship o-7")
+    with pytest.raises(da.SignalPending):
+        _one_call("cmd-pay", _await_payment).run("cmd-pay", "go")
+    with pytest.raises(da.TimerPending):
+        _one_call("cmd-nap", _nap).run("cmd-nap", "go")
+    with pytest.raises(da.Pause):
+        inbox.run("cmd-read", "read")
+    halted = "cmd-halt"
+    with pytest.raises(da.OutcomeUnknown):
+        halting.run(halted, "charge")
+    out = StringIO()
+    call_command("durable_agents", "runs", stdout=out)
+    lines = {
+        line.split("  -> ")[0].strip(): line.split("  -> ")[1]
+        for line in out.getvalue().splitlines()
+        if "  -> " in line
+    }
+    text = out.getvalue()
+    assert "durable_agents.answer_interrupt('cmd-ask', 'warehouse', value, by=user)" in text
+    assert "durable_agents.signal('cmd-pay', 'paid', payload); times out at" in text
+    assert "wake now: durable_agents.wake_timer('cmd-nap', 'cool-off', by=user)" in text
+    assert "durable_agents.enqueue('cmd-read', 'box', key, payload)" in text
+    assert f"durable_agents resolve {halted} " in text
+    # A wait is never offered the halt's command, nor a halt a wait's.
+    for where, hint in lines.items():
+        assert ("resolve" in hint) == where.startswith("call "), (where, hint)
 
 
 def test_approve_acts_as_an_active_user_with_the_permission():

@@ -36,7 +36,7 @@ from durable_agents.engine.ports import (
 )
 from durable_agents.engine.records import Record, encode
 from durable_agents.engine.transcript import RunState
-from durable_agents.engine.waits import open_waits
+from durable_agents.engine.waits import all_answered, open_waits
 
 from . import world as W
 from .agent import ERRAND, GATED, KEYED, NOT_HAPPENED, UNDOS, UNFLAGGED, is_agent_run
@@ -851,6 +851,17 @@ def check_waits(w: W.World, ix: Index) -> None:
                     f"run {run_id}: call {call} returned {got!r} for {name}, the journal "
                     f"resolved it to {want!r}",
                 )
+    # After the quiet phase's sweeps, no run is left paused on waits that are all answered
+    # (an answerer that crashed between its record and its hand-over is made up for).
+    journal = Journal(w.raw)
+    for run_id in w.runs:
+        row = w.raw.get_run(run_id)
+        paused = row is not None and row.status in (AWAITING_INPUT, SLEEPING)
+        if paused and all_answered(journal.records(run_id)):
+            w.violate(
+                "waits_not_stranded",
+                f"run {run_id} is {row.status} though every wait it has is answered",
+            )
     consumed: dict[tuple[str, Any], list[str]] = defaultdict(list)
     for e in w.ledger:
         if e.tool == "confirm" and isinstance(e.value, dict):

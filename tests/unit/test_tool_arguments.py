@@ -182,6 +182,24 @@ def test_argument_types_json_cannot_carry_are_refused_when_the_tool_is_defined()
         def hidden(secret: Annotated[str, pydantic.Field(exclude=True)]) -> None: ...
 
 
+def test_a_type_hint_that_cannot_be_resolved_is_refused_naming_the_tool_and_the_hint():
+    # This module has ``from __future__ import annotations``: hints are text until read.
+    with pytest.raises(da.ConfigError) as info:
+
+        @da.tool
+        def book(room: RoomNumber, nights: int) -> str: ...  # type: ignore[name-defined]  # noqa: F821
+
+    assert info.value.code == "config.tool_signature"
+    message = str(info.value)
+    assert "tool book" in message and "'room'" in message and "RoomNumber" in message
+    assert "TYPE_CHECKING" in message, "says how to fix it"
+
+    with pytest.raises(da.ConfigError, match=r"the return type hint .*Ticket"):
+
+        @da.tool
+        def issue(n: int) -> Ticket: ...  # type: ignore[name-defined]  # noqa: F821
+
+
 # -- results JSON has no type for ----------------------------------------------------------
 
 

@@ -23,7 +23,7 @@ from .. import identity, names, runtime
 from ..errors import Conflict, NotFound
 from ..journal import Journal
 from ..ports import AWAITING_INPUT, KIND_AGENT, QUEUED, RUNNING, SLEEPING, TERMINAL_STATUSES, Store
-from ..waits import OUTCOME_WOKE, TIMER, next_wake
+from ..waits import OUTCOME_WOKE, TIMER, all_answered, next_wake
 
 log = logging.getLogger("durable_agents.timers")
 
@@ -31,8 +31,11 @@ TIMED_STATUSES = (SLEEPING, AWAITING_INPUT)
 
 
 def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
-    """One sweep; returns the run ids it handed to a driver. The cost is one journal read per
-    paused run (sleeping or awaiting input)."""
+    """One sweep; returns the run ids it handed to a driver: paused runs whose timer or
+    deadline is due, and paused runs that wait for nothing any more (``all_answered``: an
+    answer, signal, channel message or early wake was journaled but its sender died before
+    handing the run over). The cost is one journal read per paused run (sleeping or awaiting
+    input)."""
     store = store or runtime.store()
     journal = Journal(store)
     now = store.now()
@@ -41,8 +44,9 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
     while True:
         runs = store.list_unfinished(limit=batch, after=after, statuses=TIMED_STATUSES)
         for run in runs:
-            due = next_wake(journal.records(run.run_id))
-            if due is None or now < due:
+            records = journal.records(run.run_id)
+            due = next_wake(records)
+            if (due is None or now < due) and not all_answered(records):
                 continue
             # Queued first (only from the status it was seen in): if the hand-over is lost,
             # recovery picks a queued run up.

@@ -168,11 +168,7 @@ class Command(BaseCommand):
             tries = f", {run.attempts} failed attempt(s)" if run.attempts else ""
             self.stdout.write(f"{run.run_id}  [{run.agent}] {run.status}: {run.why}{tries}")
             for wait in run.waits:
-                verbs = "approve|deny" if wait.kind == "approval" else "resolve"
-                self.stdout.write(
-                    f"    call {wait.call_id}  {wait.tool}({json.dumps(wait.arguments)})"
-                    f"  -> durable_agents {verbs} {run.run_id} {wait.call_id}"
-                )
+                self.stdout.write(f"    {_wait_line(run.run_id, wait)}")
 
     def _recover(self, options: dict[str, Any]) -> None:
         from durable_agents.recovery import recover
@@ -308,3 +304,32 @@ class Command(BaseCommand):
             f"recorded the outcome of {options['call_id']} in {options['run_id']}: "
             f"{json.dumps(record.get('result'))}; the run is handed to a driver"
         )
+
+
+def _wait_line(run_id: str, wait: Any) -> str:
+    """One thing a run waits on, and how to act on it: the command for a call to decide or
+    resolve, the Python call (or the admin) for a question, a signal, a timer or a channel."""
+    if wait.kind in ("approval", "halt"):
+        verbs = "approve|deny" if wait.kind == "approval" else "resolve"
+        return (
+            f"call {wait.call_id}  {wait.tool}({json.dumps(wait.arguments)})"
+            f"  -> durable_agents {verbs} {run_id} {wait.call_id}"
+        )
+    where = f"{wait.kind} {wait.name!r} (call {wait.call_id}, {wait.tool})"
+    run, name = repr(run_id), repr(wait.name)
+    if wait.kind == "interrupt":
+        hint = f"answer: durable_agents.answer_interrupt({run}, {name}, value, by=user)"
+    elif wait.kind == "signal":
+        hint = f"signal: durable_agents.signal({run}, {name}, payload)"
+        if wait.deadline is not None:
+            hint += f"; times out at {wait.deadline.isoformat()}"
+    elif wait.kind == "timer":
+        at = wait.deadline.isoformat() if wait.deadline is not None else "its time"
+        hint = f"wakes at {at}; wake now: durable_agents.wake_timer({run}, {name}, by=user)"
+    elif wait.kind == "channel":
+        hint = f"send: durable_agents.enqueue({run}, {name}, key, payload)"
+    elif wait.kind == "sub_run":
+        return f"sub-run {wait.name} ({wait.tool}, call {wait.call_id})  -> see its own line"
+    else:
+        return f"{where}  -> see the run's page in the admin"
+    return f"{where}  -> {hint}, or the run's page in the admin"
