@@ -149,10 +149,7 @@ def _string_keys(value: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> bool:
             if isinstance(item, _CONTAINERS) and not _string_keys(item):
                 return False
         return True
-    for item in value:
-        if isinstance(item, _CONTAINERS) and not _string_keys(item):
-            return False
-    return True
+    return all(not isinstance(item, _CONTAINERS) or _string_keys(item) for item in value)
 
 
 def encode(value: Any) -> str:

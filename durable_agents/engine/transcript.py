@@ -84,9 +84,7 @@ class RunState:
     # calls all have results, rebuilt only when what it was built from may have changed.
     _prefix: list[Message] = field(default_factory=list, init=False, repr=False, compare=False)
     _prefix_turns: int = field(default=0, init=False, repr=False, compare=False)
-    _prefix_key: tuple[Any, ...] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
+    _prefix_key: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, records: Iterable[Record]) -> RunState:
