@@ -26,6 +26,8 @@ HEADER_NAME = names.HEADER
 _CALLER_RUN_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
 _DERIVED_RUN_ID = re.compile(r"[A-Za-z0-9_.:\-/>%]{1,400}")
 MAX_NAME_LENGTH = 500
+# Control characters and lone surrogates: no step name holds them.
+_BAD_NAME_CHARS = re.compile("[\x00-\x1f\ud800-\udfff]")
 
 _ENCODER = json.JSONEncoder(
     ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
@@ -57,7 +59,7 @@ def validate_step_name(name: object) -> str:
             f"{MAX_NAME_LENGTH} characters",
             code="config.step_name",
         )
-    if any(ord(ch) < 0x20 or 0xD800 <= ord(ch) <= 0xDFFF for ch in name):
+    if _BAD_NAME_CHARS.search(name):
         raise ConfigError(
             f"invalid step name {name!r}: control characters and lone surrogates are not allowed",
             code="config.step_name",
