@@ -1,8 +1,9 @@
-"""Live events: commit-to-client latency, and what the notifying trigger costs a write.
+"""Live events: commit-to-client latency, and what the journal's trigger costs a write.
 
 On the local PostgreSQL, in one run:
-  (1) the journal insert with the notify triggers disabled and enabled, each interleaved
-      with a raw psycopg autocommit INSERT of the same row (the ratio the other benches print);
+  (1) the journal insert with its trigger (migration 0009: it chains the record and notifies
+      the run's listeners) disabled and enabled, each interleaved with a raw psycopg
+      autocommit INSERT of the same row (the ratio the other benches print);
   (2) latency from the start of a fenced journal insert (its commit included) until the
       record reaches a client: the Python iterator (``durable_agents.events.events``) and
       the SSE stream (``GET /api/agents/runs/{id}/events`` over HTTP to a threaded WSGI
@@ -78,7 +79,7 @@ def main() -> None:
         with connection.cursor() as cursor:
             cursor.execute(
                 f"ALTER TABLE durable_agents_journalentry {verb} "
-                "TRIGGER durable_agents_journal_notify"
+                "TRIGGER durable_agents_journal_chain"
             )
 
     triggers(False)
@@ -170,7 +171,7 @@ def main() -> None:
     print(f"steps per series            {args.steps} (interleaved), record {len(data)} bytes")
     print(f"raw INSERT                  {raw_off:8.1f} / {raw_on:8.1f} us median (off / on)")
     print(f"journal insert, no trigger  {off:8.1f} us median  ({off / raw_off:.2f}x raw)")
-    print(f"journal insert, notifying   {on:8.1f} us median  ({on / raw_on:.2f}x raw)")
+    print(f"journal insert, chain+notify {on:7.1f} us median  ({on / raw_on:.2f}x raw)")
     print(f"records followed            {args.records}, {args.gap:g} ms apart")
     print(f"Python iterator latency     p50 {py50:8.1f} us  p99 {py99:8.1f} us")
     print(f"SSE over HTTP latency       p50 {sse50:8.1f} us  p99 {sse99:8.1f} us")

@@ -5,7 +5,8 @@ Per step, interleaved in one run on the local PostgreSQL:
       with the same unique index;
   (b) DjangoStore fenced insert-if-absent (the journal's hot path);
   (c) a memo hit: Journal.do on a recorded step (one read, fn not called);
-  (d) the fenced insert of (b) with the audit chain's trigger disabled (docs/audit.md).
+  (d) the fenced insert of (b) with the audit chain's trigger disabled (docs/audit.md): the
+      same statement, sending the run's notification itself as the trigger does for (b).
 (b) and (d) alternate in blocks of 20 steps (the trigger is switched with ALTER TABLE
 between blocks, and the first step after a switch is not timed). Prints medians, the ratio
 (b)/(a) and the chain's overhead (b)/(d) - 1; the last lines are the results. Targets:
@@ -62,6 +63,20 @@ def main() -> None:
     def fenced_insert(i: int) -> None:
         store.insert(run_id, f"step:{i}", data, fence=token)
 
+    # (d)'s statement: DjangoStore's fenced insert, notifying in its RETURNING clause (the
+    # trigger that is off for (d) both chains and notifies).
+    unchained_sql = (
+        f"INSERT INTO {JournalEntry._meta.db_table} (run_id, name, data, created_at) "
+        "SELECT %s, %s, %s, now() WHERE EXISTS (SELECT 1 FROM durable_agents_lease "
+        "WHERE run_id = %s AND token = %s AND expires_at > now() FOR SHARE) "
+        "ON CONFLICT (run_id, name) DO NOTHING "
+        "RETURNING seq, created_at, pg_notify('da_run_' || md5(run_id), seq || ' ' || run_id)"
+    )
+
+    def unchained_insert(i: int) -> None:
+        row = store._execute(unchained_sql, [run_id, f"step:{i}", data, run_id, token], "one")
+        assert row is not None
+
     def memo_hit(i: int) -> None:
         journal.do(run_id, f"step:{i}", lambda: {"kind": "never-called"})
 
@@ -79,11 +94,12 @@ def main() -> None:
         for start in range(0, args.steps, block):
             for on, series in ((True, b), (False, d)):
                 chain(on)
-                fenced_insert(-10_000 - start * 2 - on)  # re-plans after the switch: untimed
+                insert = fenced_insert if on else unchained_insert
+                insert(-10_000 - start * 2 - on)  # re-plans after the switch: untimed
                 for i in range(start, min(start + block, args.steps)):
                     step = i if on else args.steps + i
                     a.append(timed(lambda step=step: raw_insert(step)))
-                    series.append(timed(lambda step=step: fenced_insert(step)))
+                    series.append(timed(lambda step=step, insert=insert: insert(step)))
                     hit = timed(lambda step=step: memo_hit(step))  # in both: the same rhythm
                     if on:
                         c.append(hit)

@@ -735,7 +735,7 @@ class Driver:
             raise ModelError(
                 "the model reported negative token usage", code="model.protocol", retryable=True
             )
-        earlier = self.state.call_ids()
+        earlier = self.state.call_ids() if message.tool_calls else set()
         seen: set[str] = set()
         for call in message.tool_calls:
             if not call.id or call.id in seen or call.id in earlier:

@@ -26,6 +26,8 @@ HEADER_NAME = names.HEADER
 _CALLER_RUN_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
 _DERIVED_RUN_ID = re.compile(r"[A-Za-z0-9_.:\-/>%]{1,400}")
 MAX_NAME_LENGTH = 500
+# Control characters and lone surrogates: no step name holds them.
+_BAD_NAME_CHARS = re.compile("[\x00-\x1f\ud800-\udfff]")
 
 _ENCODER = json.JSONEncoder(
     ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
@@ -57,7 +59,7 @@ def validate_step_name(name: object) -> str:
             f"{MAX_NAME_LENGTH} characters",
             code="config.step_name",
         )
-    if any(ord(ch) < 0x20 or 0xD800 <= ord(ch) <= 0xDFFF for ch in name):
+    if _BAD_NAME_CHARS.search(name):
         raise ConfigError(
             f"invalid step name {name!r}: control characters and lone surrogates are not allowed",
             code="config.step_name",
@@ -136,10 +138,36 @@ def refuse_nul(value: Any, what: str) -> None:
         )
 
 
+_CONTAINERS = (dict, list, tuple)
+
+
+def _string_keys(value: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> bool:
+    """Whether every object key inside ``value`` is a string: the one thing ``_check``
+    refuses that the JSON encoder would accept silently (it writes ``{1: x}`` as ``"1"``)."""
+    if type(value) is dict or isinstance(value, dict):
+        for key, item in value.items():
+            if type(key) is not str and not isinstance(key, str):
+                return False
+            if isinstance(item, _CONTAINERS) and not _string_keys(item):
+                return False
+        return True
+    return all(not isinstance(item, _CONTAINERS) or _string_keys(item) for item in value)
+
+
 def encode(value: Any) -> str:
-    """The canonical JSON text of ``value``; ``ProtocolError`` if it does not encode exactly."""
-    _check(value, "$")
-    text = _ENCODER.encode(value)
+    """The canonical JSON text of ``value``; ``ProtocolError`` if it does not encode exactly.
+
+    The encoder itself refuses what JSON cannot hold (other types, NaN and infinities) and
+    the UTF-8 check of the text finds lone surrogates; only non-string keys need a walk of
+    the value. Any refusal is explained by ``_check``, which names the offending path."""
+    try:
+        text = _ENCODER.encode(value)
+        text.encode("utf-8")
+    except (TypeError, ValueError):  # UnicodeEncodeError is a ValueError
+        _check(value, "$")
+        raise  # not reached: _check refuses whatever the encoder refused
+    if isinstance(value, _CONTAINERS) and not _string_keys(value):
+        _check(value, "$")
     return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 

@@ -8,6 +8,7 @@ even the inline driver that ``dispatch`` falls back to without a dispatcher is h
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -164,6 +165,11 @@ def should_stop() -> bool:
     return bool(_runtime.should_stop())
 
 
+@functools.cache
+def _host() -> str:
+    return socket.gethostname()  # a system call per run otherwise; read once per process
+
+
 def holder_name() -> str:
     """Who a lease names as its holder: host, process and thread, for people reading it."""
-    return f"{socket.gethostname()}:{os.getpid()}:{threading.current_thread().name}"[:200]
+    return f"{_host()}:{os.getpid()}:{threading.current_thread().name}"[:200]

@@ -218,15 +218,15 @@ class Tool:
         form (what is journaled, approved and compared), or raise ``ToolArgumentsError``
         with a message the model can act on. The JSON form validates to itself, so the
         values the tool receives (``values``) are exactly the ones it stands for."""
-        data = self._json_form(self._parse(arguments.strip() or "{}"))
+        data, text = self._json_form(self._parse(arguments.strip() or "{}"))
         try:
-            again = self._json_form(self._parse(encode(data)))
+            _, again = self._json_form(self._parse(text))
         except ToolArgumentsError:
             again = None
-        if again is None or encode(again) != encode(data):
+        if again != text:
             raise ToolArgumentsError(
                 f"invalid arguments for {self.name}: they do not read back the same once "
-                f"written as JSON ({encode(data)}); the tool cannot run with them as journaled"
+                f"written as JSON ({text}); the tool cannot run with them as journaled"
             )
         return data
 
@@ -260,15 +260,16 @@ class Tool:
             )
             raise ToolArgumentsError(f"invalid arguments for {self.name}: {problems}") from None
 
-    def _json_form(self, model: pydantic.BaseModel) -> dict[str, Any]:
+    def _json_form(self, model: pydantic.BaseModel) -> tuple[dict[str, Any], str]:
+        """The model's JSON form and its canonical text."""
         try:
             data = model.model_dump(mode="json")
-            encode(data)
+            text = encode(data)
         except (ValueError, ProtocolError) as exc:  # a PydanticSerializationError too
             raise ToolArgumentsError(
                 f"invalid arguments for {self.name}: they cannot be journaled as JSON: {exc}"
             ) from None
-        return data
+        return data, text
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)

@@ -84,6 +84,11 @@ class RunState:
     _extra: Usage = field(default_factory=Usage, repr=False, compare=False)
     _call_ids: set[str] = field(default_factory=set, repr=False, compare=False)
     _counted: list[int] = field(default_factory=lambda: [0, 0, 0], repr=False, compare=False)
+    # The transcript's settled prefix (``messages``): the messages of the first turns whose
+    # calls all have results, rebuilt only when what it was built from may have changed.
+    _prefix: list[Message] = field(default_factory=list, init=False, repr=False, compare=False)
+    _prefix_turns: int = field(default=0, init=False, repr=False, compare=False)
+    _prefix_key: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, records: Iterable[Record]) -> RunState:
@@ -238,24 +243,39 @@ class RunState:
         return [Message.from_json(m) for m in self.start.get("seed") or ()]
 
     def messages(self) -> list[Message]:
-        """The transcript as the model sees it after every recorded step."""
-        out = self.seed()
-        if self.start is not None:
-            out.append(Message("user", input_text(self.start.get("input"))))
-        first = self.user_after.get(0)  # a fork at step 0 may add a message to the input
-        if first is not None:
-            out.extend(user_messages(first))
-        for n, turn in enumerate(self.turns, start=1):
-            message = self._assistant(turn)
+        """The transcript as the model sees it after every recorded step.
+
+        A driver asks before every turn. Records never change and a settled turn (every
+        call answered) stays settled, so the messages of settled turns are kept and only
+        later turns are added: a run of n turns costs O(n), not O(n²). The kept prefix is
+        dropped if the run's start or its user messages change (a session's next message)."""
+        key = (self.start, self.user_after.get(0), len(self.user_after))
+        if key != self._prefix_key:
+            out = self.seed()
+            if self.start is not None:
+                out.append(Message("user", input_text(self.start.get("input"))))
+            first = self.user_after.get(0)  # a fork at step 0 may add a message to the input
+            if first is not None:
+                out.extend(user_messages(first))
+            self._prefix, self._prefix_turns, self._prefix_key = out, 0, key
+        prefix = self._prefix
+        out = list(prefix)
+        settled = True
+        for n in range(self._prefix_turns + 1, len(self.turns) + 1):
+            message = self._assistant(self.turns[n - 1])
             out.append(message)
             for call in message.tool_calls:
                 rec = self.results.get(call.id)
                 if rec is None:
+                    settled = False
                     break  # a pending call: nothing after it is sent yet
                 out.append(self._tool(call, rec))
             user = self.user_after.get(n)
             if user is not None:
                 out.extend(user_messages(user))
+            if settled:
+                prefix[len(prefix) :] = out[len(prefix) :]
+                self._prefix_turns = n
         return out
 
     def call_ids(self) -> set[str]:

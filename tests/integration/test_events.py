@@ -129,3 +129,27 @@ def test_the_triggers_notify_the_runs_channel_with_seq_and_run_id():
         store.update_run("ev-5>turn/1", {"status": FINISHED})
         heard = [n.payload for n in conn.notifies(timeout=5, stop_after=2)]
     assert heard == [f"{entry.seq} ev-5>turn/1", "0 ev-5>turn/1"]
+
+
+def test_one_trigger_chains_and_announces_a_record_whoever_writes_it():
+    """Migration 0009: the chain's trigger also notifies, for the store's insert and for a
+    plain ORM insert alike (``import`` writes so); no second journal trigger is left."""
+    from durable_agents.audit import verify
+    from durable_agents.models import JournalEntry
+
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal "
+            "AND tgrelid = 'durable_agents_journalentry'::regclass"
+        )
+        assert [name for (name,) in cursor.fetchall()] == ["durable_agents_journal_chain"]
+    store = DjangoStore()
+    store.create_run(RunInfo(run_id="ev-6", agent="echo", status=RUNNING))
+    with listen_connection("default") as conn:
+        conn.execute(f'LISTEN "{channel("ev-6")}"')
+        first, _ = store.insert("ev-6", "step:a", '{"kind":"value"}')
+        orm = JournalEntry.objects.create(run_id="ev-6", name="step:b", data='{"kind":"value"}')
+        heard = [n.payload for n in conn.notifies(timeout=5, stop_after=2)]
+    assert heard == [f"{first.seq} ev-6", f"{orm.seq} ev-6"]
+    (report,) = verify(["ev-6"])
+    assert report.ok and report.links == 2 and report.unchained == 0

@@ -1,0 +1,121 @@
+"""The engine's per-record shortcuts (docs/benchmarks.md) decide exactly as the long ways do:
+``encode`` refuses what the full check refuses, with its message; the transcript a driver
+keeps from turn to turn equals one rebuilt from the journal."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import durable_agents as da
+from durable_agents.engine import names
+from durable_agents.engine.errors import ProtocolError
+from durable_agents.engine.journal import Journal
+from durable_agents.engine.records import Record, _check, decode, encode
+from durable_agents.engine.transcript import RunState
+from durable_agents.providers import scripted
+from durable_agents.providers.scripted import ScriptedModel
+
+REFUSED = [
+    {"a": math.nan},
+    {"a": [1, {"b": -math.inf}]},
+    {1: "x"},
+    {"a": [{"b": {2: 3}}]},
+    {True: 1},
+    {None: 1},
+    ({"a": 1}, {(1, 2): 3}),
+    {"a": "\ud800"},
+    {"\udfff": 1},
+    {"a": object()},
+    {"a": {1, 2}},
+    {"a": b"bytes"},
+    [1, (2, {"x": math.inf})],
+]
+
+ACCEPTED = [
+    None,
+    "text \u2028 \u2029 é ✓ 😀",
+    {"a": (1, 2), "b": [True, None, 1.5, -0.0], "c": {"d": {"e": []}}},
+    [{"k": "v"}, ({"z": 1},)],
+    {"z": 1, "a": {"y": 2, "b": 3}},
+    1e300,
+]
+
+
+@pytest.mark.parametrize("value", REFUSED, ids=range(len(REFUSED)))
+def test_encode_refuses_what_the_full_check_refuses_with_its_message(value):
+    with pytest.raises(ProtocolError) as full:
+        _check(value, "$")
+    with pytest.raises(ProtocolError) as fast:
+        encode(value)
+    assert str(fast.value) == str(full.value)
+    assert fast.value.code == "protocol.encoding"
+
+
+@pytest.mark.parametrize("value", ACCEPTED, ids=range(len(ACCEPTED)))
+def test_encode_accepts_what_the_full_check_accepts_canonically(value):
+    _check(value, "$")
+    text = encode(value)
+    assert "\u2028" not in text and "\u2029" not in text
+    assert encode(decode(text)) == text  # a fixed point
+
+
+def test_a_driven_transcript_is_the_one_rebuilt_from_the_journal(store):
+    """Each model request of a long run carries exactly the messages a fresh fold of the
+    journal gives at that point (the driver keeps its settled prefix between turns)."""
+
+    @da.tool(read_only=True)
+    def pair(n: int) -> dict:
+        """Return n twice."""
+        return {"n": n, "again": n}
+
+    run_id = "hot-transcript"
+    journal = Journal(store)
+    mismatches: list[int] = []
+
+    def compare(request) -> None:
+        fresh = RunState.of(journal.records(run_id)).messages()
+        if list(request.messages) != fresh:
+            mismatches.append(len(request.messages))
+
+    script = [
+        scripted.calls(scripted.call("pair", {"n": i}), scripted.call("pair", {"n": -i}))
+        for i in range(12)
+    ]
+    script.append(scripted.text("Done."))
+    agent = da.Agent("hot-transcript", ScriptedModel(script, on_request=compare), "Go.", [pair])
+    result = agent.run(run_id, "Start.", store=store)
+    assert result.answer == "Done." and result.turns == 13
+    assert mismatches == []
+
+
+def _rec(name: str, body: dict, seq: int) -> Record:
+    return Record("r", name, seq, encode(body))
+
+
+def test_a_kept_transcript_follows_a_pending_call_and_a_late_user_message():
+    """A turn with an unanswered call is not kept as settled; a user message recorded after a
+    settled turn (a fork's) drops what was kept."""
+    call = {"id": "c1", "name": "t", "arguments": {}}
+    start = _rec(names.RUN_START, {"kind": "start", "input": "hi"}, 1)
+    turn1 = _rec(
+        names.model(1),
+        {"kind": "model", "message": {"role": "assistant", "content": "", "tool_calls": [call]}},
+        2,
+    )
+    result1 = _rec(names.tool("c1"), {"kind": "tool", "result": "ok", "is_error": False}, 3)
+    turn2 = _rec(
+        names.model(2), {"kind": "model", "message": {"role": "assistant", "content": "a"}}, 4
+    )
+    user = _rec(names.user(1), {"kind": "user", "text": "and then?"}, 5)
+
+    kept = RunState.of([start, turn1])
+    assert kept.messages() == RunState.of([start, turn1]).messages()  # c1 pending
+    for rec in (result1, turn2):
+        kept.add(rec)
+        assert kept.messages() == RunState.of([start, turn1, result1, turn2][: rec.seq]).messages()
+    kept.add(user)
+    everything = [start, turn1, result1, turn2, user]
+    assert kept.messages() == RunState.of(everything).messages()
+    assert [m.content for m in kept.messages()][-2:] == ["and then?", "a"]
