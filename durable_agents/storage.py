@@ -496,25 +496,8 @@ class DjangoStore:
                     return None
                 self.acquire_lease(run.run_id, holder, token, ttl)
                 return [self.insert(run.run_id, n, dt, fence=token)[0] for n, dt in records]
-        columns = [
-            "run_id",
-            "agent",
-            "status",
-            "input",
-            "answer",
-            "usage",
-            "spend",
-            "turns",
-            "last_error",
-            "attempts",
-            "fingerprint",
-            "session_id",
-            "parent_run_id",
-            "root_run_id",
-            "forked_from",
-            "forked_step",
-            "kind",
-        ]
+        # The row as RunInfo names it, up to the columns the database sets (created_at…).
+        columns = _RUN_COLUMNS[: _RUN_COLUMNS.index("created_at")]
         values = [
             run.run_id,
             run.agent,

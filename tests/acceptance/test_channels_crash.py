@@ -13,8 +13,7 @@ from durable_agents.engine import names
 from durable_agents.models import Run
 from durable_agents.storage import site_store
 from tests.support.agents import count_effects
-
-from .test_waits_crash import child
+from tests.support.procs import run_module
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -22,12 +21,12 @@ READ = "call_1_1"
 
 
 def drive(run_id: str, text: str | None = None, **env: str) -> tuple[int, dict | None]:
-    code, out = child("tests.support.drive", "inbox", run_id, *([text] if text else []), **env)
+    code, out = run_module("tests.support.drive", "inbox", run_id, *([text] if text else []), **env)
     return code, json.loads(out) if out else None
 
 
 def enqueue(run_id: str, key: str, payload: str, **env: str) -> tuple[int, dict | None]:
-    code, out = child("tests.support.enqueue", run_id, "box", key, json.dumps(payload), **env)
+    code, out = run_module("tests.support.enqueue", run_id, "box", key, json.dumps(payload), **env)
     return code, json.loads(out) if out else None
 
 

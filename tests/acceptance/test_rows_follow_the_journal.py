@@ -14,8 +14,6 @@ processes on PostgreSQL; side effects are counted outside the journal (``test_ef
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -27,7 +25,7 @@ from durable_agents.models import Run
 from durable_agents.recovery import recover
 from durable_agents.storage import DjangoStore
 from tests.support.agents import count_effects, effects_connection
-from tests.support.procs import ROOT, subprocess_env
+from tests.support.procs import run_json
 
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "sqlite"]),
@@ -35,28 +33,12 @@ pytestmark = [
 ]
 
 
-def child(module: str, *args: str, **env: str) -> tuple[int, dict | None]:
-    """Run ``python -m <module> <args>`` with a short lease; (-9, None) if it was killed."""
-    proc = subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        env=subprocess_env(DA_LEASE_TTL="1", **env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if proc.returncode == -9:
-        return -9, None
-    assert proc.returncode == 0, proc.stderr
-    return 0, json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def drive(run_id: str, agent: str = "hole-charge", **env: str) -> tuple[int, dict | None]:
-    return child("tests.support.drive", agent, run_id, "go", **env)
+    return run_json("tests.support.drive", agent, run_id, "go", **env)
 
 
 def command(*args: str, crash_at: str) -> int:
-    code, _ = child("tests.support.holes_child", *args, DURABLE_AGENTS_CRASH_AT=crash_at)
+    code, _ = run_json("tests.support.holes_child", *args, DURABLE_AGENTS_CRASH_AT=crash_at)
     return code
 
 
@@ -81,7 +63,7 @@ def until_free(fn, timeout: float = 20.0):
 def test_a_fork_whose_maker_was_killed_is_never_driven(crash_at, alias):
     source = f"rows-fork-{alias}"
     assert drive(source, DA_DATABASE=alias)[1]["status"] == "finished"
-    code, _ = child(
+    code, _ = run_json(
         "tests.support.holes_child",
         "fork",
         source,

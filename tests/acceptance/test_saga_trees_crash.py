@@ -7,10 +7,6 @@ person and the undo is never run again. Effects and undos are counted outside th
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 import durable_agents as da
@@ -20,7 +16,7 @@ from durable_agents.storage import DjangoStore
 from tests.simulation.invariants import saga_violations
 from tests.support.agents import count_effects
 from tests.support.people import make_user
-from tests.support.procs import ROOT, subprocess_env
+from tests.support.procs import run_json
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -32,18 +28,7 @@ CHILD_UNDONE = {"compensate:call_2_1": 1, "compensate:call_1_1": 1}
 
 
 def drive(run_id: str, **env: str) -> tuple[int, dict | None]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.support.drive", "saga-tree", run_id, "go"],
-        cwd=ROOT,
-        env=subprocess_env(DA_LEASE_TTL="1", **env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if proc.returncode == -9:
-        return -9, None
-    assert proc.returncode == 0, proc.stderr
-    return 0, json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_json("tests.support.drive", "saga-tree", run_id, "go", **env)
 
 
 def names(run_id: str) -> list[str]:

@@ -36,7 +36,7 @@ from durable_agents.models import Halt, Run
 from durable_agents.recovery import recover
 from durable_agents.storage import DjangoStore
 from tests.support.agents import count_effects, effects_connection
-from tests.support.procs import ROOT, subprocess_env
+from tests.support.procs import ROOT, run_json, subprocess_env
 
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "sqlite"]),
@@ -44,24 +44,8 @@ pytestmark = [
 ]
 
 
-def child(module: str, *args: str, **env: str) -> tuple[int, dict | None]:
-    """Run ``python -m <module> <args>`` with a short lease; (-9, None) if it was killed."""
-    proc = subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        env=subprocess_env(DA_LEASE_TTL="1", **env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if proc.returncode == -9:
-        return -9, None
-    assert proc.returncode == 0, proc.stderr
-    return 0, json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def drive(run_id: str, agent: str = "hole-charge", **env: str) -> tuple[int, dict | None]:
-    return child("tests.support.drive", agent, run_id, "go", **env)
+    return run_json("tests.support.drive", agent, run_id, "go", **env)
 
 
 def names(run_id: str, using: str = "default") -> list[str]:
@@ -201,7 +185,7 @@ def _settings() -> dict:
 
 @pytest.mark.timeout(60)
 def test_a_crash_while_a_session_journal_is_created_never_drives_it():
-    code, _ = child(
+    code, _ = run_json(
         "tests.support.holes_child",
         "send_once",
         "hole-charge",
@@ -235,7 +219,7 @@ def test_a_crash_while_a_session_journal_is_created_never_drives_it():
 )
 def test_a_crash_between_a_record_and_its_run_row_leaves_them_in_step(alias, prepared):
     run_id = f"hole7-{alias}"
-    code, _ = child(
+    code, _ = run_json(
         "tests.support.drive",
         "echo",
         run_id,
@@ -267,13 +251,13 @@ def test_a_crash_between_a_record_and_its_run_row_leaves_them_in_step(alias, pre
 @pytest.mark.timeout(60)
 def test_a_journal_step_that_crashed_mid_effect_is_not_run_again():
     args = ("tests.support.holes_child", "step", "default", "hole13", "charge")
-    assert child(*args, DA_CRASH_INSIDE="step:charge")[0] == -9
-    _, out = child(*args)
+    assert run_json(*args, DA_CRASH_INSIDE="step:charge")[0] == -9
+    _, out = run_json(*args)
     assert out == {"status": "halted", "op": "step:charge"}, out
     assert count_effects("hole13") == {"step:charge": 1}
     # A person records what happened; the step returns it from then on.
     da.resolve_halt("hole13", "step:charge", {"charged": True}, by="ann")
-    assert child(*args)[1] == {"status": "ok", "value": {"charged": True}}
+    assert run_json(*args)[1] == {"status": "ok", "value": {"charged": True}}
     assert count_effects("hole13") == {"step:charge": 1}
     assert Run.objects.get(run_id="hole13").kind == "journal"
 

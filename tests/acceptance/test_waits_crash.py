@@ -6,8 +6,6 @@ result. Each time a fresh process goes on; side effects are counted outside the 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -16,36 +14,23 @@ from durable_agents.models import ActionLog, Run
 from durable_agents.storage import site_store
 from tests.support.agents import count_effects
 from tests.support.people import make_user
-from tests.support.procs import ROOT, subprocess_env
+from tests.support.procs import run_module
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 ASK, SHIP = "call_1_1", "call_2_1"
 
 
-def child(*args: str, **env: str) -> tuple[int, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", *args],
-        cwd=ROOT,
-        env=subprocess_env(DA_LEASE_TTL="1", **env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if proc.returncode == -9:
-        return -9, ""
-    assert proc.returncode == 0, proc.stderr
-    return 0, proc.stdout.strip().splitlines()[-1]
-
-
 def drive(run_id: str, text: str | None = None, **env: str) -> tuple[int, dict | None]:
     args = ["tests.support.drive", "waiting", run_id] + ([text] if text else [])
-    code, out = child(*args, **env)
+    code, out = run_module(*args, **env)
     return code, json.loads(out) if out else None
 
 
 def answer(run_id: str, value: str, by: str, **env: str) -> tuple[int, dict | None]:
-    code, out = child("tests.support.answer", run_id, "warehouse", json.dumps(value), by, **env)
+    code, out = run_module(
+        "tests.support.answer", run_id, "warehouse", json.dumps(value), by, **env
+    )
     return code, json.loads(out) if out else None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -82,3 +83,27 @@ def drive_in_child(
         timeout=60,
     )
     return proc.returncode, proc.stdout
+
+
+def run_module(module: str, *args: str, **env: str) -> tuple[int, str]:
+    """Run ``python -m <module> <args>`` on the test databases with a 1 s lease (so the next
+    driver takes over a killed one quickly): ``(-9, "")`` if it was SIGKILLed at a failpoint,
+    else ``(0, its last line of output)``; any other exit fails the test with its stderr."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=subprocess_env(DA_LEASE_TTL="1", **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode == -9:
+        return -9, ""
+    assert proc.returncode == 0, proc.stderr
+    return 0, proc.stdout.strip().splitlines()[-1]
+
+
+def run_json(module: str, *args: str, **env: str) -> tuple[int, Any]:
+    """``run_module`` whose last line is JSON: ``(-9, None)`` if it was killed."""
+    code, out = run_module(module, *args, **env)
+    return code, json.loads(out) if out else None
