@@ -47,11 +47,17 @@ def channel(run_id: str) -> str:
     return "da_run_" + hashlib.md5(run_id.encode()).hexdigest()
 
 
+APPLICATION_NAME = "durable_agents.events"
+
+
 def listen_connection(using: str) -> psycopg.Connection[Any]:
-    """A new autocommit connection to the database ``using`` names, with its settings."""
+    """A new autocommit connection to the database ``using`` names, with its settings;
+    ``pg_stat_activity`` shows it as ``durable_agents.events`` unless the settings name the
+    application."""
     params = dict(connections[using].get_connection_params())
     params.pop("cursor_factory", None)
     params.pop("prepare_threshold", None)
+    params.setdefault("application_name", APPLICATION_NAME)
     return psycopg.connect(**params, autocommit=True)
 
 
