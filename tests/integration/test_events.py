@@ -6,6 +6,7 @@ the run pauses or ends."""
 from __future__ import annotations
 
 import queue
+import signal
 import threading
 import time
 from datetime import timedelta
@@ -13,6 +14,7 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth.models import User
 from django.db import connections
+from django.db.models.functions import Now
 from django.utils import timezone
 
 import durable_agents as da
@@ -20,9 +22,10 @@ from durable_agents.engine.errors import NotFound
 from durable_agents.engine.ports import FINISHED, QUEUED, RUNNING, RunInfo
 from durable_agents.engine.records import Record
 from durable_agents.events import channel, events, listen_connection, ticks_of
-from durable_agents.followers import Registration
+from durable_agents.followers import MIN_TTL, Registration
 from durable_agents.models import Follower, JournalEntry, Run
 from durable_agents.storage import DjangoStore
+from tests.support import procs
 from tests.support.agents import echo, gated
 
 pytestmark = [pytest.mark.django_db(transaction=True, databases="__all__"), pytest.mark.timeout(60)]
@@ -211,6 +214,36 @@ def test_a_lapsed_registration_registers_again_and_reads_again():
         assert Follower.objects.filter(pk=follower.id).exists()
         follower.stop()
     assert not Follower.objects.exists()
+
+
+def test_a_killed_followers_registration_expires_and_its_run_stops_notifying():
+    """SIGKILL of a following process: nothing deletes its row, so its run notifies until the
+    row expires (at least ``MIN_TTL`` seconds), then no more; the next registration sweeps it."""
+    store = DjangoStore()
+    store.create_run(RunInfo(run_id="ev-11", agent="echo", status=RUNNING))
+    child = procs.start(["tests.support.follow_child", "ev-11", "1"])  # lasts MIN_TTL
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == RUNNING  # registered, read, waiting
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    finally:
+        child.kill()
+        child.communicate(timeout=10)
+    (row,) = Follower.objects.filter(run_id="ev-11")
+    with listen_connection("default") as conn:
+        conn.execute(f'LISTEN "{channel("ev-11")}"')
+        entry, _ = store.insert("ev-11", "step:a", "{}")
+        assert [n.payload for n in conn.notifies(timeout=5, stop_after=1)] == [f"{entry.seq} ev-11"]
+        deadline = time.monotonic() + MIN_TTL + 10
+        while Follower.objects.filter(pk=row.pk, expires_at__gt=Now()).exists():
+            assert time.monotonic() < deadline, "the registration never expired"
+            time.sleep(0.1)
+        store.insert("ev-11", "step:b", "{}")
+        store.update_run("ev-11", {"status": FINISHED})
+        assert [n.payload for n in conn.notifies(timeout=0.5)] == []
+    assert [r.name for r in events("ev-11")] == ["step:a", "step:b"]
+    assert not Follower.objects.exists()  # swept by that registration, then its own deleted
 
 
 def _blocked_on_a_lock() -> bool:
