@@ -41,6 +41,9 @@ JOURNAL_LOCK = 1684107620
 MAX_REFRESH = 30.0
 TTL_INTERVALS = 3
 MIN_TTL = 10.0
+# The longest a new follower waits for one writer of the run (``settle``): the follower
+# connection's ``lock_timeout``.
+SETTLE_TIMEOUT = 5.0
 
 
 class Registration:
@@ -57,6 +60,9 @@ class Registration:
     def start(self) -> None:
         """Register (sweeping expired rows), then wait for the writers that probed before
         the registration committed (``settle``). Call after ``LISTEN``, before reading."""
+        self.conn.execute(
+            "SELECT set_config('lock_timeout', %s, false)", [f"{int(SETTLE_TIMEOUT * 1000)}ms"]
+        )
         row = self.conn.execute(
             f"WITH swept AS (DELETE FROM {_F} WHERE expires_at <= now()) "
             f"INSERT INTO {_F} (run_id, expires_at) "
@@ -71,11 +77,15 @@ class Registration:
     def settle(self) -> None:
         """Wait for the run's writers that hold its journal lock or its row: they may have
         probed before the registration committed (each statement autocommits, so the locks
-        are let go at once)."""
-        self.conn.execute(
-            "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [JOURNAL_LOCK, self.run_id]
-        )
-        self.conn.execute(f"SELECT 1 FROM {_R} WHERE run_id = %s FOR SHARE", [self.run_id])
+        are let go at once). At most ``SETTLE_TIMEOUT`` seconds each: a writer that holds
+        them longer — or one in this very thread, whose transaction is open while it follows
+        — is not waited for; what it commits is read at the next keep-alive."""
+        for statement, params in (
+            ("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [JOURNAL_LOCK, self.run_id]),
+            (f"SELECT 1 FROM {_R} WHERE run_id = %s FOR SHARE", [self.run_id]),
+        ):
+            with contextlib.suppress(psycopg.errors.LockNotAvailable):
+                self.conn.execute(statement, params)
 
     def renew(self) -> bool:
         """Refresh the expiry when due. True when the registration had lapsed (expired by

@@ -22,7 +22,7 @@ from durable_agents.engine.errors import NotFound
 from durable_agents.engine.ports import FINISHED, QUEUED, RUNNING, RunInfo
 from durable_agents.engine.records import Record
 from durable_agents.events import channel, events, listen_connection, ticks_of
-from durable_agents.followers import MIN_TTL, Registration
+from durable_agents.followers import MIN_TTL, SETTLE_TIMEOUT, Registration
 from durable_agents.models import Follower, JournalEntry, Run
 from durable_agents.storage import DjangoStore
 from tests.support import procs
@@ -244,6 +244,31 @@ def test_a_killed_followers_registration_expires_and_its_run_stops_notifying():
         assert [n.payload for n in conn.notifies(timeout=0.5)] == []
     assert [r.name for r in events("ev-11")] == ["step:a", "step:b"]
     assert not Follower.objects.exists()  # swept by that registration, then its own deleted
+
+
+def test_a_follower_waits_boundedly_for_a_writer_in_its_own_thread():
+    """Following a run while this very thread's open transaction writes it: the follower
+    must not wait for that transaction forever (it never commits while the thread waits).
+    It waits ``SETTLE_TIMEOUT``, goes on, and reads the record at its next keep-alive."""
+    store = DjangoStore()
+    store.create_run(RunInfo(run_id="ev-12", agent="echo", status=RUNNING))
+    with listen_connection("default") as writer:
+        writer.autocommit = False
+        writer.execute(
+            f"INSERT INTO {JournalEntry._meta.db_table} (run_id, name, data) "
+            "VALUES ('ev-12', 'step:mine', '{}')"
+        )
+        started = time.monotonic()
+        stream = ticks_of("ev-12", store=store, idle=0.5)
+        assert next(stream) == RUNNING  # the record is not committed yet
+        assert SETTLE_TIMEOUT <= time.monotonic() - started < SETTLE_TIMEOUT + 5
+        writer.commit()
+    item = next(stream)
+    if item is None:  # the keep-alive tick may come first
+        item = next(stream)
+    assert isinstance(item, Record) and item.name == "step:mine"
+    stream.close()
+    assert not Follower.objects.exists()
 
 
 def _blocked_on_a_lock() -> bool:
