@@ -1,9 +1,10 @@
 """Live events: commit-to-client latency, and what the journal's trigger costs a write.
 
 On the local PostgreSQL, in one run:
-  (1) the journal insert with its trigger (migration 0009: it chains the record and notifies
-      the run's listeners) disabled and enabled, each interleaved with a raw psycopg
-      autocommit INSERT of the same row (the ratio the other benches print);
+  (1) the journal insert with its trigger (migrations 0009, 0010: it chains the record and
+      notifies the run's followers; nobody follows this run) disabled and enabled, each
+      interleaved with a raw psycopg autocommit INSERT of the same row (the ratio the other
+      benches print);
   (2) latency from the start of a fenced journal insert (its commit included) until the
       record reaches a client: the Python iterator (``durable_agents.events.events``) and
       the SSE stream (``GET /api/agents/runs/{id}/events`` over HTTP to a threaded WSGI
@@ -171,7 +172,7 @@ def main() -> None:
     print(f"steps per series            {args.steps} (interleaved), record {len(data)} bytes")
     print(f"raw INSERT                  {raw_off:8.1f} / {raw_on:8.1f} us median (off / on)")
     print(f"journal insert, no trigger  {off:8.1f} us median  ({off / raw_off:.2f}x raw)")
-    print(f"journal insert, chain+notify {on:7.1f} us median  ({on / raw_on:.2f}x raw)")
+    print(f"journal insert, chain+probe {on:8.1f} us median  ({on / raw_on:.2f}x raw)")
     print(f"records followed            {args.records}, {args.gap:g} ms apart")
     print(f"Python iterator latency     p50 {py50:8.1f} us  p99 {py99:8.1f} us")
     print(f"SSE over HTTP latency       p50 {sse50:8.1f} us  p99 {sse99:8.1f} us")

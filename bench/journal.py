@@ -6,7 +6,8 @@ Per step, interleaved in one run on the local PostgreSQL:
   (b) DjangoStore fenced insert-if-absent (the journal's hot path);
   (c) a memo hit: Journal.do on a recorded step (one read, fn not called);
   (d) the fenced insert of (b) with the audit chain's trigger disabled (docs/audit.md): the
-      same statement, sending the run's notification itself as the trigger does for (b).
+      same statement, probing for followers and notifying a followed run itself as the
+      trigger does for (b) (nobody follows the bench's run).
 (b) and (d) alternate in blocks of 20 steps (the trigger is switched with ALTER TABLE
 between blocks, and the first step after a switch is not timed). Prints medians, the ratio
 (b)/(a) and the chain's overhead (b)/(d) - 1; the last lines are the results. Targets:
@@ -63,14 +64,16 @@ def main() -> None:
     def fenced_insert(i: int) -> None:
         store.insert(run_id, f"step:{i}", data, fence=token)
 
-    # (d)'s statement: DjangoStore's fenced insert, notifying in its RETURNING clause (the
-    # trigger that is off for (d) both chains and notifies).
+    # (d)'s statement: DjangoStore's fenced insert, notifying a followed run in its
+    # RETURNING clause (the trigger that is off for (d) both chains and notifies).
     unchained_sql = (
         f"INSERT INTO {JournalEntry._meta.db_table} (run_id, name, data, created_at) "
         "SELECT %s, %s, %s, now() WHERE EXISTS (SELECT 1 FROM durable_agents_lease "
         "WHERE run_id = %s AND token = %s AND expires_at > now() FOR SHARE) "
         "ON CONFLICT (run_id, name) DO NOTHING "
-        "RETURNING seq, created_at, pg_notify('da_run_' || md5(run_id), seq || ' ' || run_id)"
+        "RETURNING seq, created_at, CASE WHEN EXISTS (SELECT 1 FROM durable_agents_follower f "
+        f"WHERE f.run_id = {JournalEntry._meta.db_table}.run_id AND f.expires_at > now()) "
+        "THEN pg_notify('da_run_' || md5(run_id), seq || ' ' || run_id) END"
     )
 
     def unchained_insert(i: int) -> None:

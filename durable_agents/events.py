@@ -1,12 +1,13 @@
 """A run's journal records as they are committed: ``events(run_id, after=0)``.
 
 On PostgreSQL every journal insert and every change of a run's status notifies the run's
-channel (triggers installed by migration 0006); a follower ``LISTEN``s on a dedicated
-autocommit connection of its own, *then* reads the backlog, then reads again whenever a
-notification arrives, so no record committed in between is missed and none is repeated (each
-read starts after the last ``seq`` seen). The dedicated connection is closed when the
-iterator ends or is closed. On SQLite (or any other database) it polls every
-``POLL_SECONDS``.
+channel while someone follows the run (triggers of migrations 0006, 0009 and 0010); a
+follower ``LISTEN``s on a dedicated autocommit connection of its own, registers itself
+(``durable_agents.followers``: only followed runs notify), *then* reads the backlog, then
+reads again whenever a notification arrives, so no record committed in between is missed and
+none is repeated (each read starts after the last ``seq`` seen). Its registration is deleted
+and the dedicated connection closed when the iterator ends or is closed. On SQLite (or any
+other database) it polls every ``POLL_SECONDS``.
 
 It ends when the run ends or pauses (see ``engine.follow``). ``agent.events(run_id)`` is
 the same iterator.
@@ -32,6 +33,7 @@ from .engine.errors import NotFound
 from .engine.follow import POLL_SECONDS, Wait, pauses_or_ends, polling, ticks
 from .engine.ports import Entry, RunInfo
 from .engine.records import Record
+from .followers import Registration
 from .models import JournalEntry, Run
 from .storage import DjangoStore, site_store
 
@@ -45,11 +47,17 @@ def channel(run_id: str) -> str:
     return "da_run_" + hashlib.md5(run_id.encode()).hexdigest()
 
 
+APPLICATION_NAME = "durable_agents.events"
+
+
 def listen_connection(using: str) -> psycopg.Connection[Any]:
-    """A new autocommit connection to the database ``using`` names, with its settings."""
+    """A new autocommit connection to the database ``using`` names, with its settings;
+    ``pg_stat_activity`` shows it as ``durable_agents.events`` unless the settings name the
+    application."""
     params = dict(connections[using].get_connection_params())
     params.pop("cursor_factory", None)
     params.pop("prepare_threshold", None)
+    params.setdefault("application_name", APPLICATION_NAME)
     return psycopg.connect(**params, autocommit=True)
 
 
@@ -107,10 +115,14 @@ def ticks_of(
         yield from ticks(store, run_id, after, wait=polling(poll), idle=idle, stop=stop)
         return
     conn = listen_connection(store.using)
+    follower = Registration(conn, run_id, every=idle)
     try:
         conn.execute(f'LISTEN "{channel(run_id)}"')
-        yield from ticks(_Reader(conn), run_id, after, wait=_notified(conn), idle=idle, stop=stop)
+        follower.start()  # the run notifies from now on; before the first read
+        wait = follower.waiting(_notified(conn))
+        yield from ticks(_Reader(conn), run_id, after, wait=wait, idle=idle, stop=stop)
     finally:
+        follower.stop()
         conn.close()
 
 

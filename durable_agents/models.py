@@ -138,6 +138,28 @@ class Lease(models.Model):
         return f"{self.run_id} held by {self.holder}"
 
 
+class Follower(models.Model):
+    """Someone following a run live (``durable_agents.events``), until ``expires_at`` by the
+    database clock. Only a run with an unexpired follower notifies on its writes: a
+    notifying transaction serialises its commit with every other one on the server
+    (docs/events.md). Written by the follower alone: registered before it first reads,
+    refreshed while it follows, deleted when it stops; a crashed follower's row expires."""
+
+    run_id = models.CharField(max_length=RUN_ID_LENGTH)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            # The triggers' probe: one lookup per journal insert or status change.
+            models.Index(fields=["run_id"], name="da_follower_run"),
+            # Registering sweeps the expired rows of crashed followers.
+            models.Index(fields=["expires_at"], name="da_follower_expiry"),
+        ]
+
+    def __str__(self) -> str:
+        return f"follower of {self.run_id}"
+
+
 class Halt(models.Model):
     """A run stopped on an operation whose outcome is unknown (a crash mid-effect, or a
     contended claim). Staff record what really happened; the run then continues."""

@@ -14,7 +14,8 @@ from django.test.utils import override_settings
 
 from durable_agents.api.auth import issue_api_key
 from durable_agents.engine.ports import FINISHED, RUNNING, RunInfo
-from durable_agents.events import frames
+from durable_agents.events import APPLICATION_NAME, frames
+from durable_agents.models import Follower
 from durable_agents.storage import DjangoStore
 from tests.support.agents import echo
 from tests.support.api import API, Caller, error, staff_with
@@ -117,7 +118,8 @@ def listeners() -> int:
     with connections["default"].cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND query LIKE 'LISTEN \"da_run_%%'"
+            "WHERE datname = current_database() AND application_name = %s",
+            [APPLICATION_NAME],
         )
         return int(cursor.fetchone()[0])
 
@@ -145,6 +147,8 @@ def test_a_live_stream_over_http_reconnects_with_last_event_id_losing_and_repeat
     assert (first.status, first.content_type) == (200, "text/event-stream")
     store.insert("sse-live", "step:3", '{"kind":"step"}')
     wait_until(lambda: len(records(first.events)) == 4)  # live, no reload
+    assert listeners() == 1  # the stream's own connection, registered as the run's follower
+    assert list(Follower.objects.values_list("run_id", flat=True)) == ["sse-live"]
     first.drop()
     first.join(10)
     assert not first.is_alive()
@@ -164,3 +168,4 @@ def test_a_live_stream_over_http_reconnects_with_last_event_id_losing_and_repeat
     # The server noticed the dropped client at its next keep-alive and let go of its
     # connection; the finished stream closed its own.
     wait_until(lambda: listeners() == 0)
+    assert not Follower.objects.exists()  # each stream deleted its registration
