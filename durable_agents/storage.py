@@ -211,6 +211,11 @@ class DjangoStore:
             return None
         return liveness.for_database(self.connection.get_connection_params())
 
+    def _hold(self, live: Liveness, token: str, *, check: bool = False) -> bool:
+        # Its errors as Django's, like every other database error the store raises.
+        with self.connection.wrap_database_errors:
+            return live.hold(token, check=check)
+
     def _let_go(self, token: str | None) -> None:
         live = self._liveness()
         if live is not None and token is not None:
@@ -499,7 +504,7 @@ class DjangoStore:
             params += [i, name, data]
         # The liveness lock first: the lease is never live without it.
         live = self._liveness()
-        taken = live is not None and live.hold(token)
+        taken = live is not None and self._hold(live, token)
         try:
             found = self._execute(sql, params, "all")
         except BaseException:
@@ -639,7 +644,7 @@ class DjangoStore:
             # The liveness lock first, so the lease is never live without it; let go again
             # if the lease is not granted.
             live = self._liveness()
-            taken = live is not None and not live.holds(token) and live.hold(token)
+            taken = live is not None and not live.holds(token) and self._hold(live, token)
             try:
                 # One statement: the lease it replaces is read from the statement's
                 # snapshot — only when the upsert did replace a row (``xmax = 0``: it
@@ -685,7 +690,7 @@ class DjangoStore:
             # The liveness connection may have dropped (a server-side timeout, a restart):
             # take the lock again before renewing, so the renewal vouches for both; a lease
             # someone took meanwhile is refused below and the driver stops at its next write.
-            live.hold(token, check=True)
+            self._hold(live, token, check=True)
         row = self._fetchone(
             f"UPDATE {_L} SET expires_at = {d.later()}, renewed_at = {d.now} "
             f"WHERE run_id = %s AND token = %s AND expires_at > {d.now} RETURNING token",

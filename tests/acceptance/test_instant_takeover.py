@@ -158,7 +158,10 @@ def test_a_driver_whose_django_connection_closed_inside_a_tool_keeps_its_run(tmp
         if driver.poll() is None:
             driver.kill()
             driver.communicate()
-    assert json.loads(out.strip().splitlines()[-1]) == {"status": "finished", "answer": "charged"}
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        "status": "finished",
+        "answer": "charged",
+    }, err
     assert count_effects(run_id) == {"call_1_1": 1}
     assert _takeovers(run_id) == []
     assert store.list_halts(run_id=run_id, status=None) == []
