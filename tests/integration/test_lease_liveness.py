@@ -71,16 +71,17 @@ def _wait(predicate, what: str, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def _terminate_liveness_connections() -> int:
-    """End the liveness connections to this database (a server-side idle timeout, a pooler
-    or an operator dropping them); this process's own first closed, if it has one."""
+def _terminate_liveness_connection(holder: _Holder) -> None:
+    """End the holder's liveness connection (a server-side idle timeout, a pooler or an
+    operator dropping it) while its process lives."""
+    backend = int(holder.say("backend"))
     with connections["default"].cursor() as cursor:
         cursor.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND application_name = %s",
-            [liveness.APPLICATION_NAME],
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE pid = %s AND application_name = %s",
+            [backend, liveness.APPLICATION_NAME],
         )
-        return cursor.fetchone()[0]
+        assert cursor.fetchone() == (True,)
 
 
 def test_a_lease_whose_holder_process_died_is_taken_at_once():
@@ -111,8 +112,7 @@ def test_the_liveness_connection_dropped_is_replaced_and_its_lock_taken_again():
     store = DjangoStore()
     store.create_run(RunInfo("live-12", agent="echo", status="running"))
     with _Holder("live-12", "tok-holder") as holder:
-        liveness.close_idle()  # this process holds no lock: only the holder's is ended
-        assert _terminate_liveness_connections() == 1
+        _terminate_liveness_connection(holder)
         _wait(lambda: not _lock_held("tok-holder"), "the server to let the lock go")
         assert holder.say("renew") == "True"
         assert _lock_held("tok-holder"), "the renewal took the lock again"
@@ -125,8 +125,7 @@ def test_a_holder_whose_liveness_connection_dropped_and_lost_its_run_is_told_at_
     store = DjangoStore()
     store.create_run(RunInfo("live-13", agent="echo", status="running"))
     with _Holder("live-13", "tok-holder") as holder:
-        liveness.close_idle()
-        assert _terminate_liveness_connections() == 1
+        _terminate_liveness_connection(holder)
         _wait(lambda: not _lock_held("tok-holder"), "the server to let the lock go")
         granted = store.acquire_lease("live-13", "taker", "tok-taker", 30)
         assert granted and granted.previous is not None and granted.previous.live

@@ -5,7 +5,8 @@
 Leases the run, prints "leased", then obeys one command a line on stdin, answering each:
 ``close`` closes this process's Django connections (a library calling
 ``close_old_connections()``; prints "closed"), ``renew`` renews the lease (prints "True" or
-"False") and ``locks`` prints whether this process still holds the token's liveness lock.
+"False"), ``locks`` prints whether this process still holds the token's liveness lock and
+``backend`` the server pid of its liveness connection.
 """
 
 import sys
@@ -34,6 +35,9 @@ def main() -> None:
         elif command == "locks":
             live = store._liveness()
             print(live is not None and live.holds(token), flush=True)
+        elif command == "backend":
+            conn = store._liveness()._conn  # type: ignore[union-attr]
+            print(conn.info.backend_pid if conn is not None else None, flush=True)
 
 
 if __name__ == "__main__":
