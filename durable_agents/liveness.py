@@ -14,7 +14,9 @@ timeout, a restart), the next renewal reconnects and takes the locks again befor
 the lease; a lease someone took meanwhile is then refused by the renewal, as before.
 
 The lock is taken *before* the lease is granted and let go *after* the lease is deleted, so a
-lease is never live without its lock while its driver is alive.
+lease is never live without its lock while its driver is alive. Taking it costs one round
+trip on acquire; letting it go costs none of its own: the unlock rides on the process's next
+lock or renewal (a lock keyed by a deleted lease's token vouches for nothing).
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ import psycopg
 # A lock per lease token; the key is the token's md5, first 64 bits (the probe in
 # storage.py reads it back from pg_locks).
 _LOCK_KEY = "('x' || substr(md5({}), 1, 16))::bit(64)::bigint"
+_UNLOCK_SPENT = (
+    f"(SELECT count(pg_advisory_unlock({_LOCK_KEY.format('t')})) FROM unnest(%s::text[]) AS s(t))"
+)
+_SPENT_MAX = 32
 APPLICATION_NAME = "durable_agents liveness"
 # Settings psycopg.connect does not take, or that this connection must not inherit.
 _NOT_FOR_US = ("cursor_factory", "context", "prepare_threshold", "pool", "server_side_binding")
@@ -41,6 +47,10 @@ class Liveness:
         self._params = params
         self._conn: psycopg.Connection[Any] | None = None
         self._tokens: set[str] = set()
+        # Tokens let go whose server-side lock is still to be unlocked: with the next
+        # statement on the connection (a lock or a renewal), not in a round trip of its own.
+        # A lock keyed by a deleted lease's token vouches for nothing: nobody probes it.
+        self._spent: list[str] = []
         self._lock = threading.Lock()
 
     def hold(self, token: str, *, check: bool = False) -> bool:
@@ -58,13 +68,19 @@ class Liveness:
         conn = self._connected(check=check)
         if token in self._tokens:
             return True
+        if token in self._spent:  # let go, but still locked on the server: keep it
+            self._spent.remove(token)
+            self._tokens.add(token)
+            return True
         if not self._try(conn, token):
             return False
         self._tokens.add(token)
         return True
 
     def let_go(self, token: str) -> None:
-        """Let ``token``'s lock go (nothing if this process does not hold it)."""
+        """Let ``token``'s lock go (nothing if this process does not hold it). Call it after
+        the lease is deleted, or known lost: the server-side unlock rides on the next
+        statement (``_SPENT_MAX`` at most wait)."""
         with self._lock:
             if token not in self._tokens:
                 return
@@ -72,16 +88,23 @@ class Liveness:
             conn = self._conn
             if conn is None or conn.closed:
                 return  # the server let it go with the connection
-            try:
-                conn.execute(f"SELECT pg_advisory_unlock({_LOCK_KEY.format('%s')})", [token])
-            except psycopg.Error:
-                # The connection broke: its locks are gone; the others are taken again on
-                # the next renewal.
-                self._drop()
+            self._spent.append(token)
+            if len(self._spent) >= _SPENT_MAX:
+                try:
+                    self._unlock_spent(conn)
+                except psycopg.Error:
+                    # The connection broke: its locks are gone; the others are taken again
+                    # on the next renewal.
+                    self._drop()
 
     def holds(self, token: str) -> bool:
         with self._lock:
             return token in self._tokens
+
+    def held(self) -> int:
+        """How many leases' locks this process holds on this database."""
+        with self._lock:
+            return len(self._tokens)
 
     def close_if_idle(self) -> bool:
         """Close the connection if it holds no lock (a test database about to be dropped)."""
@@ -96,16 +119,21 @@ class Liveness:
             self._tokens = set()
             self._drop()
 
+    def _unlock_spent(self, conn: psycopg.Connection[Any]) -> None:
+        conn.execute(f"SELECT {_UNLOCK_SPENT}", [self._spent])
+        self._spent = []
+
     def _connected(self, *, check: bool) -> psycopg.Connection[Any]:
         conn = self._conn
         if conn is not None and not conn.closed and check:
             try:
-                conn.execute("SELECT 1")
+                self._unlock_spent(conn)  # one statement: does it still answer?
             except psycopg.Error:
                 self._drop()
                 conn = None
         if conn is None or conn.closed:
             conn = self._conn = psycopg.connect(**self._params, autocommit=True)
+            self._spent = []
             # The locks the old connection held went with it: take them again. The caller
             # then checks the leases (a renewal), which refuses any taken meanwhile.
             for token in list(self._tokens):
@@ -113,15 +141,17 @@ class Liveness:
                     self._tokens.discard(token)
         return conn
 
-    @staticmethod
-    def _try(conn: psycopg.Connection[Any], token: str) -> bool:
+    def _try(self, conn: psycopg.Connection[Any], token: str) -> bool:
         row = conn.execute(
-            f"SELECT pg_try_advisory_lock({_LOCK_KEY.format('%s')})", [token]
+            f"SELECT pg_try_advisory_lock({_LOCK_KEY.format('%s')}), {_UNLOCK_SPENT}",
+            [token, self._spent],
         ).fetchone()
+        self._spent = []
         return bool(row and row[0])
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
+        self._spent = []  # their locks go with the connection
         if conn is not None:
             try:
                 conn.close()
@@ -135,6 +165,7 @@ class Liveness:
             _INHERITED.append(self._conn)
         self._conn = None
         self._tokens = set()
+        self._spent = []
         self._lock = threading.Lock()
 
 

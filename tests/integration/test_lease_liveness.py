@@ -131,7 +131,6 @@ def test_a_holder_whose_liveness_connection_dropped_and_lost_its_run_is_told_at_
         assert granted and granted.previous is not None and granted.previous.live
         assert holder.say("renew") == "False", "the holder learns its run was taken"
         assert holder.say("locks") == "False", "and keeps no lock for a lease it lost"
-        assert not _lock_held("tok-holder")
         store.release_lease("live-13", "tok-taker")
 
 
@@ -166,20 +165,42 @@ def _my_advisory_locks() -> int:
 
 
 def test_a_driver_lets_its_liveness_locks_go_with_its_leases():
+    """Held while leased; let go with the lease — on the server with the process's next
+    statement on its liveness connection, so they never pile up."""
     from durable_agents.engine.commands.runs import resume
     from tests.support.agents import echo, gated
 
-    before = _my_advisory_locks()
+    store = DjangoStore()
     echo.run("live-4", "where is order 7?")  # started and finished in one write each
-    assert _my_advisory_locks() == before
+    assert store._liveness().held() == 0
     with pytest.raises(da.ApprovalPending):  # paused: its lease released
         gated.run("live-5", "refund order 7")
-    assert _my_advisory_locks() == before
-    store = DjangoStore()
+    assert store._liveness().held() == 0
     store.create_run(RunInfo("live-6", agent=echo.name, input="where is order 7?"))
     resume("live-6")  # leased by acquire_lease, finished by finish_run
     assert store.get_run("live-6").status == "finished"
-    assert _my_advisory_locks() == before
+    assert store._liveness().held() == 0
+    assert store.acquire_lease("live-6", "me", "tok-last", 30)
+    assert _my_advisory_locks() == 1, "the runs' locks went with the next one taken"
+    store.release_lease("live-6", "tok-last")
+    assert store._liveness().held() == 0
+
+
+def test_a_renewal_racing_the_last_write_leaves_no_lock_behind():
+    """The heartbeat may renew a lease the driver's last write just deleted: the renewal
+    takes the token's lock again before it learns the lease is gone, then lets it go."""
+    store = DjangoStore()
+    live = store._liveness()
+    store.create_run(RunInfo("live-14", agent="echo", status="running"))
+    assert store.acquire_lease("live-14", "me", "tok-again", 30)
+    store.release_lease("live-14", "tok-again")
+    assert not store.renew_lease("live-14", "tok-again", 30), "released: not renewed"
+    assert not live.holds("tok-again")
+    assert store.acquire_lease("live-14", "me", "tok-next", 30)
+    assert not _lock_held("tok-again"), "unlocked on the server with the next lock taken"
+    assert _lock_held("tok-next")
+    store.release_lease("live-14", "tok-next")
+    assert not live.holds("tok-next")
 
 
 def _free(store: DjangoStore, run_id: str) -> bool:
