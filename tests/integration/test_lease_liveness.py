@@ -171,19 +171,22 @@ def test_a_driver_lets_its_liveness_locks_go_with_its_leases():
     from tests.support.agents import echo, gated
 
     store = DjangoStore()
+    live = store._liveness()
+    before = live.held()  # leases other tests of this process took and left
     echo.run("live-4", "where is order 7?")  # started and finished in one write each
-    assert store._liveness().held() == 0
+    assert live.held() == before
     with pytest.raises(da.ApprovalPending):  # paused: its lease released
         gated.run("live-5", "refund order 7")
-    assert store._liveness().held() == 0
+    assert live.held() == before
     store.create_run(RunInfo("live-6", agent=echo.name, input="where is order 7?"))
     resume("live-6")  # leased by acquire_lease, finished by finish_run
     assert store.get_run("live-6").status == "finished"
-    assert store._liveness().held() == 0
+    assert live.held() == before
     assert store.acquire_lease("live-6", "me", "tok-last", 30)
-    assert _my_advisory_locks() == 1, "the runs' locks went with the next one taken"
+    assert live.held() == before + 1
+    assert _my_advisory_locks() == before + 1, "the runs' locks went with the next one taken"
     store.release_lease("live-6", "tok-last")
-    assert store._liveness().held() == 0
+    assert live.held() == before
 
 
 def test_a_renewal_racing_the_last_write_leaves_no_lock_behind():
@@ -251,3 +254,31 @@ def test_recovery_hands_a_dead_holders_run_over_once_per_interval():
         assert "live-10" not in recover(interval=60), "sent again within the interval"
     assert sent.count("live-10") == 1
     assert store.get_run("live-10").attempts == 1, "the death counted once"
+
+
+def test_a_forked_child_leaves_its_parents_liveness_connection_alone():
+    """A Celery prefork child starts with its parent's memory: closing what it inherited
+    would end the parent's session and free its runs. The child opens its own instead."""
+    import gc
+    import os
+
+    store = DjangoStore()
+    store.create_run(RunInfo("live-15", agent="echo", status="running"))
+    assert store.acquire_lease("live-15", "parent", "tok-parent", 30)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: what it does at exit, then more
+            code = 1
+            try:
+                liveness.close_all()
+                gc.collect()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert _lock_held("tok-parent"), "the parent's lock outlived the child"
+        assert store.renew_lease("live-15", "tok-parent", 30)
+        assert not store.acquire_lease("live-15", "taker", "tok-taker-15", 30)
+    finally:
+        store.release_lease("live-15", "tok-parent")
