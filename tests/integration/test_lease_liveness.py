@@ -282,3 +282,17 @@ def test_a_forked_child_leaves_its_parents_liveness_connection_alone():
         assert not store.acquire_lease("live-15", "taker", "tok-taker-15", 30)
     finally:
         store.release_lease("live-15", "tok-parent")
+
+
+def test_unlocks_waiting_for_a_statement_are_few():
+    """A process that lets many leases go and takes none keeps no pile of dead locks: the
+    32nd waiting unlock is sent at once, with the others."""
+    live = DjangoStore()._liveness()
+    tokens = [f"tok-pile-{i}" for i in range(32)]
+    for token in tokens:
+        assert live.hold(token)
+    for token in tokens[:-1]:
+        live.let_go(token)
+    assert _lock_held(tokens[0]), "waiting for the next statement"
+    live.let_go(tokens[-1])
+    assert not any(_lock_held(token) for token in tokens)
