@@ -33,7 +33,6 @@ from django.dispatch import receiver
 from django.utils.dateparse import parse_datetime
 from psycopg.types.json import Jsonb
 
-from . import liveness
 from .engine import failpoints
 from .engine.audit import ACTION_FIELDS, ACTION_NAME, Link, action_content, action_hash
 from .engine.errors import ApprovalNotFound, ConfigError, LeaseLost, StorageError
@@ -56,7 +55,6 @@ from .engine.ports import (
     same_request,
 )
 from .engine.records import encode
-from .liveness import Liveness
 from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Lease, Run
 
 _J = JournalEntry._meta.db_table
@@ -71,12 +69,12 @@ _TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
 _C_TIMESTAMPTZ = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEXT)
 
 # Instant takeover (PostgreSQL): a driver holds a session-level advisory lock keyed by its
-# lease token on its process's liveness connection (liveness.py: one per process, which
-# nothing but the library uses or closes), taken before the lease is granted and let go after
-# it is deleted. The server releases it the moment that connection drops — the process died
-# — so a live lease whose token's lock is free has no driver left and may be taken at once.
-# A stalled (SIGSTOPped) process keeps its connection, its lock, and so its lease until
-# expiry. The key: the token's md5, first 64 bits (liveness._LOCK_KEY).
+# lease token on the connection it leased the run from, taken in the statement that grants
+# the lease. The server releases it the moment that connection drops — the process died —
+# so a live lease whose token's lock is free has no driver left and may be taken at once. A
+# stalled (SIGSTOPped) process keeps its connection, its lock, and so its lease until expiry.
+# The key: the token's md5, first 64 bits.
+_LOCK_KEY = "('x' || substr(md5({}), 1, 16))::bit(64)::bigint"
 # Whether anyone holds token {0}'s lock — this very session too (advisory locks are reentrant
 # per session, so a probe by taking it would "succeed" on a lease this connection holds). A
 # bigint key shows in pg_locks as classid (high 32 bits) and objid (low 32 bits).
@@ -95,6 +93,9 @@ class _HolderAlive(Func):
     template = _LOCK_HELD.format("%(expressions)s")
     output_field = BooleanField()
 
+
+# The tokens whose lock each connection holds (weak keys: a closed connection's locks are gone).
+_LOCKED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 # The durability dial (engine/durability.py) on PostgreSQL: ``SET LOCAL synchronous_commit =
 # off`` inside the statement itself, so a relaxed write costs no extra round trip. It is in
@@ -229,22 +230,29 @@ class DjangoStore:
     def _instant(self) -> bool:
         return self.instant_takeover and self.dialect.postgres
 
-    def _liveness(self) -> Liveness | None:
-        """The process's liveness connection to this database (None: no liveness locks on
-        this database)."""
+    def _locked(self) -> set[str] | None:
+        """The tokens whose liveness lock this thread's connection holds (None: no connection,
+        or no liveness locks on this database)."""
         if not self._instant:
             return None
-        return liveness.for_database(self.connection.get_connection_params())
+        raw = self.connection.connection
+        if raw is None or raw.closed:
+            return None
+        return _LOCKED.setdefault(raw, set())
 
-    def _hold(self, live: Liveness, token: str, *, check: bool = False) -> bool:
-        # Its errors as Django's, like every other database error the store raises.
-        with self.connection.wrap_database_errors:
-            return live.hold(token, check=check)
+    def _held_lock(self, token: str) -> None:
+        locked = self._locked()
+        if locked is not None:
+            locked.add(token)
 
-    def _let_go(self, token: str | None) -> None:
-        live = self._liveness()
-        if live is not None and token is not None:
-            live.let_go(token)
+    def _forget_lock(self, token: str) -> None:
+        locked = self._locked()
+        if locked is not None:
+            locked.discard(token)
+
+    def _holds_lock(self, token: str) -> bool:
+        locked = self._locked()
+        return locked is not None and token in locked
 
     def _execute(self, sql: str, params: Sequence[Any], fetch: str) -> Any:
         """Run one statement; on PostgreSQL as a prepared statement with server-side binding.
@@ -510,13 +518,15 @@ class DjangoStore:
             run.kind,
         ]
         rows = ", ".join(["(%s, %s, %s)"] * len(records))
+        # Once, with the lease row: a RETURNING expression runs once per row inserted.
+        lock = f", pg_try_advisory_lock({_LOCK_KEY.format('token')})" if self._instant else ""
         sql = (
             f"WITH r AS (INSERT INTO {_R} ({', '.join(columns)}, finished_at) "
             f"VALUES ({', '.join(['%s'] * len(columns))}, CASE WHEN %s THEN now() END) "
             "ON CONFLICT (run_id) DO NOTHING RETURNING run_id), "
             f"l AS (INSERT INTO {_L} (run_id, holder, token, expires_at, renewed_at) "
             "SELECT run_id, %s, %s, now() + make_interval(secs => %s), now() FROM r "
-            "RETURNING run_id), "
+            f"RETURNING run_id{lock}), "
             f"j AS (INSERT INTO {_J} (run_id, name, data, created_at) "
             f"SELECT l.run_id, v.name, v.data, now() FROM l CROSS JOIN (VALUES {rows}) "
             "AS v(ord, name, data) ORDER BY v.ord RETURNING seq, name, data, created_at) "
@@ -525,19 +535,11 @@ class DjangoStore:
         params: list[Any] = [*values, run.status in TERMINAL_STATUSES, holder, token, float(ttl)]
         for i, (name, data) in enumerate(records):
             params += [i, name, data]
-        # The liveness lock first: the lease is never live without it.
-        live = self._liveness()
-        taken = live is not None and self._hold(live, token)
-        try:
-            found = self._execute(sql, params, "all")
-        except BaseException:
-            if taken:
-                self._let_go(token)
-            raise
+        found = self._execute(sql, params, "all")
         if not found:
-            if taken:
-                self._let_go(token)
             return None
+        if lock:
+            self._held_lock(token)
         return [Entry(run.run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at in found]
 
     def _insert(
@@ -595,18 +597,21 @@ class DjangoStore:
                     "WHERE run_id = %s AND EXISTS (SELECT 1 FROM ins))"
                 )
                 params += [*values, run_id]
+            unlocks = release and fence is not None and self._holds_lock(fence)
             if release:
+                # The liveness lock goes with the lease (once: one row deleted).
+                unlock = f" RETURNING pg_advisory_unlock({_LOCK_KEY.format('token')})"
                 parts.append(
                     f"rel AS (DELETE FROM {_L} WHERE run_id = %s AND token = %s "
-                    "AND EXISTS (SELECT 1 FROM ins))"
+                    f"AND EXISTS (SELECT 1 FROM ins){unlock if unlocks else ''})"
                 )
                 params += [run_id, fence]
             dial = f", {_ASYNC_COMMIT}" if relax else ""
             sql = f"WITH {', '.join(parts)} SELECT seq, created_at{dial} FROM ins"
         row = self._fetchone(sql, params)
         if row is not None:
-            if release:
-                self._let_go(fence)  # after the lease's row is gone
+            if release and fence is not None:
+                self._forget_lock(fence)
             return Entry(run_id, name, int(row[0]), data, _aware(row[1])), True
         existing = self.get(run_id, name)
         if existing is not None and (fence is None or self._holds(run_id, fence)):
@@ -664,29 +669,27 @@ class DjangoStore:
         params = [run_id, holder, token, d.ttl_param(ttl), run_id]
         before = f"SELECT holder, token, expires_at, renewed_at FROM {_L} WHERE run_id = %s"
         if d.postgres:
-            # The liveness lock first, so the lease is never live without it; let go again
-            # if the lease is not granted.
-            live = self._liveness()
-            taken = live is not None and not live.holds(token) and self._hold(live, token)
-            try:
-                # One statement: the lease it replaces is read from the statement's
-                # snapshot — only when the upsert did replace a row (``xmax = 0``: it
-                # inserted one, the lease was released meanwhile).
-                found = self._fetchone(
-                    f"WITH old AS ({before}), ins AS ({upsert}, xmax = 0 AS fresh) "
-                    "SELECT ins.token, old.holder, old.token, old.expires_at, "
-                    "old.renewed_at, old.expires_at > now(), ins.fresh "
-                    "FROM ins LEFT JOIN old ON true",
-                    [run_id, *params],
-                )
-            except BaseException:
-                if taken:
-                    self._let_go(token)
-                raise
-            if found is None and taken:
-                self._let_go(token)
+            # One statement: the lease it replaces is read from the statement's snapshot —
+            # only when the upsert did replace a row (``xmax = 0``: it inserted one, the lease
+            # was released meanwhile); the new holder's liveness lock is taken in it (once:
+            # the result has one row).
+            lock = (
+                "CASE WHEN ins.fresh OR old.token IS DISTINCT FROM ins.token THEN "
+                f"pg_try_advisory_lock({_LOCK_KEY.format('ins.token')}) END"
+                if instant
+                else "NULL"
+            )
+            found = self._fetchone(
+                f"WITH old AS ({before}), ins AS ({upsert}, xmax = 0 AS fresh) "
+                "SELECT ins.token, old.holder, old.token, old.expires_at, old.renewed_at, "
+                f"old.expires_at > now(), {lock}, ins.fresh "
+                "FROM ins LEFT JOIN old ON true",
+                [run_id, *params],
+            )
+            if found is not None and found[6]:
+                self._held_lock(token)
             row = found
-            if found is not None and found[6]:  # inserted: no lease was there to replace
+            if found is not None and found[7]:  # inserted: no lease was there to replace
                 row = (found[0], None, None, None, None, None)
         else:  # writers are serialised: nothing changes the lease between the two
             with transaction.atomic(using=self.using):
@@ -708,33 +711,25 @@ class DjangoStore:
 
     def renew_lease(self, run_id: str, token: str, ttl: float) -> bool:
         d = self.dialect
-        live = self._liveness()
-        if live is not None:
-            # The liveness connection may have dropped (a server-side timeout, a restart):
-            # take the lock again before renewing, so the renewal vouches for both; a lease
-            # someone took meanwhile is refused below and the driver stops at its next write.
-            self._hold(live, token, check=True)
         row = self._fetchone(
             f"UPDATE {_L} SET expires_at = {d.later()}, renewed_at = {d.now} "
             f"WHERE run_id = %s AND token = %s AND expires_at > {d.now} RETURNING token",
             [d.ttl_param(ttl), run_id, token],
         )
-        if row is None and live is not None:
-            # Not ours any more (taken, or released by the driver's last write meanwhile):
-            # no lock of a lease this process does not hold.
-            live.let_go(token)
         return row is not None
 
     def release_lease(self, run_id: str, token: str) -> None:
-        try:
-            with self.connection.cursor() as cursor:
+        delete = f"DELETE FROM {_L} WHERE run_id = %s AND token = %s"
+        with self.connection.cursor() as cursor:
+            if self._holds_lock(token):
+                # Let go of the liveness lock whether or not the lease was still ours.
                 cursor.execute(
-                    f"DELETE FROM {_L} WHERE run_id = %s AND token = %s", [run_id, token]
+                    f"WITH d AS ({delete}) SELECT pg_advisory_unlock({_LOCK_KEY.format('%s')})",
+                    [run_id, token, token],
                 )
-        finally:
-            # After the row is gone; and whether or not the lease was still ours, or the
-            # delete failed: this driver is done with it.
-            self._let_go(token)
+                self._forget_lock(token)
+            else:
+                cursor.execute(delete, [run_id, token])
 
     def get_lease(self, run_id: str) -> LeaseInfo | None:
         d = self.dialect

@@ -125,49 +125,6 @@ def test_a_stopped_driver_keeps_its_lease_until_it_expires_and_is_fenced():
     assert takeover.get("previous_holder") == lease.holder
 
 
-@pytest.mark.timeout(90)
-def test_a_driver_whose_django_connection_closed_inside_a_tool_keeps_its_run(tmp_path):
-    """The liveness lock is on the library's own connection: a tool (or a library, or the
-    request cycle) closing the driver's Django connection does not make it look dead, to
-    ``da.resume`` nor to recovery, through several lease renewals; it finishes, unhalted."""
-    from durable_agents.recovery import recover
-    from tests.support.wiring import wired
-
-    run_id = "instant-closed"
-    store = DjangoStore()
-    hold = tmp_path / "hold"
-    driver = _child(
-        run_id, "hole-charge", DA_LEASE_TTL="3", DA_CLOSE_INSIDE="call_1_1", DA_HOLD_FILE=str(hold)
-    )
-    try:
-        _wait(lambda: Path(f"{hold}.closed").exists(), what="the driver to close its connection")
-        closed = time.monotonic()
-        sent: list[str] = []
-        while time.monotonic() - closed < 4:  # past the lease's ttl: renewed meanwhile
-            with pytest.raises(da.RunBusy):
-                da.resume(run_id)
-            free = [r.run_id for r in store.list_unfinished(lease_free=True, limit=1000)]
-            assert run_id not in free, "recovery's listing took the live driver for dead"
-            with wired(dispatcher=sent.append):
-                recover(interval=0)
-            time.sleep(0.2)
-        assert run_id not in sent
-        hold.touch()
-        out, err = driver.communicate(timeout=60)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.communicate()
-    assert json.loads(out.strip().splitlines()[-1]) == {
-        "status": "finished",
-        "answer": "charged",
-    }, err
-    assert count_effects(run_id) == {"call_1_1": 1}
-    assert _takeovers(run_id) == []
-    assert store.list_halts(run_id=run_id, status=None) == []
-    assert store.get_run(run_id).status == "finished"
-
-
 @pytest.mark.timeout(60)
 def test_with_instant_takeover_off_a_killed_driver_keeps_its_run_until_the_lease_expires(
     settings,

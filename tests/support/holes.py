@@ -7,9 +7,6 @@ version between a crash and the resume:
 * ``DA_ON_DRIFT``: the agent's drift policy (``warn`` by default).
 * ``DA_STOP_INSIDE=<call>``: the process stops itself (SIGSTOP: every thread, the lease
   heartbeat too) inside that call, before its effect fires; after SIGCONT the effect fires.
-* ``DA_CLOSE_INSIDE=<call>`` and ``DA_HOLD_FILE=<path>``: inside that call, before its effect
-  fires, the driver closes its Django connections (a library calling
-  ``close_old_connections()``), creates ``<path>.closed``, and waits until ``<path>`` exists.
 
 Every effect is counted outside the journal (``tests.support.agents.fire``), keyed by run id,
 call id and idempotency key.
@@ -36,18 +33,6 @@ HOLE_SCRIPT = [
 def _stop_if_asked(ctx: da.ToolContext) -> None:
     if os.environ.get("DA_STOP_INSIDE") == ctx.call_id:
         os.kill(os.getpid(), signal.SIGSTOP)
-    if os.environ.get("DA_CLOSE_INSIDE") == ctx.call_id:
-        import time
-        from pathlib import Path
-
-        from django.db import connections
-
-        connections.close_all()
-        hold = Path(os.environ["DA_HOLD_FILE"])
-        Path(f"{hold}.closed").touch()
-        deadline = time.monotonic() + 60
-        while not hold.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
 
 
 if DEPLOY == "v2":
