@@ -87,13 +87,13 @@ SENDERS = {
     ),
     "pay": ("after-signal:paid", lambda s: da.signal("r1", "paid", {"ok": True}, store=s)),
     "read": ("after-enqueue:box:m1", lambda s: da.enqueue("r1", "box", "m1", "hello", store=s)),
-    "nap": ("", lambda s: da.wake_timer("r1", "later", by="ann", store=s)),
+    "nap": ("after-wake:later", lambda s: da.wake_timer("r1", "later", by="ann", store=s)),
 }
 
 
 @pytest.mark.parametrize("name", ["ask", "pay", "read", "nap"])
 def test_a_wake_up_lost_with_its_sender_is_handed_over_by_the_next_sweep(
-    store, fired, handed, crash_at, monkeypatch, name
+    store, fired, handed, crash_at, name
 ):
     agent = _agent(fired, name)
     with pytest.raises(da.Pause):
@@ -101,22 +101,14 @@ def test_a_wake_up_lost_with_its_sender_is_handed_over_by_the_next_sweep(
     paused = store.get_run("r1").status
     assert wake_timers(store=store) == [] and handed == [], "nothing answered yet"
     point, send = SENDERS[name]
-    if point:
-        crash_at(point)
-    else:  # the early wake has no crash point of its own: it dies right after its record
-        monkeypatch.setattr(store, "log_action", _die)
+    crash_at(point)
     with pytest.raises(Crash):
         send(store)
     assert store.get_run("r1").status == paused, "recorded, never handed over"
-    monkeypatch.undo()
 
     assert wake_timers(store=store) == ["r1"]
     assert store.get_run("r1").status == "finished"
     assert wake_timers(store=store) == [] and handed == ["r1"], "handed over once"
-
-
-def _die(*args: object) -> None:
-    raise Crash()
 
 
 def test_a_run_that_still_waits_is_not_handed_over(store, fired, handed):

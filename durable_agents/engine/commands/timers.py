@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .. import identity, names, runtime
+from .. import failpoints, identity, names, runtime
 from ..errors import Conflict, NotFound
 from ..journal import Journal
 from ..ports import AWAITING_INPUT, KIND_AGENT, QUEUED, RUNNING, SLEEPING, TERMINAL_STATUSES, Store
@@ -126,6 +126,7 @@ def wake_timer(run_id: str, name: str, *, by: Any, store: Store | None = None) -
     rec, inserted = journal.write(run_id, names.waited(name), body)
     if not inserted:  # the driver woke it meanwhile: its record stands
         return _outcome(run_id, name, wake_ms, rec.body, recorded=False, woke=False)
+    failpoints.hit(f"after-wake:{name}")
     store.log_action(
         identity.logged(actor, "wake", run_id, name, {"wake_ms": wake_ms, "woke_ms": at})
     )
