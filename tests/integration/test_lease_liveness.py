@@ -7,6 +7,7 @@ Recovery's listing sees the same: a run whose driver died is lease-free at once.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from django.db import connections
@@ -18,32 +19,52 @@ from durable_agents.storage import DjangoStore
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _held_in_a_thread(store: DjangoStore, run_id: str, token: str):
-    """Lease ``run_id`` from another thread's connection; set the returned event to make that
-    thread close its connection (its process dying, as the server sees it)."""
-    leased, close = threading.Event(), threading.Event()
+class _Holder:
+    """Another thread's connection leasing a run; ``die()`` closes that connection, which is
+    what the server sees when a driver's process dies."""
 
-    def holder():
-        try:
-            assert store.acquire_lease(run_id, "holder", token, 30)
-            leased.set()
-            close.wait(timeout=30)
-        finally:
-            connections.close_all()
+    def __init__(self, store: DjangoStore, run_id: str, token: str):
+        self._leased, self._close = threading.Event(), threading.Event()
+        self._pid: int | None = None
 
-    thread = threading.Thread(target=holder)
-    thread.start()
-    assert leased.wait(timeout=30)
-    return close, thread
+        def hold():
+            try:
+                assert store.acquire_lease(run_id, "holder", token, 30)
+                with connections["default"].cursor() as cursor:
+                    cursor.execute("SELECT pg_backend_pid()")
+                    self._pid = cursor.fetchone()[0]
+                self._leased.set()
+                self._close.wait(timeout=30)
+            finally:
+                connections.close_all()
+
+        self._thread = threading.Thread(target=hold)
+        self._thread.start()
+        assert self._leased.wait(timeout=30)
+
+    def die(self) -> None:
+        """Close the holder's connection and wait until its server backend has gone: a
+        backend releases its session locks as it exits, a moment after the client closes."""
+        self._close.set()
+        self._thread.join(timeout=30)
+        deadline = time.monotonic() + 30
+        while _backend_alive(self._pid):
+            assert time.monotonic() < deadline, "the holder's backend never exited"
+            time.sleep(0.02)
+
+
+def _backend_alive(pid: int | None) -> bool:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+        return cursor.fetchone()[0] > 0
 
 
 def test_a_lease_whose_holder_connection_closed_is_taken_at_once():
     store = DjangoStore()
     store.create_run(RunInfo("live-1", agent="echo"))
-    close, thread = _held_in_a_thread(store, "live-1", "tok-holder")
+    holder = _Holder(store, "live-1", "tok-holder")
     assert not store.acquire_lease("live-1", "taker", "tok-taker", 30), "its holder is alive"
-    close.set()
-    thread.join(timeout=30)
+    holder.die()
     granted = store.acquire_lease("live-1", "taker", "tok-taker", 30)
     assert granted and granted.previous is not None
     assert (granted.previous.holder, granted.previous.live) == ("holder", True)
@@ -64,9 +85,7 @@ def test_a_lease_this_connection_holds_is_not_taken_by_it_under_another_token():
 def test_with_instant_takeover_off_a_closed_holder_keeps_its_lease_until_it_expires():
     store = DjangoStore(instant_takeover=False)
     store.create_run(RunInfo("live-3", agent="echo"))
-    close, thread = _held_in_a_thread(store, "live-3", "tok-holder")
-    close.set()
-    thread.join(timeout=30)
+    _Holder(store, "live-3", "tok-holder").die()
     assert not store.acquire_lease("live-3", "taker", "tok-taker", 30)
     assert store.get_lease("live-3").live
 
@@ -106,20 +125,18 @@ def test_recovery_lists_a_run_whose_driver_died_as_lease_free_at_once(instant):
     store = DjangoStore(instant_takeover=instant)
     store.create_run(RunInfo("live-7", agent="echo", status="running"))
     store.create_run(RunInfo("live-8", agent="echo", status="running"))
-    dead, dead_thread = _held_in_a_thread(store, "live-7", "tok-dead")
-    alive, alive_thread = _held_in_a_thread(store, "live-8", "tok-alive")
+    dead = _Holder(store, "live-7", "tok-dead")
+    alive = _Holder(store, "live-8", "tok-alive")
     try:
         assert not _free(store, "live-7") and not _free(store, "live-8"), "both drivers live"
-        dead.set()
-        dead_thread.join(timeout=30)
+        dead.die()
         assert store.get_lease("live-7").live, "its lease has not expired"
         assert _free(store, "live-7") is instant, "a dead holder frees it only with the locks"
         assert not _free(store, "live-8"), "a live holder on another connection keeps its run"
         [row] = [r for r in store.list_unfinished(limit=1000) if r.run_id == "live-7"]
         assert row.lease_expired is instant
     finally:
-        alive.set()
-        alive_thread.join(timeout=30)
+        alive.die()
 
 
 def test_recovery_does_not_list_a_run_this_connection_drives():
@@ -142,9 +159,7 @@ def test_recovery_hands_a_dead_holders_run_over_once_per_interval():
 
     store = DjangoStore()
     store.create_run(RunInfo("live-10", agent="echo", status="running"))
-    dead, thread = _held_in_a_thread(store, "live-10", "tok-dead")
-    dead.set()
-    thread.join(timeout=30)
+    _Holder(store, "live-10", "tok-dead").die()
     sent: list[str] = []
     with wired(dispatcher=sent.append):
         assert "live-10" in recover(interval=60)
