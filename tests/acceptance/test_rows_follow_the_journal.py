@@ -6,7 +6,7 @@ processes on PostgreSQL; side effects are counted outside the journal (``test_ef
 * a fork whose maker died after creating its row, or half-way through the copy, is never
   driven (from scratch or from a partial journal): it stays failed, saying so;
 * a decision journaled by a process that died before queueing the run is finished by the
-  next decision on the call;
+  next decision on the call (an edited approval runs exactly its edit, once);
 * a resolution journaled by a process that died before closing the halt is finished by the
   next resolution, or by a drive.
 """
@@ -107,6 +107,28 @@ def test_a_decision_killed_before_the_run_was_queued_is_finished_by_deciding_aga
     assert outcome.status == "approved"
     assert store.get_approval_request(run_id, "call_1_1").status == "approved"
     assert Run.objects.get(run_id=run_id).status == "finished"
+    assert count_effects(run_id) == {"call_1_1": 1}
+
+
+@pytest.mark.timeout(90)
+def test_an_edited_approval_killed_before_the_run_was_queued_runs_the_edit_once():
+    """ann approves with an edit (200 instead of 500) and is killed after the journal took
+    it. bob's plain approval is refused (the standing decision is ann's), yet it moves the
+    run on: the refund runs once, with ann's arguments."""
+    run_id = "rows-approve-edit"
+    assert drive(run_id, "gated")[1] == {"status": "awaiting_approval", "calls": ["call_1_1"]}
+    edit = json.dumps({"order_id": "7", "cents": 200})
+    crash_at = "after-decision:call_1_1"
+    assert command("approve", run_id, "call_1_1", "yes", edit, crash_at=crash_at) == -9
+    store = DjangoStore()
+    assert Run.objects.get(run_id=run_id).status == "awaiting_approval"
+    assert store.get_approval_request(run_id, "call_1_1").status == "pending"
+    with pytest.raises(da.ApprovalAlreadyDecided) as info:
+        da.approve(run_id, "call_1_1", True, by="bob")
+    assert info.value.details["standing"]["arguments"] == {"order_id": "7", "cents": 200}
+    assert Run.objects.get(run_id=run_id).status == "finished"
+    assert store.get_approval_request(run_id, "call_1_1").status == "approved"
+    assert Journal(store).get(run_id, "tool:call_1_1").get("result") == {"refunded": 200}
     assert count_effects(run_id) == {"call_1_1": 1}
 
 

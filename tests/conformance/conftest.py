@@ -6,9 +6,11 @@ import uuid
 
 import pytest
 
+from durable_agents.engine import failpoints
 from durable_agents.engine.ports import RunInfo
 from durable_agents.storage import DjangoStore
 from durable_agents.testing import InMemoryStore
+from tests.support.doubles import Crash
 from tests.support.stores import STORES
 from tests.support.wiring import wired
 
@@ -37,3 +39,20 @@ def _no_user_system():
     """Store rules, not identity: ``by="ann"`` is a trusted caller here (no user system)."""
     with wired(resolve_actor=None):
         yield
+
+
+@pytest.fixture
+def crash_at(monkeypatch: pytest.MonkeyPatch):
+    """``crash_at("after-decision:c1")``: the process dies (``Crash``) at that failpoint,
+    once; the writes before it stay, as after a SIGKILL."""
+    points: set[str] = set()
+    real = failpoints.hit
+
+    def hit(name: str) -> None:
+        if name in points:
+            points.discard(name)
+            raise Crash(name)
+        real(name)
+
+    monkeypatch.setattr(failpoints, "hit", hit)
+    return points.add

@@ -322,6 +322,8 @@ class Person(Actor):
             edited = None
             if edit and isinstance(seen, dict) and isinstance(seen.get("amount"), int):
                 edited = {**seen, "amount": max(1, seen["amount"] // 2)}
+            if approve:
+                w.submitted.append((run_id, call_id, self.name, seen if edited is None else edited))
             outcome = da.approve(
                 run_id,
                 call_id,

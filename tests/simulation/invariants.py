@@ -359,7 +359,7 @@ def check_approvals(w: W.World, ix: Index) -> None:
         if decision is None or not decision.get("approved"):
             w.violate("approvals_kept", f"run {e.run}: gated call {e.call} ran unapproved")
             continue
-        seen = w.approved.get((e.run, e.call))
+        seen = [*w.approved.get((e.run, e.call), ()), *_stood_unseen(w, ix, e.run, e.call)]
         if seen and all(encode(args) != encode(e.args) for args in seen):
             w.violate(
                 "approvals_kept",
@@ -384,6 +384,27 @@ def check_approvals(w: W.World, ix: Index) -> None:
                 f"run {run_id}: denied call {call_id} reads {_short(denial, 70)!r}, not the "
                 "denier's message",
             )
+
+
+def _stood_unseen(w: W.World, ix: Index, run_id: str, call_id: str) -> list[Any]:
+    """Approvals whose makers never saw their outcome (they died after the journal took
+    them, at ``after-decision``) but which stand: the journal's decision on the call names
+    them as its maker and runs exactly what they submitted. Other approvers of the call are
+    then refused (``approval.already_decided``), so nobody alive recorded what runs."""
+    decisions = [
+        rec
+        for name, rec in ix.names.get(run_id, {}).items()
+        if name == f"approval:{call_id}" or name.startswith(f"approval:{call_id}:")
+    ]
+    stood = []
+    for sub_run, sub_call, by, args in w.submitted:
+        if (sub_run, sub_call) != (run_id, call_id):
+            continue
+        for rec in decisions:
+            runs = (rec.get("edited") or {}).get("arguments") or rec.get("arguments")
+            if rec.get("approved") and rec.get("by") == by and encode(runs) == encode(args):
+                stood.append(args)
+    return stood
 
 
 def check_halts(w: W.World, ix: Index) -> None:

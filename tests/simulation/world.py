@@ -291,6 +291,10 @@ class World:
         self.resolution_attempts: list[dict[str, Any]] = []
         self.last_crash = 0
         self.approved: dict[tuple[str, str], list[Any]] = {}  # the arguments each approval saw
+        # Every approval submitted, before its outcome is known: (run, call, by, arguments it
+        # approves running). Its maker may die after the journal took it (``after-decision``);
+        # the journal then says whether it stands.
+        self.submitted: list[tuple[str, str, str, Any]] = []
         self.denied: set[tuple[str, str]] = set()
         self.forks: list[dict[str, Any]] = []
         # Answers and signals sent from outside: (run, wait name) -> [(value, what it did)].

@@ -4,7 +4,7 @@
     python -m tests.support.holes_child step <alias> <run_id> <name>
 
     python -m tests.support.holes_child fork <run_id> <step>
-    python -m tests.support.holes_child approve <run_id> <call_id> <yes|no>
+    python -m tests.support.holes_child approve <run_id> <call_id> <yes|no> [<edit as JSON>]
     python -m tests.support.holes_child resolve <run_id> <call_id> <result as JSON>
 
 ``step`` runs ``Journal.step(run_id, name, fn)`` where ``fn`` fires one counted effect
@@ -48,8 +48,9 @@ def fork(run_id: str, step: str) -> dict:
     return {"fork": da.fork(run_id, int(step), by="ann")}
 
 
-def approve(run_id: str, call_id: str, verdict: str) -> dict:
-    return {"status": da.approve(run_id, call_id, verdict == "yes", by="ann").status}
+def approve(run_id: str, call_id: str, verdict: str, edit: str = "null") -> dict:
+    outcome = da.approve(run_id, call_id, verdict == "yes", by="ann", edit=json.loads(edit))
+    return {"status": outcome.status}
 
 
 def resolve(run_id: str, call_id: str, result: str) -> dict:
