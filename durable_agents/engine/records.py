@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from datetime import datetime
 from typing import Any
 
@@ -72,9 +73,13 @@ def is_reserved_name(name: str) -> bool:
     return name.startswith("@")
 
 
-def _check(value: Any, path: str) -> None:
-    """Refuse values that would not round-trip exactly through JSON."""
-    if value is None or isinstance(value, bool | int):
+def _check(value: Any, path: str, _open: dict[int, str] | None = None) -> None:
+    """Refuse values that would not round-trip exactly through JSON. ``_open``: the
+    containers being walked (id -> path), to name a value that contains itself."""
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        _check_int(value, path)
         return
     if isinstance(value, str):
         try:
@@ -94,24 +99,53 @@ def _check(value: Any, path: str) -> None:
                 code="protocol.encoding",
             )
         return
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _check(item, f"{path}[{i}]")
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ProtocolError(
-                    f"record value at {path} has a non-string key {key!r}; JSON object keys "
-                    "are strings, so convert it yourself to keep its meaning",
-                    code="protocol.encoding",
-                )
-            _check(key, f"{path} key")
-            _check(item, f"{path}.{key}")
+    if isinstance(value, list | tuple | dict):
+        _open = {} if _open is None else _open
+        if id(value) in _open:
+            raise ProtocolError(
+                f"record value at {path} is the value at {_open[id(value)]} itself (it "
+                "contains itself), which JSON cannot hold; return a copy without the loop",
+                code="protocol.encoding",
+            )
+        _open[id(value)] = path
+        try:
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    if not isinstance(key, str):
+                        raise ProtocolError(
+                            f"record value at {path} has a non-string key {key!r}; JSON "
+                            "object keys are strings, so convert it yourself to keep its "
+                            "meaning",
+                            code="protocol.encoding",
+                        )
+                    _check(key, f"{path} key")
+                    _check(item, f"{path}.{key}", _open)
+            else:
+                for i, item in enumerate(value):
+                    _check(item, f"{path}[{i}]", _open)
+        finally:
+            del _open[id(value)]  # the same value met again beside itself is no loop
         return
     raise ProtocolError(
         f"record value at {path} is a {type(value).__name__}, which JSON cannot hold; "
         "convert it to str, int, float, bool, None, list or dict first",
+        code="protocol.encoding",
+    )
+
+
+def _check_int(value: int, path: str) -> None:
+    """Refuse an int longer than Python writes as text (``sys.get_int_max_str_digits``)."""
+    limit = sys.get_int_max_str_digits()
+    magnitude = abs(value)
+    # 3 bits a digit is an underestimate: a shorter int is surely within the limit.
+    if not limit or magnitude.bit_length() <= 3 * limit or magnitude < 10**limit:
+        return
+    digits = max(limit + 1, int(magnitude.bit_length() * math.log10(2)))
+    while magnitude >= 10**digits:  # counting up from an underestimate
+        digits += 1
+    raise ProtocolError(
+        f"record value at {path} is an integer of {digits} digits, more than the {limit} "
+        "Python writes as text; return it as a string",
         code="protocol.encoding",
     )
 
@@ -159,15 +193,26 @@ def encode(value: Any) -> str:
 
     The encoder itself refuses what JSON cannot hold (other types, NaN and infinities) and
     the UTF-8 check of the text finds lone surrogates; only non-string keys need a walk of
-    the value. Any refusal is explained by ``_check``, which names the offending path."""
+    the value. Any refusal is explained by ``_check``, which names the offending path. A
+    value nested deeper than Python's recursion limit lets it walk is refused too: whatever
+    a value is, the answer is text or a ``ProtocolError``, never another exception."""
     try:
-        text = _ENCODER.encode(value)
-        text.encode("utf-8")
-    except (TypeError, ValueError):  # UnicodeEncodeError is a ValueError
-        _check(value, "$")
-        raise  # not reached: _check refuses whatever the encoder refused
-    if isinstance(value, _CONTAINERS) and not _string_keys(value):
-        _check(value, "$")
+        try:
+            text = _ENCODER.encode(value)
+            text.encode("utf-8")
+        except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+            _check(value, "$")
+            raise ProtocolError(  # not reached: _check refuses whatever the encoder refused
+                f"record value cannot be written as JSON: {exc}", code="protocol.encoding"
+            ) from None
+        if isinstance(value, _CONTAINERS) and not _string_keys(value):
+            _check(value, "$")
+    except RecursionError:
+        raise ProtocolError(
+            "record value is nested too deeply to be written as JSON; flatten it (or "
+            "return a summary) first",
+            code="protocol.encoding",
+        ) from None
     return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
@@ -175,7 +220,7 @@ def decode(text: str) -> Any:
     """Decode journal text; ``ProtocolError`` on malformed data."""
     try:
         return json.loads(text)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ProtocolError(
             f"journal entry is not valid JSON: {exc}", code="protocol.decode"
         ) from exc

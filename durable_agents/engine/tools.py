@@ -290,7 +290,7 @@ def json_result(value: Any) -> Any:
     try:
         converted = _ANY.dump_python(value, mode="json")
         encode(converted)
-    except (ProtocolError, ValueError, TypeError):  # a PydanticSerializationError too
+    except (ProtocolError, ValueError, TypeError, RecursionError):  # pydantic's errors too
         raise refused from None
     return converted
 

@@ -43,6 +43,23 @@ ACCEPTED = [
 ]
 
 
+def _self_list() -> list:
+    loop: list = [1]
+    loop.append(loop)
+    return loop
+
+
+def _self_dict() -> dict:
+    loop: dict = {"a": 1}
+    loop["me"] = {"again": [loop]}
+    return loop
+
+
+# Values the encoder refuses with a bare ValueError (an int longer than Python's int->str
+# limit, 4300 digits; a value that contains itself) that must be the same ProtocolError.
+REFUSED += [10**5000, {"a": [-(10**4300)]}, _self_list(), _self_dict(), [_self_dict()]]
+
+
 @pytest.mark.parametrize("value", REFUSED, ids=range(len(REFUSED)))
 def test_encode_refuses_what_the_full_check_refuses_with_its_message(value):
     with pytest.raises(ProtocolError) as full:
@@ -51,6 +68,30 @@ def test_encode_refuses_what_the_full_check_refuses_with_its_message(value):
         encode(value)
     assert str(fast.value) == str(full.value)
     assert fast.value.code == "protocol.encoding"
+
+
+def test_encode_names_where_a_value_contains_itself_and_how_long_an_int_is():
+    with pytest.raises(ProtocolError, match=r"\$\.me\.again\[0\] is the value at \$ itself"):
+        encode(_self_dict())
+    with pytest.raises(ProtocolError, match=r"\$\.a\[0\] is an integer of 4301 digits") as info:
+        encode({"a": [-(10**4300)]})
+    assert len(str(info.value)) < 300  # the number itself is not in the message
+
+
+def test_encode_refuses_a_value_nested_deeper_than_it_can_walk():
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ProtocolError, match="nested too deeply") as info:
+        encode({"a": deep})
+    assert info.value.code == "protocol.encoding"
+
+
+def test_an_int_at_the_limit_encodes_and_shared_values_are_not_cycles():
+    big = 10**4299  # 4300 digits
+    assert decode(encode({"n": big})) == {"n": big}
+    shared = {"x": 1}
+    assert encode([shared, {"again": shared}]) == '[{"x":1},{"again":{"x":1}}]'
 
 
 @pytest.mark.parametrize("value", ACCEPTED, ids=range(len(ACCEPTED)))

@@ -271,3 +271,47 @@ def test_a_result_json_cannot_hold_is_an_error_result_not_a_crash(store, fired):
     assert first.is_error and "JSON cannot hold" in first.content
     assert "ran" in first.content  # the model is told the effect may have happened
     assert second.is_error
+
+
+def _unrecordable(kind: str) -> object:
+    """Results the journal cannot hold: ``object()`` the JSON encoder refuses with a
+    TypeError; the others it refused with a bare ValueError or RecursionError."""
+    if kind == "object":
+        return {"x": object()}
+    if kind == "huge-int":
+        return {"total": 10**5000}  # past Python's 4300-digit int->str limit
+    if kind == "self-list":
+        loop: list = ["a"]
+        loop.append(loop)
+        return loop
+    if kind == "self-dict":
+        me: dict = {"a": 1}
+        me["me"] = me
+        return me
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    return {"deep": deep}
+
+
+@pytest.mark.parametrize("kind", ["object", "huge-int", "self-list", "self-dict", "deep"])
+def test_every_unrecordable_result_is_an_error_result_after_one_effect(store, fired, kind):
+    """The tool ran (its effect counted once); what it returned cannot be journaled: the
+    call's result says so, the run goes on and finishes, and nothing is left claimed, halted
+    or half-written — as for any other result JSON cannot hold."""
+
+    @da.tool
+    def settle(order: str) -> object:
+        """A side effect, not safe to repeat."""
+        fired.append(order)
+        return _unrecordable(kind)
+
+    result, seen = run_calls(store, [settle], scripted.call("settle", {"order": "o1"}, id="c1"))
+    assert result.status == "finished" and fired == ["o1"]
+    [message] = tool_messages(seen)
+    assert message.is_error and "JSON cannot hold" in message.content
+    assert "may have happened" in message.content
+    journal = records(store, "r1")
+    assert journal["tool:c1"]["is_error"] and "attempt:c1:1" in journal
+    assert store.list_halts(run_id="r1") == []
+    assert da.resume("r1", store=store).answer == "done" and fired == ["o1"]
