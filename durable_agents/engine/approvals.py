@@ -8,7 +8,9 @@ rejection result the model reads.
 A decision continues only the run incarnation that asked for it: deciding a request whose
 run was cancelled, deleted, finished or started again under the same id is refused as
 orphaned, and the request is withdrawn — also when the cancel lands while the decision is
-being recorded: the run's status changes only while it is unfinished.
+being recorded: the run's status changes only while it is unfinished. A saga that aborts
+(by itself, by a person, or because its parent did) is rolling back: its pending requests
+are withdrawn (``withdraw_pending``) and a decision on them is refused the same way.
 
 This module holds the rules (policies, names, signatures, the tally); the ``approve``
 command is ``engine.commands.approvals``.
@@ -48,6 +50,8 @@ from .errors import (
 from .identity import APPROVE_TOOLCALL, Actor
 from .journal import Journal
 from .ports import (
+    APPROVAL_PENDING,
+    APPROVAL_WITHDRAWN,
     ApprovalRequestInfo,
     DecisionInfo,
     Store,
@@ -334,3 +338,13 @@ def tally(
         denied_by=tuple(denied),
         decisions=tuple(counted),
     )
+
+
+def withdraw_pending(store: Store, run_id: str) -> None:
+    """Withdraw the pending approval requests of a run that will never run their calls (it
+    was cancelled, or its saga aborted): staff no longer see them, and a decision on one is
+    refused as orphaned. Idempotent; a request decided meanwhile keeps its decision."""
+    for request in store.list_approval_requests(run_id=run_id):
+        store.set_approval_status(
+            run_id, request.call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING]
+        )

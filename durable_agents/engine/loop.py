@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from . import durability, events, failpoints, names, runtime, sagas, tree
-from .approvals import decision_name, policy_for
+from .approvals import decision_name, policy_for, withdraw_pending
 from .definition import AgentDefinition as Agent
 from .definition import RunResult
 from .errors import (
@@ -65,7 +65,6 @@ from .ports import (
     APPROVAL_APPROVED,
     APPROVAL_DENIED,
     APPROVAL_PENDING,
-    APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
     AWAITING_INPUT,
     CANCELLED,
@@ -272,10 +271,7 @@ def close_cancelled(store: Store, run_id: str, fence: str | None = None) -> None
     cancelled, its open approval requests withdrawn and its open halts orphaned. Idempotent,
     so a cancel that stopped half-way is finished by the next one, or by a drive."""
     store.update_run(run_id, {"status": CANCELLED}, fence=fence, if_status=NOT_TERMINAL_STATUSES)
-    for request in store.list_approval_requests(run_id=run_id):
-        store.set_approval_status(
-            run_id, request.call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING]
-        )
+    withdraw_pending(store, run_id)
     store.orphan_halts(run_id)
 
 

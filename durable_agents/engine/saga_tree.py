@@ -22,11 +22,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import failpoints, names, runtime, sagas
+from .approvals import withdraw_pending
 from .errors import ChildPending, Pause, ProtocolError, RunBusy, SagaAborted
 from .journal import Journal
 from .leases import HeldLease
 from .loop import drive
-from .ports import APPROVAL_PENDING, APPROVAL_WITHDRAWN, AWAITING_INPUT, COMPENSATING, Store
+from .ports import AWAITING_INPUT, COMPENSATING, Store
 
 if TYPE_CHECKING:
     from .definition import AgentDefinition
@@ -54,10 +55,7 @@ def abort_subrun(store: Store, child_id: str, parent_run_id: str, cause: dict[st
             fence=lease.token,
             run_changes={"status": COMPENSATING, "last_error": body["cause"], "attempts": 0},
         )
-    for request in store.list_approval_requests(run_id=child_id):
-        store.set_approval_status(
-            child_id, request.call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING]
-        )
+    withdraw_pending(store, child_id)
     return inserted
 
 

@@ -28,6 +28,7 @@ import math
 from typing import Any, NoReturn
 
 from . import failpoints, names, runtime, tree
+from .approvals import withdraw_pending
 from .errors import (
     ApprovalPending,
     ChildPending,
@@ -165,6 +166,9 @@ def rollback(driver: Driver) -> NoReturn:
     driver.state = state = RunState.of(driver.log)
     abort_rec = state.saga_abort
     assert abort_rec is not None
+    # Its gated calls will never run: nobody should decide them (also after a crash right
+    # after the abort, which this rollback resumes).
+    withdraw_pending(driver.store, driver.run_id)
     halts = driver.unknown_halts()
     if halts:
         driver._halt_run(halts)
@@ -353,6 +357,7 @@ def repair(driver: Driver) -> NoReturn:
     """A run whose journal holds ``run:compensated`` is over: its row says so; raise."""
     rec = driver.state.compensated
     assert rec is not None
+    withdraw_pending(driver.store, driver.run_id)  # one a rollback before this rule left
     status = FAILED if rec.get("failed") else COMPENSATED
     run = driver.store.get_run(driver.run_id)
     if run is not None and run.status != status:

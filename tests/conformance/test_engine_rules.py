@@ -172,6 +172,71 @@ def test_an_approval_landing_during_a_cancel_does_not_bring_the_run_back(wired, 
     assert FIRED == []
 
 
+def _trip(instructions: str = "Book, then pay.", on_drift: str | None = None) -> da.Agent:
+    """A saga: book (undone by ``unbook``), then ``pay`` (gated). Deployed again with other
+    instructions under ``on_drift="error"``, a run it started fails for good: it aborts."""
+    return da.Agent(
+        "rules-saga",
+        ScriptedModel(
+            [
+                scripted.calls(scripted.call("book", {"room": "12"})),
+                scripted.calls(scripted.call("pay", {"cents": 5})),
+                scripted.text("ok"),
+            ]
+        ),
+        instructions,
+        [book, pay],
+        saga=True,
+        on_drift=on_drift,
+    )
+
+
+def _unbook(args, result, ctx):
+    FIRED.append(f"unbook {args['room']}")
+    return "unbooked"
+
+
+@da.tool(compensate=_unbook)
+def book(room: str) -> str:
+    """Book a room."""
+    FIRED.append(f"book {room}")
+    return "booked"
+
+
+@pytest.mark.parametrize("lands", ["before-the-check", "during-the-decision"])
+def test_an_approval_of_a_saga_that_aborted_is_refused_and_never_runs(wired, monkeypatch, lands):
+    """The saga aborts by itself (not a cancel) while its payment awaits approval: the
+    request is withdrawn, and a decision — arriving after, or checked just before the abort
+    and recorded after it — is refused as orphaned; the run ends compensated, never queued
+    forward, and the payment never runs."""
+    store = wired
+    FIRED.clear()
+    with pytest.raises(da.ApprovalPending):
+        _trip().run(f"saga-{lands}", "book and pay", store=store)
+
+    def abort() -> None:
+        with pytest.raises(da.SagaAborted):
+            _trip("Book cheaper.", on_drift="error").run(f"saga-{lands}", None, store=store)
+
+    if lands == "before-the-check":
+        abort()
+        assert store.get_approval_request(f"saga-{lands}", "call_2_1").status == "withdrawn"
+    else:
+        original = approvals_module._refuse_orphans
+
+        def check_then_abort(*args, **kwargs):
+            original(*args, **kwargs)
+            abort()
+
+        monkeypatch.setattr(approvals_module, "_refuse_orphans", check_then_abort)
+    with pytest.raises(da.ApprovalOrphaned):
+        da.approve(f"saga-{lands}", "call_2_1", True, by="ann", store=store)
+    assert store.get_approval_request(f"saga-{lands}", "call_2_1").status == "withdrawn"
+    assert store.get_run(f"saga-{lands}").status == "compensated"
+    assert store.list_approval_requests(run_id=f"saga-{lands}") == []
+    assert FIRED == ["book 12", "unbook 12"]
+
+
 def test_cancel_closes_requests_and_halts_and_refuses_what_comes_after(wired):
     store = wired
     FIRED.clear()

@@ -1,6 +1,7 @@
 """Sagas on PostgreSQL (issue 16): "cancel and compensate" through the API and the admin,
 the run page's timeline showing each undo, and the refusals (a plain cancel of a saga
-rolling back, a compensated run). Undos are counted outside the journal (``test_effects``)."""
+rolling back, a compensated run), and a saga that aborts by itself withdrawing the request
+it waited on. Undos are counted outside the journal (``test_effects``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from django.contrib.messages import get_messages
 from django.test import Client
 from django.urls import reverse
 
-from durable_agents.models import ActionLog, ApprovalRequest, Run
+import durable_agents as da
+from durable_agents.engine import registry
+from durable_agents.models import ActionLog, ApprovalRequest, Decision, Run
 from tests.support.agents import (
     count_effects,
     saga_delegator,
@@ -127,3 +130,56 @@ def test_admin_offers_cancel_and_compensate_for_undos_only_a_sub_agent_has():
     assert count_effects(child) == {"call_1_1": 1, "compensate:call_1_1": 1}
     page = html.unescape(client.get(run_url("adm-tree")).content.decode())
     assert "Undo of call call_1_1" in page
+
+
+@pytest.fixture
+def redeploy():
+    """``redeploy()``: ``saga-gated`` deployed again with other instructions under
+    ``on_drift="error"`` (a run it started before fails for good when driven, so its saga
+    aborts by itself). The original is registered again afterwards."""
+
+    def deploy() -> da.Agent:
+        return da.Agent(
+            saga_gated.name,
+            saga_gated.model,
+            "Book the cheapest trip.",
+            list(saga_gated.tools.values()),
+            saga=True,
+            on_drift="error",
+        )
+
+    try:
+        yield deploy
+    finally:
+        registry.register(saga_gated)
+
+
+def test_a_saga_aborting_by_itself_withdraws_its_request_on_every_path(redeploy):
+    """The charge awaits approval when the saga aborts on its own (not a cancel): its request
+    is withdrawn, and a late decision is refused as orphaned by the engine, the API and the
+    admin alike; nothing is charged, the bookings are undone once."""
+    saga_gated.start("book a trip", run_id="abort-req")
+    req = ApprovalRequest.objects.get(run_id="abort-req")
+    assert req.status == "pending"
+    with pytest.raises(da.SagaAborted):
+        redeploy().run("abort-req", None)
+    assert Run.objects.get(run_id="abort-req").status == "compensated"
+    assert ApprovalRequest.objects.get(pk=req.pk).status == "withdrawn"
+    decisions = Decision.objects.count()
+    with pytest.raises(da.ApprovalOrphaned):
+        da.approve("abort-req", req.call_id, True, by=make_user("eve", superuser=True))
+    caller = staff_with("durable_agents.approve_toolcall")
+    error(
+        caller.post(f"/runs/abort-req/approvals/{req.call_id}", {"approved": True}),
+        409,
+        "approval.orphaned",
+    )
+    client = Client()
+    client.force_login(make_user("alice", "durable_agents.approve_toolcall"))
+    url = reverse("admin:durable_agents_approvalrequest_decide", args=[req.pk])
+    response = client.post(url, {"decision": "approve"})
+    messages = [str(m) for m in get_messages(response.wsgi_request)]
+    assert any("approval.orphaned" in m for m in messages), messages
+    assert Decision.objects.count() == decisions
+    assert Run.objects.get(run_id="abort-req").status == "compensated"
+    assert count_effects("abort-req") == {**BOOKED, **UNDONE}

@@ -442,10 +442,23 @@ def check_halts(w: W.World, ix: Index) -> None:
             )
     for req in ix.requests:
         row = ix.rows.get(req.run_id)
-        if req.status == "pending" and row is not None and row.status in TERMINAL_STATUSES:
+        if req.status != "pending" or row is None:
+            continue
+        if row.status in TERMINAL_STATUSES:
             w.violate(
                 "rows_agree",
                 f"run {req.run_id} is {row.status} with a pending approval of {req.call_id}",
+                hole="6",
+            )
+            continue
+        # Whatever its row says (failed after a failed undo, halted mid-rollback): a run
+        # whose journal ended its forward path never runs the call, so nobody may decide it.
+        ended = [n for n in ("saga:abort", "run:cancelled") if n in ix.names.get(req.run_id, {})]
+        if ended:
+            w.violate(
+                "rows_agree",
+                f"run {req.run_id} ({row.status}, its journal holds {ended[0]}) has a pending "
+                f"approval of {req.call_id}: staff can still decide a call it will never run",
                 hole="6",
             )
 

@@ -404,3 +404,105 @@ def test_cancel_and_compensate_of_an_agent_without_undos_is_refused(store):
     assert info.value.code == "run.not_compensable"
     assert store.get_run("n1").status == "awaiting_approval"
     assert "saga:abort" not in journal_names(store, "n1")
+
+
+# -- a rollback withdraws the requests of the calls it will never run -----------------------
+
+
+def _drifted_gated_trip():
+    """The gated trip deployed again with other instructions under ``on_drift="error"``:
+    driving a run it started before fails for good, so the saga aborts on its own."""
+    trip = _gated_trip()
+    trip.agent.on_drift = "error"
+    trip.agent.instructions = "Book a cheaper trip."
+    return trip
+
+
+def _awaiting_charge(store, run_id):
+    first = _gated_trip()
+    with pytest.raises(da.ApprovalPending):
+        first.agent.run(run_id, "go", store=store)
+    assert store.get_approval_request(run_id, "call_3_1").status == "pending"
+    return first
+
+
+def test_a_saga_that_aborts_on_its_own_withdraws_its_pending_requests(store):
+    first = _awaiting_charge(store, "w1")
+    trip = _drifted_gated_trip()
+    with pytest.raises(da.SagaAborted):
+        trip.agent.run("w1", None, store=store)
+    assert store.get_run("w1").status == "compensated"
+    assert [u[0] for u in trip.undos] == ["hotel", "flight"]
+    assert store.get_approval_request("w1", "call_3_1").status == "withdrawn"
+    assert store.list_approval_requests() == []  # nothing left for staff to decide
+    with pytest.raises(da.ApprovalOrphaned, match="withdrawn"):
+        da.approve("w1", "call_3_1", True, by="ann", store=store)
+    assert "approval:call_3_1" not in journal_names(store, "w1")
+    assert "charge" not in first.effects + trip.effects
+
+
+def test_a_decision_after_the_abort_is_refused_before_the_rollback_ran(store, monkeypatch):
+    """The abort is journaled, then the driver dies before anything is undone or withdrawn
+    (``after-saga-abort``): a decision arriving now is refused as orphaned (the journal
+    says the run is rolling back), and the resumed rollback finishes without the call."""
+    _awaiting_charge(store, "w2")
+    trip = _drifted_gated_trip()
+    real = sagas.failpoints.hit
+
+    def hit(name):
+        if name == "after-saga-abort":
+            raise Crash()
+        real(name)
+
+    monkeypatch.setattr(sagas.failpoints, "hit", hit)
+    with pytest.raises(Crash):
+        trip.agent.run("w2", None, store=store)
+    monkeypatch.setattr(sagas.failpoints, "hit", real)
+    assert store.get_run("w2").status == "compensating"
+    with pytest.raises(da.ApprovalOrphaned, match="saga aborted"):
+        da.approve("w2", "call_3_1", True, by="ann", store=store)
+    assert store.get_approval_request("w2", "call_3_1").status == "withdrawn"
+    assert store.get_run("w2").status == "compensating"  # not queued by the refused decision
+    with pytest.raises(da.SagaAborted):
+        trip.agent.run("w2", None, store=store)
+    assert store.get_run("w2").status == "compensated"
+    assert [u[0] for u in trip.undos] == ["hotel", "flight"] and "charge" not in trip.effects
+
+
+@pytest.mark.parametrize("lands", ["rolled-back", "rolling-back"])
+def test_an_abort_landing_while_a_decision_is_recorded_refuses_it(store, monkeypatch, lands):
+    """The decision is checked while the run still waits; the saga aborts before it is
+    journaled. It is refused as orphaned, the request withdrawn, the run left to its
+    rollback (never queued forward), and the call never runs."""
+    from durable_agents.engine.commands import approvals as approvals_module
+
+    _awaiting_charge(store, f"w3-{lands}")
+    trip = _drifted_gated_trip()
+    original = approvals_module._refuse_orphans
+    real = sagas.failpoints.hit
+
+    def hit(name):
+        if name == "after-saga-abort" and lands == "rolling-back":
+            raise Crash()
+        real(name)
+
+    def check_then_abort(*args, **kwargs):
+        original(*args, **kwargs)
+        monkeypatch.setattr(sagas.failpoints, "hit", hit)
+        with pytest.raises((da.SagaAborted, Crash)):
+            trip.agent.run(f"w3-{lands}", None, store=store)
+        monkeypatch.setattr(sagas.failpoints, "hit", real)
+
+    monkeypatch.setattr(approvals_module, "_refuse_orphans", check_then_abort)
+    with pytest.raises(da.ApprovalOrphaned):
+        da.approve(f"w3-{lands}", "call_3_1", True, by="ann", store=store)
+    monkeypatch.setattr(approvals_module, "_refuse_orphans", original)
+    run_id = f"w3-{lands}"
+    assert store.get_approval_request(run_id, "call_3_1").status == "withdrawn"
+    expected = "compensated" if lands == "rolled-back" else "compensating"
+    assert store.get_run(run_id).status == expected
+    if lands == "rolling-back":
+        with pytest.raises(da.SagaAborted):
+            trip.agent.run(run_id, None, store=store)
+        assert store.get_run(run_id).status == "compensated"
+    assert [u[0] for u in trip.undos] == ["hotel", "flight"] and "charge" not in trip.effects

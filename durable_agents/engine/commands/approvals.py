@@ -35,6 +35,7 @@ from ..ports import (
     APPROVAL_PENDING,
     APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
+    COMPENSATING,
     NOT_TERMINAL_STATUSES,
     QUEUED,
     TERMINAL_STATUSES,
@@ -43,6 +44,9 @@ from ..ports import (
     Store,
 )
 from ..records import encode, refuse_nul
+
+# The statuses a decision queues a run from: unfinished and not rolling back.
+_MAY_QUEUE = tuple(s for s in NOT_TERMINAL_STATUSES if s != COMPENSATING)
 
 
 def approve(
@@ -188,19 +192,23 @@ def approve(
     # check above keeps the run cancelled, and the decision is refused as orphaned. The run
     # before the request: a crash between leaves a queued run whose drive finishes the
     # request, never a run awaiting a request nobody is shown any more.
+    # Never a run rolling back (a saga abort landed since the check): it must not be
+    # queued forward, and its rollback withdraws the request.
     changes = {"status": QUEUED, "attempts": 0, "last_error": None}
-    moved = store.update_run(run_id, changes, if_status=NOT_TERMINAL_STATUSES)
+    moved = store.update_run(run_id, changes, if_status=_MAY_QUEUE)
     decided = store.set_approval_status(
         run_id, call_id, status, if_status=[APPROVAL_PENDING], if_arguments=request.arguments
     )
     cancelled = not (decided and moved) and (
-        store.get_run(run_id) is None or journal.get(run_id, names.RUN_CANCELLED) is not None
+        store.get_run(run_id) is None
+        or journal.get(run_id, names.RUN_CANCELLED) is not None
+        or journal.get(run_id, names.SAGA_ABORT) is not None
     )
     # Otherwise the run or the request had moved on already: another approver's repeated
     # decision, or a drive, carried this decision on from the journal. It stands.
     if cancelled:
         store.set_approval_status(run_id, call_id, APPROVAL_WITHDRAWN)
-        why = "the run was cancelled while the decision was being recorded"
+        why = "the run was cancelled, or its saga aborted, while the decision was being recorded"
         store.log_action(identity.logged(actor, "withdraw", run_id, call_id, {"why": why}))
         raise ApprovalOrphaned(
             f"the approval of call {call_id!r} in run {run_id!r} is orphaned ({why}); "
@@ -360,6 +368,8 @@ def _refuse_orphans(
         why = f"the run is {run.status}"
     elif journal.get(request.run_id, names.RUN_CANCELLED) is not None:
         why = "the run is cancelled"
+    elif journal.get(request.run_id, names.SAGA_ABORT) is not None:
+        why = "the run's saga aborted: it is rolling back, and never runs the call"
     elif start is None or start.seq != request.start_seq:
         why = "the run was started again under the same id"
     if why is None:

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import identity, names, runtime, saga_tree, sagas, tree
+from ..approvals import withdraw_pending
 from ..definition import AgentDefinition, RunResult
 from ..errors import (
     ConfigError,
@@ -28,8 +29,6 @@ from ..journal import Journal
 from ..leases import HeldLease
 from ..loop import announce_failure, close_cancelled, drive
 from ..ports import (
-    APPROVAL_PENDING,
-    APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
     AWAITING_INPUT,
     CANCELLED,
@@ -500,10 +499,7 @@ def _abort_saga(
         store.log_action(
             identity.logged(actor, "cancel", run_id, "", {"reason": reason, "compensate": True})
         )
-    for request in store.list_approval_requests(run_id=run_id):
-        store.set_approval_status(
-            run_id, request.call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING]
-        )
+    withdraw_pending(store, run_id)
     return cause
 
 
