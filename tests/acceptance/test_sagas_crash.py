@@ -100,3 +100,30 @@ def test_sigkill_inside_an_undo_halts_and_never_undoes_twice():
 
 def _staff():
     return make_user("saga-staff", "resolve_halt")
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_right_after_a_saga_aborted_by_itself_leaves_nothing_to_approve():
+    """The charge awaits approval when a deploy (``on_drift="error"``) makes the saga abort by
+    itself; its driver is killed right after journaling the abort. A decision now is refused
+    as orphaned (the request withdrawn, the run left rolling back); the resumed rollback
+    undoes both bookings once and the card is never charged."""
+    run_id = "saga-kill-gated"
+    drive_gated = ("tests.support.drive", "saga-gated", run_id, "go")
+    assert run_json(*drive_gated)[1] == {"status": "awaiting_approval", "calls": ["call_3_1"]}
+    v2 = {"DA_SAGA_GATED_V2": "1"}
+    assert run_json(*drive_gated, DURABLE_AGENTS_CRASH_AT="after-saga-abort", **v2)[0] == -9
+    store = DjangoStore()
+    assert Run.objects.get(run_id=run_id).status == "compensating"
+    with pytest.raises(da.ApprovalOrphaned):
+        da.approve(run_id, "call_3_1", True, by=make_user("saga-approver", superuser=True))
+    assert store.get_approval_request(run_id, "call_3_1").status == "withdrawn"
+    assert Run.objects.get(run_id=run_id).status == "compensating"
+    _, out = run_json(*drive_gated, **v2)
+    assert out == {
+        "status": "compensated",
+        "code": "saga.aborted",
+        "undone": ["call_2_1", "call_1_1"],
+    }
+    assert count_effects(run_id) == {"call_1_1": 1, "call_2_1": 1, **UNDONE}
+    assert "approval:call_3_1" not in names(run_id)

@@ -447,6 +447,11 @@ def charge_trip_gated(cents: int, ctx: da.ToolContext) -> dict:
     return {"charged": cents}
 
 
+# ``DA_SAGA_GATED_V2=1`` (a child process's environment): the gated trip below deployed again
+# with other instructions under ``on_drift="error"``: a run started before fails for good
+# when driven, so its saga aborts by itself while its charge awaits approval.
+_SAGA_GATED_V2 = os.environ.get("DA_SAGA_GATED_V2") == "1"
+
 # The same trip, but the charge waits for staff: "cancel and compensate" undoes the bookings.
 saga_gated = da.Agent(
     "saga-gated",
@@ -458,9 +463,12 @@ saga_gated = da.Agent(
             scripted.text("booked"),
         ]
     ),
-    "Book a trip: flight, hotel, then charge the card.",
+    "Book the cheapest trip: flight, hotel, then charge the card."
+    if _SAGA_GATED_V2
+    else "Book a trip: flight, hotel, then charge the card.",
     [book_flight, book_hotel, charge_trip_gated],
     saga=True,
+    on_drift="error" if _SAGA_GATED_V2 else None,
 )
 
 
