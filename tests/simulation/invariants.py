@@ -517,9 +517,15 @@ def check_rows(w: W.World, ix: Index) -> None:
             for n, rec in names.items()
             if n.startswith("child:")
         )
+        # A rollback halts on an undo whose outcome is unknown (``compensate:<call>``, no
+        # record of it yet) as the forward path halts on a call.
+        undo_halted = rolling_back and any(
+            r == run_id and op.startswith("compensate:") and op not in names for r, op in open_halts
+        )
         if (
             row.status == HALTED
             and not waits_on_child
+            and not undo_halted
             and not any((run_id, c) in open_halts for c in _pending_calls(names))
         ):
             w.violate("rows_agree", f"run {run_id} is halted with nothing left to resolve")
