@@ -506,3 +506,36 @@ def test_an_abort_landing_while_a_decision_is_recorded_refuses_it(store, monkeyp
             trip.agent.run(run_id, None, store=store)
         assert store.get_run(run_id).status == "compensated"
     assert [u[0] for u in trip.undos] == ["hotel", "flight"] and "charge" not in trip.effects
+
+
+@pytest.mark.parametrize("how", ["cancel-and-compensate", "cancel"])
+def test_a_decision_journaled_before_the_run_ended_is_refused_once_its_request_was_withdrawn(
+    store, monkeypatch, how
+):
+    """ann's approval is journaled, then her process dies before it moves the run on
+    (``after-decision``); the run is cancelled (and compensated) before anyone else decides.
+    Her request was withdrawn: a later decision on it — bob's, or ann's again — is refused
+    as orphaned, not reported as the standing approval of a call that never runs."""
+    from durable_agents.engine.commands import approvals as approvals_module
+
+    trip = _gated_trip()
+    with pytest.raises(da.ApprovalPending):
+        trip.agent.run("w4", "go", store=store)
+    real = approvals_module.failpoints.hit
+
+    def hit(name):
+        if name == "after-decision:call_3_1":
+            raise Crash()
+        real(name)
+
+    monkeypatch.setattr(approvals_module.failpoints, "hit", hit)
+    with pytest.raises(Crash):
+        da.approve("w4", "call_3_1", True, by="ann", store=store)
+    monkeypatch.setattr(approvals_module.failpoints, "hit", real)
+    da.cancel("w4", compensate=how == "cancel-and-compensate", by="carl", store=store)
+    assert store.get_approval_request("w4", "call_3_1").status == "withdrawn"
+    for who in ("bob", "ann"):
+        with pytest.raises(da.ApprovalOrphaned, match="withdrawn"):
+            da.approve("w4", "call_3_1", True, by=who, store=store)
+    assert store.get_approval_request("w4", "call_3_1").status == "withdrawn"
+    assert "charge" not in trip.effects

@@ -128,6 +128,10 @@ def approve(
     name = decision_name(call_id, request.arguments, again=request.previous_arguments is not None)
     standing = journal.get(run_id, name) if store.get_run(run_id) is not None else None
     if standing is not None:
+        if request.status == APPROVAL_WITHDRAWN:
+            # Journaled, but its maker stopped before moving the run on, and the run ended
+            # (cancelled, or its saga aborted) before anyone did: it never takes effect.
+            _refuse_orphans(store, journal, request, actor)
         if finish_decision(store, run_id, call_id, standing):
             runtime.dispatch(run_id)
         return _standing(request, standing, approved, edit)
