@@ -189,6 +189,8 @@ def _describe(rec: Record) -> dict[str, Any]:
         meta = [f"undone: {undone}"]
         if body.get("failed"):
             meta.append("undo failed: " + ", ".join(map(str, body["failed"])))
+        if body.get("kept"):
+            meta.append("kept, its source's to undo: " + ", ".join(map(str, body["kept"])))
         return _entry(
             rec,
             "tool-error" if body.get("failed") else "complete",

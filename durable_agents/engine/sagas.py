@@ -82,7 +82,22 @@ def _calls(state: RunState, agent: Any, get: Any) -> list[Undo]:
     by a person resolving a halt), and each call that started a sub-run of an agent with
     undos (whatever the call's outcome: the child may have done things before it failed or
     paused), latest completed first; a sub-agent call with no outcome yet counts as the
-    latest (its child was still going)."""
+    latest (its child was still going). A fork's calls that its source made are not among
+    them (``inherited``)."""
+    found = [undo for undo in _all_calls(state, agent, get) if not _inherited(state, undo, get)]
+    found.sort(key=lambda item: item[2].seq if item[2] is not None else math.inf, reverse=True)
+    return found
+
+
+def inherited(state: RunState, agent: Any, get: Any) -> list[str]:
+    """The calls with effects to undo that a fork copied from its source: they were made
+    once, by the source, so undoing them is the source's to do (a saga rollback or a
+    cancel-and-compensate of the source), never a fork's. Two forks rolling back, or a fork
+    and its source, would otherwise undo one booking twice."""
+    return [undo[0] for undo in _all_calls(state, agent, get) if _inherited(state, undo, get)]
+
+
+def _all_calls(state: RunState, agent: Any, get: Any) -> list[Undo]:
     found: list[Undo] = []
     for turn in state.turns:
         for call in state.calls(turn):
@@ -95,8 +110,32 @@ def _calls(state: RunState, agent: Any, get: Any) -> list[Undo]:
                     found.append((call.id, tool, rec))
             elif tool.safety.compensate is not None and rec is not None and not rec.get("is_error"):
                 found.append((call.id, tool, rec))
-    found.sort(key=lambda item: item[2].seq if item[2] is not None else math.inf, reverse=True)
     return found
+
+
+def _inherited(state: RunState, undo: Undo, get: Any) -> bool:
+    """Whether a call's effect happened in the run a fork was copied from: its result was
+    copied (or patched in place), its first attempt was the source's (a result a person
+    recorded in the fork for the source's attempt), or it started a sub-run the fork only
+    references. A sub-run the fork made of its own (``forked_from``) is the fork's: rolling
+    it back leaves alone, in turn, what that sub-run copied."""
+    copied = copied_until(state)
+    call_id, tool, rec = undo
+    if tool.subagent_def is not None:
+        child = get(names.child(call_id))
+        return child is not None and child.seq < copied and not child.get("forked_from")
+    if rec is not None and rec.seq < copied:
+        return True
+    first = get(names.attempt(call_id, 1))
+    return first is not None and first.seq < copied
+
+
+def copied_until(state: RunState) -> float:
+    """The seq before which a fork's records are its source's (0 for a run that is not a
+    fork; all of them for a fork whose copy never finished)."""
+    if state.fork is None:
+        return 0
+    return state.copied_until if state.fork_done else math.inf
 
 
 def effects_in(store: Store, agent: Any, run_id: str) -> list[str]:
@@ -115,10 +154,14 @@ def effects_in(store: Store, agent: Any, run_id: str) -> list[str]:
                 left.append(call_id)
         else:
             left.append(call_id)
+    copied = copied_until(state)
     for turn in state.turns:
         for call in state.calls(turn):
             tool = agent.tools.get(call.name)
-            if tool is not None and tool.safety.compensate is not None and call.id in live:
+            if tool is None or tool.safety.compensate is None or call.id not in live:
+                continue
+            first = log.get(names.attempt(call.id, 1))
+            if first is None or first.seq > copied:  # not the source's attempt
                 left.append(call.id)
     return left
 
@@ -300,6 +343,7 @@ def _finish(driver: Driver, abort_rec: Record) -> NoReturn:
     undone = sorted(state.compensations.values(), key=lambda r: r.seq)
     failed = [r.name[len(names.COMPENSATE) :] for r in undone if r.get("is_error")]
     done = [r.name[len(names.COMPENSATE) :] for r in undone if not r.get("is_error")]
+    kept = inherited(state, driver.agent, driver.log.reread)
     if failed:
         error = {
             "code": FAILED_CODE,
@@ -312,7 +356,7 @@ def _finish(driver: Driver, abort_rec: Record) -> NoReturn:
         changes = {"status": COMPENSATED, "last_error": cause, "attempts": 0}
     rec, inserted = driver.log.write(
         names.RUN_COMPENSATED,
-        {"kind": "compensated", "cause": cause, "undone": done, "failed": failed},
+        {"kind": "compensated", "cause": cause, "undone": done, "failed": failed, "kept": kept},
         run_changes=changes,
         release=True,
     )
@@ -332,24 +376,29 @@ def aborted(run_id: str, rec: Record) -> SagaAborted:
     cause = dict(rec.get("cause") or {})
     failed = list(rec.get("failed") or ())
     undone = list(rec.get("undone") or ())
+    kept = list(rec.get("kept") or ())
+    # A fork leaves what its source did to the source: said, so nobody reads it as undone.
+    left = f"; kept (its source's calls, the source's to undo): {', '.join(kept)}" if kept else ""
     if failed:
         return SagaAborted(
             f"saga run {run_id!r} aborted ({cause.get('message')}); undone: "
             f"{', '.join(undone) or 'nothing'}; the undo of {', '.join(failed)} failed: "
-            "finish it by hand",
+            f"finish it by hand{left}",
             code=FAILED_CODE,
             run_id=run_id,
             cause=cause,
             undone=undone,
             failed=failed,
+            kept=kept,
         )
     return SagaAborted(
         f"saga run {run_id!r} aborted ({cause.get('message')}); undone, latest first: "
-        f"{', '.join(undone) or 'nothing'}",
+        f"{', '.join(undone) or 'nothing'}{left}",
         run_id=run_id,
         cause=cause,
         undone=undone,
         failed=failed,
+        kept=kept,
     )
 
 

@@ -62,6 +62,8 @@ class RunState:
     cancelled: Record | None = None
     fork: Record | None = None
     fork_done: bool = False
+    # A fork's records before this seq (its ``fork:done``) were copied from its source.
+    copied_until: int = 0
     # A saga's abort (from then on the run only rolls back), its undos by call id, its end.
     saga_abort: Record | None = None
     compensations: dict[str, Record] = field(default_factory=dict)
@@ -129,6 +131,7 @@ class RunState:
                 state.fork = rec
             elif name == names.FORK_DONE:
                 state.fork_done = True
+                state.copied_until = rec.seq
         n = 1
         while n in models:  # turns are recorded in order; stop at the first gap
             state.turns.append(models[n])

@@ -1070,19 +1070,23 @@ def saga_violations(records: list[Record]) -> list[str]:
 def check_sagas(w: W.World, ix: Index) -> None:
     """``saga_violations`` for every run (an undo only of a call whose journaled outcome is
     a success); and in the ledger, outside the journal: each undo took effect at most once,
-    and only in a run whose abort is journaled. (Which effect an undo reverses is the
-    journal's to say: a fork's copied call, or a keyed call its downstream deduped against
-    another run's, was done elsewhere.)"""
+    only in a run whose abort is journaled, and only of a call the run itself invoked (a
+    fork's copied calls are its source's to undo; a keyed call its downstream deduped against
+    another run's was invoked by this run, and is this run's to undo)."""
     for run_id, records in ix.records.items():
         for problem in saga_violations(records):
             w.violate("sagas_undo_once", f"{run_id}: {problem}")
     undone: dict[tuple[str, str], int] = defaultdict(int)
+    made = {(e.run, e.call) for e in w.ledger if e.tool not in UNDOS}
     for e in w.ledger:
         if e.tool not in UNDOS or not e.effect:
             continue
         undone[(e.run, e.call)] += 1
         if "saga:abort" not in ix.names.get(e.run, {}):
             w.violate("sagas_undo_once", f"{e.run}: {e.call} ran with no abort journaled")
+        # A run undoes only what it invoked itself: a fork's copied calls are its source's.
+        if (e.run, e.call.removeprefix("compensate:")) not in made:
+            w.violate("sagas_undo_once", f"{e.run}: {e.call} undid a call this run never made")
     for (run_id, call), n in undone.items():
         if n > 1:
             w.violate("sagas_undo_once", f"{run_id}: {call} took effect {n} times")

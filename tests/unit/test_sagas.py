@@ -539,3 +539,50 @@ def test_a_decision_journaled_before_the_run_ended_is_refused_once_its_request_w
             da.approve("w4", "call_3_1", True, by=who, store=store)
     assert store.get_approval_request("w4", "call_3_1").status == "withdrawn"
     assert "charge" not in trip.effects
+
+
+def test_a_forks_rollback_never_undoes_what_its_source_did(store):
+    """A fork copies its source's completed calls; their effects happened once, in the
+    source, which undoes them itself. The fork's rollback undoes only the calls it made
+    (each booking undone once, however many forks roll back) and names the rest ``kept``."""
+    trip = Trip()
+    with pytest.raises(da.SagaAborted):
+        trip.agent.run("fk1", "go", store=store)
+    assert [u[0] for u in trip.undos] == ["hotel", "flight"]  # the source's own rollback
+    # a fork after the flight goes on: books a hotel of its own, the card is declined again
+    fork = da.fork("fk1", 1, store=store)
+    with pytest.raises(da.SagaAborted) as info:
+        trip.agent.run(fork, None, store=store)
+    assert trip.effects == ["flight", "hotel", "charge", "hotel", "charge"]
+    assert [u[0] for u in trip.undos] == ["hotel", "flight", "hotel"], "the fork's hotel only"
+    details = info.value.details
+    assert (details["undone"], details["kept"]) == (["call_2_1"], ["call_1_1"])
+    assert "call_1_1" in str(info.value) and "source" in str(info.value)
+    done = Journal(store).get(fork, "run:compensated")
+    assert done.get("kept") == ["call_1_1"]
+    assert store.get_run(fork).status == "compensated"
+    # two more forks, rolled back by staff before going on: nothing of theirs to undo
+    for step in (1, 2):
+        other = da.fork("fk1", step, store=store)
+        da.cancel(other, compensate=True, by="ann", store=store)
+        assert store.get_run(other).status == "compensated"
+        assert Journal(store).get(other, "run:compensated").get("undone") == []
+    assert len(trip.undos) == 3
+
+
+def test_a_fork_leaves_a_result_a_person_recorded_for_its_sources_attempt_to_the_source(store):
+    """A call whose outcome was unknown in the source is unknown in the fork: the attempt,
+    and so its effect, is the source's even when a person records the fork's outcome."""
+    trip = Trip(hotel="unknown")
+    with pytest.raises(da.OutcomeUnknown):
+        trip.agent.run("fk2", "go", store=store)
+    fork = da.fork("fk2", 2, store=store)
+    with pytest.raises(da.OutcomeUnknown):
+        trip.agent.run(fork, None, store=store)
+    da.resolve_halt(fork, "call_2_1", result={"booking": "H-LIS"}, by="ann", store=store)
+    # handed over inline: the fork goes on and the card is declined; with nothing of its own
+    # to undo it fails as a run that is not a saga would
+    assert trip.effects == ["flight", "hotel", "charge"], "the fork's one charge"
+    assert store.get_run(fork).status == "failed"
+    assert Journal(store).get(fork, "saga:abort") is None
+    assert trip.undos == []

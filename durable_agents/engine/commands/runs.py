@@ -516,6 +516,8 @@ def _abort_children(
         run = store.get_run(child)
         if run is None or run.status in (CANCELLED, COMPENSATED):
             continue
+        if run.parent_run_id != run_id:
+            continue  # a fork's reference to its source's child: the source's to undo
         if journal.get(child, names.RUN_COMPENSATED) is not None:
             continue
         if not _has_undos(_loaded(run.agent)):
