@@ -819,6 +819,7 @@ class Driver:
         usage, spend = self.state.usage() + sub_usage, self.state.spend() + sub_spend
         turns = len(self.state.turns)
         parent = tree.queue_parent(self.store, self.state.start)
+        failpoints.hit(f"before-complete:{self.run_id}")
         answer = self.state.assistant(last).content
         rec, inserted = self.log.write(
             names.RUN_COMPLETE,
@@ -857,6 +858,10 @@ class Driver:
         failpoints.hit(f"after-complete:{self.run_id}")
         if parent is not None:
             runtime.dispatch(parent)
+        else:
+            # The parent may have paused on this run since ``queue_parent`` found it running,
+            # and looked for this end before it was written: look once more, now that it is.
+            tree.hand_over_parent(self.store, self.state.start)
         return result
 
     # -- tool calls -------------------------------------------------------------------
