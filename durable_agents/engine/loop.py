@@ -178,7 +178,11 @@ def _woken(store: Store, journal: Journal, run_id: str, pause: Pause) -> bool:
     wakes = list(pause.details.get("decisions") or ()) + list(pause.details.get("wakes") or ())
     if any(journal.get(run_id, name) is not None for name in wakes):
         return True
-    if tree.children_done(store, list(pause.details.get("children") or ())):
+    children = list(pause.details.get("children") or ())
+    if pause.details.get("rollback"):
+        if any(tree.rollback_may_go_on(store, child) for child in children):
+            return True
+    elif tree.children_done(store, children):
         return True
     channels = pause.details.get("channels") or ()
     return bool(channels) and channel_has_message(journal.records(run_id), channels)

@@ -104,6 +104,26 @@ def children_done(store: Store, children: list[str]) -> bool:
     return False
 
 
+def rollback_may_go_on(store: Store, child: str) -> bool:
+    """True if a parent paused on the rollback of sub-run ``child`` may go on: the rollback
+    ended (``run:compensated``), the child was cancelled, or nobody drives it and nothing
+    but its parent will (its abort could not be journaled while another driver held it, or
+    its rollback was left mid-way). A child whose rollback pauses on a person or a wait
+    hands its parent over when it ends."""
+    journal = Journal(store)
+    if journal.get(child, names.RUN_COMPENSATED) is not None:
+        return True
+    if journal.get(child, names.RUN_CANCELLED) is not None:
+        return True
+    lease = store.get_lease(child)
+    if lease is not None and lease.live:
+        return False
+    if journal.get(child, names.SAGA_ABORT) is None:
+        return True
+    run = store.get_run(child)
+    return run is not None and run.status not in PARENT_PAUSE_STATUSES
+
+
 def children_of(store: Store, run_id: str) -> list[str]:
     """The child runs ``run_id``'s calls started, in the order they started."""
     return [

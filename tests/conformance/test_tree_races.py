@@ -12,7 +12,7 @@ import greenlet
 import pytest
 
 import durable_agents as da
-from durable_agents.engine import failpoints, names
+from durable_agents.engine import failpoints, names, saga_tree
 from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.journal import Journal
@@ -172,3 +172,49 @@ def test_the_sweep_hands_over_a_parent_paused_on_a_sub_run_that_ended(wired, at_
     assert store.get_run(run).status == "finished"
     assert recover(store=store, interval=0) == []
     assert fired == [("book", child_id)]
+
+
+@pytest.mark.timeout(60)
+def test_a_sagas_rollback_of_a_sub_run_held_elsewhere_pauses_until_it_is_free(wired, at_point):
+    """The parent aborts while another driver holds its finished sub-run's lease: it pauses
+    (it does not spin on the busy lease), a recovery pass leaves it while the lease is held,
+    and hands it over once it is free; the child's call is undone once."""
+    store, sent = wired
+    fired: list = []
+    parent, _child = pair("trr-saga", fired, saga=True)
+    run = new_id("trr")
+    child_id = f"{run}/call_1_1"
+    at_point("after-saga-abort", lambda: store.acquire_lease(child_id, "elsewhere", "tok", 30))
+    with pytest.raises(da.ChildPending) as paused:
+        drive(parent, run, "go", store=store)
+    assert paused.value.details["children"] == [child_id]
+    assert store.get_run(run).status == "awaiting_input"
+    assert Journal(store).get(child_id, names.SAGA_ABORT) is None
+    assert recover(store=store, interval=0) == []
+    store.release_lease(child_id, "tok")
+    assert recover(store=store, interval=0) == [run]
+    assert store.get_run(child_id).status == "compensated"
+    assert store.get_run(run).status == "compensated"
+    assert fired == [("book", child_id), ("unbook", child_id)]
+
+
+@pytest.mark.timeout(60)
+def test_a_parent_paused_on_a_sub_runs_rollback_is_handed_over_by_its_end(wired, at_point):
+    """Another driver rolls the sub-run back itself (as a fork's rollback of the sub-run it
+    references does): the end of that rollback hands the paused parent over, which records
+    it as its call's undo without undoing anything again."""
+    store, sent = wired
+    fired: list = []
+    parent, child = pair("trr-saga-end", fired, saga=True)
+    run = new_id("trr")
+    child_id = f"{run}/call_1_1"
+    at_point("after-saga-abort", lambda: store.acquire_lease(child_id, "elsewhere", "tok", 30))
+    with pytest.raises(da.ChildPending):
+        drive(parent, run, "go", store=store)
+    store.release_lease(child_id, "tok")
+    cause = {"code": "saga.aborted", "message": "another rollback"}
+    saga_tree.rollback_child(child, store, "elsewhere", child_id, cause)
+    assert store.get_run(child_id).status == "compensated"
+    assert sent == [run]
+    assert store.get_run(run).status == "compensated"
+    assert fired == [("book", child_id), ("unbook", child_id)]

@@ -7,7 +7,12 @@ free and that are
 * ``queued`` — a hand-over that never arrived (a lost message): handed over again (see
   below on how often); a driver that finds the run busy or done just stops;
 * ``running`` — its driver died mid-drive (a crash, a kill): that counts as a failed attempt;
-* ``failed`` with a retryable error.
+* ``failed`` with a retryable error;
+* paused on a sub-run that has ended (or, in a saga's rollback, on a sub-run's rollback that
+  ended or that nobody drives any more): the sub-run's end hands its parent over, but a
+  parent that paused on it while it was ending, or whose hand-over died with its sender, is
+  handed over here (``_paused_on_an_ended_sub_run``: one journal read per paused run whose
+  lease is free).
 
 Recovery never floods the broker: a run handed to a driver less than one recovery interval
 ago (by recovery, whose hand-overs the row records in ``dispatched_at``, or by whoever made it
@@ -30,9 +35,13 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from .. import runtime
+from .. import runtime, sagas, tree
+from ..errors import ConfigError
+from ..journal import Journal
 from ..loop import announce_failure
 from ..ports import FAILED, QUEUED, RUNNING, RunInfo, Store
+from ..registry import get_agent
+from ..transcript import RunState
 from ..retry import DRIVER_LOST, EXHAUSTED, RetryPolicy, due_at
 
 log = logging.getLogger("durable_agents.recovery")
@@ -93,9 +102,57 @@ def recover(
         if len(runs) < batch:
             break
         after = runs[-1].run_id
+    sent += _wake_parents(store, batch)
     if sent:
         log.info("recovery re-enqueued %d run(s)", len(sent))
     return sent
+
+
+def _wake_parents(store: Store, batch: int) -> list[str]:
+    """Hand over the paused parents whose sub-run ended without handing them over."""
+    woken: list[str] = []
+    after: str | None = None
+    while True:
+        runs = store.list_unfinished(
+            limit=batch, after=after, statuses=tree.PARENT_PAUSE_STATUSES, lease_free=True
+        )
+        for run in runs:
+            # Queued first (only from the status it was seen in): if the hand-over is lost,
+            # the next pass picks a queued run up.
+            if _paused_on_an_ended_sub_run(store, run) and store.update_run(
+                run.run_id,
+                {"status": QUEUED, "attempts": 0, "last_error": None},
+                if_status=[run.status],
+            ):
+                runtime.dispatch(run.run_id)
+                woken.append(run.run_id)
+        if len(runs) < batch:
+            break
+        after = runs[-1].run_id
+    return woken
+
+
+def _paused_on_an_ended_sub_run(store: Store, run: RunInfo) -> bool:
+    """Whether paused run ``run`` waits on a sub-run that will not hand it over: going
+    forward, a call's sub-run ended and the call has no result yet; rolling back, the
+    sub-run the rollback undoes next ended its own rollback or is driven by nobody."""
+    log = Journal(store).open(run.run_id)
+    state = RunState.of(log)
+    if state.complete is not None and state.saga_abort is None:
+        return False
+    if state.compensated is not None or state.cancelled is not None:
+        return False
+    if state.saga_abort is None:
+        unsettled = [child for call, child in state.children.items() if call not in state.results]
+        return tree.children_done(store, unsettled)
+    try:
+        agent = get_agent(run.agent)
+    except ConfigError:  # an agent no longer loaded: its rollback's order is unknown here
+        return False
+    undo = sagas.next_undo(state, agent, log.get)
+    if undo is None or undo[1].subagent_def is None:
+        return False  # it paused on an undo of its own (a halt), not on a sub-run
+    return tree.rollback_may_go_on(store, sagas.sub_run_of(state, run.run_id, undo[0]))
 
 
 def _hand_over(store: Store, run: RunInfo, policy: RetryPolicy, now: datetime) -> bool:
