@@ -218,3 +218,60 @@ def test_a_parent_paused_on_a_sub_runs_rollback_is_handed_over_by_its_end(wired,
     assert sent == [run]
     assert store.get_run(run).status == "compensated"
     assert fired == [("book", child_id), ("unbook", child_id)]
+
+
+def test_a_forks_call_fails_on_a_referenced_sub_run_rolled_back_after_it_finished(
+    wired, at_point
+):
+    """A fork references a sub-run that finished before the fork point, whose end its parent
+    never learnt (its driver died); another fork's cancel-and-compensate then rolls that
+    sub-run back. The first fork's call must not answer with the undone run's old answer:
+    it is the call's error (``subagent.failed``), and nothing is booked or undone again."""
+    store, _sent = wired
+    fired: list = []
+
+    def unbook(args, result, ctx):
+        fired.append(("unbook", ctx.run_id))
+        return "unbooked"
+
+    @da.tool(idempotent=True, compensate=unbook)
+    def book(ctx: da.ToolContext) -> str:
+        fired.append(("book", ctx.run_id))
+        return "booked"
+
+    child = da.Agent(
+        "trr-ref-child",
+        ScriptedModel([scripted.calls(scripted.call("book", {})), scripted.text("child done")]),
+        "Book.",
+        [book],
+    )
+    parent = da.Agent(
+        "trr-ref-parent",
+        ScriptedModel(
+            [
+                scripted.calls(scripted.call(child.name, {"input": "errand"})),
+                scripted.text("parent done"),
+            ]
+        ),
+        "Delegate.",
+        [child.as_tool()],
+    )
+    run = new_id("trr")
+    child_id = f"{run}/call_1_1"
+    at_point(f"after-complete:{child_id}", die)
+    with pytest.raises(Crash):
+        drive(parent, run, "go", store=store)
+    assert Journal(store).get(run, names.tool("call_1_1")) is None
+    fork = da.fork(run, 1, store=store)
+    assert Journal(store).get(fork, names.child("call_1_1")).get("run_id") == child_id
+    other = da.fork(run, 1, store=store)
+    da.cancel(other, compensate=True, reason="called off", by="ann", store=store)
+    assert store.get_run(child_id).status == "compensated"
+    assert fired == [("book", child_id), ("unbook", child_id)]
+    assert da.resume(fork, store=store).answer == "parent done"
+    result = Journal(store).get(fork, names.tool("call_1_1"))
+    assert result.get("is_error")
+    assert "subagent.failed" in str(result.get("result"))
+    assert "rolled back" in str(result.get("result"))
+    assert fired == [("book", child_id), ("unbook", child_id)]
+    assert store.get_run(f"{fork}/call_1_1") is None
