@@ -955,11 +955,18 @@ def check_trees(w: W.World, ix: Index) -> None:
             w.violate("tree_agrees", f"{run_id} is not named after its parent {parent!r}")
             continue
         names = ix.names.get(parent) or _names(w, parent)
+        parent_row = ix.rows.get(parent) or w.raw.get_run(parent)
+        if parent_row is not None and parent_row.forked_from and "fork:done" not in names:
+            # A half-made fork (its maker died or lost its lease while copying): the forks of
+            # its sub-runs are made first, its own ``child:`` records last. The fork stays
+            # failed (``history.fork_incomplete``) and its sub-runs wait for a parent that
+            # never drives them: legal, as long as nobody drove them on their own.
+            _never_driven_alone(w, ix, run_id, parent)
+            continue
         # (A fork's copy of the record names its source's sub-run: first writer wins.)
         child = names.get(f"child:{call}")
         if child is None or child.get("call_id") != call:
             w.violate("tree_agrees", f"{parent} never journaled starting its sub-run {run_id}")
-        parent_row = ix.rows.get(parent) or w.raw.get_run(parent)
         if parent_row is not None and root != (parent_row.root_run_id or parent):
             w.violate("tree_agrees", f"{run_id}'s root {root!r} is not its parent's root")
         result = names.get(f"tool:{call}")
@@ -974,6 +981,19 @@ def check_trees(w: W.World, ix: Index) -> None:
                 "tree_agrees",
                 f"{parent}'s result for {call} is not the answer of its sub-run {run_id}",
             )
+
+
+def _never_driven_alone(w: W.World, ix: Index, run_id: str, parent: str) -> None:
+    """A sub-run forked for a fork that was never completely made has nothing after its own
+    copy (``fork:done``): only its parent may drive it, and its parent never will."""
+    records = ix.records.get(run_id) or Journal(w.raw).records(run_id)
+    done = next((r for r in records if r.name == "fork:done"), None)
+    after = [r.name for r in records if done is not None and r.seq > done.seq]
+    if after:
+        w.violate(
+            "tree_agrees",
+            f"{run_id}, forked for the half-made fork {parent}, was driven on its own: {after}",
+        )
 
 
 def saga_violations(records: list[Record]) -> list[str]:
