@@ -4,6 +4,7 @@ paused on has ended. ``subagents`` (above the loop) starts and drives the childr
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from . import names, runtime
@@ -102,6 +103,25 @@ def children_done(store: Store, children: list[str]) -> bool:
         if run is not None and run.status in (CANCELLED, COMPENSATED):  # ended, no answer
             return True
     return False
+
+
+def ended_at(store: Store, child: str, *, rollback: bool = False) -> datetime | None:
+    """When sub-run ``child`` ended for a parent paused on it (by the store's clock), or
+    None if it has not: going forward, as ``children_done`` judges; ``rollback``: when its
+    rollback ended (or it was cancelled)."""
+    journal = Journal(store)
+    ends = [names.RUN_COMPENSATED, names.RUN_CANCELLED]
+    if not rollback and journal.get(child, names.SAGA_ABORT) is None:
+        ends.append(names.RUN_COMPLETE)
+    times = [rec.created_at for name in ends if (rec := journal.get(child, name)) is not None]
+    if not times and not rollback:
+        run = store.get_run(child)
+        if run is not None and run.status in (CANCELLED, COMPENSATED):
+            times.append(run.finished_at or run.updated_at)
+    known = [t for t in times if t is not None]
+    if known:
+        return min(known)
+    return datetime.min.replace(tzinfo=UTC) if times else None
 
 
 def rollback_may_go_on(store: Store, child: str) -> bool:

@@ -41,8 +41,8 @@ from ..journal import Journal
 from ..loop import announce_failure
 from ..ports import FAILED, QUEUED, RUNNING, RunInfo, Store
 from ..registry import get_agent
-from ..transcript import RunState
 from ..retry import DRIVER_LOST, EXHAUSTED, RetryPolicy, due_at
+from ..transcript import RunState
 
 log = logging.getLogger("durable_agents.recovery")
 
@@ -134,8 +134,10 @@ def _wake_parents(store: Store, batch: int) -> list[str]:
 
 def _paused_on_an_ended_sub_run(store: Store, run: RunInfo) -> bool:
     """Whether paused run ``run`` waits on a sub-run that will not hand it over: going
-    forward, a call's sub-run ended and the call has no result yet; rolling back, the
-    sub-run the rollback undoes next ended its own rollback or is driven by nobody."""
+    forward, a call's sub-run ended after the run paused (a sub-run that ended before was
+    seen by the drive that paused: the run waits on something else too, a halt of its own,
+    a person's decision); rolling back, likewise for the rollback of the sub-run it undoes
+    next, or that sub-run is driven by nobody and was never aborted (its lease was busy)."""
     log = Journal(store).open(run.run_id)
     state = RunState.of(log)
     if state.complete is not None and state.saga_abort is None:
@@ -144,7 +146,9 @@ def _paused_on_an_ended_sub_run(store: Store, run: RunInfo) -> bool:
         return False
     if state.saga_abort is None:
         unsettled = [child for call, child in state.children.items() if call not in state.results]
-        return tree.children_done(store, unsettled)
+        return any(_after(tree.ended_at(store, child), run.updated_at) for child in unsettled)
+    if state.live_attempts():
+        return False  # the rollback halts on an unknown outcome first: a person's to resolve
     try:
         agent = get_agent(run.agent)
     except ConfigError:  # an agent no longer loaded: its rollback's order is unknown here
@@ -152,7 +156,15 @@ def _paused_on_an_ended_sub_run(store: Store, run: RunInfo) -> bool:
     undo = sagas.next_undo(state, agent, log.get)
     if undo is None or undo[1].subagent_def is None:
         return False  # it paused on an undo of its own (a halt), not on a sub-run
-    return tree.rollback_may_go_on(store, sagas.sub_run_of(state, run.run_id, undo[0]))
+    child = sagas.sub_run_of(state, run.run_id, undo[0])
+    ended = tree.ended_at(store, child, rollback=True)
+    if ended is not None:
+        return _after(ended, run.updated_at)
+    return tree.rollback_may_go_on(store, child)
+
+
+def _after(ended: datetime | None, paused: datetime | None) -> bool:
+    return ended is not None and (paused is None or ended >= paused)
 
 
 def _hand_over(store: Store, run: RunInfo, policy: RetryPolicy, now: datetime) -> bool:
