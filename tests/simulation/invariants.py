@@ -22,6 +22,8 @@ from typing import Any
 from durable_agents.engine.approvals import decision_name
 from durable_agents.engine.audit import verify_actions, verify_run
 from durable_agents.engine.journal import Journal
+from durable_agents.engine.names import is_compensation
+from durable_agents.engine.names import result as result_name
 from durable_agents.engine.ports import (
     AWAITING_APPROVAL,
     AWAITING_INPUT,
@@ -394,7 +396,7 @@ def check_halts(w: W.World, ix: Index) -> None:
             continue
         names = ix.names.get(halt.run_id, {})
         row = ix.rows.get(halt.run_id)
-        result = names.get(f"tool:{halt.op_id}")
+        result = names.get(result_name(halt.op_id))  # an undo's is its own name
         if result is not None:
             if (halt.run_id, halt.op_id) in w.resolutions or (
                 halt.created_at is not None
@@ -483,9 +485,15 @@ def check_rows(w: W.World, ix: Index) -> None:
             for n, rec in names.items()
             if n.startswith("child:")
         )
+        # A rollback halts on an undo whose outcome is unknown (``compensate:<call>``, its
+        # outcome under that name) as a forward drive halts on a call.
+        undo_halts = [
+            op for r, op in open_halts if r == run_id and is_compensation(op) and op not in names
+        ]
         if (
             row.status == HALTED
             and not waits_on_child
+            and not undo_halts
             and not any((run_id, c) in open_halts for c in _pending_calls(names))
         ):
             w.violate("rows_agree", f"run {run_id} is halted with nothing left to resolve")
