@@ -193,6 +193,7 @@ def test_a_sagas_rollback_of_a_sub_run_held_elsewhere_pauses_until_it_is_free(wi
     assert recover(store=store, interval=0) == []
     store.release_lease(child_id, "tok")
     assert recover(store=store, interval=0) == [run]
+    assert sent == [run]
     assert store.get_run(child_id).status == "compensated"
     assert store.get_run(run).status == "compensated"
     assert fired == [("book", child_id), ("unbook", child_id)]
@@ -220,9 +221,7 @@ def test_a_parent_paused_on_a_sub_runs_rollback_is_handed_over_by_its_end(wired,
     assert fired == [("book", child_id), ("unbook", child_id)]
 
 
-def test_a_forks_call_fails_on_a_referenced_sub_run_rolled_back_after_it_finished(
-    wired, at_point
-):
+def test_a_forks_call_fails_on_a_referenced_sub_run_rolled_back_after_it_finished(wired, at_point):
     """A fork references a sub-run that finished before the fork point, whose end its parent
     never learnt (its driver died); another fork's cancel-and-compensate then rolls that
     sub-run back. The first fork's call must not answer with the undone run's old answer:
