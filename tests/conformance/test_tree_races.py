@@ -13,8 +13,8 @@ import pytest
 
 import durable_agents as da
 from durable_agents.engine import failpoints, names, saga_tree
-from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.commands.runs import drive_quietly
+from durable_agents.engine.commands.timers import wake_timers
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.loop import drive
 from durable_agents.providers import scripted
@@ -138,7 +138,7 @@ def test_a_sub_run_ending_while_its_parent_pauses_on_it_hands_the_parent_over(wi
 
 def test_the_sweep_hands_over_a_parent_paused_on_a_sub_run_that_ended(wired, at_point):
     """The same race, and the child's driver dies right after its end record: the next
-    recovery pass hands the parent over, once."""
+    sweep of paused runs (``wake_timers``, on beat) hands the parent over, once."""
     store, sent = wired
     fired: list = []
     parent, child = pair("trr-sweep", fired)
@@ -168,17 +168,17 @@ def test_the_sweep_hands_over_a_parent_paused_on_a_sub_run_that_ended(wired, at_
     assert store.get_run(child_id).status == "finished"
     assert store.get_run(run).status == "awaiting_input"
     assert sent == []
-    assert recover(store=store, interval=0) == [run]
+    assert wake_timers(store=store) == [run]
     assert store.get_run(run).status == "finished"
-    assert recover(store=store, interval=0) == []
+    assert wake_timers(store=store) == []
     assert fired == [("book", child_id)]
 
 
 @pytest.mark.timeout(60)
 def test_a_sagas_rollback_of_a_sub_run_held_elsewhere_pauses_until_it_is_free(wired, at_point):
     """The parent aborts while another driver holds its finished sub-run's lease: it pauses
-    (it does not spin on the busy lease), a recovery pass leaves it while the lease is held,
-    and hands it over once it is free; the child's call is undone once."""
+    (it does not spin on the busy lease), the sweep of paused runs leaves it while the lease
+    is held, and hands it over once it is free; the child's call is undone once."""
     store, sent = wired
     fired: list = []
     parent, _child = pair("trr-saga", fired, saga=True)
@@ -190,9 +190,9 @@ def test_a_sagas_rollback_of_a_sub_run_held_elsewhere_pauses_until_it_is_free(wi
     assert paused.value.details["children"] == [child_id]
     assert store.get_run(run).status == "awaiting_input"
     assert Journal(store).get(child_id, names.SAGA_ABORT) is None
-    assert recover(store=store, interval=0) == []
+    assert wake_timers(store=store) == []
     store.release_lease(child_id, "tok")
-    assert recover(store=store, interval=0) == [run]
+    assert wake_timers(store=store) == [run]
     assert sent == [run]
     assert store.get_run(child_id).status == "compensated"
     assert store.get_run(run).status == "compensated"

@@ -7,12 +7,7 @@ free and that are
 * ``queued`` — a hand-over that never arrived (a lost message): handed over again (see
   below on how often); a driver that finds the run busy or done just stops;
 * ``running`` — its driver died mid-drive (a crash, a kill): that counts as a failed attempt;
-* ``failed`` with a retryable error;
-* paused on a sub-run that has ended (or, in a saga's rollback, on a sub-run's rollback that
-  ended or that nobody drives any more): the sub-run's end hands its parent over, but a
-  parent that paused on it while it was ending, or whose hand-over died with its sender, is
-  handed over here (``_paused_on_an_ended_sub_run``: one journal read per paused run whose
-  lease is free).
+* ``failed`` with a retryable error.
 
 Recovery never floods the broker: a run handed to a driver less than one recovery interval
 ago (by recovery, whose hand-overs the row records in ``dispatched_at``, or by whoever made it
@@ -35,14 +30,10 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from .. import runtime, sagas, tree
-from ..errors import ConfigError
-from ..journal import Journal
+from .. import runtime
 from ..loop import announce_failure
 from ..ports import FAILED, QUEUED, RUNNING, RunInfo, Store
-from ..registry import get_agent
 from ..retry import DRIVER_LOST, EXHAUSTED, RetryPolicy, due_at
-from ..transcript import RunState
 
 log = logging.getLogger("durable_agents.recovery")
 
@@ -102,69 +93,9 @@ def recover(
         if len(runs) < batch:
             break
         after = runs[-1].run_id
-    sent += _wake_parents(store, batch)
     if sent:
         log.info("recovery re-enqueued %d run(s)", len(sent))
     return sent
-
-
-def _wake_parents(store: Store, batch: int) -> list[str]:
-    """Hand over the paused parents whose sub-run ended without handing them over."""
-    woken: list[str] = []
-    after: str | None = None
-    while True:
-        runs = store.list_unfinished(
-            limit=batch, after=after, statuses=tree.PARENT_PAUSE_STATUSES, lease_free=True
-        )
-        for run in runs:
-            # Queued first (only from the status it was seen in): if the hand-over is lost,
-            # the next pass picks a queued run up.
-            if _paused_on_an_ended_sub_run(store, run) and store.update_run(
-                run.run_id,
-                {"status": QUEUED, "attempts": 0, "last_error": None},
-                if_status=[run.status],
-            ):
-                runtime.dispatch(run.run_id)
-                woken.append(run.run_id)
-        if len(runs) < batch:
-            break
-        after = runs[-1].run_id
-    return woken
-
-
-def _paused_on_an_ended_sub_run(store: Store, run: RunInfo) -> bool:
-    """Whether paused run ``run`` waits on a sub-run that will not hand it over: going
-    forward, a call's sub-run ended after the run paused (a sub-run that ended before was
-    seen by the drive that paused: the run waits on something else too, a halt of its own,
-    a person's decision); rolling back, likewise for the rollback of the sub-run it undoes
-    next, or that sub-run is driven by nobody and was never aborted (its lease was busy)."""
-    log = Journal(store).open(run.run_id)
-    state = RunState.of(log)
-    if state.complete is not None and state.saga_abort is None:
-        return False
-    if state.compensated is not None or state.cancelled is not None:
-        return False
-    if state.saga_abort is None:
-        unsettled = [child for call, child in state.children.items() if call not in state.results]
-        return any(_after(tree.ended_at(store, child), run.updated_at) for child in unsettled)
-    if state.live_attempts():
-        return False  # the rollback halts on an unknown outcome first: a person's to resolve
-    try:
-        agent = get_agent(run.agent)
-    except ConfigError:  # an agent no longer loaded: its rollback's order is unknown here
-        return False
-    undo = sagas.next_undo(state, agent, log.get)
-    if undo is None or undo[1].subagent_def is None:
-        return False  # it paused on an undo of its own (a halt), not on a sub-run
-    child = sagas.sub_run_of(state, run.run_id, undo[0])
-    ended = tree.ended_at(store, child, rollback=True)
-    if ended is not None:
-        return _after(ended, run.updated_at)
-    return tree.rollback_may_go_on(store, child)
-
-
-def _after(ended: datetime | None, paused: datetime | None) -> bool:
-    return ended is not None and (paused is None or ended >= paused)
 
 
 def _hand_over(store: Store, run: RunInfo, policy: RetryPolicy, now: datetime) -> bool:
