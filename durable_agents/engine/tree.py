@@ -4,7 +4,7 @@ paused on has ended. ``subagents`` (above the loop) starts and drives the childr
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from . import names, runtime
@@ -119,9 +119,7 @@ def ended_at(store: Store, child: str, *, rollback: bool = False) -> datetime | 
         if run is not None and run.status in (CANCELLED, COMPENSATED):
             times.append(run.finished_at or run.updated_at)
     known = [t for t in times if t is not None]
-    if known:
-        return min(known)
-    return datetime.min.replace(tzinfo=UTC) if times else None
+    return min(known) if known else None  # (a store keeping no times: not judged)
 
 
 def rollback_may_go_on(store: Store, child: str) -> bool:
