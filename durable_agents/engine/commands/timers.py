@@ -12,7 +12,9 @@ without handing it over: the sub-run ended after the parent paused (its second l
 paused parent died with its process; docs/composition.md), or, in a saga's rollback, the
 rollback of the sub-run the parent undoes next ended, or nobody drives that sub-run and it
 was never aborted (its lease was busy when the parent tried). Such a parent waits for
-nothing any more either.
+nothing any more either. So does a halted run whose resolution stopped between its record
+and its rows (the process resolving it died): the sweep finishes the resolution, as asking
+again would.
 
 A person may also wake a timer before its time (``wake_timer``, the admin's "wake now"): that
 is a staff decision, journaled as such (``waited:<name>`` with ``early`` and who decided), not a
@@ -32,6 +34,7 @@ from ..errors import ConfigError, Conflict, NotFound
 from ..journal import Journal
 from ..ports import (
     AWAITING_INPUT,
+    HALTED,
     KIND_AGENT,
     QUEUED,
     RUNNING,
@@ -44,6 +47,7 @@ from ..records import Record
 from ..registry import get_agent
 from ..transcript import RunState
 from ..waits import OUTCOME_WOKE, TIMER, all_answered, next_wake
+from .halts import finish_resolution
 
 log = logging.getLogger("durable_agents.timers")
 
@@ -71,6 +75,10 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
             timed = run.status in TIMED_STATUSES and (
                 (due is not None and now >= due) or all_answered(records)
             )
+            if _finish_stopped_resolutions(store, run, records):
+                runtime.dispatch(run.run_id)
+                woken.append(run.run_id)
+                continue
             if not timed and not paused_on_an_ended_sub_run(store, run, records):
                 continue
             # Queued first (only from the status it was seen in): if the hand-over is lost,
@@ -88,6 +96,23 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
     if woken:
         log.info("woke %d run(s) whose timer or deadline was due", len(woken))
     return woken
+
+
+def _finish_stopped_resolutions(store: Store, run: RunInfo, records: list[Record]) -> bool:
+    """A halted run whose open halt has its outcome in the journal: a resolution stopped
+    between its record and its rows (its process died). Bring the rows in step, as asking
+    again would (``finish_resolution``); True if the run was queued (hand it over)."""
+    if run.status != HALTED:
+        return False
+    outcomes = {rec.name: rec for rec in records if rec.get("reconciled")}
+    if not outcomes:
+        return False  # only a resolution records an outcome over a halt
+    queued = False
+    for halt in store.list_halts(run_id=run.run_id):
+        outcome = outcomes.get(names.result(halt.op_id))
+        if outcome is not None:
+            queued = finish_resolution(store, run, halt.op_id, outcome) or queued
+    return queued
 
 
 def paused_on_an_ended_sub_run(store: Store, run: RunInfo, records: list[Record]) -> bool:
