@@ -223,9 +223,10 @@ def test_a_parent_paused_on_a_sub_runs_rollback_is_handed_over_by_its_end(wired,
 
 def test_a_forks_call_fails_on_a_referenced_sub_run_rolled_back_after_it_finished(wired, at_point):
     """A fork references a sub-run that finished before the fork point, whose end its parent
-    never learnt (its driver died); another fork's cancel-and-compensate then rolls that
-    sub-run back. The first fork's call must not answer with the undone run's old answer:
-    it is the call's error (``subagent.failed``), and nothing is booked or undone again."""
+    never learnt (its driver died); the source's side then rolls that sub-run back (as its
+    parent's saga would: a fork never rolls back what it references). The fork's call must
+    not answer with the undone run's old answer: it is the call's error
+    (``subagent.failed``), and nothing is booked or undone again."""
     store, _sent = wired
     fired: list = []
 
@@ -263,8 +264,9 @@ def test_a_forks_call_fails_on_a_referenced_sub_run_rolled_back_after_it_finishe
     assert Journal(store).get(run, names.tool("call_1_1")) is None
     fork = da.fork(run, 1, store=store)
     assert Journal(store).get(fork, names.child("call_1_1")).get("run_id") == child_id
-    other = da.fork(run, 1, store=store)
-    da.cancel(other, compensate=True, reason="called off", by="ann", store=store)
+    cause = {"code": "saga.cancelled", "message": "called off"}
+    assert saga_tree.abort_subrun(store, child_id, run, cause)
+    saga_tree.rollback_child(child, store, run, child_id, cause)
     assert store.get_run(child_id).status == "compensated"
     assert fired == [("book", child_id), ("unbook", child_id)]
     assert da.resume(fork, store=store).answer == "parent done"
