@@ -177,7 +177,11 @@ def _woken(store: Store, journal: Journal, run_id: str, pause: Pause) -> bool:
     wakes = list(pause.details.get("decisions") or ()) + list(pause.details.get("wakes") or ())
     if any(journal.get(run_id, name) is not None for name in wakes):
         return True
-    if tree.children_done(store, list(pause.details.get("children") or ())):
+    children = list(pause.details.get("children") or ())
+    if pause.details.get("rollback"):
+        if any(tree.rollback_may_go_on(store, child) for child in children):
+            return True
+    elif tree.children_done(store, children):
         return True
     channels = pause.details.get("channels") or ()
     return bool(channels) and channel_has_message(journal.records(run_id), channels)
@@ -815,6 +819,7 @@ class Driver:
         usage, spend = self.state.usage() + sub_usage, self.state.spend() + sub_spend
         turns = len(self.state.turns)
         parent = tree.queue_parent(self.store, self.state.start)
+        failpoints.hit(f"before-complete:{self.run_id}")
         answer = self.state.assistant(last).content
         rec, inserted = self.log.write(
             names.RUN_COMPLETE,
@@ -853,6 +858,10 @@ class Driver:
         failpoints.hit(f"after-complete:{self.run_id}")
         if parent is not None:
             runtime.dispatch(parent)
+        else:
+            # The parent may have paused on this run since ``queue_parent`` found it running,
+            # and looked for this end before it was written: look once more, now that it is.
+            tree.hand_over_parent(self.store, self.state.start)
         return result
 
     # -- tool calls -------------------------------------------------------------------

@@ -166,6 +166,15 @@ def effects_in(store: Store, agent: Any, run_id: str) -> list[str]:
     return left
 
 
+def next_undo(state: RunState, agent: Any, get: Any) -> tuple[str, Tool] | None:
+    """The call an aborted saga run undoes next (the one its rollback paused on, if it
+    paused): the latest completed compensable call not undone yet."""
+    for call_id, tool, _ in _calls(state, agent, get):
+        if call_id not in state.compensations:
+            return call_id, tool
+    return None
+
+
 def sub_run_of(state: RunState, run_id: str, call_id: str) -> str:
     """The sub-run a call started, as its ``child:<call>`` names it: a fork's copied call
     names its source's sub-run (referenced, not the fork's own), so the id is read when the
@@ -261,6 +270,9 @@ def _undo_child(driver: Driver, call_id: str, tool: Tool, abort_rec: Record) -> 
             pause.message,
             run_id=driver.run_id,
             children=[child],
+            # Woken by the end of the child's rollback, not of its forward run (which may
+            # have finished long ago): ``tree.rollback_may_go_on``.
+            rollback=True,
             **dict(pause.details.get("child_details") or {}),
         ) from None
     op = names.compensate(call_id)

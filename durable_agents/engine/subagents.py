@@ -121,8 +121,18 @@ def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:
 
 
 def _referenced(store: Store, journal: Journal, child_id: str, agent: str) -> str:
-    """The answer of an ended child a fork references, or the error its source's call got."""
+    """The answer of an ended child a fork references, or the error its source's call got.
+    A child a saga rolled back after it finished (``saga:abort`` after its ``run:complete``)
+    has no answer any more: what it did is undone, or being undone."""
     complete = journal.get(child_id, names.RUN_COMPLETE)
+    if complete is not None and journal.get(child_id, names.SAGA_ABORT) is not None:
+        raise Conflict(
+            f"[subagent.failed] sub-run {child_id!r} of agent {agent!r}, which this fork "
+            "references from its source, finished before the fork point but was rolled back "
+            "by a saga since (its effects are undone): its answer no longer stands; fork "
+            "before the call to run the sub-agent again",
+            code="subagent.failed",
+        )
     if complete is not None:
         return str(complete.get("answer"))
     run = store.get_run(child_id)

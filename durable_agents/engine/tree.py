@@ -4,6 +4,7 @@ paused on has ended. ``subagents`` (above the loop) starts and drives the childr
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from . import names, runtime
@@ -102,6 +103,43 @@ def children_done(store: Store, children: list[str]) -> bool:
         if run is not None and run.status in (CANCELLED, COMPENSATED):  # ended, no answer
             return True
     return False
+
+
+def ended_at(store: Store, child: str, *, rollback: bool = False) -> datetime | None:
+    """When sub-run ``child`` ended for a parent paused on it (by the store's clock), or
+    None if it has not: going forward, as ``children_done`` judges; ``rollback``: when its
+    rollback ended (or it was cancelled)."""
+    journal = Journal(store)
+    ends = [names.RUN_COMPENSATED, names.RUN_CANCELLED]
+    if not rollback and journal.get(child, names.SAGA_ABORT) is None:
+        ends.append(names.RUN_COMPLETE)
+    times = [rec.created_at for name in ends if (rec := journal.get(child, name)) is not None]
+    if not times and not rollback:
+        run = store.get_run(child)
+        if run is not None and run.status in (CANCELLED, COMPENSATED):
+            times.append(run.finished_at or run.updated_at)
+    known = [t for t in times if t is not None]
+    return min(known) if known else None  # (a store keeping no times: not judged)
+
+
+def rollback_may_go_on(store: Store, child: str) -> bool:
+    """True if a parent paused on the rollback of sub-run ``child`` may go on: the rollback
+    ended (``run:compensated``), the child was cancelled, or nobody drives it and nothing
+    but its parent will (its abort could not be journaled while another driver held it, or
+    its rollback was left mid-way). A child whose rollback pauses on a person or a wait
+    hands its parent over when it ends."""
+    journal = Journal(store)
+    if journal.get(child, names.RUN_COMPENSATED) is not None:
+        return True
+    if journal.get(child, names.RUN_CANCELLED) is not None:
+        return True
+    lease = store.get_lease(child)
+    if lease is not None and lease.live:
+        return False
+    if journal.get(child, names.SAGA_ABORT) is None:
+        return True
+    run = store.get_run(child)
+    return run is not None and run.status not in PARENT_PAUSE_STATUSES
 
 
 def children_of(store: Store, run_id: str) -> list[str]:

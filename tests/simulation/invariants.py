@@ -22,6 +22,8 @@ from typing import Any
 from durable_agents.engine.approvals import decision_name
 from durable_agents.engine.audit import verify_actions, verify_run
 from durable_agents.engine.journal import Journal
+from durable_agents.engine.names import is_compensation
+from durable_agents.engine.names import result as result_name
 from durable_agents.engine.ports import (
     AWAITING_APPROVAL,
     AWAITING_INPUT,
@@ -415,7 +417,7 @@ def check_halts(w: W.World, ix: Index) -> None:
             continue
         names = ix.names.get(halt.run_id, {})
         row = ix.rows.get(halt.run_id)
-        result = names.get(f"tool:{halt.op_id}")
+        result = names.get(result_name(halt.op_id))  # an undo's is its own name
         if result is not None:
             if (halt.run_id, halt.op_id) in w.resolutions or (
                 halt.created_at is not None
@@ -517,15 +519,15 @@ def check_rows(w: W.World, ix: Index) -> None:
             for n, rec in names.items()
             if n.startswith("child:")
         )
-        # A rollback halts on an undo whose outcome is unknown (``compensate:<call>``, no
-        # record of it yet) as the forward path halts on a call.
-        undo_halted = rolling_back and any(
-            r == run_id and op.startswith("compensate:") and op not in names for r, op in open_halts
-        )
+        # A rollback halts on an undo whose outcome is unknown (``compensate:<call>``, its
+        # outcome under that name) as a forward drive halts on a call.
+        undo_halts = [
+            op for r, op in open_halts if r == run_id and is_compensation(op) and op not in names
+        ]
         if (
             row.status == HALTED
             and not waits_on_child
-            and not undo_halted
+            and not undo_halts
             and not any((run_id, c) in open_halts for c in _pending_calls(names))
         ):
             w.violate("rows_agree", f"run {run_id} is halted with nothing left to resolve")
@@ -995,11 +997,18 @@ def check_trees(w: W.World, ix: Index) -> None:
             w.violate("tree_agrees", f"{run_id} is not named after its parent {parent!r}")
             continue
         names = ix.names.get(parent) or _names(w, parent)
+        parent_row = ix.rows.get(parent) or w.raw.get_run(parent)
+        if parent_row is not None and parent_row.forked_from and "fork:done" not in names:
+            # A half-made fork (its maker died or lost its lease while copying): the forks of
+            # its sub-runs are made first, its own ``child:`` records last. The fork stays
+            # failed (``history.fork_incomplete``) and its sub-runs wait for a parent that
+            # never drives them: legal, as long as nobody drove them on their own.
+            _never_driven_alone(w, ix, run_id, parent)
+            continue
         # (A fork's copy of the record names its source's sub-run: first writer wins.)
         child = names.get(f"child:{call}")
         if child is None or child.get("call_id") != call:
             w.violate("tree_agrees", f"{parent} never journaled starting its sub-run {run_id}")
-        parent_row = ix.rows.get(parent) or w.raw.get_run(parent)
         if parent_row is not None and root != (parent_row.root_run_id or parent):
             w.violate("tree_agrees", f"{run_id}'s root {root!r} is not its parent's root")
         result = names.get(f"tool:{call}")
@@ -1014,6 +1023,19 @@ def check_trees(w: W.World, ix: Index) -> None:
                 "tree_agrees",
                 f"{parent}'s result for {call} is not the answer of its sub-run {run_id}",
             )
+
+
+def _never_driven_alone(w: W.World, ix: Index, run_id: str, parent: str) -> None:
+    """A sub-run forked for a fork that was never completely made has nothing after its own
+    copy (``fork:done``): only its parent may drive it, and its parent never will."""
+    records = ix.records.get(run_id) or Journal(w.raw).records(run_id)
+    done = next((r for r in records if r.name == "fork:done"), None)
+    after = [r.name for r in records if done is not None and r.seq > done.seq]
+    if after:
+        w.violate(
+            "tree_agrees",
+            f"{run_id}, forked for the half-made fork {parent}, was driven on its own: {after}",
+        )
 
 
 def saga_violations(records: list[Record]) -> list[str]:

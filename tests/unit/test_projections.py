@@ -13,6 +13,7 @@ import durable_agents as da
 from durable_agents.engine import failpoints
 from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.commands.runs import drive_quietly
+from durable_agents.engine.commands.timers import wake_timers
 from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
@@ -216,6 +217,20 @@ def test_a_drive_closes_the_halt_a_stopped_resolution_left_open(store, crash_at)
         da.resolve_halt("r1", "call_1_1", "shipped b1", by="ann", store=store)
     assert da.resume("r1", store=store).answer == "sent"  # a person presses "resume"
     assert store.list_halts(run_id="r1") == [] and fired == ["b1"]
+
+
+def test_the_sweep_finishes_a_stopped_resolution_nobody_asks_again(store, crash_at):
+    fired: list[str] = []
+    halted(store, fired)
+    crash_at("after-resolution:call_1_1")
+    with pytest.raises(Crash):
+        da.resolve_halt("r1", "call_1_1", "shipped b1", by="ann", store=store)
+    assert store.get_run("r1").status == "halted"
+    assert wake_timers(store=store) == ["r1"]
+    [halt] = store.list_halts(run_id="r1", status=None)
+    assert (halt.status, halt.resolution["result"]) == ("resolved", "shipped b1")
+    assert store.get_run("r1").status == "finished" and fired == ["b1"]
+    assert wake_timers(store=store) == []
 
 
 # -- a decision stopped after its record -----------------------------------------------

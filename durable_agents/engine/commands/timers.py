@@ -7,6 +7,15 @@ a periodic sweep (``wake_timers``) hands over every paused run whose journal say
 wait is due. Handing over early is harmless: the wait reads its journaled time and pauses
 again without a second record; the sweep only makes sure a wake is late by at most one sweep.
 
+The same sweep hands over a parent paused on a sub-run (``agent.as_tool()``) that ended
+without handing it over: the sub-run ended after the parent paused (its second look for a
+paused parent died with its process; docs/composition.md), or, in a saga's rollback, the
+rollback of the sub-run the parent undoes next ended, or nobody drives that sub-run and it
+was never aborted (its lease was busy when the parent tried). Such a parent waits for
+nothing any more either. So does a halted run whose resolution stopped between its record
+and its rows (the process resolving it died): the sweep finishes the resolution, as asking
+again would.
+
 A person may also wake a timer before its time (``wake_timer``, the admin's "wake now"): that
 is a staff decision, journaled as such (``waited:<name>`` with ``early`` and who decided), not a
 change of the clock: the wake time stays what was journaled, and the record says it was cut
@@ -17,13 +26,28 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from .. import failpoints, identity, names, runtime
-from ..errors import Conflict, NotFound
+from .. import failpoints, identity, names, runtime, sagas, tree
+from ..errors import ConfigError, Conflict, NotFound
 from ..journal import Journal
-from ..ports import AWAITING_INPUT, KIND_AGENT, QUEUED, RUNNING, SLEEPING, TERMINAL_STATUSES, Store
+from ..ports import (
+    AWAITING_INPUT,
+    HALTED,
+    KIND_AGENT,
+    QUEUED,
+    RUNNING,
+    SLEEPING,
+    TERMINAL_STATUSES,
+    RunInfo,
+    Store,
+)
+from ..records import Record
+from ..registry import get_agent
+from ..transcript import RunState
 from ..waits import OUTCOME_WOKE, TIMER, all_answered, next_wake
+from .halts import finish_resolution
 
 log = logging.getLogger("durable_agents.timers")
 
@@ -34,19 +58,28 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
     """One sweep; returns the run ids it handed to a driver: paused runs whose timer or
     deadline is due, and paused runs that wait for nothing any more (``all_answered``: an
     answer, signal, channel message or early wake was journaled but its sender died before
-    handing the run over). The cost is one journal read per paused run (sleeping or awaiting
-    input)."""
+    handing the run over; or a sub-run it waits on ended without handing it over:
+    ``paused_on_an_ended_sub_run``). The cost is one journal read per paused run (sleeping,
+    awaiting input, approval, or halted), and for a parent, a few reads per unsettled
+    sub-run."""
     store = store or runtime.store()
     journal = Journal(store)
     now = store.now()
     woken: list[str] = []
     after: str | None = None
     while True:
-        runs = store.list_unfinished(limit=batch, after=after, statuses=TIMED_STATUSES)
+        runs = store.list_unfinished(limit=batch, after=after, statuses=tree.PARENT_PAUSE_STATUSES)
         for run in runs:
             records = journal.records(run.run_id)
-            due = next_wake(records)
-            if (due is None or now < due) and not all_answered(records):
+            due = next_wake(records) if run.status in TIMED_STATUSES else None
+            timed = run.status in TIMED_STATUSES and (
+                (due is not None and now >= due) or all_answered(records)
+            )
+            if _finish_stopped_resolutions(store, run, records):
+                runtime.dispatch(run.run_id)
+                woken.append(run.run_id)
+                continue
+            if not timed and not paused_on_an_ended_sub_run(store, run, records):
                 continue
             # Queued first (only from the status it was seen in): if the hand-over is lost,
             # recovery picks a queued run up.
@@ -63,6 +96,60 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
     if woken:
         log.info("woke %d run(s) whose timer or deadline was due", len(woken))
     return woken
+
+
+def _finish_stopped_resolutions(store: Store, run: RunInfo, records: list[Record]) -> bool:
+    """A halted run whose open halt has its outcome in the journal: a resolution stopped
+    between its record and its rows (its process died). Bring the rows in step, as asking
+    again would (``finish_resolution``); True if the run was queued (hand it over)."""
+    if run.status != HALTED:
+        return False
+    outcomes = {rec.name: rec for rec in records if rec.get("reconciled")}
+    if not outcomes:
+        return False  # only a resolution records an outcome over a halt
+    queued = False
+    for halt in store.list_halts(run_id=run.run_id):
+        outcome = outcomes.get(names.result(halt.op_id))
+        if outcome is not None:
+            queued = finish_resolution(store, run, halt.op_id, outcome) or queued
+    return queued
+
+
+def paused_on_an_ended_sub_run(store: Store, run: RunInfo, records: list[Record]) -> bool:
+    """Whether paused run ``run`` (its journal: ``records``) waits on a sub-run that will not
+    hand it over: going forward, a call's sub-run ended after the run paused (one that ended
+    before was seen by the drive that paused: the run waits on something else too, a halt
+    or a decision of its own); rolling back, likewise for the rollback of the sub-run it
+    undoes next, or that sub-run is driven by nobody and was never aborted."""
+    state = RunState.of(records)
+    if not state.children:
+        return False
+    if state.complete is not None and state.saga_abort is None:
+        return False
+    if state.compensated is not None or state.cancelled is not None:
+        return False
+    if state.saga_abort is None:
+        unsettled = [child for call, child in state.children.items() if call not in state.results]
+        return any(_after(tree.ended_at(store, child), run.updated_at) for child in unsettled)
+    if state.live_attempts():
+        return False  # the rollback halts on an unknown outcome first: a person's to resolve
+    try:
+        agent = get_agent(run.agent)
+    except ConfigError:  # an agent no longer loaded: its rollback's order is unknown here
+        return False
+    by_name = {rec.name: rec for rec in records}
+    undo = sagas.next_undo(state, agent, by_name.get)
+    if undo is None or undo[1].subagent_def is None:
+        return False  # it paused on an undo of its own (a halt), not on a sub-run
+    child = sagas.sub_run_of(state, run.run_id, undo[0])
+    ended = tree.ended_at(store, child, rollback=True)
+    if ended is not None:
+        return _after(ended, run.updated_at)
+    return tree.rollback_may_go_on(store, child)
+
+
+def _after(ended: datetime | None, paused: datetime | None) -> bool:
+    return ended is not None and (paused is None or ended >= paused)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,278 @@
+"""Races in trees of sub-agents, on every store (InMemoryStore, PostgreSQL, SQLite): a sub-run
+that ends while its parent pauses on it, and a saga's rollback of a sub-run another driver
+holds. Two drivers are two greenlets switched at the engine's named points, so each schedule
+is exact; effects are counted outside the journal (``fired``)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import greenlet
+import pytest
+
+import durable_agents as da
+from durable_agents.engine import failpoints, names, saga_tree
+from durable_agents.engine.commands.runs import drive_quietly
+from durable_agents.engine.commands.timers import wake_timers
+from durable_agents.engine.journal import Journal
+from durable_agents.engine.loop import drive
+from durable_agents.providers import scripted
+from durable_agents.providers.scripted import ScriptedModel
+from tests.support import wiring
+from tests.support.doubles import Crash
+from tests.support.stores import DB
+
+pytestmark = DB
+
+
+@pytest.fixture
+def wired(store):
+    """Hand runs over inline, to this store, and say which runs were handed over."""
+    sent: list[str] = []
+
+    def dispatch(run_id: str) -> None:
+        sent.append(run_id)
+        drive_quietly(run_id, store=store)
+
+    with wiring.wired(dispatcher=dispatch, halt_min_age=lambda: 0.0):
+        yield store, sent
+
+
+@pytest.fixture
+def at_point(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, Callable[[], None]], None]:
+    """``at_point(name, fn)``: run ``fn`` when a driver reaches the named point (once)."""
+    hooks: dict[str, Callable[[], None]] = {}
+
+    def hit(name: str) -> None:
+        hook = hooks.pop(name, None)
+        if hook is not None:
+            hook()
+
+    monkeypatch.setattr(failpoints, "hit", hit)
+    return hooks.__setitem__
+
+
+def die() -> None:
+    raise Crash()
+
+
+def new_id(stem: str) -> str:
+    return f"{stem}-{uuid.uuid4().hex[:8]}"
+
+
+def pair(prefix: str, fired: list, *, saga: bool = False) -> tuple[da.Agent, da.Agent]:
+    """``<prefix>-parent`` asks ``<prefix>-child`` (which books, undoably), then answers."""
+
+    def unbook(args, result, ctx):
+        fired.append(("unbook", ctx.run_id))
+        return "unbooked"
+
+    @da.tool(idempotent=True, compensate=unbook)
+    def book(ctx: da.ToolContext) -> str:
+        fired.append(("book", ctx.run_id))
+        return "booked"
+
+    @da.tool
+    def pay(ctx: da.ToolContext) -> str:
+        raise da.SagaAborted("the card was declined")
+
+    child = da.Agent(
+        f"{prefix}-child",
+        ScriptedModel([scripted.calls(scripted.call("book", {})), scripted.text("child done")]),
+        "Book.",
+        [book],
+    )
+    parent = da.Agent(
+        f"{prefix}-parent",
+        ScriptedModel(
+            [
+                scripted.calls(scripted.call(child.name, {"input": "errand"})),
+                scripted.calls(scripted.call("pay", {})),
+                scripted.text("parent done"),
+            ]
+        ),
+        "Delegate, then pay.",
+        [child.as_tool(), pay],
+        saga=saga,
+    )
+    return parent, child
+
+
+def test_a_sub_run_ending_while_its_parent_pauses_on_it_hands_the_parent_over(wired, at_point):
+    """The child's driver looks for a paused parent before its end record (the parent is
+    still running: nothing to hand over), the parent then pauses on the busy child and finds
+    it unfinished, then the child's end is written: the child's driver looks again."""
+    store, sent = wired
+    fired: list = []
+    parent, child = pair("trr-end", fired)
+    run = new_id("trr")
+    child_id = f"{run}/call_1_1"
+    main = greenlet.getcurrent()
+
+    def other_driver() -> None:
+        drive(
+            child,
+            child_id,
+            "errand",
+            store=store,
+            derived_id=True,
+            meta={"parent_run_id": run, "root_run_id": run},
+        )
+
+    other = greenlet.greenlet(other_driver)
+    # The parent journaled its call's sub-run; another driver starts it and drives it to
+    # just before its end record, then the parent goes on (and finds the child busy).
+    at_point(f"after-child:{child_id}", other.switch)
+    at_point(f"before-complete:{child_id}", main.switch)
+    with pytest.raises(da.ChildPending):
+        drive(parent, run, "go", store=store)
+    assert store.get_run(run).status == "awaiting_input"
+    other.switch()  # the child's end is written now
+    assert other.dead
+    assert store.get_run(child_id).status == "finished"
+    assert sent == [run]
+    assert store.get_run(run).status == "finished"
+    assert fired == [("book", child_id)]
+
+
+def test_the_sweep_hands_over_a_parent_paused_on_a_sub_run_that_ended(wired, at_point):
+    """The same race, and the child's driver dies right after its end record: the next
+    sweep of paused runs (``wake_timers``, on beat) hands the parent over, once."""
+    store, sent = wired
+    fired: list = []
+    parent, child = pair("trr-sweep", fired)
+    run = new_id("trr")
+    child_id = f"{run}/call_1_1"
+    main = greenlet.getcurrent()
+
+    def other_driver() -> None:
+        drive(
+            child,
+            child_id,
+            "errand",
+            store=store,
+            derived_id=True,
+            meta={"parent_run_id": run, "root_run_id": run},
+        )
+
+    other = greenlet.greenlet(other_driver)
+    at_point(f"after-child:{child_id}", other.switch)
+    at_point(f"before-complete:{child_id}", main.switch)
+    with pytest.raises(da.ChildPending):
+        drive(parent, run, "go", store=store)
+    # The child's driver writes its end and dies before anything else.
+    at_point(f"after-complete:{child_id}", die)
+    with pytest.raises(Crash):
+        other.switch()
+    assert store.get_run(child_id).status == "finished"
+    assert store.get_run(run).status == "awaiting_input"
+    assert sent == []
+    assert wake_timers(store=store) == [run]
+    assert store.get_run(run).status == "finished"
+    assert wake_timers(store=store) == []
+    assert fired == [("book", child_id)]
+
+
+@pytest.mark.timeout(60)
+def test_a_sagas_rollback_of_a_sub_run_held_elsewhere_pauses_until_it_is_free(wired, at_point):
+    """The parent aborts while another driver holds its finished sub-run's lease: it pauses
+    (it does not spin on the busy lease), the sweep of paused runs leaves it while the lease
+    is held, and hands it over once it is free; the child's call is undone once."""
+    store, sent = wired
+    fired: list = []
+    parent, _child = pair("trr-saga", fired, saga=True)
+    run = new_id("trr")
+    child_id = f"{run}/call_1_1"
+    at_point("after-saga-abort", lambda: store.acquire_lease(child_id, "elsewhere", "tok", 30))
+    with pytest.raises(da.ChildPending) as paused:
+        drive(parent, run, "go", store=store)
+    assert paused.value.details["children"] == [child_id]
+    assert store.get_run(run).status == "awaiting_input"
+    assert Journal(store).get(child_id, names.SAGA_ABORT) is None
+    assert wake_timers(store=store) == []
+    store.release_lease(child_id, "tok")
+    assert wake_timers(store=store) == [run]
+    assert sent == [run]
+    assert store.get_run(child_id).status == "compensated"
+    assert store.get_run(run).status == "compensated"
+    assert fired == [("book", child_id), ("unbook", child_id)]
+
+
+@pytest.mark.timeout(60)
+def test_a_parent_paused_on_a_sub_runs_rollback_is_handed_over_by_its_end(wired, at_point):
+    """Another driver rolls the sub-run back itself (as a fork's rollback of the sub-run it
+    references does): the end of that rollback hands the paused parent over, which records
+    it as its call's undo without undoing anything again."""
+    store, sent = wired
+    fired: list = []
+    parent, child = pair("trr-saga-end", fired, saga=True)
+    run = new_id("trr")
+    child_id = f"{run}/call_1_1"
+    at_point("after-saga-abort", lambda: store.acquire_lease(child_id, "elsewhere", "tok", 30))
+    with pytest.raises(da.ChildPending):
+        drive(parent, run, "go", store=store)
+    store.release_lease(child_id, "tok")
+    cause = {"code": "saga.aborted", "message": "another rollback"}
+    saga_tree.rollback_child(child, store, "elsewhere", child_id, cause)
+    assert store.get_run(child_id).status == "compensated"
+    assert sent == [run]
+    assert store.get_run(run).status == "compensated"
+    assert fired == [("book", child_id), ("unbook", child_id)]
+
+
+def test_a_forks_call_fails_on_a_referenced_sub_run_rolled_back_after_it_finished(wired, at_point):
+    """A fork references a sub-run that finished before the fork point, whose end its parent
+    never learnt (its driver died); the source's side then rolls that sub-run back (as its
+    parent's saga would: a fork never rolls back what it references). The fork's call must
+    not answer with the undone run's old answer: it is the call's error
+    (``subagent.failed``), and nothing is booked or undone again."""
+    store, _sent = wired
+    fired: list = []
+
+    def unbook(args, result, ctx):
+        fired.append(("unbook", ctx.run_id))
+        return "unbooked"
+
+    @da.tool(idempotent=True, compensate=unbook)
+    def book(ctx: da.ToolContext) -> str:
+        fired.append(("book", ctx.run_id))
+        return "booked"
+
+    child = da.Agent(
+        "trr-ref-child",
+        ScriptedModel([scripted.calls(scripted.call("book", {})), scripted.text("child done")]),
+        "Book.",
+        [book],
+    )
+    parent = da.Agent(
+        "trr-ref-parent",
+        ScriptedModel(
+            [
+                scripted.calls(scripted.call(child.name, {"input": "errand"})),
+                scripted.text("parent done"),
+            ]
+        ),
+        "Delegate.",
+        [child.as_tool()],
+    )
+    run = new_id("trr")
+    child_id = f"{run}/call_1_1"
+    at_point(f"after-complete:{child_id}", die)
+    with pytest.raises(Crash):
+        drive(parent, run, "go", store=store)
+    assert Journal(store).get(run, names.tool("call_1_1")) is None
+    fork = da.fork(run, 1, store=store)
+    assert Journal(store).get(fork, names.child("call_1_1")).get("run_id") == child_id
+    cause = {"code": "saga.cancelled", "message": "called off"}
+    assert saga_tree.abort_subrun(store, child_id, run, cause)
+    saga_tree.rollback_child(child, store, run, child_id, cause)
+    assert store.get_run(child_id).status == "compensated"
+    assert fired == [("book", child_id), ("unbook", child_id)]
+    assert da.resume(fork, store=store).answer == "parent done"
+    result = Journal(store).get(fork, names.tool("call_1_1"))
+    assert result.get("is_error")
+    assert "subagent.failed" in str(result.get("result"))
+    assert "rolled back" in str(result.get("result"))
+    assert fired == [("book", child_id), ("unbook", child_id)]
+    assert store.get_run(f"{fork}/call_1_1") is None
