@@ -165,7 +165,7 @@ class Index:
 def _awaits_its_parent(w: W.World, ix: Index, run_id: str) -> bool:
     """A fork's own sub-run (a fork of the child its source's parent waited on) waits for its
     forked parent to drive it: legitimately, while the parent's call that names it has no
-    result and the parent has not ended."""
+    result and the parent has not ended, or for good if the parent is a half-made fork."""
     row = ix.rows[run_id]
     if row is None or not row.forked_from or not row.parent_run_id:
         return False
@@ -180,6 +180,11 @@ def _awaits_its_parent(w: W.World, ix: Index, run_id: str) -> bool:
         if rec.name.startswith("child:") and rec.get("run_id") == run_id
     ]
     parent_row = w.raw.get_run(parent)
+    if parent_row is not None and parent_row.forked_from and "fork:done" not in by_name:
+        # A half-made fork (its maker died or lost its lease while copying) never drives its
+        # sub-runs: they wait for good, a documented limit (``tree_agrees`` checks that
+        # nobody drove them on their own).
+        return True
     return (
         bool(calls)
         and all(f"tool:{c}" not in by_name for c in calls)
