@@ -239,7 +239,7 @@ def main() -> None:
             f"{rl / ri:.2f}x by medians); run {statistics.median(loop_total) * 1e3:.1f} ms median"
         )
         print(f"    of which CPU here  {rc:8.1f} us median  (engine + driver, no DB waits)")
-        print(f"resume                 finished run of {steps} records, {args.resume_rounds} rounds")
+        print(f"resume                 finished run of {steps} records, {args.resume_rounds} pairs")
         print(f"(c) raw SELECT         {sa:8.1f} us median")
         print(
             f"(d) resume (replay)    {sr:8.1f} us median  ({resume_ratio:.2f}x raw per pair; "

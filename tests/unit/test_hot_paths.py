@@ -141,7 +141,7 @@ def test_a_run_log_read_lazily_answers_as_one_read_at_once(store):
     assert log.get("step:9") is None
     assert log.write("step:1", {"kind": "value", "value": "other"})[0].get("value") == 1
     assert [(r.name, r.seq, r.data) for r in log] == [(r.name, r.seq, r.data) for r in eager]
-    assert [r for r in log if r.name == "step:2"][0] is third  # the one asked for, kept
+    assert next(r for r in log if r.name == "step:2") is third  # the one asked for, kept
 
     journal.write(run_id, "step:5", {"kind": "value", "value": 5})  # another writer's
     late = journal.open(run_id)
