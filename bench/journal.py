@@ -10,9 +10,10 @@ Per step, interleaved one for one in one run on the local PostgreSQL:
       does for (b) (nobody follows the bench's run), through a second DjangoStore whose
       connection sets ``session_replication_role = replica`` (ordinary triggers do not fire
       in that session; the schema and every other session are unchanged).
-Each step times a, then b and d (in turns, either first), then c, back to back. The ratios are medians of per-step ratios (b/a,
-b/d: the two sides of a ratio ran microseconds apart, so a load spike moves one step's
-ratio, not the figure); the medians of each series and their ratios are printed too.
+Each step times a, then b and d (taking turns going first), then c, back to back. The
+ratios are medians of per-step ratios (b/a, b/d: the two sides of a ratio ran microseconds
+apart, so a load spike moves one step's ratio, not the figure); the medians of each series
+and their ratios are printed too.
 Targets: (b)/(a) <= 1.3, chain overhead (b)/(d) - 1 <= 5%.
 
     .venv/bin/python bench/journal.py [--steps 2000] [--repeat N]
