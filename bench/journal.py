@@ -16,10 +16,12 @@ apart, so a load spike moves one step's ratio, not the figure); the medians of e
 and their ratios are printed too.
 Targets: (b)/(a) <= 1.3, chain overhead (b)/(d) - 1 <= 5%.
 
-    .venv/bin/python bench/journal.py [--steps 2000] [--repeat N]
+    .venv/bin/python bench/journal.py [--steps 2000] [--repeat N] [--aa off|on]
 
 With ``--repeat N`` the whole measurement runs N times in a row; each series prints its
-figures and the RESULT lines give the median over the N series.
+figures and the RESULT lines give the median over the N series. ``--aa off`` (``on``)
+checks the method itself: (b) and (d) both without (with) the trigger, so the chain
+overhead should read about 0 (``on``: (d)'s statement also probes for followers).
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ CHAIN_OFF = "bench_chain_off"
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument(
+        "--aa",
+        choices=["off", "on"],
+        help="A/A check of the method: the trigger off (or on) on both sides of (b)/(d); "
+        "the chain overhead should then read about 0",
+    )
     add_repeat_argument(parser)
     args = parser.parse_args()
     setup_django()
@@ -60,8 +68,12 @@ def main() -> None:
     # session (and prepared statements) of its own in which the chain's trigger is off.
     connections.settings[CHAIN_OFF] = dict(connections.settings[store.using])
     off_store = DjangoStore(using=CHAIN_OFF)
-    with connections[CHAIN_OFF].cursor() as cursor:
-        cursor.execute("SET session_replication_role = replica")
+    if args.aa != "on":
+        with connections[CHAIN_OFF].cursor() as cursor:
+            cursor.execute("SET session_replication_role = replica")
+    if args.aa == "off":
+        with connections[store.using].cursor() as cursor:
+            cursor.execute("SET session_replication_role = replica")
 
     journal = Journal(store)
     raw = raw_connection()
