@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -62,6 +63,22 @@ def timed(fn: Callable[[], object]) -> float:
 
 def median_us(samples: list[float]) -> float:
     return statistics.median(samples) * 1e6
+
+
+def median_ratio(numerators: list[float], denominators: list[float]) -> float:
+    """The median of the per-pair ratios ``numerators[i] / denominators[i]``: each pair was
+    measured back to back, so a load spike moves both sides of a pair (and one pair's
+    ratio), not the whole figure."""
+    return statistics.median(n / d for n, d in zip(numerators, denominators, strict=True))
+
+
+def add_repeat_argument(parser: Any) -> None:
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="measure N series in a row; the RESULT lines give the median over the series",
+    )
 
 
 def payload(size: int = 1024) -> str:

@@ -8,24 +8,31 @@
     timed raw inserts per turn (topped up after the run to as many as the run wrote
     records), and their time is taken off the run's wall time. The loop's cost includes
     everything a step costs: the run-row projection (one fenced UPDATE per model turn), the
-    lease, transcript rebuilding. Also printed: this process's CPU time per record (engine
-    and driver work, without database waits). Target: <= 1.5 (issue 17).
+    lease, transcript rebuilding. A run's ratio is its cost per record over the median of
+    its own interleaved raw inserts; the figure is the median over the runs. Also printed:
+    this process's CPU time per record (engine and driver work, without database waits).
+    Target: <= 1.5 (issue 17).
 
 (2) Resume of a finished run (replay only). A run with ~1,000 recorded steps is built once;
     then ``agent.run(run_id, input)`` on it must read the journal in one query and return
     the recorded answer without calling the model (both asserted). Its time is compared
     with a raw psycopg ``SELECT seq, name, data, created_at ... ORDER BY seq`` (fetchall) of
-    the same rows, interleaved. Target: <= 1.5.
+    the same rows, alternating one for one; the figure is the median of the per-pair
+    ratios. Target: <= 1.5.
 
 (3) One-turn runs. A new run whose model answers at once (4 records: header, ``run:start``,
     ``model:1``, ``run:complete``), ``agent.run`` of a fresh run id each time, against the
-    median raw psycopg autocommit INSERT, one raw insert before each run. Target: <= 4.0
-    per run (issue 17: half a DBOS empty workflow).
+    raw psycopg autocommit INSERT, one raw insert right before each run; the figure is the
+    median of the per-pair ratios (run / the raw insert before it). Target: <= 4.0 per run
+    (issue 17: half a DBOS empty workflow).
 
-Prints medians; the last three lines are the results: one-turn run, loop, resume.
+Prints medians (and the ratios of medians the figures were before per-pair ratios); the
+last three lines are the results: one-turn run, loop, resume. With ``--repeat N`` the three
+measurements run N times in a row (the runs built once) and the RESULT lines give the
+median over the N series.
 
     .venv/bin/python bench/loop.py [--turns 100] [--rounds 5] [--resume-turns 500]
-                                   [--resume-rounds 20] [--one-turn-runs 200]
+                                   [--resume-rounds 20] [--one-turn-runs 200] [--repeat N]
 """
 
 from __future__ import annotations
@@ -36,7 +43,15 @@ import time
 import uuid
 from typing import Any
 
-from _setup import median_us, payload, raw_connection, setup_django, timed
+from _setup import (
+    add_repeat_argument,
+    median_ratio,
+    median_us,
+    payload,
+    raw_connection,
+    setup_django,
+    timed,
+)
 
 
 def main() -> None:
@@ -46,6 +61,7 @@ def main() -> None:
     parser.add_argument("--resume-turns", type=int, default=500, help="turns of the resumed run")
     parser.add_argument("--resume-rounds", type=int, default=20)
     parser.add_argument("--one-turn-runs", type=int, default=200, help="one-turn runs measured")
+    add_repeat_argument(parser)
     args = parser.parse_args()
     setup_django()
 
@@ -130,19 +146,8 @@ def main() -> None:
     for _ in range(200):  # warm-up: connections, plans, caches
         raw_insert()
     live_run(-1)
-    loop_per_record: list[float] = []
-    cpu_per_record: list[float] = []
-    loop_total: list[float] = []
-    raw_inserts: list[float] = []
-    for i in range(args.rounds):
-        elapsed, cpu, records = live_run(i)
-        loop_total.append(elapsed)
-        loop_per_record.append(elapsed / records)
-        cpu_per_record.append(cpu / records)
-        raw_inserts.extend(samples)
-    rl, ri, rc = median_us(loop_per_record), median_us(raw_inserts), median_us(cpu_per_record)
 
-    # -- (2) resume of a finished run ---------------------------------------------------
+    # -- (2)'s finished run, built once --------------------------------------------------
     replay = make_agent(f"bench-resume-{tag}", args.resume_turns)
     resume_id = f"bench-resume-{tag}"
     created.append(resume_id)
@@ -170,54 +175,93 @@ def main() -> None:
     for _ in range(5):  # warm-up
         raw_select()
         resume()
-    ra_: list[float] = []
-    rs_: list[float] = []
-    for _ in range(args.resume_rounds):
-        ra_.append(timed(raw_select))
-        rs_.append(timed(resume))
-    assert replay.model.requests == requests, "a finished run called the model again"
-    sa, sr = median_us(ra_), median_us(rs_)
 
-    # -- (3) one-turn runs ---------------------------------------------------------------
+    # -- (3)'s agent -------------------------------------------------------------------------
     one = da.Agent(f"bench-one-{tag}", ScriptedModel([scripted.text("Hi.")]), "Say hi.")
+    one_n = 0
 
-    def one_turn(i: int) -> None:
-        run_id = f"bench-one-{tag}-{i}"
+    def one_turn() -> None:
+        nonlocal one_n
+        one_n += 1
+        run_id = f"bench-one-{tag}-{one_n}"
         created.append(run_id)
         assert one.run(run_id, "Hello.").answer == "Hi."
 
-    for i in range(20):  # warm-up
+    for _ in range(20):  # warm-up
         raw_insert()
-        one_turn(-1 - i)
-    samples.clear()
-    one_runs: list[float] = []
-    for i in range(args.one_turn_runs):
-        raw_insert()
-        one_runs.append(timed(lambda: one_turn(i)))  # noqa: B023 (called at once)
-    so, ro = median_us(one_runs), median_us(samples)
+        one_turn()
+
+    results: dict[str, list[float]] = {"one-turn": [], "loop": [], "resume": []}
+    for series in range(args.repeat):
+        # (1) live steps
+        loop_per_record: list[float] = []
+        loop_ratios: list[float] = []
+        cpu_per_record: list[float] = []
+        loop_total: list[float] = []
+        raw_inserts: list[float] = []
+        for i in range(args.rounds):
+            elapsed, cpu, records = live_run(series * args.rounds + i)
+            loop_total.append(elapsed)
+            loop_per_record.append(elapsed / records)
+            loop_ratios.append(elapsed / records / statistics.median(samples))
+            cpu_per_record.append(cpu / records)
+            raw_inserts.extend(samples)
+        rl, ri, rc = median_us(loop_per_record), median_us(raw_inserts), median_us(cpu_per_record)
+
+        # (2) resume of a finished run
+        ra_: list[float] = []
+        rs_: list[float] = []
+        for _ in range(args.resume_rounds):
+            ra_.append(timed(raw_select))
+            rs_.append(timed(resume))
+        assert replay.model.requests == requests, "a finished run called the model again"
+        sa, sr = median_us(ra_), median_us(rs_)
+
+        # (3) one-turn runs
+        samples.clear()
+        one_runs: list[float] = []
+        for _ in range(args.one_turn_runs):
+            raw_insert()
+            one_runs.append(timed(one_turn))
+        so, ro = median_us(one_runs), median_us(samples)
+
+        loop_ratio = statistics.median(loop_ratios)
+        resume_ratio = median_ratio(rs_, ra_)
+        one_ratio = median_ratio(one_runs, samples)
+        results["loop"].append(loop_ratio)
+        results["resume"].append(resume_ratio)
+        results["one-turn"].append(one_ratio)
+        print(f"series {series + 1}/{args.repeat}")
+        print(f"live run               {args.turns} turns, {records} records, {args.rounds} rounds")
+        print(f"(a) raw INSERT         {ri:8.1f} us median ({len(raw_inserts)} interleaved)")
+        print(
+            f"(b) loop per record    {rl:8.1f} us median  ({loop_ratio:.2f}x raw per run; "
+            f"{rl / ri:.2f}x by medians); run {statistics.median(loop_total) * 1e3:.1f} ms median"
+        )
+        print(f"    of which CPU here  {rc:8.1f} us median  (engine + driver, no DB waits)")
+        print(f"resume                 finished run of {steps} records, {args.resume_rounds} pairs")
+        print(f"(c) raw SELECT         {sa:8.1f} us median")
+        print(
+            f"(d) resume (replay)    {sr:8.1f} us median  ({resume_ratio:.2f}x raw per pair; "
+            f"{sr / sa:.2f}x by medians); 1 journal read"
+        )
+        print(f"one-turn runs          {args.one_turn_runs} runs of 4 records")
+        print(f"(e) raw INSERT         {ro:8.1f} us median ({len(samples)} interleaved)")
+        print(
+            f"(f) one-turn run       {so:8.1f} us median  ({one_ratio:.2f}x raw per pair; "
+            f"{so / ro:.2f}x by medians) per run"
+        )
 
     raw.execute("DELETE FROM bench_raw_journal WHERE run_id = %s", [raw_run])
     for run_id in created:
         store.delete_run(run_id)
 
-    loop_ratio, resume_ratio = rl / ri, sr / sa
-    print(f"live run               {args.turns} turns, {records} records, {args.rounds} rounds")
-    print(f"(a) raw INSERT         {ri:8.1f} us median ({len(raw_inserts)} interleaved)")
-    print(
-        f"(b) loop per record    {rl:8.1f} us median  ({loop_ratio:.2f}x raw); "
-        f"run {statistics.median(loop_total) * 1e3:.1f} ms median"
-    )
-    print(f"    of which CPU here  {rc:8.1f} us median  (engine + driver, no DB waits)")
-    print(f"resume                 finished run of {steps} records, {args.resume_rounds} rounds")
-    print(f"(c) raw SELECT         {sa:8.1f} us median")
-    print(f"(d) resume (replay)    {sr:8.1f} us median  ({resume_ratio:.2f}x raw); 1 journal read")
-    one_ratio = so / ro
-    print(f"one-turn runs          {args.one_turn_runs} runs of 4 records")
-    print(f"(e) raw INSERT         {ro:8.1f} us median ({len(samples)} interleaved)")
-    print(f"(f) one-turn run       {so:8.1f} us median  ({one_ratio:.2f}x raw) per run")
-    print(f"RESULT one-turn ratio={one_ratio:.2f} target=4.0")
-    print(f"RESULT loop ratio={loop_ratio:.2f} target=1.5")
-    print(f"RESULT resume ratio={resume_ratio:.2f} target=1.5")
+    if args.repeat > 1:
+        for name, values in results.items():
+            print(f"series {name:9s} " + " ".join(f"{v:.2f}" for v in values))
+    print(f"RESULT one-turn ratio={statistics.median(results['one-turn']):.2f} target=4.0")
+    print(f"RESULT loop ratio={statistics.median(results['loop']):.2f} target=1.5")
+    print(f"RESULT resume ratio={statistics.median(results['resume']):.2f} target=1.5")
 
 
 if __name__ == "__main__":

@@ -350,6 +350,11 @@ class RunLog:
         self.fence = fence
         self._records: dict[str, Record] = {}
         self._order: list[Record] = []
+        # The first read's entries by name, made Records one by one as they are asked for: a
+        # finished run's resume looks up three names in a journal of thousands. Every path
+        # that needs them all (order, length, a later write) makes the rest first.
+        self._unread: dict[str, Entry] | None = None
+        self._first: Sequence[Entry] = ()
         if entries is None:
             self.refresh()
             return
@@ -366,6 +371,7 @@ class RunLog:
         insert, not at commit). ``since_last`` reads only later entries: right after taking
         the lease that is complete for fenced writes, since a fenced insert holds a share
         lock on the lease row until it commits, so the lease could not be taken before."""
+        self._read_all()
         after = max((r.seq for r in self._order), default=0) if since_last else 0
         entries = self.journal.store.load(self.run_id, after=after)
         if not entries:
@@ -373,33 +379,49 @@ class RunLog:
         if not self._order:  # the first read: one batch, no duplicates possible
             self.journal._check_header(self.run_id, entries[0])
             self.journal._remember(self.run_id)
-            self._order = [Record(*e) for e in entries]
-            self._records = {r.name: r for r in self._order}
+            self._first = entries
+            self._unread = {e.name: e for e in entries}
             return
         for entry in entries:
             self._add(to_record(entry))
 
+    def _read_all(self) -> None:
+        """Make Records of the first read's entries not asked for yet, in journal order."""
+        if self._unread is None:
+            return
+        made = self._records
+        self._order = [made.get(e.name) or Record(*e) for e in self._first]
+        self._records = {r.name: r for r in self._order}
+        self._unread, self._first = None, ()
+
     def _add(self, record: Record) -> None:
+        self._read_all()
         if record.name in self._records:
             return
         self._records[record.name] = record
         self._order.append(record)
 
     def __iter__(self) -> Iterator[Record]:
+        self._read_all()
         return iter(list(self._order))
 
     def __len__(self) -> int:
-        return len(self._order)
+        return len(self._first) if self._unread is not None else len(self._order)
 
     def get(self, name: str) -> Record | None:
-        return self._records.get(name)
+        record = self._records.get(name)
+        if record is None and self._unread is not None:
+            entry = self._unread.get(name)
+            if entry is not None:
+                record = self._records[name] = to_record(entry)
+        return record
 
     def has(self, name: str) -> bool:
-        return name in self._records
+        return name in self._records or (self._unread is not None and name in self._unread)
 
     def reread(self, name: str) -> Record | None:
         """Read one name from the store (for entries other writers may have added)."""
-        record = self._records.get(name)
+        record = self.get(name)
         if record is not None:
             return record
         record = self.journal.get(self.run_id, name)
@@ -416,7 +438,7 @@ class RunLog:
         release: bool = False,
         sync: bool = True,
     ) -> tuple[Record, bool]:
-        existing = self._records.get(name)
+        existing = self.get(name)
         if existing is not None:
             return existing, False
         record, inserted = self.journal.write(
@@ -432,7 +454,7 @@ class RunLog:
         return record, inserted
 
     def claim_attempt(self, name: str, extra: dict[str, Any] | None = None) -> tuple[bool, Record]:
-        existing = self._records.get(name)
+        existing = self.get(name)
         if existing is not None:
             return False, existing
         won, record = self.journal.claim_attempt(self.run_id, name, fence=self.fence, extra=extra)

@@ -12,6 +12,7 @@ import durable_agents as da
 from durable_agents.engine import names
 from durable_agents.engine.errors import ProtocolError
 from durable_agents.engine.journal import Journal
+from durable_agents.engine.ports import RunInfo
 from durable_agents.engine.records import Record, _check, decode, encode
 from durable_agents.engine.transcript import RunState
 from durable_agents.providers import scripted
@@ -160,3 +161,33 @@ def test_a_kept_transcript_follows_a_pending_call_and_a_late_user_message():
     everything = [start, turn1, result1, turn2, user]
     assert kept.messages() == RunState.of(everything).messages()
     assert [m.content for m in kept.messages()][-2:] == ["and then?", "a"]
+
+
+def test_a_run_log_read_lazily_answers_as_one_read_at_once(store):
+    """A run's first read makes Records only of the names asked for (a finished run's resume
+    looks up three); lookups, order, length, writes and a later read give what a log whose
+    every record was made at once gives, and one name is always the same Record."""
+    journal = Journal(store)
+    run_id = "hot-lazy"
+    store.create_run(RunInfo(run_id=run_id, agent="a"))
+    for i in range(5):
+        journal.write(run_id, f"step:{i}", {"kind": "value", "value": i})
+    eager = list(journal.open(run_id))
+
+    log = journal.open(run_id)
+    assert len(log) == len(eager) and log._unread is not None  # nothing made yet
+    third = log.get("step:2")
+    assert third is not None and third.get("value") == 2
+    assert log.get("step:2") is third and log.has("step:4") and not log.has("step:9")
+    assert log.get("step:9") is None
+    assert log.write("step:1", {"kind": "value", "value": "other"})[0].get("value") == 1
+    assert [(r.name, r.seq, r.data) for r in log] == [(r.name, r.seq, r.data) for r in eager]
+    assert next(r for r in log if r.name == "step:2") is third  # the one asked for, kept
+
+    journal.write(run_id, "step:5", {"kind": "value", "value": 5})  # another writer's
+    late = journal.open(run_id)
+    late.get("step:0")
+    late.refresh(since_last=True)  # a later read after a lazy first one
+    assert [r.name for r in late][-1] == "step:5" and len(late) == len(eager) + 1
+    written, inserted = late.write("step:6", {"kind": "value", "value": 6})
+    assert inserted and late.get("step:6") is written and len(late) == len(eager) + 2
