@@ -508,6 +508,7 @@ class Driver:
                 if sagas.should_abort(self, exc):
                     sagas.abort(self, exc)
                 self._fail(exc.code, str(exc), retryable=exc.retryable)
+                failpoints.hit(f"after-failed:{self.run_id}")
                 if not exc.retryable:  # its parent's call has its outcome: an error
                     tree.hand_over_parent(self.store, self.state.start)
             raise
@@ -1010,6 +1011,7 @@ class Driver:
             if status not in tree.PARENT_PAUSE_STATUSES:
                 status = AWAITING_INPUT
             kind = _PAUSES.get(str(children[0].details.get("cause")), ChildPending)
+        failpoints.hit(f"before-pause:{self.run_id}")
         self.store.update_run(
             self.run_id,
             {"status": status, "attempts": 0, "last_error": None},
