@@ -13,6 +13,7 @@ import pytest
 
 import durable_agents as da
 from durable_agents.engine import failpoints, names, saga_tree
+from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.commands.timers import wake_timers
 from durable_agents.engine.journal import Journal
@@ -475,3 +476,46 @@ def test_a_sub_run_cancelled_while_its_parent_pauses_on_it_hands_the_parent_over
     assert code in str(outcome.get("result"))
     assert fired == [("book", child_id)] + ([("unbook", child_id)] if compensate else [])
     assert sent.count(run) <= 1
+
+
+def test_the_sweep_hands_over_a_parent_whose_sub_run_recovery_gave_up_on(store, at_point):
+    """The child's driver dies while the parent pauses on it, and recovery gives up on the
+    child (no attempt left): nothing hands the parent over but the sweep of paused runs,
+    once. The parent's call is then an error (``subagent.failed``): the child, which may
+    be what kills its workers, is not driven again."""
+    sent: list[str] = []
+
+    def dispatch(run_id: str) -> None:
+        sent.append(run_id)
+        drive_quietly(run_id, store=store)
+
+    fired: list = []
+    parent, child = pair("trr-gaveup", fired)
+    run = new_id("trr")
+    child_id = f"{run}/call_1_1"
+    main = greenlet.getcurrent()
+    other = greenlet.greenlet(child_driver(child, child_id, run, store))
+
+    def start_child() -> None:
+        at_point("after-start", main.switch)
+        other.switch()
+
+    at_point(f"after-child:{child_id}", start_child)
+    policy = RetryPolicy(max_attempts=0)
+    with wiring.wired(dispatcher=dispatch, halt_min_age=lambda: 0.0, retry_policy=lambda: policy):
+        with pytest.raises(da.ChildPending):
+            drive(parent, run, "go", store=store)
+        with pytest.raises(Crash):
+            other.throw(Crash())  # the child's driver dies; its lease goes with it
+        assert store.get_run(child_id).status == "running"
+        assert recover(store=store) == []
+        assert store.get_run(child_id).status == "failed"
+        assert store.get_run(run).status == "awaiting_input"
+        assert wake_timers(store=store) == [run]
+        assert wake_timers(store=store) == []
+    assert sent == [run]
+    outcome = Journal(store).get(run, names.tool("call_1_1"))
+    assert "subagent.failed" in str(outcome.get("result"))
+    assert "run.recovery_exhausted" in str(outcome.get("result"))
+    assert fired == []
+    assert store.get_run(child_id).status == "failed"
