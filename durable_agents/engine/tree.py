@@ -92,8 +92,8 @@ def ended_without_answer(run: RunInfo | None) -> bool:
 def hand_over_parent(store: Store, start: Any) -> None:
     """A child that ended (finished, failed for good, cancelled, compensated) hands its
     parent over, if the parent is paused: queued first (if the hand-over is lost, recovery
-    picks a queued run up), then to a driver. A parent being driven right now is left alone; its driver
-    looks at its children again after it pauses (``children_done``)."""
+    picks a queued run up), then to a driver. A parent being driven right now is left
+    alone; its driver looks at its children again after it pauses (``children_done``)."""
     parent = start.get("parent") if start is not None else None
     if not parent:
         return

@@ -459,7 +459,7 @@ def test_a_sub_run_cancelled_while_its_parent_pauses_on_it_hands_the_parent_over
     (``subagent.cancelled`` / ``subagent.failed``) and goes on, once."""
     store, sent = wired
     fired: list = []
-    parent, child = gated_pair(f"trr-cancel-{compensate}", fired, saga=compensate)
+    parent, _child = gated_pair(f"trr-cancel-{compensate}", fired, saga=compensate)
     run = new_id("trr")
     child_id = f"{run}/call_1_1"
     ended = "compensated" if compensate else "cancelled"
