@@ -12,7 +12,10 @@ a signal is journaled; the run is not handed over yet), ``after-child:<child run
 parent journaled the sub-run a call starts; the sub-run is not driven yet),
 ``before-complete:<run>`` (a run's paused parent is queued; its ``run:complete`` is not
 journaled yet), ``after-complete:<run>`` (a run's ``run:complete`` is journaled; its paused
-parent is queued but not handed over yet, nor looked for again), ``after-saga-abort`` (a
+parent is queued but not handed over yet, nor looked for again), ``after-failed:<run>`` (a
+drive's failure is on the run's row; a sub-run that failed for good has not handed its
+paused parent over yet), ``before-pause:<run>`` (a drive is about to pause the run: its row
+still says running), ``after-saga-abort`` (a
 saga's abort is journaled, nothing undone yet), ``after-compensate:<call>`` (an undo's
 outcome is journaled), ``after-subrun-abort:<child run>`` (a rolling-back parent journaled
 its sub-run's abort; the sub-run is not rolled back yet), ``after-compensated:<run>`` (a

@@ -504,7 +504,9 @@ class Driver:
                 if sagas.should_abort(self, exc):
                     sagas.abort(self, exc)
                 self._fail(exc.code, str(exc), retryable=exc.retryable)
-                if not exc.retryable:  # its parent's call has its outcome: an error
+                failpoints.hit(f"after-failed:{self.run_id}")
+                if not exc.retryable or self._retries_exhausted():
+                    # Failed for good: its parent's call has its outcome, an error.
                     tree.hand_over_parent(self.store, self.state.start)
             raise
         except Exception as exc:
@@ -1006,6 +1008,7 @@ class Driver:
             if status not in tree.PARENT_PAUSE_STATUSES:
                 status = AWAITING_INPUT
             kind = _PAUSES.get(str(children[0].details.get("cause")), ChildPending)
+        failpoints.hit(f"before-pause:{self.run_id}")
         self.store.update_run(
             self.run_id,
             {"status": status, "attempts": 0, "last_error": None},
@@ -1317,6 +1320,13 @@ class Driver:
 
     def _update(self, **changes: Any) -> None:
         self.store.update_run(self.run_id, changes, fence=self.fence)
+
+    def _retries_exhausted(self) -> bool:
+        """A sub-run's retryable failure that nothing will retry (no attempt left); read
+        only for a sub-run, so a top-level run's failure costs no extra read."""
+        if not (self.state.start is not None and self.state.start.get("parent")):
+            return False
+        return tree.failed_for_good(self.store.get_run(self.run_id))
 
     def _fail(self, code: str, message: str, *, retryable: bool) -> None:
         run = self.store.get_run(self.run_id)

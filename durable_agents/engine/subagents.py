@@ -19,7 +19,10 @@ How a tree is driven (see docs/composition.md):
   the parent over when the child finishes (``hand_over_parent``), which re-runs the call:
   the child answers from its journal and the parent continues. So deciding a call at the
   bottom of a tree resumes the whole tree, one level at a time, up to the root.
-* A child that failed for good or was cancelled is the call's error result in the parent.
+* A child that failed for good (an error no retry fixes, or a retryable one with no attempt
+  left, or recovery gave up on it), was cancelled or compensated is the call's error result
+  in the parent; its end hands the parent over like a finish does. A call run again does not
+  drive a child that failed for good (nothing was to retry it).
 * The chain of a child's ancestors is at most ``runtime.subagent_depth()`` deep, and never
   holds the child's own agent (a cycle): both are the call's error result, with a code.
 """
@@ -33,9 +36,9 @@ from . import failpoints, names, runtime, saga_tree
 from .errors import ChildPending, ConfigError, Conflict, DurableAgentsError, Pause, RunBusy
 from .journal import Journal
 from .loop import drive
-from .ports import AWAITING_INPUT, CANCELLED, Store
+from .ports import AWAITING_INPUT, CANCELLED, RunInfo, Store
 from .tools import Safety, Tool, ToolContext
-from .tree import child_run_id
+from .tree import child_run_id, failed_for_good
 
 if TYPE_CHECKING:
     from .definition import AgentDefinition
@@ -73,7 +76,7 @@ def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:
     root = (parent.root_run_id if parent is not None else None) or ctx.run_id
     check_tree(store, ctx.run_id, agent.name)
     journal = Journal(store)
-    recorded, _ = journal.write(
+    recorded, inserted = journal.write(
         ctx.run_id,
         names.child(ctx.call_id),
         {"kind": "child", "run_id": child_id, "agent": agent.name, "call_id": ctx.call_id},
@@ -84,6 +87,8 @@ def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:
         # referenced, never driven (it is the source's run, not the fork's).
         return _referenced(store, journal, str(recorded.get("run_id")), agent.name)
     failpoints.hit(f"after-child:{child_id}")
+    if not inserted:  # the call runs again: its child may have failed for good meanwhile
+        _refuse_failed(store.get_run(child_id), agent.name)
     try:
         result = drive(
             agent,
@@ -110,6 +115,7 @@ def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:
         raise _waiting(ctx.run_id, child_id, "is being driven elsewhere") from None
     except DurableAgentsError as exc:
         if exc.retryable:
+            _refuse_failed(store.get_run(child_id), agent.name)
             raise _waiting(ctx.run_id, child_id, f"will be retried ({exc.code})") from None
         code = f"subagent.{'cancelled' if exc.code == 'run.cancelled' else 'failed'}"
         raise Conflict(
@@ -118,6 +124,20 @@ def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:
             code=code,
         ) from None
     return result.answer
+
+
+def _refuse_failed(child: RunInfo | None, agent: str) -> None:
+    """A child that failed for good is its call's error, without driving it again: nothing
+    was to retry it (an error no retry fixes, or no attempt left: recovery gave up on a
+    child whose driver kept dying, which a drive from here must not undo)."""
+    if child is None or not failed_for_good(child):
+        return
+    error = child.last_error or {}
+    raise Conflict(
+        f"[subagent.failed] sub-run {child.run_id!r} of agent {agent!r} ended without an "
+        f"answer ({error.get('code')}): {error.get('message')}",
+        code="subagent.failed",
+    )
 
 
 def _referenced(store: Store, journal: Journal, child_id: str, agent: str) -> str:

@@ -16,9 +16,11 @@ from .ports import (
     AWAITING_INPUT,
     CANCELLED,
     COMPENSATED,
+    FAILED,
     HALTED,
     QUEUED,
     SLEEPING,
+    RunInfo,
     Store,
 )
 from .transcript import RunState
@@ -72,11 +74,26 @@ def queue_parent(store: Store, start: Any) -> str | None:
     return str(parent) if moved else None
 
 
+def failed_for_good(run: RunInfo | None) -> bool:
+    """Whether ``run`` failed and nothing will retry it: an error no retry fixes, or a
+    retryable one with no attempt left (recovery gave up, or will not try again)."""
+    if run is None or run.status != FAILED:
+        return False
+    error = run.last_error or {}
+    return not error.get("retryable") or run.attempts >= runtime.retry_policy().max_attempts
+
+
+def ended_without_answer(run: RunInfo | None) -> bool:
+    """Whether ``run`` ended for good with no answer: cancelled, compensated, or failed for
+    good. Its parent's call has its outcome: an error."""
+    return run is not None and (run.status in (CANCELLED, COMPENSATED) or failed_for_good(run))
+
+
 def hand_over_parent(store: Store, start: Any) -> None:
-    """A child that finished (or failed for good, or was cancelled) hands its parent over,
-    if the parent is paused: queued first (if the hand-over is lost, recovery picks a queued
-    run up), then to a driver. A parent being driven right now is left alone; its driver
-    looks at its children again after it pauses (``children_done``)."""
+    """A child that ended (finished, failed for good, cancelled, compensated) hands its
+    parent over, if the parent is paused: queued first (if the hand-over is lost, recovery
+    picks a queued run up), then to a driver. A parent being driven right now is left
+    alone; its driver looks at its children again after it pauses (``children_done``)."""
     parent = start.get("parent") if start is not None else None
     if not parent:
         return
@@ -99,8 +116,7 @@ def children_done(store: Store, children: list[str]) -> bool:
             return True
         if journal.get(child, names.RUN_COMPENSATED) is not None:
             return True
-        run = store.get_run(child)
-        if run is not None and run.status in (CANCELLED, COMPENSATED):  # ended, no answer
+        if ended_without_answer(store.get_run(child)):
             return True
     return False
 
@@ -116,7 +132,9 @@ def ended_at(store: Store, child: str, *, rollback: bool = False) -> datetime | 
     times = [rec.created_at for name in ends if (rec := journal.get(child, name)) is not None]
     if not times and not rollback:
         run = store.get_run(child)
-        if run is not None and run.status in (CANCELLED, COMPENSATED):
+        if run is not None and ended_without_answer(run):
+            # (A failure's time is its row's last change: when it failed, or when recovery
+            # gave up on it.)
             times.append(run.finished_at or run.updated_at)
     known = [t for t in times if t is not None]
     return min(known) if known else None  # (a store keeping no times: not judged)

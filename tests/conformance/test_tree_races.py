@@ -13,10 +13,12 @@ import pytest
 
 import durable_agents as da
 from durable_agents.engine import failpoints, names, saga_tree
+from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.commands.timers import wake_timers
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.loop import drive
+from durable_agents.engine.retry import RetryPolicy
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support import wiring
@@ -276,3 +278,244 @@ def test_a_forks_call_fails_on_a_referenced_sub_run_rolled_back_after_it_finishe
     assert "rolled back" in str(result.get("result"))
     assert fired == [("book", child_id), ("unbook", child_id)]
     assert store.get_run(f"{fork}/call_1_1") is None
+
+
+def failing_pair(prefix: str, error: da.ModelError) -> tuple[da.Agent, da.Agent]:
+    """``<prefix>-parent`` asks ``<prefix>-child``, whose model fails with ``error`` (each
+    time it is asked: a drive of the child fails the same way again), then answers."""
+    child = da.Agent(
+        f"{prefix}-child",
+        ScriptedModel([scripted.error(error)]),
+        "Fail.",
+        [],
+        model_retry=da.ModelRetry(max_attempts=1),
+    )
+    parent = da.Agent(
+        f"{prefix}-parent",
+        ScriptedModel(
+            [scripted.calls(scripted.call(child.name, {"input": "errand"})), scripted.text("done")]
+        ),
+        "Delegate.",
+        [child.as_tool()],
+    )
+    return parent, child
+
+
+def child_driver(child: da.Agent, child_id: str, run: str, store) -> Callable[[], None]:
+    """Another driver of the sub-run; a failure of the sub-run is that driver's, not ours."""
+
+    def go() -> None:
+        try:
+            drive(
+                child,
+                child_id,
+                "errand",
+                store=store,
+                derived_id=True,
+                meta={"parent_run_id": run, "root_run_id": run},
+            )
+        except da.DurableAgentsError:
+            pass
+
+    return go
+
+
+FOR_GOOD = {
+    "non-retryable": (da.ModelError("refused", code="model.refused", retryable=False), 5),
+    "retries-exhausted": (da.ModelError("overloaded", code="model.overloaded", retryable=True), 1),
+}
+
+
+@pytest.mark.parametrize("how", sorted(FOR_GOOD))
+def test_a_sub_run_failing_for_good_while_its_parent_pauses_on_it_hands_the_parent_over(
+    store, at_point, how
+):
+    """Another driver holds the child when the parent's call drives it (busy); the child
+    fails for good (an error no retry fixes, or a retryable one with no attempt left) after
+    that, but before the parent pauses: its hand-over finds the parent still running, so
+    the parent's own look after its pause must count the failure as the child's end. The
+    parent then records its call's error (``subagent.failed``) and goes on, once."""
+    error, attempts = FOR_GOOD[how]
+    sent: list[str] = []
+
+    def dispatch(run_id: str) -> None:
+        sent.append(run_id)
+        drive_quietly(run_id, store=store)
+
+    parent, child = failing_pair(f"trr-fail-{how}", error)
+    run = new_id("trr")
+    child_id = f"{run}/call_1_1"
+    main = greenlet.getcurrent()
+    other = greenlet.greenlet(child_driver(child, child_id, run, store))
+
+    def start_child() -> None:
+        at_point("after-start", main.switch)  # the child's drive, once it holds the lease
+        other.switch()
+
+    at_point(f"after-child:{child_id}", start_child)
+    at_point(f"before-pause:{run}", other.switch)  # the child fails now
+    policy = RetryPolicy(max_attempts=attempts)
+    with wiring.wired(dispatcher=dispatch, halt_min_age=lambda: 0.0, retry_policy=lambda: policy):
+        result = drive(parent, run, "go", store=store)
+    assert other.dead
+    assert result.answer == "done"
+    assert store.get_run(child_id).status == "failed"
+    outcome = Journal(store).get(run, names.tool("call_1_1"))
+    assert outcome.get("is_error")
+    assert "subagent.failed" in str(outcome.get("result"))
+    assert sent == []  # the parent's own drive went on: nobody else was handed it
+
+
+@pytest.mark.parametrize("how", sorted(FOR_GOOD))
+def test_the_sweep_hands_over_a_parent_paused_on_a_sub_run_that_failed(store, at_point, how):
+    """The parent paused on the busy child; the child then fails for good and its driver
+    dies before handing the parent over: the next sweep of paused runs hands it over, once,
+    and the parent records its call's error."""
+    error, attempts = FOR_GOOD[how]
+    sent: list[str] = []
+
+    def dispatch(run_id: str) -> None:
+        sent.append(run_id)
+        drive_quietly(run_id, store=store)
+
+    parent, child = failing_pair(f"trr-fsweep-{how}", error)
+    run = new_id("trr")
+    child_id = f"{run}/call_1_1"
+    main = greenlet.getcurrent()
+    other = greenlet.greenlet(child_driver(child, child_id, run, store))
+
+    def start_child() -> None:
+        at_point("after-start", main.switch)
+        other.switch()
+
+    at_point(f"after-child:{child_id}", start_child)
+    policy = RetryPolicy(max_attempts=attempts)
+    with wiring.wired(dispatcher=dispatch, halt_min_age=lambda: 0.0, retry_policy=lambda: policy):
+        with pytest.raises(da.ChildPending):
+            drive(parent, run, "go", store=store)
+        assert store.get_run(run).status == "awaiting_input"
+        at_point(f"after-failed:{child_id}", die)
+        with pytest.raises(Crash):
+            other.switch()
+        assert store.get_run(child_id).status == "failed"
+        assert store.get_run(run).status == "awaiting_input"
+        assert sent == []
+        assert wake_timers(store=store) == [run]
+        assert store.get_run(run).status == "finished"
+        assert wake_timers(store=store) == []
+    outcome = Journal(store).get(run, names.tool("call_1_1"))
+    assert "subagent.failed" in str(outcome.get("result"))
+
+
+def gated_pair(prefix: str, fired: list, *, saga: bool) -> tuple[da.Agent, da.Agent]:
+    """``<prefix>-child`` books (undoably), then asks approval to charge; its parent asks it."""
+
+    def unbook(args, result, ctx):
+        fired.append(("unbook", ctx.run_id))
+        return "unbooked"
+
+    @da.tool(idempotent=True, compensate=unbook)
+    def book(ctx: da.ToolContext) -> str:
+        fired.append(("book", ctx.run_id))
+        return "booked"
+
+    @da.tool(requires_approval=True)
+    def charge(ctx: da.ToolContext) -> str:
+        fired.append(("charge", ctx.run_id))
+        return "charged"
+
+    child = da.Agent(
+        f"{prefix}-child",
+        ScriptedModel(
+            [
+                scripted.calls(scripted.call("book", {}, id="c_book")),
+                scripted.calls(scripted.call("charge", {}, id="c_charge")),
+                scripted.text("child done"),
+            ]
+        ),
+        "Book, then charge.",
+        [book, charge],
+        saga=saga,
+    )
+    parent = da.Agent(
+        f"{prefix}-parent",
+        ScriptedModel(
+            [scripted.calls(scripted.call(child.name, {"input": "errand"})), scripted.text("done")]
+        ),
+        "Delegate.",
+        [child.as_tool()],
+    )
+    return parent, child
+
+
+@pytest.mark.parametrize("compensate", [False, True], ids=["cancelled", "compensated"])
+def test_a_sub_run_cancelled_while_its_parent_pauses_on_it_hands_the_parent_over(
+    wired, at_point, compensate
+):
+    """The child pauses on an approval (the parent's call finds it paused); before the
+    parent pauses, a person cancels the child (or cancels it with compensation: a saga
+    child rolls back and ends compensated), whose hand-over finds the parent still running.
+    The parent's look after its pause counts that end: it records its call's error
+    (``subagent.cancelled`` / ``subagent.failed``) and goes on, once."""
+    store, sent = wired
+    fired: list = []
+    parent, _child = gated_pair(f"trr-cancel-{compensate}", fired, saga=compensate)
+    run = new_id("trr")
+    child_id = f"{run}/call_1_1"
+    ended = "compensated" if compensate else "cancelled"
+    at_point(
+        f"before-pause:{run}",
+        lambda: da.cancel(child_id, by="ann", compensate=compensate, store=store),
+    )
+    result = drive(parent, run, "go", store=store)
+    assert result.answer == "done"
+    assert store.get_run(child_id).status == ended
+    outcome = Journal(store).get(run, names.tool("call_1_1"))
+    assert outcome.get("is_error")
+    code = "subagent.cancelled" if not compensate else "subagent.failed"
+    assert code in str(outcome.get("result"))
+    assert fired == [("book", child_id)] + ([("unbook", child_id)] if compensate else [])
+    assert sent.count(run) <= 1
+
+
+def test_the_sweep_hands_over_a_parent_whose_sub_run_recovery_gave_up_on(store, at_point):
+    """The child's driver dies while the parent pauses on it, and recovery gives up on the
+    child (no attempt left): nothing hands the parent over but the sweep of paused runs,
+    once. The parent's call is then an error (``subagent.failed``): the child, which may
+    be what kills its workers, is not driven again."""
+    sent: list[str] = []
+
+    def dispatch(run_id: str) -> None:
+        sent.append(run_id)
+        drive_quietly(run_id, store=store)
+
+    fired: list = []
+    parent, child = pair("trr-gaveup", fired)
+    run = new_id("trr")
+    child_id = f"{run}/call_1_1"
+    main = greenlet.getcurrent()
+    other = greenlet.greenlet(child_driver(child, child_id, run, store))
+
+    def start_child() -> None:
+        at_point("after-start", main.switch)
+        other.switch()
+
+    at_point(f"after-child:{child_id}", start_child)
+    policy = RetryPolicy(max_attempts=0)
+    with wiring.wired(dispatcher=dispatch, halt_min_age=lambda: 0.0, retry_policy=lambda: policy):
+        with pytest.raises(da.ChildPending):
+            drive(parent, run, "go", store=store)
+        with pytest.raises(Crash):
+            other.throw(Crash())  # the child's driver dies; its lease goes with it
+        assert store.get_run(child_id).status == "running"
+        assert recover(store=store) == []
+        assert store.get_run(child_id).status == "failed"
+        assert store.get_run(run).status == "awaiting_input"
+        assert wake_timers(store=store) == [run]
+        assert wake_timers(store=store) == []
+    assert sent == [run]
+    outcome = Journal(store).get(run, names.tool("call_1_1"))
+    assert "subagent.failed" in str(outcome.get("result"))
+    assert "run.recovery_exhausted" in str(outcome.get("result"))
+    assert fired == []
+    assert store.get_run(child_id).status == "failed"
