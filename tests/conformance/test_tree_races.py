@@ -101,6 +101,25 @@ def pair(prefix: str, fired: list, *, saga: bool = False) -> tuple[da.Agent, da.
     return parent, child
 
 
+def child_driver(child: da.Agent, child_id: str, run: str, store) -> Callable[[], None]:
+    """Another driver of the sub-run; a failure of the sub-run is that driver's, not ours."""
+
+    def go() -> None:
+        try:
+            drive(
+                child,
+                child_id,
+                "errand",
+                store=store,
+                derived_id=True,
+                meta={"parent_run_id": run, "root_run_id": run},
+            )
+        except da.DurableAgentsError:
+            pass
+
+    return go
+
+
 def test_a_sub_run_ending_while_its_parent_pauses_on_it_hands_the_parent_over(wired, at_point):
     """The child's driver looks for a paused parent before its end record (the parent is
     still running: nothing to hand over), the parent then pauses on the busy child and finds
@@ -112,17 +131,7 @@ def test_a_sub_run_ending_while_its_parent_pauses_on_it_hands_the_parent_over(wi
     child_id = f"{run}/call_1_1"
     main = greenlet.getcurrent()
 
-    def other_driver() -> None:
-        drive(
-            child,
-            child_id,
-            "errand",
-            store=store,
-            derived_id=True,
-            meta={"parent_run_id": run, "root_run_id": run},
-        )
-
-    other = greenlet.greenlet(other_driver)
+    other = greenlet.greenlet(child_driver(child, child_id, run, store))
     # The parent journaled its call's sub-run; another driver starts it and drives it to
     # just before its end record, then the parent goes on (and finds the child busy).
     at_point(f"after-child:{child_id}", other.switch)
@@ -148,17 +157,7 @@ def test_the_sweep_hands_over_a_parent_paused_on_a_sub_run_that_ended(wired, at_
     child_id = f"{run}/call_1_1"
     main = greenlet.getcurrent()
 
-    def other_driver() -> None:
-        drive(
-            child,
-            child_id,
-            "errand",
-            store=store,
-            derived_id=True,
-            meta={"parent_run_id": run, "root_run_id": run},
-        )
-
-    other = greenlet.greenlet(other_driver)
+    other = greenlet.greenlet(child_driver(child, child_id, run, store))
     at_point(f"after-child:{child_id}", other.switch)
     at_point(f"before-complete:{child_id}", main.switch)
     with pytest.raises(da.ChildPending):
@@ -299,25 +298,6 @@ def failing_pair(prefix: str, error: da.ModelError) -> tuple[da.Agent, da.Agent]
         [child.as_tool()],
     )
     return parent, child
-
-
-def child_driver(child: da.Agent, child_id: str, run: str, store) -> Callable[[], None]:
-    """Another driver of the sub-run; a failure of the sub-run is that driver's, not ours."""
-
-    def go() -> None:
-        try:
-            drive(
-                child,
-                child_id,
-                "errand",
-                store=store,
-                derived_id=True,
-                meta={"parent_run_id": run, "root_run_id": run},
-            )
-        except da.DurableAgentsError:
-            pass
-
-    return go
 
 
 FOR_GOOD = {
