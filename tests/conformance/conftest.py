@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 
 import pytest
 
-from durable_agents.engine import failpoints
 from durable_agents.engine.ports import RunInfo
 from durable_agents.storage import DjangoStore
 from durable_agents.testing import InMemoryStore
-from tests.support.doubles import Crash
+from tests.support.doubles import crash_points
 from tests.support.stores import STORES
 from tests.support.wiring import wired
 
@@ -42,17 +42,7 @@ def _no_user_system():
 
 
 @pytest.fixture
-def crash_at(monkeypatch: pytest.MonkeyPatch):
+def crash_at(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
     """``crash_at("after-decision:c1")``: the process dies (``Crash``) at that failpoint,
     once; the writes before it stay, as after a SIGKILL."""
-    points: set[str] = set()
-    real = failpoints.hit
-
-    def hit(name: str) -> None:
-        if name in points:
-            points.discard(name)
-            raise Crash(name)
-        real(name)
-
-    monkeypatch.setattr(failpoints, "hit", hit)
-    return points.add
+    return crash_points(monkeypatch)

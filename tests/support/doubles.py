@@ -3,6 +3,9 @@ told to."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 
 class Crash(BaseException):
     """Stands in for the process dying: a ``BaseException``, so nothing below the loop
@@ -21,3 +24,21 @@ class Clock:
 
     def advance(self, seconds: float) -> None:
         self.t += seconds
+
+
+def crash_points(monkeypatch: Any) -> Callable[[str], None]:
+    """Make the process die (``Crash``) at named failpoints, each once: the writes before
+    the point stay, as after a SIGKILL. Returns ``add(point)``; a test's ``crash_at``."""
+    from durable_agents.engine import failpoints
+
+    points: set[str] = set()
+    real = failpoints.hit
+
+    def hit(name: str) -> None:
+        if name in points:
+            points.discard(name)
+            raise Crash(name)
+        real(name)
+
+    monkeypatch.setattr(failpoints, "hit", hit)
+    return points.add

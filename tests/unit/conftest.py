@@ -6,13 +6,13 @@ tests/integration."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.testing import InMemoryStore
-from tests.support.doubles import Clock
+from tests.support.doubles import Clock, crash_points
 from tests.support.wiring import wired
 
 
@@ -45,3 +45,9 @@ def store(clock: Clock) -> Iterator[InMemoryStore]:
 def fired() -> list:
     """What the test's tools did, in order: a side-effect counter outside the journal."""
     return []
+
+
+@pytest.fixture
+def crash_at(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """``crash_at("after-decision:call_1_1")``: the process dies at that failpoint, once."""
+    return crash_points(monkeypatch)

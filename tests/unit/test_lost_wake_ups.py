@@ -6,32 +6,17 @@ waits for something is left alone (in-memory store, runs handed over inline)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 import durable_agents as da
-from durable_agents.engine import failpoints
 from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.commands.timers import wake_timers
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support.doubles import Crash
 from tests.support.wiring import wired
-
-
-@pytest.fixture
-def crash_at(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
-    """``crash_at(point)``: the process dies at that named crash point (once)."""
-    points: set[str] = set()
-
-    def hit(name: str) -> None:
-        if name in points:
-            points.discard(name)
-            raise Crash(name)
-
-    monkeypatch.setattr(failpoints, "hit", hit)
-    return points.add
 
 
 @pytest.fixture

@@ -20,22 +20,6 @@ from durable_agents.providers.scripted import ScriptedModel
 from tests.support.doubles import Crash
 
 
-@pytest.fixture
-def crash_at(monkeypatch):
-    """``crash_at("after-decision:call_1_1")``: the process dies at that failpoint, once."""
-    points: set[str] = set()
-    real = failpoints.hit
-
-    def hit(name: str) -> None:
-        if name in points:
-            points.discard(name)
-            raise Crash(name)
-        real(name)
-
-    monkeypatch.setattr(failpoints, "hit", hit)
-    return points.add
-
-
 def names(store, run_id):
     return [r.name for r in Journal(store).records(run_id)]
 
