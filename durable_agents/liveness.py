@@ -6,11 +6,14 @@ Why a connection of its own: the driver's Django connection belongs to the site'
 A tool that calls ``close_old_connections()`` or ``connection.close()``, a ``CONN_MAX_AGE``
 expiry, a server-side idle timeout — any of them drops that connection while the driver is
 alive, and a lock held there would vanish with it: the run would look abandoned. Nothing but
-this module uses this connection, so it closes only when the process dies (or the server
-drops it: see ``hold``/``keep``).
+this module uses this connection, so it closes only when the process dies, when it has been
+idle (below), or when the server drops it (then ``keep``, from the lease heartbeat,
+reconnects and locks every held key again).
 
-The lock is taken *before* the lease is written (a fresh token's key is free, so taking it
-never waits), so a live lease never lacks its lock. Letting go is deferred: a finished or
+The lock is requested here before the lease is written and confirmed after it (the two
+round trips overlap; a fresh token's key is free, so taking it never waits). Until then the
+lease statement's own lock on the driver's connection covers it (``storage.py``), so a live
+lease never lacks its lock. Letting go is deferred: a finished or
 paused run's token is unlocked by the next statement this connection sends anyway (the next
 lease taken, or a heartbeat's check), so finishing a run costs no round trip. A token kept
 locked after its lease row is gone protects nothing and blocks nobody. The connection
@@ -60,21 +63,39 @@ class Liveness:
         self._wake = threading.Condition(self._mutex)
         self._empty_since: float | None = None
         self._closer: threading.Thread | None = None
+        self._pending = False  # a statement sent whose answer is not read yet
 
     def hold(self, token: str) -> None:
-        """Lock ``token``'s key (before its lease is written); held until ``release``."""
+        """Lock ``token``'s key; held until ``release``. The request is only sent here: the
+        caller writes its lease meanwhile (on its own connection, which locks the key too)
+        and then reads the answer with ``confirm``, so the two round trips overlap."""
         with self._mutex:
             if token in self._held:
                 return
-            self._unlock.discard(token)
             self._held.add(token)
             self._empty_since = None
+            if token in self._unlock:  # released but not unlocked yet: still locked
+                self._unlock.discard(token)
+                return
             try:
-                self._send([token])
+                try:
+                    self._drain()
+                    self._submit([token])
+                except psycopg.Error:
+                    self._recover()
             except BaseException:
                 self._held.discard(token)
                 self._emptied()
                 raise
+
+    def confirm(self) -> None:
+        """Wait for the answer ``hold`` asked for (a dropped connection is replaced and every
+        held key locked again)."""
+        with self._mutex:
+            try:
+                self._drain()
+            except psycopg.Error:
+                self._recover()
 
     def release(self, token: str) -> None:
         """Let ``token``'s lock go with the next statement (its lease is gone or never was)."""
@@ -99,7 +120,12 @@ class Liveness:
             if not (self._held or self._unlock):
                 return
             try:
-                self._send([])
+                try:
+                    self._drain()
+                    self._submit([])
+                    self._drain()
+                except psycopg.Error:
+                    self._recover()
             except psycopg.Error:
                 # The lease itself was renewed; without the locks its run looks abandoned
                 # and may be taken over (this driver is then fenced). Try again next beat.
@@ -125,12 +151,16 @@ class Liveness:
             self._close()
 
     def _close(self) -> None:
+        self._close_conn()
+        self._empty_since = None
+        self._wake.notify_all()
+
+    def _close_conn(self) -> None:
         if self._conn is not None and self._pid == os.getpid():
             self._conn.close()
         self._conn = None
+        self._pending = False
         self._unlock.clear()  # closing let every lock go
-        self._empty_since = None
-        self._wake.notify_all()
 
     def _close_when_idle(self) -> None:
         """The closer thread: closes the connection once it has held nothing for LINGER."""
@@ -147,30 +177,45 @@ class Liveness:
                 self._close()
             self._closer = None
 
-    def _send(self, lock: list[str]) -> None:
-        """One statement: lock ``lock``, unlock the deferred ones. A connection the server
-        dropped (its locks went with it) is replaced once, re-locking everything held."""
-        for attempt in (1, 2):
-            conn = self._conn
-            fresh = conn is None or conn.closed or conn.broken
-            if fresh:
-                conn = self._connect()
-                lock = sorted(self._held)  # the locks died with the old connection
-                self._unlock.clear()
-            assert conn is not None
-            unlock = sorted(self._unlock)
-            parts = [f"pg_try_advisory_lock({KEY.format('%s')})" for _ in lock]
-            parts += [f"pg_advisory_unlock({KEY.format('%s')})" for _ in unlock]
-            try:
-                conn.execute(f"SELECT {', '.join(parts) or '1'}", [*lock, *unlock])
-            except psycopg.OperationalError:
-                if attempt == 2 or fresh:
-                    raise
-                conn.close()
-                continue
-            self._unlock.clear()
-            self._checked = time.monotonic()
+    def _submit(self, lock: list[str]) -> None:
+        """Send one statement (not waiting for it): lock ``lock``, unlock the deferred ones."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            raise psycopg.OperationalError("the liveness connection is closed")
+        unlock = sorted(self._unlock)
+        params = [*lock, *unlock]
+        parts = [f"pg_try_advisory_lock({KEY.format(f'${i}')})" for i in range(1, len(lock) + 1)]
+        parts += [
+            f"pg_advisory_unlock({KEY.format(f'${i}')})"
+            for i in range(len(lock) + 1, len(params) + 1)
+        ]
+        sql = f"SELECT {', '.join(parts) or '1'}"
+        conn.pgconn.send_query_params(sql.encode(), [p.encode() for p in params])
+        self._pending = True
+        self._unlock.clear()
+
+    def _drain(self) -> None:
+        """Read the answer of the statement ``_submit`` sent, if any."""
+        if not self._pending:
             return
+        self._pending = False
+        conn = self._conn
+        if conn is None:
+            raise psycopg.OperationalError("the liveness connection is closed")
+        failed = None
+        while (result := conn.pgconn.get_result()) is not None:
+            if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
+                failed = result.error_message.decode(errors="replace") or "failed"
+        if failed is not None:
+            raise psycopg.OperationalError(f"liveness lock statement: {failed}")
+        self._checked = time.monotonic()
+
+    def _recover(self) -> None:
+        """Replace the connection (its locks are gone or going) and lock every held key."""
+        self._close_conn()
+        self._connect()
+        self._submit(sorted(self._held))
+        self._drain()
 
     def _connect(self) -> psycopg.Connection[Any]:
         params = dict(connections[self.using].get_connection_params())

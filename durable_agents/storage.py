@@ -55,7 +55,7 @@ from .engine.ports import (
     same_request,
 )
 from .engine.records import encode
-from .liveness import Liveness, liveness_for
+from .liveness import KEY, Liveness, liveness_for
 from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Lease, Run
 
 _J = JournalEntry._meta.db_table
@@ -69,16 +69,18 @@ _CURSORS: weakref.WeakKeyDictionary[Any, psycopg.Cursor[Any]] = weakref.WeakKeyD
 _TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
 _C_TIMESTAMPTZ = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEXT)
 
-# Instant takeover (PostgreSQL): a driver's process holds a session-level advisory lock
-# keyed by its lease token on a connection of the library's own (``liveness.py``), taken
-# before the lease is written. The server releases it the moment that connection drops — the
-# process died — so a live lease whose token's lock is free has no driver left and may be
-# taken at once. A stalled (SIGSTOPped) process keeps its connection, its lock, and so its
-# lease until expiry.
-# Whether anyone holds token {0}'s lock — this process's own liveness connection too (advisory
-# locks are reentrant per session, so a probe by taking it would "succeed" on a lease that
-# connection holds). A bigint key (``liveness.KEY``: the token's md5, first 64 bits) shows in
-# pg_locks as classid (high 32 bits) and objid (low 32 bits).
+# Instant takeover (PostgreSQL): a driver's process holds a session-level advisory lock keyed
+# by its lease token on a connection of the library's own (``liveness.py``) — a connection the
+# site's code never closes — and, until that lock is confirmed, on the connection it leased
+# the run from, taken in the statement that grants the lease (so a live lease never lacks its
+# lock). The server releases a lock the moment its connection drops — the process died — so
+# a live lease whose token's lock is free has no driver left and may be taken at once. A
+# stalled (SIGSTOPped) process keeps its connections, its locks, and so its lease until
+# expiry. The key: the token's md5, first 64 bits (``liveness.KEY``).
+_LOCK_KEY = KEY
+# Whether anyone holds token {0}'s lock — this very session too (advisory locks are reentrant
+# per session, so a probe by taking it would "succeed" on a lease this connection holds). A
+# bigint key shows in pg_locks as classid (high 32 bits) and objid (low 32 bits).
 _LOCK_HELD = (
     "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted "
     "AND classid = ('x' || substr(md5({0}), 1, 8))::bit(32)::bigint::oid "
@@ -94,6 +96,9 @@ class _HolderAlive(Func):
     template = _LOCK_HELD.format("%(expressions)s")
     output_field = BooleanField()
 
+
+# The tokens whose lock each connection holds (weak keys: a closed connection's locks are gone).
+_LOCKED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 # The durability dial (engine/durability.py) on PostgreSQL: ``SET LOCAL synchronous_commit =
 # off`` inside the statement itself, so a relaxed write costs no extra round trip. It is in
@@ -235,9 +240,31 @@ class DjangoStore:
         """This process's liveness locks (None: instant takeover is off or not PostgreSQL)."""
         if not self._instant:
             return None
-        if self._liveness is None:
-            return liveness_for(self.using)
-        return self._liveness
+        return self._liveness if self._liveness is not None else liveness_for(self.using)
+
+    def _locked(self) -> set[str] | None:
+        """The tokens whose liveness lock this thread's connection holds (None: no connection,
+        or no liveness locks on this database)."""
+        if not self._instant:
+            return None
+        raw = self.connection.connection
+        if raw is None or raw.closed:
+            return None
+        return _LOCKED.setdefault(raw, set())
+
+    def _held_lock(self, token: str) -> None:
+        locked = self._locked()
+        if locked is not None:
+            locked.add(token)
+
+    def _forget_lock(self, token: str) -> None:
+        locked = self._locked()
+        if locked is not None:
+            locked.discard(token)
+
+    def _holds_lock(self, token: str) -> bool:
+        locked = self._locked()
+        return locked is not None and token in locked
 
     def _execute(self, sql: str, params: Sequence[Any], fetch: str) -> Any:
         """Run one statement; on PostgreSQL as a prepared statement with server-side binding.
@@ -503,13 +530,15 @@ class DjangoStore:
             run.kind,
         ]
         rows = ", ".join(["(%s, %s, %s)"] * len(records))
+        # Once, with the lease row: a RETURNING expression runs once per row inserted.
+        lock = f", pg_try_advisory_lock({_LOCK_KEY.format('token')})" if self._instant else ""
         sql = (
             f"WITH r AS (INSERT INTO {_R} ({', '.join(columns)}, finished_at) "
             f"VALUES ({', '.join(['%s'] * len(columns))}, CASE WHEN %s THEN now() END) "
             "ON CONFLICT (run_id) DO NOTHING RETURNING run_id), "
             f"l AS (INSERT INTO {_L} (run_id, holder, token, expires_at, renewed_at) "
             "SELECT run_id, %s, %s, now() + make_interval(secs => %s), now() FROM r "
-            "RETURNING run_id), "
+            f"RETURNING run_id{lock}), "
             f"j AS (INSERT INTO {_J} (run_id, name, data, created_at) "
             f"SELECT l.run_id, v.name, v.data, now() FROM l CROSS JOIN (VALUES {rows}) "
             "AS v(ord, name, data) ORDER BY v.ord RETURNING seq, name, data, created_at) "
@@ -520,15 +549,17 @@ class DjangoStore:
             params += [i, name, data]
         liveness = self.liveness
         if liveness is not None:
-            liveness.hold(token)  # before the lease exists: a live lease never lacks its lock
+            liveness.hold(token)  # sent now, confirmed after the lease is written
         found = None
         try:
             found = self._execute(sql, params, "all")
         finally:
-            if liveness is not None and not found:
-                liveness.release(token)
+            if liveness is not None:
+                liveness.confirm() if found else liveness.release(token)
         if not found:
             return None
+        if lock:
+            self._held_lock(token)
         return [Entry(run.run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at in found]
 
     def _insert(
@@ -586,18 +617,23 @@ class DjangoStore:
                     "WHERE run_id = %s AND EXISTS (SELECT 1 FROM ins))"
                 )
                 params += [*values, run_id]
+            unlocks = release and fence is not None and self._holds_lock(fence)
             if release:
+                # The liveness lock goes with the lease (once: one row deleted).
+                unlock = f" RETURNING pg_advisory_unlock({_LOCK_KEY.format('token')})"
                 parts.append(
                     f"rel AS (DELETE FROM {_L} WHERE run_id = %s AND token = %s "
-                    "AND EXISTS (SELECT 1 FROM ins))"
+                    f"AND EXISTS (SELECT 1 FROM ins){unlock if unlocks else ''})"
                 )
                 params += [run_id, fence]
             dial = f", {_ASYNC_COMMIT}" if relax else ""
             sql = f"WITH {', '.join(parts)} SELECT seq, created_at{dial} FROM ins"
         row = self._fetchone(sql, params)
         if row is not None:
-            if release and fence is not None and (liveness := self.liveness) is not None:
-                liveness.release(fence)  # deferred: no round trip of its own
+            if release and fence is not None:
+                self._forget_lock(fence)
+                if (liveness := self.liveness) is not None:
+                    liveness.release(fence)  # deferred: no round trip of its own
             return Entry(run_id, name, int(row[0]), data, _aware(row[1])), True
         existing = self.get(run_id, name)
         if existing is not None and (fence is None or self._holds(run_id, fence)):
@@ -660,24 +696,33 @@ class DjangoStore:
         if d.postgres:
             # One statement: the lease it replaces is read from the statement's snapshot —
             # only when the upsert did replace a row (``xmax = 0``: it inserted one, the lease
-            # was released meanwhile).
+            # was released meanwhile); the new holder's liveness lock is taken in it (once:
+            # the result has one row).
+            lock = (
+                "CASE WHEN ins.fresh OR old.token IS DISTINCT FROM ins.token THEN "
+                f"pg_try_advisory_lock({_LOCK_KEY.format('ins.token')}) END"
+                if instant
+                else "NULL"
+            )
             liveness = self.liveness
             if liveness is not None:
-                liveness.hold(token)  # before the lease is ours (a held token: nothing sent)
+                liveness.hold(token)  # sent now, confirmed after the lease is written
             found = None
             try:
                 found = self._fetchone(
                     f"WITH old AS ({before}), ins AS ({upsert}, xmax = 0 AS fresh) "
                     "SELECT ins.token, old.holder, old.token, old.expires_at, old.renewed_at, "
-                    "old.expires_at > now(), ins.fresh "
+                    f"old.expires_at > now(), {lock}, ins.fresh "
                     "FROM ins LEFT JOIN old ON true",
                     [run_id, *params],
                 )
             finally:
-                if found is None and liveness is not None:
-                    liveness.release(token)
+                if liveness is not None:
+                    liveness.confirm() if found is not None else liveness.release(token)
+            if found is not None and found[6]:
+                self._held_lock(token)
             row = found
-            if found is not None and found[6]:  # inserted: no lease was there to replace
+            if found is not None and found[7]:  # inserted: no lease was there to replace
                 row = (found[0], None, None, None, None, None)
         else:  # writers are serialised: nothing changes the lease between the two
             with transaction.atomic(using=self.using):
@@ -710,17 +755,23 @@ class DjangoStore:
         return row is not None
 
     def release_lease(self, run_id: str, token: str) -> None:
+        delete = f"DELETE FROM {_L} WHERE run_id = %s AND token = %s"
         try:
             with self.connection.cursor() as cursor:
-                cursor.execute(
-                    f"DELETE FROM {_L} WHERE run_id = %s AND token = %s", [run_id, token]
-                )
+                if self._holds_lock(token):
+                    # Let go of the lease statement's lock whether or not the lease was
+                    # still ours.
+                    cursor.execute(
+                        f"WITH d AS ({delete}) SELECT pg_advisory_unlock({_LOCK_KEY.format('%s')})",
+                        [run_id, token, token],
+                    )
+                    self._forget_lock(token)
+                else:
+                    cursor.execute(delete, [run_id, token])
         finally:
-            liveness = self.liveness
-            if liveness is not None:
-                # Whether or not the lease was still ours, after its row is gone (a lease
-                # left behind by a failed delete is a stopped driver's: free to take).
-                # Deferred: no round trip of its own.
+            if (liveness := self.liveness) is not None:
+                # After its row is gone (a lease a failed delete left is a stopped driver's:
+                # free to take). Deferred: no round trip of its own.
                 liveness.release(token)
 
     def get_lease(self, run_id: str) -> LeaseInfo | None:

@@ -265,3 +265,24 @@ def test_recovery_hands_a_dead_holders_run_over_once_per_interval():
         assert "live-10" not in recover(interval=60), "sent again within the interval"
     assert sent.count("live-10") == 1
     assert store.get_run("live-10").attempts == 1, "the death counted once"
+
+
+def test_a_dropped_liveness_connection_is_replaced_and_its_locks_taken_again():
+    """The server ends the library's connection (a restart, ``pg_terminate_backend``): the
+    lease heartbeat's next check reconnects and locks every held lease's key again."""
+    store = DjangoStore()
+    store.create_run(RunInfo("live-14", agent="echo", status="running"))
+    assert store.acquire_lease("live-14", "me", "tok-14", 30)
+    liveness = liveness_for("default")
+    try:
+        old = liveness.backend_pid
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [old])
+        _wait(lambda: not _backend_alive(old), "the terminated backend to exit")
+        assert _free(store, "live-14"), "its lock went with the connection"
+        liveness._checked = 0.0  # the heartbeat's next check is due
+        assert store.renew_lease("live-14", "tok-14", 30)
+        assert liveness.backend_pid not in (None, old)
+        assert not _free(store, "live-14"), "locked again on the new connection"
+    finally:
+        store.release_lease("live-14", "tok-14")
