@@ -78,15 +78,10 @@ class Liveness:
                 self._unlock.discard(token)
                 return
             try:
-                try:
-                    self._drain()
-                    self._submit([token])
-                except psycopg.Error:
-                    self._recover()
-            except BaseException:
-                self._held.discard(token)
-                self._emptied()
-                raise
+                self._drain()
+                self._submit([token])
+            except psycopg.Error:
+                self._recover_or_warn()
 
     def confirm(self) -> None:
         """Wait for the answer ``hold`` asked for (a dropped connection is replaced and every
@@ -95,7 +90,17 @@ class Liveness:
             try:
                 self._drain()
             except psycopg.Error:
-                self._recover()
+                self._recover_or_warn()
+
+    def _recover_or_warn(self) -> None:
+        # Never fails the drive: the lease statement's own lock (on the driver's connection)
+        # still holds, as before this connection existed, and the heartbeat's ``keep``
+        # tries again. Meanwhile a closed driver connection would make the run look dead.
+        try:
+            self._recover()
+        except psycopg.Error:
+            self._close_conn()
+            log.warning("the liveness connection failed; retrying", exc_info=True)
 
     def release(self, token: str) -> None:
         """Let ``token``'s lock go with the next statement (its lease is gone or never was)."""
@@ -120,17 +125,14 @@ class Liveness:
             if not (self._held or self._unlock):
                 return
             try:
-                try:
-                    self._drain()
-                    self._submit([])
-                    self._drain()
-                except psycopg.Error:
-                    self._recover()
+                self._drain()
+                self._submit([])
+                self._drain()
             except psycopg.Error:
-                # The lease itself was renewed; without the locks its run looks abandoned
+                # Until it is back, a run whose driver's connection closed looks abandoned
                 # and may be taken over (this driver is then fenced). Try again next beat.
                 self._checked = time.monotonic()
-                log.warning("the liveness connection failed; retrying", exc_info=True)
+                self._recover_or_warn()
 
     @property
     def held(self) -> frozenset[str]:

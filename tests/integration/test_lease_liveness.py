@@ -14,7 +14,7 @@ from django.db import connections
 
 import durable_agents as da
 from durable_agents.engine.ports import RunInfo
-from durable_agents.liveness import Liveness, liveness_for
+from durable_agents.liveness import Liveness, close_all, liveness_for
 from durable_agents.storage import DjangoStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -121,6 +121,7 @@ def test_a_driver_lets_its_liveness_locks_go_with_its_leases():
     from durable_agents.engine.commands.runs import resume
     from tests.support.agents import echo, gated
 
+    close_all()  # a lease an earlier test left held would keep the connection open
     liveness = liveness_for("default")
     echo.run("live-4", "where is order 7?")  # started and finished in one write each
     assert liveness.held == frozenset()
