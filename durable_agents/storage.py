@@ -71,9 +71,10 @@ _C_TIMESTAMPTZ = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEX
 
 # Instant takeover (PostgreSQL): a driver's process holds a session-level advisory lock keyed
 # by its lease token on a connection of the library's own (``liveness.py``) — a connection the
-# site's code never closes — and, until that lock is confirmed, on the connection it leased
-# the run from, taken in the statement that grants the lease (so a live lease never lacks its
-# lock). The server releases a lock the moment its connection drops — the process died — so
+# site's code never closes — requested just before the lease statement and confirmed after
+# it; that statement also takes the lock on the connection it leases the run from, so a live
+# lease never lacks its lock in between (that one goes with the lease, or with its
+# connection). The server releases a lock the moment its connection drops — the process died — so
 # a live lease whose token's lock is free has no driver left and may be taken at once. A
 # stalled (SIGSTOPped) process keeps its connections, its locks, and so its lease until
 # expiry. The key: the token's md5, first 64 bits (``liveness.KEY``).
