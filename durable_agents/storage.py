@@ -55,6 +55,7 @@ from .engine.ports import (
     same_request,
 )
 from .engine.records import encode
+from .liveness import KEY, Liveness, liveness_for
 from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Lease, Run
 
 _J = JournalEntry._meta.db_table
@@ -68,13 +69,16 @@ _CURSORS: weakref.WeakKeyDictionary[Any, psycopg.Cursor[Any]] = weakref.WeakKeyD
 _TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
 _C_TIMESTAMPTZ = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEXT)
 
-# Instant takeover (PostgreSQL): a driver holds a session-level advisory lock keyed by its
-# lease token on the connection it leased the run from, taken in the statement that grants
-# the lease. The server releases it the moment that connection drops — the process died —
-# so a live lease whose token's lock is free has no driver left and may be taken at once. A
-# stalled (SIGSTOPped) process keeps its connection, its lock, and so its lease until expiry.
-# The key: the token's md5, first 64 bits.
-_LOCK_KEY = "('x' || substr(md5({}), 1, 16))::bit(64)::bigint"
+# Instant takeover (PostgreSQL): a driver's process holds a session-level advisory lock keyed
+# by its lease token on a connection of the library's own (``liveness.py``) — a connection the
+# site's code never closes — requested just before the lease statement and confirmed after
+# it; that statement also takes the lock on the connection it leases the run from, so a live
+# lease never lacks its lock in between (that one goes with the lease, or with its
+# connection). The server releases a lock the moment its connection drops — the process died — so
+# a live lease whose token's lock is free has no driver left and may be taken at once. A
+# stalled (SIGSTOPped) process keeps its connections, its locks, and so its lease until
+# expiry. The key: the token's md5, first 64 bits (``liveness.KEY``).
+_LOCK_KEY = KEY
 # Whether anyone holds token {0}'s lock — this very session too (advisory locks are reentrant
 # per session, so a probe by taking it would "succeed" on a lease this connection holds). A
 # bigint key shows in pg_locks as classid (high 32 bits) and objid (low 32 bits).
@@ -202,6 +206,7 @@ class DjangoStore:
         *,
         prepared: bool | None = None,
         instant_takeover: bool | None = None,
+        liveness: Liveness | None = None,
     ) -> None:
         if using is None or prepared is None or instant_takeover is None:
             from .conf import get_settings
@@ -214,6 +219,7 @@ class DjangoStore:
         self.using = using
         self.prepared = prepared
         self.instant_takeover = instant_takeover
+        self._liveness = liveness  # a test's own "process"; else this process's
         self._dialect: _Dialect | None = None
 
     @property
@@ -229,6 +235,13 @@ class DjangoStore:
     @property
     def _instant(self) -> bool:
         return self.instant_takeover and self.dialect.postgres
+
+    @property
+    def liveness(self) -> Liveness | None:
+        """This process's liveness locks (None: instant takeover is off or not PostgreSQL)."""
+        if not self._instant:
+            return None
+        return self._liveness if self._liveness is not None else liveness_for(self.using)
 
     def _locked(self) -> set[str] | None:
         """The tokens whose liveness lock this thread's connection holds (None: no connection,
@@ -535,7 +548,15 @@ class DjangoStore:
         params: list[Any] = [*values, run.status in TERMINAL_STATUSES, holder, token, float(ttl)]
         for i, (name, data) in enumerate(records):
             params += [i, name, data]
-        found = self._execute(sql, params, "all")
+        liveness = self.liveness
+        if liveness is not None:
+            liveness.hold(token)  # sent now, confirmed after the lease is written
+        found = None
+        try:
+            found = self._execute(sql, params, "all")
+        finally:
+            if liveness is not None:
+                liveness.confirm() if found else liveness.release(token)
         if not found:
             return None
         if lock:
@@ -612,6 +633,8 @@ class DjangoStore:
         if row is not None:
             if release and fence is not None:
                 self._forget_lock(fence)
+                if (liveness := self.liveness) is not None:
+                    liveness.release(fence)  # deferred: no round trip of its own
             return Entry(run_id, name, int(row[0]), data, _aware(row[1])), True
         existing = self.get(run_id, name)
         if existing is not None and (fence is None or self._holds(run_id, fence)):
@@ -682,13 +705,21 @@ class DjangoStore:
                 if instant
                 else "NULL"
             )
-            found = self._fetchone(
-                f"WITH old AS ({before}), ins AS ({upsert}, xmax = 0 AS fresh) "
-                "SELECT ins.token, old.holder, old.token, old.expires_at, old.renewed_at, "
-                f"old.expires_at > now(), {lock}, ins.fresh "
-                "FROM ins LEFT JOIN old ON true",
-                [run_id, *params],
-            )
+            liveness = self.liveness
+            if liveness is not None:
+                liveness.hold(token)  # sent now, confirmed after the lease is written
+            found = None
+            try:
+                found = self._fetchone(
+                    f"WITH old AS ({before}), ins AS ({upsert}, xmax = 0 AS fresh) "
+                    "SELECT ins.token, old.holder, old.token, old.expires_at, old.renewed_at, "
+                    f"old.expires_at > now(), {lock}, ins.fresh "
+                    "FROM ins LEFT JOIN old ON true",
+                    [run_id, *params],
+                )
+            finally:
+                if liveness is not None:
+                    liveness.confirm() if found is not None else liveness.release(token)
             if found is not None and found[6]:
                 self._held_lock(token)
             row = found
@@ -719,20 +750,30 @@ class DjangoStore:
             f"WHERE run_id = %s AND token = %s AND expires_at > {d.now} RETURNING token",
             [d.ttl_param(ttl), run_id, token],
         )
+        liveness = self.liveness
+        if liveness is not None:
+            liveness.keep()  # the heartbeat also checks the locks are still there
         return row is not None
 
     def release_lease(self, run_id: str, token: str) -> None:
         delete = f"DELETE FROM {_L} WHERE run_id = %s AND token = %s"
-        with self.connection.cursor() as cursor:
-            if self._holds_lock(token):
-                # Let go of the liveness lock whether or not the lease was still ours.
-                cursor.execute(
-                    f"WITH d AS ({delete}) SELECT pg_advisory_unlock({_LOCK_KEY.format('%s')})",
-                    [run_id, token, token],
-                )
-                self._forget_lock(token)
-            else:
-                cursor.execute(delete, [run_id, token])
+        try:
+            with self.connection.cursor() as cursor:
+                if self._holds_lock(token):
+                    # Let go of the lease statement's lock whether or not the lease was
+                    # still ours.
+                    cursor.execute(
+                        f"WITH d AS ({delete}) SELECT pg_advisory_unlock({_LOCK_KEY.format('%s')})",
+                        [run_id, token, token],
+                    )
+                    self._forget_lock(token)
+                else:
+                    cursor.execute(delete, [run_id, token])
+        finally:
+            if (liveness := self.liveness) is not None:
+                # After its row is gone (a lease a failed delete left is a stopped driver's:
+                # free to take). Deferred: no round trip of its own.
+                liveness.release(token)
 
     def get_lease(self, run_id: str) -> LeaseInfo | None:
         d = self.dialect

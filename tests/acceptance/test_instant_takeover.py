@@ -146,3 +146,53 @@ def test_with_instant_takeover_off_a_killed_driver_keeps_its_run_until_the_lease
         if driver.poll() is None:
             driver.kill()
             driver.communicate()
+
+
+def _backend_alive(pid: int) -> bool:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+        return cursor.fetchone()[0] > 0
+
+
+@pytest.mark.timeout(90)
+def test_a_driver_whose_tool_closed_its_connection_keeps_its_run_until_it_dies(tmp_path):
+    """A tool that closes the driving thread's Django connection (``close_old_connections``,
+    ``connection.close()``) does not make a live driver look dead: neither recovery nor a
+    resume takes its run. Once its process is killed, a resume takes the run at once."""
+    from durable_agents.recovery import recover
+    from tests.support.wiring import wired
+
+    run_id = "instant-hang-up"
+    mark = tmp_path / "closed"
+    driver = _child(run_id, "hole-hang-up", DA_CLOSED_AT=str(mark), DA_LEASE_TTL="30")
+    try:
+        _wait(mark.exists, what="the tool to close its connection")
+        _wait(lambda: mark.read_text() != "", what="the tool to write its old backend's pid")
+        old = int(mark.read_text())
+        _wait(lambda: not _backend_alive(old), what="the closed connection's backend to exit")
+        sent: list[str] = []
+        with wired(dispatcher=sent.append):
+            assert run_id not in recover(interval=0), "recovery took a live driver's run"
+        assert sent == []
+        with pytest.raises(da.RunBusy):
+            da.resume(run_id)
+        assert driver.poll() is None, "the driver is still running"
+        driver.kill()
+        driver.communicate(timeout=30)
+        killed = time.monotonic()
+        while True:
+            try:
+                result = da.resume(run_id)
+                break
+            except da.RunBusy:
+                assert time.monotonic() - killed < 2, "not taken over within 2 s of the kill"
+                time.sleep(0.05)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.communicate()
+    assert result.answer == "shipped"
+    [takeover] = _takeovers(run_id)
+    assert takeover.get("reason") == "holder gone"

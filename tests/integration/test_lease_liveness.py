@@ -14,25 +14,33 @@ from django.db import connections
 
 import durable_agents as da
 from durable_agents.engine.ports import RunInfo
+from durable_agents.liveness import Liveness, close_all, liveness_for
 from durable_agents.storage import DjangoStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 class _Holder:
-    """Another thread's connection leasing a run; ``die()`` closes that connection, which is
-    what the server sees when a driver's process dies."""
+    """Another "process" leasing a run: another thread, with liveness locks of its own;
+    ``die()`` closes its connections, which is what the server sees when a driver's process
+    dies."""
 
     def __init__(self, store: DjangoStore, run_id: str, token: str):
         self._leased, self._close = threading.Event(), threading.Event()
-        self._pid: int | None = None
+        self._liveness = Liveness("default") if store.instant_takeover else None
+        own = self.store = DjangoStore(
+            instant_takeover=store.instant_takeover, liveness=self._liveness
+        )
+        self._pids: list[int | None] = []
 
         def hold():
             try:
-                assert store.acquire_lease(run_id, "holder", token, 30)
+                assert own.acquire_lease(run_id, "holder", token, 30)
                 with connections["default"].cursor() as cursor:
                     cursor.execute("SELECT pg_backend_pid()")
-                    self._pid = cursor.fetchone()[0]
+                    self._pids.append(cursor.fetchone()[0])
+                if self._liveness is not None:
+                    self._pids.append(self._liveness.backend_pid)
                 self._leased.set()
                 self._close.wait(timeout=30)
             finally:
@@ -43,13 +51,15 @@ class _Holder:
         assert self._leased.wait(timeout=30)
 
     def die(self) -> None:
-        """Close the holder's connection and wait until its server backend has gone: a
+        """Close the holder's connections and wait until their server backends have gone: a
         backend releases its session locks as it exits, a moment after the client closes."""
         self._close.set()
         self._thread.join(timeout=30)
+        if self._liveness is not None:
+            self._liveness.close()
         deadline = time.monotonic() + 30
-        while _backend_alive(self._pid):
-            assert time.monotonic() < deadline, "the holder's backend never exited"
+        while any(_backend_alive(pid) for pid in self._pids):
+            assert time.monotonic() < deadline, "the holder's backends never exited"
             time.sleep(0.02)
 
 
@@ -90,30 +100,120 @@ def test_with_instant_takeover_off_a_closed_holder_keeps_its_lease_until_it_expi
     assert store.get_lease("live-3").live
 
 
-def _my_advisory_locks() -> int:
+def _advisory_locks(pid: int | None) -> int:
     with connections["default"].cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
-            "AND pid = pg_backend_pid()"
+            "AND pid = %s",
+            [pid],
         )
         return cursor.fetchone()[0]
+
+
+def _wait(predicate, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
 
 
 def test_a_driver_lets_its_liveness_locks_go_with_its_leases():
     from durable_agents.engine.commands.runs import resume
     from tests.support.agents import echo, gated
 
-    before = _my_advisory_locks()
+    close_all()  # a lease an earlier test left held would keep the connection open
+    liveness = liveness_for("default")
     echo.run("live-4", "where is order 7?")  # started and finished in one write each
-    assert _my_advisory_locks() == before
+    assert liveness.held == frozenset()
     with pytest.raises(da.ApprovalPending):  # paused: its lease released
         gated.run("live-5", "refund order 7")
-    assert _my_advisory_locks() == before
+    assert liveness.held == frozenset()
     store = DjangoStore()
     store.create_run(RunInfo("live-6", agent=echo.name, input="where is order 7?"))
     resume("live-6")  # leased by acquire_lease, finished by finish_run
     assert store.get_run("live-6").status == "finished"
-    assert _my_advisory_locks() == before
+    assert liveness.held == frozenset()
+    assert _advisory_locks(pg_backend_pid()) == 0, "none on the driver's own connection"
+    # The three runs' unlocks were deferred to this connection's next statement.
+    store.create_run(RunInfo("live-6b", agent="echo"))
+    assert store.acquire_lease("live-6b", "me", "tok-next", 30)
+    assert _advisory_locks(liveness.backend_pid) == 1, "only the lease held now"
+    store.release_lease("live-6b", "tok-next")
+    pid = liveness.backend_pid
+    _wait(lambda: liveness.backend_pid is None, "an idle liveness connection to close")
+    _wait(lambda: not _backend_alive(pid), "its backend to exit")
+
+
+def pg_backend_pid() -> int:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def test_a_driver_whose_django_connection_closed_keeps_its_lease():
+    """The liveness lock is not on the driver's Django connection: closing that (a tool's
+    ``close_old_connections()``, ``CONN_MAX_AGE``) leaves the run leased by a live driver,
+    for other drivers and for recovery alike."""
+    store = DjangoStore()
+    store.create_run(RunInfo("live-11", agent="echo", status="running"))
+    assert store.acquire_lease("live-11", "me", "tok-me", 30)
+    try:
+        old = pg_backend_pid()
+        connections["default"].close()
+        _wait(lambda: not _backend_alive(old), "the closed connection's backend to exit")
+        store.create_run(RunInfo("live-12", agent="echo", status="running"))
+        other = _Holder(store, "live-12", "tok-other")  # another process's store
+        try:
+            assert not other.store.acquire_lease("live-11", "taker", "tok-taker", 30)
+        finally:
+            other.die()
+        assert not _free(store, "live-11"), "recovery sees its driver alive"
+    finally:
+        store.release_lease("live-11", "tok-me")
+    assert _free(store, "live-11")
+
+
+def test_a_forked_child_never_uses_or_closes_its_parents_liveness_connection():
+    """A Celery prefork child starts with no liveness connection of its own, and whatever it
+    does on the way out (closing every liveness connection it knows, dropping the parent's
+    objects) leaves the parent's connection, and so its leases' locks, alone."""
+    import gc
+    import os
+
+    from durable_agents import liveness as module
+
+    store = DjangoStore()
+    store.create_run(RunInfo("live-13", agent="echo", status="running"))
+    assert store.acquire_lease("live-13", "parent", "tok-parent", 30)
+    parent = liveness_for("default")
+    parent_pid = parent.backend_pid
+    assert parent_pid is not None
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        ok = 0
+        try:
+            mine = module.liveness_for("default")
+            ok = int(mine is not parent and mine.backend_pid is None and not mine.held)
+            module.close_all()
+            parent.close()
+            del mine
+            gc.collect()
+        finally:
+            os.write(write, bytes([ok]))
+            os._exit(0)
+    os.close(write)
+    try:
+        assert os.read(read, 1) == b"\x01", "the child saw its parent's liveness connection"
+    finally:
+        os.close(read)
+        os.waitpid(child, 0)
+    try:
+        assert parent.backend_pid == parent_pid and _backend_alive(parent_pid)
+        assert _advisory_locks(parent_pid) >= 1, "the parent's lock survived the child"
+        assert not _free(store, "live-13")
+    finally:
+        store.release_lease("live-13", "tok-parent")
 
 
 def _free(store: DjangoStore, run_id: str) -> bool:
@@ -166,3 +266,24 @@ def test_recovery_hands_a_dead_holders_run_over_once_per_interval():
         assert "live-10" not in recover(interval=60), "sent again within the interval"
     assert sent.count("live-10") == 1
     assert store.get_run("live-10").attempts == 1, "the death counted once"
+
+
+def test_a_dropped_liveness_connection_is_replaced_and_its_locks_taken_again():
+    """The server ends the library's connection (a restart, ``pg_terminate_backend``): the
+    lease heartbeat's next check reconnects and locks every held lease's key again."""
+    store = DjangoStore()
+    store.create_run(RunInfo("live-14", agent="echo", status="running"))
+    assert store.acquire_lease("live-14", "me", "tok-14", 30)
+    liveness = liveness_for("default")
+    try:
+        old = liveness.backend_pid
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [old])
+        _wait(lambda: not _backend_alive(old), "the terminated backend to exit")
+        assert _free(store, "live-14"), "its lock went with the connection"
+        liveness._checked = 0.0  # the heartbeat's next check is due
+        assert store.renew_lease("live-14", "tok-14", 30)
+        assert liveness.backend_pid not in (None, old)
+        assert not _free(store, "live-14"), "locked again on the new connection"
+    finally:
+        store.release_lease("live-14", "tok-14")

@@ -99,6 +99,37 @@ def dawdle(order: str) -> dict:
     return {"order": order, "status": "shipped"}
 
 
+@da.tool(read_only=True)
+def hang_up(order: str) -> dict:
+    """Look an order up; a process started with ``DA_CLOSED_AT=<file>`` first closes its
+    thread's Django connection (housekeeping a tool might do), writes that connection's old
+    server pid to the file, and hangs until killed (the liveness tests)."""
+    mark = os.environ.get("DA_CLOSED_AT")
+    if mark:
+        import time
+        from pathlib import Path
+
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pid = cursor.fetchone()[0]
+        connection.close()
+        Path(mark).write_text(str(pid))
+        time.sleep(120)
+    return {"order": order, "status": "shipped"}
+
+
+hanging_up = da.Agent(
+    "hole-hang-up",
+    ScriptedModel(
+        [scripted.calls(scripted.call("hang_up", {"order": "7"})), scripted.text("shipped")]
+    ),
+    "Answer about orders.",
+    [hang_up],
+)
+
+
 dawdling = da.Agent(
     "hole-dawdle",
     ScriptedModel(
