@@ -63,9 +63,10 @@ _L = Lease._meta.db_table
 _R = Run._meta.db_table
 _NEVER_AUTO_PREPARE = 2**31 - 1
 _ACTION_LOCK = 1684107621  # the advisory lock the action log's writers take turns on
-# One reusable server-binding cursor per psycopg connection (Django's connections are per
-# thread); weak keys let closed connections go.
-_CURSORS: weakref.WeakKeyDictionary[Any, psycopg.Cursor[Any]] = weakref.WeakKeyDictionary()
+# One reusable server-binding cursor per psycopg connection, kept on the Django connection
+# wrapper (per thread) under this name: a reconnect replaces it, so the closed connection,
+# which its cursor references, goes with it.
+_CURSOR_ATTR = "_durable_agents_cursor"
 _TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
 _C_TIMESTAMPTZ = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEXT)
 
@@ -281,13 +282,14 @@ class DjangoStore:
             if raw is None or raw.closed:
                 conn.ensure_connection()
                 raw = conn.connection
-            cursor = _CURSORS.get(raw)
-            if cursor is None or cursor.closed:
+            cursor = getattr(conn, _CURSOR_ATTR, None)
+            if cursor is None or cursor.closed or cursor.connection is not raw:
                 if raw.prepare_threshold is None:
                     # psycopg ignores prepare=True while the threshold is None (Django's
                     # default); a threshold never reached keeps other queries unprepared.
                     raw.prepare_threshold = _NEVER_AUTO_PREPARE
-                cursor = _CURSORS[raw] = psycopg.Cursor(raw)
+                cursor = psycopg.Cursor(raw)
+                setattr(conn, _CURSOR_ATTR, cursor)
                 # Django's timestamptz loader parses in Python; psycopg's own is C and gives
                 # the same aware datetime (the session time zone is UTC).
                 if _C_TIMESTAMPTZ is not None:
