@@ -21,7 +21,7 @@ import json
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -362,6 +362,11 @@ class DjangoStore:
         second finds it moved on (PostgreSQL re-checks the row it waited for)."""
         unchanged = Q(dispatched_at__isnull=True)
         if seen is not None:
+            if not self.dialect.postgres:
+                # SQLite keeps the stamp as text to the millisecond (``…:51.000``) and Django
+                # writes a whole-second ``seen`` without its fraction (``…:51``), which sorts
+                # before it. A microsecond more is still below the clock's next tick.
+                seen += timedelta(microseconds=1)
             unchanged |= Q(dispatched_at__lte=seen)
         rows = Run.objects.using(self.using).filter(unchanged, run_id=run_id)
         return rows.update(dispatched_at=Now()) > 0

@@ -3,13 +3,17 @@ leases on the store's clock, fencing, and listing unfinished runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
 import pytest
+from django.db import connections
 
 from durable_agents.engine.errors import ConfigError, LeaseLost
 from durable_agents.engine.ports import RunInfo
+from durable_agents.models import Run
+from durable_agents.storage import DjangoStore
 from tests.support.procs import in_threads, start
 from tests.support.stores import DB
 
@@ -530,6 +534,29 @@ def test_a_dispatch_stamp_is_on_the_store_clock_and_not_a_change_of_the_row(stor
     [listed] = [r for r in store.list_unfinished() if r.run_id == run_id]
     assert listed.dispatched_at == after.dispatched_at
     assert not store.mark_dispatched("no-such-run", seen=None)
+
+
+def test_a_dispatch_stamp_on_a_whole_second_moves_on_from_itself(store, run_id):
+    """SQLite keeps stamps as text to the millisecond; a stamp that fell on a whole second
+    (``…:51.000``) read back and passed as ``seen`` (``…:51``) must still match."""
+    assert store.mark_dispatched(run_id, seen=None)
+    whole = store.get_run(run_id).dispatched_at.replace(microsecond=0)
+    if isinstance(store, DjangoStore):
+        # as the database's own clock writes it (``Now()``): with its fraction, even if zero
+        stamp = whole.strftime("%Y-%m-%d %H:%M:%S.000")
+        if connections[store.using].vendor == "postgresql":
+            stamp += "+00"
+        with connections[store.using].cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {Run._meta.db_table} SET dispatched_at = %s WHERE run_id = %s",
+                [stamp, run_id],
+            )
+    else:
+        store._runs[run_id] = dataclasses.replace(store._runs[run_id], dispatched_at=whole)
+    seen = store.get_run(run_id).dispatched_at
+    assert seen == whole
+    assert store.mark_dispatched(run_id, seen=seen)
+    assert store.get_run(run_id).dispatched_at >= whole
 
 
 def test_a_dispatch_stamp_moves_only_from_the_one_its_caller_saw(store, run_id):
