@@ -65,6 +65,7 @@ from .ports import (
     APPROVAL_APPROVED,
     APPROVAL_DENIED,
     APPROVAL_PENDING,
+    APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
     AWAITING_INPUT,
     CANCELLED,
@@ -419,6 +420,9 @@ class Driver:
         # The waits this turn's calls paused on, and a wait refused as misuse.
         self._pauses: list[InterruptPending | SignalPending | TimerPending] = []
         self._misuse: WaitError | None = None
+        # Requests pending for other arguments than the journaled decision this drive acts
+        # on (``_mark_decided``), by call: withdrawn once the call's result is journaled.
+        self._moot: dict[str, Any] = {}
         # A tool of a saga that raised ``SagaAborted``: the run aborts once the turn settles.
         self._abort: SagaAborted | None = None
 
@@ -1054,13 +1058,18 @@ class Driver:
     def _mark_decided(self, call: ToolCall, args: dict[str, Any], decision: Any) -> None:
         """A request still pending for the arguments a journaled decision is about: its
         maker stopped before marking it. The journal is the truth, so the request says so
-        too (a request about other arguments is left for the person who will decide it)."""
+        too. A request about other arguments is withdrawn once the call has its result
+        (``_record_result``), not before: a drive that loses the run before that must leave
+        it to the driver that asked it."""
         request = self.store.get_approval_request(self.run_id, call.id)
-        if (
-            request is not None
-            and request.status == APPROVAL_PENDING
-            and encode(request.arguments) == encode(args)
-        ):
+        if request is None or request.status != APPROVAL_PENDING:
+            return
+        if encode(request.arguments) != encode(args):
+            # Asked by a drive under other code meanwhile (or a stale one). This drive
+            # settles the call by the decision the journal holds; once its result is
+            # journaled no drive asks about the call again, so the request is moot then.
+            self._moot[call.id] = request.arguments
+        else:
             self.store.set_approval_status(
                 self.run_id,
                 call.id,
@@ -1304,6 +1313,15 @@ class Driver:
             ),
         )
         self.state.add(rec)
+        moot = self._moot.pop(call.id, None)
+        if moot is not None:  # the result is journaled (fenced): nobody runs the call again
+            self.store.set_approval_status(
+                self.run_id,
+                call.id,
+                APPROVAL_WITHDRAWN,
+                if_status=[APPROVAL_PENDING],
+                if_arguments=moot,
+            )
         failpoints.hit(f"after-result:{call.id}")
 
     def _check_continue(self) -> None:

@@ -329,3 +329,37 @@ def test_a_decision_that_lands_on_a_request_replaced_under_it_is_asked_again(sto
     assert store.get_run("r1").status == "awaiting_approval"
     da.approve("r1", "call_1_1", True, by="ann", arguments=request.arguments, store=store)
     assert paid == [{"cents": 5, "memo": ""}] and store.get_run("r1").status == "finished"
+
+
+@pytest.mark.parametrize("approved", [True, False])
+def test_a_request_for_other_arguments_is_withdrawn_once_the_call_has_its_result(
+    store, monkeypatch, approved
+):
+    """While ann's decision on ``{cents: 5}`` is being recorded, a drive under new code (a
+    defaulted ``memo``) asks about ``{cents: 5, memo: ""}``; the drive that carries her
+    decision on runs the code she decided under (a worker not yet deployed), so the call
+    gets its result from her decision. Nobody will ever run that call again: the request
+    for the other arguments is withdrawn, not left pending on a finished run (seeds 39403,
+    40610), and a decision on it is refused as orphaned."""
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    real = store.save_decision
+
+    def save_decision(decision):
+        payer(paid, memo=True)  # the deploy lands; a worker under it drives the run
+        assert drive_quietly("r1", store=store) == "paused"
+        payer(paid)  # the worker that drives it next still runs the old code
+        return real(decision)
+
+    monkeypatch.setattr(store, "save_decision", save_decision)
+    da.approve("r1", "call_1_1", approved, by="ann", note="no", store=store)
+    monkeypatch.setattr(store, "save_decision", real)
+    assert store.get_run("r1").status == "finished"
+    assert paid == ([{"cents": 5}] if approved else [])
+    request = store.get_approval_request("r1", "call_1_1")
+    assert (request.status, request.arguments) == ("withdrawn", {"cents": 5, "memo": ""})
+    assert store.list_approval_requests(run_id="r1") == []
+    with pytest.raises(da.ApprovalOrphaned):
+        da.approve("r1", "call_1_1", True, by="bob", arguments=request.arguments, store=store)
+    assert paid == ([{"cents": 5}] if approved else [])
