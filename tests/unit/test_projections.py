@@ -276,6 +276,37 @@ def test_a_decision_finished_by_another_approver_meanwhile_stands(store, monkeyp
     assert store.get_run("r1").status == "finished" and paid == [{"cents": 5}]
 
 
+@pytest.mark.parametrize("approved", [True, False])
+def test_the_sweep_finishes_a_stopped_decision_nobody_makes_again(store, crash_at, approved):
+    """Ann's decision is journaled, then her process dies before the run is queued; nobody
+    decides again. The run awaits nothing a person can decide (the decision stands), so the
+    sweep of paused runs finishes it from the journal, as deciding again would (seed
+    42296)."""
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    crash_at("after-decision:call_1_1")
+    with pytest.raises(Crash):
+        da.approve("r1", "call_1_1", approved, by="ann", store=store)
+    assert store.get_run("r1").status == "awaiting_approval"
+    assert recover(store=store) == []  # recovery leaves runs paused on a person alone
+    assert wake_timers(store=store) == ["r1"]
+    request = store.get_approval_request("r1", "call_1_1")
+    assert request.status == ("approved" if approved else "denied")
+    assert store.get_run("r1").status == "finished"
+    assert paid == ([{"cents": 5}] if approved else [])
+    assert wake_timers(store=store) == []
+
+
+def test_the_sweep_leaves_a_request_nobody_decided_pending(store):
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    assert wake_timers(store=store) == []
+    assert store.get_approval_request("r1", "call_1_1").status == "pending"
+    assert store.get_run("r1").status == "awaiting_approval" and paid == []
+
+
 def test_a_drive_marks_the_request_a_stopped_decision_left_pending(store, crash_at):
     paid: list[dict] = []
     with pytest.raises(da.ApprovalPending):
