@@ -31,9 +31,9 @@ from datetime import datetime
 from typing import Any
 
 from .. import failpoints, identity, names, runtime, sagas, tree
+from ..approvals import decision_name
 from ..errors import ConfigError, Conflict, NotFound
 from ..journal import Journal
-from ..approvals import decision_name
 from ..ports import (
     AWAITING_APPROVAL,
     AWAITING_INPUT,
