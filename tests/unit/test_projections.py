@@ -54,8 +54,9 @@ def shipper(fired, name="u-proj-ship", crash=False):
     return da.Agent(name, ScriptedModel(script), "Ship.", [ship])
 
 
-def payer(paid, name="u-proj-pay", memo=False):
-    """A gated ``pay``; ``memo=True`` is the deploy that adds a defaulted field."""
+def payer(paid, name="u-proj-pay", memo=False, twice=False):
+    """A gated ``pay``; ``memo=True`` is the deploy that adds a defaulted field; ``twice=True``
+    asks for a second payment after the first."""
     if memo:
 
         @da.tool(requires_approval=True)
@@ -71,6 +72,8 @@ def payer(paid, name="u-proj-pay", memo=False):
             return "paid"
 
     script = [scripted.calls(scripted.call("pay", {"cents": 5})), scripted.text("done")]
+    if twice:
+        script.insert(1, scripted.calls(scripted.call("pay", {"cents": 6})))
     return da.Agent(name, ScriptedModel(script), "Pay.", [pay])
 
 
@@ -319,6 +322,41 @@ def test_a_drive_marks_the_request_a_stopped_decision_left_pending(store, crash_
 
 
 # -- a decision is for the arguments shown ---------------------------------------------
+
+
+def test_a_decision_on_a_call_that_got_its_result_meanwhile_is_refused(store, crash_at):
+    """Ann approved ``{cents: 5}`` and died before moving the run on; a drive under new code
+    (a defaulted ``memo``) asked again about ``{cents: 5, memo: ""}``. Bob reads that request,
+    and before his denial is written a worker still on the old code carries out ann's
+    approval: the call is paid and has its result. Bob's denial can change nothing any more:
+    it is refused as orphaned, never journaled nor reported as a denial of a call that ran
+    (seed 81157)."""
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid, twice=True).run("r1", "pay me", store=store)
+    crash_at("after-decision:call_1_1")
+    with pytest.raises(Crash):
+        da.approve("r1", "call_1_1", True, by="ann", store=store)
+    payer(paid, memo=True, twice=True)
+    assert drive_quietly("r1", store=store) == "paused"
+    asked = store.get_approval_request("r1", "call_1_1")
+    assert asked.previous_arguments == {"cents": 5} and asked.status == "pending"
+    real = store.get_approval_request
+
+    def get_approval_request(run_id, call_id):
+        request = real(run_id, call_id)
+        store.get_approval_request = real
+        payer(paid, twice=True)  # bob has read it; a worker on the old code drives the run
+        assert drive_quietly("r1", store=store) == "paused"
+        return request
+
+    store.get_approval_request = get_approval_request
+    with pytest.raises(da.ApprovalOrphaned):
+        da.deny("r1", "call_1_1", by="bob", message="no", arguments=asked.arguments, store=store)
+    assert paid == [{"cents": 5}]
+    assert [n for n in names(store, "r1") if n.startswith("approval:")] == ["approval:call_1_1"]
+    assert store.get_approval_request("r1", "call_1_1").status == "withdrawn"
+
 
 
 def test_a_decision_is_refused_when_the_request_asks_about_other_arguments(store):
