@@ -358,7 +358,6 @@ def test_a_decision_on_a_call_that_got_its_result_meanwhile_is_refused(store, cr
     assert store.get_approval_request("r1", "call_1_1").status == "withdrawn"
 
 
-
 def test_a_decision_is_refused_when_the_request_asks_about_other_arguments(store):
     paid: list[dict] = []
     with pytest.raises(da.ApprovalPending):
