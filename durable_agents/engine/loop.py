@@ -1099,6 +1099,7 @@ class Driver:
         try:
             self._update(status=HALTED, attempts=0, last_error=None)
         except LeaseLost:
+            self._close_untrue_halts(new)
             for gate, attempt, text in self._unknown.values():
                 self._late(gate, attempt, "unknown", text)
             raise
@@ -1112,6 +1113,17 @@ class Driver:
             halts=[h.op_id for h in halts],
             cause=first.cause,
         )
+
+    def _close_untrue_halts(self, written: list[HaltInfo]) -> None:
+        """This driver lost the run after writing halt rows from its view of the journal,
+        which was stale: the holder may have finished the attempt meanwhile. A halt whose
+        call has its result by now was never true; close it with that result instead of
+        leaving it open for a person. (A result still to come, the holder inside the tool
+        now, is not seen: that halt stays open, and resolving it returns the result.)"""
+        for halt in written:
+            rec = self.log.reread(names.result(halt.op_id))
+            if rec is not None:
+                self.store.resolve_halt_row(self.run_id, halt.op_id, outcome_of(rec), None)
 
     def unknown_halts(self) -> list[HaltInfo]:
         """One halt per op of this drive's state whose outcome is unknown."""
