@@ -1094,7 +1094,9 @@ class Driver:
         """Halt the run on ``halts``: one halt row per attempt, then the status (fenced).
         The rows come first so a crash between leaves a run recovery drives again, never
         one halted on nothing a person can see; a row is written once per attempt, so a
-        driver that lost the run can add no halt that was not true and reopen none."""
+        driver that lost the run reopens none. One that read the journal just before the
+        holder recorded the attempt's result can add a halt that was not true: it closes
+        it on finding it lost the run (``_close_untrue_halts``)."""
         new = [halt for halt in halts if self.store.save_halt(halt)]
         try:
             self._update(status=HALTED, attempts=0, last_error=None)
