@@ -1121,7 +1121,7 @@ class Driver:
         which was stale: the holder may have finished the attempt meanwhile. A halt whose
         call has its result by now was never true; close it with that result instead of
         leaving it open for a person. (A result still to come, the holder inside the tool
-        now, is not seen: that halt stays open, and resolving it returns the result.)"""
+        now, is not seen: that halt stays open; resolving it closes it from the journal.)"""
         for halt in written:
             rec = self.log.reread(names.result(halt.op_id))
             if rec is not None:
