@@ -65,6 +65,7 @@ from .ports import (
     APPROVAL_APPROVED,
     APPROVAL_DENIED,
     APPROVAL_PENDING,
+    APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
     AWAITING_INPUT,
     CANCELLED,
@@ -419,6 +420,9 @@ class Driver:
         # The waits this turn's calls paused on, and a wait refused as misuse.
         self._pauses: list[InterruptPending | SignalPending | TimerPending] = []
         self._misuse: WaitError | None = None
+        # Requests pending for other arguments than the journaled decision this drive acts
+        # on (``_mark_decided``), by call: withdrawn once the call's result is journaled.
+        self._moot: dict[str, Any] = {}
         # A tool of a saga that raised ``SagaAborted``: the run aborts once the turn settles.
         self._abort: SagaAborted | None = None
 
@@ -1054,13 +1058,18 @@ class Driver:
     def _mark_decided(self, call: ToolCall, args: dict[str, Any], decision: Any) -> None:
         """A request still pending for the arguments a journaled decision is about: its
         maker stopped before marking it. The journal is the truth, so the request says so
-        too (a request about other arguments is left for the person who will decide it)."""
+        too. A request about other arguments is withdrawn once the call has its result
+        (``_record_result``), not before: a drive that loses the run before that must leave
+        it to the driver that asked it."""
         request = self.store.get_approval_request(self.run_id, call.id)
-        if (
-            request is not None
-            and request.status == APPROVAL_PENDING
-            and encode(request.arguments) == encode(args)
-        ):
+        if request is None or request.status != APPROVAL_PENDING:
+            return
+        if encode(request.arguments) != encode(args):
+            # Asked by a drive under other code meanwhile (or a stale one). This drive
+            # settles the call by the decision the journal holds; once its result is
+            # journaled no drive asks about the call again, so the request is moot then.
+            self._moot[call.id] = request.arguments
+        else:
             self.store.set_approval_status(
                 self.run_id,
                 call.id,
@@ -1085,11 +1094,14 @@ class Driver:
         """Halt the run on ``halts``: one halt row per attempt, then the status (fenced).
         The rows come first so a crash between leaves a run recovery drives again, never
         one halted on nothing a person can see; a row is written once per attempt, so a
-        driver that lost the run can add no halt that was not true and reopen none."""
+        driver that lost the run reopens none. One that read the journal just before the
+        holder recorded the attempt's result can add a halt that was not true: it closes
+        it on finding it lost the run (``_close_untrue_halts``)."""
         new = [halt for halt in halts if self.store.save_halt(halt)]
         try:
             self._update(status=HALTED, attempts=0, last_error=None)
         except LeaseLost:
+            self._close_untrue_halts(new)
             for gate, attempt, text in self._unknown.values():
                 self._late(gate, attempt, "unknown", text)
             raise
@@ -1103,6 +1115,17 @@ class Driver:
             halts=[h.op_id for h in halts],
             cause=first.cause,
         )
+
+    def _close_untrue_halts(self, written: list[HaltInfo]) -> None:
+        """This driver lost the run after writing halt rows from its view of the journal,
+        which was stale: the holder may have finished the attempt meanwhile. A halt whose
+        call has its result by now was never true; close it with that result instead of
+        leaving it open for a person. (A result still to come, the holder inside the tool
+        now, is not seen: that halt stays open; resolving it closes it from the journal.)"""
+        for halt in written:
+            rec = self.log.reread(names.result(halt.op_id))
+            if rec is not None:
+                self.store.resolve_halt_row(self.run_id, halt.op_id, outcome_of(rec), None)
 
     def unknown_halts(self) -> list[HaltInfo]:
         """One halt per op of this drive's state whose outcome is unknown."""
@@ -1304,6 +1327,15 @@ class Driver:
             ),
         )
         self.state.add(rec)
+        moot = self._moot.pop(call.id, None)
+        if moot is not None:  # the result is journaled (fenced): nobody runs the call again
+            self.store.set_approval_status(
+                self.run_id,
+                call.id,
+                APPROVAL_WITHDRAWN,
+                if_status=[APPROVAL_PENDING],
+                if_arguments=moot,
+            )
         failpoints.hit(f"after-result:{call.id}")
 
     def _check_continue(self) -> None:

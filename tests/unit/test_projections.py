@@ -38,8 +38,9 @@ def shipper(fired, name="u-proj-ship", crash=False):
     return da.Agent(name, ScriptedModel(script), "Ship.", [ship])
 
 
-def payer(paid, name="u-proj-pay", memo=False):
-    """A gated ``pay``; ``memo=True`` is the deploy that adds a defaulted field."""
+def payer(paid, name="u-proj-pay", memo=False, twice=False):
+    """A gated ``pay``; ``memo=True`` is the deploy that adds a defaulted field; ``twice=True``
+    asks for a second payment after the first."""
     if memo:
 
         @da.tool(requires_approval=True)
@@ -55,6 +56,8 @@ def payer(paid, name="u-proj-pay", memo=False):
             return "paid"
 
     script = [scripted.calls(scripted.call("pay", {"cents": 5})), scripted.text("done")]
+    if twice:
+        script.insert(1, scripted.calls(scripted.call("pay", {"cents": 6})))
     return da.Agent(name, ScriptedModel(script), "Pay.", [pay])
 
 
@@ -260,6 +263,37 @@ def test_a_decision_finished_by_another_approver_meanwhile_stands(store, monkeyp
     assert store.get_run("r1").status == "finished" and paid == [{"cents": 5}]
 
 
+@pytest.mark.parametrize("approved", [True, False])
+def test_the_sweep_finishes_a_stopped_decision_nobody_makes_again(store, crash_at, approved):
+    """Ann's decision is journaled, then her process dies before the run is queued; nobody
+    decides again. The run awaits nothing a person can decide (the decision stands), so the
+    sweep of paused runs finishes it from the journal, as deciding again would (seed
+    42296)."""
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    crash_at("after-decision:call_1_1")
+    with pytest.raises(Crash):
+        da.approve("r1", "call_1_1", approved, by="ann", store=store)
+    assert store.get_run("r1").status == "awaiting_approval"
+    assert recover(store=store) == []  # recovery leaves runs paused on a person alone
+    assert wake_timers(store=store) == ["r1"]
+    request = store.get_approval_request("r1", "call_1_1")
+    assert request.status == ("approved" if approved else "denied")
+    assert store.get_run("r1").status == "finished"
+    assert paid == ([{"cents": 5}] if approved else [])
+    assert wake_timers(store=store) == []
+
+
+def test_the_sweep_leaves_a_request_nobody_decided_pending(store):
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    assert wake_timers(store=store) == []
+    assert store.get_approval_request("r1", "call_1_1").status == "pending"
+    assert store.get_run("r1").status == "awaiting_approval" and paid == []
+
+
 def test_a_drive_marks_the_request_a_stopped_decision_left_pending(store, crash_at):
     paid: list[dict] = []
     with pytest.raises(da.ApprovalPending):
@@ -272,6 +306,40 @@ def test_a_drive_marks_the_request_a_stopped_decision_left_pending(store, crash_
 
 
 # -- a decision is for the arguments shown ---------------------------------------------
+
+
+def test_a_decision_on_a_call_that_got_its_result_meanwhile_is_refused(store, crash_at):
+    """Ann approved ``{cents: 5}`` and died before moving the run on; a drive under new code
+    (a defaulted ``memo``) asked again about ``{cents: 5, memo: ""}``. Bob reads that request,
+    and before his denial is written a worker still on the old code carries out ann's
+    approval: the call is paid and has its result. Bob's denial can change nothing any more:
+    it is refused as orphaned, never journaled nor reported as a denial of a call that ran
+    (seed 81157)."""
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid, twice=True).run("r1", "pay me", store=store)
+    crash_at("after-decision:call_1_1")
+    with pytest.raises(Crash):
+        da.approve("r1", "call_1_1", True, by="ann", store=store)
+    payer(paid, memo=True, twice=True)
+    assert drive_quietly("r1", store=store) == "paused"
+    asked = store.get_approval_request("r1", "call_1_1")
+    assert asked.previous_arguments == {"cents": 5} and asked.status == "pending"
+    real = store.get_approval_request
+
+    def get_approval_request(run_id, call_id):
+        request = real(run_id, call_id)
+        store.get_approval_request = real
+        payer(paid, twice=True)  # bob has read it; a worker on the old code drives the run
+        assert drive_quietly("r1", store=store) == "paused"
+        return request
+
+    store.get_approval_request = get_approval_request
+    with pytest.raises(da.ApprovalOrphaned):
+        da.deny("r1", "call_1_1", by="bob", message="no", arguments=asked.arguments, store=store)
+    assert paid == [{"cents": 5}]
+    assert [n for n in names(store, "r1") if n.startswith("approval:")] == ["approval:call_1_1"]
+    assert store.get_approval_request("r1", "call_1_1").status == "withdrawn"
 
 
 def test_a_decision_is_refused_when_the_request_asks_about_other_arguments(store):
@@ -313,3 +381,37 @@ def test_a_decision_that_lands_on_a_request_replaced_under_it_is_asked_again(sto
     assert store.get_run("r1").status == "awaiting_approval"
     da.approve("r1", "call_1_1", True, by="ann", arguments=request.arguments, store=store)
     assert paid == [{"cents": 5, "memo": ""}] and store.get_run("r1").status == "finished"
+
+
+@pytest.mark.parametrize("approved", [True, False])
+def test_a_request_for_other_arguments_is_withdrawn_once_the_call_has_its_result(
+    store, monkeypatch, approved
+):
+    """While ann's decision on ``{cents: 5}`` is being recorded, a drive under new code (a
+    defaulted ``memo``) asks about ``{cents: 5, memo: ""}``; the drive that carries her
+    decision on runs the code she decided under (a worker not yet deployed), so the call
+    gets its result from her decision. Nobody will ever run that call again: the request
+    for the other arguments is withdrawn, not left pending on a finished run (seeds 39403,
+    40610), and a decision on it is refused as orphaned."""
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+    real = store.save_decision
+
+    def save_decision(decision):
+        payer(paid, memo=True)  # the deploy lands; a worker under it drives the run
+        assert drive_quietly("r1", store=store) == "paused"
+        payer(paid)  # the worker that drives it next still runs the old code
+        return real(decision)
+
+    monkeypatch.setattr(store, "save_decision", save_decision)
+    da.approve("r1", "call_1_1", approved, by="ann", note="no", store=store)
+    monkeypatch.setattr(store, "save_decision", real)
+    assert store.get_run("r1").status == "finished"
+    assert paid == ([{"cents": 5}] if approved else [])
+    request = store.get_approval_request("r1", "call_1_1")
+    assert (request.status, request.arguments) == ("withdrawn", {"cents": 5, "memo": ""})
+    assert store.list_approval_requests(run_id="r1") == []
+    with pytest.raises(da.ApprovalOrphaned):
+        da.approve("r1", "call_1_1", True, by="bob", arguments=request.arguments, store=store)
+    assert paid == ([{"cents": 5}] if approved else [])

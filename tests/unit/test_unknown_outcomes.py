@@ -193,6 +193,59 @@ def test_a_stale_driver_never_reopens_a_resolved_halt(store, clock):
     assert late.get("outcome") == "unknown" and "timed out" in late.get("result")
 
 
+def test_a_stale_driver_leaves_no_halt_open_on_a_call_its_successor_finished(
+    store, clock, monkeypatch
+):
+    """Driver A takes the run and is frozen before it reads the journal; B takes the run
+    over once A's lease lapses and charges. A reads the journal while B is inside the tool
+    (an attempt, no result yet), halts on it, and loses the run at its status write. B
+    records the result and finishes. The halt A wrote was never true: it is closed with the
+    result, not left open on a finished run (seed 89786)."""
+    from durable_agents.engine import failpoints
+
+    fired: list = []
+    real_hit = failpoints.hit
+
+    def crash_after_the_turn(name):
+        if name == "after-model:1":
+            raise Crash(name)
+        real_hit(name)
+
+    monkeypatch.setattr(failpoints, "hit", crash_after_the_turn)
+    captured: list = []
+    real_load, real_acquire = store.load, store.acquire_lease
+
+    def during():
+        captured.append(real_load("r1"))  # A's read, while B is inside the tool
+        return {"charged": "7"}
+
+    agent = charge_agent(fired, during=during)
+    with pytest.raises(Crash):
+        agent.run("r1", "go", store=store)
+    monkeypatch.setattr(failpoints, "hit", real_hit)
+    clock.advance(31)
+    acquired: list = []
+
+    def acquire_lease(*args, **kwargs):
+        lease = real_acquire(*args, **kwargs)
+        acquired.append(lease)
+        return lease
+
+    def load(run_id, *args, **kwargs):
+        if not acquired:
+            return real_load(run_id, *args, **kwargs)
+        store.load, store.acquire_lease = real_load, real_acquire
+        clock.advance(31)  # A is frozen past its lease; B takes the run over
+        assert da.resume("r1", store=store).answer == "charged"
+        return captured[0]
+
+    store.load, store.acquire_lease = load, acquire_lease
+    with pytest.raises(da.LeaseLost):
+        da.resume("r1", store=store)
+    assert len(fired) == 1 and store.get_run("r1").status == "finished"
+    assert store.list_halts(run_id="r1") == []
+
+
 # -- 13 ---------------------------------------------------------------------------------
 
 

@@ -207,12 +207,18 @@ def approve(
         store.get_run(run_id) is None
         or journal.get(run_id, names.RUN_CANCELLED) is not None
         or journal.get(run_id, names.SAGA_ABORT) is not None
+        # Withdrawn since it was read: the call got its result under another decision
+        # (``Driver._mark_decided``); a drive carrying this one out marks it decided.
+        or (not decided and _withdrawn(store, run_id, call_id))
     )
     # Otherwise the run or the request had moved on already: another approver's repeated
     # decision, or a drive, carried this decision on from the journal. It stands.
     if cancelled:
         store.set_approval_status(run_id, call_id, APPROVAL_WITHDRAWN)
-        why = "the run was cancelled, or its saga aborted, while the decision was being recorded"
+        why = (
+            "the run was cancelled, its saga aborted, or the call got its result under "
+            "another decision, while the decision was being recorded"
+        )
         store.log_action(identity.logged(actor, "withdraw", run_id, call_id, {"why": why}))
         raise ApprovalOrphaned(
             f"the approval of call {call_id!r} in run {run_id!r} is orphaned ({why}); "
@@ -358,6 +364,11 @@ def finish_decision(store: Store, run_id: str, call_id: str, decision: Any) -> b
     return queued
 
 
+def _withdrawn(store: Store, run_id: str, call_id: str) -> bool:
+    request = store.get_approval_request(run_id, call_id)
+    return request is not None and request.status == APPROVAL_WITHDRAWN
+
+
 def _refuse_orphans(
     store: Store, journal: Journal, request: ApprovalRequestInfo, actor: Actor
 ) -> None:
@@ -376,6 +387,10 @@ def _refuse_orphans(
         why = "the run's saga aborted: it is rolling back, and never runs the call"
     elif start is None or start.seq != request.start_seq:
         why = "the run was started again under the same id"
+    elif journal.get(request.run_id, names.tool(request.call_id)) is not None:
+        # Carried out meanwhile under an earlier decision by a drive of other code (the
+        # request was about other arguments): a recorded result is never run again.
+        why = "the call already has its result"
     if why is None:
         return
     if run is not None:

@@ -14,7 +14,8 @@ rollback of the sub-run the parent undoes next ended, or nobody drives that sub-
 was never aborted (its lease was busy when the parent tried). Such a parent waits for
 nothing any more either. So does a halted run whose resolution stopped between its record
 and its rows (the process resolving it died): the sweep finishes the resolution, as asking
-again would.
+again would; and a run awaiting approval whose decision stopped the same way (the sweep
+finishes the decision, as deciding again would).
 
 A person may also wake a timer before its time (``wake_timer``, the admin's "wake now"): that
 is a staff decision, journaled as such (``waited:<name>`` with ``early`` and who decided), not a
@@ -30,9 +31,11 @@ from datetime import datetime
 from typing import Any
 
 from .. import failpoints, identity, names, runtime, sagas, tree
+from ..approvals import decision_name
 from ..errors import ConfigError, Conflict, NotFound
 from ..journal import Journal
 from ..ports import (
+    AWAITING_APPROVAL,
     AWAITING_INPUT,
     HALTED,
     KIND_AGENT,
@@ -47,6 +50,7 @@ from ..records import Record
 from ..registry import get_agent
 from ..transcript import RunState
 from ..waits import OUTCOME_WOKE, TIMER, all_answered, next_wake
+from .approvals import finish_decision
 from .halts import finish_resolution
 
 log = logging.getLogger("durable_agents.timers")
@@ -75,7 +79,9 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
             timed = run.status in TIMED_STATUSES and (
                 (due is not None and now >= due) or all_answered(records)
             )
-            if _finish_stopped_resolutions(store, run, records):
+            if _finish_stopped_resolutions(store, run, records) or _finish_stopped_decisions(
+                store, run, records
+            ):
                 runtime.dispatch(run.run_id)
                 woken.append(run.run_id)
                 continue
@@ -112,6 +118,26 @@ def _finish_stopped_resolutions(store: Store, run: RunInfo, records: list[Record
         outcome = outcomes.get(names.result(halt.op_id))
         if outcome is not None:
             queued = finish_resolution(store, run, halt.op_id, outcome) or queued
+    return queued
+
+
+def _finish_stopped_decisions(store: Store, run: RunInfo, records: list[Record]) -> bool:
+    """A run awaiting approval whose pending request has its decision in the journal: the
+    decision stopped between its record and its rows (its maker died). Bring the rows in
+    step, as deciding again would (``finish_decision``); True if the run was queued."""
+    if run.status != AWAITING_APPROVAL:
+        return False
+    decisions = {rec.name: rec for rec in records if rec.name.startswith(names.APPROVAL)}
+    if not decisions:
+        return False  # only a decision can have stopped after its record
+    queued = False
+    for request in store.list_approval_requests(run_id=run.run_id):
+        name = decision_name(
+            request.call_id, request.arguments, again=request.previous_arguments is not None
+        )
+        decision = decisions.get(name)
+        if decision is not None:
+            queued = finish_decision(store, run.run_id, request.call_id, decision) or queued
     return queued
 
 
