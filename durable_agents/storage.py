@@ -456,6 +456,22 @@ class DjangoStore:
         )
         return row is not None
 
+    def _check_fence(self, run_id: str, fence: str | None) -> None:
+        """Inside the caller's transaction, before its write: raise ``LeaseLost`` unless
+        ``fence`` holds the run's live lease. ``FOR SHARE`` keeps the lease row until the
+        write commits, so a takeover waits for it (PostgreSQL); SQLite's writer lock does the
+        same. A run that is gone raises nothing: the write fails on its own."""
+        if fence is None:
+            return
+        d = self.dialect
+        held = self._fetchone(
+            f"SELECT 1 FROM {_L} WHERE run_id = %s AND token = %s AND expires_at > {d.now} "
+            f"{d.for_share}",
+            [run_id, fence],
+        )
+        if held is None and self.get_run(run_id) is not None:
+            raise LeaseLost(f"lease on run {run_id!r} is no longer held by this driver")
+
     def _live_lease(self, token: str) -> Any:
         return Lease.objects.using(self.using).filter(
             run_id=OuterRef("run_id"), token=token, expires_at__gt=Now()
@@ -796,9 +812,10 @@ class DjangoStore:
 
     # -- halts ------------------------------------------------------------------------
 
-    def save_halt(self, halt: HaltInfo) -> bool:
+    def save_halt(self, halt: HaltInfo, *, fence: str | None = None) -> bool:
         try:
             with transaction.atomic(using=self.using):
+                self._check_fence(halt.run_id, fence)
                 Halt.objects.using(self.using).create(
                     run_id=halt.run_id,
                     op_id=halt.op_id,
@@ -839,7 +856,9 @@ class DjangoStore:
 
     # -- approvals and history --------------------------------------------------------
 
-    def save_approval_request(self, request: ApprovalRequestInfo) -> bool:
+    def save_approval_request(
+        self, request: ApprovalRequestInfo, *, fence: str | None = None
+    ) -> bool:
         rows = ApprovalRequest.objects.using(self.using)
         values = {
             "tool_name": request.tool_name,
@@ -851,6 +870,7 @@ class DjangoStore:
             "previous_arguments": request.previous_arguments,
         }
         with transaction.atomic(using=self.using):
+            self._check_fence(request.run_id, fence)
             existing = (
                 rows.select_for_update()
                 .filter(run_id=request.run_id, call_id=request.call_id)

@@ -941,7 +941,7 @@ class Driver:
                     start_seq=self.state.start.seq,
                     previous_arguments=g.previous,
                 )
-                if self.store.save_approval_request(request):  # not when asked already
+                if self.store.save_approval_request(request, fence=self.fence):  # not asked yet
                     asked.append(request)
             # Requests before the status: a crash between them leaves a run recovery drives
             # again (and asks again, the same request), never one awaiting nothing visible.
@@ -1094,11 +1094,15 @@ class Driver:
         """Halt the run on ``halts``: one halt row per attempt, then the status (fenced).
         The rows come first so a crash between leaves a run recovery drives again, never
         one halted on nothing a person can see; a row is written once per attempt, so a
-        driver that lost the run reopens none. One that read the journal just before the
-        holder recorded the attempt's result can add a halt that was not true: it closes
-        it on finding it lost the run (``_close_untrue_halts``)."""
-        new = [halt for halt in halts if self.store.save_halt(halt)]
+        driver that lost the run reopens none; the rows are fenced, so one that lost the
+        lease writes none from its stale journal. A row it wrote before it lost the lease
+        that the new holder's record has since made untrue is closed on finding it lost
+        the run (``_close_untrue_halts``)."""
+        new: list[HaltInfo] = []
         try:
+            for halt in halts:
+                if self.store.save_halt(halt, fence=self.fence):
+                    new.append(halt)
             self._update(status=HALTED, attempts=0, last_error=None)
         except LeaseLost:
             self._close_untrue_halts(new)

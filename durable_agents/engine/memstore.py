@@ -229,6 +229,11 @@ class InMemoryStore:
 
     # -- leases -----------------------------------------------------------------------
 
+    def _check_fence(self, run_id: str, fence: str | None) -> None:
+        """Raise ``LeaseLost`` if ``fence`` no longer holds the (existing) run; call locked."""
+        if fence is not None and run_id in self._runs and not self._holds(run_id, fence):
+            raise LeaseLost(f"lease on run {run_id!r} is no longer held by this driver")
+
     def _holds(self, run_id: str, token: str) -> bool:
         lease = self._leases.get(run_id)
         return lease is not None and lease[1] == token and lease[2] > self._clock()
@@ -275,8 +280,9 @@ class InMemoryStore:
 
     # -- halts ------------------------------------------------------------------------
 
-    def save_halt(self, halt: HaltInfo) -> bool:
+    def save_halt(self, halt: HaltInfo, *, fence: str | None = None) -> bool:
         with self._lock:
+            self._check_fence(halt.run_id, fence)
             key = (halt.run_id, halt.op_id, halt.attempt)
             if key in self._halts:
                 return False
@@ -325,8 +331,11 @@ class InMemoryStore:
 
     # -- approvals and history --------------------------------------------------------
 
-    def save_approval_request(self, request: ApprovalRequestInfo) -> bool:
+    def save_approval_request(
+        self, request: ApprovalRequestInfo, *, fence: str | None = None
+    ) -> bool:
         with self._lock:
+            self._check_fence(request.run_id, fence)
             key = (request.run_id, request.call_id)
             existing = self._requests.get(key)
             if existing is not None and same_request(existing, request):

@@ -17,10 +17,11 @@ Requirements every store meets:
   return" is an insert the engine marks ``sync=False`` (the durability dial): it may be lost
   by a power loss, but only together with every relaxed write after it — a later durable
   write makes every earlier write durable (commit order is log order).
-* **Fencing.** An insert or run update given ``fence=token`` succeeds only while ``token``
-  holds the run's live lease, checked atomically with the write; otherwise it raises
-  ``LeaseLost`` and stores nothing — also when the name is already recorded, so a driver
-  that lost its lease never reads on past the point where another driver took over.
+* **Fencing.** An insert, run update, halt or approval request given ``fence=token``
+  succeeds only while ``token`` holds the run's live lease, checked atomically with the
+  write; otherwise it raises ``LeaseLost`` and stores nothing — also when the name is
+  already recorded, so a driver that lost its lease never reads on past the point where
+  another driver took over.
 * **Leases on the store's clock.** Expiry is judged by the database's clock, never the
   caller's; ``now()`` reads that clock, and every age the engine judges (a halt's) uses it.
 * **A record and its run-row changes are stored together** (``insert(..., run_changes=)``):
@@ -370,9 +371,10 @@ class Store(Protocol):
 
     def get_lease(self, run_id: str) -> LeaseInfo | None: ...
 
-    def save_halt(self, halt: HaltInfo) -> bool:
+    def save_halt(self, halt: HaltInfo, *, fence: str | None = None) -> bool:
         """Record a halt unless one for ``(run_id, op_id, attempt)`` exists, whatever its
-        status; True if this call did."""
+        status; True if this call did. Given ``fence``, fenced like ``insert``: a lost lease
+        raises ``LeaseLost`` and writes nothing (a driver halting from a stale journal)."""
 
     def list_halts(
         self, *, run_id: str | None = None, status: str | None = HALT_OPEN
@@ -386,11 +388,15 @@ class Store(Protocol):
     def orphan_halts(self, run_id: str) -> int:
         """Mark every open halt of the run orphaned (its run was cancelled); how many."""
 
-    def save_approval_request(self, request: ApprovalRequestInfo) -> bool:
+    def save_approval_request(
+        self, request: ApprovalRequestInfo, *, fence: str | None = None
+    ) -> bool:
         """Insert the request unless the same one is there, pending or decided
         (``same_request``); any other for ``(run_id, call_id)`` — from an earlier incarnation
         of the run, for other arguments, or withdrawn — is replaced, its decisions with it.
-        True if written."""
+        True if written. Given ``fence``, fenced like ``insert``: a lost lease raises
+        ``LeaseLost`` and writes nothing, so a stale driver never drops the live request's
+        decisions."""
 
     def get_approval_request(self, run_id: str, call_id: str) -> ApprovalRequestInfo | None: ...
 

@@ -360,6 +360,18 @@ def test_a_halt_is_written_once_per_attempt_and_a_resolution_stays(store, run_id
     assert [h.attempt for h in store.list_halts(run_id=run_id)] == ["attempt:c1:2"]
 
 
+def test_a_fenced_halt_after_takeover_is_refused_and_writes_nothing(store, run_id):
+    """A driver that lost the run halts from a stale journal: its halt row must not land."""
+    store.acquire_lease(run_id, "w1", "tok-1", 0.3)
+    assert _wait_until(lambda: store.acquire_lease(run_id, "w2", "tok-2", 30))
+    with pytest.raises(LeaseLost):
+        store.save_halt(_halt(run_id, 1), fence="tok-1")
+    assert store.list_halts(run_id=run_id, status=None) == []
+    assert store.save_halt(_halt(run_id, 1), fence="tok-2")
+    assert not store.save_halt(_halt(run_id, 1), fence="tok-2")
+    assert [h.attempt for h in store.list_halts(run_id=run_id)] == ["attempt:c1:1"]
+
+
 def test_orphaning_closes_open_halts_only(store, run_id):
     store.save_halt(_halt(run_id, 1, "c1"))
     store.save_halt(_halt(run_id, 1, "c2"))
@@ -379,6 +391,27 @@ def test_a_conditional_run_update_changes_nothing_unless_the_status_matches(stor
     assert store.update_run(run_id, {"turns": 3}, fence="tok-1", if_status=["cancelled"])
     assert not store.update_run(run_id, {"turns": 4}, fence="tok-1", if_status=["queued"])
     assert store.get_run(run_id).turns == 3
+
+
+def test_a_fenced_approval_request_after_takeover_keeps_the_live_one_and_its_votes(store, run_id):
+    from durable_agents.engine.ports import ApprovalRequestInfo, DecisionInfo
+
+    store.acquire_lease(run_id, "w1", "tok-1", 0.3)
+    assert _wait_until(lambda: store.acquire_lease(run_id, "w2", "tok-2", 30))
+    live = ApprovalRequestInfo(run_id, "c1", "pay", {"cents": 5}, {"kind": "quorum"}, 7)
+    assert store.save_approval_request(live, fence="tok-2")
+    assert store.save_decision(DecisionInfo(run_id, "c1", "ann", True))
+    stale = ApprovalRequestInfo(run_id, "c1", "pay", {"cents": 9}, {"kind": "quorum"}, 3)
+    with pytest.raises(LeaseLost):
+        store.save_approval_request(stale, fence="tok-1")
+    with pytest.raises(LeaseLost):
+        store.save_approval_request(
+            ApprovalRequestInfo(run_id, "c2", "pay", {"cents": 1}, {}, 3), fence="tok-1"
+        )
+    assert store.get_approval_request(run_id, "c1").arguments == {"cents": 5}
+    assert store.get_approval_request(run_id, "c2") is None
+    assert [d.approver for d in store.list_decisions(run_id, "c1")] == ["ann"]
+    assert not store.save_approval_request(live, fence="tok-2")
 
 
 def test_a_conditional_approval_status_changes_nothing_unless_it_matches(store, run_id):

@@ -231,6 +231,7 @@ def _store_label(name: str, args: tuple[Any, ...]) -> str:
     return f"{name} {run_id}"
 
 
+FENCED_ROWS = frozenset({"save_halt", "save_approval_request"})
 SPLIT_NEVER = frozenset({"fork:done", "run:cancelled"})
 HOT_PREFIXES = ("tool ", "fp ", "model ", "store:save_halt")
 STORE_POINT = "store:"
@@ -492,6 +493,16 @@ class World:
             self.progress = self.step
         if proc is None:
             return
+        if name in FENCED_ROWS and result and kwargs.get("fence") is None:
+            run_id = args[0].run_id
+            if run_id in proc.leased:
+                # A lease holder writing these rows unfenced can, once taken over, replace
+                # the live request (its decisions) or halt from a stale journal.
+                self.violate(
+                    "fenced_row_writes",
+                    f"{proc.actor.name} ({proc.label}) wrote {name} on {run_id} unfenced",
+                    hole="new",
+                )
         if name == "acquire_lease" and result:
             proc.leased.append(args[0])
         elif name == "start_run" and result is not None:

@@ -341,7 +341,7 @@ def fork_run(
             # The halt rows before the status: a fork halted on nothing a person can see
             # would never move.
             for halt in unknown_outcomes(RunState.of(journal.records(new_run_id)), new_run_id):
-                if store.save_halt(halt):
+                if store.save_halt(halt, fence=lease.token):
                     halted.append(halt)
         journal.write(
             new_run_id,
