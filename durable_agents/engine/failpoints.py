@@ -4,9 +4,10 @@ Set ``DURABLE_AGENTS_CRASH_AT`` to a comma-separated list of point names (for ex
 ``after-model:1,after-attempt:call_1``). Unset — always, outside tests — ``hit`` is one
 dictionary lookup. Points: ``after-start``, ``after-model:<n>``, ``after-attempt:<call>``,
 ``after-result:<call>``, ``after-session-journal``, ``after-fork-row`` (a fork's row exists,
-nothing is copied yet), ``after-decision:<call>`` (a decision is journaled; its request and
-run are not updated yet), ``after-resolution:<call>`` (a halt's outcome is journaled; its
-run and halt row are not updated yet), ``after-wait:<name>`` (a tool's wait is journaled;
+nothing is copied yet), ``before-decision:<call>`` (a person's decision passed its
+checks; nothing of it is written yet), ``after-decision:<call>`` (a decision is journaled;
+its request and run are not updated yet), ``after-resolution:<call>`` (a halt's outcome is
+journaled; its run and halt row are not updated yet), ``after-wait:<name>`` (a tool's wait is journaled;
 the run is not paused yet), ``after-answer:<name>`` / ``after-signal:<name>`` (an answer or
 a signal is journaled; the run is not handed over yet), ``after-child:<child run>`` (a
 parent journaled the sub-run a call starts; the sub-run is not driven yet),

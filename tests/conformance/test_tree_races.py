@@ -12,7 +12,7 @@ import greenlet
 import pytest
 
 import durable_agents as da
-from durable_agents.engine import failpoints, names, saga_tree
+from durable_agents.engine import names, saga_tree
 from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.commands.timers import wake_timers
@@ -22,7 +22,7 @@ from durable_agents.engine.retry import RetryPolicy
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support import wiring
-from tests.support.doubles import Crash
+from tests.support.doubles import Crash, hooks_at_points
 from tests.support.stores import DB
 
 pytestmark = DB
@@ -44,15 +44,7 @@ def wired(store):
 @pytest.fixture
 def at_point(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, Callable[[], None]], None]:
     """``at_point(name, fn)``: run ``fn`` when a driver reaches the named point (once)."""
-    hooks: dict[str, Callable[[], None]] = {}
-
-    def hit(name: str) -> None:
-        hook = hooks.pop(name, None)
-        if hook is not None:
-            hook()
-
-    monkeypatch.setattr(failpoints, "hit", hit)
-    return hooks.__setitem__
+    return hooks_at_points(monkeypatch)
 
 
 def die() -> None:

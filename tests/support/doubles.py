@@ -42,3 +42,21 @@ def crash_points(monkeypatch: Any) -> Callable[[str], None]:
 
     monkeypatch.setattr(failpoints, "hit", hit)
     return points.add
+
+
+def hooks_at_points(monkeypatch: Any) -> Callable[[str, Callable[[], None]], None]:
+    """Run a function when the engine reaches a named failpoint (once): another process's
+    step slipped in at an exact place. Returns ``at_point(name, fn)``; a test's ``at_point``."""
+    from durable_agents.engine import failpoints
+
+    hooks: dict[str, Callable[[], None]] = {}
+    real = failpoints.hit
+
+    def hit(name: str) -> None:
+        hook = hooks.pop(name, None)
+        if hook is not None:
+            hook()
+        real(name)
+
+    monkeypatch.setattr(failpoints, "hit", hit)
+    return hooks.__setitem__

@@ -12,7 +12,7 @@ import pytest
 
 from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.testing import InMemoryStore
-from tests.support.doubles import Clock, crash_points
+from tests.support.doubles import Clock, crash_points, hooks_at_points
 from tests.support.wiring import wired
 
 
@@ -51,3 +51,9 @@ def fired() -> list:
 def crash_at(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
     """``crash_at("after-decision:call_1_1")``: the process dies at that failpoint, once."""
     return crash_points(monkeypatch)
+
+
+@pytest.fixture
+def at_point(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, Callable[[], None]], None]:
+    """``at_point(name, fn)``: run ``fn`` when the engine reaches the named point (once)."""
+    return hooks_at_points(monkeypatch)

@@ -356,7 +356,7 @@ def test_a_decision_is_refused_when_the_request_asks_about_other_arguments(store
     assert paid == [{"cents": 5}]
 
 
-def test_a_decision_that_lands_on_a_request_replaced_under_it_is_asked_again(store, monkeypatch):
+def test_a_decision_that_lands_on_a_request_replaced_under_it_is_asked_again(store, at_point):
     """A person's approval of ``{cents: 5}`` is being recorded while a drive under new code
     (a defaulted ``memo``) asks about ``{cents: 5, memo: ""}`` instead. The decision stands
     for what it was shown; the new arguments are asked about again, showing both — never a
@@ -364,16 +364,13 @@ def test_a_decision_that_lands_on_a_request_replaced_under_it_is_asked_again(sto
     paid: list[dict] = []
     with pytest.raises(da.ApprovalPending):
         payer(paid).run("r1", "pay me", store=store)
-    real = store.save_decision
 
-    def save_decision(decision):
+    def deploy_and_drive():
         payer(paid, memo=True)  # the deploy lands; a worker drives the run meanwhile
         assert drive_quietly("r1", store=store) == "paused"
-        return real(decision)
 
-    monkeypatch.setattr(store, "save_decision", save_decision)
+    at_point("before-decision:call_1_1", deploy_and_drive)
     da.approve("r1", "call_1_1", True, by="ann", store=store)
-    monkeypatch.setattr(store, "save_decision", real)
     assert paid == []
     request = store.get_approval_request("r1", "call_1_1")
     assert (request.status, request.arguments) == ("pending", {"cents": 5, "memo": ""})
@@ -385,7 +382,7 @@ def test_a_decision_that_lands_on_a_request_replaced_under_it_is_asked_again(sto
 
 @pytest.mark.parametrize("approved", [True, False])
 def test_a_request_for_other_arguments_is_withdrawn_once_the_call_has_its_result(
-    store, monkeypatch, approved
+    store, at_point, approved
 ):
     """While ann's decision on ``{cents: 5}`` is being recorded, a drive under new code (a
     defaulted ``memo``) asks about ``{cents: 5, memo: ""}``; the drive that carries her
@@ -396,17 +393,14 @@ def test_a_request_for_other_arguments_is_withdrawn_once_the_call_has_its_result
     paid: list[dict] = []
     with pytest.raises(da.ApprovalPending):
         payer(paid).run("r1", "pay me", store=store)
-    real = store.save_decision
 
-    def save_decision(decision):
+    def deploy_and_drive():
         payer(paid, memo=True)  # the deploy lands; a worker under it drives the run
         assert drive_quietly("r1", store=store) == "paused"
         payer(paid)  # the worker that drives it next still runs the old code
-        return real(decision)
 
-    monkeypatch.setattr(store, "save_decision", save_decision)
+    at_point("before-decision:call_1_1", deploy_and_drive)
     da.approve("r1", "call_1_1", approved, by="ann", note="no", store=store)
-    monkeypatch.setattr(store, "save_decision", real)
     assert store.get_run("r1").status == "finished"
     assert paid == ([{"cents": 5}] if approved else [])
     request = store.get_approval_request("r1", "call_1_1")

@@ -139,6 +139,7 @@ def approve(
     if approved and policy.get("kind") == "quorum":
         _refuse_disagreeing(store, request, by_name, edit)
     decision = DecisionInfo(run_id, call_id, by_name, approved, note, signature, arguments=edit)
+    failpoints.hit(f"before-decision:{call_id}")
     recorded = store.save_decision(decision)
     if not recorded:
         mine = next(d for d in store.list_decisions(run_id, call_id) if d.approver == by_name)
