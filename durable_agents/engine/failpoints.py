@@ -4,23 +4,23 @@ Set ``DURABLE_AGENTS_CRASH_AT`` to a comma-separated list of point names (for ex
 ``after-model:1,after-attempt:call_1``). Unset — always, outside tests — ``hit`` is one
 dictionary lookup. Points: ``after-start``, ``after-model:<n>``, ``after-attempt:<call>``,
 ``after-result:<call>``, ``after-session-journal``, ``after-fork-row`` (a fork's row exists,
-nothing is copied yet), ``before-decision:<call>`` (a person's decision passed its
-checks; nothing of it is written yet), ``after-decision:<call>`` (a decision is journaled;
-its request and run are not updated yet), ``after-resolution:<call>`` (a halt's outcome is
-journaled; its run and halt row are not updated yet), ``after-wait:<name>`` (a tool's wait is journaled;
-the run is not paused yet), ``after-answer:<name>`` / ``after-signal:<name>`` (an answer or
-a signal is journaled; the run is not handed over yet), ``after-child:<child run>`` (a
-parent journaled the sub-run a call starts; the sub-run is not driven yet),
-``before-complete:<run>`` (a run's paused parent is queued; its ``run:complete`` is not
-journaled yet), ``after-complete:<run>`` (a run's ``run:complete`` is journaled; its paused
-parent is queued but not handed over yet, nor looked for again), ``after-failed:<run>`` (a
-drive's failure is on the run's row; a sub-run that failed for good has not handed its
-paused parent over yet), ``before-pause:<run>`` (a drive is about to pause the run: its row
-still says running), ``after-saga-abort`` (a
-saga's abort is journaled, nothing undone yet), ``after-compensate:<call>`` (an undo's
-outcome is journaled), ``after-subrun-abort:<child run>`` (a rolling-back parent journaled
-its sub-run's abort; the sub-run is not rolled back yet), ``after-compensated:<run>`` (a
-saga's ``run:compensated`` is journaled; its paused parent is not handed over yet).
+nothing is copied yet), ``before-decision:<call>`` (a person's decision passed its checks;
+nothing of it is written yet), ``after-decision:<call>`` (a decision is journaled; its request
+and run are not updated yet), ``after-resolution:<call>`` (a halt's outcome is journaled; its
+run and halt row are not updated yet), ``after-wait:<name>`` (a tool's wait is journaled; the
+run is not paused yet), ``after-answer:<name>`` / ``after-signal:<name>`` (an answer or a
+signal is journaled; the run is not handed over yet), ``after-child:<child run>`` (a parent
+journaled the sub-run a call starts; the sub-run is not driven yet), ``before-complete:<run>``
+(a run's paused parent is queued; its ``run:complete`` is not journaled yet),
+``after-complete:<run>`` (a run's ``run:complete`` is journaled; its paused parent is queued
+but not handed over yet, nor looked for again), ``after-failed:<run>`` (a drive's failure is on
+the run's row; a sub-run that failed for good has not handed its paused parent over yet),
+``before-pause:<run>`` (a drive is about to pause the run: its row still says running),
+``after-saga-abort`` (a saga's abort is journaled, nothing undone yet),
+``after-compensate:<call>`` (an undo's outcome is journaled), ``after-subrun-abort:<child
+run>`` (a rolling-back parent journaled its sub-run's abort; the sub-run is not rolled back
+yet), ``after-compensated:<run>`` (a saga's ``run:compensated`` is journaled; its paused parent
+is not handed over yet).
 """
 
 from __future__ import annotations
