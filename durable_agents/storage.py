@@ -138,6 +138,10 @@ _RUN_COLUMNS = (
 )
 
 
+class _NothingWritten(Exception):
+    """Rolls back a multi-record write whose first record was already there."""
+
+
 def _jsonb(value: Any) -> Any:
     return Jsonb(value) if value is not None else None
 
@@ -513,6 +517,85 @@ class DjangoStore:
             if inserted:
                 self.release_lease(run_id, fence)
         return entry, inserted
+
+    def finish_run_with(
+        self,
+        run_id: str,
+        records: Sequence[tuple[str, str]],
+        *,
+        fence: str,
+        run_changes: Mapping[str, Any] | None = None,
+    ) -> list[Entry] | None:
+        """A driver's last records (its final model turn and ``run:complete``), its row and
+        the lease's release: one statement on PostgreSQL (a chain of data-modifying CTEs,
+        each record inserted only if the one before was), one transaction on SQLite. None,
+        writing nothing, if the first name is recorded or the lease is lost."""
+        if not records:
+            raise ConfigError("finish_run_with needs at least one record", code="config.records")
+        if not self.dialect.postgres:
+            try:
+                with transaction.atomic(using=self.using):
+                    written = []
+                    for i, (name, data) in enumerate(records):
+                        changes = run_changes if i == len(records) - 1 else None
+                        entry, inserted = self.insert(
+                            run_id, name, data, fence=fence, run_changes=changes
+                        )
+                        if not inserted:
+                            raise _NothingWritten
+                        written.append(entry)
+                    self.release_lease(run_id, fence)
+            except (_NothingWritten, LeaseLost):
+                return None
+            return written
+        sets, values = self._run_sets(run_changes) if run_changes else ("", [])
+        fenced = (
+            f"EXISTS (SELECT 1 FROM {_L} WHERE run_id = %s AND token = %s "
+            "AND expires_at > now() FOR SHARE)"
+        )
+        parts = []
+        params: list[Any] = []
+        for i, (name, data) in enumerate(records):
+            if i == 0:
+                source = f"WHERE {fenced} ON CONFLICT (run_id, name) DO NOTHING"
+                params += [run_id, name, data, run_id, fence]
+            else:
+                # Only after the record before it. No conflict clause: a later name recorded
+                # without the first (no driver writes that) fails the whole statement.
+                source = f"FROM i{i - 1}"
+                params += [run_id, name, data]
+            parts.append(
+                f"i{i} AS (INSERT INTO {_J} (run_id, name, data, created_at) "
+                f"SELECT %s, %s, %s, now() {source} RETURNING seq, name, data, created_at)"
+            )
+        last = f"i{len(records) - 1}"
+        if sets:
+            parts.append(
+                f"upd AS (UPDATE {_R} SET {sets} WHERE run_id = %s "
+                f"AND EXISTS (SELECT 1 FROM {last}))"
+            )
+            params += [*values, run_id]
+        unlock = (
+            f" RETURNING pg_advisory_unlock({_LOCK_KEY.format('token')})"
+            if self._holds_lock(fence)
+            else ""
+        )
+        parts.append(
+            f"rel AS (DELETE FROM {_L} WHERE run_id = %s AND token = %s "
+            f"AND EXISTS (SELECT 1 FROM {last}){unlock})"
+        )
+        params += [run_id, fence]
+        union = " UNION ALL ".join(
+            f"SELECT seq, name, data, created_at FROM i{i}" for i in range(len(records))
+        )
+        sql = f"WITH {', '.join(parts)} SELECT * FROM ({union}) AS w ORDER BY seq"
+        found = self._execute(sql, params, "all")
+        if not found:  # the first name is recorded, or the lease is lost: nothing written
+            return None
+        self._forget_lock(fence)
+        if (liveness := self.liveness) is not None:
+            liveness.release(fence)  # deferred: no round trip of its own
+        return [Entry(run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at in found]
 
     def start_run(
         self,

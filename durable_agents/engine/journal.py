@@ -179,6 +179,31 @@ class Journal:
             )
         return to_record(entry), inserted
 
+    def finish_with(
+        self,
+        run_id: str,
+        records: Sequence[tuple[str, dict[str, Any]]],
+        *,
+        fence: str,
+        run_changes: dict[str, Any] | None = None,
+    ) -> list[Record] | None:
+        """A driver's last records in one write with its row and its lease's release
+        (``Store.finish_run_with``). None, having written nothing, if the first name is
+        recorded or the lease is lost: the caller writes them one by one instead."""
+        validate_run_id(run_id, derived=True)
+        encoded = []
+        for name, body in records:
+            validate_step_name(name)
+            if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
+                raise ProtocolError(
+                    f"record for step {name!r} must be a dict with a string 'kind'",
+                    code="protocol.record",
+                )
+            encoded.append((name, encode(body)))  # all before any write
+        self._ensure_header(run_id, fence)
+        entries = self.store.finish_run_with(run_id, encoded, fence=fence, run_changes=run_changes)
+        return None if entries is None else [to_record(e) for e in entries]
+
     def do(
         self,
         run_id: str,
@@ -452,6 +477,20 @@ class RunLog:
         )
         self._add(record)
         return record, inserted
+
+    def finish_with(
+        self, records: Sequence[tuple[str, dict[str, Any]]], run_changes: dict[str, Any]
+    ) -> list[Record] | None:
+        """The driver's last records and its lease's release in one write (see
+        ``Journal.finish_with``); None, having written nothing, when one is recorded."""
+        if self.fence is None or any(self.has(name) for name, _ in records):
+            return None
+        written = self.journal.finish_with(
+            self.run_id, records, fence=self.fence, run_changes=run_changes
+        )
+        for record in written or ():
+            self._add(record)
+        return written
 
     def claim_attempt(self, name: str, extra: dict[str, Any] | None = None) -> tuple[bool, Record]:
         existing = self.get(name)

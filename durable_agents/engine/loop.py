@@ -60,7 +60,15 @@ from .errors import (
 from .fingerprint import diff, tools_digest
 from .journal import Journal, RunLog, header
 from .leases import HeldLease
-from .model import FINISH_FILTERED, FINISH_LENGTH, ModelRequest, ModelResponse, ToolCall, Usage
+from .model import (
+    FINISH_FILTERED,
+    FINISH_LENGTH,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    Usage,
+)
 from .ports import (
     APPROVAL_APPROVED,
     APPROVAL_DENIED,
@@ -624,8 +632,13 @@ class Driver:
                     code="budget.max_turns",
                 )
             self._check_budget()
-            response = self._call_model(len(turns) + 1)
-            self._record_turn(len(turns) + 1, response)
+            n = len(turns) + 1
+            response = self._call_model(n)
+            if not response.message.tool_calls and n not in self.state.user_after:
+                result = self._finish_with_turn(n, response)
+                if result is not None:
+                    return result
+            self._record_turn(n, response)
 
     def _check_budget(self) -> None:
         budget = self.agent.token_budget
@@ -792,21 +805,24 @@ class Driver:
             self._record_spend(n, billed, "lost_race")
         failpoints.hit(f"after-model:{n}")
 
+    def _turn_body(self, response: ModelResponse) -> dict[str, Any]:
+        return {
+            "kind": "model",
+            "message": response.message.to_json(),
+            "usage": response.usage.to_json(),
+            "finish": response.finish,
+            "raw_finish": response.raw_finish,
+            "model": response.model or self.agent.model_id,
+            "prompt_digest": self.agent.fingerprint()["instructions"],
+            "tools_digest": self._tools_digest,
+        }
+
     def _write_turn(
         self, n: int, response: ModelResponse, usage: Usage, spend: Usage
     ) -> tuple[Record, bool]:
         return self.log.write(
             names.model(n),
-            {
-                "kind": "model",
-                "message": response.message.to_json(),
-                "usage": response.usage.to_json(),
-                "finish": response.finish,
-                "raw_finish": response.raw_finish,
-                "model": response.model or self.agent.model_id,
-                "prompt_digest": self.agent.fingerprint()["instructions"],
-                "tools_digest": self._tools_digest,
-            },
+            self._turn_body(response),
             # A recorded turn is progress: failures in a row start again from zero.
             run_changes={
                 "turns": n,
@@ -820,38 +836,56 @@ class Driver:
             ),
         )
 
+    @staticmethod
+    def _completion(
+        answer: Any, turns: int, usage: Usage, spend: Usage
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``run:complete`` and the run row it projects."""
+        totals = {"turns": turns, "usage": usage.to_json(), "spend": spend.to_json()}
+        body = {"kind": "complete", "answer": answer, **totals}
+        changes = {"status": FINISHED, "answer": answer, "last_error": None, "attempts": 0}
+        return body, {**changes, **totals}
+
     def _finish(self, last: Any) -> RunResult:
         sub_usage, sub_spend = self._subtree()
         usage, spend = self.state.usage() + sub_usage, self.state.spend() + sub_spend
-        turns = len(self.state.turns)
         parent = tree.queue_parent(self.store, self.state.start)
         failpoints.hit(f"before-complete:{self.run_id}")
         answer = self.state.assistant(last).content
-        rec, inserted = self.log.write(
-            names.RUN_COMPLETE,
-            {
-                "kind": "complete",
-                "answer": answer,
-                "turns": turns,
-                "usage": usage.to_json(),
-                "spend": spend.to_json(),
-            },
-            run_changes={
-                "status": FINISHED,
-                "answer": answer,
-                "last_error": None,
-                "attempts": 0,
-                "turns": turns,
-                "usage": usage.to_json(),
-                "spend": spend.to_json(),
-            },
-            release=True,  # the last write: the lease goes with it
-        )
+        body, changes = self._completion(answer, len(self.state.turns), usage, spend)
+        # The last write: the lease goes with it.
+        rec, inserted = self.log.write(names.RUN_COMPLETE, body, changes, release=True)
         if inserted:
             self.lease.dropped()
         self.state.add(rec)
+        return self._finished(parent, announce=inserted)
+
+    def _finish_with_turn(self, n: int, response: ModelResponse) -> RunResult | None:
+        """A final answer: its turn, ``run:complete``, the row and the lease's release in
+        one write (nothing happens between the two records that a crash could split). None,
+        having written nothing, when the store finds turn ``n`` recorded or the lease lost:
+        the turn and the end are then written one by one, which sorts those out."""
+        sub_usage, sub_spend = self._subtree()
+        usage = self.state.usage() + response.usage + sub_usage
+        spend = self.state.spend() + response.usage + sub_spend
+        turn = self._turn_body(response)
+        parent = tree.queue_parent(self.store, self.state.start)
+        failpoints.hit(f"before-complete:{self.run_id}")
+        answer = Message.from_json(turn["message"]).content
+        body, changes = self._completion(answer, n, usage, spend)
+        records = [(names.model(n), turn), (names.RUN_COMPLETE, body)]
+        written = self.log.finish_with(records, changes)
+        if written is None:
+            return None
+        self.lease.dropped()
+        for rec in written:
+            self.state.add(rec)
+        failpoints.hit(f"after-model:{n}")
+        return self._finished(parent, announce=True)
+
+    def _finished(self, parent: str | None, *, announce: bool) -> RunResult:
         result = finished_result(self.run_id, self.state)
-        if inserted:  # another driver's completion was announced by that driver
+        if announce:  # another driver's completion was announced by that driver
             events.announce(
                 self.store,
                 events.RUN_FINISHED,

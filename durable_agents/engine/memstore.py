@@ -219,6 +219,31 @@ class InMemoryStore:
                 self.release_lease(run_id, fence)
             return entry, inserted
 
+    def finish_run_with(
+        self,
+        run_id: str,
+        records: Sequence[tuple[str, str]],
+        *,
+        fence: str,
+        run_changes: Mapping[str, Any] | None = None,
+    ) -> list[Entry] | None:
+        if not records:
+            raise ConfigError("finish_run_with needs at least one record", code="config.records")
+        if run_changes:
+            unknown = set(run_changes) - RUN_FIELDS
+            if unknown:
+                raise ConfigError(f"unknown run fields {sorted(unknown)}", code="config.run_field")
+        with self._lock:
+            self._require_run(run_id, "writing to its journal")
+            entries = self._entries.get(run_id, {})
+            if not self._holds(run_id, fence) or any(n in entries for n, _ in records):
+                return None
+            written = [self._insert(run_id, n, d, fence)[0] for n, d in records]
+            if run_changes:
+                self.update_run(run_id, run_changes, fence=fence)
+            self.release_lease(run_id, fence)
+            return written
+
     def get(self, run_id: str, name: str) -> Entry | None:
         with self._lock:
             return self._entries.get(run_id, {}).get(name)

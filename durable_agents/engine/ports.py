@@ -36,7 +36,9 @@ Requirements every store meets:
   earlier one, exactly one succeeds (two recovery passes never both re-send a run).
 * **One-write start and finish.** ``start_run`` creates a new run already leased, with its
   first records, all or nothing (nothing at all when the run exists); ``finish_run`` is a
-  fenced ``insert`` that also releases the lease when it stores the record.
+  fenced ``insert`` that also releases the lease when it stores the record;
+  ``finish_run_with`` stores a run's last records together (its final turn and its end),
+  all or nothing, and releases the lease with them.
 * **Conditional writes.** ``update_run`` and ``set_approval_status`` given ``if_status``
   change the row only while its status is one of those, atomically, and say whether they did.
 """
@@ -353,6 +355,20 @@ class Store(Protocol):
         """``insert(run_id, name, data, fence=fence, run_changes=run_changes)`` that also
         drops ``fence``'s lease in the same write when it stores the record (a driver's last
         write). Fenced like ``insert``: a lost lease raises ``LeaseLost`` and stores nothing."""
+
+    def finish_run_with(
+        self,
+        run_id: str,
+        records: Sequence[tuple[str, str]],
+        *,
+        fence: str,
+        run_changes: Mapping[str, Any] | None = None,
+    ) -> list[Entry] | None:
+        """A driver's last records, ``records`` (name, data) in that order — its final model
+        turn and ``run:complete`` — with ``run_changes`` and the release of ``fence``'s lease,
+        all or nothing, in one write where the store can. The stored entries in commit order;
+        None, writing nothing, if the first name is already recorded or ``fence`` no longer
+        holds the lease (the driver then writes step by step, which tells the two apart)."""
 
     def get(self, run_id: str, name: str) -> Entry | None: ...
 

@@ -1,6 +1,6 @@
-"""``Store.start_run`` and ``Store.finish_run``, on every store: a run started leased with its
-first records in one write, and a driver's last record with its lease released in one,
-fenced exactly like ``insert``."""
+"""``Store.start_run``, ``Store.finish_run`` and ``Store.finish_run_with``, on every store: a
+run started leased with its first records in one write, and a driver's last record (or its
+final turn and its end) with its lease released in one, fenced exactly like ``insert``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import uuid
 
 import pytest
 
-from durable_agents.engine.errors import LeaseLost
+from durable_agents.engine.audit import verify_run
+from durable_agents.engine.errors import ConfigError, LeaseLost
 from durable_agents.engine.ports import FINISHED, RUNNING, RunInfo
 from tests.support.procs import in_threads
 from tests.support.stores import DB
@@ -139,3 +140,75 @@ def test_finish_run_of_a_name_the_new_holder_recorded_is_refused(store):
         store.finish_run(run_id, "run:complete", '{"stale":1}', fence="tok-1")
     assert store.get(run_id, "run:complete").data == '{"fresh":1}'
     assert store.get_lease(run_id).token == "tok-2"
+
+
+# -- finish_run_with: a final turn and the run's end in one write --------------------------
+
+LAST = [("model:1", '{"kind":"model","text":"Hi."}'), ("run:complete", '{"kind":"complete"}')]
+
+
+def _finish_with(store, run_id: str, token: str = "tok-1", **changes):
+    changes = changes or {"status": FINISHED, "answer": "Hi.", "turns": 1}
+    return store.finish_run_with(run_id, LAST, fence=token, run_changes=changes)
+
+
+def _nothing_more_than_start(store, run_id: str) -> None:
+    assert [e.name for e in store.load(run_id)] == [n for n, _ in RECORDS]
+    run = store.get_run(run_id)
+    assert (run.status, run.answer, run.finished_at) == (RUNNING, None, None)
+
+
+def test_finish_run_with_writes_the_records_the_row_and_releases_the_lease(store):
+    run_id = _new_id()
+    _start(store, run_id)
+    entries = _finish_with(store, run_id)
+    assert [(e.name, e.data) for e in entries] == LAST
+    assert entries[0].seq < entries[1].seq
+    assert list(store.load(run_id))[-2:] == entries
+    run = store.get_run(run_id)
+    assert (run.status, run.answer, run.turns) == (FINISHED, "Hi.", 1)
+    assert run.finished_at is not None
+    assert store.get_lease(run_id) is None
+    # The two records written in one statement chain one after the other.
+    report = verify_run(store, run_id)
+    assert report.ok and report.links == 4 and report.unchained == 0
+    assert store.acquire_lease(run_id, "w2", "tok-2", 30)
+
+
+def test_finish_run_with_a_recorded_first_name_writes_nothing(store):
+    """Another driver's turn 1 stands: neither record, no row change, the lease kept."""
+    run_id = _new_id()
+    _start(store, run_id)
+    store.insert(run_id, "model:1", '{"theirs":1}', fence="tok-1")
+    assert _finish_with(store, run_id) is None
+    assert store.get(run_id, "model:1").data == '{"theirs":1}'
+    assert store.get(run_id, "run:complete") is None
+    assert store.get_run(run_id).status == RUNNING
+    assert store.get_lease(run_id).token == "tok-1"
+
+
+def test_finish_run_with_after_a_takeover_writes_nothing(store):
+    run_id = _new_id()
+    _start(store, run_id, ttl=0.3)
+    assert _wait_until(lambda: store.acquire_lease(run_id, "w2", "tok-2", 30))
+    assert _finish_with(store, run_id) is None
+    _nothing_more_than_start(store, run_id)
+    assert store.get_lease(run_id).token == "tok-2"
+
+
+def test_finish_run_with_after_expiry_writes_nothing(store):
+    run_id = _new_id()
+    _start(store, run_id, ttl=0.2)
+    assert _wait_until(lambda: not store.get_lease(run_id).live)
+    assert _finish_with(store, run_id) is None
+    _nothing_more_than_start(store, run_id)
+
+
+def test_finish_run_with_unknown_run_fields_is_refused_and_writes_nothing(store):
+    run_id = _new_id()
+    _start(store, run_id)
+    with pytest.raises(ConfigError) as err:
+        _finish_with(store, run_id, colour="blue")
+    assert err.value.code == "config.run_field"
+    _nothing_more_than_start(store, run_id)
+    assert store.get_lease(run_id).token == "tok-1"

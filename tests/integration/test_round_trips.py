@@ -1,6 +1,7 @@
 """What a run costs in statements on PostgreSQL (issue 17, cheap runs): a new one-turn run
-is three round trips — start (row, lease, header, ``run:start``), the turn, and the finish
-(``run:complete``, row, lease release) — and reads nothing; a resume reads its journal once.
+is two round trips — start (row, lease, header, ``run:start``) and the finish (the final
+turn, ``run:complete``, row, lease release) — and reads nothing; a resume reads its journal
+once.
 
 Counted with ``connection.execute_wrapper`` on a store without prepared statements, so every
 statement goes through Django's cursor (the prepared path sends the same statements)."""
@@ -64,12 +65,12 @@ def store() -> DjangoStore:
     return DjangoStore(using="default", prepared=False)
 
 
-def test_a_new_one_turn_run_is_three_round_trips_and_reads_nothing(store):
+def test_a_new_one_turn_run_is_two_round_trips_and_reads_nothing(store):
     run_id = f"rt-{uuid.uuid4().hex[:10]}"
     with statements() as seen:
         result = one_turn.run(run_id, "Hello", store=store)
     assert result.answer == "Hi."
-    assert len(seen) == 3, seen
+    assert len(seen) == 2, seen
     assert journal_reads(seen) == []
     names = [r.name for r in Journal(store).records(run_id)]
     assert names == ["@journal", "run:start", "model:1", "run:complete"]
@@ -82,8 +83,8 @@ def test_each_later_record_is_one_round_trip(store):
     run_id = f"rt-{uuid.uuid4().hex[:10]}"
     with statements() as seen:
         two_turns.run(run_id, "Go", store=store)
-    # start, model:1, tool result, model:2, finish
-    assert len(seen) == 5, seen
+    # start, model:1, tool result, finish (model:2 and run:complete)
+    assert len(seen) == 4, seen
     assert journal_reads(seen) == []
 
 
@@ -112,7 +113,7 @@ def test_a_run_row_made_beforehand_takes_the_usual_path(store):
 class TakenBeforeTheFinish(DjangoStore):
     """Another driver takes the lease (the first one's expired) just before the finish."""
 
-    def finish_run(self, run_id, name, data, *, fence, run_changes=None):
+    def finish_run_with(self, run_id, records, *, fence, run_changes=None):
         with self.connection.cursor() as cursor:
             cursor.execute(
                 "UPDATE durable_agents_lease SET expires_at = now() - interval '1 second' "
@@ -120,18 +121,19 @@ class TakenBeforeTheFinish(DjangoStore):
                 [run_id],
             )
         assert self.acquire_lease(run_id, "other", "tok-other", 30)
-        return super().finish_run(run_id, name, data, fence=fence, run_changes=run_changes)
+        return super().finish_run_with(run_id, records, fence=fence, run_changes=run_changes)
 
 
 def test_a_driver_whose_lease_was_taken_does_not_finish():
     """The one-write finish is fenced like every write: a driver that lost its lease before
-    ``run:complete`` stores nothing, leaves the row unfinished and the new holder's lease."""
+    its final turn stores neither the turn nor ``run:complete``, leaves the row unfinished
+    and the new holder's lease."""
     store = TakenBeforeTheFinish(using="default", prepared=False)
     run_id = f"rt-{uuid.uuid4().hex[:10]}"
     with pytest.raises(LeaseLost):
         one_turn.run(run_id, "Hello", store=store)
     assert store.get(run_id, "run:complete") is None
-    assert store.get(run_id, "model:1") is not None
+    assert store.get(run_id, "model:1") is None
     assert store.get_run(run_id).status != "finished"
     lease = store.get_lease(run_id)
     assert (lease.token, lease.live) == ("tok-other", True)

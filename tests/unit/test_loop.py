@@ -466,3 +466,57 @@ def test_a_response_that_lost_the_race_for_its_turn_is_still_spend(store, fired)
     [name] = spend_names(store, "r1")
     assert Journal(store).get("r1", name).get("why") == "lost_race"
     assert store.get_run("r1").spend["input_tokens"] == 4
+
+
+class WriteLog(InMemoryStore):
+    """Records which writes the driver makes, by method and names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[str, list[str]]] = []
+
+    def insert(self, run_id, name, data, **kwargs):
+        self.writes.append(("insert", [name]))
+        return super().insert(run_id, name, data, **kwargs)
+
+    def finish_run(self, run_id, name, data, **kwargs):
+        self.writes.append(("finish_run", [name]))
+        return super().finish_run(run_id, name, data, **kwargs)
+
+    def finish_run_with(self, run_id, records, **kwargs):
+        self.writes.append(("finish_run_with", [n for n, _ in records]))
+        return super().finish_run_with(run_id, records, **kwargs)
+
+
+def test_a_final_answer_and_the_end_of_the_run_are_one_write(fired):
+    """Nothing happens between the final turn and ``run:complete`` that a crash could split:
+    they are stored together, with the row and the lease's release."""
+    store = WriteLog()
+    result = agent(fired).run("r1", "Refund order 7", store=store)
+    assert result.answer == "Refunded order 7."
+    assert store.writes[-1] == ("finish_run_with", ["model:3", "run:complete"])
+    assert not any(method == "finish_run" for method, _ in store.writes)
+    assert history(store, "r1")[-2:] == ["model:3", "run:complete"]
+    run = store.get_run("r1")
+    assert (run.status, run.answer, run.turns) == ("finished", "Refunded order 7.", 3)
+    assert store.get_lease("r1") is None
+
+
+def test_a_crash_before_the_final_write_records_neither_and_the_resume_answers(
+    store, clock, fired, crash_at
+):
+    """A driver that dies with the final answer in hand has recorded neither it nor the end:
+    the resume asks the model again (as after a crash during the call) and repeats no tool."""
+    crash_at("before-complete:r1")
+    asked: list = []
+    model = ScriptedModel(SCRIPT, on_request=asked.append)
+    a = da.Agent("support-test", model, "You help.", make_tools(fired))
+    with pytest.raises(Crash):
+        a.run("r1", "Refund order 7", store=store)
+    assert "model:3" not in history(store, "r1")
+    assert "run:complete" not in history(store, "r1")
+    clock.advance(31)  # the dead driver's lease lapses
+    assert a.run("r1", None, store=store).answer == "Refunded order 7."
+    assert len(asked) == 4  # turn 3 twice
+    assert [name for name, _ in fired] == ["lookup", "refund", "receipt"]
+    assert history(store, "r1")[-2:] == ["model:3", "run:complete"]
