@@ -13,12 +13,13 @@ reconnects and locks every held key again).
 The lock is requested here before the lease is written and confirmed after it (the two
 round trips overlap; a fresh token's key is free, so taking it never waits). Until then the
 lease statement's own lock on the driver's connection covers it (``storage.py``), so a live
-lease never lacks its lock. Letting go is deferred: a finished or
-paused run's token is unlocked by the next statement this connection sends anyway (the next
-lease taken, or a heartbeat's check), so finishing a run costs no round trip. A token kept
-locked after its lease row is gone protects nothing and blocks nobody. The connection
-closes once it has held nothing for ``LINGER`` (closing lets every lock go), so runs driven
-back to back share one connection and an idle process keeps none.
+lease never lacks its lock. Letting go is deferred: a finished or paused run's token is
+unlocked by the next statement this connection sends anyway (the next lease taken, or a
+heartbeat's check), so finishing a run costs no round trip. A token kept locked after its
+lease row is gone protects nothing and blocks nobody. The connection closes once it has held
+nothing for ``LINGER`` to twice that (closing lets every lock go; the closer thread looks
+every ``LINGER`` rather than being woken per run), so runs driven back to back share one
+connection and an idle process keeps none.
 
 A forked child (a Celery prefork pool process) never uses its parent's connection: the
 registry is per process id, and psycopg does not close a connection from a process that did
@@ -58,6 +59,7 @@ class Liveness:
         self._conn: psycopg.Connection[Any] | None = None
         self._pid = os.getpid()
         self._held: set[str] = set()
+        self._deferred: set[str] = set()  # leased, locked on the driver's connection only
         self._unlock: set[str] = set()
         self._checked = 0.0
         self._wake = threading.Condition(self._mutex)
@@ -65,11 +67,23 @@ class Liveness:
         self._closer: threading.Thread | None = None
         self._pending = False  # a statement sent whose answer is not read yet
 
+    def defer(self, token: str) -> None:
+        """A lease whose lock is, for now, only on the driver's connection (a run started in
+        one write, ``storage.start_run``): locked here by the driver's next fenced write
+        (``hold``) or by the heartbeat (``keep``), whichever comes first; a run that ends
+        with its next write never costs this connection a statement."""
+        with self._mutex:
+            self._deferred.add(token)
+
+    def deferred(self, token: str) -> bool:
+        return token in self._deferred
+
     def hold(self, token: str) -> None:
         """Lock ``token``'s key; held until ``release``. The request is only sent here: the
         caller writes its lease meanwhile (on its own connection, which locks the key too)
         and then reads the answer with ``confirm``, so the two round trips overlap."""
         with self._mutex:
+            self._deferred.discard(token)
             if token in self._held:
                 return
             self._held.add(token)
@@ -105,15 +119,16 @@ class Liveness:
     def release(self, token: str) -> None:
         """Let ``token``'s lock go with the next statement (its lease is gone or never was)."""
         with self._mutex:
+            self._deferred.discard(token)  # never locked here: nothing to let go
             if token in self._held:
                 self._held.discard(token)
                 self._unlock.add(token)
                 self._emptied()
 
     def _emptied(self) -> None:
+        # The closer thread looks at least every LINGER: no wake-up (a thread switch) here.
         if not self._held and self._conn is not None:
             self._empty_since = time.monotonic()
-            self._wake.notify_all()
 
     def keep(self) -> None:
         """From a lease heartbeat: at most once a second, check the connection is alive
@@ -122,11 +137,16 @@ class Liveness:
         if time.monotonic() - self._checked < _CHECK_EVERY:
             return
         with self._mutex:
-            if not (self._held or self._unlock):
+            if not (self._held or self._unlock or self._deferred):
                 return
+            lock = sorted(self._deferred)  # a drive still in its first model call
+            self._held.update(lock)
+            self._deferred.clear()
+            if lock:
+                self._empty_since = None
             try:
                 self._drain()
-                self._submit([])
+                self._submit(lock)
                 self._drain()
             except psycopg.Error:
                 # Until it is back, a run whose driver's connection closed looks abandoned
@@ -170,7 +190,7 @@ class Liveness:
             while self._conn is not None:
                 since = self._empty_since
                 if self._held or since is None:
-                    self._wake.wait()
+                    self._wake.wait(LINGER)
                     continue
                 left = since + LINGER - time.monotonic()
                 if left > 0:
@@ -186,9 +206,11 @@ class Liveness:
             raise psycopg.OperationalError("the liveness connection is closed")
         unlock = sorted(self._unlock)
         params = [*lock, *unlock]
-        parts = [f"pg_try_advisory_lock({KEY.format(f'${i}')})" for i in range(1, len(lock) + 1)]
+        parts = [
+            f"pg_try_advisory_lock_shared({KEY.format(f'${i}')})" for i in range(1, len(lock) + 1)
+        ]
         parts += [
-            f"pg_advisory_unlock({KEY.format(f'${i}')})"
+            f"pg_advisory_unlock_shared({KEY.format(f'${i}')})"
             for i in range(len(lock) + 1, len(params) + 1)
         ]
         sql = f"SELECT {', '.join(parts) or '1'}"

@@ -576,7 +576,7 @@ class DjangoStore:
             )
             params += [*values, run_id]
         unlock = (
-            f" RETURNING pg_advisory_unlock({_LOCK_KEY.format('token')})"
+            f" RETURNING pg_advisory_unlock_shared({_LOCK_KEY.format('token')})"
             if self._holds_lock(fence)
             else ""
         )
@@ -638,7 +638,9 @@ class DjangoStore:
         ]
         rows = ", ".join(["(%s, %s, %s)"] * len(records))
         # Once, with the lease row: a RETURNING expression runs once per row inserted.
-        lock = f", pg_try_advisory_lock({_LOCK_KEY.format('token')})" if self._instant else ""
+        lock = (
+            f", pg_try_advisory_lock_shared({_LOCK_KEY.format('token')})" if self._instant else ""
+        )
         sql = (
             f"WITH r AS (INSERT INTO {_R} ({', '.join(columns)}, finished_at) "
             f"VALUES ({', '.join(['%s'] * len(columns))}, CASE WHEN %s THEN now() END) "
@@ -654,19 +656,15 @@ class DjangoStore:
         params: list[Any] = [*values, run.status in TERMINAL_STATUSES, holder, token, float(ttl)]
         for i, (name, data) in enumerate(records):
             params += [i, name, data]
-        liveness = self.liveness
-        if liveness is not None:
-            liveness.hold(token)  # sent now, confirmed after the lease is written
-        found = None
-        try:
-            found = self._execute(sql, params, "all")
-        finally:
-            if liveness is not None:
-                liveness.confirm() if found else liveness.release(token)
+        found = self._execute(sql, params, "all")
         if not found:
             return None
         if lock:
             self._held_lock(token)
+            if (liveness := self.liveness) is not None:
+                # Locked on this connection by the statement; on the library's own by the
+                # next fenced write (a one-turn run's finish is its next: it never is).
+                liveness.defer(token)
         return [Entry(run.run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at in found]
 
     def _insert(
@@ -727,7 +725,7 @@ class DjangoStore:
             unlocks = release and fence is not None and self._holds_lock(fence)
             if release:
                 # The liveness lock goes with the lease (once: one row deleted).
-                unlock = f" RETURNING pg_advisory_unlock({_LOCK_KEY.format('token')})"
+                unlock = f" RETURNING pg_advisory_unlock_shared({_LOCK_KEY.format('token')})"
                 parts.append(
                     f"rel AS (DELETE FROM {_L} WHERE run_id = %s AND token = %s "
                     f"AND EXISTS (SELECT 1 FROM ins){unlock if unlocks else ''})"
@@ -735,7 +733,15 @@ class DjangoStore:
                 params += [run_id, fence]
             dial = f", {_ASYNC_COMMIT}" if relax else ""
             sql = f"WITH {', '.join(parts)} SELECT seq, created_at{dial} FROM ins"
-        row = self._fetchone(sql, params)
+        liveness = self.liveness if fence is not None and not release else None
+        if liveness is not None and fence is not None and liveness.deferred(fence):
+            liveness.hold(fence)  # sent now, confirmed after this write (`start_run`)
+            try:
+                row = self._fetchone(sql, params)
+            finally:
+                liveness.confirm()
+        else:
+            row = self._fetchone(sql, params)
         if row is not None:
             if release and fence is not None:
                 self._forget_lock(fence)
@@ -807,7 +813,7 @@ class DjangoStore:
             # the result has one row).
             lock = (
                 "CASE WHEN ins.fresh OR old.token IS DISTINCT FROM ins.token THEN "
-                f"pg_try_advisory_lock({_LOCK_KEY.format('ins.token')}) END"
+                f"pg_try_advisory_lock_shared({_LOCK_KEY.format('ins.token')}) END"
                 if instant
                 else "NULL"
             )
@@ -869,7 +875,8 @@ class DjangoStore:
                     # Let go of the lease statement's lock whether or not the lease was
                     # still ours.
                     cursor.execute(
-                        f"WITH d AS ({delete}) SELECT pg_advisory_unlock({_LOCK_KEY.format('%s')})",
+                        f"WITH d AS ({delete}) "
+                        f"SELECT pg_advisory_unlock_shared({_LOCK_KEY.format('%s')})",
                         [run_id, token, token],
                     )
                     self._forget_lock(token)

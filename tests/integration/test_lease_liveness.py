@@ -13,6 +13,7 @@ import pytest
 from django.db import connections
 
 import durable_agents as da
+from durable_agents.engine.journal import header
 from durable_agents.engine.ports import RunInfo
 from durable_agents.liveness import Liveness, close_all, liveness_for
 from durable_agents.storage import DjangoStore
@@ -277,13 +278,83 @@ def test_a_dropped_liveness_connection_is_replaced_and_its_locks_taken_again():
     liveness = liveness_for("default")
     try:
         old = liveness.backend_pid
+        driver = pg_backend_pid()  # the lease statement's own lock is on this one
         with connections["default"].cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [old])
+        connections["default"].close()
         _wait(lambda: not _backend_alive(old), "the terminated backend to exit")
-        assert _free(store, "live-14"), "its lock went with the connection"
+        _wait(lambda: not _backend_alive(driver), "the driver's closed backend to exit")
+        assert _free(store, "live-14"), "its locks went with the connections"
         liveness._checked = 0.0  # the heartbeat's next check is due
         assert store.renew_lease("live-14", "tok-14", 30)
         assert liveness.backend_pid not in (None, old)
         assert not _free(store, "live-14"), "locked again on the new connection"
     finally:
         store.release_lease("live-14", "tok-14")
+
+
+@da.tool(read_only=True)
+def _look(order: str) -> dict:
+    """Look an order up."""
+    _SEEN.append(("tool", set(liveness_for("default").held)))
+    return {"order": order}
+
+
+_SEEN: list = []
+
+
+def test_a_new_run_is_locked_by_its_start_until_its_next_write_takes_the_library_lock():
+    """A run started in one write (``start_run``) is locked on the driver's connection by
+    that statement; the library's connection locks it with the driver's next fenced write,
+    so a one-turn run, whose next write is its end, costs that connection nothing. While
+    it waits for its first model answer the run is not free to take."""
+    from durable_agents.providers import scripted
+    from durable_agents.providers.scripted import ScriptedModel
+
+    store = DjangoStore()
+    liveness = liveness_for("default")
+    _SEEN.clear()
+
+    def first_call(request):
+        if not _SEEN:
+            lease = store.get_lease("live-15")
+            _SEEN.append(("model", lease.token, liveness.deferred(lease.token)))
+            _SEEN.append(("free", _free(store, "live-15")))
+
+    agent = da.Agent(
+        "live-lazy",
+        ScriptedModel(
+            [scripted.calls(scripted.call("_look", {"order": "7"})), scripted.text("ok")],
+            on_request=first_call,
+        ),
+        "Answer.",
+        [_look],
+    )
+    assert agent.run("live-15", "where is order 7?", store=store).answer == "ok"
+    (_, token, deferred), free, (_, held_in_tool) = _SEEN
+    assert deferred and token not in liveness.held
+    assert free == ("free", False), "the start's own lock keeps the run"
+    assert token in held_in_tool, "locked on the library's connection before the tool ran"
+    assert liveness.held == frozenset() and not liveness.deferred(token)
+
+
+def test_the_heartbeat_locks_a_new_run_still_in_its_first_model_call():
+    """A first model call that outlasts a heartbeat: the heartbeat's check takes the
+    library's lock, so closing the driver's connection no longer frees the run."""
+    store = DjangoStore()
+    run = RunInfo("live-16", agent="echo", status="running", input="hi")
+    records = [header(), ("run:start", '{"kind":"start","input":"hi"}')]
+    assert store.start_run(run, holder="me", token="tok-16", ttl=30, records=records)
+    liveness = liveness_for("default")
+    try:
+        assert liveness.deferred("tok-16")
+        liveness._checked = 0.0  # the heartbeat's next check is due
+        assert store.renew_lease("live-16", "tok-16", 30)
+        assert "tok-16" in liveness.held and not liveness.deferred("tok-16")
+        driver = pg_backend_pid()
+        connections["default"].close()
+        _wait(lambda: not _backend_alive(driver), "the driver's closed backend to exit")
+        assert not _free(store, "live-16"), "its driver is alive"
+    finally:
+        store.release_lease("live-16", "tok-16")
+    assert _free(store, "live-16")
