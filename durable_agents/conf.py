@@ -6,6 +6,7 @@ time), and ``durable_agents.checks`` validates them at startup with a fix-it hin
 
 from __future__ import annotations
 
+import copy
 import difflib
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -272,13 +273,28 @@ def _parse_notify(raw: Any, problems: list[str]) -> Notify:
     return replace(notify, base_url=notify.base_url.rstrip("/"))
 
 
+# The last valid settings parsed, with a deep copy of the raw value they came from: a drive
+# asks several times per run, and parsing costs more than comparing.
+_parsed: tuple[Any, Any, Settings] | None = None
+
+
 def get_settings() -> Settings:
     """The current settings; ``ConfigError`` naming every problem if they are invalid."""
     from django.conf import settings as django_settings
 
-    settings, problems = parse(getattr(django_settings, "DURABLE_AGENTS", None))
+    global _parsed
+    raw = getattr(django_settings, "DURABLE_AGENTS", None)
+    cached = _parsed
+    # The same object, unchanged even inside (a test may edit the dict in place).
+    if cached is not None and cached[0] is raw and cached[1] == raw:
+        return cached[2]
+    settings, problems = parse(raw)
     if problems:
         raise ConfigError(
             "invalid DURABLE_AGENTS setting: " + "; ".join(problems), code="config.settings"
         )
+    try:
+        _parsed = (raw, copy.deepcopy(raw), settings)
+    except Exception:  # a value that cannot be copied: parse each time
+        _parsed = None
     return settings

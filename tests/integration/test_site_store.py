@@ -45,3 +45,18 @@ def test_invalid_settings_are_refused_on_every_call():
             with pytest.raises(da.ConfigError, match="invalid DURABLE_AGENTS"):
                 site_store()
     assert site_store().using == "default"
+
+
+def test_settings_edited_in_place_are_read_again(settings):
+    """Parsed settings are kept while the value is unchanged; an edit inside the same dict
+    (a test, a site that builds its settings late) is seen on the next read."""
+    from durable_agents.conf import get_settings
+
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "LEASE_TTL": 30}
+    first = get_settings()
+    assert get_settings() is first
+    settings.DURABLE_AGENTS["LEASE_TTL"] = 45
+    assert get_settings().lease_ttl == 45
+    settings.DURABLE_AGENTS["LEASE_TTL"] = 0
+    with pytest.raises(da.ConfigError, match="LEASE_TTL"):
+        get_settings()
