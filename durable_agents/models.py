@@ -128,7 +128,9 @@ class JournalEntry(models.Model):
 class Lease(models.Model):
     """Who drives a run, until when (by the database clock). The token fences every write."""
 
-    run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True)
+    # No database constraint: every lease statement checks its run exists anyway, and the
+    # constraint's check at commit locked the run row on every lease taken (issue 17).
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, db_constraint=False)
     holder = models.CharField(max_length=200)
     token = models.CharField(max_length=64)
     expires_at = models.DateTimeField()

@@ -335,7 +335,7 @@ def test_a_new_run_is_locked_by_its_start_until_its_next_write_takes_the_library
     assert deferred and token not in liveness.held
     assert free == ("free", False), "the start's own lock keeps the run"
     assert token in held_in_tool, "locked on the library's connection before the tool ran"
-    assert liveness.held == frozenset() and not liveness.deferred(token)
+    assert token not in liveness.held and not liveness.deferred(token)
 
 
 def test_the_heartbeat_locks_a_new_run_still_in_its_first_model_call():
