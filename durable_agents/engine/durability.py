@@ -10,7 +10,9 @@ that cannot (SQLite, ``InMemoryStore``) commits it like any other.
 Records that may lag, in ``async`` only:
 
 * a model turn whose tool calls (if any) are all read-only, or are not retry-safe (those get
-  a synchronous attempt claim before they run, see below);
+  a synchronous attempt claim before they run, see below). A final answer (no calls) is
+  written with ``run:complete`` in one synchronous write (``Store.finish_run_with``), so it
+  lags only when the driver falls back to writing it alone;
 * the result of a retry-safe tool (read-only, idempotent, or keyed): losing it re-runs the
   tool, which its safety class says is harmless;
 * a spend record (what a discarded response cost): losing one under-counts that cost.
