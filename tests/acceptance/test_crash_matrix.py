@@ -181,3 +181,22 @@ def test_kill_and_resume(agent, crashes):
     run_id = f"crash-{agent}-{'-'.join(c.replace(':', '_') for c in crashes)}"[:200]
     kills = scenario(agent, crashes, run_id)
     assert kills >= 1, "the first boundary is always reached"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("agent", ["side_effect", "read_only"])
+def test_a_kill_with_the_final_answer_in_hand_records_neither_and_repeats_no_effect(agent):
+    """The final turn and ``run:complete`` are one write: a driver SIGKILLed with the answer
+    in hand (``before-complete``) has recorded neither; the next process asks the model
+    again and finishes, and no tool fires again."""
+    run_id = f"crash-final-{agent}"
+    code, _ = drive(agent, run_id, f"before-complete:{run_id}")
+    assert code == -9
+    names = [r.name for r in Journal(DjangoStore()).records(run_id)]
+    assert "model:3" not in names and "run:complete" not in names
+    assert set(CALLS) <= {n.removeprefix("tool:") for n in names}
+    code, out = drive(agent, run_id, None)
+    assert (code, out) == (0, {"status": "finished", "answer": "all done"})
+    assert count_effects(run_id) == dict.fromkeys(CALLS, 1)
+    names = [r.name for r in Journal(DjangoStore()).records(run_id)]
+    assert names[-2:] == ["model:3", "run:complete"]
