@@ -601,19 +601,23 @@ class DjangoStore:
         self,
         run: RunInfo,
         *,
-        holder: str,
-        token: str,
-        ttl: float,
+        holder: str | None,
+        token: str | None,
+        ttl: float | None,
         records: Sequence[tuple[str, str]],
     ) -> list[Entry] | None:
-        """A new run's row, its lease and first records: one statement on PostgreSQL (a
-        data-modifying CTE, each part fed by the one before, so a run that exists gets
-        nothing), one transaction on SQLite."""
+        """A new run's row, its lease (none without a ``token``: a run queued for a worker)
+        and first records: one statement on PostgreSQL (a data-modifying CTE, each part fed
+        by the one before, so a run that exists gets nothing), one transaction on SQLite."""
+        if not records:
+            raise ConfigError("start_run needs at least one record", code="config.records")
+        leased = token is not None
         if not self.dialect.postgres:
             with transaction.atomic(using=self.using):
                 if not self.create_run(run):
                     return None
-                self.acquire_lease(run.run_id, holder, token, ttl)
+                if token is not None:
+                    self.acquire_lease(run.run_id, str(holder), token, float(ttl or 0))
                 return [self.insert(run.run_id, n, dt, fence=token)[0] for n, dt in records]
         # The row as RunInfo names it, up to the columns the database sets (created_at…).
         columns = _RUN_COLUMNS[: _RUN_COLUMNS.index("created_at")]
@@ -639,27 +643,36 @@ class DjangoStore:
         rows = ", ".join(["(%s, %s, %s)"] * len(records))
         # Once, with the lease row: a RETURNING expression runs once per row inserted.
         lock = (
-            f", pg_try_advisory_lock_shared({_LOCK_KEY.format('token')})" if self._instant else ""
+            f", pg_try_advisory_lock_shared({_LOCK_KEY.format('token')})"
+            if self._instant and leased
+            else ""
+        )
+        lease = (
+            f"l AS (INSERT INTO {_L} (run_id, holder, token, expires_at, renewed_at) "
+            "SELECT run_id, %s, %s, now() + make_interval(secs => %s), now() FROM r "
+            f"RETURNING run_id{lock}), "
+            if leased
+            else ""
         )
         sql = (
             f"WITH r AS (INSERT INTO {_R} ({', '.join(columns)}, finished_at) "
             f"VALUES ({', '.join(['%s'] * len(columns))}, CASE WHEN %s THEN now() END) "
-            "ON CONFLICT (run_id) DO NOTHING RETURNING run_id), "
-            f"l AS (INSERT INTO {_L} (run_id, holder, token, expires_at, renewed_at) "
-            "SELECT run_id, %s, %s, now() + make_interval(secs => %s), now() FROM r "
-            f"RETURNING run_id{lock}), "
+            f"ON CONFLICT (run_id) DO NOTHING RETURNING run_id), {lease}"
             f"j AS (INSERT INTO {_J} (run_id, name, data, created_at) "
-            f"SELECT l.run_id, v.name, v.data, now() FROM l CROSS JOIN (VALUES {rows}) "
-            "AS v(ord, name, data) ORDER BY v.ord RETURNING seq, name, data, created_at) "
+            f"SELECT f.run_id, v.name, v.data, now() FROM {'l' if leased else 'r'} AS f "
+            f"CROSS JOIN (VALUES {rows}) AS v(ord, name, data) ORDER BY v.ord "
+            "RETURNING seq, name, data, created_at) "
             "SELECT seq, name, data, created_at FROM j ORDER BY seq"
         )
-        params: list[Any] = [*values, run.status in TERMINAL_STATUSES, holder, token, float(ttl)]
+        params: list[Any] = [*values, run.status in TERMINAL_STATUSES]
+        if leased:
+            params += [holder, token, float(ttl or 0)]
         for i, (name, data) in enumerate(records):
             params += [i, name, data]
         found = self._execute(sql, params, "all")
         if not found:
             return None
-        if lock:
+        if lock and token is not None:
             self._held_lock(token)
             if (liveness := self.liveness) is not None:
                 # Locked on this connection by the statement; on the library's own by the

@@ -108,10 +108,13 @@ def drive(
     seed: list[dict[str, Any]] | None = None,
     meta: dict[str, Any] | None = None,
     saga: bool = False,
+    lease_first: bool = False,
 ) -> RunResult:
     """Drive ``run_id`` under a lease until it finishes, pauses or fails. ``saga``: start it
     as a saga (``agent.run_saga``), recorded in its ``run:start``; a run started otherwise
-    is refused (``config.saga_mismatch``)."""
+    is refused (``config.saga_mismatch``). ``lease_first``: the caller saw the run
+    unfinished (a worker handed it): take the lease before the one read of the journal,
+    not after it (which needs a second read, for what was written in between)."""
     validate_run_id(run_id, derived=derived_id)
     if input is not None:
         refuse_nul(input, "the run's input")
@@ -132,7 +135,30 @@ def drive(
                 if not _woken(store, journal, run_id, pause):
                     raise
                 continue
-        log = journal.open(run_id)  # the one full read of the journal
+        held = HeldLease(store, run_id, runtime.lease_ttl()).acquire() if lease_first else None
+        lease_first = False  # a pass after a pause reads first, as usual
+        try:
+            return _drive_read(agent, run_id, input, store, journal, held, seed, meta, saga)
+        except Pause as pause:
+            if not _woken(store, journal, run_id, pause):
+                raise
+
+
+def _drive_read(
+    agent: Agent,
+    run_id: str,
+    input: Any,
+    store: Store,
+    journal: Journal,
+    held: HeldLease | None,
+    seed: list[dict[str, Any]] | None,
+    meta: dict[str, Any] | None,
+    saga: bool,
+) -> RunResult:
+    """One pass of ``drive`` over a run that exists: read its journal once, answer a
+    finished run from it, else drive it under a lease (``held``: taken before the read)."""
+    try:
+        log = journal.open(run_id, fence=held.token if held else None)  # the one full read
         complete = log.get(names.RUN_COMPLETE)
         # (A finished run that a saga rolls back is not: ``saga:abort`` came after its end.)
         if (
@@ -146,12 +172,16 @@ def drive(
             Driver.check_start(agent, run_id, done, input)
             result = finished_result(run_id, done)
             repair_finished(store, run_id, result)
+            if held is not None:
+                held.release()
             return result
         state = RunState.of(log)
         if state.complete is not None and state.saga_abort is None:
             Driver.check_start(agent, run_id, state, input)
             result = finished_result(run_id, state)
             repair_finished(store, run_id, result)
+            if held is not None:
+                held.release()
             return result
         try:
             Driver.check_start(agent, run_id, state, input)
@@ -169,14 +199,17 @@ def drive(
                     **(meta or {}),
                 )
             )
-        try:
-            with HeldLease(store, run_id, runtime.lease_ttl()) as lease:
-                log.fence = lease.token
-                log.refresh(since_last=True)
-                return Driver(agent, store, run_id, lease, log, meta, saga=saga).drive(input, seed)
-        except Pause as pause:
-            if not _woken(store, journal, run_id, pause):
-                raise
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
+    with held or HeldLease(store, run_id, runtime.lease_ttl()) as lease:
+        if held is None:
+            log.fence = lease.token
+            # Fenced writes committed before the lease was taken (a fenced insert holds a
+            # share lock on the lease row until it commits): only later entries are new.
+            log.refresh(since_last=True)
+        return Driver(agent, store, run_id, lease, log, meta, saga=saga).drive(input, seed)
 
 
 def _woken(store: Store, journal: Journal, run_id: str, pause: Pause) -> bool:

@@ -193,15 +193,18 @@ class InMemoryStore:
         self,
         run: RunInfo,
         *,
-        holder: str,
-        token: str,
-        ttl: float,
+        holder: str | None,
+        token: str | None,
+        ttl: float | None,
         records: Sequence[tuple[str, str]],
     ) -> list[Entry] | None:
+        if not records:
+            raise ConfigError("start_run needs at least one record", code="config.records")
         with self._lock:
             if not self.create_run(run):
                 return None
-            self.acquire_lease(run.run_id, holder, token, ttl)
+            if token is not None:
+                self.acquire_lease(run.run_id, str(holder), token, float(ttl or 0))
             return [self._insert(run.run_id, n, d, token)[0] for n, d in records]
 
     def finish_run(

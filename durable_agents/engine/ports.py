@@ -333,15 +333,16 @@ class Store(Protocol):
         self,
         run: RunInfo,
         *,
-        holder: str,
-        token: str,
-        ttl: float,
+        holder: str | None,
+        token: str | None,
+        ttl: float | None,
         records: Sequence[tuple[str, str]],
     ) -> list[Entry] | None:
         """Create a brand-new run already leased: the row as ``run`` gives it, the lease for
         ``token`` (``ttl`` seconds on the store's clock) and ``records`` (name, data) in that
         order, all or nothing, in one write where the store can. The stored entries in
-        commit order; None, writing nothing, if the run exists."""
+        commit order; None, writing nothing, if the run exists. Without a ``token`` (and
+        ``holder``, ``ttl``) no lease is taken: a run created for a worker to drive."""
 
     def finish_run(
         self,

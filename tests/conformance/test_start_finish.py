@@ -212,3 +212,19 @@ def test_finish_run_with_unknown_run_fields_is_refused_and_writes_nothing(store)
     assert err.value.code == "config.run_field"
     _nothing_more_than_start(store, run_id)
     assert store.get_lease(run_id).token == "tok-1"
+
+
+def test_start_run_without_a_token_writes_the_row_and_records_and_no_lease(store):
+    """A run created for a worker (``start``): row, header and ``run:start`` in one write,
+    nobody's lease; a run that exists gets nothing."""
+    run_id = _new_id()
+    run = RunInfo(run_id=run_id, agent="a", status="queued", input="hi")
+    entries = store.start_run(run, holder=None, token=None, ttl=None, records=RECORDS)
+    assert [(e.name, e.data) for e in entries] == RECORDS
+    assert store.get_run(run_id).status == "queued"
+    assert store.get_lease(run_id) is None
+    assert store.acquire_lease(run_id, "w1", "tok-1", 30)
+    again = RunInfo(run_id=run_id, agent="b", status="queued", input="other")
+    assert store.start_run(again, holder=None, token=None, ttl=None, records=RECORDS) is None
+    assert len(store.load(run_id)) == len(RECORDS)
+    assert store.get_run(run_id).agent == "a"

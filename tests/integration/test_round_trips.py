@@ -137,3 +137,23 @@ def test_a_driver_whose_lease_was_taken_does_not_finish():
     assert store.get_run(run_id).status != "finished"
     lease = store.get_lease(run_id)
     assert (lease.token, lease.live) == ("tok-other", True)
+
+
+def test_a_run_started_for_a_worker_is_one_write_and_its_drive_reads_once(store):
+    """``start`` writes the row, the header and ``run:start`` in one statement; the worker's
+    ``resume`` reads the row, takes the lease, reads the journal once (no second read for
+    what was written between a read and the lease), marks it running and finishes."""
+    from durable_agents.engine.commands.runs import resume, start
+    from tests.support.wiring import wired
+
+    run_id = f"rt-{uuid.uuid4().hex[:10]}"
+    with wired(dispatcher=lambda run_id: None), statements() as seen:
+        start(one_turn, "Hello", run_id, store=store)
+    assert len(seen) == 1, seen
+    with statements() as seen:
+        assert resume(run_id, store=store).answer == "Hi."
+    assert len(journal_reads(seen)) == 1, seen
+    assert len(seen) == 5, seen  # row, lease, journal, status, finish
+    names = [r.name for r in Journal(store).records(run_id)]
+    assert names == ["@journal", "run:start", "model:1", "run:complete"]
+    assert store.get_lease(run_id) is None

@@ -8,6 +8,7 @@ import durable_agents as da
 from durable_agents.engine.errors import ModelError
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.model import FINISH_LENGTH, Usage
+from durable_agents.engine.ports import RunInfo
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from durable_agents.testing import InMemoryStore
@@ -520,3 +521,33 @@ def test_a_crash_before_the_final_write_records_neither_and_the_resume_answers(
     assert len(asked) == 4  # turn 3 twice
     assert [name for name, _ in fired] == ["lookup", "refund", "receipt"]
     assert history(store, "r1")[-2:] == ["model:3", "run:complete"]
+
+
+def test_a_worker_resume_of_a_finished_run_behind_a_stale_row_lets_its_lease_go(store, fired):
+    """``resume`` leases a run its row shows unfinished before reading the journal; one the
+    journal shows finished (its row behind) answers from the journal, puts the row right and
+    lets the lease go."""
+    from durable_agents.engine.commands.runs import resume
+
+    a = agent(fired)
+    a.run("r1", "Refund order 7", store=store)
+    store.update_run("r1", {"status": "running"})
+    assert resume("r1", store=store).answer == "Refunded order 7."
+    assert store.get_run("r1").status == "finished"
+    assert store.get_lease("r1") is None
+    assert len(fired) == 3  # nothing ran again
+
+
+def test_a_worker_resume_of_a_run_another_driver_holds_is_busy_and_reads_nothing(store, fired):
+    from durable_agents.engine.commands.runs import resume
+
+    agent(fired)  # registers the agent
+    store.create_run(RunInfo("r2", agent="support-test", input="go"))
+    assert store.acquire_lease("r2", "other", "tok-other", 30)
+    loads: list = []
+    real_load = store.load
+    store.load = lambda *args, **kwargs: loads.append(args) or real_load(*args, **kwargs)
+    with pytest.raises(da.RunBusy):
+        resume("r2", store=store)
+    assert loads == []
+    assert store.get_lease("r2").token == "tok-other"

@@ -25,7 +25,7 @@ from ..errors import (
     Pause,
     RunBusy,
 )
-from ..journal import Journal
+from ..journal import Journal, header
 from ..leases import HeldLease
 from ..loop import announce_failure, close_cancelled, drive
 from ..ports import (
@@ -145,23 +145,27 @@ def create_run(
         run_id = new_run_id(agent.name)
     validate_run_id(run_id, derived=derived_id)
     refuse_nul(input, "the run's input")  # bad input fails here, before anything is written
+    body = names.start_body(agent.name, input, agent.fingerprint(), seed)
+    run = RunInfo(
+        run_id=run_id,
+        agent=agent.name,
+        status=QUEUED,
+        input=input,
+        session_id=session_id,
+        fingerprint=agent.fingerprint(),
+    )
+    # A new run: its row, the header and run:start in one write, with no lease (a worker
+    # takes it). A run that exists gets nothing from it and is checked below.
+    records = [header(), (names.RUN_START, encode(body))]
+    if store.start_run(run, holder=None, token=None, ttl=None, records=records) is not None:
+        return run_id
     existing = store.get_run(run_id)
     if existing is not None and existing.agent and existing.agent != agent.name:
         raise Conflict(
             f"run {run_id!r} belongs to agent {existing.agent!r}; pick another run id",
             code="config.agent_mismatch",
         )
-    store.create_run(
-        RunInfo(
-            run_id=run_id,
-            agent=agent.name,
-            status=QUEUED,
-            input=input,
-            session_id=session_id,
-            fingerprint=agent.fingerprint(),
-        )
-    )
-    body = names.start_body(agent.name, input, agent.fingerprint(), seed)
+    store.create_run(run)  # a row deleted meanwhile
     start, _ = Journal(store).write(run_id, names.RUN_START, body)
     if encode(start.get("input")) != encode(input):
         raise Conflict(
@@ -241,7 +245,9 @@ def resume(run_id: str, *, store: Store | None = None) -> RunResult:
     except ConfigError as exc:
         _fail_undriven(store, run, exc)
         raise
-    result = drive(agent, run_id, None, store=store, derived_id=True)
+    # Seen unfinished: lease, then read once (a finished row's run reads first, unleased).
+    unfinished = run.status not in TERMINAL_STATUSES
+    result = drive(agent, run_id, None, store=store, derived_id=True, lease_first=unfinished)
     if run.session_id is not None:
         start = Journal(store).get(run_id, names.RUN_START)
         text = start.get("input") if start is not None else run.input
