@@ -28,10 +28,10 @@ from .scenario import simulate
 from .world import Config, World
 
 # Seeds that broke the promise as hole 1 / hole 2 on this engine with that fix reverted
-# (docs/simulation.md, "Holes 1 and 2, reverted"), and keep it with the fix. Hole 2: charges
-# in flight when the fork was made (9, 205), a notify run again under a new key (210, 969).
-HOLE_1_SEEDS = (271, 662, 978)
-HOLE_2_SEEDS = (9, 205, 210, 969)
+# (docs/simulation.md, "Holes 1 and 2, reverted"), and keep it with the fix. Hole 2: a call
+# kept by a fork run again by the fork (seed 44: a notify, under a new key).
+HOLE_1_SEEDS = (5, 271, 419)
+HOLE_2_SEEDS = (44, 70, 227, 590)
 
 
 def reaches_hole_1(w: World) -> bool:
