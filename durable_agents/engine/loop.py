@@ -450,6 +450,9 @@ class Driver:
         self.log = log
         self.state = RunState.of(log)
         self._ancestors: list[tuple[str, int, Usage]] | None = None  # ``_ancestor_budgets``
+        # A paused parent queued by a one-write finish that then stored nothing: the finish
+        # written one by one must still hand it over (queueing it again finds it queued).
+        self._queued_parent: str | None = None
         self._tools_digest = tools_digest(agent.tool_specs())
         # Idempotency keys derive from the call's origin: the run a fork was taken from (and
         # its origin), so a run and all its forks give one call one key.
@@ -882,7 +885,7 @@ class Driver:
     def _finish(self, last: Any) -> RunResult:
         sub_usage, sub_spend = self._subtree()
         usage, spend = self.state.usage() + sub_usage, self.state.spend() + sub_spend
-        parent = tree.queue_parent(self.store, self.state.start)
+        parent = tree.queue_parent(self.store, self.state.start) or self._queued_parent
         failpoints.hit(f"before-complete:{self.run_id}")
         answer = self.state.assistant(last).content
         body, changes = self._completion(answer, len(self.state.turns), usage, spend)
@@ -909,6 +912,7 @@ class Driver:
         records = [(names.model(n), turn), (names.RUN_COMPLETE, body)]
         written = self.log.finish_with(records, changes)
         if written is None:
+            self._queued_parent = parent
             return None
         self.lease.dropped()
         for rec in written:

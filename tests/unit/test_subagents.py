@@ -287,3 +287,28 @@ def test_ancestors_budgets_are_read_once_per_drive_of_a_sub_run_and_never_for_a_
     calls.clear()
     alone.run("r9d", "go", store=store)
     assert calls == []
+
+
+def test_a_child_whose_final_write_falls_back_still_hands_its_parent_over(store, fired):
+    """The child queued its paused parent before its one-write finish, which stored nothing
+    (here: the store declined once); the turn and the end written one by one still hand
+    that parent to a driver, though it is queued already."""
+    root, _, _ = tree(fired, "sa-fallback", gated=True)
+    with pytest.raises(da.ApprovalPending):
+        root.run("r9", "go", store=store)
+    leaf_id = "r9/call_1_1/call_1_1"
+    real = store.finish_run_with
+    declined: list[str] = []
+
+    def decline_once(run_id, records, **kwargs):
+        if run_id == leaf_id and not declined:
+            declined.append(run_id)
+            return None
+        return real(run_id, records, **kwargs)
+
+    store.finish_run_with = decline_once
+    da.approve(leaf_id, "call_1_1", approved=True, by="ann", store=store)
+    assert declined == [leaf_id]
+    assert store.get_run(leaf_id).status == "finished"
+    assert store.get_run("r9").answer == "root done"
+    assert fired == [("send", "bob")]
