@@ -57,6 +57,7 @@ from .engine.ports import (
 from .engine.records import encode
 from .liveness import KEY, Liveness, liveness_for
 from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Lease, Run
+from .prepared import Prepared
 
 _J = JournalEntry._meta.db_table
 _L = Lease._meta.db_table
@@ -67,6 +68,8 @@ _ACTION_LOCK = 1684107621  # the advisory lock the action log's writers take tur
 # wrapper (per thread) under this name: a reconnect replaces it, so the closed connection,
 # which its cursor references, goes with it.
 _CURSOR_ATTR = "_durable_agents_cursor"
+# The statements prepared through libpq on the wrapper's connection (``prepared.py``).
+_PREPARED_ATTR = "_durable_agents_prepared"
 _TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
 _C_TIMESTAMPTZ = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEXT)
 
@@ -298,6 +301,16 @@ class DjangoStore:
                 # the same aware datetime (the session time zone is UTC).
                 if _C_TIMESTAMPTZ is not None:
                     cursor.adapters.register_loader(_TIMESTAMPTZ, _C_TIMESTAMPTZ)
+            if raw.autocommit:  # its own transaction: straight through libpq (prepared.py)
+                fast = getattr(conn, _PREPARED_ATTR, None)
+                if fast is None or fast.pgconn is not raw.pgconn:
+                    fast = Prepared(raw, cursor)
+                    setattr(conn, _PREPARED_ATTR, fast)
+                with conn.wrap_database_errors, raw.lock:
+                    rows = fast.execute(sql, params)
+                if fetch == "one":
+                    return rows[0] if rows else None
+                return rows
             with conn.wrap_database_errors:
                 cursor.execute(sql, params, prepare=True)
                 return cursor.fetchone() if fetch == "one" else cursor.fetchall()

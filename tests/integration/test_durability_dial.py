@@ -23,6 +23,7 @@ from django.db import connections
 import durable_agents as da
 from durable_agents.engine.errors import ConfigError
 from durable_agents.engine.journal import Journal
+from durable_agents.prepared import Prepared
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from durable_agents.storage import DjangoStore
@@ -97,7 +98,8 @@ class Statement:
 
 @contextmanager
 def statements() -> Iterator[list[Statement]]:
-    """Every statement psycopg executes meanwhile, in this thread or any other."""
+    """Every statement psycopg executes meanwhile, in this thread or any other, through a
+    cursor or straight through libpq (``durable_agents.prepared``)."""
     seen: list[Statement] = []
     original = psycopg.Cursor.execute
 
@@ -109,11 +111,21 @@ def statements() -> Iterator[list[Statement]]:
         seen.append(Statement(str(query), params, alone))
         return original(self, query, params, **kw)
 
+    # The store's own statements in autocommit go straight through libpq (prepared.py).
+    original_prepared = Prepared.execute
+
+    def prepared(self: Prepared, sql: str, params: Any) -> Any:
+        idle = self.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        seen.append(Statement(sql, params, idle))
+        return original_prepared(self, sql, params)
+
     psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+    Prepared.execute = prepared  # type: ignore[method-assign]
     try:
         yield seen
     finally:
         psycopg.Cursor.execute = original  # type: ignore[method-assign]
+        Prepared.execute = original_prepared  # type: ignore[method-assign]
 
 
 def _written(statement: Statement) -> list[str]:
