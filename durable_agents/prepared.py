@@ -24,6 +24,7 @@ from psycopg.adapt import PyFormat, Transformer
 
 _PLACEHOLDER = re.compile(r"%s|%%")
 _OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+_COUNT = itertools.count()
 
 
 def _numbered(sql: str) -> bytes:
@@ -48,7 +49,6 @@ class Prepared:
         self._encoding = raw.info.encoding
         self._tx = Transformer(context)
         self._names: dict[tuple[str, tuple[int, ...]], bytes] = {}
-        self._count = itertools.count()
 
     def execute(self, sql: str, params: Any) -> list[tuple[Any, ...]]:
         tx = self._tx
@@ -72,8 +72,9 @@ class Prepared:
     def _run(self, key: tuple[str, tuple[int, ...]], values: Any, formats: Any) -> Any:
         name = self._names.get(key)
         if name is None:
-            # Never a name used before on this connection, even after a DEALLOCATE.
-            name = f"_durable_agents_{next(self._count)}".encode()
+            # Never a name used before in this process: a pooled connection may come back
+            # to another thread's wrapper with statements an earlier one prepared on it.
+            name = f"_durable_agents_{next(_COUNT)}".encode()
             self._check(self.pgconn.prepare(name, _numbered(key[0]), key[1] or None))
             self._names[key] = name
         # (None is SQL NULL here, as psycopg itself sends it; the stub says bytes only.)
