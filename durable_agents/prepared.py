@@ -88,4 +88,20 @@ class Prepared:
                 raise psycopg.OperationalError(
                     self.pgconn.error_message.decode(errors="replace") or "connection lost"
                 )
-            raise errors.error_from_result(result, encoding=self._encoding)
+            raise _error(result, self._encoding)
+
+
+def _error(result: Any, encoding: str) -> psycopg.Error:
+    """The exception psycopg raises for a failed result: its class for the SQLSTATE, with
+    the server's diagnostics (psycopg's own builder where this version has it)."""
+    build = getattr(errors, "error_from_result", None)
+    if build is not None:
+        error: psycopg.Error = build(result, encoding=encoding)
+        return error
+    state = result.error_field(pq.DiagnosticField.SQLSTATE)
+    message = result.error_message.decode(encoding, errors="replace").strip()
+    try:
+        cls = errors.lookup(state.decode()) if state else psycopg.DatabaseError
+    except KeyError:
+        cls = psycopg.DatabaseError
+    return cls(message)

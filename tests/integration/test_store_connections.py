@@ -61,7 +61,10 @@ def test_a_store_write_inside_a_transaction_rolls_back_with_it():
     assert store.insert("conn-3", "step:a", '{"kind":"value"}')[1]
 
 
-def test_a_failed_statement_raises_djangos_error_of_its_class():
+@pytest.mark.parametrize("builder", ["psycopg's", "by SQLSTATE"])
+def test_a_failed_statement_raises_djangos_error_of_its_class(builder, monkeypatch):
+    if builder == "by SQLSTATE":  # a psycopg without its private error builder
+        monkeypatch.delattr(psycopg.errors, "error_from_result")
     store = DjangoStore()
     with pytest.raises(DataError, match="division by zero"):
         store._fetchone("SELECT 1 / %s", [0])
