@@ -3,25 +3,28 @@
 Per step, interleaved one for one in one run on the local PostgreSQL:
   (a) raw psycopg autocommit INSERT of the same row (run_id, name, ~1 KB JSON) into a table
       with the same unique index;
-  (b) DjangoStore fenced insert-if-absent (the journal's hot path);
+  (b) DjangoStore fenced insert-if-absent (the journal's hot path), chained as a driver's
+      records are: hashed by the store after the lease's last record, with its
+      predecessor's seq (the trigger hashed only the lease's first; docs/audit.md);
   (c) a memo hit: Journal.do on a recorded step (one read, fn not called);
-  (d) the fenced insert of (b) without the audit chain's trigger (docs/audit.md): the same
-      statement, probing for followers and notifying a followed run itself as the trigger
-      does for (b) (nobody follows the bench's run), through a second DjangoStore whose
-      connection sets ``session_replication_role = replica`` (ordinary triggers do not fire
-      in that session; the schema and every other session are unchanged).
+  (d) the fenced insert of (b) without the audit chain: sent by the same store code, the
+      statement without hash, ``prev_seq`` and journal lock, probing for followers and
+      notifying a followed run as (b) does (nobody follows the bench's run); on a second
+      connection that sets ``session_replication_role = replica`` (the chain's trigger,
+      which a row without a hash fires, does not fire in that session; the schema and
+      every other session are unchanged).
 Each step times a, then b and d (taking turns going first), then c, back to back. The
 ratios are medians of per-step ratios (b/a, b/d: the two sides of a ratio ran microseconds
 apart, so a load spike moves one step's ratio, not the figure); the medians of each series
 and their ratios are printed too.
 Targets: (b)/(a) <= 1.3, chain overhead (b)/(d) - 1 <= 5%.
 
-    .venv/bin/python bench/journal.py [--steps 2000] [--repeat N] [--aa off|on]
+    .venv/bin/python bench/journal.py [--steps 2000] [--repeat N] [--aa]
 
 With ``--repeat N`` the whole measurement runs N times in a row; each series prints its
-figures and the RESULT lines give the median over the N series. ``--aa off`` (``on``)
-checks the method itself: (b) and (d) both without (with) the trigger, so the chain
-overhead should read about 0 (``on``: (d)'s statement also probes for followers).
+figures and the RESULT lines give the median over the N series. ``--aa`` checks the method
+itself: (b) is then (d) too, on the store's own connection, so the chain overhead should
+read about 0.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import uuid
+from typing import Any
 
 from _setup import (
     add_repeat_argument,
@@ -48,8 +52,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument(
         "--aa",
-        choices=["off", "on"],
-        help="A/A check of the method: the trigger off (or on) on both sides of (b)/(d); "
+        action="store_true",
+        help="A/A check of the method: (d)'s statement on both sides of (b)/(d); "
         "the chain overhead should then read about 0",
     )
     add_repeat_argument(parser)
@@ -63,16 +67,41 @@ def main() -> None:
     from durable_agents.models import JournalEntry
     from durable_agents.storage import DjangoStore, site_store
 
+    j = JournalEntry._meta.db_table
+    # (d)'s statement: (b)'s without the chain (no hash, no prev_seq, no journal lock),
+    # notifying a followed run in its RETURNING clause as (b)'s does.
+    unchained_sql = (
+        f"INSERT INTO {j} (run_id, name, data, created_at) "
+        "SELECT %s, %s, %s, now() WHERE EXISTS (SELECT 1 FROM durable_agents_lease "
+        "WHERE run_id = %s AND token = %s AND expires_at > now() FOR SHARE) "
+        "ON CONFLICT (run_id, name) DO NOTHING "
+        "RETURNING seq, created_at, hash, CASE WHEN EXISTS (SELECT 1 FROM "
+        f"durable_agents_follower f WHERE f.run_id = {j}.run_id AND f.expires_at > now()) "
+        f"THEN pg_notify('da_run_' || md5({j}.run_id), {j}.seq || ' ' || {j}.run_id) END"
+    )
+
+    class ChainOff(DjangoStore):
+        """The store with the chain's work taken out: every fenced insert is (d)'s statement,
+        sent by the same code as (b)'s (no tail kept, nothing hashed)."""
+
+        def _tail(self, run_id: str, fence: str | None) -> Any:
+            return (0, None) if fence is not None else None
+
+        def _hashed_insert(self, run_id, name, data, fence, tail) -> Any:
+            return unchained_sql, [run_id, name, data, run_id, fence]
+
+        def _remember_tail(self, *args: Any) -> None:
+            pass
+
     store = site_store()
     # (d)'s connection: the default database's settings under another alias, so it has a
     # session (and prepared statements) of its own in which the chain's trigger is off.
     connections.settings[CHAIN_OFF] = dict(connections.settings[store.using])
-    off_store = DjangoStore(using=CHAIN_OFF)
-    if args.aa != "on":
-        with connections[CHAIN_OFF].cursor() as cursor:
-            cursor.execute("SET session_replication_role = replica")
-    if args.aa == "off":
-        with connections[store.using].cursor() as cursor:
+    off_store = ChainOff(using=CHAIN_OFF)
+    if args.aa:
+        store = ChainOff(using=store.using)
+    for alias in [CHAIN_OFF, store.using] if args.aa else [CHAIN_OFF]:
+        with connections[alias].cursor() as cursor:
             cursor.execute("SET session_replication_role = replica")
 
     journal = Journal(store)
@@ -92,23 +121,10 @@ def main() -> None:
         )
 
     def fenced_insert(name: str) -> None:
-        store.insert(run_id, name, data, fence=token)
-
-    # (d)'s statement: DjangoStore's fenced insert, notifying a followed run in its
-    # RETURNING clause (the trigger that does not fire for (d) both chains and notifies).
-    unchained_sql = (
-        f"INSERT INTO {JournalEntry._meta.db_table} (run_id, name, data, created_at) "
-        "SELECT %s, %s, %s, now() WHERE EXISTS (SELECT 1 FROM durable_agents_lease "
-        "WHERE run_id = %s AND token = %s AND expires_at > now() FOR SHARE) "
-        "ON CONFLICT (run_id, name) DO NOTHING "
-        "RETURNING seq, created_at, CASE WHEN EXISTS (SELECT 1 FROM durable_agents_follower f "
-        f"WHERE f.run_id = {JournalEntry._meta.db_table}.run_id AND f.expires_at > now()) "
-        "THEN pg_notify('da_run_' || md5(run_id), seq || ' ' || run_id) END"
-    )
+        assert store.insert(run_id, name, data, fence=token)[1]
 
     def unchained_insert(name: str) -> None:
-        row = off_store._execute(unchained_sql, [run_id, name, data, run_id, token], "one")
-        assert row is not None
+        assert off_store.insert(run_id, name, data, fence=token)[1]
 
     def memo_hit(name: str) -> None:
         journal.do(run_id, name, lambda: {"kind": "never-called"})

@@ -109,14 +109,21 @@ class JournalEntry(models.Model):
     # Canonical JSON text, kept as text (not jsonb) so it comes back byte for byte.
     data = models.TextField()
     created_at = models.DateTimeField(db_default=Now())
-    # The audit chain (docs/audit.md): set by a database trigger on insert, never by Python.
-    # Null on records written before the chain existed (a run's unchained prefix).
+    # The audit chain (docs/audit.md): sent by a driver that knows its run's last record,
+    # else set by a database trigger on insert. Null on records written before the chain
+    # existed (a run's unchained prefix).
     hash = models.CharField(max_length=64, null=True, blank=True, editable=False)
+    # The seq of the run's record before this one (PostgreSQL; null on a run's first
+    # record, on SQLite and on records older than migration 0012). Unique: a record has at
+    # most one successor, so two writers that both took the same record for the last cannot
+    # both append (docs/audit.md). Not hashed.
+    prev_seq = models.BigIntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["seq"]
         constraints = [
             models.UniqueConstraint(fields=["run", "name"], name="da_journal_run_name"),
+            models.UniqueConstraint(fields=["prev_seq"], name="da_journal_prev_seq"),
         ]
         indexes = [models.Index(fields=["run", "seq"], name="da_journal_run_seq")]
         verbose_name_plural = "journal entries"

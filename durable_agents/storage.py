@@ -17,6 +17,7 @@ The SQL lives here, next to the models it writes; everything else goes through t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import weakref
 from collections.abc import Mapping, Sequence
@@ -34,7 +35,14 @@ from django.utils.dateparse import parse_datetime
 from psycopg.types.json import Jsonb
 
 from .engine import failpoints
-from .engine.audit import ACTION_FIELDS, ACTION_NAME, Link, action_content, action_hash
+from .engine.audit import (
+    ACTION_FIELDS,
+    ACTION_NAME,
+    Link,
+    action_content,
+    action_hash,
+    chain_hash,
+)
 from .engine.errors import ApprovalNotFound, ConfigError, LeaseLost, StorageError
 from .engine.ports import (
     APPROVAL_PENDING,
@@ -56,14 +64,47 @@ from .engine.ports import (
 )
 from .engine.records import encode
 from .liveness import KEY, Liveness, liveness_for
-from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Lease, Run
+from .models import (
+    ActionLog,
+    ApprovalRequest,
+    Decision,
+    Follower,
+    Halt,
+    JournalEntry,
+    Lease,
+    Run,
+)
 from .prepared import Prepared
 
 _J = JournalEntry._meta.db_table
 _L = Lease._meta.db_table
 _R = Run._meta.db_table
+_F = Follower._meta.db_table
 _NEVER_AUTO_PREPARE = 2**31 - 1
 _ACTION_LOCK = 1684107621  # the advisory lock the action log's writers take turns on
+# The chain trigger's per-run lock (migrations 0007, 0012; ``followers.JOURNAL_LOCK``).
+_JOURNAL_LOCK = 1684107620
+_PREV_SEQ_INDEX = "da_journal_prev_seq"
+# How many leases' chain tails a process keeps (``DjangoStore._tails``).
+_TAILS_MAX = 4096
+# A record hashed by its writer (PostgreSQL, a driver's second write on and later): the
+# trigger does not fire (``WHEN (NEW.hash IS NULL)``, migration 0012), so the statement does
+# what it would have done besides hashing. It holds the run's journal lock *shared* — a
+# record hashed by the trigger, which takes it exclusively, waits for this one, and so does
+# a new follower's ``settle`` — and notifies a followed run (docs/events.md). The unique
+# ``prev_seq`` makes a writer whose idea of the last record is stale fail instead of forking
+# the chain.
+_HASHED_INSERT = (
+    f"INSERT INTO {_J} (run_id, name, data, created_at, hash, prev_seq) "
+    "SELECT %s, %s, %s, now(), %s, %s "
+    f"FROM (SELECT pg_advisory_xact_lock_shared({_JOURNAL_LOCK}, hashtext(%s))) AS chain "
+    f"WHERE EXISTS (SELECT 1 FROM {_L} WHERE run_id = %s AND token = %s "
+    "AND expires_at > now() FOR SHARE) "
+    "ON CONFLICT (run_id, name) DO NOTHING RETURNING seq, created_at, hash, "
+    f"CASE WHEN EXISTS (SELECT 1 FROM {_F} f WHERE f.run_id = {_J}.run_id "
+    f"AND f.expires_at > now()) THEN pg_notify('da_run_' || md5({_J}.run_id), "
+    f"{_J}.seq || ' ' || {_J}.run_id) END AS notified"
+)
 # One reusable server-binding cursor per psycopg connection, kept on the Django connection
 # wrapper (per thread) under this name: a reconnect replaces it, so the closed connection,
 # which its cursor references, goes with it.
@@ -139,6 +180,15 @@ _RUN_COLUMNS = (
     "finished_at",
     "dispatched_at",
 )
+
+
+def _prev_seq_taken(exc: BaseException) -> bool:
+    """Whether ``exc`` is the unique ``prev_seq`` refusing a second successor of a record:
+    a writer hashed its record after one that was no longer the run's last."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    diag = getattr(cause, "diag", None)
+    name = getattr(diag, "constraint_name", None) if diag is not None else None
+    return name == _PREV_SEQ_INDEX or (name is None and _PREV_SEQ_INDEX in str(cause))
 
 
 class _NothingWritten(Exception):
@@ -229,6 +279,9 @@ class DjangoStore:
         self.instant_takeover = instant_takeover
         self._liveness = liveness  # a test's own "process"; else this process's
         self._dialect: _Dialect | None = None
+        # Lease token -> (run id, seq, hash) of the last record written under it by this
+        # process: the next record's predecessor, so it is hashed here (``_tail``).
+        self._tails: dict[str, tuple[str, int, str | None]] = {}
 
     @property
     def connection(self) -> Any:
@@ -561,6 +614,33 @@ class DjangoStore:
             except (_NothingWritten, LeaseLost):
                 return None
             return written
+        tail = self._tail(run_id, fence)
+        try:
+            found = self._finish_with(run_id, records, fence, run_changes, tail)
+        except IntegrityError as exc:
+            if tail is None or not _prev_seq_taken(exc):
+                raise
+            # Someone appended since this driver's last record: the trigger hashes instead.
+            self._forget_tail(fence)
+            found = self._finish_with(run_id, records, fence, run_changes, None)
+        if not found:  # the first name is recorded, or the lease is lost: nothing written
+            return None
+        self._forget_lock(fence)
+        self._forget_tail(fence)
+        if (liveness := self.liveness) is not None:
+            liveness.release(fence)  # deferred: no round trip of its own
+        return [Entry(run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at in found]
+
+    def _finish_with(
+        self,
+        run_id: str,
+        records: Sequence[tuple[str, str]],
+        fence: str,
+        run_changes: Mapping[str, Any] | None,
+        tail: tuple[int, str | None] | None,
+    ) -> Sequence[tuple[Any, ...]]:
+        """``finish_run_with``'s statement on PostgreSQL; each record hashed here after
+        ``tail`` and the one before it, or (``tail`` None) by the trigger."""
         sets, values = self._run_sets(run_changes) if run_changes else ("", [])
         fenced = (
             f"EXISTS (SELECT 1 FROM {_L} WHERE run_id = %s AND token = %s "
@@ -568,18 +648,46 @@ class DjangoStore:
         )
         parts = []
         params: list[Any] = []
+        prev_hash = tail[1] if tail is not None else None
         for i, (name, data) in enumerate(records):
-            if i == 0:
-                source = f"WHERE {fenced} ON CONFLICT (run_id, name) DO NOTHING"
-                params += [run_id, name, data, run_id, fence]
+            if tail is not None:
+                # As ``_HASHED_INSERT``: the record's hash, its predecessor's seq, the
+                # run's journal lock held shared (taken once: the transaction keeps it).
+                prev_hash = chain_hash(prev_hash, name, data)
+                columns = "run_id, name, data, created_at, hash, prev_seq"
+                notify = (
+                    f", CASE WHEN EXISTS (SELECT 1 FROM {_F} f WHERE f.run_id = {_J}.run_id "
+                    f"AND f.expires_at > now()) THEN pg_notify('da_run_' || md5({_J}.run_id), "
+                    f"{_J}.seq || ' ' || {_J}.run_id) END AS notified"
+                )
+                if i == 0:
+                    values_sql = "%s, %s, %s, now(), %s, %s"
+                    source = (
+                        f"FROM (SELECT pg_advisory_xact_lock_shared({_JOURNAL_LOCK}, "
+                        f"hashtext(%s))) AS chain WHERE {fenced} "
+                        "ON CONFLICT (run_id, name) DO NOTHING"
+                    )
+                    params += [run_id, name, data, prev_hash, tail[0], run_id, run_id, fence]
+                else:
+                    values_sql = f"%s, %s, %s, now(), %s, i{i - 1}.seq"
+                    source = f"FROM i{i - 1}"
+                    params += [run_id, name, data, prev_hash]
             else:
-                # Only after the record before it. No conflict clause: a later name recorded
-                # without the first (no driver writes that) fails the whole statement.
-                source = f"FROM i{i - 1}"
-                params += [run_id, name, data]
+                columns = "run_id, name, data, created_at"
+                values_sql = "%s, %s, %s, now()"
+                notify = ""
+                if i == 0:
+                    source = f"WHERE {fenced} ON CONFLICT (run_id, name) DO NOTHING"
+                    params += [run_id, name, data, run_id, fence]
+                else:
+                    # Only after the record before it. No conflict clause: a later name
+                    # recorded without the first (no driver writes that) fails the whole
+                    # statement.
+                    source = f"FROM i{i - 1}"
+                    params += [run_id, name, data]
             parts.append(
-                f"i{i} AS (INSERT INTO {_J} (run_id, name, data, created_at) "
-                f"SELECT %s, %s, %s, now() {source} RETURNING seq, name, data, created_at)"
+                f"i{i} AS (INSERT INTO {_J} ({columns}) SELECT {values_sql} {source} "
+                f"RETURNING seq, name, data, created_at{notify})"
             )
         last = f"i{len(records) - 1}"
         if sets:
@@ -598,17 +706,12 @@ class DjangoStore:
             f"AND EXISTS (SELECT 1 FROM {last}){unlock})"
         )
         params += [run_id, fence]
+        notified = ", notified" if tail is not None else ""
         union = " UNION ALL ".join(
-            f"SELECT seq, name, data, created_at FROM i{i}" for i in range(len(records))
+            f"SELECT seq, name, data, created_at{notified} FROM i{i}" for i in range(len(records))
         )
         sql = f"WITH {', '.join(parts)} SELECT * FROM ({union}) AS w ORDER BY seq"
-        found = self._execute(sql, params, "all")
-        if not found:  # the first name is recorded, or the lease is lost: nothing written
-            return None
-        self._forget_lock(fence)
-        if (liveness := self.liveness) is not None:
-            liveness.release(fence)  # deferred: no round trip of its own
-        return [Entry(run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at in found]
+        return [row[:4] for row in self._execute(sql, params, "all")]
 
     def start_run(
         self,
@@ -674,8 +777,8 @@ class DjangoStore:
             f"j AS (INSERT INTO {_J} (run_id, name, data, created_at) "
             f"SELECT f.run_id, v.name, v.data, now() FROM {'l' if leased else 'r'} AS f "
             f"CROSS JOIN (VALUES {rows}) AS v(ord, name, data) ORDER BY v.ord "
-            "RETURNING seq, name, data, created_at) "
-            "SELECT seq, name, data, created_at FROM j ORDER BY seq"
+            "RETURNING seq, name, data, created_at, hash) "
+            "SELECT seq, name, data, created_at, hash FROM j ORDER BY seq"
         )
         params: list[Any] = [*values, run.status in TERMINAL_STATUSES]
         if leased:
@@ -685,13 +788,16 @@ class DjangoStore:
         found = self._execute(sql, params, "all")
         if not found:
             return None
+        if token is not None:
+            seq, *_, last_hash = found[-1]
+            self._remember_tail(token, run.run_id, int(seq), last_hash)
         if lock and token is not None:
             self._held_lock(token)
             if (liveness := self.liveness) is not None:
                 # Locked on this connection by the statement; on the library's own by the
                 # next fenced write (a one-turn run's finish is its next: it never is).
                 liveness.defer(token)
-        return [Entry(run.run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at in found]
+        return [Entry(run.run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at, _ in found]
 
     def _insert(
         self,
@@ -720,21 +826,47 @@ class DjangoStore:
                 if inserted:
                     self.update_run(run_id, run_changes, fence=fence)
             return entry, inserted
-        if fence is None:
+        tail = self._tail(run_id, fence)
+        try:
+            return self._insert_once(run_id, name, data, fence, run_changes, release, relax, tail)
+        except IntegrityError as exc:
+            if tail is None or fence is None or not _prev_seq_taken(exc):
+                raise
+        # Someone else appended since this driver's last record (a decision, a signal):
+        # nothing was stored; the trigger hashes it after the true last record instead.
+        self._forget_tail(fence)
+        return self._insert_once(run_id, name, data, fence, run_changes, release, relax, None)
+
+    def _insert_once(
+        self,
+        run_id: str,
+        name: str,
+        data: str,
+        fence: str | None,
+        run_changes: Mapping[str, Any] | None,
+        release: bool,
+        relax: bool,
+        tail: tuple[int, str | None] | None,
+    ) -> tuple[Entry, bool]:
+        d = self.dialect
+        params: list[Any]
+        if tail is not None and fence is not None:
+            sql, params = self._hashed_insert(run_id, name, data, fence, tail)
+        elif fence is None:
             sql = (
                 f"INSERT INTO {_J} (run_id, name, data, created_at) "
                 f"SELECT %s, %s, %s, {d.now} "
                 f"WHERE EXISTS (SELECT 1 FROM {_R} WHERE run_id = %s) "
-                "ON CONFLICT (run_id, name) DO NOTHING RETURNING seq, created_at"
+                "ON CONFLICT (run_id, name) DO NOTHING RETURNING seq, created_at, hash"
             )
-            params: list[Any] = [run_id, name, data, run_id]
+            params = [run_id, name, data, run_id]
         else:
             sql = (
                 f"INSERT INTO {_J} (run_id, name, data, created_at) "
                 f"SELECT %s, %s, %s, {d.now} "
                 f"WHERE EXISTS (SELECT 1 FROM {_L} WHERE run_id = %s AND token = %s "
                 f"AND expires_at > {d.now} {d.for_share}) "
-                "ON CONFLICT (run_id, name) DO NOTHING RETURNING seq, created_at"
+                "ON CONFLICT (run_id, name) DO NOTHING RETURNING seq, created_at, hash"
             )
             params = [run_id, name, data, run_id, fence]
         if run_changes or release or relax:
@@ -758,7 +890,8 @@ class DjangoStore:
                 )
                 params += [run_id, fence]
             dial = f", {_ASYNC_COMMIT}" if relax else ""
-            sql = f"WITH {', '.join(parts)} SELECT seq, created_at{dial} FROM ins"
+            notified = ", notified" if tail is not None else ""
+            sql = f"WITH {', '.join(parts)} SELECT seq, created_at, hash{notified}{dial} FROM ins"
         liveness = self.liveness if fence is not None and not release else None
         if liveness is not None and fence is not None and liveness.deferred(fence):
             liveness.hold(fence)  # sent now, confirmed after this write (`start_run`)
@@ -771,13 +904,17 @@ class DjangoStore:
         if row is not None:
             if release and fence is not None:
                 self._forget_lock(fence)
+                self._forget_tail(fence)
                 if (liveness := self.liveness) is not None:
                     liveness.release(fence)  # deferred: no round trip of its own
+            elif fence is not None and d.postgres:
+                self._remember_tail(fence, run_id, int(row[0]), row[2])
             return Entry(run_id, name, int(row[0]), data, _aware(row[1])), True
         existing = self.get(run_id, name)
         if existing is not None and (fence is None or self._holds(run_id, fence)):
             return existing, False
         if fence is not None:
+            self._forget_tail(fence)
             # A driver that lost its lease stops here, even when the name is already
             # recorded (by the driver that took over): it must not carry on from there.
             raise LeaseLost(
@@ -788,6 +925,47 @@ class DjangoStore:
             f"run {run_id!r} does not exist; create it before writing to its journal",
             code="config.run_missing",
         )
+
+    # -- the chain's tail, as this process's drivers know it ---------------------------
+
+    def _hashed_insert(
+        self, run_id: str, name: str, data: str, fence: str, tail: tuple[int, str | None]
+    ) -> tuple[str, list[Any]]:
+        """A driver's fenced insert of a record it hashes after ``tail`` (its RETURNING
+        columns: seq, created_at, hash, notified)."""
+        prev_seq, prev_hash = tail
+        hashed = chain_hash(prev_hash, name, data)
+        return _HASHED_INSERT, [run_id, name, data, hashed, prev_seq, run_id, run_id, fence]
+
+    def _tail(self, run_id: str, fence: str | None) -> tuple[int, str | None] | None:
+        """The last record (seq, hash) of ``run_id`` as written under lease ``fence`` by
+        this process, when the next record may be hashed here: on PostgreSQL, in a
+        statement of its own (a stale tail fails the statement; inside a site's
+        transaction that would abort the transaction, so the trigger hashes there)."""
+        if fence is None or not self.dialect.postgres:
+            return None
+        tail = self._tails.get(fence)
+        if tail is None or tail[0] != run_id:
+            return None
+        conn = self.connection
+        if conn.in_atomic_block or not conn.autocommit:
+            return None
+        return tail[1], tail[2]
+
+    def _remember_tail(self, fence: str, run_id: str, seq: int, hash: str | None) -> None:
+        tails = self._tails
+        known = tails.get(fence)
+        if known is not None and known[0] == run_id and known[1] >= seq:
+            return  # another thread of the same driver wrote a later one
+        if known is None and len(tails) >= _TAILS_MAX:
+            # The oldest lease's: a driver that stopped without finishing (its next write
+            # just goes through the trigger). Other threads may change the dict meanwhile.
+            with contextlib.suppress(RuntimeError, StopIteration, KeyError):
+                del tails[next(iter(tails))]
+        tails[fence] = (run_id, seq, hash)
+
+    def _forget_tail(self, fence: str) -> None:
+        self._tails.pop(fence, None)
 
     def get(self, run_id: str, name: str) -> Entry | None:
         row = self._fetchone(
@@ -909,6 +1087,7 @@ class DjangoStore:
                 else:
                     cursor.execute(delete, [run_id, token])
         finally:
+            self._forget_tail(token)
             if (liveness := self.liveness) is not None:
                 # After its row is gone (a lease a failed delete left is a stopped driver's:
                 # free to take). Deferred: no round trip of its own.
