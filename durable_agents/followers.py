@@ -7,12 +7,16 @@ autocommit connection after it ``LISTEN``s and before it first reads, refreshes 
 while it follows, and deletes it when it stops; a crashed follower's row expires, and the
 next registration anywhere sweeps it.
 
-The race this closes: a writer whose trigger probed for followers before the registration
-committed does not notify, and may commit after the follower's first read. Such a writer
-still holds what it locked before probing until it commits — the run's journal lock (the
-chain trigger takes it first) for a journal insert, the run's row for a status change. So
-after registering, the follower takes both once (``settle``) and so waits for exactly those
-writers; any writer that locks after that probes after the registration and notifies.
+The race this closes: a writer that probed for followers before the registration committed
+does not notify, and may commit after the follower's first read. Such a writer still holds
+what it locked before probing until it commits — the run's journal lock (the chain trigger
+takes it first) for a record the trigger hashes, the run's lease row (``FOR SHARE``) for a
+record its driver hashed (migration 0012), the run's row for a status change. So after
+registering, the follower takes all three once (``settle``) and so waits for exactly those
+writers; any writer that locks after that probes after the registration and notifies. (A
+driver's hashed insert probes with the snapshot its statement began with, an instant before
+it locks the lease row: a registration committed in that instant is not seen, and the record
+is read at the next keep-alive.)
 This holds for writers in READ COMMITTED (Django's default): each statement of a trigger
 sees what committed before it began. A writer at REPEATABLE READ or SERIALIZABLE probes with
 its transaction's first snapshot and may miss a newer follower; such a record is read at
@@ -28,10 +32,11 @@ import psycopg
 
 from .engine import runtime
 from .engine.follow import Wait
-from .models import Follower, Run
+from .models import Follower, Lease, Run
 
 _F = Follower._meta.db_table
 _R = Run._meta.db_table
+_L = Lease._meta.db_table
 # The key of the journal chain trigger's per-run lock (migrations 0007, 0009, 0010).
 JOURNAL_LOCK = 1684107620
 
@@ -75,13 +80,15 @@ class Registration:
         self.settle()
 
     def settle(self) -> None:
-        """Wait for the run's writers that hold its journal lock or its row: they may have
-        probed before the registration committed (each statement autocommits, so the locks
-        are let go at once). At most ``SETTLE_TIMEOUT`` seconds each: a writer that holds
-        them longer — or one in this very thread, whose transaction is open while it follows
-        — is not waited for; what it commits is read at the next keep-alive."""
+        """Wait for the run's writers that hold its journal lock, its lease row or its row:
+        they may have probed before the registration committed (each statement autocommits,
+        so the locks are let go at once). At most ``SETTLE_TIMEOUT`` seconds each: a writer
+        that holds them longer — or one in this very thread, whose transaction is open
+        while it follows — is not waited for; what it commits is read at the next
+        keep-alive."""
         for statement, params in (
             ("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [JOURNAL_LOCK, self.run_id]),
+            (f"SELECT 1 FROM {_L} WHERE run_id = %s FOR NO KEY UPDATE", [self.run_id]),
             (f"SELECT 1 FROM {_R} WHERE run_id = %s FOR SHARE", [self.run_id]),
         ):
             with contextlib.suppress(psycopg.errors.LockNotAvailable):

@@ -82,22 +82,28 @@ _R = Run._meta.db_table
 _F = Follower._meta.db_table
 _NEVER_AUTO_PREPARE = 2**31 - 1
 _ACTION_LOCK = 1684107621  # the advisory lock the action log's writers take turns on
-# The chain trigger's per-run lock (migrations 0007, 0012; ``followers.JOURNAL_LOCK``).
-_JOURNAL_LOCK = 1684107620
 _PREV_SEQ_INDEX = "da_journal_prev_seq"
+# What a record the trigger hashes first waits for (PostgreSQL): the run's records hashed by
+# their writers and not committed yet, whose writers hold the run's lease row ``FOR SHARE``.
+# Locking that row ``FOR NO KEY UPDATE`` before the trigger reads the last record means
+# such a record never names a stale predecessor (so it is never refused, even inside a
+# site's transaction, where a retry is impossible); writers hashing their own records wait
+# for it in turn and, their predecessor now stale, are refused and written again. Taken
+# before the trigger's advisory lock, as every writer does: no deadlock.
+_LEASE_WAIT = (
+    f"(SELECT count(*) FROM (SELECT 1 FROM {_L} WHERE run_id = %s FOR NO KEY UPDATE) AS l)"
+)
 # How many leases' chain tails a process keeps (``DjangoStore._tails``).
 _TAILS_MAX = 4096
 # A record hashed by its writer (PostgreSQL, a driver's second write on and later): the
-# trigger does not fire (``WHEN (NEW.hash IS NULL)``, migration 0012), so the statement does
-# what it would have done besides hashing. It holds the run's journal lock *shared* — a
-# record hashed by the trigger, which takes it exclusively, waits for this one, and so does
-# a new follower's ``settle`` — and notifies a followed run (docs/events.md). The unique
+# trigger does not fire (``WHEN (NEW.hash IS NULL)``, migration 0012), so the statement
+# notifies a followed run itself (docs/events.md). It takes no lock of its own: the unique
 # ``prev_seq`` makes a writer whose idea of the last record is stale fail instead of forking
-# the chain.
+# the chain, and the lease row it holds ``FOR SHARE`` to its commit is what a record hashed
+# by the trigger (``_LEASE_WAIT``) and a new follower's ``settle`` wait for.
 _HASHED_INSERT = (
     f"INSERT INTO {_J} (run_id, name, data, created_at, hash, prev_seq) "
     "SELECT %s, %s, %s, now(), %s, %s "
-    f"FROM (SELECT pg_advisory_xact_lock_shared({_JOURNAL_LOCK}, hashtext(%s))) AS chain "
     f"WHERE EXISTS (SELECT 1 FROM {_L} WHERE run_id = %s AND token = %s "
     "AND expires_at > now() FOR SHARE) "
     "ON CONFLICT (run_id, name) DO NOTHING RETURNING seq, created_at, hash, "
@@ -220,6 +226,9 @@ class _Dialect:
             )
         self.now = "now()" if self.postgres else "strftime('%%Y-%%m-%%d %%H:%%M:%%f','now')"
         self.for_share = "FOR SHARE" if self.postgres else ""
+        # A fenced record the trigger hashes: as ``FOR SHARE`` for the lease, and it waits
+        # for the run's records hashed by their writers (``_LEASE_WAIT``).
+        self.for_no_key_update = "FOR NO KEY UPDATE" if self.postgres else ""
 
     def later(self) -> str:
         """``now() + ttl`` with the ttl (seconds) as the next parameter."""
@@ -642,17 +651,18 @@ class DjangoStore:
         """``finish_run_with``'s statement on PostgreSQL; each record hashed here after
         ``tail`` and the one before it, or (``tail`` None) by the trigger."""
         sets, values = self._run_sets(run_changes) if run_changes else ("", [])
+        # Hashed here: the lease row held as any fenced insert holds it; hashed by the
+        # trigger: waiting for records hashed by their writers (``_LEASE_WAIT``).
         fenced = (
             f"EXISTS (SELECT 1 FROM {_L} WHERE run_id = %s AND token = %s "
-            "AND expires_at > now() FOR SHARE)"
+            f"AND expires_at > now() FOR {'SHARE' if tail is not None else 'NO KEY UPDATE'})"
         )
         parts = []
         params: list[Any] = []
         prev_hash = tail[1] if tail is not None else None
         for i, (name, data) in enumerate(records):
             if tail is not None:
-                # As ``_HASHED_INSERT``: the record's hash, its predecessor's seq, the
-                # run's journal lock held shared (taken once: the transaction keeps it).
+                # As ``_HASHED_INSERT``: the record's hash and its predecessor's seq.
                 prev_hash = chain_hash(prev_hash, name, data)
                 columns = "run_id, name, data, created_at, hash, prev_seq"
                 notify = (
@@ -662,12 +672,8 @@ class DjangoStore:
                 )
                 if i == 0:
                     values_sql = "%s, %s, %s, now(), %s, %s"
-                    source = (
-                        f"FROM (SELECT pg_advisory_xact_lock_shared({_JOURNAL_LOCK}, "
-                        f"hashtext(%s))) AS chain WHERE {fenced} "
-                        "ON CONFLICT (run_id, name) DO NOTHING"
-                    )
-                    params += [run_id, name, data, prev_hash, tail[0], run_id, run_id, fence]
+                    source = f"WHERE {fenced} ON CONFLICT (run_id, name) DO NOTHING"
+                    params += [run_id, name, data, prev_hash, tail[0], run_id, fence]
                 else:
                     values_sql = f"%s, %s, %s, now(), %s, i{i - 1}.seq"
                     source = f"FROM i{i - 1}"
@@ -853,19 +859,20 @@ class DjangoStore:
         if tail is not None and fence is not None:
             sql, params = self._hashed_insert(run_id, name, data, fence, tail)
         elif fence is None:
+            wait = f"FROM {_LEASE_WAIT} AS w " if d.postgres else ""
             sql = (
                 f"INSERT INTO {_J} (run_id, name, data, created_at) "
-                f"SELECT %s, %s, %s, {d.now} "
+                f"SELECT %s, %s, %s, {d.now} {wait}"
                 f"WHERE EXISTS (SELECT 1 FROM {_R} WHERE run_id = %s) "
                 "ON CONFLICT (run_id, name) DO NOTHING RETURNING seq, created_at, hash"
             )
-            params = [run_id, name, data, run_id]
+            params = [run_id, name, data, *([run_id] if d.postgres else []), run_id]
         else:
             sql = (
                 f"INSERT INTO {_J} (run_id, name, data, created_at) "
                 f"SELECT %s, %s, %s, {d.now} "
                 f"WHERE EXISTS (SELECT 1 FROM {_L} WHERE run_id = %s AND token = %s "
-                f"AND expires_at > {d.now} {d.for_share}) "
+                f"AND expires_at > {d.now} {d.for_no_key_update}) "
                 "ON CONFLICT (run_id, name) DO NOTHING RETURNING seq, created_at, hash"
             )
             params = [run_id, name, data, run_id, fence]
@@ -935,7 +942,7 @@ class DjangoStore:
         columns: seq, created_at, hash, notified)."""
         prev_seq, prev_hash = tail
         hashed = chain_hash(prev_hash, name, data)
-        return _HASHED_INSERT, [run_id, name, data, hashed, prev_seq, run_id, run_id, fence]
+        return _HASHED_INSERT, [run_id, name, data, hashed, prev_seq, run_id, fence]
 
     def _tail(self, run_id: str, fence: str | None) -> tuple[int, str | None] | None:
         """The last record (seq, hash) of ``run_id`` as written under lease ``fence`` by

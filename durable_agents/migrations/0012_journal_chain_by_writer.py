@@ -14,8 +14,15 @@ What keeps the chain a chain without the trigger's lock is the new unique index 
 believe the same record is the last cannot both succeed. The loser's statement fails whole,
 and the store writes its record again through the trigger, which reads the true last
 record. The trigger now sets ``prev_seq`` too, so writers of both kinds are checked against
-each other. ``prev_seq`` is not hashed: the chain's definition and verification are
-unchanged, and rows written before this migration keep a null ``prev_seq``.
+each other; the store's own trigger-hashed inserts first wait for the records being hashed
+by their writers, so they are never the loser. ``prev_seq`` is not hashed: the chain's
+definition and verification are unchanged, and rows written before this migration keep a
+null ``prev_seq``.
+
+During a rolling deploy, a record written by code older than this migration (a staff
+decision on a web server not yet updated) at the same moment as a new driver's record of
+the same run can be refused with an ``IntegrityError`` on ``da_journal_prev_seq``: nothing
+is written, and writing it again succeeds.
 
 SQLite keeps its trigger as it was (its writers are serialised by the database lock; the
 store never sends a hash there) and gets the column and the index. Reversible: the reverse
@@ -39,9 +46,10 @@ DECLARE
 BEGIN
     -- One writer per run at a time (the driver, a decision, a signal): the lock is held to
     -- commit, so the record read below is the last committed one, and the seq taken after
-    -- it orders the run's records as the chain does. Writers that hash their own records
-    -- hold it shared (``storage.py``): this waits for them. A follower that registers takes
-    -- it once too, to wait for a writer that probed before its registration committed.
+    -- it orders the run's records as the chain does. The store's statements have already
+    -- waited for the records their writers hashed (they lock the run's lease row first,
+    -- ``storage._LEASE_WAIT``). A follower that registers takes this lock once too, to
+    -- wait for a writer that probed before its registration committed.
     PERFORM pg_advisory_xact_lock(1684107620, hashtext(NEW.run_id));
     NEW.seq := nextval('{sequence}');
     SELECT hash, seq INTO prev, prev_seq FROM durable_agents_journalentry

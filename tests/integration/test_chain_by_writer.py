@@ -20,7 +20,7 @@ from django.db.migrations.executor import MigrationExecutor
 from durable_agents.engine.audit import chain_hash, verify_run
 from durable_agents.engine.ports import RunInfo
 from durable_agents.events import channel, listen_connection
-from durable_agents.followers import JOURNAL_LOCK, Registration
+from durable_agents.followers import Registration
 from durable_agents.models import JournalEntry
 from durable_agents.storage import _HASHED_INSERT, DjangoStore
 
@@ -287,34 +287,46 @@ def test_a_hashed_insert_notifies_a_followed_run():
     assert heard == [f"{e.seq} wh-ev" for e in [entry, *final]]
 
 
-def test_a_hashed_insert_holds_the_runs_journal_lock_to_its_commit():
-    """A record the trigger hashes (it locks the run's journal exclusively) and a new
-    follower's ``settle`` wait for a hashed insert that has not committed yet."""
+def test_a_record_the_trigger_hashes_waits_for_a_hashed_insert_in_flight():
+    """A staff record (hashed by the trigger) during a driver's hashed insert that has not
+    committed: it waits for it (it locks the run's lease row, which the hashed insert holds
+    ``FOR SHARE``) and then follows it — never refused, so it may be written inside a site's
+    transaction. A new follower's ``settle`` waits on the same row."""
     store = DjangoStore()
-    token = _leased(store, "wh-lock")
-    first, _ = store.insert("wh-lock", "step:0", DATA, fence=token)
-    (prev_seq, prev_hash) = store._tail("wh-lock", token)
-    assert prev_seq == first.seq
-    with listen_connection("default") as writer, listen_connection("default") as other:
+    token = _leased(store, "wh-wait")
+    store.insert("wh-wait", "step:0", DATA, fence=token)
+    tail = store._tail("wh-wait", token)
+    assert tail is not None
+    prev_seq, prev_hash = tail
+    staff_done = threading.Event()
+    errors: list[BaseException] = []
+
+    def staff() -> None:
+        try:
+            with transaction.atomic():
+                assert DjangoStore().insert("wh-wait", "signal:1", DATA)[1]
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            staff_done.set()
+            connections.close_all()
+
+    with listen_connection("default") as writer, listen_connection("default") as follower:
         writer.autocommit = False
+        hashed = chain_hash(prev_hash, "step:1", DATA)
         writer.execute(
-            _HASHED_INSERT,
-            [
-                "wh-lock",
-                "step:1",
-                DATA,
-                chain_hash(prev_hash, "step:1", DATA),
-                prev_seq,
-                "wh-lock",
-                "wh-lock",
-                token,
-            ],
+            _HASHED_INSERT, ["wh-wait", "step:1", DATA, hashed, prev_seq, "wh-wait", token]
         )
-        other.execute("SET lock_timeout = '200ms'")
+        thread = threading.Thread(target=staff)
+        thread.start()
+        assert not staff_done.wait(0.5), "the staff record did not wait"
+        follower.execute("SET lock_timeout = '200ms'")
         with pytest.raises(psycopg.errors.LockNotAvailable):
-            other.execute(
-                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [JOURNAL_LOCK, "wh-lock"]
+            follower.execute(
+                "SELECT 1 FROM durable_agents_lease WHERE run_id = %s FOR NO KEY UPDATE",
+                ["wh-wait"],
             )
         writer.commit()
-        other.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [JOURNAL_LOCK, "wh-lock"])
-    assert _assert_one_chain(store, "wh-lock") == ["step:0", "step:1"]
+        thread.join(10)
+    assert not errors, errors
+    assert _assert_one_chain(store, "wh-wait") == ["step:0", "step:1", "signal:1"]
