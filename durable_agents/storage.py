@@ -101,15 +101,19 @@ _TAILS_MAX = 4096
 # ``prev_seq`` makes a writer whose idea of the last record is stale fail instead of forking
 # the chain, and the lease row it holds ``FOR SHARE`` to its commit is what a record hashed
 # by the trigger (``_LEASE_WAIT``) and a new follower's ``settle`` wait for.
+# What the chain trigger does besides hashing, for a record hashed by its writer: notify a
+# followed run (a RETURNING expression of the journal insert, so once per record stored).
+_NOTIFY_FOLLOWERS = (
+    f"CASE WHEN EXISTS (SELECT 1 FROM {_F} fw WHERE fw.run_id = {_J}.run_id "
+    f"AND fw.expires_at > now()) THEN pg_notify('da_run_' || md5({_J}.run_id), "
+    f"{_J}.seq || ' ' || {_J}.run_id) END AS notified"
+)
 _HASHED_INSERT = (
     f"INSERT INTO {_J} (run_id, name, data, created_at, hash, prev_seq) "
     "SELECT %s, %s, %s, now(), %s, %s "
     f"WHERE EXISTS (SELECT 1 FROM {_L} WHERE run_id = %s AND token = %s "
     "AND expires_at > now() FOR SHARE) "
-    "ON CONFLICT (run_id, name) DO NOTHING RETURNING seq, created_at, hash, "
-    f"CASE WHEN EXISTS (SELECT 1 FROM {_F} f WHERE f.run_id = {_J}.run_id "
-    f"AND f.expires_at > now()) THEN pg_notify('da_run_' || md5({_J}.run_id), "
-    f"{_J}.seq || ' ' || {_J}.run_id) END AS notified"
+    f"ON CONFLICT (run_id, name) DO NOTHING RETURNING seq, created_at, hash, {_NOTIFY_FOLLOWERS}"
 )
 # One reusable server-binding cursor per psycopg connection, kept on the Django connection
 # wrapper (per thread) under this name: a reconnect replaces it, so the closed connection,
@@ -665,11 +669,7 @@ class DjangoStore:
                 # As ``_HASHED_INSERT``: the record's hash and its predecessor's seq.
                 prev_hash = chain_hash(prev_hash, name, data)
                 columns = "run_id, name, data, created_at, hash, prev_seq"
-                notify = (
-                    f", CASE WHEN EXISTS (SELECT 1 FROM {_F} f WHERE f.run_id = {_J}.run_id "
-                    f"AND f.expires_at > now()) THEN pg_notify('da_run_' || md5({_J}.run_id), "
-                    f"{_J}.seq || ' ' || {_J}.run_id) END AS notified"
-                )
+                notify = f", {_NOTIFY_FOLLOWERS}"
                 if i == 0:
                     values_sql = "%s, %s, %s, now(), %s, %s"
                     source = f"WHERE {fenced} ON CONFLICT (run_id, name) DO NOTHING"
@@ -762,7 +762,6 @@ class DjangoStore:
             run.forked_step,
             run.kind,
         ]
-        rows = ", ".join(["(%s, %s, %s)"] * len(records))
         # Once, with the lease row: a RETURNING expression runs once per row inserted.
         lock = (
             f", pg_try_advisory_lock_shared({_LOCK_KEY.format('token')})"
@@ -776,22 +775,39 @@ class DjangoStore:
             if leased
             else ""
         )
+        # The records, hashed here (a new run's chain starts empty and nobody else can
+        # write to a run this statement creates): each inserted only after the one before
+        # it, whose seq it names as ``prev_seq``.
+        journal = []
+        record_params: list[Any] = []
+        prev_hash: str | None = None
+        for i, (name, data) in enumerate(records):
+            prev_hash = chain_hash(prev_hash, name, data)
+            if i == 0:
+                source, prev = f"{'l' if leased else 'r'} AS f", "NULL"
+            else:
+                source, prev = f"j{i - 1} AS f", "f.seq"
+            journal.append(
+                f"j{i} AS (INSERT INTO {_J} (run_id, name, data, created_at, hash, prev_seq) "
+                f"SELECT f.run_id, %s, %s, now(), %s, {prev} FROM {source} "
+                f"RETURNING run_id, seq, name, data, created_at, hash, {_NOTIFY_FOLLOWERS})"
+            )
+            record_params += [name, data, prev_hash]
+        union = " UNION ALL ".join(
+            f"SELECT seq, name, data, created_at, hash, notified FROM j{i}"
+            for i in range(len(records))
+        )
         sql = (
             f"WITH r AS (INSERT INTO {_R} ({', '.join(columns)}, finished_at) "
             f"VALUES ({', '.join(['%s'] * len(columns))}, CASE WHEN %s THEN now() END) "
             f"ON CONFLICT (run_id) DO NOTHING RETURNING run_id), {lease}"
-            f"j AS (INSERT INTO {_J} (run_id, name, data, created_at) "
-            f"SELECT f.run_id, v.name, v.data, now() FROM {'l' if leased else 'r'} AS f "
-            f"CROSS JOIN (VALUES {rows}) AS v(ord, name, data) ORDER BY v.ord "
-            "RETURNING seq, name, data, created_at, hash) "
-            "SELECT seq, name, data, created_at, hash FROM j ORDER BY seq"
+            f"{', '.join(journal)} SELECT * FROM ({union}) AS w ORDER BY seq"
         )
         params: list[Any] = [*values, run.status in TERMINAL_STATUSES]
         if leased:
             params += [holder, token, float(ttl or 0)]
-        for i, (name, data) in enumerate(records):
-            params += [i, name, data]
-        found = self._execute(sql, params, "all")
+        params += record_params
+        found = [row[:5] for row in self._execute(sql, params, "all")]
         if not found:
             return None
         if token is not None:

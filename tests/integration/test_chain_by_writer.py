@@ -139,9 +139,10 @@ def test_the_final_records_hashed_here_chain_after_the_drivers_last(monkeypatch)
     assert token not in store._tails  # let go with the lease
 
 
-def test_a_new_runs_records_are_its_drivers_tail(monkeypatch):
+def test_a_new_runs_records_are_hashed_by_their_writer_and_are_its_tail(monkeypatch):
     store = DjangoStore()
     token = uuid.uuid4().hex
+    sent = _statements(store, monkeypatch)
     entries = store.start_run(
         RunInfo("wh-5", agent="echo"),
         holder="test",
@@ -150,10 +151,29 @@ def test_a_new_runs_records_are_its_drivers_tail(monkeypatch):
         records=[("header", DATA), ("run:start", DATA)],
     )
     assert entries is not None
-    sent = _statements(store, monkeypatch)
     assert store.insert("wh-5", "model:1", DATA, fence=token)[1]
-    assert _hashed_here(sent[0])
+    assert len(sent) == 2 and all(_hashed_here(sql) for sql in sent)
     assert _assert_one_chain(store, "wh-5") == ["header", "run:start", "model:1"]
+    # Queued for a worker (no lease): hashed here too; the worker's first write (a new
+    # lease) goes through the trigger.
+    assert store.start_run(
+        RunInfo("wh-5q", agent="echo"),
+        holder=None,
+        token=None,
+        ttl=None,
+        records=[("header", DATA), ("run:start", DATA), ("note", DATA)],
+    )
+    worker = uuid.uuid4().hex
+    assert store.acquire_lease("wh-5q", "test", worker, 60)
+    assert store.insert("wh-5q", "model:1", DATA, fence=worker)[1]
+    assert store.insert("wh-5q", "run:complete", DATA, fence=worker)[1]
+    assert _assert_one_chain(store, "wh-5q") == [
+        "header",
+        "run:start",
+        "note",
+        "model:1",
+        "run:complete",
+    ]
 
 
 def test_inside_a_sites_transaction_the_trigger_hashes(monkeypatch):
