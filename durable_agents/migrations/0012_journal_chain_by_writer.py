@@ -24,6 +24,10 @@ decision on a web server not yet updated) at the same moment as a new driver's r
 the same run can be refused with an ``IntegrityError`` on ``da_journal_prev_seq``: nothing
 is written, and writing it again succeeds.
 
+The unique index is built in this migration (not concurrently): on PostgreSQL that scans
+the journal once and holds writes to it meanwhile; every existing row has a null
+``prev_seq``, so nothing can conflict.
+
 SQLite keeps its trigger as it was (its writers are serialised by the database lock; the
 store never sends a hash there) and gets the column and the index. Reversible: the reverse
 restores 0010's function and the trigger without its condition, then drops the index and

@@ -21,6 +21,7 @@ from durable_agents.engine.audit import chain_hash, verify_run
 from durable_agents.engine.ports import RunInfo
 from durable_agents.events import channel, listen_connection
 from durable_agents.followers import Registration
+from durable_agents.liveness import liveness_for
 from durable_agents.models import JournalEntry
 from durable_agents.storage import _HASHED_INSERT, DjangoStore
 
@@ -350,3 +351,28 @@ def test_a_record_the_trigger_hashes_waits_for_a_hashed_insert_in_flight():
         thread.join(10)
     assert not errors, errors
     assert _assert_one_chain(store, "wh-wait") == ["step:0", "step:1", "signal:1"]
+
+
+def test_a_refused_first_write_of_a_new_run_still_takes_its_liveness_lock():
+    """A run started in one write defers its liveness lock to its next fenced write; when
+    that write is refused (a staff record came first) and written again, the lock is
+    still taken, once."""
+    store = DjangoStore()
+    token = uuid.uuid4().hex
+    assert store.start_run(
+        RunInfo("wh-live", agent="echo", status="running"),
+        holder="test",
+        token=token,
+        ttl=60,
+        records=[("header", DATA), ("run:start", DATA)],
+    )
+    liveness = liveness_for("default")
+    try:
+        assert liveness.deferred(token)
+        assert DjangoStore().insert("wh-live", "signal:1", DATA)[1]
+        assert store.insert("wh-live", "model:1", DATA, fence=token)[1]
+        assert token in liveness.held and not liveness.deferred(token)
+        assert _assert_one_chain(store, "wh-live") == ["header", "run:start", "signal:1", "model:1"]
+    finally:
+        store.release_lease("wh-live", token)
+    assert token not in liveness.held
