@@ -75,7 +75,7 @@ def main() -> None:
         "SELECT %s, %s, %s, now() WHERE EXISTS (SELECT 1 FROM durable_agents_lease "
         "WHERE run_id = %s AND token = %s AND expires_at > now() FOR SHARE) "
         "ON CONFLICT (run_id, name) DO NOTHING "
-        "RETURNING seq, created_at, hash, CASE WHEN EXISTS (SELECT 1 FROM "
+        "RETURNING seq, created_at, CASE WHEN EXISTS (SELECT 1 FROM "
         f"durable_agents_follower f WHERE f.run_id = {j}.run_id AND f.expires_at > now()) "
         f"THEN pg_notify('da_run_' || md5({j}.run_id), {j}.seq || ' ' || {j}.run_id) END"
     )
@@ -88,7 +88,7 @@ def main() -> None:
             return (0, None) if fence is not None else None
 
         def _hashed_insert(self, run_id, name, data, fence, tail) -> Any:
-            return unchained_sql, [run_id, name, data, run_id, fence]
+            return unchained_sql, [run_id, name, data, run_id, fence], ""
 
         def _remember_tail(self, *args: Any) -> None:
             pass

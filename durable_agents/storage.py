@@ -113,7 +113,7 @@ _HASHED_INSERT = (
     "SELECT %s, %s, %s, now(), %s, %s "
     f"WHERE EXISTS (SELECT 1 FROM {_L} WHERE run_id = %s AND token = %s "
     "AND expires_at > now() FOR SHARE) "
-    f"ON CONFLICT (run_id, name) DO NOTHING RETURNING seq, created_at, hash, {_NOTIFY_FOLLOWERS}"
+    f"ON CONFLICT (run_id, name) DO NOTHING RETURNING seq, created_at, {_NOTIFY_FOLLOWERS}"
 )
 # One reusable server-binding cursor per psycopg connection, kept on the Django connection
 # wrapper (per thread) under this name: a reconnect replaces it, so the closed connection,
@@ -872,8 +872,9 @@ class DjangoStore:
     ) -> tuple[Entry, bool]:
         d = self.dialect
         params: list[Any]
+        hashed: str | None = None  # the record's hash when hashed here (not returned then)
         if tail is not None and fence is not None:
-            sql, params = self._hashed_insert(run_id, name, data, fence, tail)
+            sql, params, hashed = self._hashed_insert(run_id, name, data, fence, tail)
         elif fence is None:
             wait = f"FROM {_LEASE_WAIT} AS w " if d.postgres else ""
             sql = (
@@ -913,8 +914,8 @@ class DjangoStore:
                 )
                 params += [run_id, fence]
             dial = f", {_ASYNC_COMMIT}" if relax else ""
-            notified = ", notified" if tail is not None else ""
-            sql = f"WITH {', '.join(parts)} SELECT seq, created_at, hash{notified}{dial} FROM ins"
+            returned = ", hash" if hashed is None else ", notified"
+            sql = f"WITH {', '.join(parts)} SELECT seq, created_at{returned}{dial} FROM ins"
         liveness = self.liveness if fence is not None and not release else None
         if liveness is not None and fence is not None and liveness.deferred(fence):
             liveness.hold(fence)  # sent now, confirmed after this write (`start_run`)
@@ -931,7 +932,7 @@ class DjangoStore:
                 if (liveness := self.liveness) is not None:
                     liveness.release(fence)  # deferred: no round trip of its own
             elif fence is not None and d.postgres:
-                self._remember_tail(fence, run_id, int(row[0]), row[2])
+                self._remember_tail(fence, run_id, int(row[0]), hashed or row[2])
             return Entry(run_id, name, int(row[0]), data, _aware(row[1])), True
         existing = self.get(run_id, name)
         if existing is not None and (fence is None or self._holds(run_id, fence)):
@@ -953,12 +954,12 @@ class DjangoStore:
 
     def _hashed_insert(
         self, run_id: str, name: str, data: str, fence: str, tail: tuple[int, str | None]
-    ) -> tuple[str, list[Any]]:
+    ) -> tuple[str, list[Any], str]:
         """A driver's fenced insert of a record it hashes after ``tail`` (its RETURNING
-        columns: seq, created_at, hash, notified)."""
+        columns: seq, created_at, notified), and the record's hash."""
         prev_seq, prev_hash = tail
         hashed = chain_hash(prev_hash, name, data)
-        return _HASHED_INSERT, [run_id, name, data, hashed, prev_seq, run_id, fence]
+        return _HASHED_INSERT, [run_id, name, data, hashed, prev_seq, run_id, fence], hashed
 
     def _tail(self, run_id: str, fence: str | None) -> tuple[int, str | None] | None:
         """The last record (seq, hash) of ``run_id`` as written under lease ``fence`` by

@@ -42,12 +42,8 @@ def data_digest(data: str) -> str:
 def link_hash(prev: str | None, name: str, digest: str) -> str:
     """The hash of one link from its data digest: ``sha256(prev ‖ 0x00 ‖ name ‖ 0x00 ‖
     digest)`` in hex."""
-    h = hashlib.sha256((prev or "").encode("ascii"))
-    h.update(b"\x00")
-    h.update(name.encode("utf-8"))
-    h.update(b"\x00")
-    h.update(digest.encode("ascii"))
-    return h.hexdigest()
+    # One buffer: ``prev`` and ``digest`` are ASCII hex, so their UTF-8 is their ASCII.
+    return hashlib.sha256(f"{prev or ''}\x00{name}\x00{digest}".encode()).hexdigest()
 
 
 def chain_hash(prev: str | None, name: str, data: str) -> str:
