@@ -95,12 +95,6 @@ _LEASE_WAIT = (
 )
 # How many leases' chain tails a process keeps (``DjangoStore._tails``).
 _TAILS_MAX = 4096
-# A record hashed by its writer (PostgreSQL, a driver's second write on and later): the
-# trigger does not fire (``WHEN (NEW.hash IS NULL)``, migration 0012), so the statement
-# notifies a followed run itself (docs/events.md). It takes no lock of its own: the unique
-# ``prev_seq`` makes a writer whose idea of the last record is stale fail instead of forking
-# the chain, and the lease row it holds ``FOR SHARE`` to its commit is what a record hashed
-# by the trigger (``_LEASE_WAIT``) and a new follower's ``settle`` wait for.
 # What the chain trigger does besides hashing, for a record hashed by its writer: notify a
 # followed run (a RETURNING expression of the journal insert, so once per record stored).
 _NOTIFY_FOLLOWERS = (
@@ -108,6 +102,12 @@ _NOTIFY_FOLLOWERS = (
     f"AND fw.expires_at > now()) THEN pg_notify('da_run_' || md5({_J}.run_id), "
     f"{_J}.seq || ' ' || {_J}.run_id) END AS notified"
 )
+# A record hashed by its writer (PostgreSQL, a driver's second write on and later): the
+# trigger does not fire (``WHEN (NEW.hash IS NULL)``, migration 0012), so the statement
+# notifies a followed run itself (docs/events.md). It takes no lock of its own: the unique
+# ``prev_seq`` makes a writer whose idea of the last record is stale fail instead of forking
+# the chain, and the lease row it holds ``FOR SHARE`` to its commit is what a record hashed
+# by the trigger (``_LEASE_WAIT``) and a new follower's ``settle`` wait for.
 _HASHED_INSERT = (
     f"INSERT INTO {_J} (run_id, name, data, created_at, hash, prev_seq) "
     "SELECT %s, %s, %s, now(), %s, %s "
