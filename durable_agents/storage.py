@@ -102,7 +102,7 @@ _NOTIFY_FOLLOWERS = (
     f"AND fw.expires_at > now()) THEN pg_notify('da_run_' || md5({_J}.run_id), "
     f"{_J}.seq || ' ' || {_J}.run_id) END AS notified"
 )
-# A record hashed by its writer (PostgreSQL, a driver's second write on and later): the
+# A record hashed by its writer (PostgreSQL: a driver that knows its run's last record): the
 # trigger does not fire (``WHEN (NEW.hash IS NULL)``, migration 0012), so the statement
 # notifies a followed run itself (docs/events.md). It takes no lock of its own: the unique
 # ``prev_seq`` makes a writer whose idea of the last record is stale fail instead of forking
