@@ -44,6 +44,7 @@ from _setup import (
     timed,
 )
 
+CHAIN_ON = "bench_chain_on"
 CHAIN_OFF = "bench_chain_off"
 
 
@@ -93,14 +94,15 @@ def main() -> None:
         def _remember_tail(self, *args: Any) -> None:
             pass
 
-    store = site_store()
-    # (d)'s connection: the default database's settings under another alias, so it has a
-    # session (and prepared statements) of its own in which the chain's trigger is off.
-    connections.settings[CHAIN_OFF] = dict(connections.settings[store.using])
+    default = site_store().using
+    # (b)'s and (d)'s connections: the default database's settings under aliases of their
+    # own, so each has a fresh session (and prepared statements) of its own — not the one
+    # that ran the migrations — and (d)'s turns the chain's trigger off.
+    for alias in (CHAIN_ON, CHAIN_OFF):
+        connections.settings[alias] = dict(connections.settings[default])
+    store = ChainOff(using=CHAIN_ON) if args.aa else DjangoStore(using=CHAIN_ON)
     off_store = ChainOff(using=CHAIN_OFF)
-    if args.aa:
-        store = ChainOff(using=store.using)
-    for alias in [CHAIN_OFF, store.using] if args.aa else [CHAIN_OFF]:
+    for alias in [CHAIN_OFF, CHAIN_ON] if args.aa else [CHAIN_OFF]:
         with connections[alias].cursor() as cursor:
             cursor.execute("SET session_replication_role = replica")
 
@@ -171,6 +173,7 @@ def main() -> None:
     store.release_lease(run_id, token)
     store.delete_run(run_id)
     connections[CHAIN_OFF].close()
+    connections[CHAIN_ON].close()
 
     if args.repeat > 1:
         print("series journal ratios  " + " ".join(f"{r:.2f}" for r in journal_ratios))
