@@ -1014,6 +1014,27 @@ class DjangoStore:
             return [new(Entry, (run_id, name, seq, data, at)) for seq, name, data, at in rows]
         return [Entry(run_id, r[1], int(r[0]), r[2], _aware(r[3])) for r in rows]
 
+    def journal_heads(self, run_ids: Sequence[str]) -> dict[str, int]:
+        """The seq of each run's last record (runs without one are left out): one index
+        probe per run, whatever its journal's length."""
+        if not run_ids:
+            return {}
+        if self.dialect.postgres:
+            rows = self._execute(
+                f"SELECT r.id, (SELECT seq FROM {_J} WHERE run_id = r.id "
+                "ORDER BY seq DESC LIMIT 1) FROM unnest(%s::text[]) AS r(id)",
+                [list(run_ids)],
+                "all",
+            )
+        else:
+            marks = ", ".join(["%s"] * len(run_ids))
+            rows = self._execute(
+                f"SELECT run_id, MAX(seq) FROM {_J} WHERE run_id IN ({marks}) GROUP BY run_id",
+                list(run_ids),
+                "all",
+            )
+        return {run_id: int(seq) for run_id, seq in rows if seq is not None}
+
     # -- leases -----------------------------------------------------------------------
 
     def acquire_lease(self, run_id: str, holder: str, token: str, ttl: float) -> Acquired | None:

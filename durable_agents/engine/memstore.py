@@ -255,6 +255,11 @@ class InMemoryStore:
         with self._lock:
             return [e for e in self._ordered.get(run_id, ()) if e.seq > after]
 
+    def journal_heads(self, run_ids: Sequence[str]) -> dict[str, int]:
+        """The seq of each run's last record (runs without one are left out)."""
+        with self._lock:
+            return {r: entries[-1].seq for r in run_ids if (entries := self._ordered.get(r))}
+
     # -- leases -----------------------------------------------------------------------
 
     def _check_fence(self, run_id: str, fence: str | None) -> None:

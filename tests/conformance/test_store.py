@@ -74,6 +74,22 @@ def test_load_in_commit_order(store, run_id):
     assert store.load("no-such-run") == []
 
 
+def test_journal_heads_are_each_runs_last_seq(store, run_id):
+    """What the timer sweep compares to tell a paused run written to since it last read it
+    (``wake_timers``): the seq of each run's last record; a run without one is left out."""
+    other, empty = run_id + "-other", run_id + "-empty"
+    store.create_run(RunInfo(run_id=other))
+    store.create_run(RunInfo(run_id=empty))
+    for i in range(3):
+        store.insert(run_id, f"a{i}", "{}")
+        store.insert(other, f"b{i}", "{}")
+    heads = store.journal_heads([run_id, other, empty, "no-such-run"])
+    assert heads == {run_id: store.load(run_id)[-1].seq, other: store.load(other)[-1].seq}
+    last, _ = store.insert(run_id, "a3", "{}")
+    assert store.journal_heads([run_id])[run_id] == last.seq > heads[run_id]
+    assert store.journal_heads([]) == {}
+
+
 def test_runs_do_not_share_entries(store, run_id):
     other = run_id + "-other"
     store.create_run(RunInfo(run_id=other))

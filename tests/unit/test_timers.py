@@ -185,3 +185,30 @@ def test_a_timer_that_woke_by_its_time_is_not_woken_again(store, fired, clock):
     assert a.run("r1", store=store).answer == "rested"
     late = da.wake_timer("r1", "later", by="ann", store=store)
     assert not late.recorded and not late.early and late.by is None
+
+
+def test_the_sweep_reads_a_quiet_run_once_until_it_is_written_to_or_due(
+    store, fired, clock, monkeypatch
+):
+    """Runs paused for days are not read again on every sweep: a run read and left alone is
+    read again only when its row or its journal changes, or its wake time comes."""
+    a = sleeping_agent(fired, seconds=600)
+    with pytest.raises(da.TimerPending):
+        a.run("r1", "go", store=store)
+    reads: list[str] = []
+    load = store.load
+
+    def counting_load(run_id, after=0):
+        reads.append(run_id)
+        return load(run_id, after)
+
+    monkeypatch.setattr(store, "load", counting_load)
+    assert wake_timers(store=store) == [] and reads == ["r1"]
+    clock.advance(60)
+    assert wake_timers(store=store) == [] and reads == ["r1"], "read again, nothing new"
+    store.insert("r1", "note:unrelated", '{"kind":"value"}')  # any record: read again
+    assert wake_timers(store=store) == [] and reads == ["r1", "r1"]
+    assert wake_timers(store=store) == [] and reads == ["r1", "r1"]
+    clock.advance(541)  # due: read, and woken
+    assert wake_timers(store=store) == ["r1"]
+    assert store.get_run("r1").status == "finished"

@@ -26,6 +26,7 @@ short, by whom and when.
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -58,22 +59,63 @@ log = logging.getLogger("durable_agents.timers")
 TIMED_STATUSES = (SLEEPING, AWAITING_INPUT)
 
 
+@dataclass(frozen=True)
+class _Quiet:
+    """A paused run a sweep read and left alone: as it was seen (status, row's update time,
+    the seq of its journal's last record) and when it is due (its earliest timed wait)."""
+
+    seen: tuple[str, datetime | None, int | None]
+    due: datetime | None
+
+
+# Per store, the paused runs the last sweep in this process read and left alone. The journal
+# is append-only and its seqs only grow, so a run whose row and last seq are what they were
+# holds the same records: what the sweep concluded from them still stands, bar the clock
+# (its due time is kept). This keeps a sweep from reading every paused run's journal again
+# and again — runs awaiting approval or input for days — while anything written to a run
+# (an answer, a decision, an outcome) changes its last seq and has it read again. A store
+# without ``journal_heads`` is read in full each time.
+_QUIET: weakref.WeakKeyDictionary[Any, dict[str, _Quiet]] = weakref.WeakKeyDictionary()
+
+
+def _quiet_runs(store: Any) -> dict[str, _Quiet] | None:
+    try:
+        return _QUIET.setdefault(store, {})
+    except TypeError:  # a store that cannot be weakly referenced: no memory of it
+        return None
+
+
 def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
     """One sweep; returns the run ids it handed to a driver: paused runs whose timer or
     deadline is due, and paused runs that wait for nothing any more (``all_answered``: an
     answer, signal, channel message or early wake was journaled but its sender died before
     handing the run over; or a sub-run it waits on ended without handing it over:
-    ``paused_on_an_ended_sub_run``). The cost is one journal read per paused run (sleeping,
-    awaiting input, approval, or halted), and for a parent, a few reads per unsettled
-    sub-run."""
+    ``paused_on_an_ended_sub_run``). The cost is one read of the last seqs per batch of
+    paused runs (sleeping, awaiting input, approval, or halted), one journal read per run
+    written to, woken or due since this process's last sweep (``_QUIET``), and for a
+    parent, its journal and a few reads per unsettled sub-run every time."""
     store = store or runtime.store()
     journal = Journal(store)
     now = store.now()
     woken: list[str] = []
     after: str | None = None
+    heads_of = getattr(store, "journal_heads", None)
+    quiet = _quiet_runs(store) if heads_of is not None else None
+    still_quiet: dict[str, _Quiet] = {}
     while True:
         runs = store.list_unfinished(limit=batch, after=after, statuses=tree.PARENT_PAUSE_STATUSES)
+        heads = heads_of([run.run_id for run in runs]) if heads_of is not None and runs else {}
         for run in runs:
+            seen = (run.status, run.updated_at, heads.get(run.run_id))
+            known = quiet.get(run.run_id) if quiet is not None else None
+            if (
+                known is not None
+                and known.seen == seen
+                and seen[2] is not None
+                and (known.due is None or now < known.due)
+            ):
+                still_quiet[run.run_id] = known  # nothing written since: still nothing due
+                continue
             records = journal.records(run.run_id)
             due = next_wake(records) if run.status in TIMED_STATUSES else None
             timed = run.status in TIMED_STATUSES and (
@@ -86,6 +128,10 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
                 woken.append(run.run_id)
                 continue
             if not timed and not paused_on_an_ended_sub_run(store, run, records):
+                if not RunState.of(records).children:
+                    # Read and left alone; a parent is read every time (its sub-runs move
+                    # without its journal).
+                    still_quiet[run.run_id] = _Quiet(seen, due)
                 continue
             # Queued first (only from the status it was seen in): if the hand-over is lost,
             # recovery picks a queued run up.
@@ -99,6 +145,9 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
         if len(runs) < batch:
             break
         after = runs[-1].run_id
+    if quiet is not None:  # only the runs still paused and left alone stay
+        quiet.clear()
+        quiet.update(still_quiet)
     if woken:
         log.info("woke %d run(s) whose timer or deadline was due", len(woken))
     return woken
