@@ -19,6 +19,7 @@ from durable_agents.engine.journal import Journal
 from durable_agents.engine.transcript import RunState
 from durable_agents.storage import DjangoStore
 from tests.support.agents import count_effects
+from tests.support.chains import check_chain
 from tests.support.procs import ROOT, subprocess_env
 
 pytestmark = [
@@ -90,6 +91,7 @@ def may_halt(agent: str, hit: list[str]) -> set[str]:
 
 
 def check_transcript(run_id: str) -> RunState:
+    check_chain(run_id)
     state = RunState.of(Journal(DjangoStore()).records(run_id))
     messages = state.messages()
     for i, message in enumerate(messages):

@@ -18,6 +18,7 @@ from durable_agents.engine.journal import Journal
 from durable_agents.providers.scripted import Turn
 from durable_agents.storage import DjangoStore
 from tests.support.agents import CRASH_SCRIPT, count_effects
+from tests.support.chains import check_chain
 from tests.support.procs import start
 from tests.support.race import SLOW_AGENT, SLOW_SCRIPT
 
@@ -125,6 +126,8 @@ def check_run(run_id: str, agent: str, racers: list[dict[str, Any]]) -> None:
     expected.append("run:complete")
     assert sorted(names) == sorted(expected), names
     assert names[:2] == expected[:2] and names[-1] == "run:complete", names
+    # One unbroken chain, whichever racer wrote which record (migration 0012).
+    check_chain(run_id)
     at = {name: i for i, name in enumerate(names)}
     records = {r.name: r for r in history}
     for n, calls in enumerate(turns, 1):
