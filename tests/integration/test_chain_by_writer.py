@@ -24,6 +24,7 @@ from durable_agents.followers import Registration
 from durable_agents.liveness import liveness_for
 from durable_agents.models import JournalEntry
 from durable_agents.storage import _HASHED_INSERT, DjangoStore
+from tests.support.chains import check_chain
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -68,13 +69,9 @@ def _links(run_id: str) -> list[tuple[int, int | None, str]]:
 
 
 def _assert_one_chain(store: DjangoStore, run_id: str) -> list[str]:
-    """The run's chain verifies with every record hashed, and each record's ``prev_seq`` is
-    the seq of the record before it: one chain, in seq order."""
-    report = verify_run(store, run_id)
-    assert report.ok and not report.unchained, report.message()
-    links = _links(run_id)
-    assert [p for _, p, _ in links] == [None] + [s for s, _, _ in links[:-1]]
-    return [n for _, _, n in links]
+    """The run is one chain (``check_chain``); its record names in seq order."""
+    check_chain(run_id)
+    return [n for _, _, n in _links(run_id)]
 
 
 def test_a_drivers_second_record_on_is_hashed_by_the_driver(monkeypatch):
