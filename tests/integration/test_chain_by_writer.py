@@ -17,6 +17,7 @@ import pytest
 from django.db import IntegrityError, connection, connections, transaction
 from django.db.migrations.executor import MigrationExecutor
 
+from durable_agents import storage
 from durable_agents.engine.audit import chain_hash, verify_run
 from durable_agents.engine.ports import RunInfo
 from durable_agents.events import channel, listen_connection
@@ -32,9 +33,10 @@ DATA = '{"kind":"value","value":"é"}'
 
 
 @pytest.fixture(autouse=True)
-def _postgres_only():
-    if connection.vendor != "postgresql":
-        pytest.skip("writer-hashed records are PostgreSQL's")  # pragma: no cover
+def _postgres():
+    # Writer-hashed records are PostgreSQL's; the suite's default database is PostgreSQL
+    # (tests/settings.py), so anything else is a misconfigured run, not a reason to skip.
+    assert connection.vendor == "postgresql", connection.vendor
 
 
 def _leased(store: DjangoStore, run_id: str) -> str:
@@ -373,3 +375,43 @@ def test_a_refused_first_write_of_a_new_run_still_takes_its_liveness_lock():
     finally:
         store.release_lease("wh-live", token)
     assert token not in liveness.held
+
+
+def test_the_tails_kept_are_bounded_the_oldest_lease_going_first(monkeypatch):
+    monkeypatch.setattr(storage, "_TAILS_MAX", 2)
+    store = DjangoStore()
+    for token in ("t1", "t2", "t3"):
+        store._remember_tail(token, "run", 1, None)
+    assert list(store._tails) == ["t2", "t3"]
+    store._remember_tail("t3", "run", 2, None)  # a known lease moves on, evicting nobody
+    assert store._tails == {"t2": ("run", 1, None), "t3": ("run", 2, None)}
+
+
+def test_a_new_follower_waits_for_a_hashed_insert_in_flight():
+    """``settle`` waits on the run's lease row, which a hashed insert (no journal lock, no
+    run-row change) holds until it commits: the record is in the follower's first read."""
+    store = DjangoStore()
+    token = _leased(store, "wh-settle")
+    store.insert("wh-settle", "step:0", DATA, fence=token)
+    tail = store._tail("wh-settle", token)
+    assert tail is not None
+    settled = threading.Event()
+
+    with listen_connection("default") as writer, listen_connection("default") as follower:
+        writer.autocommit = False
+        hashed = chain_hash(tail[1], "step:1", DATA)
+        writer.execute(
+            _HASHED_INSERT, ["wh-settle", "step:1", DATA, hashed, tail[0], "wh-settle", token]
+        )
+
+        def register() -> None:
+            Registration(follower, "wh-settle", every=15).start()
+            settled.set()
+
+        thread = threading.Thread(target=register)
+        thread.start()
+        assert not settled.wait(0.5), "the follower did not wait for the insert in flight"
+        writer.commit()
+        thread.join(10)
+        assert settled.is_set()
+    assert _assert_one_chain(store, "wh-settle") == ["step:0", "step:1"]

@@ -12,7 +12,7 @@ import pytest
 
 import durable_agents as da
 from durable_agents.engine.commands.runs import drive_quietly
-from durable_agents.engine.commands.timers import wake_timers
+from durable_agents.engine.commands.timers import _QUIET, wake_timers
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support.doubles import Crash
@@ -123,3 +123,7 @@ def test_a_parent_paused_on_its_child_is_left_to_the_child(store, fired, handed)
     assert store.get_run("p1").status == "awaiting_input"
     assert wake_timers(store=store) == []
     assert handed == []
+    # A parent is never remembered as quiet (its child moves without its journal): every
+    # sweep reads it again, while the child itself is read once.
+    quiet = _QUIET[store]
+    assert "p1" not in quiet and any(run_id != "p1" for run_id in quiet)
