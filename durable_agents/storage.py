@@ -341,15 +341,17 @@ class DjangoStore:
         locked = self._locked()
         return locked is not None and token in locked
 
-    def _execute(self, sql: str, params: Sequence[Any], fetch: str) -> Any:
+    def _execute(self, sql: str, params: Sequence[Any], fetch: str, conn: Any = None) -> Any:
         """Run one statement; on PostgreSQL as a prepared statement with server-side binding.
 
         Django turns prepared statements off by default (for connection poolers); the
         journal's few hot statements are planned once per connection instead of on every
         step, which is most of their cost. ``DURABLE_AGENTS["PREPARED_STATEMENTS"] = False``
-        turns this off (PgBouncer in transaction mode before 1.21).
+        turns this off (PgBouncer in transaction mode before 1.21). ``conn``: this thread's
+        connection wrapper when the caller already looked it up (a lookup costs microseconds).
         """
-        conn = connections[self.using]
+        if conn is None:
+            conn = connections[self.using]
         if self.prepared and conn.vendor == "postgresql":
             raw = conn.connection
             if raw is None or raw.closed:
@@ -386,8 +388,10 @@ class DjangoStore:
                 return None
             return django_cursor.fetchone() if fetch == "one" else django_cursor.fetchall()
 
-    def _fetchone(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
-        row = self._execute(sql, params, "one")
+    def _fetchone(
+        self, sql: str, params: Sequence[Any], conn: Any = None
+    ) -> tuple[Any, ...] | None:
+        row = self._execute(sql, params, "one", conn)
         return tuple(row) if row is not None else None
 
     # -- runs -------------------------------------------------------------------------
@@ -627,7 +631,7 @@ class DjangoStore:
             except (_NothingWritten, LeaseLost):
                 return None
             return written
-        tail = self._tail(run_id, fence)
+        tail = self._tail(run_id, fence, self.connection)
         try:
             found = self._finish_with(run_id, records, fence, run_changes, tail)
         except IntegrityError as exc:
@@ -833,9 +837,10 @@ class DjangoStore:
         sync: bool = True,
     ) -> tuple[Entry, bool]:
         d = self.dialect
+        conn = connections[self.using]
         # The durability dial: only a statement that is its own transaction (autocommit) is
         # relaxed, so ``synchronous_commit = off`` covers exactly this record (and its row).
-        relax = not sync and d.postgres and not self.connection.in_atomic_block
+        relax = not sync and d.postgres and not conn.in_atomic_block
         if run_changes and not d.postgres:
             unknown = set(run_changes) - RUN_FIELDS
             if unknown:
@@ -848,16 +853,18 @@ class DjangoStore:
                 if inserted:
                     self.update_run(run_id, run_changes, fence=fence)
             return entry, inserted
-        tail = self._tail(run_id, fence)
+        tail = self._tail(run_id, fence, conn)
         try:
-            return self._insert_once(run_id, name, data, fence, run_changes, release, relax, tail)
+            return self._insert_once(
+                run_id, name, data, fence, run_changes, release, relax, tail, conn
+            )
         except IntegrityError as exc:
             if tail is None or fence is None or not _prev_seq_taken(exc):
                 raise
         # Someone else appended since this driver's last record (a decision, a signal):
         # nothing was stored; the trigger hashes it after the true last record instead.
         self._forget_tail(fence)
-        return self._insert_once(run_id, name, data, fence, run_changes, release, relax, None)
+        return self._insert_once(run_id, name, data, fence, run_changes, release, relax, None, conn)
 
     def _insert_once(
         self,
@@ -869,6 +876,7 @@ class DjangoStore:
         release: bool,
         relax: bool,
         tail: tuple[int, str | None] | None,
+        conn: Any,
     ) -> tuple[Entry, bool]:
         d = self.dialect
         params: list[Any]
@@ -920,11 +928,11 @@ class DjangoStore:
         if liveness is not None and fence is not None and liveness.deferred(fence):
             liveness.hold(fence)  # sent now, confirmed after this write (`start_run`)
             try:
-                row = self._fetchone(sql, params)
+                row = self._fetchone(sql, params, conn)
             finally:
                 liveness.confirm()
         else:
-            row = self._fetchone(sql, params)
+            row = self._fetchone(sql, params, conn)
         if row is not None:
             if release and fence is not None:
                 self._forget_lock(fence)
@@ -961,18 +969,14 @@ class DjangoStore:
         hashed = chain_hash(prev_hash, name, data)
         return _HASHED_INSERT, [run_id, name, data, hashed, prev_seq, run_id, fence], hashed
 
-    def _tail(self, run_id: str, fence: str | None) -> tuple[int, str | None] | None:
+    def _tail(self, run_id: str, fence: str | None, conn: Any) -> tuple[int, str | None] | None:
         """The last record (seq, hash) of ``run_id`` as written under lease ``fence`` by
-        this process, when the next record may be hashed here: on PostgreSQL, in a
-        statement of its own (a stale tail fails the statement; inside a site's
-        transaction that would abort the transaction, so the trigger hashes there)."""
-        if fence is None or not self.dialect.postgres:
-            return None
-        tail = self._tails.get(fence)
-        if tail is None or tail[0] != run_id:
-            return None
-        conn = self.connection
-        if conn.in_atomic_block or not conn.autocommit:
+        this process, when the next record may be hashed here: on PostgreSQL (the only
+        database with tails), in a statement of its own on ``conn`` (a stale tail fails
+        the statement; inside a site's transaction that would abort the transaction, so
+        the trigger hashes there)."""
+        tail = self._tails.get(fence) if fence is not None else None
+        if tail is None or tail[0] != run_id or conn.in_atomic_block or not conn.autocommit:
             return None
         return tail[1], tail[2]
 

@@ -4,7 +4,13 @@ reported at the right place."""
 
 from __future__ import annotations
 
-from durable_agents.engine.audit import chain_hash, verify_actions, verify_run
+from durable_agents.engine.audit import (
+    chain_hash,
+    data_digest,
+    link_hash,
+    verify_actions,
+    verify_run,
+)
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import ActionInfo
 from durable_agents.engine.records import encode
@@ -40,6 +46,11 @@ def test_the_definition_is_pinned():
     assert chain_hash(None, "@journal", header) == (
         "0c7321dcbc9054e97b66a4b125f1c3d8f3a619d09b805439b4cd396f5044c771"
     )
+    # chain_hash is written out for speed: it must stay the two steps a redacted export's
+    # verifier takes (the data digest, then the link).
+    for prev in (None, "", "ab" * 32):
+        for name, data in (("@journal", header), ("tool:é✓:1", '{"text":"é ✓ \\u0000"}')):
+            assert chain_hash(prev, name, data) == link_hash(prev, name, data_digest(data))
 
 
 def test_an_edited_record_is_reported_where_it_was_edited(store, run_id):

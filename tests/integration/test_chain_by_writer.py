@@ -50,9 +50,9 @@ def _statements(store: DjangoStore, monkeypatch) -> list[str]:
     sent: list[str] = []
     execute = store._execute
 
-    def spy(sql, params, fetch):
+    def spy(sql, params, fetch, conn=None):
         sent.append(sql)
-        return execute(sql, params, fetch)
+        return execute(sql, params, fetch, conn)
 
     monkeypatch.setattr(store, "_execute", spy)
     return sent
@@ -315,7 +315,7 @@ def test_a_record_the_trigger_hashes_waits_for_a_hashed_insert_in_flight():
     store = DjangoStore()
     token = _leased(store, "wh-wait")
     store.insert("wh-wait", "step:0", DATA, fence=token)
-    tail = store._tail("wh-wait", token)
+    tail = store._tail("wh-wait", token, store.connection)
     assert tail is not None
     prev_seq, prev_hash = tail
     staff_done = threading.Event()
@@ -393,7 +393,7 @@ def test_a_new_follower_waits_for_a_hashed_insert_in_flight():
     store = DjangoStore()
     token = _leased(store, "wh-settle")
     store.insert("wh-settle", "step:0", DATA, fence=token)
-    tail = store._tail("wh-settle", token)
+    tail = store._tail("wh-settle", token, store.connection)
     assert tail is not None
     settled = threading.Event()
 
