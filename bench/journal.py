@@ -87,7 +87,7 @@ def main() -> None:
         """The store with the chain's work taken out: every fenced insert is (d)'s statement,
         sent by the same code as (b)'s (no tail kept, nothing hashed)."""
 
-        def _tail(self, run_id: str, fence: str | None, conn: Any) -> Any:
+        def _tail(self, run_id: str, fence: str | None, conn: Any = None) -> Any:
             return (0, None) if fence is not None else None
 
         def _hashed_insert(self, run_id, name, data, fence, tail) -> Any:
