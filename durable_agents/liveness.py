@@ -264,10 +264,15 @@ _registry_pid = os.getpid()
 _registry_mutex = threading.Lock()
 
 
-def liveness_for(using: str) -> Liveness:
-    """This process's liveness locks on database alias ``using`` (as its settings are now)."""
-    db = connections[using].settings_dict
+def liveness_for(using: str, settings: dict[str, Any] | None = None) -> Liveness:
+    """This process's liveness locks on database alias ``using`` (as its settings are now;
+    ``settings``: the alias's settings when the caller holds its connection already)."""
+    db = connections[using].settings_dict if settings is None else settings
     key = (using, db.get("NAME"), db.get("HOST"), db.get("PORT"))
+    if _registry_pid == os.getpid():  # the common case, on every fenced write: no lock
+        found = _registry.get(key)
+        if found is not None:
+            return found
     with _registry_mutex:
         if _registry_pid != os.getpid():  # forked without the hook: not the parent's
             _forget_after_fork()

@@ -317,6 +317,14 @@ class DjangoStore:
             return None
         return self._liveness if self._liveness is not None else liveness_for(self.using)
 
+    def _liveness_on(self, conn: Any) -> Liveness | None:
+        """``liveness``, with this thread's connection wrapper ``conn`` already at hand."""
+        if not (self.instant_takeover and self.dialect.postgres):
+            return None
+        if self._liveness is not None:
+            return self._liveness
+        return liveness_for(self.using, conn.settings_dict)
+
     def _locked(self) -> set[str] | None:
         """The tokens whose liveness lock this thread's connection holds (None: no connection,
         or no liveness locks on this database)."""
@@ -924,7 +932,7 @@ class DjangoStore:
             dial = f", {_ASYNC_COMMIT}" if relax else ""
             returned = ", hash" if hashed is None else ", notified"
             sql = f"WITH {', '.join(parts)} SELECT seq, created_at{returned}{dial} FROM ins"
-        liveness = self.liveness if fence is not None and not release else None
+        liveness = self._liveness_on(conn) if fence is not None and not release else None
         if liveness is not None and fence is not None and liveness.deferred(fence):
             liveness.hold(fence)  # sent now, confirmed after this write (`start_run`)
             try:
