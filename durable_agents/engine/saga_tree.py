@@ -73,6 +73,10 @@ def rollback_child(
     outcome: dict[str, Any] = {"sub_run": child_id, "undone": [], "failed": []}
     if store.get_run(child_id) is None:
         return outcome, False  # the parent journaled the child, then stopped: never run
+    if not sagas.has_undos(agent) and journal.get(child_id, names.RUN_COMPLETE) is not None:
+        # Rolled back only to stop it going on (``sagas._calls``), and it ended on its own
+        # before its parent recorded the call's outcome: nothing to stop, nothing to undo.
+        return outcome, False
     done = journal.get(child_id, names.RUN_COMPENSATED)
     if done is None and journal.get(child_id, names.RUN_CANCELLED) is not None:
         # Cancelled plainly (by a person, before): its effects stay; a person finishes them.

@@ -82,8 +82,9 @@ def _calls(state: RunState, agent: Any, get: Any) -> list[Undo]:
     by a person resolving a halt), and each call that started a sub-run of an agent with
     undos (whatever the call's outcome: the child may have done things before it failed or
     paused), latest completed first; a sub-agent call with no outcome yet counts as the
-    latest (its child was still going). A fork's calls that its source made are not among
-    them (``inherited``)."""
+    latest (its child was still going), and is rolled back even when its agent has no
+    undos: a paused child must not go on (an approval of its call) once the saga aborted.
+    A fork's calls that its source made are not among them (``inherited``)."""
     found = [undo for undo in _all_calls(state, agent, get) if not _inherited(state, undo, get)]
     found.sort(key=lambda item: item[2].seq if item[2] is not None else math.inf, reverse=True)
     return found
@@ -106,7 +107,10 @@ def _all_calls(state: RunState, agent: Any, get: Any) -> list[Undo]:
                 continue
             rec = state.results.get(call.id)
             if tool.subagent_def is not None:
-                if has_undos(tool.subagent_def) and get(names.child(call.id)) is not None:
+                # A sub-run still going (no outcome yet) is stopped whatever its agent: with
+                # nothing to undo, its rollback only withdraws its requests and ends it.
+                undoes = rec is None or has_undos(tool.subagent_def)
+                if undoes and get(names.child(call.id)) is not None:
                     found.append((call.id, tool, rec))
             elif tool.safety.compensate is not None and rec is not None and not rec.get("is_error"):
                 found.append((call.id, tool, rec))

@@ -804,6 +804,7 @@ INVARIANTS = (
     "steps_once",
     "chains_verify",
     "sagas_undo_once",
+    "saga_trees_close",
     "webhooks_never_busy",
     "sessions_stay_open",
     "terminates",
@@ -1117,3 +1118,31 @@ def check_sagas(w: W.World, ix: Index) -> None:
     for (run_id, call), n in undone.items():
         if n > 1:
             w.violate("sagas_undo_once", f"{run_id}: {call} took effect {n} times")
+    check_saga_trees_closed(w, ix)
+
+
+def check_saga_trees_closed(w: W.World, ix: Index) -> None:
+    """A run that ended ``compensated`` leaves none of its own sub-runs able to go on: each
+    finished, failed, was aborted with it or cancelled, and none has an approval request
+    still pending (an approval would fire an effect of a tree that was undone)."""
+    ended = {run_id for run_id, names in ix.names.items() if "run:compensated" in names}
+    if not ended:
+        return
+    pending = {r.run_id for r in ix.requests if r.status == "pending"}
+    for child, row in ix.rows.items():
+        if row is None or row.parent_run_id not in ended:
+            continue
+        names = ix.names.get(child, {})
+        stopped = any(n in names for n in ("run:complete", "saga:abort", "run:cancelled"))
+        if not stopped and row.status != "failed":
+            w.violate(
+                "saga_trees_close",
+                f"{child}: its parent {row.parent_run_id} ended compensated, and it is "
+                f"{row.status} with nothing stopping it",
+            )
+        if child in pending:
+            w.violate(
+                "saga_trees_close",
+                f"{child}: its parent {row.parent_run_id} ended compensated, and an approval "
+                "request of it is still pending",
+            )

@@ -383,3 +383,100 @@ def test_a_forks_rollback_leaves_the_sub_run_it_references_to_its_source(store):
     assert journal_names(store, "sf") == source_names
     assert journal_names(store, child) == child_names
     assert (store.get_run("sf").status, store.get_run(child).status) == ("finished", "finished")
+
+
+def test_a_sagas_own_abort_stops_an_unfinished_sub_run_that_has_no_undos(store):
+    """A sub-run with nothing to undo, paused on a gated call when its parent's saga aborts
+    (a concurrent call declined the card), is rolled back all the same: its request is
+    withdrawn and it ends compensated, so nobody can approve an effect of a tree that was
+    undone. (Before, it stayed paused, and approving its call sent the SMS.)"""
+    effects: list[str] = []
+    undos: list[str] = []
+
+    @da.tool(requires_approval=True)
+    def send_sms(text: str) -> dict:
+        effects.append("sms")
+        return {"sent": text}
+
+    @da.tool(compensate=lambda args, result, ctx: undos.append("flight"))
+    def book_flight(to: str) -> dict:
+        effects.append("flight")
+        return {"booking": f"F-{to}"}
+
+    @da.tool
+    def charge_card(cents: int) -> dict:
+        effects.append("charge")
+        raise da.SagaAborted("the card was declined")
+
+    notifier = da.Agent(
+        "sn-notify",
+        ScriptedModel(
+            [scripted.calls(scripted.call("send_sms", {"text": "hi"})), scripted.text("sent")]
+        ),
+        "Notify.",
+        [send_sms],
+    )
+    parent = da.Agent(
+        "sn-trip",
+        ScriptedModel(
+            [
+                scripted.calls(scripted.call("book_flight", {"to": "LIS"})),
+                scripted.calls(
+                    scripted.call(notifier.name, {"input": "tell them"}),
+                    scripted.call("charge_card", {"cents": 500}),
+                ),
+                scripted.text("booked"),
+            ]
+        ),
+        "Book a trip.",
+        [book_flight, notifier.as_tool(), charge_card],
+        saga=True,
+        tool_concurrency=2,
+    )
+    with pytest.raises(da.SagaAborted):
+        parent.run("sn1", "go", store=store)
+    child = "sn1/call_2_1"
+    assert store.get_run("sn1").status == "compensated" and undos == ["flight"]
+    assert store.get_run(child).status == "compensated"
+    undo = Journal(store).get("sn1", names.compensate("call_2_1"))
+    assert undo.get("result") == {"sub_run": child, "undone": [], "failed": []}
+    assert not undo.get("is_error")
+    with pytest.raises(da.ApprovalOrphaned):
+        da.approve(child, "call_1_1", approved=True, by="ann", store=store)
+    assert effects.count("sms") == 0
+    assert_sagas_sound(store, "sn1", child)
+
+
+def test_a_finished_sub_run_with_no_undos_is_left_finished_by_its_parents_rollback(store):
+    """Its parent's call had no outcome yet (the child ended, the parent had not recorded
+    it): the rollback, which reaches it only to stop it, finds it ended and leaves it so."""
+    from durable_agents.engine import saga_tree
+
+    @da.tool
+    def send_sms(text: str) -> dict:
+        return {"sent": text}
+
+    notifier = da.Agent(
+        "snf-notify",
+        ScriptedModel(
+            [scripted.calls(scripted.call("send_sms", {"text": "hi"})), scripted.text("sent")]
+        ),
+        "Notify.",
+        [send_sms],
+    )
+    parent = da.Agent(
+        "snf-parent",
+        ScriptedModel(
+            [scripted.calls(scripted.call(notifier.name, {"input": "x"})), scripted.text("ok")]
+        ),
+        "Delegate.",
+        [notifier.as_tool()],
+    )
+    parent.run("snf1", "go", store=store)
+    child = "snf1/call_1_1"
+    outcome, is_error = saga_tree.rollback_child(
+        notifier, store, "snf1", child, {"message": "declined"}
+    )
+    assert (outcome, is_error) == ({"sub_run": child, "undone": [], "failed": []}, False)
+    assert store.get_run(child).status == "finished"
+    assert Journal(store).get(child, names.SAGA_ABORT) is None
