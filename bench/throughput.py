@@ -106,6 +106,8 @@ def main() -> None:
         "DA_BROKER_URL": BROKER,
         "DA_EXTRA_AGENTS": "bench_agents.steps",
         "DA_CONN_MAX_AGE": "600",  # persistent connections, as a production worker has
+        # ... which Celery's Django fixup closes around every task unless told (celery.md)
+        "DA_CELERY_DB_REUSE_MAX": os.environ.get("DA_CELERY_DB_REUSE_MAX", "1000"),
         "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'bench'}",
     }
     os.environ.update(

@@ -361,6 +361,10 @@ class DjangoStore:
         if conn is None:
             conn = connections[self.using]
         if self.prepared and conn.vendor == "postgresql":
+            if conn.health_check_enabled and not conn.health_check_done:
+                # What Django's own cursors do first (``CONN_HEALTH_CHECKS``): a kept
+                # connection the server dropped since the last request or task is replaced.
+                conn.close_if_health_check_failed()
             raw = conn.connection
             if raw is None or raw.closed:
                 conn.ensure_connection()

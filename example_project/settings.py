@@ -153,6 +153,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 20,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
+else:
+    # Workers keep their connection between tasks (with CELERY_DB_REUSE_MAX below), checked
+    # before each reuse: docs/celery.md.
+    DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -194,6 +199,9 @@ CELERY_BROKER_TRANSPORT = "durable_agents.celery_transport:Transport"
 # driving runs, and every run with a side effect in flight would halt for a person. The
 # lease and late acks already make a second delivery harmless.
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
+# Celery's Django fixup closes every database connection around every task unless this is
+# set (it then closes them every this-many tasks): docs/celery.md.
+CELERY_DB_REUSE_MAX = 1000
 # Keep reconnecting through a long outage instead of exiting after 100 tries (~46 min).
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_BROKER_TRANSPORT_OPTIONS = {

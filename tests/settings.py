@@ -117,3 +117,7 @@ CELERY_TASK_IGNORE_RESULT = True
 # cancelled drives on a broker blip.
 CELERY_BROKER_TRANSPORT = "durable_agents.celery_transport:Transport"
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
+# Celery's Django fixup closes every database connection before and after each task unless
+# this is set (then every this-many tasks): docs/celery.md. Tests keep Celery's default
+# (CONN_MAX_AGE 0 closes them anyway); the throughput benchmark sets it, as a site should.
+CELERY_DB_REUSE_MAX = int(os.environ.get("DA_CELERY_DB_REUSE_MAX", "0")) or None

@@ -51,6 +51,7 @@ from tests.support.api import staff_with
 from tests.support.celery_agents import (
     ANSWER,
     CALLS,
+    backend_agent,
     inbox,
     mixed,
     napper,
@@ -955,3 +956,45 @@ def test_cancel_and_compensate_of_a_tree_through_the_api_and_a_worker(celery):
     assert status(child) == "compensated"
     assert count_effects(child) == {"call_1_1": 1, "compensate:call_1_1": 1}  # no car
     assert count_effects(run_id) == {"call_1_1": 1, "compensate:call_1_1": 1}  # no charge
+
+
+# -- database connections between tasks ---------------------------------------------------
+
+
+def _driver_backends(celery, runs: int, **env: str) -> list[int]:
+    """The PostgreSQL backend each of ``runs`` runs, driven one after another by one
+    worker, was driven on; the worker is stopped after."""
+    worker = celery.worker(DA_CONN_MAX_AGE="600", **env).wait_ready()
+    found = []
+    try:
+        for _ in range(runs):
+            run_id = new_id("conn")
+            backend_agent.start("go", run_id=run_id)
+            wait_status(run_id, "finished")
+            found.append(Journal(DjangoStore()).get(run_id, "tool:call_1_1").get("result")["pid"])
+            # Nothing of the finished run is left on the worker's connection.
+            held = _advisory_locks(found[-1])
+            assert held == 0, f"run {run_id} left {held} advisory lock(s) on its connection"
+    finally:
+        worker.kill()
+    return found
+
+
+def _advisory_locks(backend: int) -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s", [backend]
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_keeps_its_database_connection_between_runs_when_told(celery):
+    """Celery's Django fixup closes every database connection before and after each task,
+    whatever ``CONN_MAX_AGE`` says: each run then opens a connection and prepares its
+    statements again (docs/celery.md). With ``CELERY_DB_REUSE_MAX`` a worker drives run
+    after run on one connection, and no run leaves a lock on it."""
+    assert len(set(_driver_backends(celery, 3))) == 3  # Celery's default: one per run
+    assert len(set(_driver_backends(celery, 3, DA_CELERY_DB_REUSE_MAX="1000"))) == 1

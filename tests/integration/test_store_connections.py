@@ -84,3 +84,38 @@ def test_parameters_and_results_keep_their_types():
     assert fast[:4] == ("é ✓", 2**40, 7, True) and fast[5:7] == (["x", "y"], None)
     assert json.loads(fast[4]) == {"a": [1, None]}  # jsonb as text, for Django to parse
     assert fast[7].tzinfo is not None and type(fast[7]) is type(through_cursor[7])
+
+
+def test_a_kept_connection_the_server_dropped_is_replaced_under_health_checks():
+    """With ``CONN_MAX_AGE`` and ``CONN_HEALTH_CHECKS`` (a worker that keeps its connection
+    between tasks: docs/celery.md), a connection the server dropped since the last task is
+    checked and replaced before the store's first statement, as Django does for its own
+    cursors; the store's fast path does not fail on it."""
+    from django.db import close_old_connections
+
+    conn = connections["default"]
+    saved = {k: conn.settings_dict[k] for k in ("CONN_MAX_AGE", "CONN_HEALTH_CHECKS")}
+    conn.settings_dict.update(CONN_MAX_AGE=600, CONN_HEALTH_CHECKS=True)
+    try:
+        conn.close()
+        store = DjangoStore()
+        store.create_run(RunInfo("conn-5", agent="echo"))
+        assert store.get_run("conn-5") is not None  # a kept connection, statements prepared
+        dropped = conn.connection.info.backend_pid
+        with psycopg.connect(**_params(conn)) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", [dropped])
+        close_old_connections()  # a task's end and the next one's start: kept, not closed
+        assert conn.connection is not None
+        assert store.get_run("conn-5") is not None  # checked, reconnected, prepared again
+        assert conn.connection.info.backend_pid != dropped
+    finally:
+        conn.close()
+        conn.settings_dict.update(saved)
+
+
+def _params(conn) -> dict:
+    params = conn.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.pop("prepare_threshold", None)
+    return {**params, "autocommit": True}

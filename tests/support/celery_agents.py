@@ -143,3 +143,22 @@ def drain(ctx: da.ToolContext) -> dict:
 inbox = _agent(
     "celery-inbox", [drain], [scripted.calls(scripted.call("drain", {})), scripted.text(ANSWER)]
 )
+
+
+# ``celery-backend``: one read-only ``backend`` call that answers with the PostgreSQL backend
+# of the driver's database connection (its thread's), then answers: which connection drove.
+@da.tool(name="backend", read_only=True)
+def backend() -> dict:
+    """Name the database backend this driver talks to."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return {"pid": cursor.fetchone()[0]}
+
+
+backend_agent = _agent(
+    "celery-backend",
+    [backend],
+    [scripted.calls(scripted.call("backend", {})), scripted.text(ANSWER)],
+)
