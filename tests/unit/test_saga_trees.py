@@ -385,6 +385,18 @@ def test_a_forks_rollback_leaves_the_sub_run_it_references_to_its_source(store):
     assert (store.get_run("sf").status, store.get_run(child).status) == ("finished", "finished")
 
 
+def notifier(name: str, sent: list[str], *, gated: bool) -> da.Agent:
+    """An agent with no undos: it sends one SMS (counted in ``sent``), gated or not."""
+
+    @da.tool(requires_approval=gated)
+    def send_sms(text: str) -> dict:
+        sent.append(text)
+        return {"sent": text}
+
+    script = [scripted.calls(scripted.call("send_sms", {"text": "hi"})), scripted.text("sent")]
+    return da.Agent(name, ScriptedModel(script), "Notify.", [send_sms])
+
+
 def test_a_sagas_own_abort_stops_an_unfinished_sub_run_that_has_no_undos(store):
     """A sub-run with nothing to undo, paused on a gated call when its parent's saga aborts
     (a concurrent call declined the card), is rolled back all the same: its request is
@@ -392,11 +404,8 @@ def test_a_sagas_own_abort_stops_an_unfinished_sub_run_that_has_no_undos(store):
     undone. (Before, it stayed paused, and approving its call sent the SMS.)"""
     effects: list[str] = []
     undos: list[str] = []
-
-    @da.tool(requires_approval=True)
-    def send_sms(text: str) -> dict:
-        effects.append("sms")
-        return {"sent": text}
+    sent: list[str] = []
+    child_agent = notifier("sn-notify", sent, gated=True)
 
     @da.tool(compensate=lambda args, result, ctx: undos.append("flight"))
     def book_flight(to: str) -> dict:
@@ -408,28 +417,20 @@ def test_a_sagas_own_abort_stops_an_unfinished_sub_run_that_has_no_undos(store):
         effects.append("charge")
         raise da.SagaAborted("the card was declined")
 
-    notifier = da.Agent(
-        "sn-notify",
-        ScriptedModel(
-            [scripted.calls(scripted.call("send_sms", {"text": "hi"})), scripted.text("sent")]
-        ),
-        "Notify.",
-        [send_sms],
-    )
     parent = da.Agent(
         "sn-trip",
         ScriptedModel(
             [
                 scripted.calls(scripted.call("book_flight", {"to": "LIS"})),
                 scripted.calls(
-                    scripted.call(notifier.name, {"input": "tell them"}),
+                    scripted.call(child_agent.name, {"input": "tell them"}),
                     scripted.call("charge_card", {"cents": 500}),
                 ),
                 scripted.text("booked"),
             ]
         ),
         "Book a trip.",
-        [book_flight, notifier.as_tool(), charge_card],
+        [book_flight, child_agent.as_tool(), charge_card],
         saga=True,
         tool_concurrency=2,
     )
@@ -443,7 +444,7 @@ def test_a_sagas_own_abort_stops_an_unfinished_sub_run_that_has_no_undos(store):
     assert not undo.get("is_error")
     with pytest.raises(da.ApprovalOrphaned):
         da.approve(child, "call_1_1", approved=True, by="ann", store=store)
-    assert effects.count("sms") == 0
+    assert sent == [] and effects == ["flight", "charge"]
     assert_sagas_sound(store, "sn1", child)
 
 
@@ -452,31 +453,21 @@ def test_a_finished_sub_run_with_no_undos_is_left_finished_by_its_parents_rollba
     it): the rollback, which reaches it only to stop it, finds it ended and leaves it so."""
     from durable_agents.engine import saga_tree
 
-    @da.tool
-    def send_sms(text: str) -> dict:
-        return {"sent": text}
-
-    notifier = da.Agent(
-        "snf-notify",
-        ScriptedModel(
-            [scripted.calls(scripted.call("send_sms", {"text": "hi"})), scripted.text("sent")]
-        ),
-        "Notify.",
-        [send_sms],
-    )
+    sent: list[str] = []
+    child_agent = notifier("snf-notify", sent, gated=False)
     parent = da.Agent(
         "snf-parent",
         ScriptedModel(
-            [scripted.calls(scripted.call(notifier.name, {"input": "x"})), scripted.text("ok")]
+            [scripted.calls(scripted.call(child_agent.name, {"input": "x"})), scripted.text("ok")]
         ),
         "Delegate.",
-        [notifier.as_tool()],
+        [child_agent.as_tool()],
     )
     parent.run("snf1", "go", store=store)
     child = "snf1/call_1_1"
     outcome, is_error = saga_tree.rollback_child(
-        notifier, store, "snf1", child, {"message": "declined"}
+        child_agent, store, "snf1", child, {"message": "declined"}
     )
     assert (outcome, is_error) == ({"sub_run": child, "undone": [], "failed": []}, False)
-    assert store.get_run(child).status == "finished"
+    assert store.get_run(child).status == "finished" and sent == ["hi"]
     assert Journal(store).get(child, names.SAGA_ABORT) is None
