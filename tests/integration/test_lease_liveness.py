@@ -145,6 +145,22 @@ def test_a_driver_lets_its_liveness_locks_go_with_its_leases():
     _wait(lambda: not _backend_alive(pid), "its backend to exit")
 
 
+def test_a_driver_that_lost_its_lease_lets_its_lock_go_when_it_lets_the_lease_go():
+    """A kept connection (a worker's, between tasks: docs/celery.md) holds no lock of a lease
+    its driver lost: ``release`` unlocks whether or not the lease was still its own."""
+    store = DjangoStore()
+    store.create_run(RunInfo("live-lost", agent="echo"))
+    assert store.acquire_lease("live-lost", "me", "tok-lost", 30)
+    assert _advisory_locks(pg_backend_pid()) == 1  # the lease statement's, on this connection
+    with connections["default"].cursor() as cursor:  # another driver took it over meanwhile
+        cursor.execute(
+            "UPDATE durable_agents_lease SET token = 'tok-other' WHERE run_id = 'live-lost'"
+        )
+    store.release_lease("live-lost", "tok-lost")
+    assert _advisory_locks(pg_backend_pid()) == 0
+    assert store.get_lease("live-lost").token == "tok-other"  # not ours to delete
+
+
 def pg_backend_pid() -> int:
     with connections["default"].cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
