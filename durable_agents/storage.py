@@ -1308,8 +1308,12 @@ class DjangoStore:
         return True
 
     def list_decisions(self, run_id: str, call_id: str) -> Sequence[DecisionInfo]:
-        rows = Decision.objects.using(self.using).filter(
-            request__run_id=run_id, request__call_id=call_id
+        # In the order they were recorded (a quorum counts the approvals that agree with
+        # the first); ``pk`` breaks a tie between two in one instant.
+        rows = (
+            Decision.objects.using(self.using)
+            .filter(request__run_id=run_id, request__call_id=call_id)
+            .order_by("created_at", "pk")
         )
         return [
             DecisionInfo(

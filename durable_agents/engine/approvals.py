@@ -115,10 +115,16 @@ class Tally:
     approved_by: tuple[str, ...]
     denied_by: tuple[str, ...]
     decisions: tuple[dict[str, Any], ...] = field(default=())
+    # Approvers whose approval is of other arguments than the first approval's: decided, but
+    # never counted towards the quorum (two approvals of different edits are no quorum for
+    # either, even when both were recorded at once).
+    disagreed_by: tuple[str, ...] = ()
+    # What the counted approvals approve running: their edit, or None for as asked.
+    arguments: Any = None
 
     @property
     def pending(self) -> tuple[str, ...]:
-        decided = set(self.approved_by) | set(self.denied_by)
+        decided = set(self.approved_by) | set(self.denied_by) | set(self.disagreed_by)
         return tuple(a for a in self.eligible if a not in decided)
 
     @property
@@ -137,6 +143,7 @@ class Tally:
             "denied_by": list(self.denied_by),
             "pending": list(self.pending),
             "decisions": [dict(d) for d in self.decisions],
+            **({"disagreed_by": list(self.disagreed_by)} if self.disagreed_by else {}),
         }
 
 
@@ -314,13 +321,27 @@ def tally(
     eligible_set = set(eligible)
     approved: list[str] = []
     denied: list[str] = []
+    disagreed: list[str] = []
     counted: list[dict[str, Any]] = []
     seen: set[str] = set()
+    agreed: str | None = None  # the first approval's arguments, encoded
+    arguments: Any = None
     for d in decisions:
         if d.approver in seen or d.approver not in eligible_set:
             continue  # a user counts once; an ineligible user never
         seen.add(d.approver)
-        (approved if d.approved else denied).append(d.approver)
+        if not d.approved:
+            denied.append(d.approver)
+        elif agreed is None or encode(d.arguments) == agreed:
+            # The approvals that count approve one set of arguments: the first one's (in
+            # the order they were recorded). The command refuses a disagreeing approval up
+            # front; two recorded at the same moment both pass that check, and here the
+            # later one does not count.
+            if agreed is None:
+                agreed, arguments = encode(d.arguments), d.arguments
+            approved.append(d.approver)
+        else:
+            disagreed.append(d.approver)
         counted.append(
             {
                 "approver": d.approver,
@@ -337,6 +358,8 @@ def tally(
         approved_by=tuple(approved),
         denied_by=tuple(denied),
         decisions=tuple(counted),
+        disagreed_by=tuple(disagreed),
+        arguments=arguments,
     )
 
 

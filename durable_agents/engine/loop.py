@@ -1506,5 +1506,14 @@ def _rejection(decision: Any) -> dict[str, Any]:
         if note
         else "a person denied this call; do not retry it without asking",
         "note": decision.get("note") or "",
-        "by": decision.get("by") or "",
+        "by": _deniers(decision),
     }
+
+
+def _deniers(decision: Any) -> str:
+    """Who denied: the tally's deniers (a failed quorum's vote written last may be an
+    approval, and one whose approvers disagreed has no denier), else the decider."""
+    tally = decision.get("tally")
+    if isinstance(tally, dict) and "denied_by" in tally:
+        return ", ".join(str(by) for by in tally["denied_by"])
+    return str(decision.get("by") or "")

@@ -162,3 +162,39 @@ def test_a_quorum_whose_last_edited_approval_died_runs_the_edit_once(inline, cra
     with pytest.raises(da.ApprovalAlreadyDecided):
         da.approve("e3", "call_1_1", False, by="cat", store=store)
     assert paid == [edit]
+
+
+def test_quorum_approvals_of_different_arguments_at_once_run_neither(inline, monkeypatch):
+    """Ann approves as asked and Bob with an edit, at the same moment: both pass the check
+    that refuses an approval disagreeing with one recorded before, and both are recorded.
+    Counted in the order they were recorded, Bob's approves nothing; Cat's approval of what
+    Ann approved makes the quorum, and the call runs as asked, once. (The simulator found
+    the edit running on one approval: quorum casts, seed 105.)"""
+    store = inline
+    with pytest.raises(da.ApprovalPending):
+        payer(quorum=da.Quorum(need=2, group="finance")).run("q1", "pay", store=store)
+    save = store.save_decision
+
+    def ann_first(decision):
+        if decision.approver == "bob":
+            da.approve("q1", "call_1_1", True, by="ann", arguments={"cents": 500}, store=store)
+        return save(decision)
+
+    monkeypatch.setattr(store, "save_decision", ann_first)
+    out = da.approve(
+        "q1",
+        "call_1_1",
+        True,
+        by="bob",
+        arguments={"cents": 500},
+        edit={"cents": 200},
+        store=store,
+    )
+    monkeypatch.undo()
+    assert out.status == "pending" and out.tally["disagreed_by"] == ["bob"]
+    assert out.tally["approved_by"] == ["ann"] and paid == []
+    with pytest.raises(da.ApprovalArgumentsDisagree):
+        da.approve("q1", "call_1_1", True, by="cat", edit={"cents": 200}, store=store)
+    done = da.approve("q1", "call_1_1", True, by="cat", arguments={"cents": 500}, store=store)
+    assert done.status == "approved" and paid == [{"cents": 500}]
+    assert "edited" not in decisions(store, "q1")["approval:call_1_1"]

@@ -17,6 +17,7 @@ from durable_agents.engine.approvals import decision_name
 from durable_agents.engine.commands import runs as commands
 from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.errors import (
+    ApproverNotEligible,
     DriveStopped,
     DurableAgentsError,
     InterruptAlreadyAnswered,
@@ -324,6 +325,8 @@ class Person(Actor):
                 edited = {**seen, "amount": max(1, seen["amount"] // 2)}
             if approve:
                 w.submitted.append((run_id, call_id, self.name, seen if edited is None else edited))
+            else:
+                w.denials.add((run_id, call_id))
             outcome = da.approve(
                 run_id,
                 call_id,
@@ -346,6 +349,8 @@ class Person(Actor):
                 w.approved.setdefault((run_id, call_id), []).append(ran_as)
             elif outcome.status == "denied":
                 w.denied.add((run_id, call_id))
+            if request.policy.get("kind") == "quorum":
+                w.count("quorums reached" if outcome.status == "approved" else "quorum votes")
             return outcome.status
 
         verb = ("edit-approve" if edit else "approve") if approve else "deny"
@@ -454,6 +459,58 @@ class Person(Actor):
             return fork_id
 
         return f"fork {run_id} at step {step} patch={kind}", op
+
+
+class Outsider(Actor):
+    """Someone outside the quorum's group who holds the permission to decide and tries to
+    approve a quorum call anyway: every path must refuse them (``approval.not_eligible``)."""
+
+    kind = "outsider"
+
+    def __init__(self, name: str, tries: int) -> None:
+        super().__init__(name)
+        self.tries_left = tries
+
+    def _requests(self, w: W.World) -> list[Any]:
+        return [r for r in w.raw.list_approval_requests() if r.policy.get("kind") == "quorum"]
+
+    def weight(self, w: W.World) -> int:
+        return 2 if self.tries_left and self._requests(w) else 0
+
+    def choose(self, w: W.World) -> Op | None:
+        requests = self._requests(w)
+        if not requests or not self.tries_left:
+            return None
+        self.tries_left -= 1
+        req = requests[w.rng.randrange(len(requests))]
+        run_id, call_id = req.run_id, req.call_id
+
+        def op() -> str:
+            request = w.store.get_approval_request(run_id, call_id)
+            if request is None:
+                return "gone"
+            w.submitted.append((run_id, call_id, self.name, request.arguments))
+            try:
+                outcome = da.approve(
+                    run_id,
+                    call_id,
+                    True,
+                    by=self.name,
+                    arguments=request.arguments,
+                    store=w.store,
+                )
+            except ApproverNotEligible:
+                w.count("outsiders refused")
+                return "refused"
+            w.violate(
+                "quorums_need_people",
+                f"run {run_id}: {self.name}, outside group {W.PAYOUTS!r}, approved quorum call "
+                f"{call_id} and was not refused ({outcome.status})",
+                hole="new",
+            )
+            return outcome.status
+
+        return f"outsider-approve {run_id} {call_id}", op
 
 
 def _asleep(w: W.World) -> tuple[str, str] | None:

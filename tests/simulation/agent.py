@@ -37,6 +37,9 @@ NOT_HAPPENED = {"error": "did not happen", "checked": "ledger"}
 UNFLAGGED = frozenset({"charge", "refund"})  # at most once, under an attempt claim
 KEYED = frozenset({"notify", "book"})  # retry-safe side effects: downstream dedupes by key
 GATED = frozenset({"refund"})
+# A quorum cast's refunds need two approvals from the payouts group: its members are the
+# cast's people (``World.eligible``), never the outsider who tries to decide too.
+QUORUM = da.Quorum(need=2, group=W.PAYOUTS)
 DECLINED_AMOUNT = 13  # a charge of this amount is declined before anything happens
 UNKNOWN_AMOUNT = 35  # a charge of this amount times out after the money moved
 
@@ -203,6 +206,8 @@ TOOLS = {
     "charge_v2": da.tool(charge_v2, name="charge"),
     "refund_v1": da.tool(refund_v1, name="refund", requires_approval=True),
     "refund_v2": da.tool(refund_v2, name="refund", requires_approval=True),
+    "refund_v1_quorum": da.tool(refund_v1, name="refund", approval=QUORUM),
+    "refund_v2_quorum": da.tool(refund_v2, name="refund", approval=QUORUM),
     "notify": da.tool(notify, name="notify", idempotent=True),
     "book": da.tool(book, name="book", idempotency_key=lambda a: f"book-{a['order']}"),
     "confirm": da.tool(confirm, name="confirm", read_only=True),
@@ -383,6 +388,9 @@ class Deploy:
     # rolls back (its errands' sub-runs too) when a run fails for good. Set by the cast, not
     # drawn, so seeds without it draw what they drew before.
     saga: bool = False
+    # Refunds need a quorum of two people (``QUORUM``). Set by the cast from a stream of its
+    # own, never drawn from the seed's: seeds without it keep their schedules.
+    quorum: bool = False
 
     @property
     def durability(self) -> str:
@@ -397,7 +405,7 @@ class Deploy:
         parts.append(f"durability={self.durability}")
         parts += [
             name
-            for name in ("currency", "reason", "no_notify", "no_charge", "saga")
+            for name in ("currency", "reason", "no_notify", "no_charge", "saga", "quorum")
             if getattr(self, name)
         ]
         return ", ".join(parts)
@@ -407,7 +415,8 @@ class Deploy:
         tools = [TOOLS["lookup"]]
         if not self.no_charge:
             tools.append(TOOLS[("charge_v2" if self.currency else "charge_v1") + saga])
-        tools.append(TOOLS["refund_v2" if self.reason else "refund_v1"])
+        quorum = "_quorum" if self.quorum else ""
+        tools.append(TOOLS[("refund_v2" if self.reason else "refund_v1") + quorum])
         if not self.no_notify:
             tools.append(TOOLS["notify"])
         tools.append(TOOLS["book"])

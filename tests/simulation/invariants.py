@@ -197,6 +197,7 @@ def check_all(w: W.World) -> None:
     check_effects(w, ix)
     check_results(w, ix)
     check_approvals(w, ix)
+    check_quorums(w, ix)
     check_halts(w, ix)
     check_rows(w, ix)
     check_recovery(w, ix)
@@ -377,7 +378,10 @@ def check_approvals(w: W.World, ix: Index) -> None:
     for run_id, call_id in sorted(w.denied):
         if any(e.effect for e in ix.by_call.get((run_id, call_id), ())):
             w.violate("approvals_kept", f"run {run_id}: denied call {call_id} ran")
-        # The denier's message is the result the model reads.
+        # The denier's message is the result the model reads (a quorum whose approvers
+        # disagreed fails with nobody's denial).
+        if (run_id, call_id) not in w.denials:
+            continue
         result = ix.names.get(run_id, {}).get(f"tool:{call_id}")
         message = W.deny_message(call_id)
         denial = result.get("result") if result is not None else None
@@ -391,6 +395,63 @@ def check_approvals(w: W.World, ix: Index) -> None:
                 f"run {run_id}: denied call {call_id} reads {_short(denial, 70)!r}, not the "
                 "denier's message",
             )
+
+
+def check_quorums(w: W.World, ix: Index) -> None:
+    """A call gated by a quorum of ``need`` runs only after ``need`` distinct members of its
+    group asked to approve what ran — counted outside the journal, from what people
+    submitted (an approval of the run it was forked from counts for a fork): one person
+    deciding twice, or someone outside the group, never makes up the number. The journal's
+    decision agrees: its tally names that many distinct approvers."""
+    for e in w.ledger:
+        if e.tool not in GATED or not e.effect:
+            continue
+        names = ix.names.get(e.run, {})
+        decisions = [
+            rec
+            for name, rec in names.items()
+            if (name == f"approval:{e.call}" or name.startswith(f"approval:{e.call}:"))
+            and rec.get("approved")
+        ]
+        need = max((int((rec.get("tally") or {}).get("need") or 1) for rec in decisions), default=1)
+        if need < 2:
+            continue
+        lineage, row = {e.run}, ix.rows.get(e.run)
+        while row is not None and row.forked_from and row.forked_from not in lineage:
+            lineage.add(row.forked_from)
+            row = ix.rows.get(row.forked_from) or w.raw.get_run(row.forked_from)
+        people = {
+            by
+            for run_id, call_id, by, args in w.submitted
+            if run_id in lineage
+            and call_id == e.call
+            and by in w.eligible
+            and _runs_as(args, e.args)
+        }
+        if len(people) < need:
+            w.violate(
+                "quorums_need_people",
+                f"run {e.run}: quorum call {e.call} (needs {need}) ran as {encode(e.args)}, "
+                f"approved so by {sorted(people) or 'nobody'} of {w.eligible}",
+                hole="new",
+            )
+        for rec in decisions:
+            approvers = list((rec.get("tally") or {}).get("approved_by") or ())
+            if len(set(approvers)) < need or not set(approvers) <= set(w.eligible):
+                w.violate(
+                    "quorums_need_people",
+                    f"run {e.run}: the decision on quorum call {e.call} counts {approvers} "
+                    f"(needs {need} distinct members of {w.eligible})",
+                    hole="new",
+                )
+
+
+def _runs_as(approved: Any, ran: dict[str, Any]) -> bool:
+    """An approval of ``approved`` is one of the call that ran with ``ran``: the engine
+    fills in the fields a deploy gave defaults since the person's page was drawn."""
+    return isinstance(approved, dict) and all(
+        k in ran and encode(ran[k]) == encode(v) for k, v in approved.items()
+    )
 
 
 def _stood_unseen(w: W.World, ix: Index, run_id: str, call_id: str) -> list[Any]:
@@ -794,6 +855,7 @@ INVARIANTS = (
     "effects_once",
     "results_true",
     "approvals_kept",
+    "quorums_need_people",
     "halts_stay_resolved",
     "rows_agree",
     "recovery_settles",

@@ -8,6 +8,7 @@ hands nothing over. Then every invariant (``invariants.py``).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from .actors import (
     Client,
     Deployer,
     Driver,
+    Outsider,
     Person,
     Recovery,
     Stepper,
@@ -40,7 +42,10 @@ def build(w: W.World) -> None:
     rng = w.rng
     w.plans = Plans(w)
     # Sagas came after sub-agents: only a cast with the answerer runs a saga deploy.
-    w.deploy = Deploy(saga="answerer" in cfg.actors)
+    # Quorums came after sagas: drawn from a stream of the seed's own (the seed's draws stay
+    # as they were), for casts with people.
+    quorum = "person" in cfg.actors and random.Random(f"quorum:{cfg.seed}").random() < cfg.quorum
+    w.deploy = Deploy(saga="answerer" in cfg.actors, quorum=quorum)
     w.deploy.activate()
     w.deliveries = {f"d{i}": w.plans.make() for i in range(1, 3)}
     w.chat = [w.plans.make() for _ in range(2)]
@@ -61,6 +66,9 @@ def build(w: W.World) -> None:
             Person(n, rng.randint(0, 2), rng.choice([0, 0, 1]))
             for n in ("ann", "bob")[: cfg.persons]
         ]
+    if quorum and any(isinstance(a, Person) for a in actors):
+        w.eligible = [a.name for a in actors if isinstance(a, Person)]
+        actors.append(Outsider("eve", 2))
     if on("deployer", 0.8):
         actors.append(Deployer("deployer", rng.randint(1, 4)))
     if on("webhook", 0.5):

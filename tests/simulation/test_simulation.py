@@ -41,6 +41,8 @@ def test_seeds_keep_the_promise():
         "messages recorded": "answerer" in config.actors,
         "sub-runs finished": "answerer" in config.actors,  # errands come with waits
         "undos run": "answerer" in config.actors,  # so do saga deploys (issue 16)
+        "quorums reached": "person" in config.actors and config.quorum > 0,
+        "outsiders refused": "person" in config.actors and config.quorum > 0,
     }
     if len(seeds) >= 500:
         missed = [

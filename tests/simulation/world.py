@@ -74,6 +74,13 @@ class Config:
     ttl: float = 30.0
     max_crashes: int = 3
     max_stalls: int = 2
+    # The odds that a cast with people gates refunds behind a quorum (``agent.QUORUM``),
+    # drawn from a stream of the seed's own so that the other draws stay as they were.
+    quorum: float = 0.3
+
+
+# The group a quorum cast's refunds are approved by (``agent.QUORUM``).
+PAYOUTS = "payouts"
 
 
 @dataclass
@@ -301,7 +308,10 @@ class World:
         # approves running). Its maker may die after the journal took it (``after-decision``);
         # the journal then says whether it stands.
         self.submitted: list[tuple[str, str, str, Any]] = []
-        self.denied: set[tuple[str, str]] = set()
+        self.denied: set[tuple[str, str]] = set()  # calls whose final decision was a denial
+        self.denials: set[tuple[str, str]] = set()  # calls someone submitted a denial of
+        # The members of the quorum's group: the cast's people (set by the scenario).
+        self.eligible: list[str] = []
         self.forks: list[dict[str, Any]] = []
         # Answers and signals sent from outside: (run, wait name) -> [(value, what it did)].
         self.answers: dict[tuple[str, str], list[tuple[Any, str]]] = {}
@@ -782,7 +792,7 @@ def patched(world: World) -> Iterator[None]:
         # caller (`identity.plain_actor`). Who may decide is tested against real users in
         # tests/integration; here the question is what the engine does with a decision.
         resolve_actor=None,
-        eligible_approvers=lambda group: [],
+        eligible_approvers=lambda group: list(world.eligible) if group == PAYOUTS else [],
         approver_keys=lambda user_id: [],
         halt_min_age=lambda: 2 * ttl,
         retry_policy=lambda: RetryPolicy(),

@@ -335,3 +335,79 @@ def test_a_call_runs_only_with_the_arguments_that_were_approved(store, wiring):
     assert Journal(store).get("r1", "approval:call_1_1").get("arguments") == {"cents": 5}
     da.approve("r1", "call_1_1", True, by="ann", store=store)
     assert paid == [{"cents": 5, "memo": ""}] and store.get_run("r1").status == "finished"
+
+
+def _approve_first(monkeypatch, store, by, **decision):
+    """At the next decision's ``before-decision`` point (past its check that approvals
+    agree), ``by`` decides first: two approvers submitting at the same moment."""
+    from durable_agents.engine import failpoints
+
+    hit = failpoints.hit
+    pending = [True]
+
+    def race(name):
+        if name == "before-decision:call_1_2" and pending:
+            pending.clear()
+            da.approve("r1", "call_1_2", by=by, store=store, **decision)
+        hit(name)
+
+    monkeypatch.setattr(failpoints, "hit", race)
+
+
+def test_approvals_of_different_arguments_recorded_at_once_are_no_quorum(
+    store, wiring, fired, monkeypatch
+):
+    # Both pass the check that refuses an approval disagreeing with one already recorded;
+    # counted, the later one is decided but approves nothing: no quorum for either.
+    a = gated_agent(fired, "unit-quorum-race", quorum=da.Quorum(need=2, group="finance"))
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+    _approve_first(monkeypatch, store, "ann", approved=True)
+    out = da.approve("r1", "call_1_2", True, by="bob", edit={"cents": 3}, store=store)
+    assert out.status == "pending"
+    assert out.tally["approved_by"] == ["ann"] and out.tally["disagreed_by"] == ["bob"]
+    assert out.tally["pending"] == ["cat"]
+    # The third approver agrees with the first approval: that one runs, as asked.
+    done = da.approve("r1", "call_1_2", True, by="cat", store=store)
+    assert done.status == "approved" and done.tally["approved_by"] == ["ann", "cat"]
+    record = Journal(store).get("r1", "approval:call_1_2")
+    assert "edited" not in record.body and fired == [("peek", 1), 5]
+
+
+def test_a_quorum_whose_approvers_disagree_fails_saying_why(store, fired, monkeypatch):
+    a = gated_agent(fired, "unit-quorum-split", quorum=da.Quorum(need=2, group="finance"))
+    with wired(eligible_approvers=lambda group: ["ann", "bob"]):
+        with pytest.raises(da.ApprovalPending):
+            a.run("r1", "pay me", store=store)
+        _approve_first(monkeypatch, store, "ann", approved=True)
+        out = da.approve("r1", "call_1_2", True, by="bob", edit={"cents": 3}, store=store)
+    assert out.status == "denied" and 5 not in fired and 3 not in fired
+    result = Journal(store).get("r1", "tool:call_1_2").get("result")
+    assert result["error"] == "denied" and result["by"] == ""
+    assert "approved different arguments" in result["message"]
+
+
+def test_a_failed_quorum_tells_the_model_its_deniers_note(store, fired, monkeypatch):
+    # Ann's denial is saved; before she counts, Bob's approval is saved and counted, and his
+    # is the vote that writes the final decision. The model reads Ann's reason, and that
+    # Ann denied.
+    a = gated_agent(fired, "unit-quorum-note", quorum=da.Quorum(need=2, group="finance"))
+    save = store.save_decision
+
+    def then_bob(decision):
+        saved = save(decision)
+        if decision.approver == "ann":
+            assert da.approve("r1", "call_1_2", True, by="bob", store=store).status == "denied"
+        return saved
+
+    with wired(eligible_approvers=lambda group: ["ann", "bob"]):
+        with pytest.raises(da.ApprovalPending):
+            a.run("r1", "pay me", store=store)
+        monkeypatch.setattr(store, "save_decision", then_bob)
+        out = da.approve("r1", "call_1_2", False, by="ann", note="pay by cheque", store=store)
+    assert out.status == "denied" and 5 not in fired
+    decision = Journal(store).get("r1", "approval:call_1_2")
+    assert decision.get("by") == "bob" and decision.get("note") == "pay by cheque"
+    result = Journal(store).get("r1", "tool:call_1_2").get("result")
+    assert result["by"] == "ann" and result["note"] == "pay by cheque"
+    assert result["message"] == "a person denied this call: pay by cheque"

@@ -9,6 +9,7 @@ from .. import events, failpoints, identity, names, registry, runtime
 from ..approvals import (
     NOT_SHOWN,
     ApprovalOutcome,
+    Tally,
     check_may_decide,
     decision_name,
     incarnation_of,
@@ -137,7 +138,7 @@ def approve(
         return _standing(request, standing, approved, edit)
     _refuse_orphans(store, journal, request, actor)
     if approved and policy.get("kind") == "quorum":
-        _refuse_disagreeing(store, request, by_name, edit)
+        _refuse_disagreeing(store, request, by_name, edit, eligible)
     decision = DecisionInfo(run_id, call_id, by_name, approved, note, signature, arguments=edit)
     failpoints.hit(f"before-decision:{call_id}")
     recorded = store.save_decision(decision)
@@ -169,6 +170,7 @@ def approve(
         )
     if not (count.passed or count.unreachable):
         return ApprovalOutcome(run_id, call_id, APPROVAL_PENDING, count.to_json())
+    note = _final_note(policy, count, note)
     final, inserted = journal.write(
         run_id,
         name,
@@ -181,7 +183,7 @@ def approve(
             "tally": count.to_json(),
             "at": now_ms(),
             "arguments": request.arguments,
-            **_edited(request, decisions, count.passed),
+            **_edited(request, decisions, count),
         },
     )
     if not inserted:
@@ -225,7 +227,7 @@ def approve(
             f"the approval of call {call_id!r} in run {run_id!r} is orphaned ({why}); "
             "nothing was run"
         )
-    edited = _edited(request, decisions, count.passed).get("edited")
+    edited = _edited(request, decisions, count).get("edited")
     run = store.get_run(run_id)
     # Before the hand-over: an inline drive could finish the run before this returns.
     events.announce(
@@ -310,32 +312,45 @@ def _validated_edit(store: Store, request: ApprovalRequestInfo, approved: bool, 
 
 
 def _refuse_disagreeing(
-    store: Store, request: ApprovalRequestInfo, by_name: str, edit: Any
+    store: Store, request: ApprovalRequestInfo, by_name: str, edit: Any, eligible: list[str]
 ) -> None:
-    mine = encode(edit if edit is not None else request.arguments)
-    for d in store.list_decisions(request.run_id, request.call_id):
-        if not d.approved or d.approver == by_name:
-            continue
-        theirs = d.arguments if d.arguments is not None else request.arguments
-        if encode(theirs) != mine:
-            raise ApprovalArgumentsDisagree(
-                f"{d.approver!r} approved call {request.call_id!r} with the arguments "
-                f"{encode(theirs)}; a quorum approves one set of arguments: approve those "
-                "(edit=...) or deny",
-                approved_arguments=theirs,
-            )
+    # The first approval sets the arguments the quorum approves (``tally``): a later one
+    # that disagrees with it counts for nothing, so it is no reason to refuse.
+    first = next(
+        (
+            d
+            for d in store.list_decisions(request.run_id, request.call_id)
+            if d.approved and d.approver in eligible
+        ),
+        None,
+    )
+    if first is None or first.approver == by_name:
+        return
+    theirs = first.arguments if first.arguments is not None else request.arguments
+    if encode(theirs) != encode(edit if edit is not None else request.arguments):
+        raise ApprovalArgumentsDisagree(
+            f"{first.approver!r} approved call {request.call_id!r} with the arguments "
+            f"{encode(theirs)}; a quorum approves one set of arguments: approve those "
+            "(edit=...) or deny",
+            approved_arguments=theirs,
+        )
 
 
-def _edited(request: ApprovalRequestInfo, decisions: Any, passed: bool) -> dict[str, Any]:
-    """The journal's record of an edit: what runs, what was asked, who edited."""
-    edits = [d for d in decisions if d.approved and d.arguments is not None]
-    if not passed or not edits:
+def _edited(request: ApprovalRequestInfo, decisions: Any, count: Tally) -> dict[str, Any]:
+    """The journal's record of an edit: what runs (the counted approvals' edit), what was
+    asked, who edited."""
+    if not count.passed or count.arguments is None:
         return {}
+    counted = set(count.approved_by)
     return {
         "edited": {
-            "arguments": edits[0].arguments,
+            "arguments": count.arguments,
             "original": request.arguments,
-            "by": [d.approver for d in edits],
+            "by": [
+                d.approver
+                for d in decisions
+                if d.approved and d.approver in counted and d.arguments is not None
+            ],
         }
     }
 
@@ -403,6 +418,19 @@ def _refuse_orphans(
         f"the approval of call {request.call_id!r} in run {request.run_id!r} is orphaned "
         f"({why}); nothing was run"
     )
+
+
+def _final_note(policy: dict[str, Any], count: Tally, note: str) -> str:
+    """The note of the decision that makes a request final: the decider's own, except for
+    a quorum that failed, whose note is its deniers' — whoever's vote was recorded last (two
+    approvers of a failed quorum race to write it; an approval can be the one that lands),
+    the model reads why people said no."""
+    if count.passed or policy.get("kind") != "quorum":
+        return note
+    notes = [str(d.get("note") or "") for d in count.decisions if not d.get("approved")]
+    if count.disagreed_by:
+        notes.append("the approvers approved different arguments, so none had the quorum")
+    return "; ".join(dict.fromkeys(n for n in notes if n))
 
 
 def _standing(
