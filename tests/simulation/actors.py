@@ -325,8 +325,6 @@ class Person(Actor):
                 edited = {**seen, "amount": max(1, seen["amount"] // 2)}
             if approve:
                 w.submitted.append((run_id, call_id, self.name, seen if edited is None else edited))
-            else:
-                w.denials.add((run_id, call_id))
             outcome = da.approve(
                 run_id,
                 call_id,
@@ -349,6 +347,8 @@ class Person(Actor):
                 w.approved.setdefault((run_id, call_id), []).append(ran_as)
             elif outcome.status == "denied":
                 w.denied.add((run_id, call_id))
+            if not approve:
+                w.denials.add((run_id, call_id))  # taken: not refused
             if request.policy.get("kind") == "quorum":
                 w.count("quorums reached" if outcome.status == "approved" else "quorum votes")
             return outcome.status

@@ -309,7 +309,7 @@ class World:
         # the journal then says whether it stands.
         self.submitted: list[tuple[str, str, str, Any]] = []
         self.denied: set[tuple[str, str]] = set()  # calls whose final decision was a denial
-        self.denials: set[tuple[str, str]] = set()  # calls someone submitted a denial of
+        self.denials: set[tuple[str, str]] = set()  # calls a denial of was taken for
         # The members of the quorum's group: the cast's people (set by the scenario).
         self.eligible: list[str] = []
         self.forks: list[dict[str, Any]] = []
