@@ -60,6 +60,8 @@ from .engine.ports import (
     HaltInfo,
     LeaseInfo,
     RunInfo,
+    asked_again,
+    changed_under,
     same_request,
 )
 from .engine.records import encode
@@ -1284,25 +1286,31 @@ class DjangoStore:
         return [row.to_domain() for row in rows]
 
     def save_decision(self, decision: DecisionInfo) -> bool:
-        request = (
-            ApprovalRequest.objects.using(self.using)
-            .filter(run_id=decision.run_id, call_id=decision.call_id)
-            .first()
+        rows = ApprovalRequest.objects.using(self.using).filter(
+            run_id=decision.run_id, call_id=decision.call_id
         )
-        if request is None:
-            raise ApprovalNotFound(
-                f"no approval request for call {decision.call_id!r} of run {decision.run_id!r}"
-            )
         try:
             with transaction.atomic(using=self.using):
-                Decision.objects.using(self.using).create(
-                    request=request,
-                    approver=decision.approver,
-                    approved=decision.approved,
-                    note=decision.note,
-                    signature=decision.signature,
-                    arguments=decision.arguments,
-                )
+                # Locked as ``save_approval_request`` locks it to ask again: the request
+                # cannot change between this check and the vote's insert.
+                request = rows.select_for_update().first()
+                if request is None:
+                    raise ApprovalNotFound(
+                        f"no approval request for call {decision.call_id!r} of run "
+                        f"{decision.run_id!r}"
+                    )
+                current = request.to_domain()
+                if changed_under(decision, current):
+                    raise asked_again(decision, current)
+                with transaction.atomic(using=self.using):
+                    Decision.objects.using(self.using).create(
+                        request=request,
+                        approver=decision.approver,
+                        approved=decision.approved,
+                        note=decision.note,
+                        signature=decision.signature,
+                        arguments=decision.arguments,
+                    )
         except IntegrityError:
             return False
         return True

@@ -32,6 +32,8 @@ from .ports import (
     HaltInfo,
     LeaseInfo,
     RunInfo,
+    asked_again,
+    changed_under,
     same_request,
 )
 from .records import encode
@@ -412,6 +414,9 @@ class InMemoryStore:
 
     def save_decision(self, decision: DecisionInfo) -> bool:
         with self._lock:
+            current = self._requests.get((decision.run_id, decision.call_id))
+            if changed_under(decision, current):
+                raise asked_again(decision, current)
             decisions = self._decisions.setdefault((decision.run_id, decision.call_id), [])
             if any(d.approver == decision.approver for d in decisions):
                 return False

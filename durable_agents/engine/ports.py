@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from .errors import ApprovalArgumentsChanged
 from .records import encode
 
 # Statuses a run can be in. The journal is the truth; the run row is a projection of it.
@@ -236,11 +237,40 @@ def same_request(existing: ApprovalRequestInfo, request: ApprovalRequestInfo) ->
     decision (and its signature) while the journal keeps it. A row is marked decided only
     for the arguments its journaled decision is about (``set_approval_status``'s
     ``if_arguments``), so a decided row never stands for a decision the journal lacks."""
+    return existing.status != APPROVAL_WITHDRAWN and same_question(existing, request)
+
+
+def same_question(a: ApprovalRequestInfo, b: ApprovalRequestInfo) -> bool:
+    """Whether two requests ask the same question, whatever became of it: one run start, the
+    same arguments, the same earlier ones."""
     return (
-        existing.status != APPROVAL_WITHDRAWN
-        and existing.start_seq == request.start_seq
-        and encode(existing.arguments) == encode(request.arguments)
-        and encode(existing.previous_arguments) == encode(request.previous_arguments)
+        a.start_seq == b.start_seq
+        and encode(a.arguments) == encode(b.arguments)
+        and encode(a.previous_arguments) == encode(b.previous_arguments)
+    )
+
+
+def asked_again(
+    decision: DecisionInfo, current: ApprovalRequestInfo | None
+) -> ApprovalArgumentsChanged:
+    """What a store raises for a decision ``changed_under`` its request."""
+    shown = decision.request.arguments if decision.request is not None else None
+    now = current.arguments if current is not None else None
+    return ApprovalArgumentsChanged(
+        f"call {decision.call_id!r} of run {decision.run_id!r} was asked about again while "
+        f"the decision was being recorded (now {encode(now)}, shown {encode(shown)}); nothing "
+        "was recorded: look at it again before deciding",
+        arguments=now,
+        shown=shown,
+    )
+
+
+def changed_under(decision: DecisionInfo, current: ApprovalRequestInfo | None) -> bool:
+    """Whether the request ``decision`` was made on was asked again (or its run started
+    again) before the decision was written: it must not count for a question its maker was
+    never shown."""
+    return decision.request is not None and (
+        current is None or not same_question(current, decision.request)
     )
 
 
@@ -258,6 +288,11 @@ class DecisionInfo:
     # An approval's edited arguments (validated against the tool's schema): what it approves
     # running instead of the ones asked about. None: approved (or denied) as asked.
     arguments: Any = None
+    # The request as its maker was shown it (a quorum's vote, when saved; None when read
+    # back). A store saves the decision only while the request still asks that
+    # (``changed_under``): a drive under new code may ask again, and clear the votes,
+    # between the command's check and the write.
+    request: ApprovalRequestInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -436,7 +471,10 @@ class Store(Protocol):
     ) -> Sequence[ApprovalRequestInfo]: ...
 
     def save_decision(self, decision: DecisionInfo) -> bool:
-        """Insert unless this approver already decided this request; True if written."""
+        """Insert unless this approver already decided this request; True if written.
+        ``ApprovalArgumentsChanged`` (nothing written) when the request was asked again
+        since ``decision.request`` was read (``changed_under``), checked atomically with
+        the insert."""
 
     def list_decisions(self, run_id: str, call_id: str) -> Sequence[DecisionInfo]: ...
 

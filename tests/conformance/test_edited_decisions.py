@@ -15,6 +15,7 @@ import pytest
 
 import durable_agents as da
 from durable_agents.engine.commands.runs import drive_quietly
+from durable_agents.engine.errors import ApprovalArgumentsChanged
 from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
@@ -198,3 +199,36 @@ def test_quorum_approvals_of_different_arguments_at_once_run_neither(inline, mon
     done = da.approve("q1", "call_1_1", True, by="cat", arguments={"cents": 500}, store=store)
     assert done.status == "approved" and paid == [{"cents": 500}]
     assert "edited" not in decisions(store, "q1")["approval:call_1_1"]
+
+
+def test_a_quorum_vote_never_lands_on_a_request_asked_again_under_it(inline, monkeypatch):
+    """Ann is shown ``{cents: 500}``; between her check and her vote's write, a drive under
+    new code asks about ``{cents: 500, memo: ""}`` (the request row is replaced and its
+    votes cleared). Her vote must not count for arguments she was never shown: Bob's
+    approval of the new ones alone is no quorum."""
+    store = inline
+    quorum = da.Quorum(need=2, group="finance")
+    with pytest.raises(da.ApprovalPending):
+        payer(quorum=quorum).run("q2", "pay", store=store)
+    save = store.save_decision
+
+    def asked_again_first(decision):
+        if decision.approver == "ann":
+            payer(memo=True, quorum=quorum)  # the deploy; a drive asks again
+            with pytest.raises(da.ApprovalPending):
+                da.resume("q2", store=store)
+            assert store.get_approval_request("q2", "call_1_1").arguments == {
+                "cents": 500,
+                "memo": "",
+            }
+        return save(decision)
+
+    monkeypatch.setattr(store, "save_decision", asked_again_first)
+    with pytest.raises(ApprovalArgumentsChanged):
+        da.approve("q2", "call_1_1", True, by="ann", arguments={"cents": 500}, store=store)
+    monkeypatch.undo()
+    asked = {"cents": 500, "memo": ""}
+    out = da.approve("q2", "call_1_1", True, by="bob", arguments=asked, store=store)
+    assert out.status == "pending" and out.tally["approved_by"] == ["bob"] and paid == []
+    done = da.approve("q2", "call_1_1", True, by="ann", arguments=asked, store=store)
+    assert done.status == "approved" and paid == [{"cents": 500, "memo": ""}]

@@ -325,6 +325,8 @@ class Person(Actor):
                 edited = {**seen, "amount": max(1, seen["amount"] // 2)}
             if approve:
                 w.submitted.append((run_id, call_id, self.name, seen if edited is None else edited))
+                if edited is not None:
+                    w.edits.add((run_id, call_id, self.name))
             outcome = da.approve(
                 run_id,
                 call_id,
@@ -347,8 +349,10 @@ class Person(Actor):
                 w.approved.setdefault((run_id, call_id), []).append(ran_as)
             elif outcome.status == "denied":
                 w.denied.add((run_id, call_id))
-            if not approve:
-                w.denials.add((run_id, call_id))  # taken: not refused
+            mine = [d for d in w.raw.list_decisions(run_id, call_id) if d.approver == self.name]
+            if not approve and mine and not mine[0].approved:
+                # Taken: not a repeat of a standing denial by someone who had approved.
+                w.denials.add((run_id, call_id))
             if request.policy.get("kind") == "quorum":
                 w.count("quorums reached" if outcome.status == "approved" else "quorum votes")
             return outcome.status

@@ -399,10 +399,11 @@ def check_approvals(w: W.World, ix: Index) -> None:
 
 def check_quorums(w: W.World, ix: Index) -> None:
     """A call gated by a quorum of ``need`` runs only after ``need`` distinct members of its
-    group asked to approve what ran — counted outside the journal, from what people
-    submitted (an approval of the run it was forked from counts for a fork): one person
-    deciding twice, or someone outside the group, never makes up the number. The journal's
-    decision agrees: its tally names that many distinct approvers."""
+    group asked to approve exactly what ran (an edit: what the tool made of it), counted
+    outside the journal from what people submitted (an approval of the run it was forked
+    from counts for a fork): one person deciding twice, or someone outside the group, never
+    makes up the number. The journal's decision agrees: its tally names that many distinct
+    approvers."""
     for e in w.ledger:
         if e.tool not in GATED or not e.effect:
             continue
@@ -426,7 +427,10 @@ def check_quorums(w: W.World, ix: Index) -> None:
             if run_id in lineage
             and call_id == e.call
             and by in w.eligible
-            and _runs_as(args, e.args)
+            and (
+                encode(args) == encode(e.args)
+                or ((run_id, call_id, by) in w.edits and _runs_as(args, e.args))
+            )
         }
         if len(people) < need:
             w.violate(
@@ -447,8 +451,9 @@ def check_quorums(w: W.World, ix: Index) -> None:
 
 
 def _runs_as(approved: Any, ran: dict[str, Any]) -> bool:
-    """An approval of ``approved`` is one of the call that ran with ``ran``: the engine
-    fills in the fields a deploy gave defaults since the person's page was drawn."""
+    """An edit ``approved`` is one of the call that ran with ``ran``: the engine validates
+    an edit under the code deployed, which fills in the fields a deploy gave defaults since
+    the person's page was drawn. (An approval as asked must be of exactly what ran.)"""
     return isinstance(approved, dict) and all(
         k in ran and encode(ran[k]) == encode(v) for k, v in approved.items()
     )

@@ -308,6 +308,7 @@ class World:
         # approves running). Its maker may die after the journal took it (``after-decision``);
         # the journal then says whether it stands.
         self.submitted: list[tuple[str, str, str, Any]] = []
+        self.edits: set[tuple[str, str, str]] = set()  # (run, call, by) of those with edits
         self.denied: set[tuple[str, str]] = set()  # calls whose final decision was a denial
         self.denials: set[tuple[str, str]] = set()  # calls a denial of was taken for
         # The members of the quorum's group: the cast's people (set by the scenario).

@@ -139,7 +139,20 @@ def approve(
     _refuse_orphans(store, journal, request, actor)
     if approved and policy.get("kind") == "quorum":
         _refuse_disagreeing(store, request, by_name, edit, eligible)
-    decision = DecisionInfo(run_id, call_id, by_name, approved, note, signature, arguments=edit)
+    # A quorum's votes are counted from the request's rows: one must never land on a request
+    # asked again under it (the store checks). A single decision is journaled for exactly
+    # the arguments its maker was shown, whatever the row says by then: it stands.
+    quorum = policy.get("kind") == "quorum"
+    decision = DecisionInfo(
+        run_id,
+        call_id,
+        by_name,
+        approved,
+        note,
+        signature,
+        arguments=edit,
+        request=request if quorum else None,
+    )
     failpoints.hit(f"before-decision:{call_id}")
     recorded = store.save_decision(decision)
     if not recorded:
