@@ -342,6 +342,48 @@ def test_a_decision_on_a_call_that_got_its_result_meanwhile_is_refused(store, cr
     assert store.get_approval_request("r1", "call_1_1").status == "withdrawn"
 
 
+def test_a_decision_on_a_call_being_run_under_an_earlier_one_is_refused(store, crash_at):
+    """As above, but bob denies while the worker on the old code is inside the tool (its
+    attempt claimed, no result yet): the denial could only be reported, never carried out,
+    so it is refused as orphaned, not journaled and reported as a denial of a call that
+    runs."""
+
+    class Paid(list):
+        during = None  # run once, inside the tool, after its effect
+
+        def append(self, item):
+            super().append(item)
+            hook, self.during = self.during, None
+            if hook is not None:
+                hook()
+
+    paid = Paid()
+    with pytest.raises(da.ApprovalPending):
+        payer(paid, twice=True).run("r1", "pay me", store=store)
+    crash_at("after-decision:call_1_1")
+    with pytest.raises(Crash):
+        da.approve("r1", "call_1_1", True, by="ann", store=store)
+    payer(paid, memo=True, twice=True)
+    assert drive_quietly("r1", store=store) == "paused"
+    asked = store.get_approval_request("r1", "call_1_1")
+    assert asked.previous_arguments == {"cents": 5} and asked.status == "pending"
+    refused = []
+
+    def bob_denies():
+        with pytest.raises(da.ApprovalOrphaned, match="being run under an earlier decision"):
+            da.deny(
+                "r1", "call_1_1", by="bob", message="no", arguments=asked.arguments, store=store
+            )
+        refused.append("bob")
+
+    paid.during = bob_denies
+    payer(paid, twice=True)  # a worker still on the old code carries out ann's approval
+    assert drive_quietly("r1", store=store) == "paused"
+    assert refused == ["bob"] and paid == [{"cents": 5}]
+    assert [n for n in names(store, "r1") if n.startswith("approval:")] == ["approval:call_1_1"]
+    assert store.get_approval_request("r1", "call_1_1").status != "pending"
+
+
 def test_a_decision_is_refused_when_the_request_asks_about_other_arguments(store):
     paid: list[dict] = []
     with pytest.raises(da.ApprovalPending):

@@ -420,6 +420,10 @@ def _refuse_orphans(
         # Carried out meanwhile under an earlier decision by a drive of other code (the
         # request was about other arguments): a recorded result is never run again.
         why = "the call already has its result"
+    elif journal.attempt_state(request.run_id, request.call_id)[1] is not None:
+        # Claimed under an earlier decision by a drive of other code, and not finished (or
+        # its outcome unknown): this decision could only be reported, never carried out.
+        why = "the call is already being run under an earlier decision"
     if why is None:
         return
     if run is not None:
