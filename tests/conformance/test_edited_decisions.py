@@ -232,3 +232,32 @@ def test_a_quorum_vote_never_lands_on_a_request_asked_again_under_it(inline, mon
     assert out.status == "pending" and out.tally["approved_by"] == ["bob"] and paid == []
     done = da.approve("q2", "call_1_1", True, by="ann", arguments=asked, store=store)
     assert done.status == "approved" and paid == [{"cents": 500, "memo": ""}]
+
+
+def test_the_sweep_finishes_a_quorum_whose_deciding_voter_died(inline, monkeypatch):
+    """Bob's approval makes the quorum; he dies after it is saved, before the decision is
+    recorded, and nobody decides again: the sweep finishes it (one read of the pending
+    requests, one of each quorum request's votes), and the call runs once."""
+    from durable_agents.engine.commands.timers import wake_timers
+    from tests.support.doubles import Crash
+
+    store = inline
+    with pytest.raises(da.ApprovalPending):
+        payer(quorum=da.Quorum(need=2, group="finance")).run("q3", "pay", store=store)
+    da.approve("q3", "call_1_1", True, by="ann", store=store)
+    log_action = store.log_action
+
+    def dies(action):
+        if action.actor == "bob":
+            raise Crash()
+        log_action(action)
+
+    monkeypatch.setattr(store, "log_action", dies)
+    with pytest.raises(Crash):
+        da.approve("q3", "call_1_1", True, by="bob", store=store)
+    monkeypatch.undo()
+    assert "approval:call_1_1" not in decisions(store, "q3") and paid == []
+    assert "q3" in wake_timers(store=store)
+    assert decisions(store, "q3")["approval:call_1_1"]["by"] == "bob"
+    assert paid == [{"cents": 500}] and store.get_run("q3").status == "finished"
+    assert "q3" not in wake_timers(store=store)

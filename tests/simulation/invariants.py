@@ -19,7 +19,7 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
-from durable_agents.engine.approvals import decision_name
+from durable_agents.engine.approvals import decision_name, tally
 from durable_agents.engine.audit import verify_actions, verify_run
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.names import is_compensation
@@ -611,6 +611,24 @@ def check_rows(w: W.World, ix: Index) -> None:
                 f"run {run_id} awaits approval with nothing left to decide",
                 hole="new" if any(n.startswith("approval:") for n in names) else "?",
             )
+        if row.status == AWAITING_APPROVAL:
+            for request in ix.requests:
+                if (request.run_id, request.status) != (run_id, "pending"):
+                    continue
+                if request.policy.get("kind") != "quorum":
+                    continue
+                votes = w.raw.list_decisions(run_id, request.call_id)
+                count = tally(request.policy, votes, w.eligible)
+                # (A quorum its group is too small for fails at its first vote, not before.)
+                if votes and (count.passed or count.unreachable):
+                    # Its last vote's maker died between the vote and the decision's record.
+                    w.violate(
+                        "rows_agree",
+                        f"run {run_id} awaits a quorum on {request.call_id} that its votes "
+                        f"decided ({'passed' if count.passed else 'failed'}) with no decision "
+                        "recorded",
+                        hole="new",
+                    )
         if row.status == SLEEPING and not any(
             wait.kind == "timer" for wait in open_waits(ix.records[run_id])
         ):

@@ -411,3 +411,70 @@ def test_a_failed_quorum_tells_the_model_its_deniers_note(store, fired, monkeypa
     result = Journal(store).get("r1", "tool:call_1_2").get("result")
     assert result["by"] == "ann" and result["note"] == "pay by cheque"
     assert result["message"] == "a person denied this call: pay by cheque"
+
+
+@pytest.mark.parametrize("second", [True, False])
+def test_the_sweep_finishes_a_quorum_whose_deciding_voter_died(
+    store, wiring, fired, monkeypatch, second
+):
+    """Bob's vote decides the quorum (a second approval; or, with Ann's denial and Cat's
+    before it, too few left); he dies after it is saved, before the decision is recorded.
+    Nobody decides again: the sweep finishes it, as Bob deciding again would."""
+    from durable_agents.engine.commands.timers import wake_timers
+
+    a = gated_agent(fired, "unit-quorum-dead", quorum=da.Quorum(need=2, group="finance"))
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+    if second:
+        da.approve("r1", "call_1_2", True, by="ann", store=store)
+    else:
+        da.approve("r1", "call_1_2", False, by="ann", note="no", store=store)
+    log_action = store.log_action
+
+    def dies(action):
+        if action.actor == "bob":
+            raise Crash()
+        log_action(action)
+
+    monkeypatch.setattr(store, "log_action", dies)
+    with pytest.raises(Crash):
+        da.approve("r1", "call_1_2", second, by="bob", note="" if second else "no", store=store)
+    monkeypatch.undo()
+    assert store.get_run("r1").status == "awaiting_approval"
+    assert Journal(store).get("r1", "approval:call_1_2") is None
+    assert wake_timers(store=store) == ["r1"]
+    decision = Journal(store).get("r1", "approval:call_1_2")
+    assert decision.get("approved") is second and decision.get("by") == "bob"
+    assert fired.count(5) == (1 if second else 0)
+    assert store.get_run("r1").status == "finished"
+    assert wake_timers(store=store) == []
+
+
+def test_a_repeated_vote_whose_request_is_asked_again_meanwhile_is_refused(
+    store, wiring, fired, monkeypatch
+):
+    """Bob repeats his vote; right after the store found it standing, a drive under new
+    code asks about other arguments (which clears the votes). His repeat is refused as for
+    arguments no longer asked, and writes nothing (it raised StopIteration: seed 24345)."""
+    from dataclasses import replace
+
+    a = gated_agent(fired, "unit-quorum-again", quorum=da.Quorum(need=2, group="finance"))
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+    assert da.approve("r1", "call_1_2", True, by="bob", store=store).status == "pending"
+    save = store.save_decision
+
+    def asked_again_after(decision):
+        saved = save(decision)
+        shown = store.get_approval_request("r1", "call_1_2")
+        store.save_approval_request(
+            replace(shown, arguments={"cents": 5, "memo": ""}, previous_arguments={"cents": 5})
+        )
+        return saved
+
+    monkeypatch.setattr(store, "save_decision", asked_again_after)
+    with pytest.raises(da.ConfigError) as info:
+        da.approve("r1", "call_1_2", True, by="bob", store=store)
+    assert info.value.code == "approval.arguments_changed"
+    assert store.list_decisions("r1", "call_1_2") == []
+    assert Journal(store).get("r1", "approval:call_1_2") is None and 5 not in fired

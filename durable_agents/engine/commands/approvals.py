@@ -3,6 +3,7 @@ policy (``engine.approvals``), journaled when final, and the run handed back to 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from .. import events, failpoints, identity, names, registry, runtime
@@ -43,6 +44,7 @@ from ..ports import (
     ApprovalRequestInfo,
     DecisionInfo,
     Store,
+    asked_again,
 )
 from ..records import encode, refuse_nul
 
@@ -156,7 +158,13 @@ def approve(
     failpoints.hit(f"before-decision:{call_id}")
     recorded = store.save_decision(decision)
     if not recorded:
-        mine = next(d for d in store.list_decisions(run_id, call_id) if d.approver == by_name)
+        mine = next(
+            (d for d in store.list_decisions(run_id, call_id) if d.approver == by_name), None
+        )
+        if mine is None:
+            # Asked again between the two reads, which clears the votes: nothing written.
+            current = store.get_approval_request(run_id, call_id)
+            raise asked_again(replace(decision, request=request), current)
         if mine.approved != approved or encode(mine.arguments) != encode(edit):
             raise ApprovalAlreadyDecided(
                 f"{by_name!r} already {'approved' if mine.approved else 'denied'} this call; a "

@@ -15,7 +15,8 @@ was never aborted (its lease was busy when the parent tried). Such a parent wait
 nothing any more either. So does a halted run whose resolution stopped between its record
 and its rows (the process resolving it died): the sweep finishes the resolution, as asking
 again would; and a run awaiting approval whose decision stopped the same way (the sweep
-finishes the decision, as deciding again would).
+finishes the decision, as deciding again would), or whose quorum its votes decided before
+the voter who decided it died (``_finish_stopped_quorums``).
 
 A person may also wake a timer before its time (``wake_timer``, the admin's "wake now"): that
 is a staff decision, journaled as such (``waited:<name>`` with ``early`` and who decided), not a
@@ -32,10 +33,11 @@ from datetime import datetime
 from typing import Any
 
 from .. import failpoints, identity, names, runtime, sagas, tree
-from ..approvals import decision_name
-from ..errors import ConfigError, Conflict, NotFound
+from ..approvals import decision_name, tally
+from ..errors import ConfigError, Conflict, DurableAgentsError, NotFound
 from ..journal import Journal
 from ..ports import (
+    APPROVAL_PENDING,
     AWAITING_APPROVAL,
     AWAITING_INPUT,
     HALTED,
@@ -51,7 +53,7 @@ from ..records import Record
 from ..registry import get_agent
 from ..transcript import RunState
 from ..waits import OUTCOME_WOKE, TIMER, all_answered, next_wake
-from .approvals import finish_decision
+from .approvals import approve, finish_decision
 from .halts import finish_resolution
 
 log = logging.getLogger("durable_agents.timers")
@@ -148,6 +150,7 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
     if quiet is not None:  # only the runs still paused and left alone stay
         quiet.clear()
         quiet.update(still_quiet)
+    woken += [r for r in _finish_stopped_quorums(store) if r not in woken]
     if woken:
         log.info("woke %d run(s) whose timer or deadline was due", len(woken))
     return woken
@@ -188,6 +191,62 @@ def _finish_stopped_decisions(store: Store, run: RunInfo, records: list[Record])
         if decision is not None:
             queued = finish_decision(store, run.run_id, request.call_id, decision) or queued
     return queued
+
+
+def _finish_stopped_quorums(store: Store) -> list[str]:
+    """Pending quorum requests whose votes decide them already, with no decision recorded:
+    the vote that decided one was saved, and its maker died before the decision's record (a
+    vote is a row, counted after it is saved, so that the last of two voters at the same
+    moment sees both). No run or journal changed, so the sweep's memory of quiet runs does
+    not see it: one read of the pending requests per sweep, and one of the votes of each
+    pending quorum request. Each is finished as its voter deciding again would: a repeat
+    of a counted vote, by its own maker, checked as any decision is. Returns the runs whose
+    request that decided."""
+    finished: list[str] = []
+    groups: dict[str, list[str]] = {}
+    for request in store.list_approval_requests():
+        policy = dict(request.policy)
+        if policy.get("kind") != "quorum":
+            continue
+        votes = store.list_decisions(request.run_id, request.call_id)
+        if not votes:
+            continue
+        group = str(policy.get("group"))
+        if group not in groups:
+            groups[group] = list(runtime.eligible_approvers(group))
+        count = tally(policy, votes, groups[group])
+        if not (count.passed or count.unreachable):
+            continue
+        # The latest counted vote that agrees with the outcome first: the one that decided.
+        agree = set(count.approved_by if count.passed else (*count.denied_by, *count.disagreed_by))
+        counted = agree or set(count.approved_by)
+        for vote in reversed(votes):
+            if vote.approver not in counted:
+                continue
+            maker = vote.approver
+            try:
+                outcome = approve(
+                    request.run_id,
+                    request.call_id,
+                    vote.approved,
+                    by=maker,
+                    note=vote.note,
+                    edit=vote.arguments,
+                    store=store,
+                )
+            except DurableAgentsError as exc:  # refused for this maker: try the next
+                log.warning(
+                    "could not finish the quorum on call %s of run %s as %s: %s",
+                    request.call_id,
+                    request.run_id,
+                    maker,
+                    exc,
+                )
+                continue
+            if outcome.status != APPROVAL_PENDING:
+                finished.append(request.run_id)
+            break
+    return finished
 
 
 def paused_on_an_ended_sub_run(store: Store, run: RunInfo, records: list[Record]) -> bool:
