@@ -206,6 +206,10 @@ def _describe(rec: Record) -> dict[str, Any]:
             meta.append("approved by " + ", ".join(tally["approved_by"]))
         if tally.get("denied_by"):
             meta.append("denied by " + ", ".join(tally["denied_by"]))
+        if tally.get("disagreed_by"):
+            meta.append(
+                "not counted (approved other arguments) " + ", ".join(tally["disagreed_by"])
+            )
         edited = body.get("edited")
         sections = []
         if isinstance(edited, dict):

@@ -132,3 +132,32 @@ def test_a_takeover_of_an_expired_lease_is_an_entry_of_its_own():
     [takeover] = [e for e in _entries(_page("tl-take")) if "took the run over" in e]
     assert "from worker-dead@host:41" in takeover and "its lease had expired" in takeover
     assert "da-takeover" in takeover and "da-internal" not in takeover
+
+
+def test_a_quorum_vote_that_approved_other_arguments_shows_as_not_counted(monkeypatch):
+    """Two approvers of group finance at the same moment: alice as asked, bob with an
+    edit. Both are recorded; bob's counts for nothing, alice's alone is no quorum, so the
+    call is denied. The timeline says whose vote did not count and why."""
+    from tests.support.agents import quorum
+
+    alice = make_user("alice", "approve_toolcall", groups=("finance",))
+    bob = make_user("bob", "approve_toolcall", groups=("finance",))
+    with pytest.raises(da.ApprovalPending):
+        quorum.run("tl-quorum", "pay invoice inv-1")
+    store = DjangoStore()
+    save = DjangoStore.save_decision
+
+    def alice_first(self, decision):
+        if decision.approver == "bob":
+            da.approve("tl-quorum", "call_1_1", True, by=alice)
+        return save(self, decision)
+
+    monkeypatch.setattr(DjangoStore, "save_decision", alice_first)
+    edit = {"invoice": "inv-1", "cents": 100}
+    out = da.approve("tl-quorum", "call_1_1", True, by=bob, edit=edit)
+    monkeypatch.undo()
+    assert out.status == "denied" and out.tally["disagreed_by"] == ["bob"]
+    assert Journal(store).get("tl-quorum", "tool:call_1_1").get("result")["error"] == "denied"
+    decision = next(e for e in _entries(_page("tl-quorum")) if "approved by alice" in e)
+    visible = decision.split('<details class="da-raw">')[0]
+    assert "not counted (approved other arguments) bob" in visible
