@@ -384,6 +384,69 @@ def test_a_decision_on_a_call_being_run_under_an_earlier_one_is_refused(store, c
     assert store.get_approval_request("r1", "call_1_1").status != "pending"
 
 
+def test_a_decision_whose_call_is_claimed_under_an_earlier_one_meanwhile_is_orphaned(
+    store, at_point
+):
+    """As above, but the worker on the old code claims the call just after bob's decision
+    passed its checks (and dies inside the tool): bob's denial is journaled, and reported
+    as orphaned — it can never take effect — not as a denial of a call that ran."""
+    paid: list[dict] = []
+
+    class Dies(list):
+        def append(self, item):
+            super().append(item)
+            raise Crash()
+
+    with pytest.raises(da.ApprovalPending):
+        payer(paid, twice=True).run("r1", "pay me", store=store)
+
+    def dies():
+        raise Crash()
+
+    at_point("after-decision:call_1_1", dies)
+    with pytest.raises(Crash):
+        da.approve("r1", "call_1_1", True, by="ann", store=store)
+    payer(paid, memo=True, twice=True)
+    assert drive_quietly("r1", store=store) == "paused"
+    asked = store.get_approval_request("r1", "call_1_1")
+
+    def old_worker_claims():
+        dying: list[dict] = Dies()
+        payer(dying, twice=True)  # a worker still on the old code carries out ann's approval
+        with pytest.raises(Crash):
+            drive_quietly("r1", store=store)
+        assert dying == [{"cents": 5}]
+
+    at_point("before-decision:call_1_1", old_worker_claims)
+    with pytest.raises(da.ApprovalOrphaned, match="being run under an earlier decision"):
+        da.deny("r1", "call_1_1", by="bob", message="no", arguments=asked.arguments, store=store)
+    assert store.get_approval_request("r1", "call_1_1").status == "withdrawn"
+    assert paid == []
+
+
+@pytest.mark.parametrize("edit", [None, {"cents": 3}])
+def test_a_decision_whose_own_drive_claims_the_call_at_once_stands(store, at_point, edit):
+    """The control: a drive carrying out this very decision claims the call between its
+    record and the check after it (and dies inside the tool). The decision stands."""
+
+    class Dies(list):
+        def append(self, item):
+            super().append(item)
+            raise Crash()
+
+    paid: list[dict] = Dies()
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r1", "pay me", store=store)
+
+    def its_drive_claims():
+        with pytest.raises(Crash):
+            drive_quietly("r1", store=store)
+
+    at_point("after-decision:call_1_1", its_drive_claims)
+    out = da.approve("r1", "call_1_1", True, by="ann", edit=edit, store=store)
+    assert out.status == "approved" and paid == [edit or {"cents": 5}]
+
+
 def test_a_decision_is_refused_when_the_request_asks_about_other_arguments(store):
     paid: list[dict] = []
     with pytest.raises(da.ApprovalPending):

@@ -214,6 +214,17 @@ def approve(
             runtime.dispatch(run_id)
         return _standing(request, final, approved, edit)
     failpoints.hit(f"after-decision:{call_id}")
+    runs_with = (final.get("edited") or {}).get("arguments") or request.arguments
+    if _claimed_under_another(journal, run_id, call_id, runs_with if count.passed else None):
+        # A worker on other code claimed the call under an earlier decision after the check
+        # above: this one is journaled but can never take effect. Say so; nothing more.
+        store.set_approval_status(run_id, call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING])
+        why = "the call is already being run under an earlier decision"
+        store.log_action(identity.logged(actor, "withdraw", run_id, call_id, {"why": why}))
+        raise ApprovalOrphaned(
+            f"the approval of call {call_id!r} in run {run_id!r} is orphaned ({why}); "
+            "nothing was run"
+        )
     status = APPROVAL_APPROVED if count.passed else APPROVAL_DENIED
     # Queued, not awaiting approval: if the hand-over below fails (a broker down), recovery
     # picks the run up. Only while the run is unfinished: a cancel that landed since the
@@ -399,6 +410,17 @@ def finish_decision(store: Store, run_id: str, call_id: str, decision: Any) -> b
         if_arguments=decision.get("arguments"),
     )
     return queued
+
+
+def _claimed_under_another(journal: Journal, run_id: str, call_id: str, runs_with: Any) -> bool:
+    """Whether the call's live attempt was claimed to run with other arguments than this
+    decision runs it with (``runs_with``; None for a denial, which runs nothing): claimed
+    under an earlier decision. A drive carrying this decision out claims it with exactly
+    ``runs_with``."""
+    marker = journal.attempt_state(run_id, call_id)[1]
+    if marker is None:
+        return False
+    return runs_with is None or encode(marker.get("arguments")) != encode(runs_with)
 
 
 def _withdrawn(store: Store, run_id: str, call_id: str) -> bool:
