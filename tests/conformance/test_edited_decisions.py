@@ -20,7 +20,7 @@ from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support import wiring
-from tests.support.doubles import Crash
+from tests.support.doubles import Crash, dies_before_its_record
 from tests.support.stores import DB
 
 pytestmark = DB
@@ -239,23 +239,14 @@ def test_the_sweep_finishes_a_quorum_whose_deciding_voter_died(inline, monkeypat
     recorded, and nobody decides again: the sweep finishes it (one read of the pending
     requests, one of each quorum request's votes), and the call runs once."""
     from durable_agents.engine.commands.timers import wake_timers
-    from tests.support.doubles import Crash
 
     store = inline
     with pytest.raises(da.ApprovalPending):
         payer(quorum=da.Quorum(need=2, group="finance")).run("q3", "pay", store=store)
     da.approve("q3", "call_1_1", True, by="ann", store=store)
-    log_action = store.log_action
-
-    def dies(action):
-        if action.actor == "bob":
-            raise Crash()
-        log_action(action)
-
-    monkeypatch.setattr(store, "log_action", dies)
+    dies_before_its_record(monkeypatch, store, "bob")
     with pytest.raises(Crash):
         da.approve("q3", "call_1_1", True, by="bob", store=store)
-    monkeypatch.undo()
     assert "approval:call_1_1" not in decisions(store, "q3") and paid == []
     assert "q3" in wake_timers(store=store)
     assert decisions(store, "q3")["approval:call_1_1"]["by"] == "bob"

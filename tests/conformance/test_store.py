@@ -452,26 +452,20 @@ def test_a_decision_keeps_its_edited_arguments(store, run_id):
 
 
 def test_a_decision_is_saved_only_on_the_request_its_maker_was_shown(store, run_id):
+    from dataclasses import replace
+
     from durable_agents.engine.errors import ApprovalArgumentsChanged
     from durable_agents.engine.ports import ApprovalRequestInfo, DecisionInfo
 
     shown = ApprovalRequestInfo(run_id, "c1", "pay", {"cents": 5}, {"kind": "quorum"}, 7)
     assert store.save_approval_request(shown)
     assert store.save_decision(DecisionInfo(run_id, "c1", "ann", True, request=shown))
-    again = ApprovalRequestInfo(
-        run_id,
-        "c1",
-        "pay",
-        {"cents": 5, "memo": ""},
-        {"kind": "quorum"},
-        7,
-        previous_arguments={"cents": 5},
-    )
+    again = replace(shown, arguments={"cents": 5, "memo": ""}, previous_arguments={"cents": 5})
     assert store.save_approval_request(again)  # asked again: the votes go
     with pytest.raises(ApprovalArgumentsChanged) as info:
         store.save_decision(DecisionInfo(run_id, "c1", "bob", True, request=shown))
     assert info.value.details["arguments"] == {"cents": 5, "memo": ""}
-    restarted = ApprovalRequestInfo(run_id, "c1", "pay", again.arguments, {"kind": "quorum"}, 9)
+    restarted = replace(again, start_seq=9)
     with pytest.raises(ApprovalArgumentsChanged):
         store.save_decision(DecisionInfo(run_id, "c1", "bob", True, request=restarted))
     assert store.list_decisions(run_id, "c1") == []

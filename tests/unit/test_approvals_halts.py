@@ -10,7 +10,7 @@ import durable_agents as da
 from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
-from tests.support.doubles import Crash
+from tests.support.doubles import Crash, dies_before_its_record
 from tests.support.signing import keypair
 from tests.support.wiring import wired
 
@@ -429,17 +429,9 @@ def test_the_sweep_finishes_a_quorum_whose_deciding_voter_died(
         da.approve("r1", "call_1_2", True, by="ann", store=store)
     else:
         da.approve("r1", "call_1_2", False, by="ann", note="no", store=store)
-    log_action = store.log_action
-
-    def dies(action):
-        if action.actor == "bob":
-            raise Crash()
-        log_action(action)
-
-    monkeypatch.setattr(store, "log_action", dies)
+    dies_before_its_record(monkeypatch, store, "bob")
     with pytest.raises(Crash):
         da.approve("r1", "call_1_2", second, by="bob", note="" if second else "no", store=store)
-    monkeypatch.undo()
     assert store.get_run("r1").status == "awaiting_approval"
     assert Journal(store).get("r1", "approval:call_1_2") is None
     assert wake_timers(store=store) == ["r1"]

@@ -61,6 +61,30 @@ def payer(paid, name="u-proj-pay", memo=False, twice=False):
     return da.Agent(name, ScriptedModel(script), "Pay.", [pay])
 
 
+def asked_again_after_a_stopped_approval(store, crash_at, paid):
+    """Ann approved ``{cents: 5}`` and died before moving the run on; a drive under new code
+    (a defaulted ``memo``) asked again about ``{cents: 5, memo: ""}``: that request."""
+    with pytest.raises(da.ApprovalPending):
+        payer(paid, twice=True).run("r1", "pay me", store=store)
+    crash_at("after-decision:call_1_1")
+    with pytest.raises(Crash):
+        da.approve("r1", "call_1_1", True, by="ann", store=store)
+    payer(paid, memo=True, twice=True)
+    assert drive_quietly("r1", store=store) == "paused"
+    asked = store.get_approval_request("r1", "call_1_1")
+    assert asked.previous_arguments == {"cents": 5} and asked.status == "pending"
+    return asked
+
+
+class DiesInTheTool(list):
+    """A payment ledger whose tool dies right after its effect: the call's attempt stays
+    claimed, with no result (a worker killed inside the tool)."""
+
+    def append(self, item):
+        super().append(item)
+        raise Crash()
+
+
 # -- forks ------------------------------------------------------------------------------
 
 
@@ -316,15 +340,7 @@ def test_a_decision_on_a_call_that_got_its_result_meanwhile_is_refused(store, cr
     it is refused as orphaned, never journaled nor reported as a denial of a call that ran
     (seed 81157)."""
     paid: list[dict] = []
-    with pytest.raises(da.ApprovalPending):
-        payer(paid, twice=True).run("r1", "pay me", store=store)
-    crash_at("after-decision:call_1_1")
-    with pytest.raises(Crash):
-        da.approve("r1", "call_1_1", True, by="ann", store=store)
-    payer(paid, memo=True, twice=True)
-    assert drive_quietly("r1", store=store) == "paused"
-    asked = store.get_approval_request("r1", "call_1_1")
-    assert asked.previous_arguments == {"cents": 5} and asked.status == "pending"
+    asked = asked_again_after_a_stopped_approval(store, crash_at, paid)
     real = store.get_approval_request
 
     def get_approval_request(run_id, call_id):
@@ -358,15 +374,7 @@ def test_a_decision_on_a_call_being_run_under_an_earlier_one_is_refused(store, c
                 hook()
 
     paid = Paid()
-    with pytest.raises(da.ApprovalPending):
-        payer(paid, twice=True).run("r1", "pay me", store=store)
-    crash_at("after-decision:call_1_1")
-    with pytest.raises(Crash):
-        da.approve("r1", "call_1_1", True, by="ann", store=store)
-    payer(paid, memo=True, twice=True)
-    assert drive_quietly("r1", store=store) == "paused"
-    asked = store.get_approval_request("r1", "call_1_1")
-    assert asked.previous_arguments == {"cents": 5} and asked.status == "pending"
+    asked = asked_again_after_a_stopped_approval(store, crash_at, paid)
     refused = []
 
     def bob_denies():
@@ -385,33 +393,16 @@ def test_a_decision_on_a_call_being_run_under_an_earlier_one_is_refused(store, c
 
 
 def test_a_decision_whose_call_is_claimed_under_an_earlier_one_meanwhile_is_orphaned(
-    store, at_point
+    store, crash_at, at_point
 ):
     """As above, but the worker on the old code claims the call just after bob's decision
     passed its checks (and dies inside the tool): bob's denial is journaled, and reported
     as orphaned — it can never take effect — not as a denial of a call that ran."""
     paid: list[dict] = []
-
-    class Dies(list):
-        def append(self, item):
-            super().append(item)
-            raise Crash()
-
-    with pytest.raises(da.ApprovalPending):
-        payer(paid, twice=True).run("r1", "pay me", store=store)
-
-    def dies():
-        raise Crash()
-
-    at_point("after-decision:call_1_1", dies)
-    with pytest.raises(Crash):
-        da.approve("r1", "call_1_1", True, by="ann", store=store)
-    payer(paid, memo=True, twice=True)
-    assert drive_quietly("r1", store=store) == "paused"
-    asked = store.get_approval_request("r1", "call_1_1")
+    asked = asked_again_after_a_stopped_approval(store, crash_at, paid)
 
     def old_worker_claims():
-        dying: list[dict] = Dies()
+        dying: list[dict] = DiesInTheTool()
         payer(dying, twice=True)  # a worker still on the old code carries out ann's approval
         with pytest.raises(Crash):
             drive_quietly("r1", store=store)
@@ -429,12 +420,7 @@ def test_a_decision_whose_own_drive_claims_the_call_at_once_stands(store, at_poi
     """The control: a drive carrying out this very decision claims the call between its
     record and the check after it (and dies inside the tool). The decision stands."""
 
-    class Dies(list):
-        def append(self, item):
-            super().append(item)
-            raise Crash()
-
-    paid: list[dict] = Dies()
+    paid: list[dict] = DiesInTheTool()
     with pytest.raises(da.ApprovalPending):
         payer(paid).run("r1", "pay me", store=store)
 
