@@ -5,7 +5,8 @@ Set ``DURABLE_AGENTS_CRASH_AT`` to a comma-separated list of point names (for ex
 dictionary lookup. Points: ``after-start``, ``after-model:<n>``, ``after-attempt:<call>``,
 ``after-result:<call>``, ``after-session-journal``, ``after-fork-row`` (a fork's row exists,
 nothing is copied yet), ``before-decision:<call>`` (a person's decision passed its checks;
-nothing of it is written yet), ``after-decision:<call>`` (a decision is journaled; its request
+nothing of it is written yet), ``after-vote:<call>`` (a person's vote is saved; nothing is
+counted or journaled yet), ``after-decision:<call>`` (a decision is journaled; its request
 and run are not updated yet), ``after-resolution:<call>`` (a halt's outcome is journaled; its
 run and halt row are not updated yet), ``after-wait:<name>`` (a tool's wait is journaled; the
 run is not paused yet), ``after-answer:<name>`` / ``after-signal:<name>`` (an answer or a

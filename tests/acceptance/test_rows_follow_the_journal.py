@@ -168,3 +168,27 @@ def _people():
 @pytest.fixture(autouse=True)
 def _effects_table():
     effects_connection().close()  # created before any child counts an effect
+
+
+@pytest.mark.timeout(90)
+def test_a_quorum_vote_killed_before_its_decision_is_finished_by_the_sweep():
+    """bob approves; ann's approval, the second of the two group finance needs, is saved and
+    her process is killed before anything counts it or journals the decision. Nobody votes
+    again: the timer sweep finishes the quorum, and the payout runs once."""
+    from django.contrib.auth.models import Group
+
+    from durable_agents.engine.commands.timers import wake_timers
+
+    Group.objects.create(name="finance").user_set.add(*User.objects.all())
+    run_id = "rows-quorum-vote"
+    assert drive(run_id, "quorum")[1] == {"status": "awaiting_approval", "calls": ["call_1_1"]}
+    assert da.approve(run_id, "call_1_1", True, by="bob").status == "pending"
+    assert command("approve", run_id, "call_1_1", "yes", crash_at="after-vote:call_1_1") == -9
+    store = DjangoStore()
+    assert {d.approver for d in store.list_decisions(run_id, "call_1_1")} == {"ann", "bob"}
+    assert Journal(store).get(run_id, "approval:call_1_1") is None
+    assert Run.objects.get(run_id=run_id).status == "awaiting_approval"
+    assert run_id in wake_timers(store=store)
+    assert Journal(store).get(run_id, "approval:call_1_1").get("by") == "ann"
+    assert Run.objects.get(run_id=run_id).status == "finished"
+    assert count_effects(run_id) == {"call_1_1": 1}

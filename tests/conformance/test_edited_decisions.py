@@ -20,7 +20,7 @@ from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support import wiring
-from tests.support.doubles import Crash, dies_before_its_record
+from tests.support.doubles import Crash, hooks_at_points
 from tests.support.stores import DB
 
 pytestmark = DB
@@ -174,14 +174,10 @@ def test_quorum_approvals_of_different_arguments_at_once_run_neither(inline, mon
     store = inline
     with pytest.raises(da.ApprovalPending):
         payer(quorum=da.Quorum(need=2, group="finance")).run("q1", "pay", store=store)
-    save = store.save_decision
-
-    def ann_first(decision):
-        if decision.approver == "bob":
-            da.approve("q1", "call_1_1", True, by="ann", arguments={"cents": 500}, store=store)
-        return save(decision)
-
-    monkeypatch.setattr(store, "save_decision", ann_first)
+    hooks_at_points(monkeypatch)(  # past bob's checks, before his vote is saved
+        "before-decision:call_1_1",
+        lambda: da.approve("q1", "call_1_1", True, by="ann", arguments={"cents": 500}, store=store),
+    )
     out = da.approve(
         "q1",
         "call_1_1",
@@ -191,7 +187,6 @@ def test_quorum_approvals_of_different_arguments_at_once_run_neither(inline, mon
         edit={"cents": 200},
         store=store,
     )
-    monkeypatch.undo()
     assert out.status == "pending" and out.tally["disagreed_by"] == ["bob"]
     assert out.tally["approved_by"] == ["ann"] and paid == []
     with pytest.raises(da.ApprovalArgumentsDisagree):
@@ -210,23 +205,19 @@ def test_a_quorum_vote_never_lands_on_a_request_asked_again_under_it(inline, mon
     quorum = da.Quorum(need=2, group="finance")
     with pytest.raises(da.ApprovalPending):
         payer(quorum=quorum).run("q2", "pay", store=store)
-    save = store.save_decision
 
-    def asked_again_first(decision):
-        if decision.approver == "ann":
-            payer(memo=True, quorum=quorum)  # the deploy; a drive asks again
-            with pytest.raises(da.ApprovalPending):
-                da.resume("q2", store=store)
-            assert store.get_approval_request("q2", "call_1_1").arguments == {
-                "cents": 500,
-                "memo": "",
-            }
-        return save(decision)
+    def asked_again_first():  # past ann's checks, before her vote is saved
+        payer(memo=True, quorum=quorum)  # the deploy; a drive asks again
+        with pytest.raises(da.ApprovalPending):
+            da.resume("q2", store=store)
+        assert store.get_approval_request("q2", "call_1_1").arguments == {
+            "cents": 500,
+            "memo": "",
+        }
 
-    monkeypatch.setattr(store, "save_decision", asked_again_first)
+    hooks_at_points(monkeypatch)("before-decision:call_1_1", asked_again_first)
     with pytest.raises(ApprovalArgumentsChanged):
         da.approve("q2", "call_1_1", True, by="ann", arguments={"cents": 500}, store=store)
-    monkeypatch.undo()
     asked = {"cents": 500, "memo": ""}
     out = da.approve("q2", "call_1_1", True, by="bob", arguments=asked, store=store)
     assert out.status == "pending" and out.tally["approved_by"] == ["bob"] and paid == []
@@ -234,7 +225,7 @@ def test_a_quorum_vote_never_lands_on_a_request_asked_again_under_it(inline, mon
     assert done.status == "approved" and paid == [{"cents": 500, "memo": ""}]
 
 
-def test_the_sweep_finishes_a_quorum_whose_deciding_voter_died(inline, monkeypatch):
+def test_the_sweep_finishes_a_quorum_whose_deciding_voter_died(inline, crash_at):
     """Bob's approval makes the quorum; he dies after it is saved, before the decision is
     recorded, and nobody decides again: the sweep finishes it (one read of the pending
     requests, one of each quorum request's votes), and the call runs once."""
@@ -244,7 +235,7 @@ def test_the_sweep_finishes_a_quorum_whose_deciding_voter_died(inline, monkeypat
     with pytest.raises(da.ApprovalPending):
         payer(quorum=da.Quorum(need=2, group="finance")).run("q3", "pay", store=store)
     da.approve("q3", "call_1_1", True, by="ann", store=store)
-    dies_before_its_record(monkeypatch, store, "bob")
+    crash_at("after-vote:call_1_1")  # bob's vote is saved, nothing counted nor journaled
     with pytest.raises(Crash):
         da.approve("q3", "call_1_1", True, by="bob", store=store)
     assert "approval:call_1_1" not in decisions(store, "q3") and paid == []

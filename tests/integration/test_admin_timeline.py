@@ -22,6 +22,7 @@ from durable_agents.engine.ports import RunInfo
 from durable_agents.models import JournalEntry
 from durable_agents.storage import DjangoStore
 from tests.support.agents import echo, gated, halting
+from tests.support.doubles import hooks_at_points
 from tests.support.people import make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -145,17 +146,11 @@ def test_a_quorum_vote_that_approved_other_arguments_shows_as_not_counted(monkey
     with pytest.raises(da.ApprovalPending):
         quorum.run("tl-quorum", "pay invoice inv-1")
     store = DjangoStore()
-    save = DjangoStore.save_decision
-
-    def alice_first(self, decision):
-        if decision.approver == "bob":
-            da.approve("tl-quorum", "call_1_1", True, by=alice)
-        return save(self, decision)
-
-    monkeypatch.setattr(DjangoStore, "save_decision", alice_first)
+    hooks_at_points(monkeypatch)(  # past bob's checks, before his vote is saved
+        "before-decision:call_1_1", lambda: da.approve("tl-quorum", "call_1_1", True, by=alice)
+    )
     edit = {"invoice": "inv-1", "cents": 100}
     out = da.approve("tl-quorum", "call_1_1", True, by=bob, edit=edit)
-    monkeypatch.undo()
     assert out.status == "denied" and out.tally["disagreed_by"] == ["bob"]
     assert Journal(store).get("tl-quorum", "tool:call_1_1").get("result")["error"] == "denied"
     decision = next(e for e in _entries(_page("tl-quorum")) if "approved by alice" in e)

@@ -60,18 +60,3 @@ def hooks_at_points(monkeypatch: Any) -> Callable[[str, Callable[[], None]], Non
 
     monkeypatch.setattr(failpoints, "hit", hit)
     return hooks.__setitem__
-
-
-def dies_before_its_record(monkeypatch: Any, store: Any, who: str) -> None:
-    """``who``'s next decision dies after its vote is saved, before anything else (its
-    action-log row, the decision's journal record): the store's ``log_action`` raises
-    ``Crash`` for them, once."""
-    log_action = store.log_action
-
-    def dies(action: Any) -> None:
-        if action.actor == who:
-            monkeypatch.setattr(store, "log_action", log_action)
-            raise Crash()
-        log_action(action)
-
-    monkeypatch.setattr(store, "log_action", dies)

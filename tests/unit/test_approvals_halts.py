@@ -10,7 +10,7 @@ import durable_agents as da
 from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
-from tests.support.doubles import Crash, dies_before_its_record
+from tests.support.doubles import Crash
 from tests.support.signing import keypair
 from tests.support.wiring import wired
 
@@ -337,32 +337,24 @@ def test_a_call_runs_only_with_the_arguments_that_were_approved(store, wiring):
     assert paid == [{"cents": 5, "memo": ""}] and store.get_run("r1").status == "finished"
 
 
-def _approve_first(monkeypatch, store, by, **decision):
+def _ann_approves_first(at_point, store):
     """At the next decision's ``before-decision`` point (past its check that approvals
-    agree), ``by`` decides first: two approvers submitting at the same moment."""
-    from durable_agents.engine import failpoints
-
-    hit = failpoints.hit
-    pending = [True]
-
-    def race(name):
-        if name == "before-decision:call_1_2" and pending:
-            pending.clear()
-            da.approve("r1", "call_1_2", by=by, store=store, **decision)
-        hit(name)
-
-    monkeypatch.setattr(failpoints, "hit", race)
+    agree), Ann approves as asked first: two approvers submitting at the same moment."""
+    at_point(
+        "before-decision:call_1_2",
+        lambda: da.approve("r1", "call_1_2", True, by="ann", store=store),
+    )
 
 
 def test_approvals_of_different_arguments_recorded_at_once_are_no_quorum(
-    store, wiring, fired, monkeypatch
+    store, wiring, fired, at_point
 ):
     # Both pass the check that refuses an approval disagreeing with one already recorded;
     # counted, the later one is decided but approves nothing: no quorum for either.
     a = gated_agent(fired, "unit-quorum-race", quorum=da.Quorum(need=2, group="finance"))
     with pytest.raises(da.ApprovalPending):
         a.run("r1", "pay me", store=store)
-    _approve_first(monkeypatch, store, "ann", approved=True)
+    _ann_approves_first(at_point, store)
     out = da.approve("r1", "call_1_2", True, by="bob", edit={"cents": 3}, store=store)
     assert out.status == "pending"
     assert out.tally["approved_by"] == ["ann"] and out.tally["disagreed_by"] == ["bob"]
@@ -374,12 +366,12 @@ def test_approvals_of_different_arguments_recorded_at_once_are_no_quorum(
     assert "edited" not in record.body and fired == [("peek", 1), 5]
 
 
-def test_a_quorum_whose_approvers_disagree_fails_saying_why(store, fired, monkeypatch):
+def test_a_quorum_whose_approvers_disagree_fails_saying_why(store, fired, at_point):
     a = gated_agent(fired, "unit-quorum-split", quorum=da.Quorum(need=2, group="finance"))
     with wired(eligible_approvers=lambda group: ["ann", "bob"]):
         with pytest.raises(da.ApprovalPending):
             a.run("r1", "pay me", store=store)
-        _approve_first(monkeypatch, store, "ann", approved=True)
+        _ann_approves_first(at_point, store)
         out = da.approve("r1", "call_1_2", True, by="bob", edit={"cents": 3}, store=store)
     assert out.status == "denied" and 5 not in fired and 3 not in fired
     result = Journal(store).get("r1", "tool:call_1_2").get("result")
@@ -387,23 +379,19 @@ def test_a_quorum_whose_approvers_disagree_fails_saying_why(store, fired, monkey
     assert "approved different arguments" in result["message"]
 
 
-def test_a_failed_quorum_tells_the_model_its_deniers_note(store, fired, monkeypatch):
+def test_a_failed_quorum_tells_the_model_its_deniers_note(store, fired, at_point):
     # Ann's denial is saved; before she counts, Bob's approval is saved and counted, and his
     # is the vote that writes the final decision. The model reads Ann's reason, and that
     # Ann denied.
     a = gated_agent(fired, "unit-quorum-note", quorum=da.Quorum(need=2, group="finance"))
-    save = store.save_decision
 
-    def then_bob(decision):
-        saved = save(decision)
-        if decision.approver == "ann":
-            assert da.approve("r1", "call_1_2", True, by="bob", store=store).status == "denied"
-        return saved
+    def bob_votes():
+        assert da.approve("r1", "call_1_2", True, by="bob", store=store).status == "denied"
 
     with wired(eligible_approvers=lambda group: ["ann", "bob"]):
         with pytest.raises(da.ApprovalPending):
             a.run("r1", "pay me", store=store)
-        monkeypatch.setattr(store, "save_decision", then_bob)
+        at_point("after-vote:call_1_2", bob_votes)
         out = da.approve("r1", "call_1_2", False, by="ann", note="pay by cheque", store=store)
     assert out.status == "denied" and 5 not in fired
     decision = Journal(store).get("r1", "approval:call_1_2")
@@ -415,7 +403,7 @@ def test_a_failed_quorum_tells_the_model_its_deniers_note(store, fired, monkeypa
 
 @pytest.mark.parametrize("second", [True, False])
 def test_the_sweep_finishes_a_quorum_whose_deciding_voter_died(
-    store, wiring, fired, monkeypatch, second
+    store, wiring, fired, crash_at, second
 ):
     """Bob's vote decides the quorum (a second approval; or, with Ann's denial and Cat's
     before it, too few left); he dies after it is saved, before the decision is recorded.
@@ -429,7 +417,7 @@ def test_the_sweep_finishes_a_quorum_whose_deciding_voter_died(
         da.approve("r1", "call_1_2", True, by="ann", store=store)
     else:
         da.approve("r1", "call_1_2", False, by="ann", note="no", store=store)
-    dies_before_its_record(monkeypatch, store, "bob")
+    crash_at("after-vote:call_1_2")
     with pytest.raises(Crash):
         da.approve("r1", "call_1_2", second, by="bob", note="" if second else "no", store=store)
     assert store.get_run("r1").status == "awaiting_approval"
@@ -443,7 +431,7 @@ def test_the_sweep_finishes_a_quorum_whose_deciding_voter_died(
 
 
 def test_a_repeated_vote_whose_request_is_asked_again_meanwhile_is_refused(
-    store, wiring, fired, monkeypatch
+    store, wiring, fired, at_point
 ):
     """Bob repeats his vote; right after the store found it standing, a drive under new
     code asks about other arguments (which clears the votes). His repeat is refused as for
@@ -454,17 +442,14 @@ def test_a_repeated_vote_whose_request_is_asked_again_meanwhile_is_refused(
     with pytest.raises(da.ApprovalPending):
         a.run("r1", "pay me", store=store)
     assert da.approve("r1", "call_1_2", True, by="bob", store=store).status == "pending"
-    save = store.save_decision
 
-    def asked_again_after(decision):
-        saved = save(decision)
+    def asked_again():  # what the drive under new code writes
         shown = store.get_approval_request("r1", "call_1_2")
         store.save_approval_request(
             replace(shown, arguments={"cents": 5, "memo": ""}, previous_arguments={"cents": 5})
         )
-        return saved
 
-    monkeypatch.setattr(store, "save_decision", asked_again_after)
+    at_point("after-vote:call_1_2", asked_again)
     with pytest.raises(da.ConfigError) as info:
         da.approve("r1", "call_1_2", True, by="bob", store=store)
     assert info.value.code == "approval.arguments_changed"

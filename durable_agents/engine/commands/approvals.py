@@ -157,6 +157,7 @@ def approve(
     )
     failpoints.hit(f"before-decision:{call_id}")
     recorded = store.save_decision(decision)
+    failpoints.hit(f"after-vote:{call_id}")
     if not recorded:
         mine = next(
             (d for d in store.list_decisions(run_id, call_id) if d.approver == by_name), None
