@@ -190,5 +190,8 @@ def test_a_quorum_vote_killed_before_its_decision_is_finished_by_the_sweep():
     assert Run.objects.get(run_id=run_id).status == "awaiting_approval"
     assert run_id in wake_timers(store=store)
     assert Journal(store).get(run_id, "approval:call_1_1").get("by") == "ann"
+    # Every write attributed: bob's vote, and ann's decision (her vote's row died with her).
+    logged = [(a.actor, a.action) for a in store.list_actions(run_id=run_id)]
+    assert ("bob", "approve") in logged and ("ann", "finish-decision") in logged
     assert Run.objects.get(run_id=run_id).status == "finished"
     assert count_effects(run_id) == {"call_1_1": 1}

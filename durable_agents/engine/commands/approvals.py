@@ -214,6 +214,12 @@ def approve(
         if finish_decision(store, run_id, call_id, final):
             runtime.dispatch(run_id)
         return _standing(request, final, approved, edit)
+    if not recorded:
+        # A repeat that wrote the decision (its first try died between its vote and the
+        # decision, or the sweep finishes it): the decision is this actor's write too.
+        store.log_action(
+            identity.logged(actor, "finish-decision", run_id, call_id, {"approved": count.passed})
+        )
     failpoints.hit(f"after-decision:{call_id}")
     runs_with = (final.get("edited") or {}).get("arguments") or request.arguments
     if _claimed_under_another(journal, run_id, call_id, runs_with if count.passed else None):
