@@ -262,7 +262,11 @@ class ApprovalSignatureOutdated(ApprovalBadSignature):
 
 
 class ApprovalArgumentsChanged(ApprovalError):
+    """The request asks about other arguments than its decider was shown (asked again
+    meanwhile): a conflict with the request's state, not bad input."""
+
     code = "approval.arguments_changed"
+    http_status = 409
 
 
 class ApprovalEditInvalid(ApprovalError):

@@ -449,6 +449,23 @@ def check_quorums(w: W.World, ix: Index) -> None:
                     hole="new",
                 )
 
+    # Who a quorum's decision names as its decider is someone its outcome rests on: a
+    # counted approver of a passed quorum, a denier of a failed one (its voters race to
+    # write it; the write can fall to a vote that was not counted, or to an approval).
+    for run_id, records in ix.names.items():
+        for name, rec in records.items():
+            tally = rec.get("tally") if rec.get("kind") == "approval" else None
+            if not isinstance(tally, dict) or int(tally.get("need") or 1) < 2:
+                continue
+            rests_on = tally.get("approved_by") if rec.get("approved") else tally.get("denied_by")
+            if rests_on and rec.get("by") not in rests_on:
+                w.violate(
+                    "quorums_need_people",
+                    f"run {run_id}: {name} names {rec.get('by')!r} as its decider; it rests "
+                    f"on {rests_on}",
+                    hole="new",
+                )
+
 
 def _runs_as(approved: Any, ran: dict[str, Any]) -> bool:
     """An edit ``approved`` is one of the call that ran with ``ran``: the engine validates

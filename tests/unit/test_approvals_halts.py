@@ -395,10 +395,41 @@ def test_a_failed_quorum_tells_the_model_its_deniers_note(store, fired, at_point
         out = da.approve("r1", "call_1_2", False, by="ann", note="pay by cheque", store=store)
     assert out.status == "denied" and 5 not in fired
     decision = Journal(store).get("r1", "approval:call_1_2")
-    assert decision.get("by") == "bob" and decision.get("note") == "pay by cheque"
+    # Written by Bob's approval; named for the denial the outcome rests on.
+    assert decision.get("by") == "ann" and decision.get("note") == "pay by cheque"
+    assert decision.get("recorded_by") == "bob" and decision.get("by_id") is None
     result = Journal(store).get("r1", "tool:call_1_2").get("result")
     assert result["by"] == "ann" and result["note"] == "pay by cheque"
     assert result["message"] == "a person denied this call: pay by cheque"
+
+
+def test_a_passed_quorum_names_an_approver_it_counted_whoever_wrote_it(
+    store, wiring, fired, at_point, crash_at
+):
+    """Cat approves an edit; past her check, Ann approves as asked, then Bob does and stops
+    right after his vote is saved. Cat's vote, not counted (it disagrees with Ann's, the
+    first), is the one that finds the quorum passed and writes the decision: it names Bob,
+    whose approval completed it, and keeps Cat as the one who recorded it."""
+    a = gated_agent(fired, "unit-quorum-by", quorum=da.Quorum(need=2, group="finance"))
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+
+    def ann_then_bob():
+        assert da.approve("r1", "call_1_2", True, by="ann", store=store).status == "pending"
+        crash_at("after-vote:call_1_2")
+        with pytest.raises(Crash):
+            da.approve("r1", "call_1_2", True, by="bob", store=store)
+
+    heard: list[tuple[str, dict]] = []
+    store.announce = lambda event, details: heard.append((event, details))  # a listening host
+    at_point("before-decision:call_1_2", ann_then_bob)
+    out = da.approve("r1", "call_1_2", True, by="cat", edit={"cents": 3}, store=store)
+    assert out.status == "approved" and out.tally["approved_by"] == ["ann", "bob"]
+    assert out.tally["disagreed_by"] == ["cat"]
+    decision = Journal(store).get("r1", "approval:call_1_2")
+    assert decision.get("by") == "bob" and decision.get("recorded_by") == "cat"
+    assert "edited" not in decision.body and fired == [("peek", 1), 5]
+    assert [d["by"] for event, d in heard if event == "approval_decided"] == ["bob"]
 
 
 @pytest.mark.parametrize("second", [True, False])
@@ -452,6 +483,6 @@ def test_a_repeated_vote_whose_request_is_asked_again_meanwhile_is_refused(
     at_point("after-vote:call_1_2", asked_again)
     with pytest.raises(da.ConfigError) as info:
         da.approve("r1", "call_1_2", True, by="bob", store=store)
-    assert info.value.code == "approval.arguments_changed"
+    assert info.value.code == "approval.arguments_changed" and info.value.http_status == 409
     assert store.list_decisions("r1", "call_1_2") == []
     assert Journal(store).get("r1", "approval:call_1_2") is None and 5 not in fired

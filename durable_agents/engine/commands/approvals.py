@@ -193,14 +193,16 @@ def approve(
     if not (count.passed or count.unreachable):
         return ApprovalOutcome(run_id, call_id, APPROVAL_PENDING, count.to_json())
     note = _final_note(policy, count, note)
+    decider = _decider(policy, count, by_name)
     final, inserted = journal.write(
         run_id,
         name,
         {
             "kind": "approval",
             "approved": count.passed,
-            "by": by_name,
-            "by_id": actor.id,
+            "by": decider,
+            "by_id": actor.id if decider == by_name else None,
+            **({"recorded_by": by_name, "recorded_by_id": actor.id} if decider != by_name else {}),
             "note": note,
             "tally": count.to_json(),
             "at": now_ms(),
@@ -278,7 +280,7 @@ def approve(
         tool=request.tool_name,
         decision=("edit" if edited else "approve") if count.passed else "deny",
         approved=count.passed,
-        by=by_name,
+        by=decider,
         note=note,
         arguments=edited["arguments"] if edited else request.arguments,
         original_arguments=request.arguments if edited else None,
@@ -472,6 +474,22 @@ def _refuse_orphans(
         f"the approval of call {request.call_id!r} in run {request.run_id!r} is orphaned "
         f"({why}); nothing was run"
     )
+
+
+def _decider(policy: dict[str, Any], count: Tally, writer: str) -> str:
+    """Whom the decision that makes a request final names as its decider (``by``): its
+    writer, unless the writer's vote is not one the outcome rests on. A quorum's voters race
+    to write it, and the write can fall to an approver whose approval of other arguments was
+    not counted, or to an approver of a quorum that failed. Then it names the approval that
+    completed the quorum, or the last denial (the record keeps its writer as
+    ``recorded_by``)."""
+    if policy.get("kind") != "quorum":
+        return writer
+    if count.passed:
+        return writer if writer in count.approved_by else count.approved_by[count.need - 1]
+    if writer in count.denied_by or not count.denied_by:
+        return writer  # no denier: the approvals disagreed, and the tally says so
+    return count.denied_by[-1]
 
 
 def _final_note(policy: dict[str, Any], count: Tally, note: str) -> str:
