@@ -391,6 +391,9 @@ class Deploy:
     # Refunds need a quorum of two people (``QUORUM``). Set by the cast from a stream of its
     # own, never drawn from the seed's: seeds without it keep their schedules.
     quorum: bool = False
+    # Two tool calls of one turn may run at once (``tool_concurrency=2``; ``world.SimPool``).
+    # Set by the cast from a stream of its own, as ``quorum`` is.
+    concurrent: bool = False
 
     @property
     def durability(self) -> str:
@@ -405,7 +408,15 @@ class Deploy:
         parts.append(f"durability={self.durability}")
         parts += [
             name
-            for name in ("currency", "reason", "no_notify", "no_charge", "saga", "quorum")
+            for name in (
+                "currency",
+                "reason",
+                "no_notify",
+                "no_charge",
+                "saga",
+                "quorum",
+                "concurrent",
+            )
             if getattr(self, name)
         ]
         return ", ".join(parts)
@@ -432,6 +443,7 @@ class Deploy:
             model_retry=da.ModelRetry(max_attempts=3, base_delay=1.0, max_delay=2.0),
             durability=self.durability,
             saga=self.saga,
+            tool_concurrency=2 if self.concurrent else 1,
         )
 
     def changed(self, w: W.World) -> Deploy:

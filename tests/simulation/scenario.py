@@ -45,7 +45,9 @@ def build(w: W.World) -> None:
     # Quorums came after sagas: drawn from a stream of the seed's own (the seed's draws stay
     # as they were), for casts with people.
     quorum = "person" in cfg.actors and random.Random(f"quorum:{cfg.seed}").random() < cfg.quorum
-    w.deploy = Deploy(saga="answerer" in cfg.actors, quorum=quorum)
+    # Concurrent tool calls came after quorums: drawn the same way, from a stream of its own.
+    concurrent = random.Random(f"concurrent:{cfg.seed}").random() < cfg.concurrent
+    w.deploy = Deploy(saga="answerer" in cfg.actors, quorum=quorum, concurrent=concurrent)
     w.deploy.activate()
     w.deliveries = {f"d{i}": w.plans.make() for i in range(1, 3)}
     w.chat = [w.plans.make() for _ in range(2)]

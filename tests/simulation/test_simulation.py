@@ -43,6 +43,7 @@ def test_seeds_keep_the_promise():
         "undos run": "answerer" in config.actors,  # so do saga deploys (issue 16)
         "quorums reached": "person" in config.actors and config.quorum > 0,
         "outsiders refused": "person" in config.actors and config.quorum > 0,
+        "tool calls in flight together": config.concurrent > 0,
     }
     if len(seeds) >= 500:
         missed = [

@@ -26,12 +26,13 @@ import threading
 import traceback
 import uuid as _uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import greenlet
 
-from durable_agents.engine import failpoints, leases, runtime
+from durable_agents.engine import failpoints, leases, loop, runtime
 from durable_agents.engine.errors import DurableAgentsError, LeaseLost, Pause
 from durable_agents.engine.memstore import InMemoryStore
 from durable_agents.engine.retry import RetryPolicy
@@ -77,6 +78,9 @@ class Config:
     # The odds that a cast with people gates refunds behind a quorum (``agent.QUORUM``),
     # drawn from a stream of the seed's own so that the other draws stay as they were.
     quorum: float = 0.3
+    # The odds that the agent runs two tool calls of a turn at once (``tool_concurrency=2``,
+    # ``SimPool``), drawn the same way.
+    concurrent: float = 0.3
 
 
 # The group a quorum cast's refunds are approved by (``agent.QUORUM``).
@@ -215,6 +219,66 @@ class SimHeartbeat:
             entry[2] = now + lease.ttl / 3
 
 
+class SimPool:
+    """Stands in for the loop's ``ThreadPoolExecutor`` (an agent with ``tool_concurrency >
+    1``). A process has no threads here, so a call handed to the pool runs in the process's
+    own greenlet, with its points: at once, or (drawn from a stream of the seed's own) left
+    waiting until the driver hands over the next call or waits for one to finish. So the
+    driver claims a second call either after the first one ran or before, and records their
+    results after both. A waiting call is never held up by another call's body — calls run
+    in the order they were handed over, as a real pool's idle threads start at once — only
+    by the driver's claim of the next one. Calls a driver leaves in flight when it stops
+    (its lease lost) run to their end when the pool closes, as a real pool's threads do; a
+    crash anywhere takes the whole process, its pool's calls with it."""
+
+    def __init__(self, max_workers: int) -> None:
+        world = CURRENT
+        assert world is not None
+        self.world = world
+        self.waiting: dict[Future[Any], Callable[[], Any]] = {}
+        self.submitted = 0
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        w = self.world
+        future: Future[Any] = Future()
+        w.pools[future] = self
+        self.submitted += 1
+        if self.submitted > 1:  # the loop's pool is one batch: the first is not settled yet
+            w.count("tool calls in flight together")
+        self.waiting[future] = lambda: fn(*args)
+        if w.pool_rng.random() < 0.5:
+            self.run_waiting()
+        return future
+
+    def run_waiting(self) -> None:
+        while self.waiting:
+            future, call = next(iter(self.waiting.items()))
+            del self.waiting[future]
+            try:
+                value = call()
+            except Exception as exc:  # what a worker thread hands back
+                future.set_exception(exc)
+            else:
+                future.set_result(value)
+
+    def __enter__(self) -> SimPool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.run_waiting()  # ``shutdown(wait=True)``: the calls in flight finish
+
+
+def sim_wait(fs: Any, timeout: Any = None, return_when: Any = None) -> Any:
+    """``concurrent.futures.wait`` for ``SimPool``'s futures: the finished ones (in the
+    order they were handed over, so a seed replays), after running the waiting ones."""
+    futures = list(fs)
+    world = CURRENT
+    assert world is not None
+    for pool in dict.fromkeys(world.pools[f] for f in futures if not f.done()):
+        pool.run_waiting()
+    return [f for f in futures if f.done()], [f for f in futures if not f.done()]
+
+
 class _UUID:
     """The ``uuid`` module as engine modules see it: uuid4 from the seed."""
 
@@ -270,6 +334,10 @@ class World:
         self.rng = random.Random(f"schedule:{seed}")
         self.model_rng = random.Random(f"model:{seed}")
         self.uuid_rng = random.Random(f"uuid:{seed}")
+        # A tool pool's choices (``SimPool``): a stream of its own, so seeds whose agents
+        # run one call at a time keep their schedules.
+        self.pool_rng = random.Random(f"pool:{seed}")
+        self.pools: dict[Future[Any], SimPool] = {}
         self.now = EPOCH
         self.raw = InMemoryStore(clock=self.clock)
         self.store = SimStore(self.raw, self)
@@ -778,6 +846,11 @@ def patched(world: World) -> Iterator[None]:
     failpoints.hit = world.failpoint  # type: ignore[assignment]
     swapped.append((leases, "_heartbeat", leases._heartbeat))
     leases._heartbeat = world.heartbeat  # type: ignore[assignment]
+    # The tool pool of an agent with ``tool_concurrency > 1``: greenlets, not threads.
+    swapped.append((loop, "ThreadPoolExecutor", loop.ThreadPoolExecutor))
+    swapped.append((loop, "wait", loop.wait))
+    loop.ThreadPoolExecutor = SimPool  # type: ignore[assignment,misc]
+    loop.wait = sim_wait  # type: ignore[assignment]
     logger = logging.getLogger("durable_agents")
     saved_level = logger.level
     logger.setLevel(logging.CRITICAL)
