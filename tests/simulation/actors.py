@@ -13,10 +13,11 @@ from typing import Any
 import durable_agents as da
 from durable_agents.engine import runtime
 from durable_agents.engine.agent import get_agent
-from durable_agents.engine.approvals import decision_name
+from durable_agents.engine.approvals import decision_name, incarnation_of
 from durable_agents.engine.commands import runs as commands
 from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.errors import (
+    ApprovalBadSignature,
     ApproverNotEligible,
     DriveStopped,
     DurableAgentsError,
@@ -28,6 +29,7 @@ from durable_agents.engine.errors import (
 )
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import AWAITING_APPROVAL, HALTED
+from durable_agents.engine.records import encode
 from durable_agents.engine.waits import open_waits
 
 from . import world as W
@@ -327,16 +329,46 @@ class Person(Actor):
                 w.submitted.append((run_id, call_id, self.name, seen if edited is None else edited))
                 if edited is not None:
                     w.edits.add((run_id, call_id, self.name))
-            outcome = da.approve(
-                run_id,
-                call_id,
-                approve,
-                by=self.name,
-                note="" if approve else W.deny_message(call_id),
-                arguments=seen,
-                edit=edited,
-                store=w.store,
-            )
+            note = "" if approve else W.deny_message(call_id)
+            signed, signature = None, None
+            # Some decisions are signed with the person's key (an unedited one: the bytes
+            # are the arguments they saw), over the run's start they read: what the
+            # replayer captures. Drawn from the signing stream (``World.sign_rng``).
+            if w.keys and edited is None and w.sign_rng.random() < 0.3:
+                incarnation = incarnation_of(w.store, run_id)
+                signed = W.Signed(
+                    run_id, call_id, request.tool_name, seen, incarnation, self.name, approve, note
+                )
+                signature = w.sign(signed)
+            try:
+                outcome = da.approve(
+                    run_id,
+                    call_id,
+                    approve,
+                    by=self.name,
+                    note=note,
+                    arguments=seen,
+                    edit=edited,
+                    signature=signature,
+                    store=w.store,
+                )
+            except ApprovalBadSignature:
+                now = w.raw.get_approval_request(run_id, call_id)
+                if (
+                    signed is not None
+                    and now is not None
+                    and encode(now.arguments) == encode(seen)
+                    and incarnation_of(w.raw, run_id) == signed.incarnation
+                ):
+                    w.violate(
+                        "signatures_bind",
+                        f"run {run_id}: {self.name}'s own signed decision on {call_id} was "
+                        "refused, though the request and the run's start are what they signed",
+                        hole="new",
+                    )
+                raise
+            if signature is not None:
+                w.count("signed decisions taken")
             if outcome.status == "approved":
                 # What the person whose approval stands approved running: their decision
                 # row's edit (it may be someone who crashed after deciding), else as asked.
@@ -515,6 +547,75 @@ class Outsider(Actor):
             return outcome.status
 
         return f"outsider-approve {run_id} {call_id}", op
+
+
+class Replayer(Actor):
+    """Someone who captured people's signed decisions (a log, a proxy) and submits them on
+    other requests: a fork of the run, the same call asked again about other arguments,
+    another call or run. The signature binds the run's start, the call, the tool and its
+    arguments: every replay must be refused (``approval.bad_signature``), or refused before
+    the signature is looked at (the request is gone, an edit the tool refuses)."""
+
+    kind = "replayer"
+    # Refusals that come before the signature is checked.
+    BEFORE_THE_SIGNATURE = frozenset({"approval.not_found", "approval.edit_invalid"})
+
+    def __init__(self, name: str, tries: int) -> None:
+        super().__init__(name)
+        self.tries_left = tries
+
+    def weight(self, w: W.World) -> int:
+        return 2 if self.tries_left and w.signatures and self._requests(w) else 0
+
+    def _requests(self, w: W.World) -> list[Any]:
+        return w.raw.list_approval_requests()
+
+    def choose(self, w: W.World) -> Op | None:
+        requests = self._requests(w)
+        if not requests or not w.signatures or not self.tries_left:
+            return None
+        self.tries_left -= 1
+        signed = w.signatures[w.sign_rng.randrange(len(w.signatures))]
+        req = requests[w.sign_rng.randrange(len(requests))]
+        run_id, call_id = req.run_id, req.call_id
+
+        def op() -> str:
+            request = w.store.get_approval_request(run_id, call_id)
+            if request is None:
+                return "gone"
+            here = (run_id, call_id, request.tool_name, encode(request.arguments))
+            there = (signed.run_id, signed.call_id, signed.tool_name, encode(signed.arguments))
+            if here == there and incarnation_of(w.raw, run_id) == signed.incarnation:
+                return "its own request: the signer's decision, not a replay"
+            try:
+                outcome = da.approve(
+                    run_id,
+                    call_id,
+                    signed.approved,
+                    by=signed.by,
+                    note=signed.note,
+                    signature=w.signatures_made[signed],
+                    store=w.store,
+                )
+            except ApprovalBadSignature:
+                w.count("replayed signatures refused")
+                return "refused"
+            except DurableAgentsError as exc:
+                if exc.code in self.BEFORE_THE_SIGNATURE:
+                    return f"refused ({exc.code})"
+                result = f"!! {exc.code}"
+            else:
+                result = outcome.status
+            w.violate(
+                "signatures_bind",
+                f"run {run_id}: {signed.by}'s signature over call {signed.call_id} of run "
+                f"{signed.run_id} ({there[3]}) was accepted for call {call_id} "
+                f"({here[3]}): {result}",
+                hole="new",
+            )
+            return result
+
+        return f"replay {signed.by}'s signature on {run_id} {call_id}", op
 
 
 def _asleep(w: W.World) -> tuple[str, str] | None:

@@ -27,6 +27,7 @@ from .actors import (
     Outsider,
     Person,
     Recovery,
+    Replayer,
     Stepper,
     Webhook,
     drive_like_a_worker,
@@ -81,6 +82,15 @@ def build(w: W.World) -> None:
     # answerer draws what it drew before waits existed (see ``Plans``).
     if "answerer" in cfg.actors and on("answerer", 0.8):
         actors.append(Answerer("carol", rng.randint(2, 6)))
+    # Signed decisions came after quorums, with the answerer's casts (so the known-hole
+    # seeds keep their schedules): the people hold keys and sign some decisions, and
+    # someone who captured them replays them elsewhere (its choices from the signing
+    # stream; it moves only once something is signed).
+    if "answerer" in cfg.actors and any(isinstance(a, Person) for a in actors):
+        for person in actors:
+            if isinstance(person, Person):
+                w.give_key(person.name)
+        actors.append(Replayer("mallory", 3))
     w.actors = actors
     w.log(
         "-",

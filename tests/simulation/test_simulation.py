@@ -44,6 +44,8 @@ def test_seeds_keep_the_promise():
         "quorums reached": "person" in config.actors and config.quorum > 0,
         "outsiders refused": "person" in config.actors and config.quorum > 0,
         "tool calls in flight together": config.concurrent > 0,
+        "signed decisions taken": "person" in config.actors and "answerer" in config.actors,
+        "replayed signatures refused": "person" in config.actors and "answerer" in config.actors,
     }
     if len(seeds) >= 500:
         missed = [

@@ -18,7 +18,9 @@ that is neither crashed nor stalled.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import logging
 import random
 import sys
@@ -31,8 +33,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import greenlet
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from durable_agents.engine import failpoints, leases, loop, runtime
+from durable_agents.engine.approvals import decision_bytes
 from durable_agents.engine.errors import DurableAgentsError, LeaseLost, Pause
 from durable_agents.engine.memstore import InMemoryStore
 from durable_agents.engine.retry import RetryPolicy
@@ -85,6 +90,24 @@ class Config:
 
 # The group a quorum cast's refunds are approved by (``agent.QUORUM``).
 PAYOUTS = "payouts"
+
+
+@dataclass(frozen=True)
+class Signed:
+    """What a person signed (``da.decision_bytes``): a decision on one call of one start
+    of one run, with the arguments they saw."""
+
+    run_id: str
+    call_id: str
+    tool_name: str
+    arguments: Any
+    incarnation: str
+    by: str
+    approved: bool
+    note: str
+
+    def __hash__(self) -> int:
+        return hash((self.run_id, self.call_id, self.by, self.approved, self.incarnation))
 
 
 @dataclass
@@ -338,6 +361,13 @@ class World:
         # run one call at a time keep their schedules.
         self.pool_rng = random.Random(f"pool:{seed}")
         self.pools: dict[Future[Any], SimPool] = {}
+        # Signed decisions (the answerer's casts): the people's keys, derived from the seed
+        # (set by the cast), what they signed, and a stream of its own for whether they sign
+        # and what the replayer picks, so unsigned seeds keep their schedules.
+        self.sign_rng = random.Random(f"sign:{seed}")
+        self.keys: dict[str, Any] = {}
+        self.signatures: list[Signed] = []
+        self.signatures_made: dict[Signed, str] = {}
         self.now = EPOCH
         self.raw = InMemoryStore(clock=self.clock)
         self.store = SimStore(self.raw, self)
@@ -402,6 +432,36 @@ class World:
 
     def clock(self) -> float:
         return self.now
+
+    def give_key(self, name: str) -> None:
+        seed = hashlib.sha256(f"key:{self.config.seed}:{name}".encode()).digest()
+        self.keys[name] = Ed25519PrivateKey.from_private_bytes(seed)
+
+    def public_keys(self, user_id: str) -> list[str]:
+        key = self.keys.get(user_id)
+        if key is None:
+            return []
+        raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        return [base64.b64encode(raw).decode()]
+
+    def sign(self, signed: Signed) -> str:
+        """A person's signature over ``signed`` (base64), kept for the replayer."""
+        message = decision_bytes(
+            incarnation=signed.incarnation,
+            run_id=signed.run_id,
+            call_id=signed.call_id,
+            tool_name=signed.tool_name,
+            arguments=signed.arguments,
+            approver_id=signed.by,
+            approved=signed.approved,
+            note=signed.note,
+        )
+        signature = base64.b64encode(self.keys[signed.by].sign(message)).decode()
+        if signed not in self.signatures_made:
+            self.signatures.append(signed)
+            self.signatures_made[signed] = signature
+        self.count("signed decisions")
+        return signature
 
     def count(self, event: str) -> None:
         self.events[event] = self.events.get(event, 0) + 1
@@ -867,7 +927,7 @@ def patched(world: World) -> Iterator[None]:
         # tests/integration; here the question is what the engine does with a decision.
         resolve_actor=None,
         eligible_approvers=lambda group: list(world.eligible) if group == PAYOUTS else [],
-        approver_keys=lambda user_id: [],
+        approver_keys=world.public_keys,
         halt_min_age=lambda: 2 * ttl,
         retry_policy=lambda: RetryPolicy(),
         # Waits (model retry backoff, a duplicate delivery waiting for its turn) are the
