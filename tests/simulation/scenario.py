@@ -70,10 +70,11 @@ def build(w: W.World) -> None:
             for n in ("ann", "bob")[: cfg.persons]
         ]
     if quorum and any(isinstance(a, Person) for a in actors):
-        # Half the quorum casts have a third member (cat), drawn from the quorum's stream:
-        # two of three can pass it, and a vote can come after the quorum is decided.
+        # Half the quorum casts with the answerer have a third member (cat), drawn from the
+        # quorum's stream: two of three can pass it, and a vote can come after the quorum
+        # is decided. (Casts without the answerer keep the known-hole seeds' schedules.)
         qrng = random.Random(f"quorum-cast:{cfg.seed}")
-        if qrng.random() < 0.5:
+        if qrng.random() < 0.5 and "answerer" in cfg.actors:
             actors.append(Person("cat", qrng.randint(0, 2), qrng.choice([0, 0, 1])))
         w.eligible = [a.name for a in actors if isinstance(a, Person)]
         actors.append(Outsider("eve", 2))
