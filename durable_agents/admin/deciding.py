@@ -44,6 +44,13 @@ class Decided:
     text: str
 
 
+def shown_arguments(obj: ApprovalRequest) -> str:
+    """The arguments a decision form shows, as it posts them back (``shown``): the decision
+    is for those, and the engine refuses it (``approval.arguments_changed``) if the call
+    asks about others by the time it is submitted."""
+    return json.dumps(obj.arguments, ensure_ascii=False, sort_keys=True)
+
+
 def decide_call(
     request: HttpRequest,
     obj: ApprovalRequest,
@@ -147,7 +154,7 @@ def _row(admin: AnyModelAdmin, obj: Any, mine: dict[int, bool]) -> dict[str, Any
         "run_url": run_url(admin, obj.run_id),
         "url": reverse("admin:durable_agents_approvalrequest_change", args=[obj.pk]),
         "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
-        "shown": json.dumps(obj.arguments, ensure_ascii=False, sort_keys=True),
+        "shown": shown_arguments(obj),
         "mine": mine.get(obj.pk),
     }
 

@@ -19,7 +19,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern
 from django.utils.html import format_html
+from django.utils.http import urlencode
 
+from ..engine.approvals import NOT_SHOWN
 from ..engine.commands.halts import resolve_halt
 from ..engine.errors import ApprovalEditInvalid, DurableAgentsError
 from ..engine.journal import Journal
@@ -45,7 +47,7 @@ from .base import (
     related_count,
     run_url,
 )
-from .deciding import bulk_decide, decide_call, tell
+from .deciding import bulk_decide, decide_call, shown_arguments, tell
 from .readable import conversation, fields_of, policy_words, summary_of
 from .timeline import pretty
 
@@ -127,10 +129,27 @@ class DecisionForm(forms.Form):
         help_text="Approve with edits: the arguments that run instead, as a JSON object. "
         "They are checked against the tool's schema.",
     )
+    # The arguments the page showed (``shown_arguments``): the decision is for those, and
+    # the engine refuses it (``approval.arguments_changed``) if the call asks about others
+    # by the time it is submitted (a deploy asked again meanwhile).
+    shown = forms.CharField(required=False, widget=forms.HiddenInput)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         data["edited"] = None
+        # Not posted (a request made by hand): for what the call asks when it arrives.
+        shown = data.get("shown") or ""
+        data["shown"] = NOT_SHOWN
+        if shown:
+            try:
+                data["shown"] = json.loads(shown)
+            except ValueError:
+                self.add_error(
+                    None,
+                    "The arguments this page showed came back garbled; nothing was done. "
+                    "Open the call again and decide there.",
+                )
+                return data
         if data.get("decision") == "edit":
             try:
                 edited = json.loads(data.get("edit") or "")
@@ -243,7 +262,10 @@ class ApprovalRequestAdmin(_QueueAdmin):
         message; write one on the call's page or with "Deny selected"."""
         if obj.status != APPROVAL_PENDING:
             return ""
-        url = admin_url(self, "decide", obj.pk) + "?back=queue"
+        # The arguments this row shows travel in the URL: the list's form has no field
+        # for them.
+        shown = urlencode({"back": "queue", "shown": shown_arguments(obj)})
+        url = admin_url(self, "decide", obj.pk) + "?" + shown
         return format_html(
             '<button type="submit" formaction="{}" formmethod="post" formnovalidate '
             'name="decision" value="approve" class="button da-row-approve">Approve</button> '
@@ -296,7 +318,8 @@ def approval_detail(
             "decisions": obj.decisions.order_by("created_at"),
             "can_decide": can_decide,
             "editable": can_decide and editable(obj),
-            "form": form or DecisionForm(initial={"edit": pretty(obj.arguments)}),
+            "form": form
+            or DecisionForm(initial={"edit": pretty(obj.arguments), "shown": shown_arguments(obj)}),
             "decide_url": admin_url(admin, "decide", obj.pk),
         },
     )
@@ -308,7 +331,10 @@ def approval_decide_view(
     obj = posted_object(admin, request, object_id, "decide")
     if isinstance(obj, HttpResponse):
         return obj
-    form = DecisionForm(request.POST)
+    posted = request.POST.copy()
+    if not posted.get("shown") and request.GET.get("shown"):
+        posted["shown"] = request.GET["shown"]  # a queue row's buttons (``decide_here``)
+    form = DecisionForm(posted)
     if not form.is_valid():
         return approval_detail(admin, request, obj, form)
     approved = form.cleaned_data["decision"] != "deny"
@@ -323,6 +349,7 @@ def approval_decide_view(
             approved,
             form.cleaned_data["note"],
             edit=form.cleaned_data["edited"],
+            arguments=form.cleaned_data["shown"],
         )
     except ApprovalEditInvalid as exc:  # bad input: a form error, nothing written
         form.add_error("edit", str(exc))

@@ -64,6 +64,7 @@ from .base import (
     related_count,
     run_url,
 )
+from .deciding import shown_arguments
 from .queues import editable, progress
 from .timeline import agent_drift, build_timeline, pretty
 
@@ -375,6 +376,7 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
                 "admin:durable_agents_approvalrequest_decide", args=[a["obj"].pk]
             ),
             "editable": can_decide and editable(a["obj"]),
+            "shown": shown_arguments(a["obj"]),
         }
         for a in approvals
         if a["obj"].status == APPROVAL_PENDING

@@ -23,6 +23,7 @@ from ninja import Router
 
 from ..engine import names
 from ..engine.approvals import (
+    NOT_SHOWN,
     ApprovalOutcome,
     arguments_digest,
     resolve_approver,
@@ -223,4 +224,9 @@ def decide(request: HttpRequest, run_id: str, call_id: str, payload: DecideIn) -
     """
     by = require(request, "decide")
     run_id, call_id = checked_run_id(run_id), checked_call_id(call_id)
-    return _result(approve(run_id, call_id, payload.approved, by, payload.note, edit=payload.edit))
+    shown = payload.arguments if payload.arguments is not None else NOT_SHOWN
+    return _result(
+        approve(
+            run_id, call_id, payload.approved, by, payload.note, edit=payload.edit, arguments=shown
+        )
+    )

@@ -287,6 +287,13 @@ class DecideIn(Body):
     approved: StrictBool
     note: Note = Field("", description="a denial's note is the message the model reads")
     edit: dict[Text, JsonValue] | None = Field(None, description=_EDIT)
+    arguments: dict[Text, JsonValue] | None = Field(
+        None,
+        description="the call's arguments as the decider was shown them (the approvals "
+        "list's `arguments`): if the call asks about others by now (a deploy asked again "
+        "meanwhile), 409 approval.arguments_changed and nothing is recorded; omitted, the "
+        "decision is for the arguments the call asks about when it arrives",
+    )
 
 
 class SignedDecisionIn(Body):

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import html
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -269,6 +272,58 @@ def test_approve_in_the_admin_runs_the_call_once_and_the_run_finishes():
     assert any("already approved; nothing changed" in m for m in messages_of(response))
     assert journal("adm-approve") == before and ActionLog.objects.count() == 1
     assert count_effects("adm-approve") == {"call_1_1": 1}
+
+
+def _shown(page: Any) -> str:
+    """The ``shown`` field a decision form carries (the arguments the page showed)."""
+    found = re.search(r'name="shown" value="([^"]*)"', page.content.decode())
+    assert found is not None, "the decision form carries no shown arguments"
+    return html.unescape(found.group(1))
+
+
+def test_a_decision_in_the_admin_is_for_the_arguments_its_page_showed():
+    """Every decision form posts back the arguments it showed (the call's page, the run
+    page's banner; a queue row's buttons in their URL). A deploy asks the call again about
+    other arguments between the page view and the submit: the decision is refused, and
+    nothing is written."""
+    req = waiting_for_approval("adm-shown")
+    alice = make_user("alice", "durable_agents.approve_toolcall", "durable_agents.view_run")
+    on_page = _shown(client_for(alice).get(approval_url(req)))
+    on_run = _shown(client_for(alice).get(run_url("adm-shown")))
+    assert json.loads(on_page) == json.loads(on_run) == {"order_id": "7", "cents": 500}
+    queue = text_of(
+        client_for(alice).get(reverse("admin:durable_agents_approvalrequest_changelist"))
+    )
+    row = re.search(r'formaction="([^"]*back=queue[^"]*)"', queue)
+    assert row is not None and "shown=" in row.group(1)
+
+    store = DjangoStore()
+    asked = store.get_approval_request("adm-shown", "call_1_1")
+    store.save_approval_request(
+        replace(
+            asked, arguments={"order_id": "7", "cents": 900}, previous_arguments=asked.arguments
+        )
+    )
+    before = (journal("adm-shown"), Decision.objects.count(), ActionLog.objects.count())
+    posts = [
+        (approval_url(req, "decide"), {"decision": "approve", "shown": on_page}),
+        (approval_url(req, "decide"), {"decision": "deny", "note": "no", "shown": on_run}),
+        (html.unescape(row.group(1)), {"decision": "approve"}),
+    ]
+    for url, data in posts:
+        response = client_for(alice).post(url, data)
+        assert response.status_code == 302
+        assert any("approval.arguments_changed" in m for m in messages_of(response)), url
+    assert (journal("adm-shown"), Decision.objects.count(), ActionLog.objects.count()) == before
+    assert ApprovalRequest.objects.get(pk=req.pk).status == "pending"
+    assert count_effects("adm-shown") == {}
+    # A garbled one is a form error; without one (a request made by hand) the decision is
+    # for what the call asks now.
+    garbled = client_for(alice).post(
+        approval_url(req, "decide"), {"decision": "approve", "shown": "{not json"}
+    )
+    assert garbled.status_code == 200 and "came back garbled" in text_of(garbled)
+    assert Decision.objects.count() == before[1]
 
 
 def test_deciding_for_a_cancelled_run_is_refused_as_orphaned():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, get_args
 from urllib.parse import quote
 
@@ -404,6 +404,28 @@ def test_approve_then_the_same_decision_again_then_a_different_one():
     decided = caller.get("/approvals", status="approved").json()["items"]
     assert decided[0]["decisions"][0]["approver"] == "operator"
     assert decided[0]["progress"]["approved_by"] == ["operator"]
+
+
+def test_a_decision_can_say_which_arguments_it_was_shown():
+    """``arguments``: what the decider saw in the approvals list. If a deploy asked the
+    call again about others meanwhile, 409 ``approval.arguments_changed`` and nothing is
+    recorded; with what the call asks now, the decision is taken."""
+    gated.start("refund order 7", run_id="ap-shown")
+    caller = staff_with("durable_agents.approve_toolcall")
+    seen = caller.get("/approvals").json()["items"][0]["arguments"]
+    store = DjangoStore()
+    asked = store.get_approval_request("ap-shown", "call_1_1")
+    now = {"order_id": "7", "cents": 900}
+    store.save_approval_request(replace(asked, arguments=now, previous_arguments=asked.arguments))
+    before = snapshot()
+    url = "/runs/ap-shown/approvals/call_1_1"
+    body = error(
+        caller.post(url, {"approved": True, "arguments": seen}), 409, "approval.arguments_changed"
+    )
+    assert "other arguments" in body["message"]
+    assert snapshot() == before and count_effects("ap-shown") == {}
+    taken = caller.post(url, {"approved": False, "note": "no", "arguments": now})
+    assert taken.status_code == 200 and taken.json()["status"] == "denied"
 
 
 def test_a_denial_becomes_a_rejection_and_the_run_goes_on():
