@@ -21,9 +21,9 @@ from django.urls import URLPattern
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from ..engine.approvals import NOT_SHOWN
+from ..engine.approvals import NOT_SHOWN, arguments_digest
 from ..engine.commands.halts import resolve_halt
-from ..engine.errors import ApprovalEditInvalid, DurableAgentsError
+from ..engine.errors import ApprovalArgumentsChanged, ApprovalEditInvalid, DurableAgentsError
 from ..engine.journal import Journal
 from ..engine.ports import APPROVAL_PENDING, HALT_OPEN
 from ..engine.registry import get_agent
@@ -47,7 +47,7 @@ from .base import (
     related_count,
     run_url,
 )
-from .deciding import bulk_decide, decide_call, shown_arguments, tell
+from .deciding import Decided, bulk_decide, decide_call, shown_arguments, tell
 from .readable import conversation, fields_of, policy_words, summary_of
 from .timeline import pretty
 
@@ -262,10 +262,14 @@ class ApprovalRequestAdmin(_QueueAdmin):
         message; write one on the call's page or with "Deny selected"."""
         if obj.status != APPROVAL_PENDING:
             return ""
-        # The arguments this row shows travel in the URL: the list's form has no field
-        # for them.
-        shown = urlencode({"back": "queue", "shown": shown_arguments(obj)})
-        url = admin_url(self, "decide", obj.pk) + "?" + shown
+        # What this row shows travels in the URL (the list's form has no field for it), as
+        # a digest: arguments can be longer than a server takes in a request line.
+        shown = arguments_digest(obj.arguments).hex()
+        url = (
+            admin_url(self, "decide", obj.pk)
+            + "?"
+            + urlencode({"back": "queue", "shown_sha256": shown})
+        )
         return format_html(
             '<button type="submit" formaction="{}" formmethod="post" formnovalidate '
             'name="decision" value="approve" class="button da-row-approve">Approve</button> '
@@ -331,17 +335,28 @@ def approval_decide_view(
     obj = posted_object(admin, request, object_id, "decide")
     if isinstance(obj, HttpResponse):
         return obj
-    posted = request.POST.copy()
-    if not posted.get("shown") and request.GET.get("shown"):
-        posted["shown"] = request.GET["shown"]  # a queue row's buttons (``decide_here``)
-    form = DecisionForm(posted)
-    if not form.is_valid():
-        return approval_detail(admin, request, obj, form)
-    approved = form.cleaned_data["decision"] != "deny"
     # Decided from the run page's banner or the queue: back there, where the new state shows.
     back = {"run": run_url(admin, obj.run_id), "queue": admin_url(admin, "changelist")}.get(
         request.POST.get("back") or request.GET.get("back") or ""
     )
+    posted = request.POST.copy()
+    digest = request.GET.get("shown_sha256")
+    if not posted.get("shown") and digest:
+        # A queue row's buttons (``decide_here``) carry the digest of what the row showed.
+        if digest != arguments_digest(obj.arguments).hex():
+            changed = ApprovalArgumentsChanged(
+                f"call {obj.call_id!r} of run {obj.run_id!r} now asks about other arguments "
+                "than the list showed; look at it again before deciding"
+            )
+            tell(request, Decided("refused", f"{changed} [{changed.code}]"))
+            return HttpResponseRedirect(back or admin_url(admin, "change", obj.pk))
+        # The arguments read here are the ones shown; the engine checks them against its
+        # own read, so a change after this one is refused too.
+        posted["shown"] = shown_arguments(obj)
+    form = DecisionForm(posted)
+    if not form.is_valid():
+        return approval_detail(admin, request, obj, form)
+    approved = form.cleaned_data["decision"] != "deny"
     try:
         decided = decide_call(
             request,

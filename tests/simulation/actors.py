@@ -554,11 +554,11 @@ class Replayer(Actor):
     other requests: a fork of the run, the same call asked again about other arguments,
     another call or run. The signature binds the run's start, the call, the tool and its
     arguments: every replay must be refused (``approval.bad_signature``), or refused before
-    the signature is looked at (the request is gone, an edit the tool refuses)."""
+    the signature is looked at (the request is gone)."""
 
     kind = "replayer"
-    # Refusals that come before the signature is checked.
-    BEFORE_THE_SIGNATURE = frozenset({"approval.not_found", "approval.edit_invalid"})
+    # Refusals that come before the signature is checked (a replay carries no edit).
+    BEFORE_THE_SIGNATURE = frozenset({"approval.not_found"})
 
     def __init__(self, name: str, tries: int) -> None:
         super().__init__(name)

@@ -34,13 +34,13 @@ from typing import Any
 
 import greenlet
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from durable_agents.engine import failpoints, leases, loop, runtime
 from durable_agents.engine.approvals import decision_bytes
 from durable_agents.engine.errors import DurableAgentsError, LeaseLost, Pause
 from durable_agents.engine.memstore import InMemoryStore
 from durable_agents.engine.retry import RetryPolicy
+from tests.support.signing import public_text
 
 EPOCH = 1_700_000_000.0
 # Virtual seconds the clock may move between two scheduling steps: at most a third of the
@@ -439,10 +439,7 @@ class World:
 
     def public_keys(self, user_id: str) -> list[str]:
         key = self.keys.get(user_id)
-        if key is None:
-            return []
-        raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-        return [base64.b64encode(raw).decode()]
+        return [public_text(key)] if key is not None else []
 
     def sign(self, signed: Signed) -> str:
         """A person's signature over ``signed`` (base64), kept for the replayer."""

@@ -11,5 +11,10 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 def keypair() -> tuple[Ed25519PrivateKey, str]:
     """A fresh private key, and its public key as an approver registers it (raw, base64)."""
     private = Ed25519PrivateKey.generate()
+    return private, public_text(private)
+
+
+def public_text(private: Ed25519PrivateKey) -> str:
+    """``private``'s public key as an approver registers it (raw, base64)."""
     public = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return private, base64.b64encode(public).decode()
+    return base64.b64encode(public).decode()
