@@ -350,6 +350,14 @@ class InterruptAlreadyAnswered(WaitError):
     http_status = 409
 
 
+class InterruptQuestionChanged(WaitError):
+    """The run asks another question under that name than the one its answerer was shown
+    (the tool ran again and asked with another prompt or schema): nothing was recorded."""
+
+    code = "interrupt.question_changed"
+    http_status = 409
+
+
 # -- pauses ------------------------------------------------------------------------------
 
 

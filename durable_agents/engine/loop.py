@@ -26,10 +26,10 @@ import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
-from . import durability, events, failpoints, names, runtime, sagas, tree
-from .approvals import decision_name, policy_for, withdraw_pending
+from . import durability, events, failpoints, lifecycle, names, runtime, sagas, stops, tree
+from .approvals import decision_name, policy_for
 from .definition import AgentDefinition as Agent
 from .definition import RunResult
 from .errors import (
@@ -77,10 +77,10 @@ from .ports import (
     AWAITING_APPROVAL,
     AWAITING_INPUT,
     CANCELLED,
+    COMPENSATING,
     FAILED,
     FINISHED,
     HALTED,
-    NOT_TERMINAL_STATUSES,
     QUEUED,
     RUNNING,
     SLEEPING,
@@ -91,6 +91,7 @@ from .ports import (
 )
 from .records import Record, decode, encode, refuse_nul, validate_run_id
 from .redact import error_text
+from .stops import close_cancelled
 from .tools import Tool, ToolContext, json_result
 from .transcript import RunState, outcome_of
 from .waits import CallWaits, channel_has_message
@@ -312,15 +313,6 @@ def repair_finished(store: Store, run_id: str, result: RunResult) -> None:
     )
 
 
-def close_cancelled(store: Store, run_id: str, fence: str | None = None) -> None:
-    """Bring a cancelled run's rows in step with its ``run:cancelled`` record: the run
-    cancelled, its open approval requests withdrawn and its open halts orphaned. Idempotent,
-    so a cancel that stopped half-way is finished by the next one, or by a drive."""
-    store.update_run(run_id, {"status": CANCELLED}, fence=fence, if_status=NOT_TERMINAL_STATUSES)
-    withdraw_pending(store, run_id)
-    store.orphan_halts(run_id)
-
-
 def announce_halts(store: Store, agent: str, halts: list[HaltInfo]) -> None:
     """``run_halted`` for each halt this caller wrote (a halt row is written once per
     attempt, so a drive finding the run halted again announces nothing)."""
@@ -529,6 +521,10 @@ class Driver:
                     "again",
                     code="history.fork_incomplete",
                 )
+            if self.state.saga_abort is None:
+                # A stop above (a cancel or an abort of an ancestor) comes before anything of
+                # the run's own, its halts included: a cancel orphans them, a rollback halts.
+                self._check_tree()
             # Before the tools, their schemas or the agent's drift are even looked at.
             self._halt_on_unknown_outcomes()
             self._close_settled_halts()
@@ -538,12 +534,16 @@ class Driver:
             if not self.started:
                 self._update(status=RUNNING)
             return self._loop()
+        except stops.TreeStopped as stopped:
+            self._obey(stopped.stop)
         except Pause:
             raise
         except (LeaseLost, RunBusy):
             raise  # the run is another driver's now; its row is not ours to touch
         except DriveStopped:
-            self._update(status=QUEUED)
+            # A rollback stays one: recovery hands a compensating run over, and a queued one
+            # would read as going forward.
+            self._update(status=QUEUED if self.state.saga_abort is None else COMPENSATING)
             raise
         except DurableAgentsError as exc:
             if self.state.compensated is not None:
@@ -739,6 +739,7 @@ class Driver:
         request = self._request()
         for attempt in range(1, retry.max_attempts + 1):
             self._check_continue()
+            self._check_tree()
             if attempt > 1:
                 self._check_budget()  # the failed attempts' spend counts too
             response: ModelResponse | None = None
@@ -1001,6 +1002,7 @@ class Driver:
             self._pause_on_waits()
         if gates:
             assert self.state.start is not None
+            self._check_tree()  # no new request under a stopped tree
             asked = []
             for g in gates:
                 request = ApprovalRequestInfo(
@@ -1084,11 +1086,16 @@ class Driver:
                 status = AWAITING_INPUT
             kind = _PAUSES.get(str(children[0].details.get("cause")), ChildPending)
         failpoints.hit(f"before-pause:{self.run_id}")
-        self.store.update_run(
+        lifecycle.move(
+            self.store,
             self.run_id,
-            {"status": status, "attempts": 0, "last_error": None},
+            status,
+            lifecycle.DRIVER,
+            changes={"attempts": 0, "last_error": None},
+            # Not from queued: a wake-up that landed meanwhile must not hide behind a pause.
+            # (From failed: recovery's stale verdict on this run, taken before this drive.)
+            only_from=(RUNNING, FAILED),
             fence=self.fence,
-            if_status=[RUNNING],
         )
         message = (
             pauses[0].message
@@ -1236,14 +1243,14 @@ class Driver:
         # only the tool functions run in the pool.
         queue = list(runnable)
         running: dict[Future[Any], tuple[_Gate, int]] = {}
-        stopping: DurableAgentsError | None = None
+        stopping: DurableAgentsError | stops.TreeStopped | None = None
         with ThreadPoolExecutor(self.agent.tool_concurrency) as pool:
             while queue or running:
                 while queue and len(running) < self.agent.tool_concurrency and not stopping:
                     gate, attempt = queue.pop(0)
                     try:
                         halt = self._prepare(gate, attempt)
-                    except (DriveStopped, LeaseLost) as exc:
+                    except (DriveStopped, LeaseLost, stops.TreeStopped) as exc:
                         stopping = exc  # let the calls in flight settle, then stop
                         queue.clear()
                         break
@@ -1267,9 +1274,13 @@ class Driver:
         return halts
 
     def _prepare(self, gate: _Gate, attempt: int) -> HaltInfo | None:
-        """Claim the attempt of a call that is not retry-safe; a lost claim halts it."""
+        """Claim the attempt of a call that is not retry-safe; a lost claim halts it. A
+        sub-run looks at its tree last, right before the call runs (after its claim, which
+        it then releases): a stop recorded before that look is obeyed, and one recorded
+        after it finds the call in flight."""
         self._check_continue()
         if gate.tool.safety.retry_safe:
+            self._check_tree()
             return None
         name = names.attempt(gate.call.id, attempt)
         won, marker = self.log.claim_attempt(
@@ -1278,6 +1289,15 @@ class Driver:
         if not won:
             return self._halt(gate, marker, "contended")
         failpoints.hit(f"after-attempt:{gate.call.id}")
+        try:
+            self._check_tree()
+        except stops.TreeStopped:
+            # Provably never called: the claim is released, nothing is left to resolve.
+            self.log.write(
+                names.not_started(gate.call.id, attempt),
+                {"kind": "not-started", "claim": marker.get("claim")},
+            )
+            raise
         return None
 
     def _invoke(self, gate: _Gate, in_pool: bool = False) -> tuple[str, Any]:
@@ -1351,7 +1371,12 @@ class Driver:
             return None
         try:
             self._record_result(
-                gate.call, result, is_error=kind != "ok", read_only=gate.tool.safety.read_only
+                gate.call,
+                result,
+                is_error=kind != "ok",
+                read_only=gate.tool.safety.read_only,
+                # What a saga's undo of the call gets: what it ran with (an approver's edit).
+                ran_with=gate.args if gate.tool.safety.compensate is not None else None,
             )
         except LeaseLost as exc:
             self._fenced_out = exc
@@ -1392,11 +1417,20 @@ class Driver:
             log.warning("could not keep the late result of %s", gate.call.id, exc_info=True)
 
     def _record_result(
-        self, call: ToolCall, result: Any, *, is_error: bool, read_only: bool = False
+        self,
+        call: ToolCall,
+        result: Any,
+        *,
+        is_error: bool,
+        read_only: bool = False,
+        ran_with: dict[str, Any] | None = None,
     ) -> None:
+        body = names.tool_body(call.id, call.name, result, is_error=is_error, read_only=read_only)
+        if ran_with is not None:
+            body["arguments"] = ran_with
         rec, _ = self.log.write(
             names.tool(call.id),
-            names.tool_body(call.id, call.name, result, is_error=is_error, read_only=read_only),
+            body,
             sync=not durability.result_may_lag(
                 self.agent.durability, self.agent.tools.get(call.name)
             ),
@@ -1422,6 +1456,42 @@ class Driver:
                 f"stopped driving run {self.run_id!r} after the step in flight: this worker is "
                 "shutting down; another driver continues it"
             )
+
+    def _check_tree(self) -> None:
+        """A sub-run, before a step: stop (``TreeStopped``) if a run above it was cancelled
+        or its saga aborted (``stops``). A top-level run has nothing above it: no read."""
+        start = self.state.start
+        parent = start.get("parent") if start is not None else None
+        if not parent:
+            return
+        stop = stops.stop_above(self.store, str(parent))
+        if stop is not None:
+            raise stops.TreeStopped(stop)
+
+    def _obey(self, stop: stops.Stop) -> NoReturn:
+        """Record this run's own stop under its lease, as the nearest stopped run above it
+        asks: cancelled plainly (its requests withdrawn, its halts orphaned), or aborted and
+        rolled back."""
+        if stop.kind == stops.CANCEL:
+            rec, _ = self.log.write(
+                names.RUN_CANCELLED, stops.cancelled_body(stop), run_changes={"status": CANCELLED}
+            )
+            self.state.add(rec)
+            close_cancelled(self.store, self.run_id, self.fence)
+            failpoints.hit(f"after-cancel:{self.run_id}")
+            tree.hand_over_parent(self.store, self.state.start)
+            raise Conflict(
+                f"run {self.run_id!r} was cancelled: {stop.describe()}", code="run.cancelled"
+            )
+        body = stops.abort_body(stop.run_id, stops.abort_message(stop))
+        rec, _ = self.log.write(
+            names.SAGA_ABORT,
+            body,
+            run_changes={"status": COMPENSATING, "last_error": body["cause"], "attempts": 0},
+        )
+        self.state.add(rec)
+        failpoints.hit(f"after-subrun-abort:{self.run_id}")
+        sagas.rollback(self)
 
     # -- the run row ------------------------------------------------------------------
 

@@ -133,14 +133,16 @@ def validate_wait_name(name: object) -> str:
     return name
 
 
-def wait(name: str) -> str:
-    """The request of the wait called ``name``: what it asks, by which call."""
-    return f"{WAIT}{name}"
+def wait(name: str, ask: int = 1) -> str:
+    """The request of the wait called ``name``: what it asks, by which call. An interrupt
+    whose tool asks under the same name with another prompt or schema asks a new question,
+    the ``ask``-th (``wait:<name>#<ask>``): an answer is for the question it was given to."""
+    return f"{WAIT}{name}" if ask == 1 else f"{WAIT}{name}#{ask}"
 
 
-def interrupt_answer(name: str) -> str:
-    """The answer a person gave to the interrupt called ``name``."""
-    return f"{INPUT}{name}"
+def interrupt_answer(name: str, ask: int = 1) -> str:
+    """The answer a person gave to the ``ask``-th question of the interrupt ``name``."""
+    return f"{INPUT}{name}" if ask == 1 else f"{INPUT}{name}#{ask}"
 
 
 def signal(name: str) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import failpoints, names, runtime, sagas
+from . import failpoints, names, runtime, sagas, stops
 from .approvals import withdraw_pending
 from .errors import ChildPending, Pause, ProtocolError, RunBusy, SagaAborted
 from .journal import Journal
@@ -32,21 +32,12 @@ from .ports import AWAITING_INPUT, COMPENSATING, Store
 if TYPE_CHECKING:
     from .definition import AgentDefinition
 
-PARENT_ABORTED = "saga.parent_aborted"
-
 
 def abort_subrun(store: Store, child_id: str, parent_run_id: str, cause: dict[str, Any]) -> bool:
     """Journal the abort of sub-run ``child_id`` because its parent's saga aborted (under the
     child's lease: ``RunBusy`` while a driver holds it) and withdraw its pending approval
     requests. True if this call wrote the abort (False: it was there already)."""
-    body = {
-        "kind": "saga_abort",
-        "cause": {
-            "code": PARENT_ABORTED,
-            "message": f"its parent run {parent_run_id!r} aborted: {cause.get('message')}",
-            "parent": parent_run_id,
-        },
-    }
+    body = stops.abort_body(parent_run_id, cause.get("message"))
     with HeldLease(store, child_id, runtime.lease_ttl()) as lease:
         _, inserted = Journal(store).write(
             child_id,

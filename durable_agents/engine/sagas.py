@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any, NoReturn
 
-from . import failpoints, names, runtime, tree
+from . import failpoints, lifecycle, names, runtime, tree
 from .approvals import withdraw_pending
 from .errors import (
     ApprovalPending,
@@ -44,7 +44,7 @@ from .errors import (
 )
 from .journal import Journal
 from .ports import AWAITING_INPUT, COMPENSATED, COMPENSATING, FAILED, HaltInfo, Store
-from .records import Record
+from .records import Record, encode
 from .redact import error_text
 from .tools import Tool, ToolContext, call_key, json_result
 from .transcript import RunState
@@ -263,11 +263,14 @@ def _undo_child(driver: Driver, call_id: str, tool: Tool, abort_rec: Record) -> 
         status = str(pause.details.get("child_status") or AWAITING_INPUT)
         if status not in tree.PARENT_PAUSE_STATUSES:
             status = AWAITING_INPUT
-        driver.store.update_run(
+        lifecycle.move(
+            driver.store,
             driver.run_id,
-            {"status": status, "attempts": 0},
+            status,
+            lifecycle.DRIVER,
+            changes={"attempts": 0},
+            only_from=COMPENSATING,
             fence=driver.fence,
-            if_status=[COMPENSATING],
         )
         kind = _PAUSES.get(str(pause.details.get("cause")), ChildPending)
         raise kind(
@@ -287,9 +290,13 @@ def _undo_child(driver: Driver, call_id: str, tool: Tool, abort_rec: Record) -> 
     failpoints.hit(f"after-compensate:{call_id}")
 
 
-def _arguments(driver: Driver, call_id: str, tool: Tool) -> dict[str, Any]:
-    """The arguments the call ran with: its attempt marker holds them (an approver's edit
-    included); a retry-safe call has none, and ran with what the model asked."""
+def _arguments(driver: Driver, call_id: str, tool: Tool, rec: Record) -> dict[str, Any]:
+    """The arguments the call ran with, whatever its safety class: its result records them
+    (an approver's edit included); a result recorded before it did leaves them to its
+    attempt marker (a call that is not retry-safe), else to the decision that let it run
+    (an edit of a retry-safe gated call), else to what the model asked."""
+    if isinstance(rec.get("arguments"), dict):
+        return dict(rec.get("arguments"))
     k = 1
     ran: Any = None
     while (marker := driver.log.get(names.attempt(call_id, k))) is not None:
@@ -299,14 +306,21 @@ def _arguments(driver: Driver, call_id: str, tool: Tool) -> dict[str, Any]:
         return dict(ran)
     for turn in driver.state.turns:
         for call in driver.state.calls(turn):
-            if call.id == call_id:
-                return tool.validate(call.arguments)
+            if call.id != call_id:
+                continue
+            args = tool.validate(call.arguments)
+            if tool.safety.gated:
+                decision, _ = driver._decision(call, args, tool)
+                edited = (decision.get("edited") or {}) if decision is not None else {}
+                if decision is not None and decision.get("approved") and edited:
+                    return tool.validate(encode(edited.get("arguments")))
+            return args
     raise ProtocolError(f"run {driver.run_id!r} has no call {call_id!r} to undo")
 
 
 def _undo(driver: Driver, call_id: str, tool: Tool, rec: Record) -> HaltInfo | None:
     op = names.compensate(call_id)
-    args = _arguments(driver, call_id, tool)
+    args = _arguments(driver, call_id, tool, rec)
     k, live = driver._attempt_state(op)
     if live is not None:
         return _halt(driver, op, tool.name, args, live, "contended")

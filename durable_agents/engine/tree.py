@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from . import names, runtime
+from . import lifecycle, names, runtime
 from .errors import ConfigError
 from .journal import Journal
 from .model import Usage
@@ -18,7 +18,6 @@ from .ports import (
     COMPENSATED,
     FAILED,
     HALTED,
-    QUEUED,
     SLEEPING,
     RunInfo,
     Store,
@@ -66,11 +65,7 @@ def queue_parent(store: Store, start: Any) -> str | None:
     parent = start.get("parent") if start is not None else None
     if not parent:
         return None
-    moved = store.update_run(
-        str(parent),
-        {"status": QUEUED, "attempts": 0, "last_error": None},
-        if_status=list(PARENT_PAUSE_STATUSES),
-    )
+    moved = lifecycle.hand_over(store, str(parent), lifecycle.SUB_RUN)
     return str(parent) if moved else None
 
 
@@ -97,12 +92,7 @@ def hand_over_parent(store: Store, start: Any) -> None:
     parent = start.get("parent") if start is not None else None
     if not parent:
         return
-    moved = store.update_run(
-        str(parent),
-        {"status": QUEUED, "attempts": 0, "last_error": None},
-        if_status=list(PARENT_PAUSE_STATUSES),
-    )
-    if moved:
+    if lifecycle.hand_over(store, str(parent), lifecycle.SUB_RUN):
         runtime.dispatch(str(parent))
 
 

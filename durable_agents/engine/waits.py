@@ -43,7 +43,7 @@ from .errors import (
 )
 from .journal import Journal
 from .ports import Store
-from .records import Record, refuse_nul
+from .records import Record, encode, refuse_nul
 
 INTERRUPT = "interrupt"
 SIGNAL = "signal"
@@ -174,14 +174,26 @@ class CallWaits:
         if not isinstance(prompt, str) or not prompt.strip():
             raise WaitError(f"interrupt {name!r}: the prompt is a non-empty string")
         json_schema = answers.schema_of(schema)
-        self._request(name, {"kind": INTERRUPT, "prompt": prompt, "schema": json_schema})
-        answer = self.journal.get(self.run_id, names.interrupt_answer(name))
+        question = {"kind": INTERRUPT, "prompt": prompt, "schema": json_schema}
+        rec = self._request(name, question)
+        ask, latest = latest_question(self.journal, self.run_id, name, rec)
+        if not same_question(latest, prompt, json_schema):
+            # Asked under the same name with another prompt or schema (the tool runs again
+            # on other data, or under new code): a new question. The answer given to the
+            # one before was for that one, never for this.
+            ask += 1
+            full = {**question, "name": name, "call_id": self.call_id, "tool": self.tool_name}
+            refuse_nul(full, f"wait {name!r}")
+            self.journal.write(
+                self.run_id, names.wait(name, ask), {**full, "ask": ask}, fence=self.fence
+            )
+        answer = self.journal.get(self.run_id, names.interrupt_answer(name, ask))
         if answer is None:
             raise InterruptPending(
                 f"run {self.run_id!r} waits for an answer to {name!r}: {prompt}",
                 run_id=self.run_id,
                 waits=[name],
-                wakes=[names.interrupt_answer(name)],
+                wakes=[names.interrupt_answer(name, ask)],
             )
         value = answer.get("value")
         if isinstance(schema, type) and issubclass(schema, pydantic.BaseModel):
@@ -342,6 +354,30 @@ class CallWaits:
         return rec
 
 
+def latest_question(
+    journal: Journal, run_id: str, name: str, first: Record | None = None
+) -> tuple[int, Record | None]:
+    """The question the interrupt ``name`` asks last (its number and ``wait:`` record; the
+    first one's is ``first`` if already read), or ``(1, None)`` if it asked none."""
+    rec = first if first is not None else journal.get(run_id, names.wait(name))
+    ask = 1
+    while rec is not None and rec.get("kind") == INTERRUPT:
+        later = journal.get(run_id, names.wait(name, ask + 1))
+        if later is None:
+            break
+        ask, rec = ask + 1, later
+    return ask, rec
+
+
+def same_question(rec: Record | None, prompt: str, schema: Any) -> bool:
+    """Whether a question's ``wait:`` record asks ``prompt`` with answer ``schema``."""
+    return (
+        rec is not None
+        and rec.get("prompt") == prompt
+        and encode(rec.get("schema")) == encode(schema)
+    )
+
+
 def _ms(when: datetime) -> int:
     return int(when.timestamp() * 1000)
 
@@ -365,8 +401,14 @@ class OpenWait:
 
 
 def open_waits(records: list[Record]) -> list[OpenWait]:
-    """The waits in ``records`` (a run's journal) with no resolution yet."""
+    """The waits in ``records`` (a run's journal) with no resolution yet; of an interrupt
+    asked again with another question, the last question only."""
     by_name = {r.name: r for r in records}
+    asked: dict[str, int] = {}
+    for rec in records:
+        if rec.name.startswith(names.WAIT) and rec.get("kind") == INTERRUPT:
+            name = str(rec.get("name"))
+            asked[name] = max(asked.get(name, 1), int(rec.get("ask") or 1))
     out = []
     waiting: set[str] = set()
     for rec in records:
@@ -388,8 +430,9 @@ def open_waits(records: list[Record]) -> list[OpenWait]:
             continue
         name = str(rec.get("name"))
         if rec.get("kind") == INTERRUPT:
-            if names.interrupt_answer(name) in by_name:
-                continue
+            ask = int(rec.get("ask") or 1)
+            if ask < asked[name] or names.interrupt_answer(name, ask) in by_name:
+                continue  # asked again since with another question, or answered
         elif names.waited(name) in by_name:
             continue
         deadline = rec.get("wake_ms") if rec.get("kind") == TIMER else rec.get("deadline_ms")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from .. import events, failpoints, identity, names, registry, runtime
+from .. import events, failpoints, identity, lifecycle, names, registry, runtime, stops
 from ..approvals import (
     NOT_SHOWN,
     ApprovalOutcome,
@@ -37,9 +37,6 @@ from ..ports import (
     APPROVAL_PENDING,
     APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
-    COMPENSATING,
-    NOT_TERMINAL_STATUSES,
-    QUEUED,
     TERMINAL_STATUSES,
     ApprovalRequestInfo,
     DecisionInfo,
@@ -47,9 +44,6 @@ from ..ports import (
     asked_again,
 )
 from ..records import encode, refuse_nul
-
-# The statuses a decision queues a run from: unfinished and not rolling back.
-_MAY_QUEUE = tuple(s for s in NOT_TERMINAL_STATUSES if s != COMPENSATING)
 
 
 def approve(
@@ -242,8 +236,7 @@ def approve(
     # request, never a run awaiting a request nobody is shown any more.
     # Never a run rolling back (a saga abort landed since the check): it must not be
     # queued forward, and its rollback withdraws the request.
-    changes = {"status": QUEUED, "attempts": 0, "last_error": None}
-    moved = store.update_run(run_id, changes, if_status=_MAY_QUEUE)
+    moved = lifecycle.hand_over(store, run_id, lifecycle.PERSON)
     decided = store.set_approval_status(
         run_id, call_id, status, if_status=[APPROVAL_PENDING], if_arguments=request.arguments
     )
@@ -405,11 +398,7 @@ def finish_decision(store: Store, run_id: str, call_id: str, decision: Any) -> b
         return False  # a cancel closes its requests itself
     queued = False
     if run.status == AWAITING_APPROVAL:
-        queued = store.update_run(
-            run_id,
-            {"status": QUEUED, "attempts": 0, "last_error": None},
-            if_status=[AWAITING_APPROVAL],
-        )
+        queued = lifecycle.hand_over(store, run_id, lifecycle.PERSON, only_from=AWAITING_APPROVAL)
     status = APPROVAL_APPROVED if decision.get("approved") else APPROVAL_DENIED
     store.set_approval_status(
         run_id,
@@ -443,6 +432,7 @@ def _refuse_orphans(
     run = store.get_run(request.run_id)
     start = journal.get(request.run_id, names.RUN_START) if run is not None else None
     why = None
+    stop = None
     if run is None:
         why = "the run was deleted"
     elif request.status == APPROVAL_WITHDRAWN:
@@ -463,6 +453,10 @@ def _refuse_orphans(
         # Claimed under an earlier decision by a drive of other code, and not finished (or
         # its outcome unknown): this decision could only be reported, never carried out.
         why = "the call is already being run under an earlier decision"
+    elif run.parent_run_id and (stop := stops.stop_above(store, run.parent_run_id)) is not None:
+        # The run's own stop is not recorded yet (a cancel that died, or this run busy when
+        # it came): nothing new starts under it. Its drive records it (handed over below).
+        why = f"{stop.describe()}: nothing new starts below it"
     if why is None:
         return
     if run is not None:
@@ -470,6 +464,10 @@ def _refuse_orphans(
         store.log_action(
             identity.logged(actor, "withdraw", request.run_id, request.call_id, {"why": why})
         )
+        if stop is not None and lifecycle.hand_over(
+            store, request.run_id, lifecycle.PERSON, only_from=lifecycle.PAUSED
+        ):
+            runtime.dispatch(request.run_id)  # its drive stops it (or finishes what stopped)
     raise ApprovalOrphaned(
         f"the approval of call {request.call_id!r} in run {request.run_id!r} is orphaned "
         f"({why}); nothing was run"

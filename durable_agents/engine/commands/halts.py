@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .. import failpoints, identity, names, runtime
+from .. import failpoints, identity, lifecycle, names, runtime
 from ..errors import (
     HaltAlreadyResolved,
     HaltError,
@@ -41,7 +41,7 @@ from ..errors import (
 )
 from ..journal import Journal
 from ..leases import HeldLease
-from ..ports import CANCELLED, HALTED, KIND_AGENT, QUEUED, RunInfo, Store
+from ..ports import CANCELLED, COMPENSATING, HALTED, KIND_AGENT, QUEUED, RunInfo, Store
 from ..records import Record, encode, refuse_nul
 from ..transcript import outcome_of
 
@@ -172,9 +172,14 @@ def resolve_halt(
         # drives, and the drive closes the row (never a closed halt on a run that stays
         # halted with nothing to resolve).
         if agent_run:
-            store.update_run(
-                run_id, {"status": QUEUED, "attempts": 0, "last_error": None}, fence=lease.token
+            # A rollback's halt (a saga that aborted) goes on rolling back: never queued as if
+            # it went forward; recovery hands a compensating run over like a queued one.
+            changes: dict[str, Any] = (
+                {"status": COMPENSATING, "attempts": 0}
+                if journal.get(run_id, names.SAGA_ABORT) is not None
+                else {"status": QUEUED, "attempts": 0, "last_error": None}
             )
+            store.update_run(run_id, changes, fence=lease.token)
         store.resolve_halt_row(run_id, call_id, outcome_of(record), by)
     finally:
         lease.release()
@@ -195,11 +200,17 @@ def finish_resolution(store: Store, run: RunInfo, op_id: str, outcome: Record) -
     queued = False
     if run.kind == KIND_AGENT and run.status == HALTED:
         # Queued first, as ``resolve_halt`` does: then a crash leaves the row for the drive.
-        queued = store.update_run(
-            run.run_id,
-            {"status": QUEUED, "attempts": 0, "last_error": None},
-            if_status=[HALTED],
-        )
+        if Journal(store).get(run.run_id, names.SAGA_ABORT) is not None:
+            queued = lifecycle.move(
+                store,
+                run.run_id,
+                COMPENSATING,
+                lifecycle.PERSON,
+                changes={"attempts": 0},
+                only_from=HALTED,
+            )
+        else:
+            queued = lifecycle.hand_over(store, run.run_id, lifecycle.PERSON, only_from=HALTED)
     by = outcome.get("by")
     store.resolve_halt_row(run.run_id, op_id, outcome_of(outcome), str(by) if by else None)
     return queued

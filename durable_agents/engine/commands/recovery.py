@@ -7,6 +7,8 @@ free and that are
 * ``queued`` — a hand-over that never arrived (a lost message): handed over again (see
   below on how often); a driver that finds the run busy or done just stops;
 * ``running`` — its driver died mid-drive (a crash, a kill): that counts as a failed attempt;
+* ``compensating`` — a saga's rollback whose driver died, or that nobody drove yet (a
+  sub-run stopped by its parent's abort): the same, its cause kept as its last error;
 * ``failed`` with a retryable error.
 
 Recovery never floods the broker: a run handed to a driver less than one recovery interval
@@ -30,14 +32,14 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from .. import runtime
+from .. import lifecycle, runtime
 from ..loop import announce_failure
-from ..ports import FAILED, QUEUED, RUNNING, RunInfo, Store
+from ..ports import COMPENSATING, FAILED, QUEUED, RUNNING, RunInfo, Store
 from ..retry import DRIVER_LOST, EXHAUSTED, RetryPolicy, due_at
 
 log = logging.getLogger("durable_agents.recovery")
 
-RECOVERABLE = (QUEUED, RUNNING, FAILED)
+RECOVERABLE = (QUEUED, RUNNING, COMPENSATING, FAILED)
 # The longest a run that stays queued waits between two hand-overs by recovery (seconds).
 MAX_RESEND_WAIT = 3600.0
 
@@ -107,9 +109,9 @@ def _hand_over(store: Store, run: RunInfo, policy: RetryPolicy, now: datetime) -
     if run.status == FAILED:
         error = run.last_error or {}
         return bool(error.get("retryable")) and run.attempts < policy.max_attempts
-    # Running with a free lease: its driver died. Each death counts as a failed attempt;
-    # the changes apply only while the run is still in that state (another driver may have
-    # just taken it).
+    # Running (or rolling back) with a free lease: its driver died. Each death counts as a
+    # failed attempt; the changes apply only while the run is still in that state (another
+    # driver may have just taken it).
     if run.attempts >= policy.max_attempts:
         error = {
             "code": EXHAUSTED,
@@ -117,21 +119,25 @@ def _hand_over(store: Store, run: RunInfo, policy: RetryPolicy, now: datetime) -
             "run making progress (a tool or the model may be killing the worker)",
             "retryable": False,
         }
-        if store.update_run(
-            run.run_id, {"status": FAILED, "last_error": error}, if_status=[RUNNING]
+        if lifecycle.move(
+            store,
+            run.run_id,
+            FAILED,
+            lifecycle.RECOVERY,
+            changes={"last_error": error},
+            only_from=run.status,
         ):
             announce_failure(store, run.run_id, run.agent, error, run.attempts)
         log.warning("recovery gave up on run %s after %d attempts", run.run_id, run.attempts)
         return False
-    return store.update_run(
-        run.run_id,
-        {
-            "attempts": run.attempts + 1,
-            "last_error": {
-                "code": DRIVER_LOST,
-                "message": "its driver stopped mid-drive (a crash, a kill or a lost lease)",
-                "retryable": True,
-            },
-        },
-        if_status=[RUNNING],
+    changes: dict[str, object] = {"attempts": run.attempts + 1}
+    if run.status == RUNNING:
+        # (A rollback keeps its saga's cause as its last error: what it is undoing for.)
+        changes["last_error"] = {
+            "code": DRIVER_LOST,
+            "message": "its driver stopped mid-drive (a crash, a kill or a lost lease)",
+            "retryable": True,
+        }
+    return lifecycle.move(
+        store, run.run_id, run.status, lifecycle.RECOVERY, changes=changes, only_from=run.status
     )

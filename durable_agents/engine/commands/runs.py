@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .. import identity, names, runtime, saga_tree, sagas, tree
+from .. import failpoints, identity, names, runtime, sagas, stops, tree
 from ..approvals import withdraw_pending
 from ..definition import AgentDefinition, RunResult
 from ..errors import (
@@ -27,7 +27,7 @@ from ..errors import (
 )
 from ..journal import Journal, header
 from ..leases import HeldLease
-from ..loop import announce_failure, close_cancelled, drive
+from ..loop import announce_failure, drive
 from ..ports import (
     AWAITING_APPROVAL,
     AWAITING_INPUT,
@@ -358,15 +358,22 @@ def cancel(
     """Cancel an unfinished run: it is never driven again; its pending approval requests
     are withdrawn and its open halts orphaned, so a decision or a resolution arriving later
     is refused. Refused (``RunBusy``) while a driver holds the run: cancel once it pauses.
-    Cancelling again finishes a cancel that stopped half-way. ``by`` (a user object, a
-    username or an ``identity.Actor``) must name an active user holding ``cancel_run``.
+    ``by`` (a user object, a username or an ``identity.Actor``) must name an active user
+    holding ``cancel_run``.
+
+    The cancel holds for the run's whole tree (``stops``): its ``run:cancelled`` is recorded
+    first, then each sub-run nobody drives is cancelled at once; one being driven finishes
+    the call in flight and stops before its next step. Whatever stops this half-way (a
+    crash), no run below can go on: its drive, a decision, an answer or a signal for it,
+    recovery and the sweep finish its cancel. Cancelling again does too, at once.
 
     ``compensate=True`` ("cancel and compensate") aborts the run as a saga instead: the
     abort is journaled (``saga:abort``, cause ``saga.cancelled``), its pending approval
     requests are withdrawn and its completed compensable calls are undone by a driver, latest
-    first, before it ends ``compensated`` (see docs/composition.md). Its open halts stay open:
-    an unknown outcome is a person's to record before anything is undone. A saga already
-    rolling back cannot be cancelled half-way (``run.compensating``)."""
+    first, before it ends ``compensated`` (see docs/composition.md); its sub-runs roll back
+    the same way. Its open halts stay open: an unknown outcome is a person's to record
+    before anything is undone. A saga already rolling back cannot be cancelled half-way
+    (``run.compensating``); asked to compensate again, it is handed to a driver."""
     actor = identity.resolve(by)
     identity.require(actor, identity.OPERATE_RUNS, "cancel a run")
     if not isinstance(compensate, bool):
@@ -390,18 +397,14 @@ def cancel(
             "to compensate: cancel the run instead",
             code="run.not_compensable",
         )
-    # Only a run whose agent has undos can have a saga's records (asked of the journal then
-    # only: a cancel of any other run reads what it always did).
-    undos = compensate or _has_undos(_loaded(run.agent))
-    if run.status == COMPENSATED or (
-        undos and journal.get(run_id, names.RUN_COMPENSATED) is not None
-    ):
+    if run.status == COMPENSATED or journal.get(run_id, names.RUN_COMPENSATED) is not None:
         raise Conflict(
             f"run {run_id!r} was already compensated; nothing to cancel", code="run.compensated"
         )
     cancelled = run.status == CANCELLED or journal.get(run_id, names.RUN_CANCELLED) is not None
-    if undos and not cancelled and journal.get(run_id, names.SAGA_ABORT) is not None:
+    if not cancelled and journal.get(run_id, names.SAGA_ABORT) is not None:
         if compensate:  # asked again: the rollback is under way, hand it to a driver
+            stops.stop_below(store, run_id)
             runtime.dispatch(run_id)
             return
         raise Conflict(
@@ -415,8 +418,9 @@ def cancel(
                 f"run {run_id!r} was cancelled without compensation; its effects stay",
                 code="run.cancelled",
             )
-        cause = _abort_saga(store, journal, run_id, actor, reason)
-        _abort_children(store, run_id, actor, reason, cause)
+        _abort_saga(store, journal, run_id, actor, reason)
+        failpoints.hit(f"after-cancel:{run_id}")
+        stops.stop_below(store, run_id)
         runtime.dispatch(run_id)
         return
     if not cancelled:
@@ -430,9 +434,16 @@ def cancel(
         )
         if inserted:
             store.log_action(identity.logged(actor, "cancel", run_id, "", {"reason": reason}))
-    close_cancelled(store, run_id)
+    failpoints.hit(f"after-cancel:{run_id}")
+    stops.close_cancelled(store, run_id)
     tree.hand_over_parent(store, journal.get(run_id, names.RUN_START))
-    _cancel_children(store, run_id, actor, reason)
+    busy = stops.stop_below(store, run_id)
+    if busy:
+        log.info(
+            "run %s cancelled; its sub-run(s) %s are being driven and stop before their next step",
+            run_id,
+            ", ".join(busy),
+        )
 
 
 def _loaded(agent_name: str) -> AgentDefinition | None:
@@ -507,73 +518,6 @@ def _abort_saga(
         )
     withdraw_pending(store, run_id)
     return cause
-
-
-def _abort_children(
-    store: Store, run_id: str, actor: Any, reason: str, cause: dict[str, Any]
-) -> None:
-    """Stop a compensated run's sub-runs at once, depth first: a sub-run of an agent with
-    undos gets its abort journaled (its pending requests withdrawn), so it only rolls back
-    from now on, and the parent's rollback finishes it (``saga_tree``); one of an agent
-    without undos is cancelled plainly. A sub-run being driven right now is left to the
-    parent's rollback, which waits for it."""
-    journal = Journal(store)
-    for child in tree.children_of(store, run_id):
-        run = store.get_run(child)
-        if run is None or run.status in (CANCELLED, COMPENSATED):
-            continue
-        if run.parent_run_id != run_id:
-            continue  # a fork's reference to its source's child: the source's to undo
-        if journal.get(child, names.RUN_COMPENSATED) is not None:
-            continue
-        if not _has_undos(_loaded(run.agent)):
-            if run.status != FINISHED:
-                try:
-                    _cancel_unfinished(store, child, actor, reason, run_id)
-                except RunBusy:
-                    pass  # its parent's rollback leaves it be; cancelling again retries
-            continue
-        try:
-            saga_tree.abort_subrun(store, child, run_id, cause)
-        except RunBusy:
-            continue  # driven right now: the parent's rollback waits for it
-        _abort_children(store, child, actor, reason, cause)
-
-
-def _cancel_unfinished(store: Store, child: str, actor: Any, reason: str, parent: str) -> None:
-    try:
-        cancel(
-            child, by=actor, reason=reason or f"its parent {parent!r} was cancelled", store=store
-        )
-    except Conflict as exc:
-        if exc.code not in ("run.finished", "run.compensating", "run.compensated"):
-            raise
-
-
-def _cancel_children(store: Store, run_id: str, actor: Any, reason: str) -> None:
-    """Cancel the unfinished sub-runs of a cancelled run, depth first. One being driven
-    right now is refused (``RunBusy``) after the others are cancelled: cancelling the
-    parent again finishes the cascade."""
-    busy: RunBusy | None = None
-    for child in tree.children_of(store, run_id):
-        run = store.get_run(child)
-        # A fork's reference to its source's child is not the fork's to cancel.
-        if run is None or run.status == FINISHED or run.parent_run_id != run_id:
-            continue
-        try:
-            cancel(
-                child,
-                by=actor,
-                reason=reason or f"its parent {run_id!r} was cancelled",
-                store=store,
-            )
-        except RunBusy as exc:
-            busy = busy or exc
-        except Conflict as exc:
-            if exc.code != "run.finished":
-                raise
-    if busy is not None:
-        raise busy
 
 
 def _awaits_its_parent(run: RunInfo, waits: bool) -> str:

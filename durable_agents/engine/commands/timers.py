@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .. import failpoints, identity, names, runtime, sagas, tree
+from .. import failpoints, identity, lifecycle, names, runtime, sagas, stops, tree
 from ..approvals import decision_name, tally
 from ..errors import ConfigError, Conflict, DurableAgentsError, NotFound
 from ..journal import Journal
@@ -42,7 +42,6 @@ from ..ports import (
     AWAITING_INPUT,
     HALTED,
     KIND_AGENT,
-    QUEUED,
     RUNNING,
     SLEEPING,
     TERMINAL_STATUSES,
@@ -108,6 +107,13 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
         runs = store.list_unfinished(limit=batch, after=after, statuses=tree.PARENT_PAUSE_STATUSES)
         heads = heads_of([run.run_id for run in runs]) if heads_of is not None and runs else {}
         for run in runs:
+            if run.parent_run_id and stops.stop_above(store, run.parent_run_id) is not None:
+                # A run above it was cancelled or aborted, and its own stop is not recorded
+                # yet (the cancel died, or it was busy then): its drive records it.
+                if lifecycle.hand_over(store, run.run_id, lifecycle.SWEEP, only_from=run.status):
+                    runtime.dispatch(run.run_id)
+                    woken.append(run.run_id)
+                continue
             seen = (run.status, run.updated_at, heads.get(run.run_id))
             known = quiet.get(run.run_id) if quiet is not None else None
             if (
@@ -137,11 +143,7 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
                 continue
             # Queued first (only from the status it was seen in): if the hand-over is lost,
             # recovery picks a queued run up.
-            if store.update_run(
-                run.run_id,
-                {"status": QUEUED, "attempts": 0, "last_error": None},
-                if_status=[run.status],
-            ):
+            if lifecycle.hand_over(store, run.run_id, lifecycle.SWEEP, only_from=run.status):
                 runtime.dispatch(run.run_id)
                 woken.append(run.run_id)
         if len(runs) < batch:
@@ -353,12 +355,8 @@ def wake_timer(run_id: str, name: str, *, by: Any, store: Store | None = None) -
     )
     # Queued first (from a paused or running status): if the hand-over is lost, recovery
     # picks a queued run up; a running driver pauses only from running, so it cannot hide it.
-    woke = bool(
-        store.update_run(
-            run_id,
-            {"status": QUEUED, "attempts": 0, "last_error": None},
-            if_status=[SLEEPING, AWAITING_INPUT, RUNNING],
-        )
+    woke = lifecycle.hand_over(
+        store, run_id, lifecycle.PERSON, only_from=(SLEEPING, AWAITING_INPUT, RUNNING)
     )
     if woke:
         runtime.dispatch(run_id)

@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import answers, failpoints, identity, names, runtime
+from .. import answers, failpoints, identity, lifecycle, names, runtime, stops
 from ..errors import (
     Conflict,
     InterruptAlreadyAnswered,
     InterruptAnswerInvalid,
     InterruptNotFound,
+    InterruptQuestionChanged,
     NotFound,
     ProtocolError,
 )
@@ -23,7 +24,6 @@ from ..journal import Journal, now_ms
 from ..ports import (
     AWAITING_INPUT,
     KIND_AGENT,
-    QUEUED,
     RUNNING,
     TERMINAL_STATUSES,
     RunInfo,
@@ -39,6 +39,7 @@ from ..waits import (
     channel_waits_for,
     inbox,
     kept_signals,
+    latest_question,
     open_waits,
 )
 
@@ -57,13 +58,24 @@ class WaitOutcome:
 
 
 def answer_interrupt(
-    run_id: str, name: str, value: Any, *, by: Any, store: Store | None = None
+    run_id: str,
+    name: str,
+    value: Any,
+    *,
+    by: Any,
+    prompt: str | None = None,
+    store: Store | None = None,
 ) -> WaitOutcome:
     """Record ``by``'s answer ``value`` to the interrupt ``name`` of run ``run_id``.
 
     ``by`` must name one active user holding ``approve_toolcall`` (who may decide a run's
-    gated calls may answer its questions). The answer is checked against the schema the
-    tool asked with; an invalid one is refused (``interrupt.invalid_answer``) and nothing is
+    gated calls may answer its questions). The answer is for the question the interrupt
+    asks now (its last one: a tool that asks again under the same name with another prompt
+    or schema asks a new question, and an answer to the one before never counts for it).
+    ``prompt`` is the question its answerer was shown: if the run asks another one by now,
+    the answer is refused (``interrupt.question_changed``) and nothing is written — pass it
+    whenever a person read a page first. The answer is checked against the schema the tool
+    asked with; an invalid one is refused (``interrupt.invalid_answer``) and nothing is
     written. The first answer wins: the same answer again is accepted and changes nothing,
     another one is refused (``interrupt.already_answered``) with the standing answer.
     """
@@ -73,12 +85,20 @@ def answer_interrupt(
     store = store or runtime.store()
     journal = Journal(store)
     _check_exists(store, run_id)
-    standing = journal.get(run_id, names.interrupt_answer(name))
+    ask, request = latest_question(journal, run_id, name)
+    standing = journal.get(run_id, names.interrupt_answer(name, ask))
     if standing is None:
         _check_open(store, journal, run_id)
-    request = journal.get(run_id, names.wait(name))
     if request is None or request.get("kind") != INTERRUPT:
         raise InterruptNotFound(f"run {run_id!r} asked no question called {name!r}")
+    if prompt is not None and prompt != request.get("prompt"):
+        raise InterruptQuestionChanged(
+            f"run {run_id!r} asks another question under {name!r} by now: "
+            f"{request.get('prompt')!r} (shown: {prompt!r}); nothing was recorded: read it "
+            "again before answering",
+            prompt=request.get("prompt"),
+            shown=prompt,
+        )
     _check_json(value, f"the answer to {name!r}")
     wrong = answers.problems(request.get("schema"), value)
     if wrong:
@@ -94,10 +114,12 @@ def answer_interrupt(
         "by_id": actor.id,
         "at": now_ms(),
     }
+    if ask > 1:
+        body.update(ask=ask, prompt=request.get("prompt"))
     rec, inserted = (
         (standing, False)
         if standing is not None
-        else journal.write(run_id, names.interrupt_answer(name), body)
+        else journal.write(run_id, names.interrupt_answer(name, ask), body)
     )
     if not inserted:
         if encode(rec.get("value")) != encode(value):
@@ -251,6 +273,10 @@ def _check_exists(store: Store, run_id: str) -> None:
 
 
 def _check_open(store: Store, journal: Journal, run_id: str) -> None:
+    """Refuse a value for a run that waits for nothing any more: finished, cancelled,
+    rolling back (its saga aborted: it never goes forward again), or below a run that was
+    cancelled or aborted (whose stop it has not recorded yet: handed to a driver, which
+    does)."""
     run = store.get_run(run_id)
     if run is None:
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
@@ -263,6 +289,17 @@ def _check_open(store: Store, journal: Journal, run_id: str) -> None:
         raise Conflict(
             f"run {run_id!r} is {status}: it waits for nothing any more", code=f"run.{status}"
         )
+    if journal.get(run_id, names.SAGA_ABORT) is not None:
+        raise Conflict(
+            f"run {run_id!r} is rolling back (its saga aborted): it waits for nothing any more",
+            code="run.compensating",
+        )
+    stop = stops.stop_above(store, run.parent_run_id) if run.parent_run_id else None
+    if stop is not None:
+        if lifecycle.hand_over(store, run_id, lifecycle.PERSON, only_from=lifecycle.PAUSED):
+            runtime.dispatch(run_id)  # its drive records its own stop
+        code = "run.cancelled" if stop.kind == stops.CANCEL else "run.compensating"
+        raise Conflict(f"run {run_id!r} waits for nothing any more: {stop.describe()}", code=code)
 
 
 def _check_json(value: Any, what: str) -> None:
@@ -278,10 +315,11 @@ def _wake(store: Store, run_id: str, *, running: bool = True) -> bool:
     recovery picks it up). A run being driven is queued too: its driver pauses only from
     ``running``, so it cannot hide the wake-up behind a pause, even if it dies right after
     (recovery hands a queued run over once its lease is free)."""
-    moved = store.update_run(
+    moved = lifecycle.hand_over(
+        store,
         run_id,
-        {"status": QUEUED, "attempts": 0, "last_error": None},
-        if_status=[AWAITING_INPUT, RUNNING] if running else [AWAITING_INPUT],
+        lifecycle.PERSON,
+        only_from=(AWAITING_INPUT, RUNNING) if running else AWAITING_INPUT,
     )
     if moved:
         runtime.dispatch(run_id)

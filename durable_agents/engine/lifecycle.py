@@ -1,0 +1,198 @@
+"""A run's lifecycle: its statuses and every move between them, in one table.
+
+The journal is the truth; a run's status is its projection. Each row of ``MOVES`` is a move
+the engine makes: to which status, from which, by whom, and on what. Every conditional
+status write (``Store.update_run(..., if_status=...)``) goes through ``move``, which takes
+its from-statuses from the table, so a move the table does not hold is never written; the
+simulator checks every status change it sees against ``allowed`` (docs/guarantees.md, "A
+run's lifecycle").
+
+No move leaves ``cancelled`` or ``compensated``; the one move out of ``finished`` is a
+sub-run's rollback, when its parent's saga aborts after it finished. Every status a crash
+can leave a run in is terminal or picked up by something that does not need a person:
+
+* ``queued``, ``running``, ``compensating`` and a retryable ``failed``: recovery hands the
+  run to a driver once nobody holds its lease (``commands.recovery``);
+* ``awaiting_approval``, ``awaiting_input``, ``sleeping``, ``halted``: a person's decision,
+  answer, resolution, a signal or a timer moves it on, and the sweep (``wake_timers``)
+  finishes what one of them left half done, or what its ancestors' stop asks of it;
+* ``failed`` for good: a person's (``pending()`` says why); nothing drives it again on
+  its own, and under a stopped ancestor nothing can (its drive stops first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .ports import (
+    AWAITING_APPROVAL,
+    AWAITING_INPUT,
+    CANCELLED,
+    COMPENSATED,
+    COMPENSATING,
+    FAILED,
+    FINISHED,
+    HALTED,
+    NOT_TERMINAL_STATUSES,
+    QUEUED,
+    RUNNING,
+    SLEEPING,
+    STATUSES,
+    Store,
+)
+
+# Who moves a run.
+CREATE = "create"  # the write that creates the row
+DRIVER = "driver"  # the holder of the run's lease, fenced by it
+PERSON = "person"  # a command someone called: a decision, an answer, a cancel, a fork
+SUB_RUN = "sub-run"  # a sub-run that ended hands its paused parent over
+RECOVERY = "recovery"  # a recovery pass (``commands.recovery``)
+SWEEP = "sweep"  # the sweep of paused runs (``commands.timers.wake_timers``)
+
+MOVERS = (CREATE, DRIVER, PERSON, SUB_RUN, RECOVERY, SWEEP)
+
+PAUSED = (AWAITING_APPROVAL, AWAITING_INPUT, SLEEPING, HALTED)
+_NOT_TERMINAL = frozenset(NOT_TERMINAL_STATUSES)
+
+
+@dataclass(frozen=True)
+class Move:
+    """Moving a run to ``to`` from any of ``from_`` (empty: creating it), by ``by``."""
+
+    to: str
+    from_: frozenset[str]
+    by: str
+    on: str
+
+    def row(self) -> tuple[str, str, str, str]:
+        """The move as docs/guarantees.md lists it: from, to, who, on what."""
+        froms = "(new)" if not self.from_ else ", ".join(s for s in STATUSES if s in self.from_)
+        return froms, self.to, self.by, self.on
+
+
+def _m(to: str, from_: Any, by: str, on: str) -> Move:
+    return Move(to, frozenset(from_), by, on)
+
+
+MOVES: tuple[Move, ...] = (
+    _m(QUEUED, (), CREATE, "a run started for a worker (`start`, `send_once`)"),
+    _m(RUNNING, (), CREATE, "a run started and leased in one write (`run`)"),
+    _m(FAILED, (), CREATE, "a fork's row, until its journal is copied"),
+    _m(FINISHED, (), CREATE, "a session's or a plain journal's row (never driven)"),
+    _m(
+        RUNNING,
+        (QUEUED, RUNNING, FAILED, *PAUSED),
+        DRIVER,
+        "a drive takes the run (its lease), nothing stopping it",
+    ),
+    # A driver's pause moves its run from running; from failed too, where recovery judged
+    # the run from a read before this driver took its lease (a dead driver's): stale.
+    _m(
+        AWAITING_APPROVAL,
+        (RUNNING, QUEUED, FAILED),
+        DRIVER,
+        "a gated call's request saved (a wake-up that queued the run meanwhile waits too)",
+    ),
+    _m(HALTED, _NOT_TERMINAL, DRIVER, "a live attempt with no outcome (a halt row saved)"),
+    _m(AWAITING_INPUT, (RUNNING, FAILED), DRIVER, "a wait, a sub-run's pause (`wait:`, `child:`)"),
+    _m(SLEEPING, (RUNNING, FAILED), DRIVER, "every wait is a timer"),
+    _m(QUEUED, (RUNNING,), DRIVER, "the worker shuts down after the step in flight"),
+    _m(FINISHED, _NOT_TERMINAL, DRIVER, "`run:complete` (a row behind its journal repaired)"),
+    _m(FAILED, _NOT_TERMINAL, DRIVER, "a drive's error (its agent not loaded here, too)"),
+    _m(CANCELLED, _NOT_TERMINAL, DRIVER, "`run:cancelled`: a cancel, or an ancestor's"),
+    _m(COMPENSATING, _NOT_TERMINAL, DRIVER, "`saga:abort`: its own, a cancel's, an ancestor's"),
+    _m(
+        COMPENSATING,
+        (FINISHED,),
+        DRIVER,
+        "`saga:abort` after `run:complete`: a parent's saga rolls a finished sub-run back",
+    ),
+    _m(AWAITING_INPUT, (COMPENSATING,), DRIVER, "a rollback waits on a sub-run"),
+    _m(AWAITING_APPROVAL, (COMPENSATING,), DRIVER, "a rollback waits on a sub-run's request"),
+    _m(SLEEPING, (COMPENSATING,), DRIVER, "a rollback waits on a sub-run's timer"),
+    _m(COMPENSATED, _NOT_TERMINAL, DRIVER, "`run:compensated`: every undo done"),
+    _m(FAILED, (COMPENSATING,), DRIVER, "`run:compensated` with an undo that failed"),
+    _m(CANCELLED, _NOT_TERMINAL, PERSON, "`cancel` (under the run's lease)"),
+    _m(COMPENSATING, _NOT_TERMINAL, PERSON, "`cancel(compensate=True)` (`saga:abort`)"),
+    _m(
+        QUEUED,
+        (RUNNING, FAILED, *PAUSED),
+        PERSON,
+        "a decision (`approval:`): the run goes on, never a rollback forward",
+    ),
+    _m(QUEUED, (HALTED,), PERSON, "a halt's resolution (`tool:` reconciled)"),
+    _m(QUEUED, (AWAITING_INPUT, RUNNING), PERSON, "an answer, a signal, a channel message"),
+    _m(QUEUED, (SLEEPING, AWAITING_INPUT, RUNNING), PERSON, "a timer woken early (`waited:`)"),
+    _m(QUEUED, PAUSED, PERSON, "a sub-run's request withdrawn: its ancestor stopped"),
+    _m(FAILED, _NOT_TERMINAL, PERSON, "a resume of a run whose agent is not loaded"),
+    _m(
+        QUEUED,
+        (FAILED,),
+        PERSON,
+        "`fork:done` (or `halted`, `awaiting_input`: where its copy stands)",
+    ),
+    _m(HALTED, (FAILED,), PERSON, "`fork:done` with a call in flight"),
+    _m(AWAITING_INPUT, (FAILED,), PERSON, "`fork:done` of a sub-run its forked parent drives"),
+    _m(QUEUED, PAUSED, SUB_RUN, "a sub-run ended: its paused parent goes on"),
+    _m(QUEUED, PAUSED, SWEEP, "a timer due, a wait answered, a sub-run ended, a stop above"),
+    _m(RUNNING, (RUNNING,), RECOVERY, "its driver died: a failed attempt, handed over"),
+    _m(COMPENSATING, (COMPENSATING,), RECOVERY, "its rollback's driver died: handed over"),
+    _m(FAILED, (RUNNING, COMPENSATING), RECOVERY, "its driver died too often in a row"),
+)
+
+
+def allowed(frm: str, to: str, by: str | None = None) -> bool:
+    """Whether the table holds a move from ``frm`` to ``to`` (by ``by``, or anyone)."""
+    return any(m.to == to and frm in m.from_ and (by is None or m.by == by) for m in MOVES) or (
+        frm == to and frm in _NOT_TERMINAL
+    )
+
+
+def froms(to: str, by: str) -> tuple[str, ...]:
+    """The statuses ``by`` may move a run from to ``to``, in ``STATUSES`` order."""
+    found: set[str] = set()
+    for m in MOVES:
+        if m.to == to and m.by == by:
+            found |= m.from_
+    if not found:
+        raise ValueError(f"the lifecycle has no move to {to!r} by {by!r}")
+    return tuple(s for s in STATUSES if s in found)
+
+
+def move(
+    store: Store,
+    run_id: str,
+    to: str,
+    by: str,
+    *,
+    changes: Mapping[str, Any] | None = None,
+    only_from: Any = None,
+    fence: str | None = None,
+) -> bool:
+    """Move run ``run_id`` to ``to`` (with ``changes`` to other fields) if its status is one
+    ``by`` may move it from (narrowed to ``only_from``, a status the caller saw); True if it
+    moved. Conditional on the row, atomically, as ``Store.update_run`` is."""
+    statuses = froms(to, by)
+    if only_from is not None:
+        narrow = {only_from} if isinstance(only_from, str) else set(only_from)
+        statuses = tuple(s for s in statuses if s in narrow)
+        if not statuses:
+            return False
+    return store.update_run(
+        run_id, {**(changes or {}), "status": to}, fence=fence, if_status=statuses
+    )
+
+
+def hand_over(store: Store, run_id: str, by: str, *, only_from: Any = None) -> bool:
+    """Queue a run for a driver (failures in a row and the last error cleared), from what
+    ``by`` may queue it from; True if it moved (the caller dispatches it)."""
+    return move(
+        store,
+        run_id,
+        QUEUED,
+        by,
+        changes={"attempts": 0, "last_error": None},
+        only_from=only_from,
+    )
