@@ -30,7 +30,7 @@ from durable_agents.engine.errors import (
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import AWAITING_APPROVAL, HALTED
 from durable_agents.engine.records import encode
-from durable_agents.engine.waits import open_waits
+from durable_agents.engine.waits import latest_question, open_waits
 
 from . import world as W
 from .agent import AGENT, ANSWERS, NOT_HAPPENED, SESSION, Plans, is_agent_run, parse_plan, wait_name
@@ -692,16 +692,22 @@ class Answerer(Actor):
         did = []
         for value in values:
             sent = w.answers.setdefault((run_id, name), [])
+            # A person reads the question's page, then answers what it asked: the answer is
+            # for that question (the engine refuses it if the run asks another one by now).
+            asked = latest_question(Journal(w.store), run_id, name)[1]
+            shown = asked.get("prompt") if asked is not None else None
             try:
-                out = da.answer_interrupt(run_id, name, value, by=self.name, store=w.store)
+                out = da.answer_interrupt(
+                    run_id, name, value, by=self.name, prompt=shown, store=w.store
+                )
             except InterruptAnswerInvalid:
-                sent.append((value, "invalid"))
+                sent.append((value, "invalid", shown))
             except InterruptAlreadyAnswered:
-                sent.append((value, "refused"))
+                sent.append((value, "refused", shown))
             except DurableAgentsError as exc:
-                sent.append((value, exc.code))
+                sent.append((value, exc.code, shown))
             else:
-                sent.append((value, "recorded" if out.recorded else "same"))
+                sent.append((value, "recorded" if out.recorded else "same", shown))
             did.append(sent[-1][1])
         return ", ".join(did)
 

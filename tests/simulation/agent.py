@@ -54,6 +54,7 @@ def is_agent_run(run_id: str) -> bool:
 def _act(tool: str, args: dict[str, Any], ctx: ToolContext) -> Any:
     w = W.CURRENT
     assert w is not None
+    entered = w.entry_seq()  # before the scheduler may run anyone else
     w.point(f"tool {tool} {ctx.call_id} start")
     if tool == "charge" and args["amount"] == DECLINED_AMOUNT:
         w.record(
@@ -65,6 +66,7 @@ def _act(tool: str, args: dict[str, Any], ctx: ToolContext) -> Any:
             "declined",
             effect=False,
             outcome="raised",
+            entered=entered,
         )
         raise RuntimeError("card declined")
     value = {"tool": tool, "order": args["order"], "receipt": w.next_receipt()}
@@ -77,6 +79,7 @@ def _act(tool: str, args: dict[str, Any], ctx: ToolContext) -> Any:
         value,
         effect=tool != "lookup",
         dedupe=tool in KEYED,
+        entered=entered,
     )
     w.point(f"tool {tool} {ctx.call_id} done")
     if tool == "charge" and args["amount"] == UNKNOWN_AMOUNT:
@@ -132,41 +135,55 @@ def wait_name(order: int) -> str:
     return f"paid-{order}" if order % 4 == 1 else f"inbox-{order}"
 
 
-def confirm(order: int, ctx: ToolContext) -> Any:
-    """Ask staff to confirm an order, or wait for its payment (read-only: it re-runs); an
-    order of 1, 5, 9… naps 20 s first."""
-    w = W.CURRENT
-    assert w is not None
-    w.point(f"tool confirm {ctx.call_id} start")
-    name = wait_name(order)
-    got: dict[str, Any] = {}
-    if order % 4 == 1:
-        # A timer first: the run sleeps 20 s (its wake time journaled once), then waits.
-        ctx.sleep(f"nap-{order}", 20.0)
-        w.count("timers woke")
-    if order % 2 == 0:
-        value = ctx.interrupt(
-            name, f"Ship order {order}?", schema={"type": "string", "enum": ANSWERS}
+def ship_prompt(order: int, version: int) -> str:
+    """What ``confirm`` asks staff about an even order: a deploy may reword it (``Deploy.ask``),
+    and a question asked again in other words is a new question (issue 29)."""
+    return f"Ship order {order}?" if version == 0 else f"Ship order {order} today?"
+
+
+def _confirm(version: int) -> Any:
+    def confirm(order: int, ctx: ToolContext) -> Any:
+        """Ask staff to confirm an order, or wait for its payment (read-only: it re-runs); an
+        order of 1, 5, 9… naps 20 s first."""
+        w = W.CURRENT
+        assert w is not None
+        entered = w.entry_seq()
+        w.point(f"tool confirm {ctx.call_id} start")
+        name = wait_name(order)
+        got: dict[str, Any] = {}
+        if order % 4 == 1:
+            # A timer first: the run sleeps 20 s (its wake time journaled once), then waits.
+            ctx.sleep(f"nap-{order}", 20.0)
+            w.count("timers woke")
+        if order % 2 == 0:
+            prompt = ship_prompt(order, version)
+            value = ctx.interrupt(name, prompt, schema={"type": "string", "enum": ANSWERS})
+            got["prompt"] = prompt
+        elif order % 4 == 1:
+            value = ctx.await_signal(name)
+        else:
+            # The oldest message nothing acked; consumed once by this call.
+            msg = ctx.receive(name)
+            ctx.ack(name, msg.key)
+            value = msg.payload
+            got["key"] = msg.key
+        entry = w.record(
+            "confirm",
+            ctx.run_id,
+            ctx.call_id,
+            {"order": order},
+            "",
+            {"wait": name, "value": value, **got},
+            effect=False,
+            entered=entered,
         )
-    elif order % 4 == 1:
-        value = ctx.await_signal(name)
-    else:
-        # The oldest message nothing acked; consumed once by this call.
-        msg = ctx.receive(name)
-        ctx.ack(name, msg.key)
-        value = msg.payload
-        got["key"] = msg.key
-    entry = w.record(
-        "confirm",
-        ctx.run_id,
-        ctx.call_id,
-        {"order": order},
-        "",
-        {"wait": name, "value": value, **got},
-        effect=False,
-    )
-    w.point(f"tool confirm {ctx.call_id} done")
-    return entry.value
+        w.point(f"tool confirm {ctx.call_id} done")
+        return entry.value
+
+    return confirm
+
+
+confirm = _confirm(0)
 
 
 # -- undos (sagas, issue 16) ---------------------------------------------------------------
@@ -211,6 +228,7 @@ TOOLS = {
     "notify": da.tool(notify, name="notify", idempotent=True),
     "book": da.tool(book, name="book", idempotency_key=lambda a: f"book-{a['order']}"),
     "confirm": da.tool(confirm, name="confirm", read_only=True),
+    "confirm_ask1": da.tool(_confirm(1), name="confirm", read_only=True),
 }
 
 # -- the model ----------------------------------------------------------------------------
@@ -238,9 +256,22 @@ def _op_of(call: ToolCall) -> tuple[str, int] | None:
         return None
 
 
+def errand_plan(order: int) -> str:
+    """An errand's own plan: mail the customer and book a slot; then, for one order in three,
+    refund it (a call staff approve: the sub-run pauses, and a decision drives it on its own
+    while its parent waits), or for another, ask staff to confirm it (a question). So a
+    parent is cancelled or aborted while its sub-run is paused, or busy in another worker."""
+    plan = f"plan:notify.{order}.0|book.{order}.0"
+    if order % 3 == 0:
+        plan += f";refund.{order}.20"
+    elif order % 6 == 4:
+        plan += f";confirm.{order}.0"
+    return plan
+
+
 def _arguments(tool: str, order: int, amount: int, spec: Any) -> str:
     if tool == ERRAND:  # the sub-run mails the customer and books a slot
-        return json.dumps({"input": f"plan:notify.{order}.0|book.{order}.0"})
+        return json.dumps({"input": errand_plan(order)})
     args: dict[str, Any] = {"order": order}
     if tool in ("charge", "refund"):
         args["amount"] = amount
@@ -354,7 +385,7 @@ ERRAND_AGENT = da.Agent(
     "sim-errand",
     MODEL,
     "Run the errand.",
-    [TOOLS["notify"], TOOLS["book"]],
+    [TOOLS["notify"], TOOLS["book"], TOOLS["refund_v1"], TOOLS["confirm"]],
     max_turns=6,
     model_retry=da.ModelRetry(max_attempts=3, base_delay=1.0, max_delay=2.0),
 )
@@ -365,7 +396,7 @@ ERRAND_SAGA_AGENT = da.Agent(
     "sim-errand-saga",
     MODEL,
     "Run the errand.",
-    [TOOLS["notify"], TOOLS["book_saga"]],
+    [TOOLS["notify"], TOOLS["book_saga"], TOOLS["refund_v1"], TOOLS["confirm"]],
     max_turns=6,
     model_retry=da.ModelRetry(max_attempts=3, base_delay=1.0, max_delay=2.0),
 )
@@ -394,6 +425,9 @@ class Deploy:
     # Two tool calls of one turn may run at once (``tool_concurrency=2``; ``world.SimPool``).
     # Set by the cast from a stream of its own, as ``quorum`` is.
     concurrent: bool = False
+    # ``confirm`` rewords its question to staff (``ship_prompt``). Toggled by a deploy only in
+    # the answerer's casts, from a stream of its own (``World.ask_rng``).
+    ask: int = 0
 
     @property
     def durability(self) -> str:
@@ -416,6 +450,7 @@ class Deploy:
                 "saga",
                 "quorum",
                 "concurrent",
+                "ask",
             )
             if getattr(self, name)
         ]
@@ -431,7 +466,7 @@ class Deploy:
         if not self.no_notify:
             tools.append(TOOLS["notify"])
         tools.append(TOOLS["book"])
-        tools.append(TOOLS["confirm"])
+        tools.append(TOOLS["confirm_ask1" if self.ask else "confirm"])
         tools.append(TOOLS["errand" + saga])
         return da.Agent(
             AGENT,
@@ -457,6 +492,12 @@ class Deploy:
                 (1, "drift"),
             ]
         )
+        if "answerer" in w.config.actors and w.ask_rng.random() < 0.4:
+            # (Drawn from a stream of its own: the seed's schedule draws what it drew.)
+            return replace(self._changed(what), ask=1 - self.ask)
+        return self._changed(what)
+
+    def _changed(self, what: str) -> Deploy:
         if what == "instr":
             return replace(self, instructions=self.instructions + 1)
         if what == "drift":

@@ -209,6 +209,7 @@ def check_all(w: W.World) -> None:
     check_channels(w, ix)
     check_trees(w, ix)
     check_sagas(w, ix)
+    check_stops(w, ix)
     check_chains(w)
     check_takeovers(w, ix)
     check_as_we_go(w)
@@ -599,11 +600,14 @@ def check_rows(w: W.World, ix: Index) -> None:
             w.violate("rows_agree", f"run {run_id} is finished without run:complete")
         if row.status == CANCELLED and cancelled is None:
             w.violate("rows_agree", f"run {run_id} is cancelled without run:cancelled")
-        # A saga rolling back its sub-runs pauses as the sub-run it waits on does.
+        # A saga rolling back its sub-runs pauses as the sub-run it waits on does; so does a
+        # parent whose call's sub-run has not ended (the tree's pause).
         rolling_back = "saga:abort" in names and "run:compensated" not in names
-        waits_on_child = rolling_back and any(
-            (child := ix.rows.get(f"{run_id}/{rec.get('call_id')}")) is not None
-            and child.status in (HALTED, AWAITING_INPUT, "compensating", "queued", "running")
+        waits_on_child = any(
+            (child := ix.rows.get(str(rec.get("run_id")))) is not None
+            and (rolling_back or f"tool:{rec.get('call_id')}" not in names)
+            and child.status
+            in (HALTED, AWAITING_INPUT, AWAITING_APPROVAL, SLEEPING, "compensating", "queued")
             for n, rec in names.items()
             if n.startswith("child:")
         )
@@ -619,9 +623,13 @@ def check_rows(w: W.World, ix: Index) -> None:
             and not any((run_id, c) in open_halts for c in _pending_calls(names))
         ):
             w.violate("rows_agree", f"run {run_id} is halted with nothing left to resolve")
-        if row.status == AWAITING_APPROVAL and not any(
-            (run_id, c) in pending and pending[(run_id, c)] not in names
-            for c in _pending_calls(names)
+        if (
+            row.status == AWAITING_APPROVAL
+            and not waits_on_child
+            and not any(
+                (run_id, c) in pending and pending[(run_id, c)] not in names
+                for c in _pending_calls(names)
+            )
         ):
             w.violate(
                 "rows_agree",
@@ -646,8 +654,10 @@ def check_rows(w: W.World, ix: Index) -> None:
                         "recorded",
                         hole="new",
                     )
-        if row.status == SLEEPING and not any(
-            wait.kind == "timer" for wait in open_waits(ix.records[run_id])
+        if (
+            row.status == SLEEPING
+            and not waits_on_child
+            and not any(wait.kind == "timer" for wait in open_waits(ix.records[run_id]))
         ):
             w.violate("rows_agree", f"run {run_id} sleeps with no timer left to wait for")
         if row.status == AWAITING_INPUT and not waits_on_child:
@@ -907,6 +917,10 @@ INVARIANTS = (
     "chains_verify",
     "sagas_undo_once",
     "saga_trees_close",
+    "answers_bound",
+    "stops_hold",
+    "nothing_stranded",
+    "lifecycle_moves",
     "webhooks_never_busy",
     "sessions_stay_open",
     "terminates",
@@ -914,14 +928,82 @@ INVARIANTS = (
 )
 
 
+def _asks(names: dict[str, Record], name: str) -> list[tuple[str, Record | None]]:
+    """The questions the interrupt ``name`` asked, in order: each one's prompt and answer."""
+    out = []
+    for rec in names.values():
+        if rec.name.startswith("wait:") and rec.get("name") == name:
+            if rec.get("kind") != "interrupt":
+                return []
+            ask = int(rec.get("ask") or 1)
+            answer = names.get(f"input:{name}" if ask == 1 else f"input:{name}#{ask}")
+            out.append((ask, str(rec.get("prompt")), answer))
+    return [(prompt, answer) for _, prompt, answer in sorted(out, key=lambda a: a[0])]
+
+
+def check_answers(w: W.World, ix: Index) -> None:
+    """An answer is recorded once per question, for the question its answerer was shown
+    (``answers_bound``: a question asked again in other words is a new one), first value
+    wins; the call that asked a question returns the answer given to that question."""
+    for (run_id, name), sent in w.answers.items():
+        names = ix.names.get(run_id) or {}
+        asks = _asks(names, name)
+        for value, did, shown in sent:
+            # (Sent with no question shown, as an API caller may: for whatever is asked.)
+            given = [a for p, a in asks if shown in (p, None) and a is not None]
+            values = [a.get("value") for a in given]
+            if did == "recorded" and encode(value) not in {encode(v) for v in values}:
+                w.violate(
+                    "answers_bound",
+                    f"run {run_id}: {value!r} was recorded for {name} as asked "
+                    f"{shown!r}, and no answer to that question holds it (journal: "
+                    f"{[(p, a.get('value') if a else None) for p, a in asks]})",
+                    hole="29",
+                )
+            if did in ("same", "refused") and not given:
+                w.violate("waits_first_value", f"run {run_id}: {name} {did} with nothing recorded")
+            if did == "same" and encode(value) not in {encode(v) for v in values}:
+                w.violate("waits_first_value", f"run {run_id}: {name}: {value!r} taken as the same")
+            if did == "refused" and given and encode(value) == encode(given[-1].get("value")):
+                w.violate("waits_first_value", f"run {run_id}: {name}: its own value refused")
+            if did == "invalid" and value in ("yes", "no"):
+                w.violate("waits_first_value", f"run {run_id}: a valid answer {value!r} refused")
+        recorded: dict[Any, int] = defaultdict(int)
+        for _, did, shown in sent:
+            if did == "recorded":
+                recorded[shown] += 1
+        for shown, n in recorded.items():
+            if n > sum(1 for p, _ in asks if shown in (p, None)):
+                w.violate("waits_first_value", f"run {run_id}: {name} was recorded {n} times")
+        for _, answer in asks:
+            if answer is not None and answer.get("value") not in ("yes", "no"):
+                w.violate(
+                    "waits_first_value",
+                    f"run {run_id}: an invalid answer {answer.get('value')!r} recorded",
+                )
+    for e in w.ledger:
+        if e.tool != "confirm" or not isinstance(e.value, dict) or "prompt" not in e.value:
+            continue
+        asks = _asks(ix.names.get(e.run) or {}, str(e.value.get("wait")))
+        answers = [a.get("value") for p, a in asks if p == e.value["prompt"] and a is not None]
+        if encode(e.value.get("value")) not in {encode(v) for v in answers}:
+            w.violate(
+                "answers_bound",
+                f"run {e.run}: call {e.call} asked {e.value['prompt']!r} and got "
+                f"{e.value.get('value')!r}, which nobody answered to that question (journal: "
+                f"{[(p, a.get('value') if a else None) for p, a in asks]})",
+                hole="29",
+            )
+
+
 def check_waits(w: W.World, ix: Index) -> None:
     """An answer or a signal is recorded once, the first one wins everywhere (the journal,
     the tool's result), and a signal is consumed by the one call that awaited it."""
-    for (run_id, name), sent in [*w.answers.items(), *w.signals.items()]:
+    check_answers(w, ix)
+    for (run_id, name), sent in w.signals.items():
         names = ix.names.get(run_id) or {}
-        is_signal = (run_id, name) in w.signals and name.startswith("paid-")
-        rec = names.get(f"signal:{name}" if is_signal else f"input:{name}")
-        journaled = rec.get("payload" if is_signal else "value") if rec is not None else None
+        rec = names.get(f"signal:{name}")
+        journaled = rec.get("payload") if rec is not None else None
         recorded = [v for v, did in sent if did == "recorded"]
         if len(recorded) > 1:
             w.violate(
@@ -933,19 +1015,9 @@ def check_waits(w: W.World, ix: Index) -> None:
                 f"run {run_id}: {name} was recorded as {recorded[0]!r}, the journal holds "
                 f"{journaled!r}",
             )
-        for value, did in sent:
-            if did in ("same", "refused") and rec is None:
+        for _, did in sent:
+            if did == "duplicate" and rec is None:
                 w.violate("waits_first_value", f"run {run_id}: {name} {did} with nothing recorded")
-            if did == "same" and encode(value) != encode(journaled):
-                w.violate("waits_first_value", f"run {run_id}: {name}: {value!r} taken as the same")
-            if did == "refused" and encode(value) == encode(journaled):
-                w.violate("waits_first_value", f"run {run_id}: {name}: its own value refused")
-            if did == "invalid" and value in ("yes", "no"):
-                w.violate("waits_first_value", f"run {run_id}: a valid answer {value!r} refused")
-        if rec is not None and not is_signal and journaled not in ("yes", "no"):
-            w.violate(
-                "waits_first_value", f"run {run_id}: an invalid answer {journaled!r} recorded"
-            )
     for run_id in w.runs:
         names = ix.names.get(run_id) or {}
         for rec in names.values():
@@ -973,7 +1045,8 @@ def check_waits(w: W.World, ix: Index) -> None:
                         f"its journaled {rec.get('wake_ms')}",
                     )
                 continue
-            answer = names.get(f"input:{name}")
+            if rec.get("kind") == "interrupt":
+                continue  # ``check_answers``: each question's answer, by the ledger
             if waited is not None and waited.get("call_id") != call:
                 w.violate(
                     "signals_consumed_once",
@@ -991,11 +1064,9 @@ def check_waits(w: W.World, ix: Index) -> None:
             result = names.get(f"tool:{call}")
             if result is None or result.get("is_error") or result.get("reconciled"):
                 continue
-            want = answer.get("value") if answer is not None else None
-            if waited is not None:
-                want = waited.get("payload")
+            want = waited.get("payload") if waited is not None else None
             got = (result.get("result") or {}).get("value")
-            if (answer is None and waited is None) or encode(got) != encode(want):
+            if waited is None or encode(got) != encode(want):
                 w.violate(
                     "waits_first_value",
                     f"run {run_id}: call {call} returned {got!r} for {name}, the journal "
@@ -1247,4 +1318,62 @@ def check_saga_trees_closed(w: W.World, ix: Index) -> None:
                 "saga_trees_close",
                 f"{child}: its parent {row.parent_run_id} ended compensated, and an approval "
                 "request of it is still pending",
+            )
+
+
+STOPS = ("run:cancelled", "saga:abort")
+
+
+def _stops_at_and_above(w: W.World, ix: Index, run_id: str | None) -> list[tuple[str, Record]]:
+    """The stop records (``run:cancelled``, ``saga:abort``) of ``run_id`` and its ancestors."""
+    out: list[tuple[str, Record]] = []
+    seen: set[str] = set()
+    while run_id and run_id not in seen:
+        seen.add(run_id)
+        names = ix.names.get(run_id) or _names(w, run_id)
+        out += [(run_id, names[n]) for n in STOPS if n in names]
+        row = ix.rows.get(run_id) or w.raw.get_run(run_id)
+        run_id = row.parent_run_id if row is not None else None
+    return out
+
+
+def check_stops(w: W.World, ix: Index) -> None:
+    """A stop holds for the whole tree (``engine.stops``): no tool call of a run (an undo
+    aside) begins after its own or an ancestor's ``run:cancelled`` or ``saga:abort`` was
+    recorded; after the quiet phase, no run below a stopped one is left able to go on (each
+    ended, failed, or recorded a stop of its own), and no run is left queued, running or
+    compensating: recovery picks every one of them up."""
+    for e in w.ledger:
+        if e.tool in UNDOS or not is_agent_run(e.run) or e.run not in ix.rows:
+            continue
+        for holder, rec in _stops_at_and_above(w, ix, e.run):
+            if rec.seq <= e.entered:
+                w.violate(
+                    "stops_hold",
+                    f"{e.run}: {e.tool} call {e.call} began after {holder}'s {rec.name} "
+                    f"(record seq {rec.seq}, the call began after seq {e.entered})",
+                    hole="29",
+                )
+    for run_id, row in ix.rows.items():
+        if row is None or not is_agent_run(run_id):
+            continue
+        if row.status in ("queued", "running", "compensating"):
+            w.violate(
+                "nothing_stranded",
+                f"run {run_id} is left {row.status} after recovery passes and sweeps",
+                hole="29",
+            )
+        if not row.parent_run_id or row.status in TERMINAL_STATUSES or row.status == FAILED:
+            continue
+        names = ix.names.get(run_id, {})
+        if any(n in names for n in STOPS):
+            continue
+        above = _stops_at_and_above(w, ix, row.parent_run_id)
+        if above:
+            holder, rec = above[0]
+            w.violate(
+                "nothing_stranded",
+                f"{run_id} is {row.status} below {holder}'s {rec.name}, and never recorded a "
+                "stop of its own",
+                hole="29",
             )

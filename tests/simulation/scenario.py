@@ -187,7 +187,8 @@ def quiet_phase(w: W.World) -> None:
     worker = Driver("worker")
     beat = Recovery("beat")
     w.actors += [worker, beat]
-    from durable_agents.engine.commands.recovery import recover
+    from durable_agents.engine import runtime
+    from durable_agents.engine.commands.recovery import recover, resend_at
     from durable_agents.engine.commands.timers import wake_timers
 
     def drain() -> None:
@@ -208,8 +209,20 @@ def quiet_phase(w: W.World) -> None:
         sweep = w.run_to_end(w.start(beat, "timer sweep", lambda: wake_timers(store=w.store)))
         sent += list(sweep.result or [])
         w.recovery_rounds.append(sent)
-        if not sent:
-            return
+        if not sent and not w.queue:  # (a drive of the last drain may have handed one over)
+            # A run still queued whose message was lost is sent again once it has waited as
+            # long again as it had (``recovery.resend_at``): move the clock there, once more.
+            due = [
+                at
+                for r in w.runs
+                if (row := w.raw.get_run(r)) is not None
+                and row.status == "queued"
+                and (at := resend_at(row, runtime.recovery_interval())) is not None
+            ]
+            if not due or round_ == 9:
+                return
+            w.advance_by(max(1.0, max(due).timestamp() - w.now + 1.0))
+            continue
         drain()
         w.advance_by(30.0)  # past any back-off recovery keeps for a failing run
 

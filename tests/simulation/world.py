@@ -35,7 +35,7 @@ from typing import Any
 import greenlet
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from durable_agents.engine import failpoints, leases, loop, runtime
+from durable_agents.engine import failpoints, leases, lifecycle, loop, runtime
 from durable_agents.engine.approvals import decision_bytes
 from durable_agents.engine.errors import DurableAgentsError, LeaseLost, Pause
 from durable_agents.engine.memstore import InMemoryStore
@@ -135,6 +135,9 @@ class Effect:
     effect: bool  # the world changed (after any downstream dedupe by key)
     outcome: str  # "returned", "raised", "unknown" (effect made, then raised ToolOutcomeUnknown)
     pid: int
+    # The store's last journal seq when the call began (handed to a pool: when handed over),
+    # so a stop recorded before it (``seq <= entered``) came before the call.
+    entered: int = 0
 
 
 @dataclass
@@ -191,6 +194,8 @@ class SimStore:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             world._at_store(name, args)
+            moved = _moved_run(name, args)
+            before = self._raw.get_run(moved) if moved is not None else None
             # Only records a drive is sure to come back for are split (see `_split_insert`):
             # a model turn, spend, `run:complete` (its row is left running, which recovery
             # hands over). `fork:done` makes a fork runnable and `run:cancelled` ends a run
@@ -209,11 +214,24 @@ class SimStore:
             else:
                 result = attr(*args, **kwargs)
             world._after_store(name, args, kwargs, result)
+            if moved is not None:
+                world.check_move(moved, before, self._raw.get_run(moved), name)
             return result
 
         call.__name__ = name
         self.__dict__[name] = call
         return call
+
+
+# The store calls that can change a run's status, and the run they change.
+_MOVES_ROWS = ("insert", "finish_run", "finish_run_with", "update_run", "start_run", "create_run")
+
+
+def _moved_run(name: str, args: tuple[Any, ...]) -> str | None:
+    if name not in _MOVES_ROWS or not args:
+        return None
+    first = args[0]
+    return str(getattr(first, "run_id", first))
 
 
 class SimHeartbeat:
@@ -268,7 +286,10 @@ class SimPool:
         self.submitted += 1
         if self.submitted > 1:  # the loop's pool is one batch: the first is not settled yet
             w.count("tool calls in flight together")
-        self.waiting[future] = lambda: fn(*args)
+        # The call begins as it is handed over (a real pool's idle thread starts at once),
+        # whenever the model lets its body run.
+        entered = w.raw_seq()
+        self.waiting[future] = lambda: w.entered_as(entered, fn, *args)
         if w.pool_rng.random() < 0.5:
             self.run_waiting()
         return future
@@ -360,6 +381,8 @@ class World:
         # A tool pool's choices (``SimPool``): a stream of its own, so seeds whose agents
         # run one call at a time keep their schedules.
         self.pool_rng = random.Random(f"pool:{seed}")
+        # Whether a deploy rewords ``confirm``'s question (the answerer's casts): its own stream.
+        self.ask_rng = random.Random(f"ask:{seed}")
         self.pools: dict[Future[Any], SimPool] = {}
         # Signed decisions (the answerer's casts): the people's keys, derived from the seed
         # (set by the cast), what they signed, and a stream of its own for whether they sign
@@ -429,6 +452,7 @@ class World:
         self.deploys: list[tuple[float, Any]] = []  # (when, the version deployed)
         self.deliveries: dict[str, str] = {}
         self.chat: list[str] = []
+        self._entered: int | None = None  # a pool call's begin (``entered_as``)
 
     def clock(self) -> float:
         return self.now
@@ -476,7 +500,7 @@ class World:
         )
         found["forks"] = len(self.forks)
         found["answers recorded"] = sum(
-            1 for sent in self.answers.values() for _, did in sent if did == "recorded"
+            1 for sent in self.answers.values() for _, did, _ in sent if did == "recorded"
         )
         found["signals recorded"] = sum(
             1 for sent in self.signals.values() for _, did in sent if did == "recorded"
@@ -488,6 +512,19 @@ class World:
         sub_runs = [r for r in self.runs if (row := self.raw.get_run(r)) and row.parent_run_id]
         found["sub-runs finished"] = sum(
             1 for r in sub_runs if self.raw.get(r, "run:complete") is not None
+        )
+        # Issue 29: a stop reaching a sub-run from above, recorded by the sub-run itself.
+        found["sub-runs stopped from above"] = sum(
+            1
+            for r in sub_runs
+            if (e := self.raw.get(r, "run:cancelled") or self.raw.get(r, "saga:abort")) is not None
+            and any(code in e.data for code in ("run.ancestor_cancelled", "saga.parent_aborted"))
+        )
+        found["questions asked again"] = sum(
+            1
+            for r in self.runs
+            for e in self.raw.load(r)
+            if e.name.startswith("wait:") and "#" in e.name
         )
         return found
 
@@ -555,6 +592,7 @@ class World:
         effect: bool,
         outcome: str = "returned",
         dedupe: bool = False,
+        entered: int | None = None,
     ) -> Effect:
         """Write one invocation to the ledger. ``dedupe``: the downstream system honours the
         key, so a second effect with one key changes nothing and answers as the first did."""
@@ -577,9 +615,43 @@ class World:
             effect,
             outcome,
             proc.pid if proc else 0,
+            entered if entered is not None else self.entry_seq(),
         )
         self.ledger.append(entry)
         return entry
+
+    def raw_seq(self) -> int:
+        """The store's last journal seq: what a call beginning now comes after."""
+        return int(self.raw._seq)
+
+    def entry_seq(self) -> int:
+        """When the tool call running now began, as a store seq (``Effect.entered``)."""
+        return self._entered if self._entered is not None else self.raw_seq()
+
+    def entered_as(self, seq: int, fn: Callable[..., Any], *args: Any) -> Any:
+        saved, self._entered = self._entered, seq
+        try:
+            return fn(*args)
+        finally:
+            self._entered = saved
+
+    def check_move(self, run_id: str, before: Any, after: Any, call: str) -> None:
+        """A run's status change is a move of the lifecycle table (``lifecycle.MOVES``)."""
+        if after is None or (before is not None and before.status == after.status):
+            return
+        if before is None:
+            ok = any(m.to == after.status and not m.from_ for m in lifecycle.MOVES)
+        else:
+            ok = lifecycle.allowed(before.status, after.status)
+        if not ok:
+            proc = self.current
+            who = f"{proc.actor.name} ({proc.label})" if proc is not None else "the world"
+            self.violate(
+                "lifecycle_moves",
+                f"run {run_id} moved {before.status if before else '(new)'} -> {after.status} "
+                f"({call} by {who}): not a move of the lifecycle table",
+                hole="new",
+            )
 
     def next_receipt(self) -> int:
         self.receipts += 1
