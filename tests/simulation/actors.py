@@ -497,6 +497,55 @@ class Person(Actor):
         return f"fork {run_id} at step {step} patch={kind}", op
 
 
+class TreeCanceller(Actor):
+    """Staff cancelling a tree while a sub-run of it has not ended (issue 29): the root or
+    the parent of a sub-run that awaits a decision or an answer, or that a worker drives
+    right now; plainly, or under a saga deploy "cancel and compensate". The cancel may die
+    anywhere (after its own record, before its sub-runs'); its choices come from a stream
+    of its own (``World.stop_rng``)."""
+
+    kind = "canceller"
+
+    def __init__(self, name: str, left: int) -> None:
+        super().__init__(name)
+        self.left = left
+
+    def _below(self, w: W.World) -> list[Any]:
+        """Unfinished sub-runs whose parent nobody drives right now (so a cancel of it is
+        taken): paused with it, or waiting while a worker drives the sub-run."""
+        rows = [w.raw.get_run(r) for r in w.runs if "/" in r]
+        out = []
+        for row in rows:
+            if row is None or not row.parent_run_id or row.finished:
+                continue
+            lease = w.raw.get_lease(row.parent_run_id)
+            if lease is None or not lease.live:
+                out.append(row)
+        return out
+
+    def weight(self, w: W.World) -> int:
+        return 1 if self.left and self._below(w) else 0
+
+    def choose(self, w: W.World) -> Op | None:
+        below = self._below(w)
+        if not below or not self.left:
+            return None
+        self.left -= 1
+        row = below[w.stop_rng.randrange(len(below))]
+        top = w.stop_rng.random() < 0.5 and row.root_run_id
+        run_id = str(row.root_run_id if top else row.parent_run_id)
+        lease = w.raw.get_lease(row.run_id)
+        w.count(
+            "trees cancelled with a sub-run busy"
+            if lease is not None and lease.live
+            else "trees cancelled with a sub-run paused"
+        )
+        compensate = bool(w.deploy.saga) and w.stop_rng.random() < 0.5
+        return f"cancel{' and compensate' if compensate else ''} tree {run_id}", lambda: da.cancel(
+            run_id, by=self.name, reason="tree", compensate=compensate, store=w.store
+        )
+
+
 class Outsider(Actor):
     """Someone outside the quorum's group who holds the permission to decide and tries to
     approve a quorum call anyway: every path must refuse them (``approval.not_eligible``)."""

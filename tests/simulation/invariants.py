@@ -1209,7 +1209,17 @@ def _never_driven_alone(w: W.World, ix: Index, run_id: str, parent: str) -> None
     copy (``fork:done``): only its parent may drive it, and its parent never will."""
     records = ix.records.get(run_id) or Journal(w.raw).records(run_id)
     done = next((r for r in records if r.name == "fork:done"), None)
-    after = [r.name for r in records if done is not None and r.seq > done.seq]
+    # Its stop, when the half-made fork was cancelled or aborted, it records itself (issue
+    # 29): its rollback undoes nothing it copied (a fork's copies are its source's).
+    stop = ("saga:abort", "run:compensated", "run:cancelled", "compensate:", "attempt:compensate:")
+    after = [
+        r.name
+        for r in records
+        if done is not None
+        and r.seq > done.seq
+        and not r.name.startswith(stop)
+        and not r.name.startswith("@")
+    ]
     if after:
         w.violate(
             "tree_agrees",

@@ -29,6 +29,7 @@ from .actors import (
     Recovery,
     Replayer,
     Stepper,
+    TreeCanceller,
     Webhook,
     drive_like_a_worker,
 )
@@ -97,6 +98,10 @@ def build(w: W.World) -> None:
             if isinstance(person, Person):
                 w.give_key(person.name)
         actors.append(Replayer("mallory", 3))
+    # Cancels of a tree with a sub-run paused or busy (issue 29) came after signing, with
+    # the answerer's casts, drawn from a stream of their own.
+    if "answerer" in cfg.actors and random.Random(f"stops:{cfg.seed}").random() < 0.6:
+        actors.append(TreeCanceller("dora", 2))
     w.actors = actors
     w.log(
         "-",

@@ -383,6 +383,8 @@ class World:
         self.pool_rng = random.Random(f"pool:{seed}")
         # Whether a deploy rewords ``confirm``'s question (the answerer's casts): its own stream.
         self.ask_rng = random.Random(f"ask:{seed}")
+        # What the tree canceller picks (issue 29): a stream of its own.
+        self.stop_rng = random.Random(f"stop:{seed}")
         self.pools: dict[Future[Any], SimPool] = {}
         # Signed decisions (the answerer's casts): the people's keys, derived from the seed
         # (set by the cast), what they signed, and a stream of its own for whether they sign
