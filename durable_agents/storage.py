@@ -1032,6 +1032,28 @@ class DjangoStore:
             return [new(Entry, (run_id, name, seq, data, at)) for seq, name, data, at in rows]
         return [Entry(run_id, r[1], int(r[0]), r[2], _aware(r[3])) for r in rows]
 
+    def find(self, run_ids: Sequence[str], names: Sequence[str]) -> list[Entry]:
+        """The entries called any of ``names`` in any of ``run_ids``' journals, in one read
+        (one statement: one snapshot of all of them)."""
+        if not run_ids or not names:
+            return []
+        if self.dialect.postgres:
+            rows = self._execute(
+                f"SELECT run_id, name, seq, data, created_at FROM {_J} "
+                "WHERE run_id = ANY(%s::text[]) AND name = ANY(%s::text[])",
+                [list(run_ids), list(names)],
+                "all",
+            )
+        else:
+            runs, marks = ", ".join(["%s"] * len(run_ids)), ", ".join(["%s"] * len(names))
+            rows = self._execute(
+                f"SELECT run_id, name, seq, data, created_at FROM {_J} "
+                f"WHERE run_id IN ({runs}) AND name IN ({marks})",
+                [*run_ids, *names],
+                "all",
+            )
+        return [Entry(r[0], r[1], int(r[2]), r[3], _aware(r[4])) for r in rows]
+
     def journal_heads(self, run_ids: Sequence[str]) -> dict[str, int]:
         """The seq of each run's last record (runs without one are left out): one index
         probe per run, whatever its journal's length."""

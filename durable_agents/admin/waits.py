@@ -87,6 +87,12 @@ def _slug(run_id: str, name: str) -> str:
     return hashlib.sha256(f"{run_id}\0{name}".encode()).hexdigest()[:10]
 
 
+def prompt_digest(prompt: str) -> str:
+    """What an answer form posts back of the question it showed (``shown_prompt_sha256``):
+    an answer is for that question, refused if the run asks another one by now."""
+    return hashlib.sha256(prompt.encode()).hexdigest()
+
+
 def _answer_urls(admin: AnyModelAdmin, run_id: str, name: str) -> str:
     return admin_url(admin, "answer", quote(run_id), name)
 
@@ -115,6 +121,7 @@ def waits_of_run(
             )
             item.update(
                 form=form if may_answer else None,
+                shown=prompt_digest(wait.prompt),
                 url=_answer_urls(admin, run.run_id, wait.name),
                 schema=pretty(wait.schema) if wait.schema is not None else None,
             )
@@ -223,6 +230,7 @@ def answer_page(
             "q": {
                 "wait": wait,
                 "form": form if allows(request, "answer") else None,
+                "shown": prompt_digest(wait.prompt),
                 "url": _answer_urls(admin, run.run_id, wait.name),
                 "schema": pretty(wait.schema) if wait.schema is not None else None,
             },
@@ -252,8 +260,25 @@ def answer_view(
     if not form.is_valid():
         return answer_page(admin, request, run, wait, form)
     back = _back(admin, request, run.run_id)
+    shown = request.POST.get("shown_prompt_sha256")
+    if shown and shown != prompt_digest(wait.prompt):
+        # The tool ran again and asks another question under this name: the answer was
+        # for the one the page showed. Nothing is recorded; the new question is shown.
+        form.add_error(
+            None,
+            f"The run asks another question by now: {wait.prompt!r}. Nothing was recorded; "
+            "read it and answer again. [interrupt.question_changed]",
+        )
+        return answer_page(admin, request, run, wait, form)
     try:
-        outcome = answer_interrupt(run.run_id, name, form.value(), by=admin_actor(request))
+        outcome = answer_interrupt(
+            run.run_id,
+            name,
+            form.value(),
+            by=admin_actor(request),
+            # The engine checks it against its own read too: a change after this one.
+            prompt=wait.prompt if shown else None,
+        )
     except InterruptAnswerInvalid as exc:  # bad input: a form error, nothing written
         problems = (getattr(exc, "details", None) or {}).get("problems") or [str(exc)]
         for problem in problems:

@@ -462,6 +462,12 @@ class AnswerIn(Body):
         description="the answer, checked against the question's schema (400 "
         "interrupt.invalid_answer, nothing recorded)"
     )
+    prompt: str | None = Field(
+        None,
+        description="the question as its answerer was shown it (the wait's prompt): if the "
+        "run asks another question under that name by now, 409 interrupt.question_changed "
+        "and nothing is recorded. Left out, the answer is for the question asked now",
+    )
 
 
 class SignalIn(Body):

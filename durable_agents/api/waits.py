@@ -111,10 +111,12 @@ def answer(request: HttpRequest, run_id: str, name: str, payload: AnswerIn) -> W
     (``details.problems``), nothing recorded. The first answer wins: the same value again is
     200 with ``recorded`` false; another value is 409 ``interrupt.already_answered`` with
     the standing answer in ``details``. 404 ``interrupt.not_found`` for a question the run
-    never asked."""
+    never asked. With ``prompt`` (the question shown), 409 ``interrupt.question_changed`` if
+    the run asks another one by now (the tool ran again and asked in other words): an answer
+    is for the question it was given to."""
     by = require(request, "answer")
     run_id, name = checked_run_id(run_id), _name(name)
-    return _result(answer_interrupt(run_id, name, payload.value, by=by))
+    return _result(answer_interrupt(run_id, name, payload.value, by=by, prompt=payload.prompt))
 
 
 @router.post("/runs/{path:run_id}/signals/{name}", response={200: WaitResult, **ERRORS})

@@ -459,6 +459,8 @@ class Driver:
         # Requests pending for other arguments than the journaled decision this drive acts
         # on (``_mark_decided``), by call: withdrawn once the call's result is journaled.
         self._moot: dict[str, Any] = {}
+        # The runs above a sub-run, nearest first (``_check_tree``), once read.
+        self._above: list[str] | None = None
         # A tool of a saga that raised ``SagaAborted``: the run aborts once the turn settles.
         self._abort: SagaAborted | None = None
 
@@ -1464,7 +1466,9 @@ class Driver:
         parent = start.get("parent") if start is not None else None
         if not parent:
             return
-        stop = stops.stop_above(self.store, str(parent))
+        if self._above is None:  # the runs above do not change: read once per drive
+            self._above = stops.ancestors(self.store, str(parent))
+        stop = stops.stop_above(self.store, str(parent), self._above)
         if stop is not None:
             raise stops.TreeStopped(stop)
 

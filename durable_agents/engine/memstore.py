@@ -257,6 +257,16 @@ class InMemoryStore:
         with self._lock:
             return [e for e in self._ordered.get(run_id, ()) if e.seq > after]
 
+    def find(self, run_ids: Sequence[str], names: Sequence[str]) -> list[Entry]:
+        """The entries called any of ``names`` in any of ``run_ids``' journals, in one read."""
+        with self._lock:
+            return [
+                entry
+                for run_id in run_ids
+                for name in names
+                if (entry := self._entries.get(run_id, {}).get(name)) is not None
+            ]
+
     def journal_heads(self, run_ids: Sequence[str]) -> dict[str, int]:
         """The seq of each run's last record (runs without one are left out)."""
         with self._lock:

@@ -408,6 +408,11 @@ class Store(Protocol):
 
     def get(self, run_id: str, name: str) -> Entry | None: ...
 
+    def find(self, run_ids: Sequence[str], names: Sequence[str]) -> list[Entry]:
+        """The entries called any of ``names`` in any of ``run_ids``' journals, in one read:
+        an entry committed before the read is in it, whichever run it is in (how a sub-run
+        looks for a stop above it, atomically, before each step)."""
+
     def load(self, run_id: str, after: int = 0) -> Sequence[Entry]:
         """Entries with ``seq > after``, in commit order, in one read."""
 

@@ -31,10 +31,12 @@ from .errors import RunBusy
 from .journal import Journal
 from .leases import HeldLease
 from .ports import CANCELLED, COMPENSATED, COMPENSATING, FINISHED, Store
+from .records import decode
 
 CANCEL = "cancel"
 ABORT = "abort"
 ANCESTOR_CANCELLED = "run.ancestor_cancelled"
+STOP_NAMES = (names.RUN_CANCELLED, names.SAGA_ABORT)
 PARENT_ABORTED = "saga.parent_aborted"
 
 
@@ -66,28 +68,48 @@ class TreeStopped(Exception):
         self.stop = stop
 
 
-def stop_above(store: Store, parent: str | None) -> Stop | None:
-    """The nearest of ``parent`` and its ancestors that was cancelled (``run:cancelled``) or
-    whose saga aborted (``saga:abort``), or None. A row read per level, and a journal read
-    for a level whose row does not tell (a cancelled row always holds ``run:cancelled``,
-    written with it; an abort's row moves on as its rollback does)."""
-    journal = Journal(store)
+def ancestors(store: Store, parent: str | None) -> list[str]:
+    """``parent`` and the runs above it, nearest first (a row read per level)."""
+    chain: list[str] = []
     current = parent
-    levels = 0
-    while current and levels <= runtime.subagent_depth():
-        levels += 1
+    while current and current not in chain and len(chain) <= runtime.subagent_depth():
         row = store.get_run(current)
         if row is None:
-            return None
-        if row.status == CANCELLED:
-            rec = journal.get(current, names.RUN_CANCELLED)
-            return Stop(CANCEL, current, dict(rec.body) if rec is not None else {})
-        if row.status != FINISHED:  # (an abort moves the row to compensating, with it)
-            abort = journal.get(current, names.SAGA_ABORT)
-            if abort is not None:
-                return Stop(ABORT, current, dict(abort.body))
+            break
+        chain.append(current)
         current = row.parent_run_id
+    return chain
+
+
+def stop_above(store: Store, parent: str | None, chain: list[str] | None = None) -> Stop | None:
+    """The nearest of ``parent`` and its ancestors (``chain``, if the caller read it) that
+    was cancelled (``run:cancelled``) or whose saga aborted (``saga:abort``), or None. The
+    records are looked for in one read (``Store.find``): a stop recorded before it is seen,
+    wherever it is in the tree."""
+    chain = ancestors(store, parent) if chain is None else chain
+    if not chain:
+        return None
+    found = {(e.run_id, e.name): e for e in store.find(chain, STOP_NAMES)}
+    for run_id in chain:
+        for name, kind in ((names.RUN_CANCELLED, CANCEL), (names.SAGA_ABORT, ABORT)):
+            entry = found.get((run_id, name))
+            if entry is not None:
+                return Stop(kind, run_id, dict(decode(entry.data)))
     return None
+
+
+def unrecorded_stop(store: Store, run_id: str, parent: str | None) -> Stop | None:
+    """The stop above run ``run_id`` that it has not recorded a stop of its own for yet
+    (its drive must), or None: nothing stopped above it, or it obeyed already (a run rolling
+    back, or halted in its rollback, is its own rollback's, or a person's, from then on).
+    One read of the records, besides the rows."""
+    chain = ancestors(store, parent)
+    if not chain:
+        return None
+    found = store.find([run_id, *chain], STOP_NAMES)
+    if any(e.run_id == run_id for e in found):
+        return None
+    return stop_above(store, parent, chain) if found else None
 
 
 def cancelled_body(stop: Stop) -> dict[str, Any]:

@@ -90,6 +90,29 @@ def test_journal_heads_are_each_runs_last_seq(store, run_id):
     assert store.journal_heads([]) == {}
 
 
+def test_find_reads_named_entries_of_many_runs_at_once(store, run_id):
+    """What a sub-run looks for above it before each step (``stops.stop_above``): the
+    entries of any of the names in any of the runs, in one read, and nothing else."""
+    other, empty = run_id + "-other", run_id + "-empty"
+    store.create_run(RunInfo(run_id=other))
+    store.create_run(RunInfo(run_id=empty))
+    store.insert(run_id, "run:cancelled", '{"by":"ann"}')
+    store.insert(run_id, "model:1", "{}")
+    store.insert(other, "saga:abort", '{"cause":{}}')
+    store.insert(other, "run:cancelled-not", "{}")
+    found = store.find([run_id, other, empty, "no-such-run"], ["run:cancelled", "saga:abort"])
+    got = sorted((e.run_id, e.name, e.data) for e in found)
+    assert got == sorted(
+        [(other, "saga:abort", '{"cause":{}}'), (run_id, "run:cancelled", '{"by":"ann"}')]
+    )
+    assert {e.seq for e in found} == {
+        store.get(run_id, "run:cancelled").seq,
+        store.get(other, "saga:abort").seq,
+    }
+    assert store.find([empty], ["run:cancelled"]) == []
+    assert store.find([], ["run:cancelled"]) == [] and store.find([run_id], []) == []
+
+
 def test_runs_do_not_share_entries(store, run_id):
     other = run_id + "-other"
     store.create_run(RunInfo(run_id=other))

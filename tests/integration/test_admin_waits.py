@@ -162,6 +162,49 @@ def test_the_run_page_banner_answers_and_comes_back_to_the_run():
     assert client.get(answer_url("q-2", "shipping")).status_code == 302
 
 
+OWED = {"o-9": 100}
+
+
+@da.tool(idempotent=True)
+def adm_confirm_refund(order: str, ctx: da.ToolContext) -> str:
+    """Ask staff to confirm what the order is owed now."""
+    cents = OWED[order]
+    ok = ctx.interrupt(
+        "confirm", f"Refund {cents} cents on {order}?", schema={"enum": ["yes", "no"]}
+    )
+    return f"{order}: {ok} for {cents}"
+
+
+def test_an_answer_is_for_the_question_its_page_showed():
+    """The form posts back the question it showed: the tool asking another one under the
+    same name since (it ran again on other data) makes it a form error, nothing written."""
+    OWED["o-9"] = 100
+    _agent("adm-refund-ask", adm_confirm_refund, {"order": "o-9"}).start("refund", run_id="q-9")
+    client = client_for(make_user("boss", "view_run", "approve_toolcall"))
+    page = client.get(answer_url("q-9", "confirm")).content.decode()
+    assert "Refund 100 cents on o-9?" in page
+    shown = page.split('name="shown_prompt_sha256" value="')[1].split('"')[0]
+    OWED["o-9"] = 5000
+    with pytest.raises(da.InterruptPending):  # the tool runs again and asks about 5000 cents
+        da.resume("q-9")
+    before = list(JournalEntry.objects.filter(run_id="q-9").values_list("name", flat=True))
+    response = client.post(
+        answer_url("q-9", "confirm"), {"value": '"yes"', "shown_prompt_sha256": shown}
+    )
+    assert response.status_code == 200
+    assert "asks another question by now" in text_of(response)
+    assert "Refund 5000 cents on o-9?" in text_of(response)
+    after = list(JournalEntry.objects.filter(run_id="q-9").values_list("name", flat=True))
+    assert after == before and not ActionLog.objects.filter(run_id="q-9").exists()
+    fresh = text_of(response).split('name="shown_prompt_sha256" value="')[1].split('"')[0]
+    response = client.post(
+        answer_url("q-9", "confirm"), {"value": '"no"', "shown_prompt_sha256": fresh}
+    )
+    assert response.status_code == 302
+    tool = JournalEntry.objects.get(run_id="q-9", name=names.tool("call_1_1"))
+    assert "o-9: no for 5000" in tool.data
+
+
 def test_answering_and_waking_need_their_permissions():
     ASK.start("ship", run_id="q-3")
     NAP.start("nap", run_id="n-3")

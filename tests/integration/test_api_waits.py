@@ -354,3 +354,49 @@ def test_who_may_call_each_waits_route(route, principal):
     if method == "post":  # in the action log, with the channel the caller came through
         channel = ActionLog.objects.get().channel
         assert channel == "session" if principal == "permitted" else channel.startswith("api-key:")
+
+
+# What ``api_confirm_refund`` asks about: read when the tool runs, so a later run of it asks
+# another question under the same name.
+OWED = {"o-7": 100}
+
+
+@da.tool(idempotent=True)
+def api_confirm_refund(order: str, ctx: da.ToolContext) -> str:
+    """Ask staff to confirm what the order is owed now."""
+    cents = OWED[order]
+    ok = ctx.interrupt(
+        "confirm", f"Refund {cents} cents on {order}?", schema={"enum": ["yes", "no"]}
+    )
+    return f"{order}: {ok} for {cents}"
+
+
+def test_an_answer_is_for_the_question_it_was_shown_and_a_reworded_one_is_asked_anew():
+    OWED["o-7"] = 100
+    agent = _agent("api-refund-ask", api_confirm_refund, {"order": "o-7"})
+    agent.start("refund", run_id="ask-q")
+    boss = staff_with("durable_agents.approve_toolcall", name="boss")
+    [wait] = boss.get("/runs/ask-q/waits").json()["waits"]
+    shown = wait["prompt"]
+    assert shown == "Refund 100 cents on o-7?"
+    OWED["o-7"] = 5000  # the tool, run again, asks about another amount
+    with pytest.raises(da.InterruptPending):  # a person pressed resume: the tool asks anew
+        da.resume("ask-q")
+    before = _journal("ask-q")
+    refused = error(
+        boss.post("/runs/ask-q/interrupts/confirm/answer", {"value": "yes", "prompt": shown}),
+        409,
+        "interrupt.question_changed",
+    )
+    assert refused["details"]["prompt"] == "Refund 5000 cents on o-7?"
+    assert _journal("ask-q") == before and not ActionLog.objects.filter(run_id="ask-q").exists()
+    [wait] = boss.get("/runs/ask-q/waits").json()["waits"]
+    assert wait["prompt"] == "Refund 5000 cents on o-7?"
+    answered = boss.post(
+        "/runs/ask-q/interrupts/confirm/answer", {"value": "no", "prompt": wait["prompt"]}
+    )
+    assert answered.status_code == 200, answered.content
+    run = Run.objects.get(run_id="ask-q")
+    assert run.status == "finished"
+    tool = JournalEntry.objects.get(run_id="ask-q", name=names.tool("call_1_1"))
+    assert "o-7: no for 5000" in tool.data

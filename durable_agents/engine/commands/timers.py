@@ -107,7 +107,10 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
         runs = store.list_unfinished(limit=batch, after=after, statuses=tree.PARENT_PAUSE_STATUSES)
         heads = heads_of([run.run_id for run in runs]) if heads_of is not None and runs else {}
         for run in runs:
-            if run.parent_run_id and stops.stop_above(store, run.parent_run_id) is not None:
+            if (
+                run.parent_run_id
+                and stops.unrecorded_stop(store, run.run_id, run.parent_run_id) is not None
+            ):
                 # A run above it was cancelled or aborted, and its own stop is not recorded
                 # yet (the cancel died, or it was busy then): its drive records it.
                 if lifecycle.hand_over(store, run.run_id, lifecycle.SWEEP, only_from=run.status):
