@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from typing import Any, Literal
 
 import psycopg
@@ -539,4 +540,147 @@ saga_delegator = da.Agent(
     ),
     "Delegate the booking.",
     [saga_tree_gated[1].as_tool()],
+)
+
+
+# -- work that spans runs (issue 29) ------------------------------------------------------
+# ``stop-trip`` (a saga) books a flight, then asks ``stop-hotels``, which books a hotel, a
+# car (staff approve it), then sends an SMS (no undo), then answers. ``DA_HOLD_FILE``: the
+# car's call, once its effect fired, waits for ``<file>.go`` (having written
+# ``<file>.inside``): the sub-run is busy in a call while the test cancels its root.
+
+
+def _hold(ctx: da.ToolContext) -> None:
+    path = os.environ.get("DA_HOLD_FILE")
+    if not path:
+        return
+    with open(f"{path}.inside", "w") as out:
+        out.write(ctx.run_id)
+    for _ in range(600):
+        if os.path.exists(f"{path}.go"):
+            return
+        time.sleep(0.05)
+
+
+@da.tool(compensate=_undo("car"), requires_approval=True)
+def stop_book_car(city: str, ctx: da.ToolContext) -> dict:
+    """Book a car (staff approve first)."""
+    fire(ctx, "book_car")
+    _hold(ctx)
+    return {"booking": f"C-{city}"}
+
+
+@da.tool
+def stop_send_sms(text: str, ctx: da.ToolContext) -> dict:
+    """Tell the traveller (a side effect with no undo)."""
+    fire(ctx, "send_sms")
+    return {"sent": text}
+
+
+@da.tool(requires_approval=True)
+def stop_send_sms_gated(text: str, ctx: da.ToolContext) -> dict:
+    """Tell the traveller (staff approve first)."""
+    fire(ctx, "send_sms")
+    return {"sent": text}
+
+
+def _stop_trip(prefix: str, sms: da.Tool, *, saga: bool) -> list[da.Agent]:
+    hotels = da.Agent(
+        f"{prefix}-hotels",
+        ScriptedModel(
+            [
+                scripted.calls(scripted.call("book_hotel", {"city": "LIS"})),
+                scripted.calls(scripted.call("stop_book_car", {"city": "LIS"})),
+                scripted.calls(scripted.call(sms.name, {"text": "booked"})),
+                scripted.text("hotel and car booked"),
+            ]
+        ),
+        "Book a hotel and a car, then tell the traveller.",
+        [book_hotel, stop_book_car, sms],
+    )
+    trip = da.Agent(
+        prefix,
+        ScriptedModel(
+            [
+                scripted.calls(scripted.call("book_flight", {"to": "LIS"})),
+                scripted.calls(scripted.call(hotels.name, {"input": "LIS"})),
+                scripted.text("booked"),
+            ]
+        ),
+        "Book a flight, then a hotel and a car.",
+        [book_flight, hotels.as_tool()],
+        saga=saga,
+    )
+    return [trip, hotels]
+
+
+stop_trip = _stop_trip("stop-trip", stop_send_sms, saga=True)
+stop_trip_plain = _stop_trip("stop-plain", stop_send_sms_gated, saga=False)
+
+
+# An answer is for the question asked (issue 29): the refund asks staff about what the
+# order is owed when the tool runs (``DA_OWED``, 100 unless set), and refunds it on "yes".
+@da.tool(idempotent=True)
+def refund_owed(order: str, ctx: da.ToolContext) -> dict:
+    """Refund what the order is owed, once staff confirm it."""
+    cents = int(os.environ.get("DA_OWED", "100"))
+    ok = ctx.interrupt(
+        "confirm", f"Refund {cents} cents on {order}?", schema={"enum": ["yes", "no"]}
+    )
+    if ok == "yes":
+        fire(ctx, f"refund_{cents}")
+    return {"refunded": cents if ok == "yes" else 0}
+
+
+ask_refund = da.Agent(
+    "ask-refund",
+    ScriptedModel(
+        [scripted.calls(scripted.call("refund_owed", {"order": "o-7"})), scripted.text("done")]
+    ),
+    "Refund order 7 once staff confirm.",
+    [refund_owed],
+)
+
+
+# The undo gets the arguments the call ran with (issue 29): a seat booking that is
+# idempotent, gated and editable; paying is declined, so the saga undoes the booking. Each
+# booking and undo is counted with the seat as its key.
+def _release_seat(args: dict, result: Any, ctx: da.ToolContext) -> dict:
+    with effects_connection() as conn:
+        conn.execute(
+            "INSERT INTO test_effects (run_id, call_id, tool, key) VALUES (%s, %s, %s, %s)",
+            [ctx.run_id, ctx.call_id, "release_seat", args["seat"]],
+        )
+    return {"released": args["seat"]}
+
+
+@da.tool(idempotent=True, requires_approval=True, compensate=_release_seat)
+def book_seat(seat: str, ctx: da.ToolContext) -> dict:
+    """Book a seat (staff approve it, and may pick another)."""
+    with effects_connection() as conn:
+        conn.execute(
+            "INSERT INTO test_effects (run_id, call_id, tool, key) VALUES (%s, %s, %s, %s)",
+            [ctx.run_id, ctx.call_id, "book_seat", seat],
+        )
+    return {"seat": seat}
+
+
+@da.tool
+def pay_seat(cents: int) -> dict:
+    """Pay for the seat; the card is declined."""
+    raise da.SagaAborted("the card was declined")
+
+
+seat_saga = da.Agent(
+    "seat-saga",
+    ScriptedModel(
+        [
+            scripted.calls(scripted.call("book_seat", {"seat": "1A"})),
+            scripted.calls(scripted.call("pay_seat", {"cents": 900})),
+            scripted.text("done"),
+        ]
+    ),
+    "Book a seat, then pay.",
+    [book_seat, pay_seat],
+    saga=True,
 )
