@@ -174,7 +174,7 @@ def approve_while_held(
         time.sleep(0.05)
     then()
     Path(f"{hold}.go").write_text("go")
-    out, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     return proc
 
