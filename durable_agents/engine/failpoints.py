@@ -17,7 +17,9 @@ journaled the sub-run a call starts; the sub-run is not driven yet), ``before-co
 but not handed over yet, nor looked for again), ``after-failed:<run>`` (a drive's failure is on
 the run's row; a sub-run that failed for good has not handed its paused parent over yet),
 ``before-pause:<run>`` (a drive is about to pause the run: its row still says running),
-``after-saga-abort`` (a saga's abort is journaled, nothing undone yet),
+``after-saga-abort`` (a saga's abort is journaled, nothing undone yet), ``after-cancel:<run>``
+(a run's ``run:cancelled`` is journaled — by a person's cancel, or by the run's own drive
+obeying a cancel above it — or a person's ``saga:abort``; nothing below it is stopped yet),
 ``after-compensate:<call>`` (an undo's outcome is journaled), ``after-subrun-abort:<child
 run>`` (a rolling-back parent journaled its sub-run's abort; the sub-run is not rolled back
 yet), ``after-compensated:<run>`` (a saga's ``run:compensated`` is journaled; its paused parent
