@@ -308,6 +308,7 @@ PAUSED = "paused"
 BUSY = "busy"
 LEASE_LOST = "lease_lost"
 STOPPED = "stopped"
+CANCELLED_OUTCOME = "cancelled"  # the run was cancelled (or its drive recorded a cancel above)
 FAILED_OUTCOME = "failed"
 
 
@@ -324,13 +325,15 @@ def outcome(exc: BaseException | None) -> str | None:
         return LEASE_LOST
     if isinstance(exc, DriveStopped):
         return STOPPED
+    if isinstance(exc, DurableAgentsError) and exc.code == "run.cancelled":
+        return CANCELLED_OUTCOME
     return None
 
 
 def drive_quietly(run_id: str, *, store: Store | None = None) -> str:
-    """Drive a run as a worker does: a pause, a busy run or a lost lease is an outcome, not
-    an error. Returns what happened (``finished``, ``paused``, ``busy``, ``lease_lost``,
-    ``stopped``, ``failed``)."""
+    """Drive a run as a worker does: a pause, a busy run, a lost lease or a cancel is an
+    outcome, not an error. Returns what happened (``finished``, ``paused``, ``busy``,
+    ``lease_lost``, ``stopped``, ``cancelled``, ``failed``)."""
     try:
         resume(run_id, store=store)
     except (Pause, DurableAgentsError) as exc:
