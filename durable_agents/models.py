@@ -173,7 +173,11 @@ class Halt(models.Model):
     """A run stopped on an operation whose outcome is unknown (a crash mid-effect, or a
     contended claim). Staff record what really happened; the run then continues."""
 
-    CAUSES = [("crashed", "crashed"), ("contended", "contended")]
+    CAUSES = [
+        (ports.HALT_CRASHED, "crashed"),
+        (ports.HALT_CONTENDED, "contended"),
+        (ports.HALT_OUTCOME_UNKNOWN, "the tool could not tell"),
+    ]
     STATUSES = [
         (ports.HALT_OPEN, "open"),
         (ports.HALT_RESOLVED, "resolved"),
@@ -187,6 +191,8 @@ class Halt(models.Model):
     attempt = models.CharField(max_length=600, blank=True, default="")
     attempted_at = models.DateTimeField(null=True, blank=True)
     cause = models.CharField(max_length=16, choices=CAUSES, default="crashed")
+    # What the tool said when it raised ToolOutcomeUnknown: {"type": ..., "message": ...}.
+    reason = models.JSONField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=STATUSES, default=ports.HALT_OPEN)
     resolution = models.JSONField(null=True, blank=True)
     resolved_by = models.CharField(max_length=200, null=True, blank=True)
@@ -216,6 +222,7 @@ class Halt(models.Model):
             attempt=self.attempt,
             attempted_at=self.attempted_at,
             cause=self.cause,
+            reason=self.reason,
             status=self.status,
             resolution=self.resolution,
             resolved_by=self.resolved_by,

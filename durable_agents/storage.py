@@ -1204,6 +1204,7 @@ class DjangoStore:
                     arguments=halt.arguments,
                     attempted_at=halt.attempted_at,
                     cause=halt.cause,
+                    reason=dict(halt.reason) if halt.reason is not None else None,
                     status=HALT_OPEN,
                 )
         except IntegrityError:

@@ -91,6 +91,16 @@ def _describe(rec: Record) -> dict[str, Any]:
             ],
             sections=[("what the tool returned", pretty(body.get("result")))],
         )
+    if name.startswith(names.UNKNOWN):
+        reason = body.get("reason") or {}
+        return _entry(
+            rec,
+            "halt",
+            f"Call {body.get('call_id')} ({body.get('tool')}) could not tell whether its "
+            "effect happened",
+            text=f"{reason.get('type')}: {reason.get('message')}",
+            meta=["what the tool said, kept for the person who records the outcome"],
+        )
     if name == names.RUN_START:
         value = body.get("input")
         return _entry(
@@ -290,6 +300,7 @@ def _halt_entries(halt: Any) -> list[dict[str, Any]]:
     cause = {
         "crashed": "its driver stopped after claiming it, before recording an outcome",
         "contended": "another driver had claimed it",
+        "outcome_unknown": "the tool said it could not tell whether its effect happened",
     }.get(halt.cause, halt.cause)
     base: dict[str, Any] = {
         "seq": None,

@@ -38,6 +38,7 @@ def halt_out(row: Halt) -> HaltOut:
         attempt=row.attempt,
         attempted_at=row.attempted_at,
         cause=row.cause,
+        reason=row.reason,
         status=row.status,
         resolution=row.resolution,
         resolved_by=row.resolved_by,

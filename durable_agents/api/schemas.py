@@ -236,7 +236,10 @@ class HaltOut(Schema):
     arguments: Any
     attempt: str = Field(description="the journal name of the attempt whose outcome is unknown")
     attempted_at: datetime | None
-    cause: str
+    cause: str = Field(description='"crashed", "contended" or "outcome_unknown"')
+    reason: dict[str, Any] | None = Field(
+        description='with cause "outcome_unknown": what the tool raised, {"type", "message"}'
+    )
     status: str
     resolution: dict[str, Any] | None
     resolved_by: str | None

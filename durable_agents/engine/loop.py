@@ -80,6 +80,7 @@ from .ports import (
     COMPENSATING,
     FAILED,
     FINISHED,
+    HALT_OUTCOME_UNKNOWN,
     HALTED,
     QUEUED,
     RUNNING,
@@ -90,7 +91,7 @@ from .ports import (
     Store,
 )
 from .records import Record, decode, encode, refuse_nul, validate_run_id
-from .redact import error_text
+from .redact import error_text, unknown_reason
 from .stops import close_cancelled
 from .tools import Tool, ToolContext, json_result
 from .transcript import RunState, outcome_of
@@ -359,12 +360,25 @@ def unknown_outcomes(state: RunState, run_id: str) -> list[HaltInfo]:
         if arguments is None and call is not None:
             arguments = _decoded(call.arguments)
         tool_name = str(marker.get("tool") or (call.name if call is not None else ""))
-        halts.append(halt_info(run_id, op, tool_name, arguments, marker, "crashed"))
+        said = state.unknown.get(marker.name)
+        if said is not None:  # the tool raised ToolOutcomeUnknown: keep what it said
+            reason = dict(said.get("reason") or {})
+            halts.append(
+                halt_info(run_id, op, tool_name, arguments, marker, HALT_OUTCOME_UNKNOWN, reason)
+            )
+        else:
+            halts.append(halt_info(run_id, op, tool_name, arguments, marker, "crashed"))
     return halts
 
 
 def halt_info(
-    run_id: str, op: str, tool_name: str, arguments: Any, marker: Any, cause: str
+    run_id: str,
+    op: str,
+    tool_name: str,
+    arguments: Any,
+    marker: Any,
+    cause: str,
+    reason: dict[str, Any] | None = None,
 ) -> HaltInfo:
     attempted = getattr(marker, "created_at", None)  # the store's clock
     if attempted is None and marker is not None and marker.get("attempted_at"):
@@ -377,6 +391,7 @@ def halt_info(
         attempt=marker.name if marker is not None else "",
         attempted_at=attempted,
         cause=cause,
+        reason=reason,
     )
 
 
@@ -1181,6 +1196,19 @@ class Driver:
         new: list[HaltInfo] = []
         try:
             for halt in halts:
+                if halt.reason is not None and halt.attempt:
+                    # The journal keeps what the tool said, so a later drive that halts on
+                    # this attempt again (its row lost, a fork) still says it.
+                    said, _ = self.log.write(
+                        names.unknown(halt.attempt),
+                        {
+                            "kind": "outcome_unknown",
+                            "call_id": halt.op_id,
+                            "tool": halt.tool_name,
+                            "reason": dict(halt.reason),
+                        },
+                    )
+                    self.state.add(said)
                 if self.store.save_halt(halt, fence=self.fence):
                     new.append(halt)
             self._update(status=HALTED, attempts=0, last_error=None)
@@ -1215,15 +1243,27 @@ class Driver:
         """One halt per op of this drive's state whose outcome is unknown."""
         return unknown_outcomes(self.state, self.run_id)
 
-    def halt_op(self, op: str, tool_name: str, args: Any, marker: Any, cause: str) -> HaltInfo:
-        return halt_info(self.run_id, op, tool_name, args, marker, cause)
+    def halt_op(
+        self,
+        op: str,
+        tool_name: str,
+        args: Any,
+        marker: Any,
+        cause: str,
+        reason: dict[str, Any] | None = None,
+    ) -> HaltInfo:
+        return halt_info(self.run_id, op, tool_name, args, marker, cause, reason)
 
     def announce_failed(self, error: dict[str, Any]) -> None:
         """``run_failed`` for an end the run will not be retried from (a saga's)."""
         announce_failure(self.store, self.run_id, self.agent.name, error, 1)
 
-    def _halt(self, gate: _Gate, marker: Any, cause: str) -> HaltInfo:
-        return halt_info(self.run_id, gate.call.id, gate.tool.name, gate.args, marker, cause)
+    def _halt(
+        self, gate: _Gate, marker: Any, cause: str, reason: dict[str, Any] | None = None
+    ) -> HaltInfo:
+        return halt_info(
+            self.run_id, gate.call.id, gate.tool.name, gate.args, marker, cause, reason
+        )
 
     def _run_calls(self, runnable: list[tuple[_Gate, int]]) -> list[HaltInfo]:
         if not runnable:
@@ -1321,7 +1361,7 @@ class Driver:
         try:
             return "ok", gate.tool.invoke(gate.args, ctx)
         except ToolOutcomeUnknown as exc:
-            return "unknown", error_text(exc)
+            return "unknown", unknown_reason(exc)
         except (InterruptPending, SignalPending, TimerPending, ChildPending) as pause:
             return "pause", pause
         except WaitError as exc:
@@ -1343,6 +1383,9 @@ class Driver:
         """Record a call's outcome. A driver that lost its lease meanwhile records nothing:
         what its tool returned is kept as evidence (``@late/<call>/<attempt>``) instead."""
         kind, value = outcome
+        reason = None
+        if kind == "unknown":  # what the tool said; the model reads it as an error's text
+            reason, value = value, f"{value['type']}: {value['message']}"
         if kind == "pause":
             self._pauses.append(value)
             return None
@@ -1354,7 +1397,7 @@ class Driver:
             # on its live claim once the rest of this turn's calls have settled.
             self._unknown[gate.call.id] = (gate, attempt, value)
             marker = self.log.get(names.attempt(gate.call.id, attempt))
-            return self._halt(gate, marker, "crashed")
+            return self._halt(gate, marker, HALT_OUTCOME_UNKNOWN, reason)
         if kind == "ok":
             try:
                 value = json_result(value)

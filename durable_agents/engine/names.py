@@ -54,6 +54,7 @@ SPEND = "@spend/"
 LATE = "@late/"
 DRIFT = "@drift/"
 TAKEOVER = "@takeover/"  # a driver took the run's lease over from another holder
+UNKNOWN = "@unknown/"  # what a tool said when it could not tell whether its effect happened
 
 
 def child(call_id: str) -> str:
@@ -214,6 +215,12 @@ def spend(n: int, nonce: str) -> str:
 def late(call_id: str, attempt: int) -> str:
     """A call's result that arrived after its driver lost the run: kept as evidence."""
     return f"{LATE}{call_id}/{attempt}"
+
+
+def unknown(attempt_name: str) -> str:
+    """Why the attempt ``attempt_name``'s outcome is unknown, in the tool's words (it raised
+    ``ToolOutcomeUnknown``): evidence for the person resolving the halt, never a result."""
+    return f"{UNKNOWN}{attempt_name}"
 
 
 def decision(call_id: str, arguments_tag: str | None = None) -> str:

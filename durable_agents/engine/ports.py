@@ -185,6 +185,11 @@ class RunInfo:
 HALT_OPEN = "open"
 HALT_RESOLVED = "resolved"
 HALT_ORPHANED = "orphaned"  # its run was cancelled: nothing to resolve any more
+# A halt's causes: its driver stopped inside the call; another caller holds the claim; the
+# tool itself raised ``ToolOutcomeUnknown`` (what it said is the halt's ``reason``).
+HALT_CRASHED = "crashed"
+HALT_CONTENDED = "contended"
+HALT_OUTCOME_UNKNOWN = "outcome_unknown"
 
 
 @dataclass(frozen=True)
@@ -197,12 +202,14 @@ class HaltInfo:
     arguments: Any = None
     attempt: str = ""  # the journal name of the live attempt marker: one halt per attempt
     attempted_at: datetime | None = None
-    cause: str = "crashed"  # or "contended"
+    cause: str = "crashed"  # or "contended", or "outcome_unknown" (the tool said so)
     status: str = HALT_OPEN
     resolution: Mapping[str, Any] | None = None
     resolved_by: str | None = None
     created_at: datetime | None = None
     resolved_at: datetime | None = None
+    # "outcome_unknown": what the tool raised, ``{"type": ..., "message": ...}``.
+    reason: Mapping[str, Any] | None = None
 
 
 APPROVAL_PENDING = "pending"

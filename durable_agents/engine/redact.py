@@ -33,3 +33,9 @@ def error_text(exc: BaseException) -> str:
     """The text a model sees for a tool that raised: type and message, URLs redacted."""
     message = str(exc) or type(exc).__name__
     return redact_urls(f"{type(exc).__name__}: {message}")
+
+
+def unknown_reason(exc: BaseException) -> dict[str, str]:
+    """What a tool that raised ``ToolOutcomeUnknown`` said, kept for the person who resolves
+    the halt: its type and message (URLs redacted, as in the text a model reads)."""
+    return {"type": type(exc).__name__, "message": redact_urls(str(exc) or type(exc).__name__)}

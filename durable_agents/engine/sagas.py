@@ -43,9 +43,17 @@ from .errors import (
     ToolOutcomeUnknown,
 )
 from .journal import Journal
-from .ports import AWAITING_INPUT, COMPENSATED, COMPENSATING, FAILED, HaltInfo, Store
+from .ports import (
+    AWAITING_INPUT,
+    COMPENSATED,
+    COMPENSATING,
+    FAILED,
+    HALT_OUTCOME_UNKNOWN,
+    HaltInfo,
+    Store,
+)
 from .records import Record, encode
-from .redact import error_text
+from .redact import error_text, unknown_reason
 from .tools import Tool, ToolContext, call_key, json_result
 from .transcript import RunState
 
@@ -341,9 +349,9 @@ def _undo(driver: Driver, call_id: str, tool: Tool, rec: Record) -> HaltInfo | N
     assert undo is not None
     try:
         value, is_error = undo(tool.values(args), rec.get("result"), ctx), False
-    except ToolOutcomeUnknown:
+    except ToolOutcomeUnknown as exc:
         # The undo cannot tell whether it happened: its claim stays live, a person decides.
-        return _halt(driver, op, tool.name, args, marker, "crashed")
+        return _halt(driver, op, tool.name, args, marker, HALT_OUTCOME_UNKNOWN, unknown_reason(exc))
     except Exception as exc:
         value, is_error = {"error": error_text(exc)}, True
     if not is_error:
@@ -362,8 +370,16 @@ def _undo(driver: Driver, call_id: str, tool: Tool, rec: Record) -> HaltInfo | N
     return None
 
 
-def _halt(driver: Driver, op: str, tool: str, args: Any, marker: Any, cause: str) -> HaltInfo:
-    halt: HaltInfo = driver.halt_op(op, tool, args, marker, cause)
+def _halt(
+    driver: Driver,
+    op: str,
+    tool: str,
+    args: Any,
+    marker: Any,
+    cause: str,
+    reason: dict[str, Any] | None = None,
+) -> HaltInfo:
+    halt: HaltInfo = driver.halt_op(op, tool, args, marker, cause, reason)
     return halt
 
 

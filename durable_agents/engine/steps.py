@@ -132,8 +132,8 @@ def check_step(run_id: str, step: Any, count: int) -> None:
 
 def prefix(records: Sequence[Record], step: int) -> list[Record]:
     """The records a run held right after ``step``: its turns up to it, their results, the
-    attempts of their calls (a claim with no result is an outcome nobody knows) and the user
-    messages sent after them."""
+    attempts of their calls (a claim with no result is an outcome nobody knows) with what a
+    tool said of one it could not tell, and the user messages sent after them."""
     state = RunState.of(records)
     keep_calls = {c.id for turn in state.turns[:step] for c in state.calls(turn)}
     out = []
@@ -150,9 +150,15 @@ def prefix(records: Sequence[Record], step: int) -> list[Record]:
                 kind in (names.ATTEMPT, names.NOT_STARTED) and rest.rpartition(":")[0] in keep_calls
             )
             or (name.startswith(names.SPEND) and int(name.split("/")[1]) <= step)
+            or (name.startswith(names.UNKNOWN) and _op_of(name[len(names.UNKNOWN) :]) in keep_calls)
         ):
             out.append(rec)
     return out
+
+
+def _op_of(attempt_name: str) -> str | None:
+    parsed = names.parse_attempt(attempt_name)
+    return parsed[0] if parsed is not None else None
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ _NOT_STARTED = names.NOT_STARTED[:_P]
 _STEP = names.STEP[:_P]
 _COMPENSATE = names.COMPENSATE[:_P]
 _CHILD = names.CHILD[:_P]
+_UNKNOWN = names.UNKNOWN[:_P]
 
 
 @dataclass
@@ -74,6 +75,8 @@ class RunState:
     markers: list[Record] = field(default_factory=list)
     not_started: set[str] = field(default_factory=set)
     step_values: set[str] = field(default_factory=set)
+    # What a tool said of an attempt it could not tell the outcome of, by attempt name.
+    unknown: dict[str, Record] = field(default_factory=dict)
     # The sub-run each call started (``child:<call>``), by call id: ``<run>/<call>``, or, in a
     # fork, a child of its source that had ended before the fork point (a reference).
     children: dict[str, str] = field(default_factory=dict)
@@ -117,6 +120,8 @@ class RunState:
                 state.compensations[name[len(names.COMPENSATE) :]] = rec
             elif prefix == _CHILD:
                 state.children[name[len(names.CHILD) :]] = str(rec.get("run_id"))
+            elif prefix == _UNKNOWN:
+                state.unknown[name[len(names.UNKNOWN) :]] = rec
             elif name == names.SAGA_ABORT:
                 state.saga_abort = rec
             elif name == names.RUN_COMPENSATED:
@@ -167,6 +172,8 @@ class RunState:
             self.complete = rec
         elif name == names.RUN_CANCELLED:
             self.cancelled = rec
+        elif name.startswith(names.UNKNOWN):
+            self.unknown[name[len(names.UNKNOWN) :]] = rec
 
     def has_outcome(self, op: str) -> bool:
         """Whether ``op`` (a call id, ``step:<name>`` or ``compensate:<call>``) has a

@@ -411,6 +411,16 @@ def test_a_fenced_halt_after_takeover_is_refused_and_writes_nothing(store, run_i
     assert [h.attempt for h in store.list_halts(run_id=run_id)] == ["attempt:c1:1"]
 
 
+def test_a_halt_keeps_the_reason_its_tool_gave(store, run_id):
+    from durable_agents.engine.ports import HaltInfo
+
+    reason = {"type": "GatewayTimeout", "message": "timed out after 30s"}
+    halt = HaltInfo(run_id, "c1", "pay", {}, "attempt:c1:1", cause="outcome_unknown", reason=reason)
+    assert store.save_halt(halt)
+    [kept] = store.list_halts(run_id=run_id)
+    assert (kept.cause, kept.reason) == ("outcome_unknown", reason)
+
+
 def test_orphaning_closes_open_halts_only(store, run_id):
     store.save_halt(_halt(run_id, 1, "c1"))
     store.save_halt(_halt(run_id, 1, "c2"))

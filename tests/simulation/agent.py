@@ -42,6 +42,7 @@ GATED = frozenset({"refund"})
 QUORUM = da.Quorum(need=2, group=W.PAYOUTS)
 DECLINED_AMOUNT = 13  # a charge of this amount is declined before anything happens
 UNKNOWN_AMOUNT = 35  # a charge of this amount times out after the money moved
+UNKNOWN_MESSAGE = "the payment gateway timed out after the charge was sent"  # what it says
 
 
 def is_agent_run(run_id: str) -> bool:
@@ -84,7 +85,7 @@ def _act(tool: str, args: dict[str, Any], ctx: ToolContext) -> Any:
     w.point(f"tool {tool} {ctx.call_id} done")
     if tool == "charge" and args["amount"] == UNKNOWN_AMOUNT:
         entry.outcome = "unknown"
-        raise ToolOutcomeUnknown("the payment gateway timed out after the charge was sent")
+        raise ToolOutcomeUnknown(UNKNOWN_MESSAGE)
     return entry.value
 
 

@@ -31,6 +31,7 @@ from durable_agents.engine.ports import (
     FAILED,
     FINISHED,
     HALT_OPEN,
+    HALT_OUTCOME_UNKNOWN,
     HALT_RESOLVED,
     HALTED,
     SLEEPING,
@@ -41,7 +42,16 @@ from durable_agents.engine.transcript import RunState
 from durable_agents.engine.waits import all_answered, open_waits
 
 from . import world as W
-from .agent import ERRAND, GATED, KEYED, NOT_HAPPENED, UNDOS, UNFLAGGED, is_agent_run
+from .agent import (
+    ERRAND,
+    GATED,
+    KEYED,
+    NOT_HAPPENED,
+    UNDOS,
+    UNFLAGGED,
+    UNKNOWN_MESSAGE,
+    is_agent_run,
+)
 
 
 def _short(value: Any, n: int = 60) -> str:
@@ -155,6 +165,7 @@ class Index:
         self.records = {r: Journal(w.raw).records(r) for r in w.runs}
         self.names = {r: {rec.name: rec for rec in recs} for r, recs in self.records.items()}
         self.rows = {r: w.raw.get_run(r) for r in w.runs}
+        self.world = w
         self.halts = list(w.raw.list_halts(status=None))
         self.requests = list(w.raw.list_approval_requests(status=None))
         self.by_call: dict[tuple[str, str], list[W.Effect]] = defaultdict(list)
@@ -199,6 +210,7 @@ def check_all(w: W.World) -> None:
     check_approvals(w, ix)
     check_quorums(w, ix)
     check_halts(w, ix)
+    check_halt_reasons(ix)
     check_rows(w, ix)
     check_recovery(w, ix)
     check_spend(w, ix)
@@ -496,6 +508,33 @@ def _stood_unseen(w: W.World, ix: Index, run_id: str, call_id: str) -> list[Any]
             if rec.get("approved") and rec.get("by") == by and encode(runs) == encode(args):
                 stood.append(args)
     return stood
+
+
+def check_halt_reasons(ix: Index) -> None:
+    """A halt on an attempt whose tool said it could not tell (``@unknown/<attempt>`` in the
+    journal) says so, in the tool's words; a halt says so only then. The row is a projection
+    of the journal whichever drive wrote it: the one the tool raised in, or a later one (a
+    crash between the two writes, a fork that copied the attempt)."""
+    for halt in ix.halts:
+        said = ix.names.get(halt.run_id, {}).get(f"@unknown/{halt.attempt}")
+        if said is None:
+            if halt.cause == HALT_OUTCOME_UNKNOWN:
+                ix.world.violate(
+                    "halts_say_why",
+                    f"halt {halt.run_id}/{halt.op_id} gives a reason its journal does not hold",
+                )
+            continue
+        reason = said.get("reason") or {}
+        if reason.get("message") != UNKNOWN_MESSAGE or reason.get("type") != "ToolOutcomeUnknown":
+            ix.world.violate(
+                "halts_say_why", f"run {halt.run_id} journaled {reason!r} for {halt.op_id}"
+            )
+        if halt.cause != HALT_OUTCOME_UNKNOWN or encode(halt.reason) != encode(reason):
+            ix.world.violate(
+                "halts_say_why",
+                f"halt {halt.run_id}/{halt.op_id} says {halt.cause} {halt.reason!r}; its "
+                f"journal says the tool said {reason!r}",
+            )
 
 
 def check_halts(w: W.World, ix: Index) -> None:
@@ -907,6 +946,7 @@ INVARIANTS = (
     "approvals_kept",
     "quorums_need_people",
     "halts_stay_resolved",
+    "halts_say_why",
     "rows_agree",
     "recovery_settles",
     "spend_covers_bills",

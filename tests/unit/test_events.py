@@ -119,12 +119,14 @@ def test_a_halt_is_announced_once_and_a_fork_that_keeps_it_halts_anew(store):
                 "agent": "u-ev-charge",
                 "call_id": "call_1_1",
                 "tool": "charge",
-                "cause": "crashed",
+                "cause": "outcome_unknown",
             },
         )
     ]
     fork_id = da.fork("ev-halt", from_step=1, new_run_id="ev-halt-fork", store=store)
     assert [(e, d["run_id"]) for e, d in store.heard[1:]] == [("run_halted", fork_id)]
+    # The fork halts on the copied attempt and still says what the tool said.
+    assert store.heard[1][1]["cause"] == "outcome_unknown"
 
 
 def test_a_failure_is_announced_per_failed_drive_and_recovery_giving_up_once(store, clock):

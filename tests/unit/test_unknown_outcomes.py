@@ -288,3 +288,45 @@ def test_a_retry_safe_journal_step_runs_again_after_a_crash(store):
         journal.step("j1", "read", crash, retry_safe=True)
     assert journal.step("j1", "read", lambda: calls.append(2) or 42, retry_safe=True) == 42
     assert calls == [1, 2] and not any(n.startswith("attempt:") for n in names(store, "j1"))
+
+
+# -- a halt keeps what the tool said (issue 30) ----------------------------------------------
+
+
+class GatewayTimeout(da.ToolOutcomeUnknown):
+    pass
+
+
+def unsure_agent(fired):
+    @da.tool
+    def pay(order: str) -> dict:
+        fired.append(order)
+        raise GatewayTimeout("payment gateway timed out after 30s (https://pay.example/x?k=s)")
+
+    script = [scripted.calls(scripted.call("pay", {"order": "7"})), scripted.text("paid")]
+    return da.Agent("u-unsure", ScriptedModel(script), "Pay.", [pay])
+
+
+def test_a_halt_keeps_the_reason_the_tool_gave_through_resumes_and_forks(store):
+    fired = []
+    agent = unsure_agent(fired)
+    with pytest.raises(da.OutcomeUnknown) as info:
+        agent.run("u1", "go", store=store)
+    assert info.value.details["cause"] == "outcome_unknown"
+    [halt] = store.list_halts(run_id="u1")
+    assert halt.cause == "outcome_unknown"
+    assert halt.reason["type"] == "GatewayTimeout"
+    # The message as the tool said it, URLs redacted as in what a model reads.
+    assert halt.reason["message"].startswith("payment gateway timed out after 30s (")
+    assert "k=s" not in halt.reason["message"]
+    # The journal holds it: a drive that derives the halt again from the journal says it too.
+    said = Journal(store).get("u1", f"@unknown/{halt.attempt}")
+    assert said.get("reason") == halt.reason
+    with pytest.raises(da.OutcomeUnknown) as again:
+        da.resume("u1", store=store)
+    assert again.value.details["cause"] == "outcome_unknown" and fired == ["7"]
+    fork_id = da.fork("u1", from_step=1, new_run_id="u1-fork", store=store)
+    with pytest.raises(da.OutcomeUnknown):
+        da.resume(fork_id, store=store)
+    [forked] = store.list_halts(run_id=fork_id)
+    assert (forked.cause, forked.reason) == ("outcome_unknown", halt.reason) and fired == ["7"]
