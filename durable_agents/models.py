@@ -283,6 +283,17 @@ class ApprovalRequest(models.Model):
         )
 
 
+class Inbox(ApprovalRequest):
+    """No table of its own: the admin's inbox page (``/admin/durable_agents/inbox/``), one
+    card per thing waiting on a person (calls awaiting approval, questions, halts). A proxy
+    so the admin lists it with the app's models and serves it under the app's URL."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "inbox"
+        verbose_name_plural = "inbox"
+
+
 class Decision(models.Model):
     """One approver's decision on one request: a user counts once."""
 

@@ -6,7 +6,7 @@ through (its problems are shown on the form, and nothing is recorded). So the fo
 the common shapes and falls back to a JSON text box for the rest:
 
 * an object with ``properties``: one field per property (required as the schema says);
-* a choice (``enum``, ``const``, ``boolean``): a select;
+* a choice (``enum``, ``const``, ``boolean``): a select, with nothing chosen at first;
 * ``integer`` / ``number`` / ``string``: a number or text input;
 * anything else (arrays, nested objects, ``anyOf`` other than "X or null", no schema): JSON.
 """
@@ -30,7 +30,7 @@ def field_name(prop: str) -> str:
     return f"a-{prop}"
 
 
-def _resolve(node: Any, root: Mapping[str, Any]) -> Any:
+def resolve_ref(node: Any, root: Mapping[str, Any]) -> Any:
     """Follow a local ``$ref`` (what pydantic emits for enums and nested models)."""
     seen = 0
     while isinstance(node, Mapping) and isinstance(node.get("$ref"), str) and seen < 20:
@@ -52,7 +52,7 @@ def _nullable(node: Mapping[str, Any], root: Mapping[str, Any]) -> tuple[Any, bo
     if isinstance(options, list) and len(options) == 2:
         rest = [o for o in options if not (isinstance(o, Mapping) and o.get("type") == "null")]
         if len(rest) == 1:
-            return _resolve(rest[0], root), True
+            return resolve_ref(rest[0], root), True
     return node, False
 
 
@@ -77,7 +77,7 @@ def _shown(value: Any) -> str:
 
 
 def _field(node: Any, root: Mapping[str, Any], label: str, required: bool) -> forms.Field:
-    node = _resolve(node, root)
+    node = resolve_ref(node, root)
     node, nullable = _nullable(node, root) if isinstance(node, Mapping) else (node, False)
     required = required and not nullable
     if not isinstance(node, Mapping):
@@ -87,8 +87,9 @@ def _field(node: Any, root: Mapping[str, Any], label: str, required: bool) -> fo
     options = _choices(node)
     if options is not None:
         choices = [(json.dumps(v), _shown(v)) for v in options]
-        if not required:
-            choices.insert(0, (_NOTHING, "—"))
+        # Nothing is chosen until the person chooses: a preselected first answer would be
+        # given by one careless click (an exception granted, a refund confirmed).
+        choices.insert(0, (_NOTHING, "— choose —" if required else "— (no answer)"))
         return forms.TypedChoiceField(
             label=label,
             help_text=help_text,
@@ -135,7 +136,7 @@ class AnswerForm(forms.Form):
     def __init__(self, schema: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         root = schema if isinstance(schema, Mapping) else {}
-        node = _resolve(root, root) if root else None
+        node = resolve_ref(root, root) if root else None
         self.properties: list[str] | None = None
         props = node.get("properties") if isinstance(node, Mapping) else None
         if (

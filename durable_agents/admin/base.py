@@ -173,6 +173,11 @@ def related_count(model: Any, link: str, **filters: Any) -> Coalesce:
     return Coalesce(Subquery(rows, output_field=IntegerField()), 0)
 
 
+def json_cut(value: Any) -> bool:
+    """Whether ``json_cell`` shows only the start of ``value``."""
+    return len(pretty(value)) > JSON_PREVIEW
+
+
 def json_cell(value: Any) -> str:
     """A JSON value for a list row, cut at ``JSON_PREVIEW`` characters."""
     text = pretty(value)

@@ -17,7 +17,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern
+from django.urls import URLPattern, reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
@@ -39,6 +39,7 @@ from .base import (
     admin_url,
     allows,
     json_cell,
+    json_cut,
     json_field,
     not_handed_over,
     object_gone,
@@ -262,6 +263,13 @@ class ApprovalRequestAdmin(_QueueAdmin):
         message; write one on the call's page or with "Deny selected"."""
         if obj.status != APPROVAL_PENDING:
             return ""
+        if json_cut(obj.arguments):
+            # The row shows only the start of the arguments: a decision here would be for
+            # more than the approver saw. The call's page shows them whole.
+            return format_html(
+                '<a href="{}" class="button da-row-open">Open to decide</a>',
+                admin_url(self, "change", obj.pk),
+            )
         # What this row shows travels in the URL (the list's form has no field for it), as
         # a digest: arguments can be longer than a server takes in a request line.
         shown = arguments_digest(obj.arguments).hex()
@@ -335,11 +343,28 @@ def approval_decide_view(
     obj = posted_object(admin, request, object_id, "decide")
     if isinstance(obj, HttpResponse):
         return obj
-    # Decided from the run page's banner or the queue: back there, where the new state shows.
-    back = {"run": run_url(admin, obj.run_id), "queue": admin_url(admin, "changelist")}.get(
-        request.POST.get("back") or request.GET.get("back") or ""
-    )
+    # Decided from the run page's banner, the queue or the inbox: back there, where the new
+    # state shows.
+    came_from = request.POST.get("back") or request.GET.get("back") or ""
+    back = {
+        "run": run_url(admin, obj.run_id),
+        "queue": admin_url(admin, "changelist"),
+        "inbox": reverse("admin:durable_agents_inbox", current_app=admin.admin_site.name),
+    }.get(came_from)
     posted = request.POST.copy()
+    if came_from == "inbox" and not posted.get("shown"):
+        # An inbox card offers a decision only once it shows the arguments whole, and then
+        # posts them back: without them, this came from a folded card (or was made by hand).
+        tell(
+            request,
+            Decided(
+                "refused",
+                f"Nothing was decided on call {obj.call_id} of run {obj.run_id}: the decision "
+                "did not say which arguments it was shown whole. Open the card whole (Show all "
+                "to decide) and decide there. [approval.not_shown_whole]",
+            ),
+        )
+        return HttpResponseRedirect(back or admin_url(admin, "change", obj.pk))
     digest = request.GET.get("shown_sha256")
     if not posted.get("shown") and digest:
         # A queue row's buttons (``decide_here``) carry the digest of what the row showed.

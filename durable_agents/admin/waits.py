@@ -21,6 +21,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import reverse
 
 from ..engine import names
 from ..engine.commands.timers import wake_timer
@@ -82,7 +83,7 @@ def wait_records(run_ids: Sequence[str]) -> dict[str, list[Record]]:
     return out
 
 
-def _slug(run_id: str, name: str) -> str:
+def question_slug(run_id: str, name: str) -> str:
     """A short id for one question's form fields, unique on a page of many runs."""
     return hashlib.sha256(f"{run_id}\0{name}".encode()).hexdigest()[:10]
 
@@ -117,7 +118,7 @@ def waits_of_run(
         item: dict[str, Any] = {"wait": wait, "run": run}
         if wait.kind == INTERRUPT:
             form = (forms or {}).get(wait.name) or AnswerForm(
-                wait.schema, auto_id=f"da-{_slug(run.run_id, wait.name)}-%s"
+                wait.schema, auto_id=f"da-{question_slug(run.run_id, wait.name)}-%s"
             )
             item.update(
                 form=form if may_answer else None,
@@ -197,9 +198,11 @@ def waiting_view(admin: AnyModelAdmin, request: HttpRequest) -> TemplateResponse
 
 
 def _back(admin: AnyModelAdmin, request: HttpRequest, run_id: str) -> str:
-    """Where a form came from: the run page (``back=run``) or the queue."""
+    """Where a form came from: the run page (``back=run``), the inbox or the queue."""
     if request.POST.get("back") == "run":
         return run_url(admin, run_id)
+    if request.POST.get("back") == "inbox":
+        return reverse("admin:durable_agents_inbox", current_app=admin.admin_site.name)
     return admin_url(admin, "waiting")
 
 

@@ -86,8 +86,15 @@ def test_a_halt_and_its_resolution_are_entries_of_their_own():
     entries = _entries(_page("tl-halt"))
     titles = [re.search(r'<strong class="da-title">(.*?)</strong>', e).group(1) for e in entries]
     claimed = titles.index("Attempt 1 of call call_1_1 claimed")
-    assert titles[claimed + 1] == "Run halted: the outcome of call call_1_1 (charge) is unknown"
-    assert "da-halt" in entries[claimed + 1] and "cause crashed" in entries[claimed + 1]
+    # What the tool said, from the journal, then the halt.
+    said = "Call call_1_1 (charge) could not tell whether its effect happened"
+    assert titles[claimed + 1] == said
+    assert "ToolOutcomeUnknown: the gateway timed out after the request was sent" in html.unescape(
+        entries[claimed + 1]
+    )
+    assert titles[claimed + 2] == "Run halted: the outcome of call call_1_1 (charge) is unknown"
+    halted = html.unescape(entries[claimed + 2])
+    assert "da-halt" in halted and "the tool said it could not tell" in halted
 
     make_user("ops", "resolve_halt")
     with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "HALT_MIN_AGE": 0}):

@@ -131,7 +131,7 @@ def test_a_halt_is_sent_once_per_halted_call(sent):
                 "agent": "halting",
                 "call_id": "call_1_1",
                 "tool": "charge",
-                "cause": "crashed",
+                "cause": "outcome_unknown",
             },
         )
     ]

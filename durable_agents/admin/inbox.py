@@ -1,0 +1,376 @@
+"""The approver's inbox (``/admin/durable_agents/inbox/``, URL name
+``admin:durable_agents_inbox``): one card per thing waiting on a person — a call awaiting
+approval, a question, a halt — the longest waiting first, each with what it needs to be
+decided right: the tool's summary and description, the arguments rendered for a person
+(``rendered``), the model's stated reason, the run, its root and the path of sub-runs
+between, the quorum and who voted.
+
+A card whose arguments are folded offers no decision: "Show all to decide" opens it whole
+(a link: no JavaScript needed), and only then are Approve / Deny there. A decision posted
+from the inbox must carry the arguments its card showed whole, or it is refused and
+nothing is written. Deciding, answering and resolving go through the same views (and the
+same engine commands) as the queues' pages.
+
+Glue only: reads the queue tables and, for the cards shown, their runs' journals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.utils import quote
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.http import urlencode
+
+from ..engine.errors import DurableAgentsError
+from ..engine.journal import Journal
+from ..engine.ports import APPROVAL_PENDING, AWAITING_INPUT, HALT_OPEN
+from ..engine.records import Record
+from ..engine.registry import get_agent
+from ..engine.transcript import RunState
+from ..engine.waits import INTERRUPT
+from ..models import ApprovalRequest, Decision, Halt, Inbox, Run
+from ..storage import site_store
+from .base import AnyModelAdmin, ReadOnlyAdmin, admin_actor, allows, page, related_count
+from .readable import summary_of
+from .rendered import render
+from .waits import question_slug, waits_of_run
+
+INBOX_SIZE = 100  # cards of each kind read; the page says how many more wait
+
+
+@dataclass(frozen=True)
+class Filters:
+    agent: str
+    tool: str
+    mine: bool
+
+    @classmethod
+    def of(cls, request: HttpRequest) -> Filters:
+        return cls(
+            agent=str(request.GET.get("agent") or ""),
+            tool=str(request.GET.get("tool") or ""),
+            mine=request.GET.get("mine") == "1",
+        )
+
+
+def waited(since: datetime | None, now: datetime) -> str:
+    """``"3 h 12 min"``: how long something has waited, in the two largest units."""
+    if since is None:
+        return ""
+    seconds = max(0, int((now - since).total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days} d {hours} h"
+    if hours:
+        return f"{hours} h {minutes} min"
+    if minutes:
+        return f"{minutes} min"
+    return f"{seconds} s"
+
+
+def _tool(agent: str, tool_name: str) -> Any:
+    """The tool as loaded here, or None (its agent or tool is gone from the code)."""
+    try:
+        return get_agent(agent).tools.get(tool_name)
+    except DurableAgentsError:
+        return None
+
+
+def _run_url(run_id: str) -> str:
+    return reverse("admin:durable_agents_run_change", args=[quote(run_id)])
+
+
+class _Runs:
+    """What the cards need of their runs, read once per run: the path from the root and
+    the journal (for the model's stated reason)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, Run | None] = {}
+        self._records: dict[str, list[Record]] = {}
+
+    def row(self, run_id: str) -> Run | None:
+        if run_id not in self._rows:
+            self._rows[run_id] = Run.objects.filter(run_id=run_id).first()
+        return self._rows[run_id]
+
+    def path(self, run: Run) -> list[dict[str, str]]:
+        """The runs from the root down to ``run``'s parent (empty for a root run)."""
+        out: list[dict[str, str]] = []
+        parent = run.parent_run_id
+        while parent and len(out) < 20:
+            out.insert(0, {"run_id": parent, "url": _run_url(parent)})
+            row = self.row(parent)
+            parent = row.parent_run_id if row is not None else None
+        return out
+
+    def records(self, run_id: str) -> list[Record]:
+        if run_id not in self._records:
+            try:
+                self._records[run_id] = Journal(site_store()).records(run_id)
+            except DurableAgentsError:
+                self._records[run_id] = []
+        return self._records[run_id]
+
+    def stated_reason(self, run_id: str, call_id: str) -> str:
+        """What the model wrote in the turn that asked for ``call_id`` (may be empty)."""
+        for turn in RunState.of(self.records(run_id)).turns:
+            message = RunState.assistant(turn)
+            if any(c.id == call_id for c in message.tool_calls):
+                return message.content.strip()
+        return ""
+
+
+def _where(runs: _Runs, run: Run) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "run_url": _run_url(run.run_id),
+        "agent": run.agent,
+        "path": runs.path(run),
+    }
+
+
+def _whole_url(request: HttpRequest, card_id: str) -> str:
+    query = request.GET.copy()
+    opened = query.getlist("whole")
+    query.setlist("whole", [*opened, card_id] if card_id not in opened else opened)
+    return f"{request.path}?{query.urlencode()}#{card_id}"
+
+
+# -- the cards ------------------------------------------------------------------------------
+
+
+def approval_cards(
+    request: HttpRequest, filters: Filters, runs: _Runs, now: datetime
+) -> tuple[list[dict[str, Any]], int]:
+    rows = ApprovalRequest.objects.filter(status=APPROVAL_PENDING).select_related("run")
+    if filters.agent:
+        rows = rows.filter(run__agent=filters.agent)
+    if filters.tool:
+        rows = rows.filter(tool_name=filters.tool)
+    total = rows.count()
+    rows = rows.annotate(
+        n_approved=related_count(Decision, "request", approved=True),
+        n_denied=related_count(Decision, "request", approved=False),
+    ).order_by("created_at", "pk")[:INBOX_SIZE]
+    from .deciding import refusals  # deciding imports the queues, which import this module
+    from .queues import progress
+
+    may_decide = allows(request, "decide")
+    username = admin_actor(request).username
+    whole = set(request.GET.getlist("whole"))
+    cards = []
+    for obj in rows:
+        card_id = f"approval-{obj.pk}"
+        tool = _tool(obj.run.agent, obj.tool_name)
+        shown = render(getattr(tool, "parameters", None), obj.arguments, whole=card_id in whole)
+        votes = list(obj.decisions.order_by("created_at"))
+        voted = any(v.approver == username for v in votes)
+        eligible = may_decide and not voted and not refusals(request, [obj])
+        if filters.mine and not eligible:
+            continue
+        cards.append(
+            {
+                "kind": "approval",
+                "id": card_id,
+                "since": obj.created_at,
+                "waited": waited(obj.created_at, now),
+                "tool": obj.tool_name,
+                "call_id": obj.call_id,
+                "description": getattr(tool, "description", "") or "",
+                "tool_missing": tool is None,
+                "summary": summary_of(tool, obj.arguments),
+                "shown": shown,
+                "reason": runs.stated_reason(obj.run_id, obj.call_id),
+                **_where(runs, obj.run),
+                "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
+                "votes": votes,
+                "voted": voted,
+                "may_decide": eligible,
+                "editable": eligible and tool is not None and tool.safety.editable,
+                "asked_again": obj.previous_arguments is not None,
+                "decide_url": reverse("admin:durable_agents_approvalrequest_decide", args=[obj.pk]),
+                "call_url": reverse("admin:durable_agents_approvalrequest_change", args=[obj.pk]),
+                "whole_url": _whole_url(request, card_id),
+            }
+        )
+    return cards, total
+
+
+def question_cards(
+    admin: AnyModelAdmin, request: HttpRequest, filters: Filters, runs: _Runs, now: datetime
+) -> tuple[list[dict[str, Any]], int]:
+    if filters.mine and not allows(request, "answer"):
+        return [], 0
+    run_admin = admin.admin_site.get_model_admin(Run)  # its answer URLs serve the cards
+    rows = Run.objects.filter(status=AWAITING_INPUT)
+    if filters.agent:
+        rows = rows.filter(agent=filters.agent)
+    total = rows.count()
+    cards = []
+    for run in rows.order_by("updated_at")[:INBOX_SIZE]:
+        records = runs.records(run.run_id)
+        asked = {
+            str(r.get("name")): r.created_at
+            for r in records
+            if r.name.startswith("wait:") and r.get("kind") == INTERRUPT
+        }
+        waits = waits_of_run(run_admin, request, run, records)
+        for q in waits["questions"]:
+            wait = q["wait"]
+            if filters.tool and wait.tool != filters.tool:
+                continue
+            since = asked.get(wait.name) or run.updated_at
+            card_id = f"question-{question_slug(run.run_id, wait.name)}"
+            cards.append(
+                {
+                    "kind": "question",
+                    "id": card_id,
+                    "since": since,
+                    "waited": waited(since, now),
+                    "tool": wait.tool,
+                    "call_id": wait.call_id,
+                    "name": wait.name,
+                    "prompt": wait.prompt,
+                    "form": q["form"],
+                    "shown_prompt": q["shown"],
+                    "answer_url": q["url"],
+                    **_where(runs, run),
+                }
+            )
+    return cards, total
+
+
+def halt_cards(
+    request: HttpRequest, filters: Filters, runs: _Runs, now: datetime
+) -> tuple[list[dict[str, Any]], int]:
+    if filters.mine and not allows(request, "resolve"):
+        return [], 0
+    rows = Halt.objects.filter(status=HALT_OPEN).select_related("run")
+    if filters.agent:
+        rows = rows.filter(run__agent=filters.agent)
+    if filters.tool:
+        rows = rows.filter(tool_name=filters.tool)
+    total = rows.count()
+    whole = set(request.GET.getlist("whole"))
+    cards = []
+    for halt in rows.order_by("created_at", "pk")[:INBOX_SIZE]:
+        card_id = f"halt-{halt.pk}"
+        tool = _tool(halt.run.agent, halt.tool_name)
+        reason = halt.reason if isinstance(halt.reason, dict) else None
+        cards.append(
+            {
+                "kind": "halt",
+                "id": card_id,
+                "since": halt.created_at,
+                "waited": waited(halt.created_at, now),
+                "tool": halt.tool_name,
+                "call_id": halt.op_id,
+                "description": getattr(tool, "description", "") or "",
+                "cause": halt.get_cause_display(),
+                "reason": reason,
+                "shown": render(
+                    getattr(tool, "parameters", None), halt.arguments, whole=card_id in whole
+                ),
+                "attempted_at": halt.attempted_at,
+                "halt_url": reverse("admin:durable_agents_halt_change", args=[halt.pk]),
+                "whole_url": _whole_url(request, card_id),
+                **_where(runs, halt.run),
+            }
+        )
+    return cards, total
+
+
+# -- the page -------------------------------------------------------------------------------
+
+
+def _options(values: Iterable[str]) -> list[str]:
+    return sorted({v for v in values if v})
+
+
+def _sees(request: HttpRequest) -> tuple[bool, bool, bool]:
+    """Which kinds of card the user may see: approvals, questions, halts (the permission
+    that reads each queue, or the one that acts on it)."""
+    return (
+        allows(request, "view_approvals") or allows(request, "decide"),
+        allows(request, "view_runs") or allows(request, "answer"),
+        allows(request, "view_halts") or allows(request, "resolve"),
+    )
+
+
+def inbox_view(admin: AnyModelAdmin, request: HttpRequest) -> HttpResponse:
+    see_approvals, see_questions, see_halts = _sees(request)
+    if not (see_approvals or see_halts or see_questions):
+        raise PermissionDenied
+    filters = Filters.of(request)
+    now = timezone.now()
+    runs = _Runs()
+    cards: list[dict[str, Any]] = []
+    more = 0
+    agents: list[str] = []
+    tools: list[str] = []
+    if see_approvals:
+        got, total = approval_cards(request, filters, runs, now)
+        cards += got
+        more += max(0, total - INBOX_SIZE)
+        pending = ApprovalRequest.objects.filter(status=APPROVAL_PENDING)
+        agents += pending.values_list("run__agent", flat=True).distinct()
+        tools += pending.values_list("tool_name", flat=True).distinct()
+    if see_questions:
+        got, total = question_cards(admin, request, filters, runs, now)
+        cards += got
+        more += max(0, total - INBOX_SIZE)
+        agents += Run.objects.filter(status=AWAITING_INPUT).values_list("agent", flat=True)
+        tools += [c["tool"] for c in got]
+    if see_halts:
+        got, total = halt_cards(request, filters, runs, now)
+        cards += got
+        more += max(0, total - INBOX_SIZE)
+        open_ = Halt.objects.filter(status=HALT_OPEN)
+        agents += open_.values_list("run__agent", flat=True).distinct()
+        tools += open_.values_list("tool_name", flat=True).distinct()
+    cards.sort(key=lambda c: (c["since"] is None, c["since"] or now))
+    here = request.get_full_path()
+    return page(
+        admin,
+        request,
+        "admin/durable_agents/inbox.html",
+        "Inbox: waiting on a person",
+        {
+            "cards": cards,
+            "more": more,
+            "filters": filters,
+            "agents": _options(agents),
+            "tools": _options(tools),
+            "filtered": bool(filters.agent or filters.tool or filters.mine),
+            "clear_url": request.path,
+            "here": here,
+            "back": urlencode({"back": "inbox"}),
+        },
+    )
+
+
+@admin.register(Inbox)
+class InboxAdmin(ReadOnlyAdmin):
+    """The inbox page in place of a change list (the model is a proxy: nothing to list)."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return any(_sees(request))
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return any(_sees(request))
+
+    def get_urls(self) -> list[URLPattern]:
+        return [path("", self._view(inbox_view), name="durable_agents_inbox"), *super().get_urls()]
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        return inbox_view(self, request)
