@@ -50,6 +50,7 @@ from .base import (
 )
 from .deciding import Decided, bulk_decide, decide_call, shown_arguments, tell
 from .readable import conversation, fields_of, policy_words, summary_of
+from .rendered import render
 from .timeline import pretty
 
 
@@ -164,7 +165,7 @@ class DecisionForm(forms.Form):
         return data
 
 
-def tool_of(obj: ApprovalRequest) -> Any:
+def tool_of(obj: ApprovalRequest | Halt) -> Any:
     """The call's tool as loaded here, or None (its agent or tool is gone from the code)."""
     try:
         return get_agent(obj.run.agent).tools.get(obj.tool_name)
@@ -471,6 +472,7 @@ class HaltAdmin(_QueueAdmin):
 def halt_detail(
     admin: AnyModelAdmin, request: HttpRequest, obj: Any, form: ResolveForm | None = None
 ) -> TemplateResponse:
+    tool = tool_of(obj)
     return _detail(
         admin,
         request,
@@ -478,6 +480,11 @@ def halt_detail(
         "admin/durable_agents/halt/detail.html",
         {
             "arguments": pretty(obj.arguments),
+            # The halt page shows the arguments whole: a person records what happened to
+            # the call as it ran, all of it.
+            "shown": render(getattr(tool, "parameters", None), obj.arguments, whole=True),
+            "description": getattr(tool, "description", "") or "",
+            "reason": obj.reason if isinstance(obj.reason, dict) else None,
             "resolution": pretty(obj.resolution) if obj.resolution is not None else None,
             "late": late_evidence(obj.run_id, obj.op_id),
             "lease": site_store().get_lease(obj.run_id),

@@ -145,3 +145,20 @@ def screenshot(page: Page, path: Path) -> Path:
     page.screenshot(path=str(path), full_page=True)
     assert path.stat().st_size > 0
     return path
+
+
+def wait_streams_closed(timeout: float = 10.0) -> None:
+    """Wait until no run page's live stream holds a database connection (each notices its
+    page is gone on its next keep-alive): the test database can then be dropped."""
+    from durable_agents.events import APPLICATION_NAME
+
+    def closed() -> bool:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                "AND datname = current_database()",
+                [APPLICATION_NAME],
+            )
+            return cursor.fetchone()[0] == 0
+
+    wait_for(closed, timeout, "the run pages' live streams to close")

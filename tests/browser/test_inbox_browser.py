@@ -1,0 +1,163 @@
+"""The approver's inbox in a real browser (headless Chromium) at 1400 px and on a 390 px
+phone, with real waiting state on PostgreSQL: no horizontal scrolling, the payee of a
+padded payment on its card, no decision from a folded card (a forged one is refused), a
+halt in its tool's own words, and a decision made once the card is opened whole, which a
+real Celery worker then carries out.
+
+Screenshots of the inbox, a run page and a halt page at both widths are written to
+docs/screenshots/ (ignored by git) for a person to look at; docs/admin.md points there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.test.utils import override_settings
+from playwright.sync_api import Page, expect
+
+import durable_agents as da
+from durable_agents.models import ApprovalRequest, Decision, Halt
+from tests.support.agents import count_effects, gated_tree, quorum
+from tests.support.browser import (
+    Browser,
+    Celery,
+    login,
+    screenshot,
+    staff_user,
+    wait_status,
+    wait_streams_closed,
+)
+from tests.support.inbox_agents import (
+    GATEWAY_MESSAGE,
+    PAYEE,
+    asks_staff,
+    padded_payment,
+    unsure_transfer,
+)
+from tests.support.workers import CeleryProcess
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.timeout(120),
+]
+
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+WIDTHS = {"desktop": (1400, 900), "phone": (390, 844)}
+PERMS = (
+    "durable_agents.view_run",
+    "durable_agents.approve_toolcall",
+    "durable_agents.view_halt",
+    "durable_agents.resolve_halt",
+)
+
+
+def no_horizontal_scroll(page: Page) -> None:
+    overflow = page.evaluate(
+        "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
+    assert overflow <= 0, f"the page scrolls sideways by {overflow} px at {page.viewport_size}"
+
+
+def shot(page: Page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    screenshot(page, SHOTS / f"{name}.png")
+
+
+def forged_decision(page: Page, url: str) -> str:
+    """POST what a folded card would, had it a button (no arguments shown): the page the
+    response redirects to."""
+    return str(
+        page.evaluate(
+            """async (url) => {
+                const token = document.querySelector('[name=csrfmiddlewaretoken]').value;
+                const body = new URLSearchParams({csrfmiddlewaretoken: token,
+                                                  decision: 'approve', back: 'inbox'});
+                const r = await fetch(url, {method: 'POST', body, credentials: 'same-origin'});
+                return r.text();
+            }""",
+            url,
+        )
+    )
+
+
+def test_the_inbox_at_desktop_and_phone_widths(live_server, celery: Celery, browser: Browser):
+    worker = celery.worker()  # drives the run once it is approved
+    # The run pages follow their waiting runs live; a stream notices its page is gone on
+    # its next keep-alive, and gives its connection back.
+    quick = override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "EVENTS_KEEPALIVE": 0.3})
+    quick.enable()
+    try:
+        look_and_decide(browser, worker)
+    finally:
+        browser.page().goto("about:blank")
+        wait_streams_closed()
+        quick.disable()
+
+
+def look_and_decide(browser: Browser, worker: CeleryProcess) -> None:
+    with pytest.raises(da.ApprovalPending):
+        padded_payment.run("ib-pay", "pay the supplier")
+    with pytest.raises(da.ApprovalPending):
+        quorum.run("ib-quorum", "pay inv-1")
+    with pytest.raises(da.ApprovalPending):
+        gated_tree[0].run("ib-tree", "go")
+    with pytest.raises(da.InterruptPending):
+        asks_staff.run("ib-ask", "refund o-9")
+    with pytest.raises(da.OutcomeUnknown):
+        unsure_transfer.run("ib-halt", "move 42")
+    pay = ApprovalRequest.objects.get(run_id="ib-pay")
+    halt = Halt.objects.get(run_id="ib-halt")
+    user = staff_user("oncall", *PERMS)
+
+    page = browser.page()
+    login(page, user.username)
+    for label, (width, height) in WIDTHS.items():
+        page.set_viewport_size({"width": width, "height": height})
+        page.goto("/admin/durable_agents/inbox/")
+        card = page.locator(f"#approval-{pay.pk}")
+        # The payee, under its title, on the folded card; the card offers no decision.
+        expect(card.locator("dd[data-key=payee]")).to_contain_text(PAYEE)
+        expect(card.locator("dd[data-key=payee]")).to_be_visible()
+        expect(card.locator(".da-folded").first).to_be_visible()
+        expect(card.locator("button.da-approve")).to_have_count(0)
+        expect(card.locator("a.da-show-all")).to_be_visible()
+        # The halt in the tool's own words.
+        expect(page.locator(f"#halt-{halt.pk} .da-halt-reason")).to_contain_text(GATEWAY_MESSAGE)
+        # The question: nothing chosen.
+        select = page.locator(".da-card-question select")
+        expect(select).to_have_value("")
+        no_horizontal_scroll(page)
+        shot(page, f"inbox-{label}")
+
+        page.goto(f"/admin/durable_agents/run/{'ib-tree'}/change/")
+        no_horizontal_scroll(page)
+        shot(page, f"run-{label}")
+        page.goto(f"/admin/durable_agents/halt/{halt.pk}/change/")
+        expect(page.locator("#content-main")).to_contain_text(GATEWAY_MESSAGE)
+        no_horizontal_scroll(page)
+        shot(page, f"halt-{label}")
+
+    # A decision forged from the folded card is refused: nothing is recorded.
+    page.goto("/admin/durable_agents/inbox/")
+    decide = f"/admin/durable_agents/approvalrequest/{pay.pk}/decide/"
+    assert "approval.not_shown_whole" in forged_decision(page, decide)
+    assert ApprovalRequest.objects.get(pk=pay.pk).status == "pending"
+    assert not Decision.objects.filter(request=pay).exists()
+
+    # Opened whole (a link, no script), the card decides what it showed.
+    page.locator(f"#approval-{pay.pk} a.da-show-all").click()
+    card = page.locator(f"#approval-{pay.pk}")
+    expect(card.locator(".da-folded")).to_have_count(0)
+    expect(card).to_contain_text("line 14: widget batch 14")
+    no_horizontal_scroll(page)
+    shot(page, "inbox-card-whole-phone")
+    worker.wait_ready()
+    card.locator("button.da-approve").click()
+    expect(page.locator(".messagelist")).to_contain_text("is approved")
+    expect(page.locator(f"#approval-{pay.pk}")).to_have_count(0)
+    assert ApprovalRequest.objects.get(pk=pay.pk).status == "approved"
+    assert wait_status("ib-pay", "finished", worker).answer == "paid"
+    assert count_effects("ib-pay") == {"call_1_1": 1}
