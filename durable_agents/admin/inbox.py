@@ -34,12 +34,11 @@ from ..engine.journal import Journal
 from ..engine.ports import APPROVAL_PENDING, AWAITING_INPUT, HALT_OPEN
 from ..engine.records import Record
 from ..engine.registry import get_agent
-from ..engine.transcript import RunState
 from ..engine.waits import INTERRUPT
 from ..models import ApprovalRequest, Decision, Halt, Inbox, Run
 from ..storage import site_store
 from .base import AnyModelAdmin, ReadOnlyAdmin, admin_actor, allows, page, related_count
-from .readable import summary_of
+from .readable import stated_reason, summary_of
 from .rendered import render
 from .waits import question_slug, waits_of_run
 
@@ -48,9 +47,14 @@ INBOX_SIZE = 100  # cards of each kind read; the page says how many more wait
 
 @dataclass(frozen=True)
 class Filters:
-    agent: str
-    tool: str
-    mine: bool
+    """Which cards: the inbox's filters, or (the run page's banner) the runs of one subtree.
+    ``back``: where a decision made on a card returns (``inbox`` or ``run``)."""
+
+    agent: str = ""
+    tool: str = ""
+    mine: bool = False
+    runs: frozenset[str] | None = None
+    back: str = "inbox"
 
     @classmethod
     def of(cls, request: HttpRequest) -> Filters:
@@ -122,12 +126,7 @@ class _Runs:
         return self._records[run_id]
 
     def stated_reason(self, run_id: str, call_id: str) -> str:
-        """What the model wrote in the turn that asked for ``call_id`` (may be empty)."""
-        for turn in RunState.of(self.records(run_id)).turns:
-            message = RunState.assistant(turn)
-            if any(c.id == call_id for c in message.tool_calls):
-                return message.content.strip()
-        return ""
+        return stated_reason(self.records(run_id), call_id)
 
 
 def _where(runs: _Runs, run: Run) -> dict[str, Any]:
@@ -153,6 +152,8 @@ def approval_cards(
     request: HttpRequest, filters: Filters, runs: _Runs, now: datetime
 ) -> tuple[list[dict[str, Any]], int]:
     rows = ApprovalRequest.objects.filter(status=APPROVAL_PENDING).select_related("run")
+    if filters.runs is not None:
+        rows = rows.filter(run_id__in=filters.runs)
     if filters.agent:
         rows = rows.filter(run__agent=filters.agent)
     if filters.tool:
@@ -182,6 +183,7 @@ def approval_cards(
             {
                 "kind": "approval",
                 "id": card_id,
+                "back": filters.back,
                 "since": obj.created_at,
                 "waited": waited(obj.created_at, now),
                 "tool": obj.tool_name,
@@ -213,6 +215,8 @@ def question_cards(
         return [], 0
     run_admin = admin.admin_site.get_model_admin(Run)  # its answer URLs serve the cards
     rows = Run.objects.filter(status=AWAITING_INPUT)
+    if filters.runs is not None:
+        rows = rows.filter(run_id__in=filters.runs)
     if filters.agent:
         rows = rows.filter(agent=filters.agent)
     total = rows.count()
@@ -235,6 +239,7 @@ def question_cards(
                 {
                     "kind": "question",
                     "id": card_id,
+                    "back": filters.back,
                     "since": since,
                     "waited": waited(since, now),
                     "tool": wait.tool,
@@ -256,6 +261,8 @@ def halt_cards(
     if filters.mine and not allows(request, "resolve"):
         return [], 0
     rows = Halt.objects.filter(status=HALT_OPEN).select_related("run")
+    if filters.runs is not None:
+        rows = rows.filter(run_id__in=filters.runs)
     if filters.agent:
         rows = rows.filter(run__agent=filters.agent)
     if filters.tool:
@@ -271,6 +278,7 @@ def halt_cards(
             {
                 "kind": "halt",
                 "id": card_id,
+                "back": filters.back,
                 "since": halt.created_at,
                 "waited": waited(halt.created_at, now),
                 "tool": halt.tool_name,
@@ -291,6 +299,44 @@ def halt_cards(
 
 
 # -- the page -------------------------------------------------------------------------------
+
+
+def subtree(run: Run) -> list[str]:
+    """``run`` and every sub-run below it (from the tree's rows, one query), parents first."""
+    root = run.root_run_id or run.run_id
+    children: dict[str, list[str]] = {}
+    for run_id, parent in Run.objects.filter(root_run_id=root).values_list(
+        "run_id", "parent_run_id"
+    ):
+        if parent:
+            children.setdefault(parent, []).append(run_id)
+    out: list[str] = []
+    todo = [run.run_id]
+    while todo and len(out) < 10_000:
+        here = todo.pop(0)
+        out.append(here)
+        todo.extend(sorted(children.get(here, ())))
+    return out
+
+
+def banner_cards(admin: AnyModelAdmin, request: HttpRequest, run: Run) -> list[dict[str, Any]]:
+    """The run page's banner: the cards of what waits on a person in ``run`` and in the
+    sub-runs below it (a root waiting on a sub-run's approval shows that approval first),
+    longest waiting first. The run's own questions are asked by the page's answer forms."""
+    # Who sees the run page sees its halts (its halts panel lists them too).
+    see_approvals, see_questions, _ = _sees(request)
+    below = subtree(run)
+    now = timezone.now()
+    runs = _Runs()
+    cards: list[dict[str, Any]] = []
+    if see_approvals:
+        cards += approval_cards(request, Filters(runs=frozenset(below), back="run"), runs, now)[0]
+    if see_questions and len(below) > 1:
+        scope = Filters(runs=frozenset(below[1:]), back="run")
+        cards += question_cards(admin, request, scope, runs, now)[0]
+    cards += halt_cards(request, Filters(runs=frozenset(below), back="run"), runs, now)[0]
+    cards.sort(key=lambda c: (c["since"] is None, c["since"] or now))
+    return cards
 
 
 def _options(values: Iterable[str]) -> list[str]:

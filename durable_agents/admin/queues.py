@@ -49,7 +49,7 @@ from .base import (
     run_url,
 )
 from .deciding import Decided, bulk_decide, decide_call, shown_arguments, tell
-from .readable import conversation, fields_of, policy_words, summary_of
+from .readable import conversation, policy_words, stated_reason, summary_of
 from .rendered import render
 from .timeline import pretty
 
@@ -305,8 +305,10 @@ def approval_detail(
 ) -> TemplateResponse:
     can_decide = allows(request, "decide") and obj.status == APPROVAL_PENDING
     tool = tool_of(obj)
+    records: list[Any] = []
     try:  # one read of the journal; a record that cannot be read leaves the rest shown
-        talk, talk_error = conversation(Journal(site_store()).records(obj.run_id), obj.call_id), ""
+        records = Journal(site_store()).records(obj.run_id)
+        talk, talk_error = conversation(records, obj.call_id), ""
     except DurableAgentsError as exc:
         talk, talk_error = [], str(exc)
     return _detail(
@@ -326,7 +328,10 @@ def approval_detail(
             "policy_words": policy_words(obj.policy, obj.n_approved),
             "description": getattr(tool, "description", ""),
             "summary": summary_of(tool, obj.arguments),
-            "fields": fields_of(tool, obj.arguments),
+            # The call's page shows the arguments whole: it is where a folded card sends
+            # the approver, and where editing starts.
+            "shown": render(getattr(tool, "parameters", None), obj.arguments, whole=True),
+            "reason": stated_reason(records, obj.call_id),
             "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
             "decisions": obj.decisions.order_by("created_at"),
             "can_decide": can_decide,

@@ -85,3 +85,13 @@ def conversation(records: Any, call_id: str) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def stated_reason(records: Any, call_id: str) -> str:
+    """What the model wrote in the turn that asked for ``call_id`` (may be empty): why it
+    asks, in its own words, for the person deciding."""
+    for turn in RunState.of(records).turns:
+        message = RunState.assistant(turn)
+        if any(c.id == call_id for c in message.tool_calls):
+            return message.content.strip()
+    return ""

@@ -64,9 +64,8 @@ from .base import (
     related_count,
     run_url,
 )
-from .deciding import shown_arguments
-from .queues import editable, progress
-from .timeline import agent_drift, build_timeline, pretty
+from .inbox import banner_cards
+from .timeline import agent_drift, build_timeline
 
 # -- runs ---------------------------------------------------------------------------------
 
@@ -363,29 +362,11 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
         {"obj": h, "url": reverse("admin:durable_agents_halt_change", args=[h.pk])}
         for h in run.halts.order_by("created_at")
     ]
-    can_decide = allows(request, "decide")
-    # What a person is needed for, decided right here (the banner): pending calls with the
-    # same form as their own page, open halts linked to theirs.
-    waiting = [
-        {
-            "obj": a["obj"],
-            "url": a["url"],
-            "arguments": pretty(a["obj"].arguments),
-            "progress": progress(a["obj"].policy, *_tally_counts(a["obj"])),
-            "decide_url": reverse(
-                "admin:durable_agents_approvalrequest_decide", args=[a["obj"].pk]
-            ),
-            "editable": can_decide and editable(a["obj"]),
-            "shown": shown_arguments(a["obj"]),
-        }
-        for a in approvals
-        if a["obj"].status == APPROVAL_PENDING
-    ]
     return {
         "waits": waits.waits_of_run(admin, request, run, records),
-        "waiting_approvals": waiting,
-        "open_halts": [h for h in halts if h["obj"].status == HALT_OPEN],
-        "can_decide": can_decide,
+        # What waits on a person here and in the sub-runs below, first on the page: the
+        # inbox's cards (the same rendering, folding and forms).
+        "needed_cards": banner_cards(admin, request, run),
         "awaiting_approval": run.status == AWAITING_APPROVAL,
         "timeline": build_timeline(records, [h["obj"] for h in halts]),
         "timeline_error": timeline_error,
@@ -415,11 +396,6 @@ def _has_undos(agent_name: str) -> bool:
     except DurableAgentsError:
         return False
     return sagas.has_undos(agent)  # its sub-agents' undos count: the tree rolls back
-
-
-def _tally_counts(request: ApprovalRequest) -> tuple[int, int]:
-    decisions = list(request.decisions.values_list("approved", flat=True))
-    return sum(1 for d in decisions if d), sum(1 for d in decisions if not d)
 
 
 # -- resume and cancel ------------------------------------------------------------------

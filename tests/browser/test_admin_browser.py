@@ -78,7 +78,7 @@ def test_approve_in_the_browser_and_a_worker_finishes_the_run(
     row.get_by_role("link", name="call_1_1", exact=True).click()
 
     expect(page.locator(".da-summary")).to_have_text("Refund 5.00 to order 7")
-    fields = page.locator("table.da-fields")
+    fields = page.locator("dl.da-shown")
     expect(fields).to_contain_text("Order Id")
     expect(fields).to_contain_text("500")
     page.fill("#id_note", "order 7 arrived broken; refund approved")
@@ -135,9 +135,11 @@ def test_edit_and_approve_from_the_run_banner_with_a_schema_error_first(
     expect(banner).to_contain_text("0 of 1 approved")
     expect(page.locator("#da-operate input[value='Resume']")).to_have_count(0)
     screenshot(page, tmp_path / "banner.png")
-    edit = banner.locator("textarea[name='edit']")
-    edit.fill('{"order_id": "7", "cents": "lots"}')
-    banner.get_by_role("button", name="Approve with edits").click()
+    # Edit… opens the call's page, whose edit box holds the whole arguments.
+    banner.locator("a.da-edit").click()
+    page.locator("#da-edit-arguments summary").click()
+    page.fill("#id_edit", '{"order_id": "7", "cents": "lots"}')
+    page.get_by_role("button", name="Approve with edits").click()
     # The schema's refusal: a form error on the call's page, nothing recorded.
     expect(page.locator(".errorlist")).to_contain_text("cents")
     assert ApprovalRequest.objects.get(run_id=run_id).status == "pending"

@@ -422,7 +422,9 @@ def test_the_run_page_asks_for_the_decision_it_waits_on():
     alice = make_user("alice", "durable_agents.approve_toolcall", "durable_agents.cancel_run")
     page = text_of(client_for(alice).get(run_url("adm-banner")))
     assert "A person is needed" in page and "0 of 1 approved" in page
-    assert 'name="back" value="run"' in page and "Approve with edits" in page
+    assert 'name="back" value="run"' in page and 'da-approve"' in page
+    # Editing is on the call's page, where the whole arguments are in the edit box.
+    assert f'href="{approval_url(req, "change")}#da-decide"' in page
     assert 'value="Resume"' not in page  # resuming would only pause again
     response = client_for(alice).post(
         approval_url(req, "decide"),
@@ -933,7 +935,8 @@ def test_the_approval_page_titles_fields_from_the_schema_and_words_a_quorum():
     req = ApprovalRequest.objects.get(run_id="adm-read-q")
     client_for(alice).post(approval_url(req, "decide"), {"decision": "approve"})
     page = text_of(client_for(alice).get(approval_url(req, "change")))
-    assert "<th>Invoice</th><td>inv-1</td>" in page and "<th>Cents</th><td>9900</td>" in page
+    fields = re.sub(r"(\s*<[^>]+>\s*)+", "|", page[page.index('<dl class="da-shown">') :])
+    assert "|Invoice|inv-1|" in fields and "|Cents|9,900|" in fields
     assert "needs 2 approvals from group finance: 1 of 2 so far" in page
 
 
