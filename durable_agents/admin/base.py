@@ -186,6 +186,14 @@ def json_cell(value: Any) -> str:
     return format_html('<pre class="da-json">{}</pre>', text)
 
 
+def status_pill(status: str) -> str:
+    """A status as a coloured pill (admin.css ``da-pill-<status>``): the same colour for a
+    status on every list and page; waiting on a person is amber, never a success green."""
+    return format_html(
+        '<span class="da-pill da-pill-{}">{}</span>', status, str(status).replace("_", " ")
+    )
+
+
 # -- the model admins' base and filter --------------------------------------------------------
 
 

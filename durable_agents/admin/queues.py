@@ -47,6 +47,7 @@ from .base import (
     posted_object,
     related_count,
     run_url,
+    status_pill,
 )
 from .deciding import Decided, bulk_decide, decide_call, shown_arguments, tell
 from .readable import conversation, policy_words, stated_reason, summary_of
@@ -86,6 +87,10 @@ class _QueueAdmin(ReadOnlyAdmin):
         if not self.has_view_permission(request, obj):
             raise PermissionDenied
         return self.detail(request, obj)
+
+    @admin.display(description="status", ordering="status")
+    def status_pill(self, obj: Any) -> str:
+        return status_pill(obj.status)
 
     @admin.display(description="arguments")
     def arguments_pretty(self, obj: Any) -> str:
@@ -207,7 +212,7 @@ class ApprovalRequestAdmin(_QueueAdmin):
         "arguments_pretty",
         "run_input",
         "quorum",
-        "status",
+        "status_pill",
         "created_at",
     )
     list_filter = (ApprovalStatusFilter, "tool_name")
@@ -450,7 +455,7 @@ class HaltAdmin(_QueueAdmin):
         "arguments_pretty",
         "cause",
         "attempted_at",
-        "status",
+        "status_pill",
         "lease_live",
     )
     list_filter = (HaltStatusFilter, "cause")

@@ -18,8 +18,18 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import Count, QuerySet, TextField
-from django.db.models.functions import Cast, Left
+from django.db.models import (
+    Count,
+    F,
+    Func,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    TextField,
+)
+from django.db.models.functions import Cast, Coalesce, Left
 from django.http import (
     HttpRequest,
     HttpResponse,
@@ -37,6 +47,9 @@ from ..engine.ports import (
     AWAITING_APPROVAL,
     AWAITING_INPUT,
     HALT_OPEN,
+    KIND_AGENT,
+    KIND_JOURNAL,
+    KIND_SESSION,
     QUEUED,
     RUNNING,
     SLEEPING,
@@ -53,6 +66,7 @@ from .base import (
     BY_RECOVERY,
     BY_RESUME,
     AnyModelAdmin,
+    DefaultStatusFilter,
     ReadOnlyAdmin,
     admin_actor,
     admin_url,
@@ -61,8 +75,8 @@ from .base import (
     not_handed_over,
     object_gone,
     posted_object,
-    related_count,
     run_url,
+    status_pill,
 )
 from .inbox import banner_cards
 from .timeline import agent_drift, build_timeline
@@ -117,22 +131,57 @@ def excerpt(text: str | None, *, json_text: bool = False) -> str:
     return text if len(text) <= EXCERPT else text[: EXCERPT - 1].rstrip() + "…"
 
 
+def in_tree_count(model: Any, **filters: Any) -> Coalesce:
+    """A correlated COUNT of ``model``'s rows of the run, and, for a root, of every sub-run
+    of its tree (one query with the page, like ``related_count``)."""
+    rows = (
+        model.objects.filter(Q(run_id=OuterRef("pk")) | Q(run__root_run_id=OuterRef("pk")))
+        .filter(**filters)
+        .order_by()
+        .annotate(n=Func(F("pk"), function="COUNT"))  # an aggregate with no GROUP BY
+        .values("n")
+    )
+    return Coalesce(Subquery(rows, output_field=IntegerField()), 0)
+
+
+class KindFilter(DefaultStatusFilter):
+    """Agent runs by default: a session's journal (``<id>>session``) and plain journals are
+    not runs a person drives or decides (sessions have their own page)."""
+
+    title = "kind"
+    parameter_name = "kind"
+    default = KIND_AGENT
+    options = [
+        (KIND_AGENT, "agent runs"),
+        (KIND_SESSION, "session journals"),
+        (KIND_JOURNAL, "plain journals"),
+    ]
+
+    def queryset(self, request: Any, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset if value == "all" else queryset.filter(kind=value)
+
+
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
     list_display = (
         "run_id",
         "agent",
-        "status",
+        "status_pill",
         "input_excerpt",
         "answer_excerpt",
-        "turns",
         "pending_approvals",
         "open_halts",
         "waits_for",
-        "created_at",
         "updated_at",
     )
-    list_filter = ("status", "agent", ("created_at", admin.DateFieldListFilter), tree.TreeFilter)
+    list_filter = (
+        "status",
+        KindFilter,
+        "agent",
+        ("created_at", admin.DateFieldListFilter),
+        tree.TreeFilter,
+    )
     # The input is searched as its JSON text (a string input as itself, in quotes); the
     # input and answer searches scan the rows the other filters leave.
     search_fields = ("run_id", "session_id", "input", "answer")
@@ -180,8 +229,9 @@ class RunAdmin(ReadOnlyAdmin):
             super()
             .get_queryset(request)
             .annotate(
-                n_pending_approvals=related_count(ApprovalRequest, "run", status=APPROVAL_PENDING),
-                n_open_halts=related_count(Halt, "run", status=HALT_OPEN),
+                # A root counts what waits in its sub-runs too: it waits on them.
+                n_pending_approvals=in_tree_count(ApprovalRequest, status=APPROVAL_PENDING),
+                n_open_halts=in_tree_count(Halt, status=HALT_OPEN),
             )
         )
         return rows
@@ -233,6 +283,10 @@ class RunAdmin(ReadOnlyAdmin):
             self.command_path("session", sessions.session_view, "sessions/<str:session_id>/"),
             *catch_all,
         ]
+
+    @admin.display(description="status", ordering="status")
+    def status_pill(self, obj: Any) -> str:
+        return status_pill(obj.status)
 
     @admin.display(description="pending approvals", ordering="n_pending_approvals")
     def pending_approvals(self, obj: Any) -> int:

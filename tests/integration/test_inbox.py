@@ -13,7 +13,7 @@ import pytest
 from django.urls import reverse
 
 import durable_agents as da
-from durable_agents.models import ApprovalRequest, Decision, Halt
+from durable_agents.models import ApprovalRequest, Decision, Halt, Run
 from tests.support.admin_pages import client_for, messages_of, text_of
 from tests.support.agents import count_effects, gated_tree, quorum
 from tests.support.inbox_agents import (
@@ -183,3 +183,21 @@ def test_a_queue_row_never_offers_a_decision_on_arguments_it_cut(waiting):
     plain = next(r for r in rows if "ib-quorum" in r)
     assert "da-row-approve" not in padded and "Open to decide" in padded
     assert "da-row-approve" in plain
+
+
+def test_the_runs_list_counts_what_waits_below_a_root_and_leaves_out_session_journals(waiting):
+    Run.objects.create(run_id="ib-s>session", agent="echo", kind="session", session_id="ib-s")
+    client = client_for(make_user("ann", *APPROVER))
+    page = client.get(reverse("admin:durable_agents_run_changelist")).content.decode()
+    rows = {
+        re.search(r'/run/([^/"]+)/change/', r).group(1): r
+        for r in re.findall(r"<tr>.*?</tr>", page, re.S)
+        if "/change/" in r
+    }
+    # The root waits on its leaf's approval: the list says so, in an amber pill.
+    root = rows["ib-tree"]
+    assert re.search(r'class="field-pending_approvals">1<', root)
+    assert 'da-pill-awaiting_approval">awaiting approval<' in root
+    assert "ib-s&gt;session" not in page  # a session's journal is not a run to drive
+    everything = client.get(reverse("admin:durable_agents_run_changelist"), {"kind": "all"})
+    assert "ib-s&gt;session" in everything.content.decode()
