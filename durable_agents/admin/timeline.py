@@ -59,6 +59,7 @@ def _entry(rec: Record, kind: str, title: str, **extra: Any) -> dict[str, Any]:
         "calls": extra.pop("calls", []),
         "sections": [{"label": k, "json": v} for k, v in extra.pop("sections", [])],
         "step": extra.pop("step", None),  # a step a fork can start from
+        "run_link": extra.pop("run_link", None),  # a run the entry names (a sub-run)
         "raw": pretty(rec.body) if isinstance(rec.body, dict) else None,
     }
 
@@ -90,6 +91,15 @@ def _describe(rec: Record) -> dict[str, Any]:
                 "kept as evidence, not as the call's result",
             ],
             sections=[("what the tool returned", pretty(body.get("result")))],
+        )
+    if name.startswith(names.CHILD):
+        child = body.get("run_id")
+        return _entry(
+            rec,
+            "child",
+            f"Call {name[len(names.CHILD) :]} started sub-run {child}",
+            meta=[f"agent {body.get('agent')}"] if body.get("agent") else [],
+            run_link=child if isinstance(child, str) and child else None,
         )
     if name.startswith(names.UNKNOWN):
         reason = body.get("reason") or {}

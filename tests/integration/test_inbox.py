@@ -10,6 +10,7 @@ import json
 import re
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.urls import reverse
 
 import durable_agents as da
@@ -201,3 +202,15 @@ def test_the_runs_list_counts_what_waits_below_a_root_and_leaves_out_session_jou
     assert "ib-s&gt;session" not in page  # a session's journal is not a run to drive
     everything = client.get(reverse("admin:durable_agents_run_changelist"), {"kind": "all"})
     assert "ib-s&gt;session" in everything.content.decode()
+
+
+def test_a_root_run_page_shows_the_waiting_sub_run_first_and_links_its_sub_runs(waiting):
+    leaf = waiting["leaf"]
+    client = client_for(make_user("ann", *APPROVER))
+    page = text_of(client.get(reverse("admin:durable_agents_run_change", args=["ib-tree"])))
+    banner = page[page.index('id="da-needed"') : page.index('id="content-main"')]
+    assert f'id="approval-{leaf.pk}"' in banner and "in a sub-run of root" in banner
+    assert "da-approve" in banner  # decided right here, for the arguments shown whole
+    middle = reverse("admin:durable_agents_run_change", args=[quote("ib-tree/call_1_1")])
+    assert "Call call_1_1 started sub-run ib-tree/call_1_1" in page
+    assert f'class="da-run-link" href="{middle}"' in page
