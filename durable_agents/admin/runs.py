@@ -38,6 +38,7 @@ from django.http import (
 )
 from django.urls import URLPattern, reverse
 
+from .. import audit
 from ..engine import names, sagas
 from ..engine.commands.runs import cancel, delete, hand_over
 from ..engine.errors import DurableAgentsError
@@ -74,6 +75,7 @@ from .base import (
     json_cell,
     not_handed_over,
     object_gone,
+    page,
     posted_object,
     run_url,
     status_pill,
@@ -278,6 +280,7 @@ class RunAdmin(ReadOnlyAdmin):
             self.command_path("cancel", run_cancel_view),
             self.command_path("fork", forks.fork_view),
             self.command_path("export", run_export_view),
+            self.command_path("verify", run_verify_view),
             self.command_path("events", live.run_events_view),
             *[u for u in own if u not in catch_all],
             self.command_path("session", sessions.session_view, "sessions/<str:session_id>/"),
@@ -441,6 +444,7 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
         "can_compensate": _has_undos(run.agent)
         and not any(r.name == names.SAGA_ABORT for r in records),
         "export_url": admin_url(admin, "export", quote(run.run_id)),
+        "verify_url": admin_url(admin, "verify", quote(run.run_id)),
     }
 
 
@@ -524,6 +528,32 @@ def run_cancel_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str) 
         refused,
     )
     return HttpResponseRedirect(run_url(admin, run.run_id))
+
+
+def run_verify_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:
+    """The run's audit check (docs/audit.md), for anyone who may view it: its journal's hash
+    chain recomputed from the stored rows, the site's action-log chain, and the run's head
+    signed with the site's key when ``AUDIT_SIGNING_KEY`` is set."""
+    if request.method != "GET":
+        return HttpResponseNotAllowed(["GET"])
+    run = admin.get_object(request, unquote(object_id))
+    if run is None or not admin.has_view_permission(request, run):
+        return object_gone(admin, request, object_id)
+    chain, actions = audit.verify([run.run_id], actions=True)
+    head = audit.sign_head(run.run_id) if chain.ok else None
+    return page(
+        admin,
+        request,
+        "admin/durable_agents/run/verify.html",
+        f"Verify run {run.run_id}",
+        {
+            "original": run,
+            "run_url": run_url(admin, run.run_id),
+            "chain": chain,
+            "actions": actions,
+            "head": head,
+        },
+    )
 
 
 def run_export_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str) -> HttpResponse:

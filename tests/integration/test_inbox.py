@@ -15,6 +15,7 @@ from django.urls import reverse
 
 import durable_agents as da
 from durable_agents.models import ApprovalRequest, Decision, Halt, Run
+from durable_agents.storage import DjangoStore
 from tests.support.admin_pages import client_for, messages_of, text_of
 from tests.support.agents import count_effects, gated_tree, quorum
 from tests.support.inbox_agents import (
@@ -214,3 +215,22 @@ def test_a_root_run_page_shows_the_waiting_sub_run_first_and_links_its_sub_runs(
     middle = reverse("admin:durable_agents_run_change", args=[quote("ib-tree/call_1_1")])
     assert "Call call_1_1 started sub-run ib-tree/call_1_1" in page
     assert f'class="da-run-link" href="{middle}"' in page
+
+
+def test_the_verify_page_checks_the_chain_and_says_where_it_broke(waiting):
+    from tests.support.tamper import edit_record
+
+    client = client_for(make_user("ann", *APPROVER))
+    url = reverse("admin:durable_agents_run_verify", args=["ib-pay"])
+    run_page = text_of(client.get(reverse("admin:durable_agents_run_change", args=["ib-pay"])))
+    assert f'href="{url}"' in run_page
+    page = plain(text_of(client.get(url)))
+    assert "The run's journal" in page and "broken" not in page
+    assert "No AUDIT_SIGNING_KEY is set" in page
+    edit_record(DjangoStore(), "ib-pay", "run:start", '{"kind": "start", "input": "forged"}')
+    page = plain(text_of(client.get(url)))
+    assert "broken at" in page and "run:start" in page and "untrusted" in page
+    assert "Not signed: a broken chain's head vouches for nothing." in page
+    # Who may not view the run is sent back to the list, as from its export.
+    refused = client_for(make_user("nobody")).get(url)
+    assert refused.status_code == 302 and "verify" not in refused["Location"]
