@@ -16,7 +16,8 @@ Every signal is sent with ``sender=Run`` (the model class) and these keyword arg
     about; else None), ``tally`` (who approved and denied, for a quorum).
 ``run_halted``
     ``run_id``, ``agent``, ``call_id`` (the tool call id, or ``step:<name>``), ``tool``,
-    ``cause`` (``"crashed"`` or ``"contended"``). One per halted call.
+    ``cause`` (``"crashed"``, ``"contended"``, or ``"outcome_unknown"``: the tool raised
+    ``ToolOutcomeUnknown``). One per halted call.
 ``run_finished``
     ``run_id``, ``agent``, ``answer``, ``turns``, ``usage``.
 ``run_failed``
