@@ -13,6 +13,7 @@ signed decision is made through the API, never here.)
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,15 +117,20 @@ def tell(request: HttpRequest, decided: Decided) -> None:
 # -- several at once ------------------------------------------------------------------------
 
 
-def refusals(request: HttpRequest, rows: list[ApprovalRequest]) -> list[str]:
-    """Why this person may not decide some of ``rows`` (the engine's one rule,
-    ``check_may_decide``), or []: checked for all before any is decided."""
+def refusal_by_row(request: HttpRequest, rows: Sequence[ApprovalRequest]) -> dict[int, str]:
+    """Why this person may not decide each of ``rows`` (the engine's one rule,
+    ``check_may_decide``), by primary key; a row that is absent may be decided. One query
+    per quorum group, whatever the number of rows."""
     try:
         actor = resolve_approver(admin_actor(request))
     except DurableAgentsError as exc:
-        return [f"{exc} [{exc.code}]"]
+        return {obj.pk: f"{exc} [{exc.code}]" for obj in rows}
+    return _check_rows(actor, rows)
+
+
+def _check_rows(actor: Any, rows: Sequence[ApprovalRequest]) -> dict[int, str]:
     groups: dict[str, list[str]] = {}
-    out = []
+    out = {}
     for obj in rows:
         policy = obj.policy if isinstance(obj.policy, dict) else {}
         if policy.get("kind") == "quorum":
@@ -137,8 +143,23 @@ def refusals(request: HttpRequest, rows: list[ApprovalRequest]) -> list[str]:
         try:
             check_may_decide(actor, policy, eligible)
         except DurableAgentsError as exc:
-            out.append(f"call {obj.call_id} of run {obj.run_id}: {exc} [{exc.code}]")
+            out[obj.pk] = f"{exc} [{exc.code}]"
     return out
+
+
+def refusals(request: HttpRequest, rows: list[ApprovalRequest]) -> list[str]:
+    """Why this person may not decide some of ``rows`` (the engine's one rule,
+    ``check_may_decide``), or []: checked for all before any is decided."""
+    try:
+        actor = resolve_approver(admin_actor(request))
+    except DurableAgentsError as exc:
+        return [f"{exc} [{exc.code}]"]
+    refused = _check_rows(actor, rows)
+    return [
+        f"call {obj.call_id} of run {obj.run_id}: {refused[obj.pk]}"
+        for obj in rows
+        if obj.pk in refused
+    ]
 
 
 def _row(admin: AnyModelAdmin, obj: Any, mine: dict[int, bool]) -> dict[str, Any]:

@@ -24,23 +24,23 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
+from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
+from ..engine import names
 from ..engine.errors import DurableAgentsError
-from ..engine.journal import Journal
 from ..engine.ports import APPROVAL_PENDING, AWAITING_INPUT, HALT_OPEN
 from ..engine.records import Record
 from ..engine.registry import get_agent
 from ..engine.waits import INTERRUPT
-from ..models import ApprovalRequest, Decision, Halt, Inbox, Run
-from ..storage import site_store
+from ..models import ApprovalRequest, Decision, Halt, Inbox, JournalEntry, Run
 from .base import AnyModelAdmin, ReadOnlyAdmin, admin_actor, allows, page, related_count
 from .readable import stated_reason, summary_of
 from .rendered import render
-from .waits import question_slug, waits_of_run
+from .waits import question_slug, wait_records, waits_of_run
 
 INBOX_SIZE = 100  # cards of each kind read; the page says how many more wait
 
@@ -95,12 +95,14 @@ def _run_url(run_id: str) -> str:
 
 
 class _Runs:
-    """What the cards need of their runs, read once per run: the path from the root and
-    the journal (for the model's stated reason)."""
+    """What the cards need of their runs, read in a few queries whatever the number of
+    cards: the path from each root (``Run`` rows, cached), the model turns of the runs with
+    calls awaiting approval (for the model's stated reason) and the wait records of the runs
+    awaiting input (for their questions)."""
 
     def __init__(self) -> None:
         self._rows: dict[str, Run | None] = {}
-        self._records: dict[str, list[Record]] = {}
+        self._turns: dict[str, list[Record]] = {}
 
     def row(self, run_id: str) -> Run | None:
         if run_id not in self._rows:
@@ -117,16 +119,24 @@ class _Runs:
             parent = row.parent_run_id if row is not None else None
         return out
 
-    def records(self, run_id: str) -> list[Record]:
-        if run_id not in self._records:
-            try:
-                self._records[run_id] = Journal(site_store()).records(run_id)
-            except DurableAgentsError:
-                self._records[run_id] = []
-        return self._records[run_id]
+    def read_turns(self, run_ids: Iterable[str]) -> None:
+        """The model turns of ``run_ids``, in one query."""
+        wanted = [r for r in set(run_ids) if r not in self._turns]
+        for run_id in wanted:
+            self._turns[run_id] = []
+        rows = (
+            JournalEntry.objects.filter(run_id__in=wanted, name__startswith=names.MODEL)
+            .order_by("seq")
+            .values_list("run_id", "name", "seq", "data", "created_at")
+        )
+        for run_id, name, seq, data, at in rows:
+            self._turns[run_id].append(Record(run_id, name, seq, data, at))
 
     def stated_reason(self, run_id: str, call_id: str) -> str:
-        return stated_reason(self.records(run_id), call_id)
+        try:
+            return stated_reason(self._turns.get(run_id, []), call_id)
+        except DurableAgentsError:  # a record that cannot be read: no reason shown
+            return ""
 
 
 def _where(runs: _Runs, run: Run) -> dict[str, Any]:
@@ -162,21 +172,28 @@ def approval_cards(
     rows = rows.annotate(
         n_approved=related_count(Decision, "request", approved=True),
         n_denied=related_count(Decision, "request", approved=False),
-    ).order_by("created_at", "pk")[:INBOX_SIZE]
-    from .deciding import refusals  # deciding imports the queues, which import this module
+    ).order_by("created_at", "pk")
+    page_rows = list(
+        rows.prefetch_related(Prefetch("decisions", Decision.objects.order_by("created_at")))[
+            :INBOX_SIZE
+        ]
+    )
+    from .deciding import refusal_by_row  # deciding imports the queues, which import this
     from .queues import progress
 
     may_decide = allows(request, "decide")
+    refused = refusal_by_row(request, page_rows) if may_decide else {}
+    runs.read_turns(obj.run_id for obj in page_rows)
     username = admin_actor(request).username
     whole = set(request.GET.getlist("whole"))
     cards = []
-    for obj in rows:
+    for obj in page_rows:
         card_id = f"approval-{obj.pk}"
         tool = _tool(obj.run.agent, obj.tool_name)
         shown = render(getattr(tool, "parameters", None), obj.arguments, whole=card_id in whole)
-        votes = list(obj.decisions.order_by("created_at"))
+        votes = list(obj.decisions.all())
         voted = any(v.approver == username for v in votes)
-        eligible = may_decide and not voted and not refusals(request, [obj])
+        eligible = may_decide and not voted and obj.pk not in refused
         if filters.mine and not eligible:
             continue
         cards.append(
@@ -220,13 +237,15 @@ def question_cards(
     if filters.agent:
         rows = rows.filter(agent=filters.agent)
     total = rows.count()
+    page_runs = list(rows.order_by("updated_at")[:INBOX_SIZE])
+    recorded = wait_records([r.run_id for r in page_runs])  # one query for the page
     cards = []
-    for run in rows.order_by("updated_at")[:INBOX_SIZE]:
-        records = runs.records(run.run_id)
+    for run in page_runs:
+        records = recorded[run.run_id]
         asked = {
             str(r.get("name")): r.created_at
             for r in records
-            if r.name.startswith("wait:") and r.get("kind") == INTERRUPT
+            if r.name.startswith(names.WAIT) and r.get("kind") == INTERRUPT
         }
         waits = waits_of_run(run_admin, request, run, records)
         for q in waits["questions"]:

@@ -417,7 +417,7 @@ def agent_drift(records: Iterable[Record], fallback: Any = None) -> dict[str, An
     for rec in records:
         if rec.name == names.RUN_START and isinstance(rec.body.get("fingerprint"), dict):
             fingerprint = rec.body["fingerprint"]
-        elif rec.name.startswith("@drift/"):
+        elif rec.name.startswith(names.DRIFT):
             to = rec.body.get("to")
             drifts.append(
                 {

@@ -10,6 +10,7 @@ docs/screenshots/ (ignored by git) for a person to look at; docs/admin.md points
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -98,18 +99,21 @@ def test_the_inbox_at_desktop_and_phone_widths(live_server, celery: Celery, brow
 
 
 def look_and_decide(browser: Browser, worker: CeleryProcess) -> None:
+    # Run ids of this test's own: effects are counted outside the test database.
+    tag = uuid.uuid4().hex[:8]
+    pay_id, tree_id, halt_id = f"ibb-pay-{tag}", f"ibb-tree-{tag}", f"ibb-halt-{tag}"
     with pytest.raises(da.ApprovalPending):
-        padded_payment.run("ib-pay", "pay the supplier")
+        padded_payment.run(pay_id, "pay the supplier")
     with pytest.raises(da.ApprovalPending):
-        quorum.run("ib-quorum", "pay inv-1")
+        quorum.run(f"ibb-quorum-{tag}", "pay inv-1")
     with pytest.raises(da.ApprovalPending):
-        gated_tree[0].run("ib-tree", "go")
+        gated_tree[0].run(tree_id, "go")
     with pytest.raises(da.InterruptPending):
-        asks_staff.run("ib-ask", "refund o-9")
+        asks_staff.run(f"ibb-ask-{tag}", "refund o-9")
     with pytest.raises(da.OutcomeUnknown):
-        unsure_transfer.run("ib-halt", "move 42")
-    pay = ApprovalRequest.objects.get(run_id="ib-pay")
-    halt = Halt.objects.get(run_id="ib-halt")
+        unsure_transfer.run(halt_id, "move 42")
+    pay = ApprovalRequest.objects.get(run_id=pay_id)
+    halt = Halt.objects.get(run_id=halt_id)
     user = staff_user("oncall", *PERMS)
 
     page = browser.page()
@@ -132,7 +136,7 @@ def look_and_decide(browser: Browser, worker: CeleryProcess) -> None:
         no_horizontal_scroll(page)
         shot(page, f"inbox-{label}")
 
-        page.goto(f"/admin/durable_agents/run/{'ib-tree'}/change/")
+        page.goto(f"/admin/durable_agents/run/{tree_id}/change/")
         no_horizontal_scroll(page)
         shot(page, f"run-{label}")
         page.goto(f"/admin/durable_agents/halt/{halt.pk}/change/")
@@ -159,5 +163,5 @@ def look_and_decide(browser: Browser, worker: CeleryProcess) -> None:
     expect(page.locator(".messagelist")).to_contain_text("is approved")
     expect(page.locator(f"#approval-{pay.pk}")).to_have_count(0)
     assert ApprovalRequest.objects.get(pk=pay.pk).status == "approved"
-    assert wait_status("ib-pay", "finished", worker).answer == "paid"
-    assert count_effects("ib-pay") == {"call_1_1": 1}
+    assert wait_status(pay_id, "finished", worker).answer == "paid"
+    assert count_effects(pay_id) == {"call_1_1": 1}

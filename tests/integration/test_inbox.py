@@ -234,3 +234,34 @@ def test_the_verify_page_checks_the_chain_and_says_where_it_broke(waiting):
     # Who may not view the run is sent back to the list, as from its export.
     refused = client_for(make_user("nobody")).get(url)
     assert refused.status_code == 302 and "verify" not in refused["Location"]
+
+
+def test_the_inbox_reads_a_fixed_number_of_queries_whatever_waits():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.support.agents import gated
+
+    client = client_for(make_user("ann", *APPROVER, "durable_agents.view_halt"))
+
+    def wait_on(n: int, start: int) -> None:
+        for i in range(start, start + n):
+            with pytest.raises(da.ApprovalPending):
+                gated.run(f"ib-n{i}", "refund order 7")
+            with pytest.raises(da.ApprovalPending):
+                quorum.run(f"ib-q{i}", "pay")
+            with pytest.raises(da.InterruptPending):
+                asks_staff.run(f"ib-a{i}", "refund o-9")
+            with pytest.raises(da.OutcomeUnknown):
+                unsure_transfer.run(f"ib-h{i}", "move 42")
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as seen:
+            assert client.get(INBOX).status_code == 200
+        return len(seen.captured_queries)
+
+    wait_on(1, 0)
+    few = queries()
+    wait_on(4, 1)
+    assert len(card_ids(text_of(client.get(INBOX)))) == 20
+    assert queries() == few
