@@ -16,6 +16,7 @@ from ..engine import names
 from ..engine.errors import DurableAgentsError
 from ..engine.ports import HALT_ORPHANED, HALT_RESOLVED
 from ..engine.records import Record
+from ..engine.transcript import RunState
 
 
 def pretty(value: Any) -> str:
@@ -122,14 +123,11 @@ def _describe(rec: Record) -> dict[str, Any]:
             step=0,
         )
     if name.startswith(names.MODEL):
-        message = body.get("message") or {}
+        # The transcript's own decoder: the page shows the turn as a resume replays it.
+        message = RunState.assistant(rec)
         calls = [
-            {
-                "id": c.get("id"),
-                "name": c.get("name"),
-                "arguments": pretty_text(c.get("arguments")),
-            }
-            for c in message.get("tool_calls") or ()
+            {"id": c.id, "name": c.name, "arguments": pretty_text(c.arguments)}
+            for c in message.tool_calls
         ]
         meta = [f"model {body.get('model')}", f"finish {body.get('finish')}"]
         meta.append(_usage(body.get("usage")))
@@ -137,7 +135,7 @@ def _describe(rec: Record) -> dict[str, Any]:
             rec,
             "model",
             f"Model turn {name[len(names.MODEL) :]}",
-            text=message.get("content") or None,
+            text=message.content or None,
             calls=calls,
             meta=meta,
             step=int(name[len(names.MODEL) :]),
