@@ -198,7 +198,7 @@ class RunAdmin(ReadOnlyAdmin):
                 "fields": [
                     "run_id",
                     "agent",
-                    "status",
+                    "run_status",
                     "session_id",
                     "turns",
                     "answer",
@@ -289,6 +289,11 @@ class RunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_pill(self, obj: Any) -> str:
+        return status_pill(obj.status)
+
+    @admin.display(description="status")
+    def run_status(self, obj: Any) -> str:
+        """The run page's status, as the same pill as the lists'."""
         return status_pill(obj.status)
 
     @admin.display(description="pending approvals", ordering="n_pending_approvals")

@@ -105,7 +105,7 @@ def test_approve_in_the_browser_and_a_worker_finishes_the_run(
     ]
 
     page.get_by_role("link", name="Run and journal").click()
-    expect(page.locator(".field-status .readonly")).to_have_text("finished")
+    expect(page.locator(".field-run_status .readonly")).to_have_text("finished")
     expect(page.locator(".field-answer .readonly")).to_have_text("refunded")
     timeline = page.locator("#da-journal")
     expect(timeline).to_contain_text("Call call_1_1 approved by approver")
@@ -241,7 +241,7 @@ def test_resolve_a_halt_in_the_browser_and_a_worker_finishes_the_run(
     ]
 
     page.get_by_role("link", name="Run and journal").click()
-    expect(page.locator(".field-status .readonly")).to_have_text("finished")
+    expect(page.locator(".field-run_status .readonly")).to_have_text("finished")
     expect(page.locator(".field-answer .readonly")).to_have_text("all done")
     result = page.locator("#da-journal .da-entry", has_text="Result of call call_1_1 (act)")
     expect(result).to_contain_text("outcome recorded by operator")

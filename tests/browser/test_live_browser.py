@@ -44,7 +44,7 @@ def test_the_run_page_updates_live_when_a_worker_finishes_the_run(
     page.goto(f"/admin/durable_agents/run/{run_id}/change/")
     live = page.locator("#da-live")
     expect(live).to_have_attribute("data-state", "live")
-    expect(page.locator(".field-status .readonly")).to_have_text("awaiting approval")
+    expect(page.locator(".field-run_status .readonly")).to_have_text("awaiting approval")
     expect(page.locator("#da-needed")).to_contain_text("A person is needed")
     timeline = page.locator("#da-journal .da-timeline > li")
     before = timeline.count()
@@ -55,7 +55,7 @@ def test_the_run_page_updates_live_when_a_worker_finishes_the_run(
     da.approve(run_id, "call_1_1", True, by=user, note="from elsewhere")
     wait_status(run_id, "finished", worker)
 
-    expect(page.locator(".field-status .readonly")).to_have_text("finished")
+    expect(page.locator(".field-run_status .readonly")).to_have_text("finished")
     expect(page.locator(".field-answer .readonly")).to_have_text("refunded")
     expect(page.locator("#da-journal .da-complete")).to_contain_text("refunded")
     expect(page.locator("#da-journal")).to_contain_text("from elsewhere")
