@@ -20,6 +20,7 @@ from ..engine import names
 from ..engine.errors import DurableAgentsError
 from ..engine.journal import Journal
 from ..engine.records import Record
+from ..engine.session_log import SessionLog
 from ..models import Run
 from ..storage import site_store
 from .base import AnyModelAdmin, admin_url, page, run_url
@@ -70,28 +71,22 @@ def sessions_view(admin: AnyModelAdmin, request: HttpRequest) -> HttpResponse:
 def _transcript(
     admin: AnyModelAdmin, records: list[Record], status: dict[str, str]
 ) -> list[dict[str, Any]]:
-    """The answered turns in the order they finished, then the messages still waiting."""
-    answers = [r for r in records if r.name.startswith(names.ANSWER)]
-    answered = {str(r.get("run_id")) for r in answers}
-    waiting = [
-        r
-        for r in records
-        if r.name.startswith((names.TURN, names.EVENT)) and str(r.get("run_id")) not in answered
+    """The closed turns in the order they closed (a turn that did not finish says so), then
+    the messages still waiting."""
+    log = SessionLog.of(records)
+    closed = [(t.run_id, t.input, t.reply, t.at) for t in log.closed]
+    waiting = [(s.run_id, s.input, None, s.at) for s in log.waiting()]
+    return [
+        {
+            "input": message,
+            "answer": reply,
+            "run_id": run_id,
+            "url": run_url(admin, run_id),
+            "status": status.get(run_id, "not started"),
+            "at": at,
+        }
+        for run_id, message, reply, at in [*closed, *waiting]
     ]
-    out = []
-    for rec in [*answers, *waiting]:
-        run_id = str(rec.get("run_id"))
-        out.append(
-            {
-                "input": rec.get("input"),
-                "answer": rec.get("answer") if rec.name.startswith(names.ANSWER) else None,
-                "run_id": run_id,
-                "url": run_url(admin, run_id),
-                "status": status.get(run_id, "not started"),
-                "at": rec.created_at,
-            }
-        )
-    return out
 
 
 def session_view(admin: AnyModelAdmin, request: HttpRequest, session_id: str) -> HttpResponse:

@@ -13,6 +13,7 @@ from ..engine.commands.sessions import Session
 from ..engine.errors import ApprovalPending
 from ..engine.journal import Journal
 from ..engine.names import validate_session_id
+from ..engine.session_log import SessionLog
 from ..models import ApprovalRequest, Run
 from ..storage import site_store
 from .approvals import approvals_out
@@ -111,21 +112,15 @@ def read_session(request: HttpRequest, session_id: str) -> SessionOut:
     journal_run = store.get_run(names.session_journal(session_id))
     if journal_run is None:
         raise ApiError(404, "session.not_found", f"no session {session_id!r}")
-    records = Journal(store).records(names.session_journal(session_id))
-    answers = [r for r in records if r.name.startswith(names.ANSWER)]
-    answered = {r.get("run_id") for r in answers}
-    started = [r for r in records if r.name.startswith((names.TURN, names.EVENT))]
-    open_turns = [str(r.get("run_id")) for r in started if r.get("run_id") not in answered]
+    log = SessionLog.of(Journal(store).records(names.session_journal(session_id)))
+    open_turns = [s.run_id for s in log.waiting()]
     runs = {r.run_id: r for r in Run.objects.filter(run_id__in=open_turns)}
     pending = ApprovalRequest.objects.filter(run_id__in=open_turns, status="pending")
     return SessionOut(
         session_id=session_id,
         agent=journal_run.agent,
-        transcript=[
-            {"role": role, "content": str(r.get(field))}
-            for r in answers
-            for role, field in (("user", "input"), ("assistant", "answer"))
-        ],
+        # As the model reads it: a turn that did not finish says so (not "None").
+        transcript=[{"role": m.role, "content": m.content} for m in log.history()],
         open_turns=[
             TurnOut(run_id=run_id, status=runs[run_id].status if run_id in runs else "queued")
             for run_id in open_turns

@@ -93,3 +93,33 @@ def test_history_fork_and_compare():
     error(caller.get("/runs/compare", a="h-1", b="nope"), 404, "run.not_found")
     plain = staff_with("durable_agents.add_run", name="plain")
     error(plain.post("/runs/h-1/fork", {"from_step": 1}), 403, "auth.forbidden")
+
+
+def test_a_turn_that_did_not_finish_reads_the_same_in_the_api_the_admin_and_the_model():
+    """One decoder of a session's journal (engine.session_log): a cancelled turn is "did not
+    finish" for the model, in the API's transcript and on the admin's session page."""
+    from django.urls import reverse
+
+    import durable_agents as da
+    from tests.support.admin_pages import client_for, text_of
+    from tests.support.agents import gated
+
+    caller = staff_with("durable_agents.add_run", "durable_agents.view_run")
+    assert caller.post("/sessions/chat-5/messages", {"text": "refund order 7", "agent": "gated"})
+    da.cancel("chat-5>turn/1", by=make_user("ops", "durable_agents.cancel_run"))
+    later = caller.post("/sessions/chat-5/messages", {"text": "and order 8?"})
+    assert later.status_code == 202  # the cancelled turn closed; the next one runs
+    said = "[this turn did not finish: cancelled]"
+    transcript = caller.get("/sessions/chat-5").json()["transcript"]
+    assert transcript[:2] == [
+        {"role": "user", "content": "refund order 7"},
+        {"role": "assistant", "content": said},
+    ]
+    assert [(m.role, m.content) for m in gated.session("chat-5").history()] == [
+        (t["role"], t["content"]) for t in transcript
+    ]
+    root = make_user("root", superuser=True)
+    page = text_of(
+        client_for(root).get(reverse("admin:durable_agents_run_session", args=["chat-5"]))
+    )
+    assert said in page

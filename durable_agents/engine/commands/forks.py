@@ -40,6 +40,7 @@ from ..ports import (
     Store,
 )
 from ..records import Record, encode, validate_run_id
+from ..session_log import SessionLog
 from ..steps import check_step, prefix
 from ..transcript import RunState
 from ..tree import child_run_id
@@ -366,7 +367,7 @@ def fork_session(session: Any, from_turn: int, new_session_id: str | None = None
     """A new session whose transcript is ``session``'s first ``from_turn`` answered turns."""
     store = session.store
     journal = Journal(store)
-    answers = [r for r in journal.records(session.journal_id) if r.name.startswith(names.ANSWER)]
+    answers = SessionLog.of(journal.records(session.journal_id)).closed
     if (
         isinstance(from_turn, bool)
         or not isinstance(from_turn, int)
@@ -388,8 +389,8 @@ def fork_session(session: Any, from_turn: int, new_session_id: str | None = None
     if store.get_run(fork_session_obj.journal_id) is not None:
         raise Conflict(f"session {new_session_id!r} already exists", code="history.fork_exists")
     fork_session_obj._ensure_journal()
-    for rec in answers[:from_turn]:
-        journal.write(fork_session_obj.journal_id, rec.name, dict(rec.body))
+    for turn in answers[:from_turn]:
+        journal.write(fork_session_obj.journal_id, turn.record.name, dict(turn.record.body))
     journal.write(
         fork_session_obj.journal_id,
         names.SESSION_FORK,

@@ -17,7 +17,6 @@ next message arrives: the next ``send`` starts a new turn instead of being refus
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +38,7 @@ from ..ports import (
     Store,
 )
 from ..records import Record
+from ..session_log import SessionLog
 from .forks import fork_session
 from .runs import create_run, record_answer
 
@@ -89,38 +89,23 @@ class Session:
     def _records(self) -> list[Record]:
         return Journal(self.store).records(self.journal_id)
 
-    def _answers(self, records: Sequence[Record]) -> list[Record]:
-        return [r for r in records if r.name.startswith(names.ANSWER)]
+    def _log(self) -> SessionLog:
+        return SessionLog.of(self._records())
 
     def history(self) -> list[Message]:
         """The user/assistant transcript of the closed turns, in the order they closed. A
         turn that ended without an answer (cancelled, failed for good) keeps its message,
         and its reply says so: ``[this turn did not finish: ...]``."""
-        out: list[Message] = []
-        for rec in self._answers(self._records()):
-            out.append(Message("user", str(rec.get("input"))))
-            outcome = rec.get("outcome") or "answered"
-            if outcome == "answered":
-                out.append(Message("assistant", str(rec.get("answer"))))
-                continue
-            error = rec.get("error") or {}
-            detail = f"{outcome}" + (f", {error.get('code')}" if error.get("code") else "")
-            out.append(Message("assistant", f"[this turn did not finish: {detail}]"))
-        return out
+        return self._log().history()
 
     @property
     def turns(self) -> int:
-        return len(self._answers(self._records()))
+        return len(self._log().closed)
 
     def open_turn(self) -> Record | None:
         """The latest ``send`` turn that has no answer yet."""
-        records = self._records()
-        answered = {r.get("run_id") for r in self._answers(records)}
-        sends = [r for r in records if r.name.startswith(names.TURN)]
-        for rec in reversed(sends):
-            if rec.get("run_id") not in answered:
-                return rec
-        return None
+        send = self._log().open_send()
+        return send.record if send is not None else None
 
     def fork(self, from_turn: int, new_session_id: str | None = None) -> Session:
         """A new session whose transcript is this one's first ``from_turn`` turns."""
@@ -190,7 +175,7 @@ class Session:
             if open_turn.get("input") != text:
                 self._refuse_new_input(open_turn)
             return str(open_turn.get("run_id"))
-        n = sum(1 for r in self._records() if r.name.startswith(names.TURN)) + 1
+        n = self._log().sends + 1
         run_id = names.turn_run(self.session_id, n)
         record, _ = Journal(self.store).write(
             self.journal_id, names.turn(n), {"kind": "turn", "input": text, "run_id": run_id}
