@@ -16,7 +16,7 @@ from ..engine import names
 from ..engine.errors import DurableAgentsError
 from ..engine.ports import HALT_ORPHANED, HALT_RESOLVED
 from ..engine.records import Record
-from ..engine.transcript import RunState
+from ..engine.transcript import RunState, ToolResult
 
 
 def pretty(value: Any) -> str:
@@ -154,40 +154,27 @@ def _describe(rec: Record) -> dict[str, Any]:
                 return _entry(rec, "attempt", title, meta=meta)
             return _entry(rec, "attempt", f"Attempt {k} of call {call} claimed", meta=meta)
         return _entry(rec, "attempt", f"Attempt {k} of call {call} never started")
-    if name.startswith(names.TOOL):
-        flags = ["error"] if body.get("is_error") else ["ok"]
-        if body.get("read_only"):
+    if name.startswith((names.TOOL, names.COMPENSATE)):
+        outcome = ToolResult.of(rec)
+        flags = ["error"] if outcome.is_error else ["ok"]
+        if outcome.read_only:
             flags.append("read-only")
-        if body.get("patched"):
+        if outcome.patched:
             flags.append("patched in a fork")
-        sections = [("result", pretty(body.get("result")))]
-        if body.get("reconciled"):
-            flags.append(f"outcome recorded by {body.get('by') or 'a person'}")
-            if body.get("evidence") is not None:
-                sections.append(("evidence", pretty(body.get("evidence"))))
-        return _entry(
-            rec,
-            "tool-error" if body.get("is_error") else "tool",
-            f"Result of call {name[len(names.TOOL) :]} ({body.get('name')})",
-            meta=flags,
-            sections=sections,
-        )
-    if name.startswith(names.COMPENSATE):
-        flags = ["error"] if body.get("is_error") else ["ok"]
-        sections = [("result", pretty(body.get("result")))]
-        if body.get("reconciled"):
-            flags.append(f"outcome recorded by {body.get('by') or 'a person'}")
-            if body.get("evidence") is not None:
-                sections.append(("evidence", pretty(body.get("evidence"))))
-        undone = name[len(names.COMPENSATE) :]
-        return _entry(
-            rec,
-            "tool-error" if body.get("is_error") else "undo",
-            f"Undo of call {undone} ({body.get('name')})"
-            + (" failed" if body.get("is_error") else ""),
-            meta=flags,
-            sections=sections,
-        )
+        sections = [("result", pretty(outcome.result))]
+        if outcome.reconciled:
+            flags.append(f"outcome recorded by {outcome.by or 'a person'}")
+            if outcome.evidence is not None:
+                sections.append(("evidence", pretty(outcome.evidence)))
+        if name.startswith(names.TOOL):
+            kind = "tool-error" if outcome.is_error else "tool"
+            title = f"Result of call {name[len(names.TOOL) :]} ({outcome.name})"
+        else:
+            kind = "tool-error" if outcome.is_error else "undo"
+            title = f"Undo of call {name[len(names.COMPENSATE) :]} ({outcome.name})" + (
+                " failed" if outcome.is_error else ""
+            )
+        return _entry(rec, kind, title, meta=flags, sections=sections)
     if name == names.SAGA_ABORT:
         cause = body.get("cause") or {}
         calls = body.get("calls") or []

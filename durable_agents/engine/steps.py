@@ -21,7 +21,7 @@ from .journal import Journal
 from .model import Message
 from .ports import Store
 from .records import Record, decode, encode
-from .transcript import RunState
+from .transcript import RunState, ToolResult
 
 
 @dataclass(frozen=True)
@@ -81,16 +81,17 @@ def steps_of(records: Sequence[Record]) -> list[Step]:
         calls = []
         for call in message.tool_calls:
             rec = state.results.get(call.id)
+            outcome = ToolResult.of(rec) if rec is not None else None
             approval = by_name.get(names.decision(call.id))
             calls.append(
                 ToolStep(
                     call_id=call.id,
                     name=call.name,
                     arguments=_args(call.arguments),
-                    result=rec.get("result") if rec else None,
-                    is_error=bool(rec.get("is_error")) if rec else False,
-                    has_result=rec is not None,
-                    reconciled=bool(rec.get("reconciled")) if rec else False,
+                    result=outcome.result if outcome else None,
+                    is_error=outcome.is_error if outcome else False,
+                    has_result=outcome is not None,
+                    reconciled=outcome.reconciled if outcome else False,
                     approval=dict(approval.body) if approval else None,
                 )
             )

@@ -295,6 +295,40 @@ class RunState:
         return set(self._call_ids)
 
 
+@dataclass(frozen=True)
+class ToolResult:
+    """A call's recorded outcome (``tool:<call>``, or an undo's ``compensate:<call>``) read
+    once, typed: what ``names.tool_body`` wrote. The history API, compare and the admin's
+    timeline read results through it."""
+
+    call_id: str
+    name: str
+    result: Any
+    is_error: bool
+    read_only: bool = False
+    patched: bool = False  # a fork's patch replaced it
+    reconciled: bool = False  # a person recorded it (a halt resolved), with ``by``
+    by: str | None = None
+    evidence: Any = None
+    compensates: str | None = None  # an undo: the call it undid
+
+    @classmethod
+    def of(cls, rec: Record) -> ToolResult:
+        by = rec.get("by")
+        return cls(
+            call_id=str(rec.get("call_id") or rec.name.split(":", 1)[-1]),
+            name=str(rec.get("name") or ""),
+            result=rec.get("result"),
+            is_error=bool(rec.get("is_error")),
+            read_only=bool(rec.get("read_only")),
+            patched=bool(rec.get("patched")),
+            reconciled=bool(rec.get("reconciled")),
+            by=str(by) if by is not None else None,
+            evidence=rec.get("evidence"),
+            compensates=rec.get("compensates"),
+        )
+
+
 def outcome_of(record: Record) -> dict[str, Any]:
     """A halt row's resolution, as the journal's outcome record (``tool:`` or ``step:``)
     holds it."""
