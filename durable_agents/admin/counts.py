@@ -74,14 +74,20 @@ def note_on_index(request: HttpRequest) -> None:
         )
         messages.info(
             request,
-            format_html("Durable agents, waiting on a person: {}", links),
+            format_html(
+                'Durable agents, waiting on a person: {}. <a href="{}" id="da-inbox-link">'
+                "Open the inbox</a>",
+                links,
+                reverse("admin:durable_agents_inbox"),
+            ),
             fail_silently=True,
         )
 
 
 def with_counts(app_list: list[dict[str, Any]], user: Any) -> list[dict[str, Any]]:
     """``app_list`` (the admin's) with durable_agents' model names followed by their count:
-    "Tool calls awaiting approval (3)", "Halts (1)", "Runs (2 awaiting input)"."""
+    "Inbox (6)", "Tool calls awaiting approval (3)", "Halts (1)", "Runs (2 awaiting
+    input)"."""
     try:
         counts = {w.model: w for w in pending_counts(user)}
     except DatabaseError:
@@ -93,8 +99,12 @@ def with_counts(app_list: list[dict[str, Any]], user: Any) -> list[dict[str, Any
             continue
         models = []
         for m in app["models"]:
-            w = counts.get(str(m.get("object_name", "")).lower())
-            if w is not None and w.model == "run":
+            model = str(m.get("object_name", "")).lower()
+            w = counts.get(model)
+            if model == "inbox":  # everything the user may see waiting on a person
+                total = sum(c.n for c in counts.values())
+                name = f"{m['name']} ({total})" if total else m["name"]
+            elif w is not None and w.model == "run":
                 name = f"{m['name']} ({w.n} awaiting input)" if w.n else m["name"]
             elif w is not None:
                 name = f"{m['name']} ({w.n})"

@@ -243,6 +243,8 @@ def test_pending_counts_on_the_index_and_the_app_list_show_only_what_the_user_ma
     app = text_of(root.get(reverse("admin:app_list", args=["durable_agents"])))
     assert "Tool calls awaiting approval (2)" in app and "Halts (1)" in app
     assert "Runs (1 awaiting input)" in app
+    assert "Inbox (4)" in app  # everything waiting on a person, in one place
+    assert "/admin/durable_agents/inbox/" in index
 
     # An approver sees the approvals only.
     approver = client_for(make_user("alice", APPROVE))
