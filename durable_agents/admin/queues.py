@@ -51,7 +51,7 @@ from .base import (
 )
 from .deciding import Decided, bulk_decide, decide_call, shown_arguments, tell
 from .readable import conversation, policy_words, stated_reason, summary_of
-from .rendered import render
+from .rendered import in_schema_order, render
 from .timeline import pretty
 
 
@@ -204,15 +204,16 @@ class ApprovalStatusFilter(DefaultStatusFilter):
 
 @admin.register(ApprovalRequest)
 class ApprovalRequestAdmin(_QueueAdmin):
+    # The decision's columns first (what, how far, the buttons: ``get_list_display``), then
+    # where the call waits.
     list_display = (
         "call_id",
-        "run_link",
-        "root_link",
         "tool_name",
         "arguments_pretty",
-        "run_input",
         "quorum",
         "status_pill",
+        "run_link",
+        "root_link",
         "created_at",
     )
     list_filter = (ApprovalStatusFilter, "tool_name")
@@ -243,8 +244,10 @@ class ApprovalRequestAdmin(_QueueAdmin):
         ]
 
     def get_list_display(self, request: HttpRequest) -> Any:
-        shown = super().get_list_display(request)
-        return (*shown, "decide_here") if allows(request, "decide") else shown
+        shown = list(super().get_list_display(request))
+        if allows(request, "decide"):  # beside the status, before where the call waits
+            shown.insert(shown.index("status_pill") + 1, "decide_here")
+        return tuple(shown)
 
     # The actions' ``permissions=["decide"]`` (Django asks ``has_decide_permission``).
     def has_decide_permission(self, request: HttpRequest) -> bool:
@@ -296,9 +299,19 @@ class ApprovalRequestAdmin(_QueueAdmin):
     def detail(self, request: HttpRequest, obj: Any) -> HttpResponse:
         return approval_detail(self, request, obj)
 
-    @admin.display(description="run input")
-    def run_input(self, obj: ApprovalRequest) -> str:
-        return json_cell(obj.run.input)
+    @admin.display(description="arguments")
+    def arguments_pretty(self, obj: Any) -> str:
+        """The tool's summary of the call (when it has one) above the arguments' JSON."""
+        tool = tool_of(obj)
+        summary = summary_of(tool, obj.arguments)
+        # In the schema's order: PostgreSQL keeps shorter keys first (a padded memo before
+        # the payee); what the tool puts first is what the row shows first.
+        cell = json_cell(in_schema_order(getattr(tool, "parameters", None), obj.arguments))
+        return (
+            format_html('<strong class="da-summary">{}</strong>{}', summary, cell)
+            if summary
+            else cell
+        )
 
     @admin.display(description="quorum")
     def quorum(self, obj: Any) -> str:

@@ -82,6 +82,17 @@ class _State:
     folded: bool = False
 
 
+def in_schema_order(schema: Any, arguments: Any) -> Any:
+    """``arguments`` with its keys in the schema's order, then the others: for JSON shown
+    to a person (a list cell), so what the schema puts first is read first."""
+    if not isinstance(arguments, Mapping):
+        return arguments
+    props = schema.get("properties") if isinstance(schema, Mapping) else None
+    props = props if isinstance(props, Mapping) else {}
+    keys = [k for k in props if k in arguments] + [k for k in arguments if k not in props]
+    return {k: arguments[k] for k in keys}
+
+
 def _title(key: str, spec: Any) -> str:
     title = spec.get("title") if isinstance(spec, Mapping) else None
     return str(title or key.replace("_", " ").strip().capitalize() or key)

@@ -139,6 +139,13 @@ def look_and_decide(browser: Browser, worker: CeleryProcess) -> None:
         page.goto(f"/admin/durable_agents/run/{tree_id}/change/")
         no_horizontal_scroll(page)
         shot(page, f"run-{label}")
+        page.goto("/admin/durable_agents/approvalrequest/")
+        row = page.locator("#result_list tbody tr", has_text=pay_id)
+        # The padded payment's row cut its arguments: no one-click decision on it.
+        expect(row.locator(".da-row-approve")).to_have_count(0)
+        expect(row.locator("a.da-row-open")).to_have_text("Open to decide")
+        no_horizontal_scroll(page)
+        shot(page, f"queue-{label}")
         page.goto(f"/admin/durable_agents/halt/{halt.pk}/change/")
         expect(page.locator("#content-main")).to_contain_text(GATEWAY_MESSAGE)
         no_horizontal_scroll(page)

@@ -234,7 +234,8 @@ def test_approve_in_the_admin_runs_the_call_once_and_the_run_finishes():
     queue = client_for(alice).get(reverse("admin:durable_agents_approvalrequest_changelist"))
     page = text_of(queue)
     assert "adm-approve" in page and "refund" in page and "0 of 1 approved" in page
-    assert '"order_id": "7"' in page and "refund order 7" in page  # arguments and run input
+    # The tool's summary above the arguments (the run's input is on the call's page).
+    assert '"order_id": "7"' in page and "Refund 5.00 to order 7" in page
 
     response = client_for(alice).post(
         approval_url(req, "decide"), {"decision": "approve", "note": "customer is right"}
