@@ -37,6 +37,8 @@ from django.http import (
     HttpResponseRedirect,
 )
 from django.urls import URLPattern, reverse
+from django.utils import timezone
+from django.utils.html import format_html
 
 from .. import audit
 from ..engine import names, sagas
@@ -166,17 +168,17 @@ class KindFilter(DefaultStatusFilter):
 
 @admin.register(Run)
 class RunAdmin(ReadOnlyAdmin):
+    # Few columns, so the list fits beside the admin's menus at 1400 px: the run (with its
+    # agent and last update), its status, the start of its input and answer, and what it
+    # waits on (people: approvals and halts, its sub-runs' included; the world).
     list_display = (
-        "run_id",
-        "agent",
+        "run_cell",
         "status_pill",
         "input_excerpt",
         "answer_excerpt",
-        "pending_approvals",
-        "open_halts",
         "waits_for",
-        "updated_at",
     )
+    list_display_links = None  # the run cell links the run's page itself
     list_filter = (
         "status",
         KindFilter,
@@ -312,9 +314,39 @@ class RunAdmin(ReadOnlyAdmin):
     def answer_excerpt(self, obj: Any) -> str:
         return excerpt(getattr(obj, "answer_head", None))
 
-    @admin.display(description="waits for")
+    @admin.display(description="waits for", ordering="-n_pending_approvals")
     def waits_for(self, obj: Any) -> str:
-        return getattr(obj, "waiting_for", "") or "-"
+        """What the run waits on: people (approvals and halts, its sub-runs' included for a
+        root), then the world (an answer, a signal, a timer, a message)."""
+        people = [
+            f"{n} {what}{'s' if n != 1 else ''}"
+            for n, what in (
+                (int(obj.n_pending_approvals), "approval"),
+                (int(obj.n_open_halts), "open halt"),
+            )
+            if n
+        ]
+        world = getattr(obj, "waiting_for", "")
+        if not people and not world:
+            return "-"
+        return format_html(
+            "{}{}",
+            format_html('<strong class="da-waits-people">{}</strong>', ", ".join(people))
+            if people
+            else "",
+            format_html('<div class="da-cell-line">{}</div>', world) if world else "",
+        )
+
+    @admin.display(description="run", ordering="-updated_at")
+    def run_cell(self, obj: Any) -> str:
+        """The run (a link to its page), its agent and when it last changed."""
+        return format_html(
+            '<a href="{}">{}</a><div class="da-cell-line">{} · {}</div>',
+            run_url(self, obj.run_id),
+            obj.run_id,
+            obj.agent,
+            f"{timezone.localtime(obj.updated_at):%Y-%m-%d %H:%M}" if obj.updated_at else "",
+        )
 
     @admin.display(description="input")
     def input_pretty(self, obj: Run) -> str:

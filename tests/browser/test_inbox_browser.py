@@ -62,6 +62,21 @@ def no_horizontal_scroll(page: Page) -> None:
     assert overflow <= 0, f"the page scrolls sideways by {overflow} px at {page.viewport_size}"
 
 
+def list_fits(page: Page) -> None:
+    """A change list's table is not cut at its right edge (its box does not scroll)."""
+    overflow = page.evaluate(
+        "() => { const r = document.querySelector('#changelist .results');"
+        " return r.scrollWidth - r.clientWidth; }"
+    )
+    info = page.evaluate(
+        "() => { const r = document.querySelector('#changelist .results');"
+        " const t = r.querySelector('table');"
+        " return [r.clientWidth, r.scrollWidth, t.offsetWidth,"
+        " [...t.querySelectorAll('thead th')].map(h => h.className + ':' + h.offsetWidth)]; }"
+    )
+    assert overflow <= 0, f"the list is cut by {overflow} px at {page.viewport_size} {info}"
+
+
 def shot(page: Page, name: str) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     screenshot(page, SHOTS / f"{name}.png")
@@ -145,7 +160,14 @@ def look_and_decide(browser: Browser, worker: CeleryProcess) -> None:
         expect(row.locator(".da-row-approve")).to_have_count(0)
         expect(row.locator("a.da-row-open")).to_have_text("Open to decide")
         no_horizontal_scroll(page)
+        if label == "desktop":
+            list_fits(page)
         shot(page, f"queue-{label}")
+        page.goto("/admin/durable_agents/run/")
+        no_horizontal_scroll(page)
+        if label == "desktop":
+            list_fits(page)
+        shot(page, f"runs-{label}")
         page.goto(f"/admin/durable_agents/halt/{halt.pk}/change/")
         expect(page.locator("#content-main")).to_contain_text(GATEWAY_MESSAGE)
         no_horizontal_scroll(page)
