@@ -72,7 +72,8 @@ def note_on_index(request: HttpRequest) -> None:
             '<a href="{}" class="da-waiting-{}">{} ({})</a>',
             ((w.url, w.model, w.what, w.n) for w in waiting),
         )
-        messages.info(
+        # A warning, not the admin's green "done" style: someone has to act.
+        messages.warning(
             request,
             format_html(
                 'Durable agents, waiting on a person: {}. <a href="{}" id="da-inbox-link">'
