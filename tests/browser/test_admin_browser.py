@@ -73,9 +73,10 @@ def test_approve_in_the_browser_and_a_worker_finishes_the_run(
     open_queue(page, "Tool calls awaiting approval")
     row = page.locator("#result_list tbody tr", has_text=run_id)
     expect(row).to_have_count(1)
-    for text in ('"order_id": "7"', '"cents": 500', "refund order 7", "0 of 1 approved"):
+    for text in ('"order_id": "7"', '"cents": 500', "Refund 5.00 to order 7", "0 of 1 approved"):
         expect(row).to_contain_text(text)
-    row.get_by_role("link", name="call_1_1", exact=True).click()
+    expect(row.locator(".da-pill-pending")).to_have_text("pending")
+    row.locator("a.da-call-link").click()  # the call's page
 
     expect(page.locator(".da-summary")).to_have_text("Refund 5.00 to order 7")
     fields = page.locator("dl.da-shown")
