@@ -11,7 +11,9 @@ from the inbox must carry the arguments its card showed whole, or it is refused 
 nothing is written. Deciding, answering and resolving go through the same views (and the
 same engine commands) as the queues' pages.
 
-Glue only: reads the queue tables and, for the cards shown, their runs' journals.
+Glue only: reads the queue tables and, for the cards shown, their runs' model turns and
+wait records, in a fixed number of queries (a card deep in a tree adds one per ancestor run
+to draw its path).
 """
 
 from __future__ import annotations
