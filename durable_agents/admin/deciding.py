@@ -29,7 +29,7 @@ from ..engine.errors import ApprovalEditInvalid, DurableAgentsError
 from ..engine.ports import APPROVAL_PENDING
 from ..models import ApprovalRequest, Decision
 from .base import BY_RECOVERY, AnyModelAdmin, admin_actor, not_handed_over, page, run_url
-from .readable import fields_of, summary_of
+from .readable import fields_of, summary_of, tool_of
 
 NOTE_MAX = 2000
 
@@ -163,7 +163,7 @@ def refusals(request: HttpRequest, rows: list[ApprovalRequest]) -> list[str]:
 
 
 def _row(admin: AnyModelAdmin, obj: Any, mine: dict[int, bool]) -> dict[str, Any]:
-    from .queues import progress, tool_of  # queues registers the admin that calls this
+    from .queues import progress  # queues registers the admin that calls this
 
     tool = tool_of(obj)
     summary = summary_of(tool, obj.arguments)

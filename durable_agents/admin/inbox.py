@@ -26,7 +26,7 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Prefetch
+from django.db.models import Prefetch, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
@@ -36,11 +36,12 @@ from ..engine import names
 from ..engine.errors import DurableAgentsError
 from ..engine.ports import APPROVAL_PENDING, AWAITING_INPUT, HALT_OPEN
 from ..engine.records import Record
-from ..engine.registry import get_agent
 from ..engine.waits import INTERRUPT
 from ..models import ApprovalRequest, Decision, Halt, Inbox, JournalEntry, Run
 from .base import AnyModelAdmin, ReadOnlyAdmin, admin_actor, allows, page, related_count
-from .readable import stated_reason, summary_of
+from .deciding import refusal_by_row, shown_arguments
+from .queues import progress
+from .readable import stated_reason, summary_of, tool_of
 from .rendered import render
 from .waits import question_slug, wait_records, waits_of_run
 
@@ -57,6 +58,16 @@ class Filters:
     mine: bool = False
     runs: frozenset[str] | None = None
     back: str = "inbox"
+
+    def apply(self, rows: QuerySet[Any]) -> QuerySet[Any]:
+        """``rows`` (approval requests or halts) narrowed to these runs, agent and tool."""
+        if self.runs is not None:
+            rows = rows.filter(run_id__in=self.runs)
+        if self.agent:
+            rows = rows.filter(run__agent=self.agent)
+        if self.tool:
+            rows = rows.filter(tool_name=self.tool)
+        return rows
 
     @classmethod
     def of(cls, request: HttpRequest) -> Filters:
@@ -82,14 +93,6 @@ def waited(since: datetime | None, now: datetime) -> str:
     if minutes:
         return f"{minutes} min"
     return f"{seconds} s"
-
-
-def _tool(agent: str, tool_name: str) -> Any:
-    """The tool as loaded here, or None (its agent or tool is gone from the code)."""
-    try:
-        return get_agent(agent).tools.get(tool_name)
-    except DurableAgentsError:
-        return None
 
 
 def _run_url(run_id: str) -> str:
@@ -163,13 +166,9 @@ def _whole_url(request: HttpRequest, card_id: str) -> str:
 def approval_cards(
     request: HttpRequest, filters: Filters, runs: _Runs, now: datetime
 ) -> tuple[list[dict[str, Any]], int]:
-    rows = ApprovalRequest.objects.filter(status=APPROVAL_PENDING).select_related("run")
-    if filters.runs is not None:
-        rows = rows.filter(run_id__in=filters.runs)
-    if filters.agent:
-        rows = rows.filter(run__agent=filters.agent)
-    if filters.tool:
-        rows = rows.filter(tool_name=filters.tool)
+    rows = filters.apply(
+        ApprovalRequest.objects.filter(status=APPROVAL_PENDING).select_related("run")
+    )
     total = rows.count()
     rows = rows.annotate(
         n_approved=related_count(Decision, "request", approved=True),
@@ -180,8 +179,8 @@ def approval_cards(
             :INBOX_SIZE
         ]
     )
-    from .deciding import refusal_by_row  # deciding imports the queues, which import this
-    from .queues import progress
+
+    # which import this module
 
     may_decide = allows(request, "decide")
     refused = refusal_by_row(request, page_rows) if may_decide else {}
@@ -191,7 +190,7 @@ def approval_cards(
     cards = []
     for obj in page_rows:
         card_id = f"approval-{obj.pk}"
-        tool = _tool(obj.run.agent, obj.tool_name)
+        tool = tool_of(obj)
         shown = render(getattr(tool, "parameters", None), obj.arguments, whole=card_id in whole)
         votes = list(obj.decisions.all())
         voted = any(v.approver == username for v in votes)
@@ -211,6 +210,7 @@ def approval_cards(
                 "tool_missing": tool is None,
                 "summary": summary_of(tool, obj.arguments),
                 "shown": shown,
+                "shown_json": shown_arguments(obj),  # what the decision is for
                 "reason": runs.stated_reason(obj.run_id, obj.call_id),
                 **_where(runs, obj.run),
                 "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
@@ -281,19 +281,13 @@ def halt_cards(
 ) -> tuple[list[dict[str, Any]], int]:
     if filters.mine and not allows(request, "resolve"):
         return [], 0
-    rows = Halt.objects.filter(status=HALT_OPEN).select_related("run")
-    if filters.runs is not None:
-        rows = rows.filter(run_id__in=filters.runs)
-    if filters.agent:
-        rows = rows.filter(run__agent=filters.agent)
-    if filters.tool:
-        rows = rows.filter(tool_name=filters.tool)
+    rows = filters.apply(Halt.objects.filter(status=HALT_OPEN).select_related("run"))
     total = rows.count()
     whole = set(request.GET.getlist("whole"))
     cards = []
     for halt in rows.order_by("created_at", "pk")[:INBOX_SIZE]:
         card_id = f"halt-{halt.pk}"
-        tool = _tool(halt.run.agent, halt.tool_name)
+        tool = tool_of(halt)
         reason = halt.reason if isinstance(halt.reason, dict) else None
         cards.append(
             {

@@ -27,7 +27,6 @@ from ..engine.commands.halts import resolve_halt
 from ..engine.errors import ApprovalArgumentsChanged, ApprovalEditInvalid, DurableAgentsError
 from ..engine.journal import Journal
 from ..engine.ports import APPROVAL_PENDING, HALT_OPEN
-from ..engine.registry import get_agent
 from ..models import ApprovalRequest, Decision, Halt, Lease
 from ..storage import site_store
 from . import counts, live
@@ -51,7 +50,7 @@ from .base import (
     status_pill,
 )
 from .deciding import Decided, bulk_decide, decide_call, shown_arguments, tell
-from .readable import conversation, policy_words, stated_reason, summary_of
+from .readable import conversation, policy_words, stated_reason, summary_of, tool_of
 from .rendered import in_schema_order, render
 from .timeline import pretty
 
@@ -187,14 +186,6 @@ class DecisionForm(forms.Form):
                 return data
             data["edited"] = edited
         return data
-
-
-def tool_of(obj: ApprovalRequest | Halt) -> Any:
-    """The call's tool as loaded here, or None (its agent or tool is gone from the code)."""
-    try:
-        return get_agent(obj.run.agent).tools.get(obj.tool_name)
-    except DurableAgentsError:
-        return None
 
 
 def editable(obj: ApprovalRequest) -> bool:

@@ -8,10 +8,21 @@ import json
 import logging
 from typing import Any
 
+from ..engine.errors import DurableAgentsError
+from ..engine.registry import get_agent
 from ..engine.transcript import RunState
 from .timeline import pretty_text
 
 log = logging.getLogger(__name__)
+
+
+def tool_of(obj: Any) -> Any:
+    """The tool of a call (an approval request or a halt) as loaded here, or None (its
+    agent or tool is gone from the code)."""
+    try:
+        return get_agent(obj.run.agent).tools.get(obj.tool_name)
+    except DurableAgentsError:
+        return None
 
 
 def summary_of(tool: Any, arguments: Any) -> str | None:

@@ -57,7 +57,6 @@ class Field:
 class Shown:
     fields: list[Field]
     folded: bool  # some value is cut: show it whole before any decision
-    whole_json: str  # what a decision made on this rendering is for (``shown``)
 
 
 def render(schema: Any, arguments: Any, *, whole: bool = False) -> Shown:
@@ -69,11 +68,7 @@ def render(schema: Any, arguments: Any, *, whole: bool = False) -> Shown:
         fields = _fields(root, root, arguments, state, 0)
     else:  # not an object: one unnamed value
         fields = [Field("Value", "", _node(root, root, arguments, state, 0, ""))]
-    return Shown(
-        fields=fields,
-        folded=state.folded,
-        whole_json=json.dumps(arguments, ensure_ascii=False, sort_keys=True),
-    )
+    return Shown(fields=fields, folded=state.folded)
 
 
 @dataclass
