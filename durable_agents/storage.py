@@ -18,6 +18,8 @@ The SQL lives here, next to the models it writes; everything else goes through t
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import json
 import weakref
 from collections.abc import Mapping, Sequence
@@ -26,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from django import db as django_db
 from django.core.signals import setting_changed
 from django.db import IntegrityError, connections, transaction
 from django.db.models import BooleanField, Exists, F, Func, OuterRef, Q
@@ -1284,10 +1287,13 @@ class DjangoStore:
         *,
         if_status: Sequence[str] | None = None,
         if_arguments: Any = None,
+        if_asked_again: bool | None = None,
     ) -> bool:
         rows = ApprovalRequest.objects.using(self.using).filter(run_id=run_id, call_id=call_id)
         if if_status is not None:
             rows = rows.filter(status__in=list(if_status))
+        if if_asked_again is not None:
+            rows = rows.filter(previous_arguments__isnull=not if_asked_again)
         changes = {"status": status, "decided_at": None if status == APPROVAL_PENDING else Now()}
         if if_arguments is None:
             return rows.update(**changes) > 0
@@ -1483,3 +1489,37 @@ class DjangoStore:
         if lease_free:
             rows = rows.filter(_leased=False)
         return [replace(row.to_domain(), lease_expired=not row._leased) for row in rows[:limit]]
+
+
+# What a database raises when it is unreachable or gave up on a statement for reasons of its
+# own (a dropped connection, a restart, a serialization failure, a deadlock victim): a
+# failure to retry, never a verdict on the run. Django wraps the driver's errors in its own
+# classes; prepared statements and liveness locks use psycopg directly.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    django_db.OperationalError,
+    django_db.InterfaceError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
+
+
+def _unavailable_as_storage_error(method: Any) -> Any:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except _UNAVAILABLE as exc:
+            # The statement may have committed before the client lost the answer: callers
+            # treat this as "unknown", as after a crash (the journal says what happened).
+            raise StorageError(
+                f"the database failed {method.__name__}: {type(exc).__name__}: {exc}",
+                code="storage.unavailable",
+            ) from exc
+
+    return call
+
+
+for _name, _member in list(vars(DjangoStore).items()):
+    if not _name.startswith("_") and inspect.isfunction(_member):
+        setattr(DjangoStore, _name, _unavailable_as_storage_error(_member))
+del _name, _member

@@ -52,6 +52,7 @@ from .errors import (
     RunBusy,
     SagaAborted,
     SignalPending,
+    StorageError,
     TimerPending,
     ToolArgumentsError,
     ToolOutcomeUnknown,
@@ -471,6 +472,9 @@ class Driver:
         # The waits this turn's calls paused on, and a wait refused as misuse.
         self._pauses: list[InterruptPending | SignalPending | TimerPending] = []
         self._misuse: WaitError | None = None
+        # The store failing under a tool (its waits read and write the journal): the drive's
+        # failure, retried; never the tool's result.
+        self._store_failed: StorageError | None = None
         # Requests pending for other arguments than the journaled decision this drive acts
         # on (``_mark_decided``), by call: withdrawn once the call's result is journaled.
         self._moot: dict[str, Any] = {}
@@ -1011,6 +1015,10 @@ class Driver:
         halts.extend(self._run_calls(runnable))
         if self._abort is not None and self.saga:
             raise self._abort  # before any halt: the rollback halts on unknown outcomes itself
+        if self._store_failed is not None:
+            # The call's claim stays live with no result: a retry-safe call runs again, any
+            # other halts on it (its wait may have written before the failure reached it).
+            raise self._store_failed
         if halts:
             self._halt_run(halts)
         if self._misuse is not None:
@@ -1171,6 +1179,7 @@ class Driver:
                 APPROVAL_APPROVED if decision.get("approved") else APPROVAL_DENIED,
                 if_status=[APPROVAL_PENDING],
                 if_arguments=args,
+                if_asked_again=decision.name != names.decision(call.id, None),
             )
 
     def _attempt_state(self, call_id: str) -> tuple[int, Any]:
@@ -1366,6 +1375,8 @@ class Driver:
             return "pause", pause
         except WaitError as exc:
             return "misuse", exc
+        except StorageError as exc:
+            return "store", exc
         except SagaAborted as exc:
             self._abort = self._abort or exc
             return "error", error_text(exc)
@@ -1391,6 +1402,9 @@ class Driver:
             return None
         if kind == "misuse":
             self._misuse = self._misuse or value
+            return None
+        if kind == "store":
+            self._store_failed = self._store_failed or value
             return None
         if kind == "unknown" and not gate.tool.safety.retry_safe:
             # No result: the tool cannot tell whether its effect happened, so the run halts
