@@ -401,12 +401,16 @@ class InMemoryStore:
         *,
         if_status: Sequence[str] | None = None,
         if_arguments: Any = None,
+        if_asked_again: bool | None = None,
     ) -> bool:
         with self._lock:
             request = self._requests.get((run_id, call_id))
             if request is None or (if_status is not None and request.status not in if_status):
                 return False
             if if_arguments is not None and encode(request.arguments) != encode(if_arguments):
+                return False
+            again = request.previous_arguments is not None
+            if if_asked_again is not None and again != if_asked_again:
                 return False
             decided = None if status == APPROVAL_PENDING else _dt(self._clock())
             self._requests[(run_id, call_id)] = replace(request, status=status, decided_at=decided)

@@ -472,11 +472,14 @@ class Store(Protocol):
         *,
         if_status: Sequence[str] | None = None,
         if_arguments: Any = None,
+        if_asked_again: bool | None = None,
     ) -> bool:
         """Set the request's status (with ``if_status``, only from those; with
-        ``if_arguments``, only while the request asks about those arguments: a decision
-        marks decided only the request it was about, never one a drive put in its place
-        meanwhile); True if set."""
+        ``if_arguments``, only while the request asks about those arguments, and with
+        ``if_asked_again``, only while it is (True) or is not (False) a request asked again:
+        a decision marks decided only the request it was about — its journal name says
+        both — never one a drive put in its place meanwhile, even about the same
+        arguments); True if set."""
 
     def list_approval_requests(
         self, *, status: str | None = APPROVAL_PENDING, run_id: str | None = None

@@ -600,6 +600,30 @@ def test_a_decision_marks_decided_only_the_request_it_was_about(store, run_id):
     assert store.get_approval_request(run_id, "c1").status == "approved"
 
 
+def test_a_decision_on_the_first_request_never_marks_one_asked_again_about_the_same(store, run_id):
+    """An edit that no longer fits (a deploy removed a field it set) makes the drive ask
+    again about the arguments its maker was shown: same arguments, another request, whose
+    decision has a name of its own. The first decision, finished late by its maker or the
+    sweep, must leave it pending (found by the simulator, issue 32: the run then awaited a
+    decision nobody could make, every approval answered "already decided")."""
+    from durable_agents.engine.ports import ApprovalRequestInfo
+
+    shown = {"cents": 5}
+    edited = {"cents": 2, "memo": "goodwill"}
+    again = ApprovalRequestInfo(
+        run_id, "c1", "pay", shown, {"kind": "single"}, 7, previous_arguments=edited
+    )
+    assert store.save_approval_request(again)
+    assert not store.set_approval_status(
+        run_id, "c1", "approved", if_status=["pending"], if_arguments=shown, if_asked_again=False
+    )
+    assert store.get_approval_request(run_id, "c1").status == "pending"
+    assert store.set_approval_status(
+        run_id, "c1", "approved", if_status=["pending"], if_arguments=shown, if_asked_again=True
+    )
+    assert store.get_approval_request(run_id, "c1").status == "approved"
+
+
 def test_a_record_and_its_run_changes_are_stored_together_or_not_at_all(store, run_id):
     with pytest.raises(ConfigError):
         store.insert(run_id, "rec", "{}", run_changes={"no_such_field": 1})

@@ -238,7 +238,12 @@ def approve(
     # queued forward, and its rollback withdraws the request.
     moved = lifecycle.hand_over(store, run_id, lifecycle.PERSON)
     decided = store.set_approval_status(
-        run_id, call_id, status, if_status=[APPROVAL_PENDING], if_arguments=request.arguments
+        run_id,
+        call_id,
+        status,
+        if_status=[APPROVAL_PENDING],
+        if_arguments=request.arguments,
+        if_asked_again=request.previous_arguments is not None,
     )
     cancelled = not (decided and moved) and (
         store.get_run(run_id) is None
@@ -406,6 +411,10 @@ def finish_decision(store: Store, run_id: str, call_id: str, decision: Any) -> b
         status,
         if_status=[APPROVAL_PENDING],
         if_arguments=decision.get("arguments"),
+        # Its name says whether it decided the first request or one asked again: never the
+        # other, though it may ask about the same arguments (an edit that no longer fits
+        # asks again about what its maker was shown).
+        if_asked_again=decision.name != names.decision(call_id, None),
     )
     return queued
 
