@@ -338,6 +338,39 @@ def test_cancel_and_compensate_undoes_a_paused_run(store):
         assert info.value.code == "run.compensated"
 
 
+@pytest.mark.parametrize("first", ["plain", "compensate"])
+def test_two_people_cancelling_at_once_one_plainly_one_compensating_get_one_stop(
+    store, monkeypatch, first
+):
+    """Each cancel checks the run, then takes its lease to write its stop: the other's stop
+    may land in between. The second is refused under the lease: a plain cancel is never
+    rolled back after all (its effects stay), a rollback never cut short (found by the
+    simulator, issue 32: the run moved from cancelled to compensating)."""
+    trip = _gated_trip()
+    with pytest.raises(da.ApprovalPending):
+        trip.agent.run("c9", "go", store=store)
+    real = store.acquire_lease
+    landed: list[bool] = []
+
+    def acquire(run_id, *args, **kwargs):
+        if run_id == "c9" and not landed:  # the other person's cancel, in the gap
+            landed.append(True)
+            da.cancel("c9", compensate=first == "compensate", by="bob", store=store)
+        return real(run_id, *args, **kwargs)
+
+    monkeypatch.setattr(store, "acquire_lease", acquire)
+    with pytest.raises(da.ConfigError) as info:
+        da.cancel("c9", compensate=first == "plain", by="ann", store=store)
+    assert info.value.code == ("run.cancelled" if first == "plain" else "run.compensating")
+    names = [r.name for r in Journal(store).records("c9")]
+    if first == "plain":
+        assert "saga:abort" not in names and trip.undos == []
+        assert store.get_run("c9").status == "cancelled"
+    else:
+        assert "run:cancelled" not in names and [u[0] for u in trip.undos] == ["hotel", "flight"]
+        assert store.get_run("c9").status == "compensated"
+
+
 def test_a_saga_rolling_back_cannot_be_cancelled_half_way(store):
     trip = Trip(undo_hotel="crash")
     with pytest.raises(Crash):

@@ -488,6 +488,19 @@ def _write_under_lease(
             raise Conflict(
                 f"run {run_id!r} already finished; nothing to cancel", code="run.finished"
             )
+        # The other kind of stop landed since this one was checked (two people at once): a
+        # plain cancel is never rolled back after all, and a rollback never cut short.
+        if name == names.SAGA_ABORT and journal.get(run_id, names.RUN_CANCELLED) is not None:
+            raise Conflict(
+                f"run {run_id!r} was cancelled without compensation meanwhile; its effects stay",
+                code="run.cancelled",
+            )
+        if name == names.RUN_CANCELLED and journal.get(run_id, names.SAGA_ABORT) is not None:
+            raise Conflict(
+                f"run {run_id!r} began undoing its completed calls meanwhile (cancel and "
+                "compensate); it cannot be cancelled half-way",
+                code="run.compensating",
+            )
         _, inserted = journal.write(run_id, name, body, fence=lease.token, run_changes=run_changes)
     finally:
         lease.release()
