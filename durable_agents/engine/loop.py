@@ -1151,12 +1151,31 @@ class Driver:
         # A decision recorded without its arguments predates this rule: it stands.
         if not first.get("approved") or approved is None or encode(approved) == encode(args):
             if _still_fits(first, tool):
+                if first.get("approved"):
+                    denial = self._later_denial(call, first)
+                    if denial is not None:
+                        return denial, None
                 return first, None
             approved = (first.get("edited") or {}).get("arguments")
         again = self.log.reread(decision_name(call.id, args, again=True))
         if again is not None and _still_fits(again, tool):
             return again, None
         return None, approved
+
+    def _later_denial(self, call: ToolCall, approval: Record) -> Record | None:
+        """A denial of the call asked again, journaled after ``approval``: the last word a
+        person said on the call was no, whatever arguments today's code gives it back (a
+        deploy, then its rollback). Read only for a call approved and asked again since."""
+        request = self.store.get_approval_request(self.run_id, call.id)
+        if request is None or request.previous_arguments is None:
+            return None
+        prefix = names.decision(call.id) + ":"
+        denials = [
+            r
+            for r in self.log.journal.records(self.run_id)
+            if r.name.startswith(prefix) and not r.get("approved") and r.seq > approval.seq
+        ]
+        return denials[-1] if denials else None
 
     def _mark_decided(self, call: ToolCall, args: dict[str, Any], decision: Any) -> None:
         """A request still pending for the arguments a journaled decision is about: its

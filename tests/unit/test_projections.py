@@ -471,6 +471,31 @@ def test_a_decision_that_lands_on_a_request_replaced_under_it_is_asked_again(sto
     assert paid == [{"cents": 5, "memo": ""}] and store.get_run("r1").status == "finished"
 
 
+def test_a_denial_of_the_call_asked_again_stands_after_the_deploy_is_rolled_back(store, at_point):
+    """Ann approved ``{cents: 5}``; a deploy (a defaulted ``memo``) asked again about
+    ``{cents: 5, memo: ""}``; Bob denied that; the deploy is rolled back, so the call asks
+    about ``{cents: 5}`` again. The last word a person said on the call was no: it is not
+    run under Ann's earlier approval (found by the simulator, issue 32: "denied call ran")."""
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r2", "pay me", store=store)
+    at_point("before-decision:call_1_1", lambda: payer(paid, memo=True))  # the deploy
+    da.approve("r2", "call_1_1", True, by="ann", store=store)
+    asked = store.get_approval_request("r2", "call_1_1")
+    assert (asked.arguments, asked.previous_arguments) == ({"cents": 5, "memo": ""}, {"cents": 5})
+    assert paid == []
+
+    at_point("after-decision:call_1_1", lambda: payer(paid))  # the rollback lands
+    da.approve(
+        "r2", "call_1_1", False, by="bob", note="not today", arguments=asked.arguments, store=store
+    )
+    assert paid == []
+    result = Journal(store).get("r2", "tool:call_1_1")
+    assert result is not None and result.get("is_error")
+    assert "not today" in str(result.get("result"))
+    assert store.get_run("r2").status == "finished"
+
+
 @pytest.mark.parametrize("approved", [True, False])
 def test_a_request_for_other_arguments_is_withdrawn_once_the_call_has_its_result(
     store, at_point, approved
