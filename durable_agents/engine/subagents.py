@@ -33,7 +33,15 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from . import failpoints, names, runtime, saga_tree
-from .errors import ChildPending, ConfigError, Conflict, DurableAgentsError, Pause, RunBusy
+from .errors import (
+    ChildPending,
+    ConfigError,
+    Conflict,
+    DurableAgentsError,
+    Pause,
+    RunBusy,
+    StorageError,
+)
 from .journal import Journal
 from .loop import drive
 from .ports import AWAITING_INPUT, CANCELLED, RunInfo, Store
@@ -113,6 +121,11 @@ def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:
         ) from None
     except RunBusy:
         raise _waiting(ctx.run_id, child_id, "is being driven elsewhere") from None
+    except StorageError:
+        # The store failed this drive (perhaps before the child's row existed, so nothing
+        # would ever retry the child): the parent's drive fails for a retry, and calling
+        # again continues the child from its journal.
+        raise
     except DurableAgentsError as exc:
         if exc.retryable:
             _refuse_failed(store.get_run(child_id), agent.name)

@@ -312,3 +312,31 @@ def test_a_child_whose_final_write_falls_back_still_hands_its_parent_over(store,
     assert store.get_run(leaf_id).status == "finished"
     assert store.get_run("r9").answer == "root done"
     assert fired == [("send", "bob")]
+
+
+def test_a_store_failure_starting_a_child_fails_the_parents_drive_for_a_retry(
+    store, clock, fired, monkeypatch
+):
+    """The parent journals ``child:<call>``, then the store fails creating the child's row:
+    no child exists to be retried, so the parent must not pause waiting for it (it would
+    wait forever); its drive fails for a retry, and the retry starts the child (found by
+    the simulator's failing store, issue 32)."""
+    root, _, _ = tree(fired, "sa-blip")
+    real = store.start_run
+    failed: list[str] = []
+
+    def start_run(run, *args, **kwargs):
+        if run.run_id == "r9/call_1_1" and not failed:
+            failed.append(run.run_id)
+            raise da.StorageError("the database went away", code="storage.unavailable")
+        return real(run, *args, **kwargs)
+
+    monkeypatch.setattr(store, "start_run", start_run)
+    with pytest.raises(da.StorageError):
+        root.run("r9", "go", store=store)
+    assert failed and store.get_run("r9/call_1_1") is None
+    row = store.get_run("r9")
+    assert row.status == "failed" and row.last_error["retryable"]
+    clock.advance(60)
+    assert root.run("r9", None, store=store).answer == "root done"
+    assert fired == [("send", "bob")]
