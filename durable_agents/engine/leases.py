@@ -98,6 +98,12 @@ class HeldLease:
         _heartbeat.add(self)
         return self
 
+    def lapsed(self) -> bool:
+        """No renewal succeeded for a whole ttl: the lease may be another driver's by now,
+        though no renewal has said so (the heartbeat starved, or died). A driver stops at its
+        next step, before a call that writes nothing fenced (a retry-safe one) could run."""
+        return self.held and time.monotonic() - self.last_renewed >= self.ttl
+
     def dropped(self) -> None:
         """The store released the lease with the driver's last write (``finish_run``):
         ``release`` has nothing left to delete."""

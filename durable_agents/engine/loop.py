@@ -1527,7 +1527,7 @@ class Driver:
 
     def _check_continue(self) -> None:
         """Between steps: stop if the lease was lost or this process is shutting down."""
-        if self.lease.lost.is_set():
+        if self.lease.lost.is_set() or self.lease.lapsed():
             raise LeaseLost(f"lease on run {self.run_id!r} was lost; stopping")
         if runtime.should_stop():
             raise DriveStopped(

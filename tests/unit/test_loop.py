@@ -551,3 +551,32 @@ def test_a_worker_resume_of_a_run_another_driver_holds_is_busy_and_reads_nothing
         resume("r2", store=store)
     assert loads == []
     assert store.get_lease("r2").token == "tok-other"
+
+
+def test_a_driver_whose_lease_went_unrenewed_for_a_ttl_stops_before_its_next_call(
+    store, fired, monkeypatch, at_point
+):
+    """The heartbeat starved or died while the driver went on: no renewal for a whole ttl,
+    so the lease may be another driver's, though nothing said so. A retry-safe call writes
+    nothing fenced before it runs: the driver must stop at its step boundary instead of
+    running it after a cancel or an abort it cannot see (found by the simulator's heartbeat
+    deaths, issue 32)."""
+    from durable_agents.engine import leases
+
+    monkeypatch.setattr(leases.HeldLease, "renew", lambda self: None)  # the heartbeat is gone
+
+    @da.tool(idempotent=True)
+    def notify(to: str) -> str:
+        fired.append(("notify", to))
+        return "sent"
+
+    def a_ttl_passes() -> None:
+        real = leases.time.monotonic
+        monkeypatch.setattr(leases.time, "monotonic", lambda: real() + 31.0)
+
+    at_point("after-model:1", a_ttl_passes)
+    script = [scripted.calls(scripted.call("notify", {"to": "bob"})), scripted.text("done")]
+    agent = da.Agent("lapsed-lease", ScriptedModel(script), "", [notify])
+    with pytest.raises(da.LeaseLost):
+        agent.run("r1", "go", store=store)
+    assert fired == []
