@@ -13,3 +13,29 @@ def _heartbeat_closes_before_the_databases_go(django_db_setup, django_db_blocker
 
     wait_idle(10)
     close_all()  # a lease a test left held keeps its liveness connection open
+
+
+# The simulator's fresh seeds (tests/simulation/test_simulation.py): drawn once per run of
+# the suite, here in the main process, so every worker explores the same range and the
+# summary can name it.
+FRESH_SEEDS = 300
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import os
+    import secrets
+
+    if not hasattr(config, "workerinput") and not os.environ.get("SIM_FRESH"):
+        os.environ["SIM_FRESH"] = str(1_000_000 + secrets.randbelow(1_000_000_000))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    import os
+
+    base = os.environ.get("SIM_FRESH")
+    if base and not hasattr(config, "workerinput"):
+        last = int(base) + FRESH_SEEDS - 1
+        terminalreporter.write_line(
+            f"simulator: fresh seeds {base}-{last} this run; again: SIM_FRESH={base} "
+            ".venv/bin/python -m pytest tests/simulation/test_simulation.py -k fresh"
+        )

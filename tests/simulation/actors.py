@@ -7,6 +7,7 @@ the engine's public commands.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from durable_agents.engine.errors import (
     LeaseLost,
     Pause,
     RunBusy,
+    StorageError,
 )
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import AWAITING_APPROVAL, HALTED
@@ -34,7 +36,7 @@ from durable_agents.engine.waits import latest_question, open_waits
 
 from . import world as W
 from .agent import AGENT, ANSWERS, NOT_HAPPENED, SESSION, Plans, is_agent_run, parse_plan, wait_name
-from .invariants import effects_seen_by
+from .invariants import _in_flight, effects_seen_by
 
 # -- actors -------------------------------------------------------------------------------
 
@@ -151,8 +153,12 @@ class Deployer(Actor):
     def __init__(self, name: str, left: int) -> None:
         super().__init__(name)
         self.left = left
+        self.aimed_left = 2  # targeted deploys (issue 32), beside the drawn ones
+        self.pinned = False
 
     def weight(self, w: W.World) -> int:
+        if self.aimed_left and _intercepted_pending(w):
+            return 10  # lands before the people decide
         if not self.left:
             return 0
         # Deploys land more often right after a crash: between a crash and its resume is
@@ -160,8 +166,18 @@ class Deployer(Actor):
         return 4 if w.crashes and w.step - w.last_crash < 20 else 1
 
     def choose(self, w: W.World) -> Op | None:
-        self.left -= 1
-        new = w.deploy.changed(w)
+        if self.aimed_left and _intercepted_pending(w) and w.aim_rng.random() < 0.8:
+            self.aimed_left -= 1
+            # Targeted (issue 32): a refund whose signed decision was captured is pending;
+            # change its arguments (a defaulted ``reason``), so it is asked again.
+            new = dataclasses.replace(w.deploy, reason=not w.deploy.reason)
+            w.count("deploys aimed at a captured request")
+            self.pinned = True
+        else:
+            self.left -= 1
+            new = w.deploy.changed(w)
+            if self.pinned:  # later deploys keep the change the captured request met
+                new = dataclasses.replace(new, reason=w.deploy.reason)
 
         def op() -> str:
             w.deploy = new
@@ -255,6 +271,7 @@ class Person(Actor):
         self.forks_left = forks
         self.cancels_left = cancels
         self.resumes_left = 1
+        self.aimed_resumes_left = 1
 
     def weight(self, w: W.World) -> int:
         if w.raw.list_approval_requests() or w.raw.list_halts():
@@ -281,6 +298,9 @@ class Person(Actor):
         ]
         if waiting and self.resumes_left:
             options.append((1, "resume"))
+        stale = _asked_under_other_code(w, waiting) if w.intercepts else []
+        if stale and self.aimed_resumes_left:
+            options.append((12, "resume-aimed"))
         if started and self.forks_left:
             options.append((2, "fork"))
         if not options:
@@ -294,9 +314,17 @@ class Person(Actor):
             halt = halts[w.rng.randrange(len(halts))]
             return self._resolve(w, halt.run_id, halt.op_id)
         if what == "resume":
-            # The admin's "resume" button, pressed on a run that waits on a person.
+            # The admin's "resume" button, pressed on a run that waits on a person: in the
+            # targeted casts, on one whose request a deploy changed since it was asked (the
+            # drive asks it again about the new arguments: what a captured signature is then
+            # aimed at).
             self.resumes_left -= 1
             run_id = waiting[w.rng.randrange(len(waiting))]
+            return f"resume {run_id}", lambda: da.resume(run_id, store=w.store).answer
+        if what == "resume-aimed":
+            self.aimed_resumes_left -= 1
+            run_id = stale[w.aim_rng.randrange(len(stale))]
+            w.count("resumes aimed at a request a deploy changed")
             return f"resume {run_id}", lambda: da.resume(run_id, store=w.store).answer
         if what == "cancel":
             self.cancels_left -= 1
@@ -304,10 +332,16 @@ class Person(Actor):
             # Under a saga deploy every other cancel is "cancel and compensate" (not drawn:
             # the seeds without sagas keep their schedules).
             compensate = bool(w.deploy.saga) and self.cancels_left % 2 == 0
-            return f"cancel{' and compensate' if compensate else ''} {run_id}", lambda: da.cancel(
-                run_id, by=self.name, reason="sim", compensate=compensate, store=w.store
+            return f"cancel{' and compensate' if compensate else ''} {run_id}", lambda: cancel_tree(
+                w, run_id, self.name, "sim", compensate
             )
         self.forks_left -= 1
+        if w.aims_forks and w.aim_rng.random() < 0.6:
+            in_flight = _calls_in_flight(w, started)
+            if in_flight:
+                run_id, step = in_flight[w.aim_rng.randrange(len(in_flight))]
+                w.count("forks aimed at a call in flight")
+                return self._fork(w, run_id, step=step, patch=da.Patch())
         return self._fork(w, started[w.rng.randrange(len(started))])
 
     def _decide(
@@ -325,21 +359,27 @@ class Person(Actor):
             edited = None
             if edit and isinstance(seen, dict) and isinstance(seen.get("amount"), int):
                 edited = {**seen, "amount": max(1, seen["amount"] // 2)}
-            if approve:
-                w.submitted.append((run_id, call_id, self.name, seen if edited is None else edited))
-                if edited is not None:
-                    w.edits.add((run_id, call_id, self.name))
             note = "" if approve else W.deny_message(call_id)
             signed, signature = None, None
             # Some decisions are signed with the person's key (an unedited one: the bytes
             # are the arguments they saw), over the run's start they read: what the
             # replayer captures. Drawn from the signing stream (``World.sign_rng``).
-            if w.keys and edited is None and w.sign_rng.random() < 0.3:
+            if w.keys and edited is None and w.sign_rng.random() < (0.8 if w.intercepts else 0.3):
                 incarnation = incarnation_of(w.store, run_id)
                 signed = W.Signed(
                     run_id, call_id, request.tool_name, seen, incarnation, self.name, approve, note
                 )
                 signature = w.sign(signed)
+                if w.intercepts and w.aim_rng.random() < 0.35:
+                    # Captured in transit, never delivered: the replayer holds a signature
+                    # its maker's decision never used.
+                    w.count("signed decisions intercepted")
+                    w.intercepted.append(signed)
+                    return "intercepted"
+            if approve:
+                w.submitted.append((run_id, call_id, self.name, seen if edited is None else edited))
+                if edited is not None:
+                    w.edits.add((run_id, call_id, self.name))
             try:
                 outcome = da.approve(
                     run_id,
@@ -369,6 +409,8 @@ class Person(Actor):
                 raise
             if signature is not None:
                 w.count("signed decisions taken")
+                if signed is not None:
+                    w.signed_taken.append(signed)
             if outcome.status == "approved":
                 # What the person whose approval stands approved running: their decision
                 # row's edit (it may be someone who crashed after deciding), else as asked.
@@ -497,6 +539,109 @@ class Person(Actor):
         return f"fork {run_id} at step {step} patch={kind}", op
 
 
+def _intercepted_pending(w: W.World) -> bool:
+    """In the targeted casts, a refund is pending, or was approved with a signature and has
+    not run yet: a deploy that changes its arguments makes the next drive ask it again
+    (what a signature captured before is then aimed at, and what its approvers sign anew)."""
+    if not w.intercepts:
+        return False
+    reason = bool(w.deploy.reason)
+    if any(
+        r.tool_name == "refund"
+        and r.previous_arguments is None
+        and isinstance(r.arguments, dict)
+        and ("reason" in r.arguments) == reason  # not changed by a deploy yet
+        for r in w.raw.list_approval_requests()
+    ):
+        return True
+    return any(
+        s.approved
+        and isinstance(s.arguments, dict)
+        and ("reason" in s.arguments) == reason
+        and w.raw.get(s.run_id, f"tool:{s.call_id}") is None
+        for s in w.signed_taken
+    )
+
+
+def _asked_under_other_code(w: W.World, runs: list[str]) -> list[str]:
+    """Runs with a refund pending whose arguments the deployed code would change (a
+    defaulted ``reason`` gained or lost)."""
+    reason = bool(w.deploy.reason)
+    return [
+        r.run_id
+        for r in w.raw.list_approval_requests()
+        if r.run_id in runs
+        and r.tool_name == "refund"
+        and isinstance(r.arguments, dict)
+        and ("reason" in r.arguments) != reason
+    ]
+
+
+def _calls_in_flight(w: W.World, runs: list[str]) -> list[tuple[str, int]]:
+    """(run, the step that asked for it) of each call claimed and without a result: the
+    fork that keeps that step must not run it again (hole 2)."""
+    found = []
+    for run_id in runs:
+        records = Journal(w.raw).records(run_id)
+        for turn in (r for r in records if r.name.startswith("model:")):
+            for call in (turn.get("message") or {}).get("tool_calls") or ():
+                if _in_flight(records, str(call["id"])):
+                    found.append((run_id, int(turn.name[6:])))
+    return found
+
+
+def _runs_below(w: W.World, run_id: str) -> list[str]:
+    """Every run the calls of ``run_id`` started (its ``child:`` records, whose row names it
+    as parent), and theirs, down the tree. (A fork of a sub-run is a run of its own, below
+    nothing. A sub-run a fork's maker made for a fork cancelled before its own journal was
+    copied is below no call: it stops itself when driven, and ``nothing_stranded`` holds it
+    to that.)"""
+    below: list[str] = []
+    todo = [run_id]
+    while todo:
+        parent = todo.pop()
+        for rec in Journal(w.raw).records(parent):
+            if not rec.name.startswith("child:"):
+                continue
+            child = str(rec.get("run_id"))
+            row = w.raw.get_run(child)
+            if row is not None and row.parent_run_id == parent and child not in below:
+                below.append(child)
+                todo.append(child)
+    return below
+
+
+def cancel_tree(w: W.World, run_id: str, by: str, reason: str, compensate: bool) -> Any:
+    """``da.cancel``, then the promise a cancel makes when it returns: every unfinished
+    run below that nobody held (nor took) during the cancel has recorded its stop, and
+    none of its requests is pending (staff never see a call of a cancelled tree to
+    approve). A run busy in a worker stops itself before its next step."""
+    below = _runs_below(w, run_id)
+    taken_before = len(w.leases_taken)
+    held = {r for r in below if (lease := w.raw.get_lease(r)) is not None and lease.live}
+    outcome = da.cancel(run_id, by=by, reason=reason, compensate=compensate, store=w.store)
+    held |= set(w.leases_taken[taken_before:])
+    held |= {r for r in below if (lease := w.raw.get_lease(r)) is not None and lease.live}
+    for sub in below:
+        row = w.raw.get_run(sub)
+        if row is None or sub in held or row.finished or row.status == "failed":
+            continue
+        stopped = any(w.raw.get(sub, name) is not None for name in ("run:cancelled", "saga:abort"))
+        pending = (
+            [r.call_id for r in w.raw.list_approval_requests() if r.run_id == sub]
+            if not compensate
+            else []
+        )
+        if not stopped or pending:
+            w.violate(
+                "cancels_reach_down",
+                f"cancel of {run_id} returned with sub-run {sub} ({row.status}) "
+                + ("not stopped" if not stopped else f"still asking about {pending}"),
+                hole="new",
+            )
+    return outcome
+
+
 class TreeCanceller(Actor):
     """Staff cancelling a tree while a sub-run of it has not ended (issue 29): the root or
     the parent of a sub-run that awaits a decision or an answer, or that a worker drives
@@ -541,8 +686,9 @@ class TreeCanceller(Actor):
             else "trees cancelled with a sub-run paused"
         )
         compensate = bool(w.deploy.saga) and w.stop_rng.random() < 0.5
-        return f"cancel{' and compensate' if compensate else ''} tree {run_id}", lambda: da.cancel(
-            run_id, by=self.name, reason="tree", compensate=compensate, store=w.store
+        return (
+            f"cancel{' and compensate' if compensate else ''} tree {run_id}",
+            lambda: cancel_tree(w, run_id, self.name, "tree", compensate),
         )
 
 
@@ -609,29 +755,58 @@ class Replayer(Actor):
     # Refusals that come before the signature is checked (a replay carries no edit).
     BEFORE_THE_SIGNATURE = frozenset({"approval.not_found"})
 
-    def __init__(self, name: str, tries: int) -> None:
+    def __init__(self, name: str, tries: int, aimed: int = 2) -> None:
         super().__init__(name)
         self.tries_left = tries
+        self.aimed_left = aimed
 
     def weight(self, w: W.World) -> int:
+        if self.aimed_left and self._aimed(w):
+            return 4
         return 2 if self.tries_left and w.signatures and self._requests(w) else 0
 
     def _requests(self, w: W.World) -> list[Any]:
         return w.raw.list_approval_requests()
 
+    def _aimed(self, w: W.World) -> list[tuple[W.Signed, Any]]:
+        """The nastiest targets (issue 32): a signature aimed at the call it was made for,
+        asked again about other arguments (a deploy changed them), or at that call in a
+        fork of its run."""
+        pairs = []
+        for req in self._requests(w):
+            row = w.raw.get_run(req.run_id)
+            source = row.forked_from if row is not None else None
+            for signed in w.signatures:
+                if signed.call_id != req.call_id:
+                    continue
+                if signed.run_id == req.run_id:
+                    if encode(signed.arguments) != encode(req.arguments):
+                        pairs.append((signed, req))
+                elif signed.run_id == source:
+                    pairs.append((signed, req))
+        return pairs
+
     def choose(self, w: W.World) -> Op | None:
+        aimed = self._aimed(w) if self.aimed_left else []
         requests = self._requests(w)
-        if not requests or not w.signatures or not self.tries_left:
-            return None
-        self.tries_left -= 1
-        signed = w.signatures[w.sign_rng.randrange(len(w.signatures))]
-        req = requests[w.sign_rng.randrange(len(requests))]
+        if aimed:
+            self.aimed_left -= 1
+            signed, req = aimed[w.aim_rng.randrange(len(aimed))]
+            w.count("replays aimed")
+        else:
+            if not requests or not w.signatures or not self.tries_left:
+                return None
+            self.tries_left -= 1
+            signed = w.signatures[w.sign_rng.randrange(len(w.signatures))]
+            req = requests[w.sign_rng.randrange(len(requests))]
         run_id, call_id = req.run_id, req.call_id
 
         def op() -> str:
             request = w.store.get_approval_request(run_id, call_id)
             if request is None:
                 return "gone"
+            if self.proc is not None:
+                self.proc.requests_read = []  # what the engine reads from here on
             here = (run_id, call_id, request.tool_name, encode(request.arguments))
             there = (signed.run_id, signed.call_id, signed.tool_name, encode(signed.arguments))
             if here == there and incarnation_of(w.raw, run_id) == signed.incarnation:
@@ -649,12 +824,25 @@ class Replayer(Actor):
             except ApprovalBadSignature:
                 w.count("replayed signatures refused")
                 return "refused"
+            except StorageError:
+                # The store failed the request (maybe after it committed): the journal says
+                # what was taken, and the invariants read it there.
+                return "the store failed"
             except DurableAgentsError as exc:
                 if exc.code in self.BEFORE_THE_SIGNATURE:
                     return f"refused ({exc.code})"
                 result = f"!! {exc.code}"
             else:
                 result = outcome.status
+            read = self.proc.requests_read if self.proc is not None else []
+            if incarnation_of(w.raw, run_id) == signed.incarnation and any(
+                r is not None and (run_id, call_id, r.tool_name, encode(r.arguments)) == there
+                for r in read
+            ):
+                # The request the engine read asked about exactly what was signed (a deploy,
+                # then its rollback, while the replay was under way): the signer's own
+                # decision after all.
+                return f"{result}: its own request again"
             w.violate(
                 "signatures_bind",
                 f"run {run_id}: {signed.by}'s signature over call {signed.call_id} of run "

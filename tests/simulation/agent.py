@@ -56,6 +56,7 @@ def _act(tool: str, args: dict[str, Any], ctx: ToolContext) -> Any:
     w = W.CURRENT
     assert w is not None
     entered = w.entry_seq()  # before the scheduler may run anyone else
+    w.slow_tool(tool)
     w.point(f"tool {tool} {ctx.call_id} start")
     if tool == "charge" and args["amount"] == DECLINED_AMOUNT:
         w.record(
@@ -163,11 +164,23 @@ def _confirm(version: int) -> Any:
         elif order % 4 == 1:
             value = ctx.await_signal(name)
         else:
-            # The oldest message nothing acked; consumed once by this call.
+            # The oldest message nothing acked; handled (written to the ledger), then acked:
+            # consumed once by this call. A run of the call that dies after the ack goes on
+            # with the next message (docs/waiting.md).
             msg = ctx.receive(name)
+            entry = w.record(
+                "confirm",
+                ctx.run_id,
+                ctx.call_id,
+                {"order": order},
+                "",
+                {"wait": name, "value": msg.payload, "key": msg.key},
+                effect=False,
+                entered=entered,
+            )
             ctx.ack(name, msg.key)
-            value = msg.payload
-            got["key"] = msg.key
+            w.point(f"tool confirm {ctx.call_id} done")
+            return entry.value
         entry = w.record(
             "confirm",
             ctx.run_id,

@@ -1,5 +1,6 @@
-"""The simulator needs no database: keep the suite's session fixture from creating the test
-databases when only these tests run (a replay starts in a second, not after a migrate)."""
+"""The memory lane needs no database: keep the suite's session fixture from creating the
+test databases when only its tests run (a replay starts in a second, not after a migrate).
+The PostgreSQL lane (``test_postgres_lane.py``) asks for the database itself."""
 
 import pytest
 

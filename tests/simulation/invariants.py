@@ -256,6 +256,14 @@ def check_effects(w: W.World, ix: Index) -> None:
         if len(found) < 2:
             continue
         calls = [e.call for e in found]
+        if any(e.pid in w.beyond for e in found) and any(
+            (r := w.resolutions.get((run_id, c))) is not None and r["result"] == NOT_HAPPENED
+            for c in calls
+        ):
+            # A process frozen longer than HALT_MIN_AGE inside the call landed its effect
+            # after a person recorded "did not happen", and the model asked again: the one
+            # outcome the minimum age can only make unlikely (docs/simulation.md, Limits).
+            continue
         hole = "?"
         for c in calls:
             err = _engine_error(ix, run_id, c) or ""
@@ -335,6 +343,9 @@ def check_results(w: W.World, ix: Index) -> None:
                     and res["result"] == NOT_HAPPENED
                     and (seen := effects_seen_by(w, run_id, call_id))
                 ):
+                    if all(e.pid in w.beyond for e in seen):
+                        w.count("beyond the promise: an effect landed after 'did not happen'")
+                        continue
                     w.violate(
                         "results_true",
                         f"run {run_id}: the halt of {call_id} was resolved 'did not happen' by "
@@ -389,7 +400,16 @@ def check_approvals(w: W.World, ix: Index) -> None:
                 hole="11",
             )
     for run_id, call_id in sorted(w.denied):
-        if any(e.effect for e in ix.by_call.get((run_id, call_id), ())):
+        # The last word on a call is what holds: a denial of it asked again about other
+        # arguments (a deploy) is followed by an approval of the arguments asked about next.
+        decisions = [
+            r
+            for n, r in ix.names.get(run_id, {}).items()
+            if n == f"approval:{call_id}" or n.startswith(f"approval:{call_id}:")
+        ]
+        last_denial = max((r.seq for r in decisions if not r.get("approved")), default=0)
+        overruled = any(r.get("approved") and r.seq > last_denial for r in decisions)
+        if not overruled and any(e.effect for e in ix.by_call.get((run_id, call_id), ())):
             w.violate("approvals_kept", f"run {run_id}: denied call {call_id} ran")
         # The denier's message is the result the model reads (a quorum whose approvers
         # disagreed fails with nobody's denial).
@@ -795,7 +815,13 @@ def check_takeovers(w: W.World, ix: Index) -> None:
                     f"run {run_id}: takeover {rec.name} is the journal's first record",
                     hole="new",
                 )
-            elif rec.created_at is not None and expired > rec.created_at:
+            elif (
+                rec.created_at is not None
+                and expired > rec.created_at
+                # Taken at once from a process that died (instant takeover, PostgreSQL): the
+                # lane checks, as it happens, that its holder's session was gone (pg_lane.py).
+                and not (w.lane is not None and rec.get("reason") == "holder gone")
+            ):
                 w.violate(
                     "takeovers_true",
                     f"run {run_id}: {rec.name} written at {rec.created_at} although the lease "
@@ -1184,7 +1210,10 @@ def check_channels(w: W.World, ix: Index) -> None:
                     "channels_in_order",
                     f"run {run_id}: call {call} received {received}, the channel holds {keys}",
                 )
-            for k in set(received):
+            # The tool writes what it got to the ledger, then acks: a run of the call that
+            # died in between (and never ran again) leaves its last message unacked.
+            settled = f"tool:{call}" in journal
+            for k in set(received) if settled else set(received[:-1]):
                 ack = journal.get(f"ack:{k}")
                 if ack is None or ack.get("call_id") != call:
                     w.violate(

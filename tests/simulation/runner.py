@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .scenario import simulate
 from .world import Config, Violation, World
@@ -48,6 +48,7 @@ def config_for(seed: int, env: dict[str, str] | None = None) -> Config:
         faults=_narrow(env.get("SIM_FAULTS"), ALL_FAULTS, "faults")
         if "SIM_FAULTS" in env
         else ALL_FAULTS,
+        mutation=env.get("SIM_MUTATION", ""),
     )
 
 
@@ -59,9 +60,14 @@ def replay_command(config: Config) -> str:
         env.append(f"SIM_FAULTS={','.join(sorted(config.faults)) or '-crash,-stall'}")
     if config.steps != Config(0).steps:
         env.append(f"SIM_STEPS={config.steps}")
+    if config.mutation:
+        env.append(f"SIM_MUTATION={config.mutation}")
+    test = "test_simulation.py"
+    if config.store != "memory":  # a PostgreSQL seed replays in its lane's own test
+        env.insert(0, f"SIM_STORE={config.store}")
+        test = "test_postgres_lane.py"
     return (
-        " ".join(env)
-        + " .venv/bin/python -m pytest tests/simulation/test_simulation.py -k replay -s -q"
+        " ".join(env) + f" .venv/bin/python -m pytest tests/simulation/{test} -k replay -s -q"
         " -p no:cacheprovider"
     )
 
@@ -87,12 +93,12 @@ class Finding:
 
 
 def run_seeds(
-    seeds: range, env: dict[str, str] | None = None
+    seeds: range, env: dict[str, str] | None = None, *, store: str = "memory"
 ) -> tuple[list[Finding], dict[str, int]]:
     findings: list[Finding] = []
     coverage: dict[str, int] = defaultdict(int)
     for seed in seeds:
-        config = config_for(seed, env)
+        config = replace(config_for(seed, env), store=store)
         world = simulate(config)
         for key, n in world.coverage().items():
             coverage[key] += n

@@ -59,10 +59,11 @@ def build(w: W.World) -> None:
         return rng.random() < p and kind in cfg.actors
 
     actors: list[Actor] = []
+    more = w.hunt.rng.randint(1, 2) if w.hunt.large else 0  # a larger cast (issue 32)
     if on("client", 1.0):
-        actors.append(Client("client", w.plans, rng.randint(1, 3)))
+        actors.append(Client("client", w.plans, rng.randint(1, 3) + more))
     if "driver" in cfg.actors:
-        actors += [Driver(f"driver{i}") for i in range(1, cfg.drivers + 1)]
+        actors += [Driver(f"driver{i}") for i in range(1, cfg.drivers + 1 + min(more, 1))]
     if on("recovery", 0.9):
         actors.append(Recovery("recovery"))
     if on("person"):
@@ -102,6 +103,10 @@ def build(w: W.World) -> None:
     # the answerer's casts, drawn from a stream of their own.
     if "answerer" in cfg.actors and random.Random(f"stops:{cfg.seed}").random() < 0.6:
         actors.append(TreeCanceller("dora", 2))
+    # The targeted adversaries act only where their marks are: captured signatures with a
+    # replayer, forks with people.
+    w.intercepts = w.intercepts and any(isinstance(a, Replayer) for a in actors)
+    w.aims_forks = w.aims_forks and any(isinstance(a, Person) for a in actors)
     w.actors = actors
     w.log(
         "-",
@@ -117,6 +122,7 @@ def main_phase(w: W.World, check: Callable[[W.World], None]) -> None:
     quiet_spells = 0
     for step in range(w.config.steps):
         w.step = step
+        w.deliver_late()
         # A process that just woke from a stall, or a person's resolution, moves first and
         # at once: no time passes and nobody else moves until it reaches a store call.
         first = [a.proc for a in w.actors if a.proc and a.proc.urgent and a.proc.ready(w.now)]
@@ -188,6 +194,8 @@ def quiet_phase(w: W.World) -> None:
     """Crashed drivers' leases expire; then recovery passes, each followed by workers
     draining the queue, until a pass hands nothing over (or it is clearly never going to)."""
     w.phase = "quiet"
+    w.queue += w.hunt.late  # late messages arrive at last
+    w.hunt.late.clear()
     w.advance_by(2 * w.config.ttl + 1)
     worker = Driver("worker")
     beat = Recovery("beat")

@@ -25,6 +25,7 @@ import logging
 import random
 import sys
 import threading
+import time
 import traceback
 import uuid as _uuid
 from collections.abc import Callable, Iterator
@@ -37,10 +38,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from durable_agents.engine import failpoints, leases, lifecycle, loop, runtime
 from durable_agents.engine.approvals import decision_bytes
-from durable_agents.engine.errors import DurableAgentsError, LeaseLost, Pause
+from durable_agents.engine.errors import DurableAgentsError, LeaseLost, Pause, StorageError
 from durable_agents.engine.memstore import InMemoryStore
 from durable_agents.engine.retry import RetryPolicy
 from tests.support.signing import public_text
+
+from . import mutations
 
 EPOCH = 1_700_000_000.0
 # Virtual seconds the clock may move between two scheduling steps: at most a third of the
@@ -72,9 +75,25 @@ class Config:
             "webhook",
             "stepper",
             "answerer",
+            "replayer",
+            "forker",
         }
     )
-    faults: frozenset[str] = frozenset({"crash", "stall", "split"})
+    faults: frozenset[str] = frozenset(
+        {
+            "crash",
+            "stall",
+            "split",
+            "slow",
+            "broker",
+            "heart",
+            "store",
+            "large",
+            "kill",
+            "long",
+            "skew",
+        }
+    )
     drivers: int = 2
     persons: int = 2
     ttl: float = 30.0
@@ -86,6 +105,13 @@ class Config:
     # The odds that the agent runs two tool calls of a turn at once (``tool_concurrency=2``,
     # ``SimPool``), drawn the same way.
     concurrent: float = 0.3
+    # A deliberate break of the engine for the length of the seed (``mutations.py``), to show
+    # the invariants catch it: "" runs the engine as it is.
+    mutation: str = ""
+    # The store the world runs on: "memory" (``InMemoryStore``), "postgres" (``DjangoStore``
+    # on the test database, a session per process: ``pg_lane.py``) or "postgres-expiry"
+    # (the same with instant takeover off: leases are taken over on expiry only).
+    store: str = "memory"
 
 
 # The group a quorum cast's refunds are approved by (``agent.QUORUM``).
@@ -164,6 +190,8 @@ class Proc:
         self.sleep_until = 0.0
         self.urgent = False
         self.exclusive = False  # runs to its end once started (crashes only)
+        self.heart_dead = False  # its heartbeat thread died; the process goes on
+        self.requests_read: list[Any] = []  # approval requests its store calls returned
         self.leased: list[str] = []
         self.capture: dict[str, list[Any]] | None = None
         self.attempt_at: float | None = None
@@ -176,7 +204,7 @@ class Proc:
         return not self.dead and self.stalled_until <= now and self.sleep_until <= now
 
     def heart_alive(self, now: float) -> bool:
-        return not self.dead and self.stalled_until <= now
+        return not self.dead and not self.heart_dead and self.stalled_until <= now
 
 
 class SimStore:
@@ -207,6 +235,12 @@ class SimStore:
                 and bool(kwargs.get("run_changes"))
                 and args[1] not in SPLIT_NEVER
             )
+            fault = world.store_fault(name)
+            if fault == "before":
+                raise StorageError(
+                    f"the database connection dropped before {name} committed (simulated)",
+                    code="storage.unavailable",
+                )
             if split:
                 result = world._split_insert(self._raw, args, kwargs, release=name == "finish_run")
             elif name == "finish_run_with" and world.split_writes:
@@ -216,6 +250,12 @@ class SimStore:
             world._after_store(name, args, kwargs, result)
             if moved is not None:
                 world.check_move(moved, before, self._raw.get_run(moved), name)
+            if fault == "after":
+                raise StorageError(
+                    f"the database connection dropped as {name} committed: the client never "
+                    "heard back (simulated)",
+                    code="storage.unavailable",
+                )
             return result
 
         call.__name__ = name
@@ -323,6 +363,32 @@ def sim_wait(fs: Any, timeout: Any = None, return_when: Any = None) -> Any:
     return [f for f in futures if f.done()], [f for f in futures if not f.done()]
 
 
+class _Time:
+    """The ``time`` module as the engine's wall-clock readers see it (``World.wall_time``)."""
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+
+    def time(self) -> float:
+        return self._world.wall_time()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+class _VirtualMonotonic:
+    """The ``time`` module as ``leases`` sees it: ``monotonic`` is the virtual clock."""
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+
+    def monotonic(self) -> float:
+        return self._world.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
 class _UUID:
     """The ``uuid`` module as engine modules see it: uuid4 from the seed."""
 
@@ -369,6 +435,34 @@ WRITES = tuple(
 )
 
 
+class Hunt:
+    """The faults added to hunt (issue 32), drawn from ``hunt:<seed>``: whether this seed
+    has a slow tool call, a misbehaving broker, a heartbeat that dies while its driver
+    lives, a store that fails calls."""
+
+    def __init__(self, seed: int, faults: frozenset[str]) -> None:
+        self.rng = random.Random(f"hunt:{seed}")
+        draws = [self.rng.random() for _ in range(8)]
+        self.slow = "slow" in faults and draws[0] < 0.35
+        self.broker = "broker" in faults and draws[1] < 0.3
+        self.heart = "heart" in faults and draws[2] < 0.2
+        self.store = "store" in faults and draws[3] < 0.3
+        # A larger cast: a third driver and up to two more runs.
+        self.large = "large" in faults and draws[4] < 0.25
+        # The classic window, aimed at: a process dies inside a charge or a refund, after
+        # the money moved and before its result is recorded.
+        self.kill = "kill" in faults and draws[5] < 0.3
+        # One stall longer than HALT_MIN_AGE (``World.stall``).
+        self.long = "long" in faults and draws[6] < 0.25
+        # Each process's wall clock off the database's by up to five minutes either way
+        # (``World.wall_time``): the engine must judge every age by the store's clock.
+        self.skew = "skew" in faults and draws[7] < 0.3
+        self.skews: dict[int, float] = {}
+        self.late: list[str] = []
+        self.store_faults = 0
+        self.hearts_stopped = 0
+
+
 class World:
     """One seed's world. ``run_phase`` methods drive it; invariants read it afterwards."""
 
@@ -385,6 +479,20 @@ class World:
         self.ask_rng = random.Random(f"ask:{seed}")
         # What the tree canceller picks (issue 29): a stream of its own.
         self.stop_rng = random.Random(f"stop:{seed}")
+        # The hunter's faults (issue 32), each drawn from a stream of its own so that the
+        # seeds found before them keep their schedules when they are left out.
+        self.hunt = Hunt(seed, config.faults)
+        # The targeted adversaries (issue 32): whether this seed has them, and their choices.
+        self.aim_rng = random.Random(f"aim:{seed}")
+        aims = [self.aim_rng.random() for _ in range(2)]
+        self.intercepts = "replayer" in config.actors and aims[0] < 0.5
+        self.aims_forks = "forker" in config.actors and aims[1] < 0.6
+        self.leases_taken: list[str] = []  # every run leased, in order
+        self.intercepted: list[Signed] = []  # signed decisions captured, never delivered
+        self.signed_taken: list[Signed] = []  # signed decisions the engine took
+        # Processes stalled inside a claimed call for longer than HALT_MIN_AGE: an effect of
+        # theirs landing after "did not happen" is beyond the promise (docs/simulation.md).
+        self.beyond: set[int] = set()
         self.pools: dict[Future[Any], SimPool] = {}
         # Signed decisions (the answerer's casts): the people's keys, derived from the seed
         # (set by the cast), what they signed, and a stream of its own for whether they sign
@@ -394,7 +502,14 @@ class World:
         self.signatures: list[Signed] = []
         self.signatures_made: dict[Signed, str] = {}
         self.now = EPOCH
-        self.raw = InMemoryStore(clock=self.clock)
+        self.lane: Any = None  # the PostgreSQL lane's sessions (``pg_lane.Lane``)
+        if config.store.startswith("postgres"):
+            from .pg_lane import Lane
+
+            self.lane = Lane(self)
+            self.raw = self.lane.store
+        else:
+            self.raw = InMemoryStore(clock=self.clock)
         self.store = SimStore(self.raw, self)
         self.main = greenlet.getcurrent()
         self.current: Proc | None = None
@@ -574,8 +689,106 @@ class World:
     def dispatch(self, run_id: str) -> None:
         proc = self.current
         kind = proc.actor.kind if proc is not None else "world"
+        hunt = self.hunt
+        if hunt.broker and self.phase == "main" and hunt.rng.random() < 0.25:
+            # The broker misbehaves: a message published after its commit is lost (the
+            # publisher died between the two, or the broker dropped it), handed out twice,
+            # or handed out late (after everything queued now).
+            fault = hunt.rng.choice(("lost", "twice", "late"))
+            self.count(f"broker: message {fault}")
+            self.log("broker", f"message for {run_id} {fault}")
+            if fault == "lost":
+                return
+            if fault == "late":
+                hunt.late.append(run_id)
+                return
+            self.dispatches.append(("broker", run_id))
+            self.queue.append(run_id)
         self.dispatches.append((kind, run_id))
         self.queue.append(run_id)
+
+    def store_fault(self, name: str) -> str:
+        """Whether this store call fails: "" (no), "before" it commits (nothing written) or
+        "after" (written, and the caller hears an error: the commit's outcome unknown to it).
+        Only in seeds with a failing store, in the main phase, a few times at most."""
+        hunt, proc = self.hunt, self.current
+        if not hunt.store or self.phase != "main" or proc is None or proc.exclusive:
+            return ""
+        if hunt.store_faults >= 3 or hunt.rng.random() >= 0.02:
+            return ""
+        hunt.store_faults += 1
+        where = (
+            "before" if name in ("get", "load", "get_run") else hunt.rng.choice(("before", "after"))
+        )
+        for bill in self.bills:
+            if bill.pid == proc.pid:
+                bill.lost = True  # the spend it would have recorded may be what failed
+        self.count(f"store fails {where} commit")
+        self.log(proc.actor.name, f"STORE ERROR {where} commit at {name}")
+        return where
+
+    def kill_after_effect(self, proc: Proc) -> bool:
+        """Whether ``proc`` dies here: right after the effect of a charge or refund (once a
+        seed, in the seeds drawn for it, early enough for the run to be taken over)."""
+        hunt = self.hunt
+        if not hunt.kill or self.phase != "main" or self.step > 0.6 * self.config.steps:
+            return False
+        point = proc.point
+        if not (point.startswith(("tool charge ", "tool refund ")) and point.endswith(" done")):
+            return False
+        if hunt.rng.random() >= 0.5:
+            return False
+        hunt.kill = False
+        self.count("crashes aimed after an effect")
+        return True
+
+    def wall_time(self) -> float:
+        """What ``time.time()`` says in the engine's modules: the virtual clock, off by the
+        current process's skew in the seeds drawn for it."""
+        proc, hunt = self.current, self.hunt
+        if proc is None or not hunt.skew:
+            return self.now
+        if proc.pid not in hunt.skews:
+            hunt.skews[proc.pid] = hunt.rng.uniform(-300.0, 300.0)
+        return self.now + hunt.skews[proc.pid]
+
+    def stop_heart(self, proc: Proc) -> None:
+        """In some seeds a driver's heartbeat dies while it goes on (its lease lapses under
+        it; the next fenced write tells it)."""
+        hunt = self.hunt
+        if not hunt.heart or hunt.hearts_stopped or not proc.leased or self.phase != "main":
+            return
+        if hunt.rng.random() < 0.1:
+            hunt.hearts_stopped += 1
+            proc.heart_dead = True
+            self.count("heartbeats died")
+            self.log(proc.actor.name, f"HEARTBEAT DIES (leases {proc.leased})")
+
+    def deliver_late(self) -> None:
+        """Late messages arrive once the queue has emptied."""
+        if self.hunt.late and not self.queue:
+            run_id = self.hunt.late.pop(0)
+            self.dispatches.append(("broker", run_id))
+            self.queue.append(run_id)
+            self.log("broker", f"delivers {run_id} late")
+
+    def slow_tool(self, tool: str) -> None:
+        """Inside an at-most-once tool, before its effect: in some seeds one call freezes
+        for most of the time a halt on it must wait before a person may resolve it
+        (HALT_MIN_AGE, two leases). A driver that takes the run over halts on the claim; the
+        effect lands before the halt is old enough to resolve."""
+        proc, hunt = self.current, self.hunt
+        if proc is None or not hunt.slow or self.phase != "main" or proc.attempt_at is None:
+            return
+        if self.step > 0.6 * self.config.steps:
+            return  # too late for anyone to take the run over before the main phase ends
+        if tool not in ("charge", "refund") or hunt.rng.random() >= 0.5:
+            return
+        hunt.slow = False
+        until = proc.attempt_at + hunt.rng.uniform(1.7, 1.95) * self.config.ttl
+        proc.stalled_until = until
+        self.count("slow tool calls")
+        self.log(proc.actor.name, f"SLOW inside {tool} until t={until - EPOCH:.1f}")
 
     def bill(self, tokens: int) -> None:
         proc = self.current
@@ -624,6 +837,8 @@ class World:
 
     def raw_seq(self) -> int:
         """The store's last journal seq: what a call beginning now comes after."""
+        if self.lane is not None:
+            return int(self.raw.last_seq())
         return int(self.raw._seq)
 
     def entry_seq(self) -> int:
@@ -744,8 +959,10 @@ class World:
                 )
         if name == "acquire_lease" and result:
             proc.leased.append(args[0])
+            self.leases_taken.append(args[0])
         elif name == "start_run" and result is not None:
             proc.leased.append(args[0].run_id)
+            self.leases_taken.append(args[0].run_id)
         elif name == "release_lease" and args[0] in proc.leased:
             proc.leased.remove(args[0])
         elif name in ("finish_run", "finish_run_with") and args[0] in proc.leased:
@@ -760,6 +977,8 @@ class World:
                 proc.attempt_at = self.now
             elif entry.name.startswith("tool:"):
                 proc.attempt_at = None
+        elif name == "get_approval_request":
+            proc.requests_read.append(result)
         elif name == "load" and proc.capture is not None:
             after = args[1] if len(args) > 1 else kwargs.get("after", 0)
             if not after and args[0] not in proc.capture:
@@ -796,11 +1015,17 @@ class World:
 
     def resume(self, proc: Proc) -> None:
         self.current = proc
+        if self.lane is not None:
+            self.lane.enter(proc)  # its own database session (``pg_lane.py``)
         try:
             proc.glet.switch()
         finally:
             self.current = None
+            if self.lane is not None:
+                self.lane.leave()
         if proc.glet.dead:
+            if self.lane is not None:
+                self.lane.ended(proc)  # a process that ends closes its connections
             if proc.actor.proc is proc:
                 proc.actor.proc = None
             self.log(proc.actor.name, f"ends {proc.label} {proc.outcome}")
@@ -809,6 +1034,9 @@ class World:
 
     def move(self, proc: Proc, *, faults: bool) -> None:
         """Let ``proc`` run to its next point, unless the seed crashes or stalls it here."""
+        if faults and self.kill_after_effect(proc):
+            self.crash(proc)
+            return
         if faults:
             # Faults land mostly where they hurt: inside tools and model calls, at
             # failpoints, and right before a write.
@@ -831,6 +1059,8 @@ class World:
             if self.stalls < cfg.max_stalls and crash_p <= roll < crash_p + stall_p:
                 self.stall(proc)
                 return
+        if faults:
+            self.stop_heart(proc)
         self.log(proc.actor.name, proc.point)
         self.resume(proc)
 
@@ -839,6 +1069,8 @@ class World:
         self.last_crash = self.step
         self.count(f"crash at a {proc.point.split()[0].rstrip(':')} point")
         proc.dead = True
+        if self.lane is not None:
+            self.lane.ended(proc)  # the server sees it die: its locks go, its work rolls back
         if proc.actor.proc is proc:
             proc.actor.proc = None
         self.abandoned.append(proc)
@@ -857,7 +1089,18 @@ class World:
         self.count(f"stall at a {proc.point.split()[0].rstrip(':')} point")
         ttl = self.config.ttl
         until = self.now + self.rng.uniform(1.05, 1.9) * ttl
-        if proc.attempt_at is not None:
+        if self.hunt.long and self.hunt.rng.random() < 0.5:
+            # Longer than HALT_MIN_AGE (issue 32), in some seeds: outside a claimed call
+            # nothing is owed to the stalled process; inside one, its effect may land after a
+            # person recorded "did not happen" (the one outcome no engine can prevent: the
+            # invariants excuse exactly that, and hold the rest).
+            self.hunt.long = False
+            until = self.now + self.hunt.rng.uniform(2.2, 3.5) * ttl
+            self.count("stalls longer than HALT_MIN_AGE")
+            if proc.attempt_at is not None and until > proc.attempt_at + 2 * ttl:
+                self.beyond.add(proc.pid)
+                self.count("stalls longer than HALT_MIN_AGE inside a claimed call")
+        elif proc.attempt_at is not None:
             # Inside a claimed call: the stall ends (and the effect lands) before the halt
             # is old enough to resolve (HALT_MIN_AGE, twice the lease). A longer stall is
             # beyond what any engine can promise: see docs/simulation.md.
@@ -928,6 +1171,8 @@ class World:
                 self.current = None
         self.abandoned.clear()
         self.heartbeat.entries.clear()
+        if self.lane is not None:
+            self.lane.close()
 
 
 def deny_message(call_id: str) -> str:
@@ -973,9 +1218,22 @@ def patched(world: World) -> Iterator[None]:
         if getattr(module, "uuid", None) is _uuid:
             swapped.append((module, "uuid", _uuid))
             module.uuid = uuid_shim
+    # Wall time (record bodies' ``at``; a halt's age where a store has no clock) is each
+    # process's own clock: virtual, and skewed in some seeds.
+    from durable_agents.engine import journal as journal_module
+    from durable_agents.engine.commands import halts as halts_module
+
+    clock_shim = _Time(world)
+    for module in (journal_module, halts_module):
+        swapped.append((module, "time", module.time))
+        module.time = clock_shim  # type: ignore[assignment]
     swapped.append((failpoints, "hit", failpoints.hit))
     failpoints.hit = world.failpoint  # type: ignore[assignment]
     swapped.append((leases, "_heartbeat", leases._heartbeat))
+    # A lease's last renewal and its lapse (``HeldLease.lapsed``) by the virtual clock: the
+    # heartbeat thread, the other reader of ``leases.time``, is ``SimHeartbeat`` here.
+    swapped.append((leases, "time", leases.time))
+    leases.time = _VirtualMonotonic(world)  # type: ignore[assignment]
     leases._heartbeat = world.heartbeat  # type: ignore[assignment]
     # The tool pool of an agent with ``tool_concurrency > 1``: greenlets, not threads.
     swapped.append((loop, "ThreadPoolExecutor", loop.ThreadPoolExecutor))
@@ -1008,7 +1266,8 @@ def patched(world: World) -> Iterator[None]:
     )
     CURRENT = world
     try:
-        yield
+        with mutations.applied(world.config.mutation):
+            yield
     finally:
         CURRENT = None
         logger.setLevel(saved_level)

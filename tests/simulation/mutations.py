@@ -1,0 +1,137 @@
+"""Deliberate breaks of the engine, each of which the simulator must catch.
+
+A simulator that passes proves little unless it fails when the engine is wrong. Each
+mutation below breaks one promise the way a plausible change would (a line deleted, a check
+skipped, a constant set to zero), applied for the length of a seed only (``Config.mutation``,
+``SIM_MUTATION=<name>``), so a replay line reproduces a catch. ``test_mutations.py`` runs
+each over its seed budget and requires a share of the seeds to break an invariant; the
+shares measured are in docs/simulation.md.
+
+These patch attributes of the engine's modules in this process; nothing is written to disk
+and everything is restored when the seed ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from durable_agents.engine import names, runtime, steps, stops
+from durable_agents.engine.commands import approvals as approval_commands
+from durable_agents.engine.commands import forks
+from durable_agents.engine.loop import Driver
+from durable_agents.engine.transcript import RunState
+
+
+@contextlib.contextmanager
+def _swapped(*swaps: tuple[Any, str, Any]) -> Iterator[None]:
+    saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in swaps]
+    for owner, attr, value in swaps:
+        setattr(owner, attr, value)
+    try:
+        yield
+    finally:
+        for owner, attr, value in reversed(saved):
+            setattr(owner, attr, value)
+
+
+def _no_live_attempts(self: RunState) -> dict[str, Any]:
+    return {}
+
+
+def _prefix_without_attempts(records: Any, step: int) -> list[Any]:
+    """``steps.prefix`` as it was before hole 2's fix: a fork keeps the turns and results
+    but not the claims of calls that had no result yet."""
+    kept = steps.prefix(records, step)
+    return [
+        r for r in kept if not r.name.startswith((names.ATTEMPT, names.NOT_STARTED, names.UNKNOWN))
+    ]
+
+
+_verify = approval_commands.verify_signature
+
+
+def _verify_earlier(request: Any, *args: Any, **kwargs: Any) -> None:
+    """Verify against the arguments the call asked about first, as a check written before
+    requests could be asked again would."""
+    if request.previous_arguments is not None:
+        request = dataclasses.replace(request, arguments=request.previous_arguments)
+    _verify(request, *args, **kwargs)
+
+
+def _no_halt_age() -> contextlib.AbstractContextManager[None]:
+    saved = runtime._runtime.__dict__.get("halt_min_age")
+    runtime.configure(halt_min_age=lambda: 0.0)
+
+    @contextlib.contextmanager
+    def restore() -> Iterator[None]:
+        try:
+            yield
+        finally:
+            runtime._runtime.__dict__["halt_min_age"] = saved
+
+    return restore()
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    breaks: str  # what it breaks, in a line
+    apply: Callable[[], contextlib.AbstractContextManager[None]]
+    # The cast it needs (``SIM_ACTORS`` syntax; "" keeps the whole cast).
+    actors: str = ""
+
+
+MUTATIONS: dict[str, Mutation] = {
+    m.name: m
+    for m in (
+        Mutation(
+            "no-halt-on-unknown-outcome",
+            "a claimed call with no result is run again instead of halting the run "
+            "(RunState.live_attempts finds none)",
+            lambda: _swapped((RunState, "live_attempts", _no_live_attempts)),
+        ),
+        Mutation(
+            "fork-drops-attempt-markers",
+            "a fork keeps a step's calls but not their claims (steps.prefix before hole 2)",
+            lambda: _swapped((forks, "prefix", _prefix_without_attempts)),
+        ),
+        Mutation(
+            "signature-over-earlier-arguments",
+            "a signed decision is verified against the arguments the call asked about first, "
+            "not the ones it asks about now",
+            lambda: _swapped((approval_commands, "verify_signature", _verify_earlier)),
+        ),
+        Mutation(
+            "halt-min-age-zero",
+            "a halt may be resolved the moment it is written (HALT_MIN_AGE = 0)",
+            _no_halt_age,
+        ),
+        Mutation(
+            "no-cancel-cascade",
+            "a cancel stops the run but none of the sub-runs below it (stops.stop_below "
+            "does nothing)",
+            lambda: _swapped((stops, "stop_below", lambda store, run_id: [])),
+        ),
+        Mutation(
+            "sub-run-ignores-stopped-root",
+            "a sub-run drives on under a cancelled or aborted ancestor (Driver._check_tree "
+            "does nothing)",
+            lambda: _swapped((Driver, "_check_tree", lambda self: None)),
+        ),
+    )
+}
+
+
+def applied(name: str) -> contextlib.AbstractContextManager[None]:
+    """The mutation ``name`` for one seed ("" for none)."""
+    if not name:
+        return contextlib.nullcontext()
+    try:
+        mutation = MUTATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown mutation {name!r}; choose from {sorted(MUTATIONS)}") from None
+    return mutation.apply()
