@@ -1590,8 +1590,19 @@ class Driver:
         attempts = (run.attempts if run else 0) + 1
         error = {"code": code, "message": message, "retryable": retryable}
         try:
-            self._update(status=FAILED, last_error=error, attempts=attempts)
+            # Never over an end: a drive of a cancelled run whose store failed as it closed
+            # the run's requests fails, but the run stays cancelled (found by the simulator).
+            failed = lifecycle.move(
+                self.store,
+                self.run_id,
+                FAILED,
+                lifecycle.DRIVER,
+                changes={"last_error": error, "attempts": attempts},
+                fence=self.fence,
+            )
         except LeaseLost:
+            return
+        if not failed:
             return
         announce_failure(self.store, self.run_id, self.agent.name, error, attempts)
 

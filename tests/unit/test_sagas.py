@@ -619,3 +619,21 @@ def test_a_fork_leaves_a_result_a_person_recorded_for_its_sources_attempt_to_the
     assert store.get_run(fork).status == "failed"
     assert Journal(store).get(fork, "saga:abort") is None
     assert trip.undos == []
+
+
+def test_a_drive_of_a_cancelled_run_whose_store_fails_leaves_it_cancelled(store, monkeypatch):
+    """A drive repairing a cancelled run (closing its requests and halts) whose store fails
+    fails for a retry, but never moves the run out of ``cancelled`` (found by the simulator's
+    failing store, issue 32: the row went from cancelled to failed)."""
+    trip = _gated_trip()
+    with pytest.raises(da.ApprovalPending):
+        trip.agent.run("c10", "go", store=store)
+    da.cancel("c10", by="ann", store=store)
+
+    def down(*args, **kwargs):
+        raise da.StorageError("the database went away", code="storage.unavailable")
+
+    monkeypatch.setattr(store, "orphan_halts", down)
+    with pytest.raises(da.StorageError):
+        trip.agent.run("c10", None, store=store)
+    assert store.get_run("c10").status == "cancelled"
