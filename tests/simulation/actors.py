@@ -308,7 +308,7 @@ class Person(Actor):
         what = w.pick(options)
         if what == "decide":
             req = requests[w.rng.randrange(len(requests))]
-            approve, edit = w.rng.random() < 0.7, w.rng.random() < 0.3
+            approve, edit = w.rng.random() < 0.7, w.rng.random() < (0.1 if w.intercepts else 0.3)
             return self._decide(w, req.run_id, req.call_id, approve, edit=approve and edit)
         if what == "resolve":
             halt = halts[w.rng.randrange(len(halts))]
@@ -784,7 +784,15 @@ class Replayer(Actor):
                         pairs.append((signed, req))
                 elif signed.run_id == source:
                     pairs.append((signed, req))
-        return pairs
+        # The nastiest first: the signature of the approval the call was asked again over
+        # (its arguments are the request's ``previous_arguments``).
+        over = [
+            (s, r)
+            for s, r in pairs
+            if r.previous_arguments is not None
+            and encode(s.arguments) == encode(r.previous_arguments)
+        ]
+        return over or pairs
 
     def choose(self, w: W.World) -> Op | None:
         aimed = self._aimed(w) if self.aimed_left else []
@@ -879,9 +887,11 @@ class Answerer(Actor):
         self.left = left
 
     def weight(self, w: W.World) -> int:
+        if self.left and self._racing(w, self._targets(w)):
+            return 6
         return 2 if self.left else 0
 
-    def choose(self, w: W.World) -> Op | None:
+    def _targets(self, w: W.World) -> list[tuple[str, int]]:
         targets = []
         for run_id in w.runs:
             start = Journal(w.raw).get(run_id, "run:start") if is_agent_run(run_id) else None
@@ -890,9 +900,38 @@ class Answerer(Actor):
                 continue
             for step in parse_plan(plan):
                 targets += [(run_id, order) for tool, order, _ in step if tool == "confirm"]
+        return targets
+
+    def _racing(self, w: W.World, targets: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Targeted (issue 32), in the casts that aim: a wait whose run a cancel is under way
+        on (or on a run above it), or a payment whose deadline is near."""
+        if not w.aims_forks:
+            return []
+        cancelling = [
+            a.proc.label.split()[-1]
+            for a in w.actors
+            if a.proc is not None and a.proc.label.startswith("cancel")
+        ]
+        racing = []
+        for run_id, order in targets:
+            if any(run_id == c or run_id.startswith(c + "/") for c in cancelling):
+                racing.append((run_id, order))
+                continue
+            wait = Journal(w.raw).get(run_id, f"wait:{wait_name(order)}")
+            deadline = wait.get("deadline_ms") if wait is not None else None
+            if deadline is not None and 0 <= int(deadline) / 1000 - w.now <= 15:
+                racing.append((run_id, order))
+        return racing
+
+    def choose(self, w: W.World) -> Op | None:
+        targets = self._targets(w)
         if not targets:
             return None
         self.left -= 1
+        racing = self._racing(w, targets)
+        if racing and w.aim_rng.random() < 0.8:
+            w.count("answers racing a cancel or a deadline")
+            targets = racing
         run_id, order = targets[w.rng.randrange(len(targets))]
         name = wait_name(order)
         times = 2 if w.rng.random() < 0.3 else 1

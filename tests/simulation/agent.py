@@ -28,6 +28,7 @@ from durable_agents.engine.model import (
     Usage,
 )
 from durable_agents.engine.tools import ToolContext
+from durable_agents.engine.waits import TimedOut
 
 from . import world as W
 
@@ -127,6 +128,10 @@ def book(order: int, slot: int, ctx: ToolContext) -> Any:
 
 
 ANSWERS = ["yes", "no"]  # what a person may answer; anything else is refused
+# A payment's deadline (seconds after its wait began), and what ``confirm`` returns when the
+# deadline won.
+SIGNAL_TIMEOUT = 40.0
+TIMED_OUT = {"timed_out": True}
 
 
 def wait_name(order: int) -> str:
@@ -162,7 +167,12 @@ def _confirm(version: int) -> Any:
             value = ctx.interrupt(name, prompt, schema={"type": "string", "enum": ANSWERS})
             got["prompt"] = prompt
         elif order % 4 == 1:
-            value = ctx.await_signal(name)
+            # Orders 5, 13, 21…: the payment has a deadline; a callback racing it either wins
+            # (its payload) or finds the wait timed out (issue 32).
+            timeout = SIGNAL_TIMEOUT if order % 8 == 5 else None
+            value = ctx.await_signal(name, timeout=timeout)
+            if isinstance(value, TimedOut):
+                value = TIMED_OUT
         else:
             # The oldest message nothing acked; handled (written to the ledger), then acked:
             # consumed once by this call. A run of the call that dies after the ack goes on

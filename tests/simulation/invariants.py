@@ -47,6 +47,7 @@ from .agent import (
     GATED,
     KEYED,
     NOT_HAPPENED,
+    TIMED_OUT,
     UNDOS,
     UNFLAGGED,
     UNKNOWN_MESSAGE,
@@ -1062,6 +1063,54 @@ def check_answers(w: W.World, ix: Index) -> None:
             )
 
 
+def _check_timed_out(
+    w: W.World, names: dict[str, Record], run_id: str, wait: Record, waited: Record
+) -> None:
+    """A signal wait resolved by its deadline (issue 32): only a wait with a deadline times
+    out, never before it (by the store's clock), never over a signal delivered before it, and
+    the call that awaited it got the timeout."""
+    name, call = wait.get("name"), wait.get("call_id")
+    deadline = wait.get("deadline_ms")
+    if deadline is None:
+        w.violate("timers_never_early", f"run {run_id}: signal {name} with no deadline timed out")
+        return
+    w.count("signal waits timed out")
+    at = waited.created_at
+    if at is not None and at.timestamp() * 1000 < int(deadline):
+        w.violate(
+            "timers_never_early",
+            f"run {run_id}: signal {name} timed out at {at.timestamp() * 1000:.0f}, before its "
+            f"deadline {deadline}",
+        )
+    delivered = names.get(f"signal:{name}")
+    if (
+        delivered is not None
+        and delivered.created_at is not None
+        and delivered.created_at.timestamp() * 1000 < int(deadline)
+        and delivered.seq < waited.seq
+    ):
+        w.violate(
+            "signals_consumed_once",
+            f"run {run_id}: signal {name} was delivered before its deadline, and the wait "
+            "timed out over it",
+        )
+    if waited.get("call_id") != call:
+        w.violate(
+            "signals_consumed_once",
+            f"run {run_id}: the timeout of {name} awaited by {call} went to "
+            f"{waited.get('call_id')}",
+        )
+    result = names.get(f"tool:{call}")
+    if result is None or result.get("is_error") or result.get("reconciled"):
+        return
+    got = (result.get("result") or {}).get("value")
+    if encode(got) != encode(TIMED_OUT):
+        w.violate(
+            "waits_first_value",
+            f"run {run_id}: call {call} returned {got!r} for {name}, which timed out",
+        )
+
+
 def check_waits(w: W.World, ix: Index) -> None:
     """An answer or a signal is recorded once, the first one wins everywhere (the journal,
     the tool's result), and a signal is consumed by the one call that awaited it."""
@@ -1113,6 +1162,9 @@ def check_waits(w: W.World, ix: Index) -> None:
                 continue
             if rec.get("kind") == "interrupt":
                 continue  # ``check_answers``: each question's answer, by the ledger
+            if waited is not None and waited.get("outcome") == "timeout":
+                _check_timed_out(w, names, run_id, rec, waited)
+                continue
             if waited is not None and waited.get("call_id") != call:
                 w.violate(
                     "signals_consumed_once",

@@ -24,12 +24,12 @@ SEEDS = 600
 # (docs/simulation.md), so that an engine change moving schedules does not fail it by
 # chance, while a simulator that stopped reaching the break does.
 LEAST = {
-    "no-halt-on-unknown-outcome": 10,
-    "fork-drops-attempt-markers": 9,
-    "signature-over-earlier-arguments": 4,
+    "no-halt-on-unknown-outcome": 9,
+    "fork-drops-attempt-markers": 13,
+    "signature-over-earlier-arguments": 3,
     "halt-min-age-zero": 4,
-    "no-cancel-cascade": 18,
-    "sub-run-ignores-stopped-root": 9,
+    "no-cancel-cascade": 19,
+    "sub-run-ignores-stopped-root": 5,
 }
 
 

@@ -67,6 +67,10 @@ def test_seeds_keep_the_promise():
         "deploys aimed at a captured request": "replayer" in config.actors,
         "resumes aimed at a request a deploy changed": "replayer" in config.actors,
         "replays aimed": "replayer" in config.actors,
+        "signal waits timed out": "answerer" in config.actors,
+        "warm shutdowns (SIGTERM)": "sigterm" in config.faults,
+        "answers racing a cancel or a deadline": "answerer" in config.actors
+        and "forker" in config.actors,
     }
     if len(seeds) >= 500:
         missed = [

@@ -92,6 +92,7 @@ class Config:
             "kill",
             "long",
             "skew",
+            "sigterm",
         }
     )
     drivers: int = 2
@@ -191,6 +192,7 @@ class Proc:
         self.urgent = False
         self.exclusive = False  # runs to its end once started (crashes only)
         self.heart_dead = False  # its heartbeat thread died; the process goes on
+        self.stopping = False  # its worker got SIGTERM (warm shutdown)
         self.requests_read: list[Any] = []  # approval requests its store calls returned
         self.leased: list[str] = []
         self.capture: dict[str, list[Any]] | None = None
@@ -442,8 +444,8 @@ class Hunt:
 
     def __init__(self, seed: int, faults: frozenset[str]) -> None:
         self.rng = random.Random(f"hunt:{seed}")
-        draws = [self.rng.random() for _ in range(8)]
-        self.slow = "slow" in faults and draws[0] < 0.35
+        draws = [self.rng.random() for _ in range(9)]
+        self.slow = 2 if "slow" in faults and draws[0] < 0.5 else 0  # slow calls left
         self.broker = "broker" in faults and draws[1] < 0.3
         self.heart = "heart" in faults and draws[2] < 0.2
         self.store = "store" in faults and draws[3] < 0.3
@@ -451,13 +453,16 @@ class Hunt:
         self.large = "large" in faults and draws[4] < 0.25
         # The classic window, aimed at: a process dies inside a charge or a refund, after
         # the money moved and before its result is recorded.
-        self.kill = "kill" in faults and draws[5] < 0.3
+        self.kill = "kill" in faults and draws[5] < 0.4
         # One stall longer than HALT_MIN_AGE (``World.stall``).
         self.long = "long" in faults and draws[6] < 0.25
         # Each process's wall clock off the database's by up to five minutes either way
         # (``World.wall_time``): the engine must judge every age by the store's clock.
         self.skew = "skew" in faults and draws[7] < 0.3
         self.skews: dict[int, float] = {}
+        # A deploy's warm shutdown (SIGTERM): a worker finishes the step in flight and stops.
+        self.sigterm = "sigterm" in faults and draws[8] < 0.3
+        self.sigterms = 0
         self.late: list[str] = []
         self.store_faults = 0
         self.hearts_stopped = 0
@@ -736,7 +741,7 @@ class World:
         point = proc.point
         if not (point.startswith(("tool charge ", "tool refund ")) and point.endswith(" done")):
             return False
-        if hunt.rng.random() >= 0.5:
+        if hunt.rng.random() >= 0.8:
             return False
         hunt.kill = False
         self.count("crashes aimed after an effect")
@@ -751,6 +756,24 @@ class World:
         if proc.pid not in hunt.skews:
             hunt.skews[proc.pid] = hunt.rng.uniform(-300.0, 300.0)
         return self.now + hunt.skews[proc.pid]
+
+    def should_stop(self) -> bool:
+        """``runtime.should_stop``: the current process's worker is shutting down."""
+        proc = self.current
+        return proc is not None and proc.stopping
+
+    def warm_shutdown(self, proc: Proc) -> None:
+        """In some seeds, a driver's worker gets SIGTERM (a deploy): it finishes the step in
+        flight, puts the run back, and stops; recovery hands the run over."""
+        hunt = self.hunt
+        if not hunt.sigterm or hunt.sigterms >= 2 or proc.stopping or self.phase != "main":
+            return
+        if proc.actor.kind != "driver" or not proc.leased or hunt.rng.random() >= 0.05:
+            return
+        hunt.sigterms += 1
+        proc.stopping = True
+        self.count("warm shutdowns (SIGTERM)")
+        self.log(proc.actor.name, f"SIGTERM (driving {proc.leased})")
 
     def stop_heart(self, proc: Proc) -> None:
         """In some seeds a driver's heartbeat dies while it goes on (its lease lapses under
@@ -784,7 +807,7 @@ class World:
             return  # too late for anyone to take the run over before the main phase ends
         if tool not in ("charge", "refund") or hunt.rng.random() >= 0.5:
             return
-        hunt.slow = False
+        hunt.slow -= 1
         until = proc.attempt_at + hunt.rng.uniform(1.7, 1.95) * self.config.ttl
         proc.stalled_until = until
         self.count("slow tool calls")
@@ -1061,6 +1084,7 @@ class World:
                 return
         if faults:
             self.stop_heart(proc)
+            self.warm_shutdown(proc)
         self.log(proc.actor.name, proc.point)
         self.resume(proc)
 
@@ -1250,7 +1274,7 @@ def patched(world: World) -> Iterator[None]:
         lease_ttl=lambda: ttl,
         on_drift=lambda: "warn",
         dispatcher=world.dispatch,
-        should_stop=lambda: False,
+        should_stop=world.should_stop,
         # The engine as plain Python: no user system, so a person's name is a trusted
         # caller (`identity.plain_actor`). Who may decide is tested against real users in
         # tests/integration; here the question is what the engine does with a decision.
