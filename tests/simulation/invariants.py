@@ -1263,9 +1263,13 @@ def check_channels(w: W.World, ix: Index) -> None:
                     f"run {run_id}: call {call} received {received}, the channel holds {keys}",
                 )
             # The tool writes what it got to the ledger, then acks: a run of the call that
-            # died in between (and never ran again) leaves its last message unacked.
-            settled = f"tool:{call}" in journal
-            for k in set(received) if settled else set(received[:-1]):
+            # died in between, or whose ack was fenced out (a driver that had lost the run),
+            # leaves that message unacked. The message the call's journaled result holds was
+            # acked by the call.
+            result = journal.get(f"tool:{call}")
+            value = (result.get("result") or {}) if result is not None else {}
+            kept = value.get("key") if isinstance(value, dict) else None
+            for k in {k for k in received if kept is not None and k.partition(":")[2] == kept}:
                 ack = journal.get(f"ack:{k}")
                 if ack is None or ack.get("call_id") != call:
                     w.violate(
@@ -1478,11 +1482,15 @@ def check_stops(w: W.World, ix: Index) -> None:
         if e.tool in UNDOS or not is_agent_run(e.run) or e.run not in ix.rows:
             continue
         for holder, rec in _stops_at_and_above(w, ix, e.run):
-            if rec.seq <= e.entered:
+            # A run's own stop is checked when its drive begins: a call it claimed before
+            # the stop was in flight (a stalled driver runs it; the rollback halts on it).
+            # A stop above is checked after the claim, right before the call runs.
+            began = e.claimed if holder == e.run and e.claimed else e.entered
+            if rec.seq <= began:
                 w.violate(
                     "stops_hold",
                     f"{e.run}: {e.tool} call {e.call} began after {holder}'s {rec.name} "
-                    f"(record seq {rec.seq}, the call began after seq {e.entered})",
+                    f"(record seq {rec.seq}, the call began after seq {began})",
                     hole="29",
                 )
     for run_id, row in ix.rows.items():

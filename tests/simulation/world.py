@@ -165,6 +165,9 @@ class Effect:
     # The store's last journal seq when the call began (handed to a pool: when handed over),
     # so a stop recorded before it (``seq <= entered``) came before the call.
     entered: int = 0
+    # The seq of the attempt claim this process took for the call (0: none, a retry-safe
+    # call): a run's own stop recorded after the claim finds the call in flight.
+    claimed: int = 0
 
 
 @dataclass
@@ -194,6 +197,7 @@ class Proc:
         self.heart_dead = False  # its heartbeat thread died; the process goes on
         self.stopping = False  # its worker got SIGTERM (warm shutdown)
         self.requests_read: list[Any] = []  # approval requests its store calls returned
+        self.claims: dict[str, int] = {}  # call -> the seq of the attempt it claimed last
         self.leased: list[str] = []
         self.capture: dict[str, list[Any]] | None = None
         self.attempt_at: float | None = None
@@ -854,6 +858,7 @@ class World:
             outcome,
             proc.pid if proc else 0,
             entered if entered is not None else self.entry_seq(),
+            proc.claims.get(call, 0) if proc else 0,
         )
         self.ledger.append(entry)
         return entry
@@ -998,6 +1003,7 @@ class World:
                 self.progress = self.step
             if inserted and entry.name.startswith("attempt:"):
                 proc.attempt_at = self.now
+                proc.claims[entry.name[len("attempt:") :].rpartition(":")[0]] = entry.seq
             elif entry.name.startswith("tool:"):
                 proc.attempt_at = None
         elif name == "get_approval_request":
