@@ -18,7 +18,7 @@ def _heartbeat_closes_before_the_databases_go(django_db_setup, django_db_blocker
 # The simulator's fresh seeds (tests/simulation/test_simulation.py): drawn once per run of
 # the suite, here in the main process, so every worker explores the same range and the
 # summary can name it.
-FRESH_SEEDS = 300
+FRESH_SEEDS = 150
 
 
 def pytest_configure(config: pytest.Config) -> None:

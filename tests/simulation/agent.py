@@ -59,6 +59,7 @@ def _act(tool: str, args: dict[str, Any], ctx: ToolContext) -> Any:
     entered = w.entry_seq()  # before the scheduler may run anyone else
     w.slow_tool(tool)
     w.point(f"tool {tool} {ctx.call_id} start")
+    w.begins(ctx.call_id)
     if tool == "charge" and args["amount"] == DECLINED_AMOUNT:
         w.record(
             tool,

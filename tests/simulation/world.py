@@ -198,6 +198,7 @@ class Proc:
         self.stopping = False  # its worker got SIGTERM (warm shutdown)
         self.requests_read: list[Any] = []  # approval requests its store calls returned
         self.claims: dict[str, int] = {}  # call -> the seq of the attempt it claimed last
+        self.claim_times: dict[str, float] = {}  # call -> when it claimed it
         self.leased: list[str] = []
         self.capture: dict[str, list[Any]] | None = None
         self.attempt_at: float | None = None
@@ -799,6 +800,19 @@ class World:
             self.queue.append(run_id)
             self.log("broker", f"delivers {run_id} late")
 
+    def begins(self, call_id: str) -> None:
+        """A claimed call's body begins. Held up past HALT_MIN_AGE since its claim (a stall
+        between them, or, handed to the pool, behind another call's long body: a real pool
+        would have started it at once), its effect may land after a person recorded "did
+        not happen": the one outcome no engine prevents (docs/simulation.md, Limits)."""
+        proc = self.current
+        if proc is None:
+            return
+        claimed = proc.claim_times.get(call_id)
+        if claimed is not None and self.now - claimed >= 2 * self.config.ttl:
+            self.beyond.add(proc.pid)
+            self.count("calls begun later than HALT_MIN_AGE after their claim")
+
     def slow_tool(self, tool: str) -> None:
         """Inside an at-most-once tool, before its effect: in some seeds one call freezes
         for most of the time a halt on it must wait before a person may resolve it
@@ -1003,7 +1017,9 @@ class World:
                 self.progress = self.step
             if inserted and entry.name.startswith("attempt:"):
                 proc.attempt_at = self.now
-                proc.claims[entry.name[len("attempt:") :].rpartition(":")[0]] = entry.seq
+                claimed = entry.name[len("attempt:") :].rpartition(":")[0]
+                proc.claims[claimed] = entry.seq
+                proc.claim_times[claimed] = self.now
             elif entry.name.startswith("tool:"):
                 proc.attempt_at = None
         elif name == "get_approval_request":
