@@ -525,3 +525,21 @@ def test_a_request_for_other_arguments_is_withdrawn_once_the_call_has_its_result
     with pytest.raises(da.ApprovalOrphaned):
         da.approve("r1", "call_1_1", True, by="bob", arguments=request.arguments, store=store)
     assert paid == ([{"cents": 5}] if approved else [])
+
+
+def test_a_request_pending_for_a_call_a_person_resolved_is_withdrawn(store):
+    """A request is pending for a call (asked again about other arguments while a driver
+    that later lost the run was inside it under an earlier approval); a person records what
+    really happened. Nobody runs the call again, so nobody may approve it: the drive that
+    goes on withdraws the request (found by the simulator, fresh seed 3001164: a finished
+    run with a pending approval)."""
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r5", "pay me", store=store)
+    journal = Journal(store)
+    journal.claim_attempt("r5", "attempt:call_1_1:1", extra={"tool": "pay", "arguments": {}})
+    store.update_run("r5", {"status": "halted"})
+    da.resolve_halt("r5", "call_1_1", "paid", by="ann", store=store)
+    assert store.get_run("r5").status == "finished"
+    assert store.get_approval_request("r5", "call_1_1").status == "withdrawn"
+    assert paid == []
