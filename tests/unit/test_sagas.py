@@ -637,3 +637,28 @@ def test_a_drive_of_a_cancelled_run_whose_store_fails_leaves_it_cancelled(store,
     with pytest.raises(da.StorageError):
         trip.agent.run("c10", None, store=store)
     assert store.get_run("c10").status == "cancelled"
+
+
+def test_the_sweep_closes_the_halts_a_cancel_left_open(store, monkeypatch):
+    """A cancel journaled its record, then its process died (or its store failed) before it
+    orphaned the run's halts: nobody drives a cancelled run, so the sweep closes them (found
+    by the simulator's failing store, fresh seed 13001033)."""
+    from durable_agents.engine.commands.timers import wake_timers
+
+    trip = Trip(hotel="unknown", saga=False)
+    with pytest.raises(da.OutcomeUnknown):
+        trip.agent.run("c11", "go", store=store)
+    assert [h.status for h in store.list_halts(run_id="c11")] == ["open"]
+    real = store.orphan_halts
+
+    def dies(run_id):
+        monkeypatch.setattr(store, "orphan_halts", real)
+        raise Crash()
+
+    monkeypatch.setattr(store, "orphan_halts", dies)
+    with pytest.raises(Crash):
+        da.cancel("c11", by="ann", store=store)
+    assert store.get_run("c11").status == "cancelled"
+    assert [h.status for h in store.list_halts(run_id="c11")] == ["open"]
+    wake_timers(store=store)
+    assert [h.status for h in store.list_halts(run_id="c11", status=None)] == ["orphaned"]

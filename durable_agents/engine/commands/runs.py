@@ -435,6 +435,9 @@ def cancel(
             {"kind": "cancelled", "by": actor.username, "by_id": actor.id, "reason": reason},
             {"status": CANCELLED},
         )
+        # What the cancel closes first, its log after: a store failing the log leaves no halt
+        # open and no request pending on a cancelled run (found by the simulator).
+        stops.close_cancelled(store, run_id)
         if inserted:
             store.log_action(identity.logged(actor, "cancel", run_id, "", {"reason": reason}))
     failpoints.hit(f"after-cancel:{run_id}")

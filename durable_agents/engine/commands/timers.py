@@ -40,6 +40,7 @@ from ..ports import (
     APPROVAL_PENDING,
     AWAITING_APPROVAL,
     AWAITING_INPUT,
+    CANCELLED,
     HALTED,
     KIND_AGENT,
     RUNNING,
@@ -84,6 +85,18 @@ def _quiet_runs(store: Any) -> dict[str, _Quiet] | None:
         return _QUIET.setdefault(store, {})
     except TypeError:  # a store that cannot be weakly referenced: no memory of it
         return None
+
+
+def _finish_stopped_cancels(store: Store) -> None:
+    """Close what a cancel left open: a halt or a pending request of a run cancelled since
+    (its canceller died, or its store failed, between its record and closing them). Nobody
+    drives a cancelled run, so the sweep does; reads only what waits on a person."""
+    runs = {h.run_id for h in store.list_halts()}
+    runs |= {r.run_id for r in store.list_approval_requests()}
+    for run_id in sorted(runs):
+        run = store.get_run(run_id)
+        if run is not None and run.status == CANCELLED:
+            stops.close_cancelled(store, run_id)
 
 
 def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
@@ -156,6 +169,7 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
         quiet.clear()
         quiet.update(still_quiet)
     woken += [r for r in _finish_stopped_quorums(store) if r not in woken]
+    _finish_stopped_cancels(store)
     if woken:
         log.info("woke %d run(s) whose timer or deadline was due", len(woken))
     return woken
