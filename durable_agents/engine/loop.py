@@ -638,16 +638,17 @@ class Driver:
     def _close_settled_halts(self) -> None:
         """Close the open halts of calls the journal holds an outcome for: a resolution that
         stopped between its record and its halt row is finished by the next drive."""
-        reconciled = [op for op, rec in self.state.results.items() if rec.get("reconciled")]
+        reconciled = {op for op, rec in self.state.results.items() if rec.get("reconciled")}
         if not reconciled:
             return  # only a resolution records an outcome over a halt
-        for op in reconciled:
-            # A request still pending for a call a person recorded the outcome of (asked
-            # about other arguments while a drive that lost the run was inside it): nobody
-            # runs the call again, so nobody may approve it (found by the simulator).
-            self.store.set_approval_status(
-                self.run_id, op, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING]
-            )
+        for request in self.store.list_approval_requests(run_id=self.run_id):
+            if request.call_id in reconciled:
+                # Pending for a call a person recorded the outcome of (asked about other
+                # arguments while a drive that lost the run was inside it): nobody runs the
+                # call again, so nobody may approve it (found by the simulator).
+                self.store.set_approval_status(
+                    self.run_id, request.call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING]
+                )
         for halt in self.store.list_halts(run_id=self.run_id):
             rec = self.state.results.get(halt.op_id)
             if rec is not None:

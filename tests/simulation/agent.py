@@ -159,6 +159,19 @@ def _confirm(version: int) -> Any:
         w.point(f"tool confirm {ctx.call_id} start")
         name = wait_name(order)
         got: dict[str, Any] = {}
+
+        def handled(value: Any) -> W.Effect:
+            return w.record(
+                "confirm",
+                ctx.run_id,
+                ctx.call_id,
+                {"order": order},
+                "",
+                {"wait": name, "value": value, **got},
+                effect=False,
+                entered=entered,
+            )
+
         if order % 4 == 1:
             # A timer first: the run sleeps 20 s (its wake time journaled once), then waits.
             ctx.sleep(f"nap-{order}", 20.0)
@@ -179,29 +192,12 @@ def _confirm(version: int) -> Any:
             # consumed once by this call. A run of the call that dies after the ack goes on
             # with the next message (docs/waiting.md).
             msg = ctx.receive(name)
-            entry = w.record(
-                "confirm",
-                ctx.run_id,
-                ctx.call_id,
-                {"order": order},
-                "",
-                {"wait": name, "value": msg.payload, "key": msg.key},
-                effect=False,
-                entered=entered,
-            )
+            got["key"] = msg.key
+            entry = handled(msg.payload)
             ctx.ack(name, msg.key)
             w.point(f"tool confirm {ctx.call_id} done")
             return entry.value
-        entry = w.record(
-            "confirm",
-            ctx.run_id,
-            ctx.call_id,
-            {"order": order},
-            "",
-            {"wait": name, "value": value, **got},
-            effect=False,
-            entered=entered,
-        )
+        entry = handled(value)
         w.point(f"tool confirm {ctx.call_id} done")
         return entry.value
 

@@ -85,6 +85,20 @@ def digest(world: World) -> str:
     return h.hexdigest()
 
 
+def fail_if_broken(world: World, label: str = "") -> None:
+    """Fail the test with a seed's violations and its replay line (nothing if it kept the
+    promise)."""
+    import pytest
+
+    if world.violations:
+        pytest.fail(
+            f"seed {world.config.seed} broke the promise{label}:\n"
+            + "\n".join(str(v) for v in world.violations)
+            + f"\nreplay: {replay_command(world.config)}",
+            pytrace=False,
+        )
+
+
 @dataclass
 class Finding:
     seed: int

@@ -25,7 +25,15 @@ from durable_agents.models import Follower
 from . import pg_lane
 from .actors import Driver
 from .directed import run
-from .runner import config_for, digest, parse_seeds, replay_command, run_seeds, summarize
+from .runner import (
+    config_for,
+    digest,
+    fail_if_broken,
+    parse_seeds,
+    replay_command,
+    run_seeds,
+    summarize,
+)
 from .scenario import simulate
 from .world import EPOCH, Config, World, patched
 
@@ -89,13 +97,7 @@ def test_replay(lane):
     print("\n".join(world.format_trace()))
     for violation in world.violations:
         print(violation)
-    if world.violations:
-        pytest.fail(
-            f"seed {config.seed} broke the promise on PostgreSQL:\n"
-            + "\n".join(str(v) for v in world.violations)
-            + f"\nreplay: {replay_command(config)}",
-            pytrace=False,
-        )
+    fail_if_broken(world, " on PostgreSQL")
 
 
 @pytest.mark.timeout(_budget(MIRROR_SEEDS))
@@ -107,13 +109,7 @@ def test_seeds_run_the_memory_lanes_schedules(lane):
     for seed in MIRROR_SEEDS:
         config = pg_config(seed, "postgres-expiry")
         pg, memory = simulate(config), simulate(replace(config, store="memory"))
-        if pg.violations:
-            pytest.fail(
-                f"seed {seed} broke the promise on PostgreSQL:\n"
-                + "\n".join(str(v) for v in pg.violations)
-                + f"\nreplay: {replay_command(config)}",
-                pytrace=False,
-            )
+        fail_if_broken(pg, " on PostgreSQL")
         ours, theirs = pg.format_trace(), memory.format_trace()
         if ours != theirs:
             common = min(len(ours), len(theirs))

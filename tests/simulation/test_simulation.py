@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from .runner import config_for, digest, parse_seeds, replay_command, run_seeds, summarize
+from .runner import config_for, digest, fail_if_broken, parse_seeds, run_seeds, summarize
 from .scenario import simulate
 from .world import Config
 
@@ -104,13 +104,7 @@ def test_replay():
     print("\n".join(world.format_trace()))
     for violation in world.violations:
         print(violation)
-    if world.violations:
-        pytest.fail(
-            f"seed {seed} broke the promise:\n"
-            + "\n".join(str(v) for v in world.violations)
-            + f"\nreplay: {replay_command(config)}",
-            pytrace=False,
-        )
+    fail_if_broken(world)
 
 
 @pytest.mark.parametrize("seed", [3, 1234, 77777])

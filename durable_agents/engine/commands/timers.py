@@ -40,7 +40,6 @@ from ..ports import (
     APPROVAL_PENDING,
     AWAITING_APPROVAL,
     AWAITING_INPUT,
-    CANCELLED,
     HALTED,
     KIND_AGENT,
     RUNNING,
@@ -90,13 +89,15 @@ def _quiet_runs(store: Any) -> dict[str, _Quiet] | None:
 def _finish_stopped_cancels(store: Store) -> None:
     """Close what a cancel left open: a halt or a pending request of a run cancelled since
     (its canceller died, or its store failed, between its record and closing them). Nobody
-    drives a cancelled run, so the sweep does; reads only what waits on a person."""
+    drives a cancelled run, so the sweep does: two reads of what waits on a person, and one
+    for which of their runs were cancelled."""
     runs = {h.run_id for h in store.list_halts()}
     runs |= {r.run_id for r in store.list_approval_requests()}
-    for run_id in sorted(runs):
-        run = store.get_run(run_id)
-        if run is not None and run.status == CANCELLED:
-            stops.close_cancelled(store, run_id)
+    if not runs:
+        return
+    cancelled = {e.run_id for e in store.find(sorted(runs), [names.RUN_CANCELLED])}
+    for run_id in sorted(cancelled):
+        stops.close_cancelled(store, run_id)
 
 
 def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
