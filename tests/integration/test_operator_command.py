@@ -24,8 +24,10 @@ from tests.support.procs import ROOT, subprocess_env
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _user(name: str, *perms: str, active: bool = True):
-    user = get_user_model().objects.create_user(name, is_staff=True, is_active=active)
+def _user(name: str, *perms: str, active: bool = True, is_superuser: bool = False):
+    user = get_user_model().objects.create_user(
+        name, is_staff=True, is_active=active, is_superuser=is_superuser
+    )
     for codename in perms:
         user.user_permissions.add(
             Permission.objects.get(codename=codename, content_type__app_label="durable_agents")
@@ -59,7 +61,9 @@ def test_runs_names_the_call_each_run_waits_on():
     ]
     out = StringIO()
     call_command("durable_agents", "runs", stdout=out)
-    assert f"durable_agents approve|deny cmd-wait {call_id}" in out.getvalue()
+    text = out.getvalue()
+    assert f"python manage.py durable_agents approve cmd-wait {call_id} --by " in text
+    assert f"python manage.py durable_agents deny cmd-wait {call_id} --by " in text
     assert _runs_json("--status", "halted") == []
     assert [r["run_id"] for r in _runs_json("--status", "awaiting_approval")] == ["cmd-wait"]
 
@@ -93,22 +97,21 @@ def test_runs_prints_the_right_hint_for_each_kind_of_wait():
     halted = "cmd-halt"
     with pytest.raises(da.OutcomeUnknown):
         halting.run(halted, "charge")
+    _user("ops", is_superuser=True)
     out = StringIO()
-    call_command("durable_agents", "runs", stdout=out)
-    lines = {
-        line.split("  -> ")[0].strip(): line.split("  -> ")[1]
-        for line in out.getvalue().splitlines()
-        if "  -> " in line
-    }
+    call_command("durable_agents", "runs", "--by", "ops", stdout=out)
     text = out.getvalue()
-    assert "durable_agents.answer_interrupt('cmd-ask', 'warehouse', value, by=user)" in text
-    assert "durable_agents.signal('cmd-pay', 'paid', payload); times out at" in text
-    assert "wake now: durable_agents.wake_timer('cmd-nap', 'cool-off', by=user)" in text
-    assert "durable_agents.enqueue('cmd-read', 'box', key, payload)" in text
-    assert f"durable_agents resolve {halted} " in text
+    cli = "python manage.py durable_agents"
+    assert f"{cli} answer cmd-ask warehouse --value JSON --by ops" in text
+    assert f"{cli} signal cmd-pay paid --payload JSON --by ops" in text
+    assert "awaits a signal; times out at" in text
+    assert f"{cli} wake cmd-nap cool-off --by ops" in text
+    assert f"{cli} send cmd-read box KEY --payload JSON --by ops" in text
+    assert f"{cli} resolve {halted} " in text
     # A wait is never offered the halt's command, nor a halt a wait's.
-    for where, hint in lines.items():
-        assert ("resolve" in hint) == where.startswith("call "), (where, hint)
+    commands = [line.strip() for line in text.splitlines() if cli in line]
+    resolves = [c for c in commands if f"{cli} resolve " in c]
+    assert len(resolves) == 1 and f"resolve {halted} " in resolves[0], commands
 
 
 def test_approve_acts_as_an_active_user_with_the_permission():

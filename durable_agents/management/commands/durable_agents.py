@@ -16,6 +16,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from durable_agents import hints
 from durable_agents.engine.errors import DurableAgentsError
 from durable_agents.engine.ports import STATUSES, TERMINAL_STATUSES
 from durable_agents.people import actor_for
@@ -39,7 +40,8 @@ _GLOBAL_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 
 class Command(BaseCommand):
     help = (
-        "Operate durable agent runs: runs, approve, deny, cancel, resolve, recover, export, import."
+        "Operate durable agent runs: runs, approve, deny, cancel, resume, resolve, answer, "
+        "signal, send, wake, recover, export, import."
     )
     # ``import -`` reads this stream (call_command(..., stdin=...)), else the process's stdin.
     stealth_options = ("stdin",)
@@ -63,6 +65,11 @@ class Command(BaseCommand):
             "--stalled",
             action="store_true",
             help="only runs queued for several recovery intervals with no driver",
+        )
+        runs.add_argument(
+            "--by",
+            help="the username the printed commands act as (default: your login name, "
+            "if it names an active user here)",
         )
 
         command("recover", "one recovery pass: hand runs nobody drives to a driver")
@@ -89,6 +96,50 @@ class Command(BaseCommand):
             "--by", required=True, help=f"the username cancelling; needs {needs('cancel')}"
         )
         cancel.add_argument("--reason", default="")
+
+        resume = command(
+            "resume",
+            "hand an unfinished run (a failed one too) to a driver again, once what stopped it "
+            "is fixed",
+        )
+        resume.add_argument("run_id")
+        resume.add_argument(
+            "--by", required=True, help=f"the username resuming; needs {needs('resume')}"
+        )
+
+        answer = command("answer", "answer a question a run asks (an interrupt)")
+        answer.add_argument("run_id")
+        answer.add_argument("name", help="the interrupt's name")
+        answer.add_argument(
+            "--value", required=True, help="the answer, as JSON (checked against its schema)"
+        )
+        answer.add_argument(
+            "--by", required=True, help=f"the username answering; needs {needs('answer')}"
+        )
+
+        sig = command("signal", "deliver a signal a run waits for (the first payload wins)")
+        sig.add_argument("run_id")
+        sig.add_argument("name", help="the signal's name")
+        sig.add_argument("--payload", default="null", help="the payload, as JSON")
+        sig.add_argument(
+            "--by", required=True, help=f"the username sending it; needs {needs('signal')}"
+        )
+
+        send = command("send", "put a message on a run's channel (deduplicated by key)")
+        send.add_argument("run_id")
+        send.add_argument("channel")
+        send.add_argument("key", help="the message's key: a second message with it is ignored")
+        send.add_argument("--payload", default="null", help="the message, as JSON")
+        send.add_argument(
+            "--by", required=True, help=f"the username sending it; needs {needs('enqueue')}"
+        )
+
+        wake = command("wake", "wake a sleeping run's timer now, before its time")
+        wake.add_argument("run_id")
+        wake.add_argument("name", help="the timer's name")
+        wake.add_argument(
+            "--by", required=True, help=f"the username waking it; needs {needs('wake')}"
+        )
 
         resolve = command(
             "resolve", "record what really happened to a halted call, and continue the run"
@@ -150,6 +201,8 @@ class Command(BaseCommand):
         from durable_agents.engine.commands.runs import pending
         from durable_agents.queue_health import stalled_runs
 
+        if options.get("by") is not None:
+            actor_for(options["by"])  # a --by that names nobody fails before anything prints
         health = stalled_runs(limit=options["limit"])
         statuses = ["queued"] if options["stalled"] else options["status"]
         runs = pending(limit=options["limit"], statuses=statuses)
@@ -164,11 +217,27 @@ class Command(BaseCommand):
         if not runs:
             self.stdout.write("no stalled runs" if options["stalled"] else "no unfinished runs")
             return
+        by = self._hint_user(options.get("by"))
         for run in runs:
             tries = f", {run.attempts} failed attempt(s)" if run.attempts else ""
             self.stdout.write(f"{run.run_id}  [{run.agent}] {run.status}: {run.why}{tries}")
-            for wait in run.waits:
-                self.stdout.write(f"    {_wait_line(run.run_id, wait)}")
+            for line in hints.run_lines(run, by):
+                self.stdout.write(f"    {line}")
+
+    def _hint_user(self, by: str | None) -> str:
+        """Who the printed commands act as: ``--by``, else the login name, with a note on
+        stderr if that names no active user here."""
+        if by is not None:
+            return by
+        login = hints.login_name()
+        try:
+            actor_for(login)
+        except DurableAgentsError:
+            self.stderr.write(
+                f"note: the commands below act as {login!r}, which names no active user "
+                "here; pass runs --by USERNAME to print them for someone who may act"
+            )
+        return login
 
     def _recover(self, options: dict[str, Any]) -> None:
         from durable_agents.recovery import recover
@@ -278,6 +347,78 @@ class Command(BaseCommand):
         )
         self.stdout.write(f"run {options['run_id']} is cancelled")
 
+    def _resume(self, options: dict[str, Any]) -> None:
+        from durable_agents.engine import identity
+        from durable_agents.engine.commands.runs import get_run, hand_over
+        from durable_agents.engine.registry import get_agent
+        from durable_agents.permissions import RULES
+
+        actor = actor_for(options["by"])
+        identity.require(actor, identity.OPERATE_RUNS, RULES["resume"].what)
+        run = get_run(options["run_id"])
+        if run.status not in TERMINAL_STATUSES:
+            try:
+                get_agent(run.agent)  # a driver could not continue it: say so, hand nothing over
+            except DurableAgentsError as exc:
+                raise CommandError(
+                    f"run {run.run_id!r} belongs to agent {run.agent!r}, which this site cannot "
+                    f"load ({exc.code}: {exc}); fix DURABLE_AGENTS['AGENTS'] (python manage.py "
+                    "check says what is wrong), restart the workers, then resume it"
+                ) from None
+        hand_over(run.run_id, by=actor, via="command")
+        self.stdout.write(f"run {run.run_id} ({run.status}) is handed to a driver")
+
+    def _answer(self, options: dict[str, Any]) -> None:
+        from durable_agents.engine.commands.waits import answer_interrupt
+
+        value = _json_option(options, "value")
+        outcome = answer_interrupt(
+            options["run_id"], options["name"], value, by=actor_for(options["by"])
+        )
+        said = "recorded" if outcome.recorded else "already recorded"
+        self.stdout.write(
+            f"answer to {options['name']} of run {options['run_id']}: {said}"
+            + ("; the run is handed to a driver" if outcome.woke else "")
+        )
+
+    def _signal(self, options: dict[str, Any]) -> None:
+        from durable_agents.engine.commands.waits import signal
+
+        payload = _json_option(options, "payload")
+        outcome = signal(options["run_id"], options["name"], payload, by=actor_for(options["by"]))
+        said = "delivered" if outcome.recorded else "already delivered (the first payload stands)"
+        self.stdout.write(
+            f"signal {options['name']} to run {options['run_id']}: {said}"
+            + ("; the run is handed to a driver" if outcome.woke else "")
+        )
+
+    def _send(self, options: dict[str, Any]) -> None:
+        from durable_agents.engine.commands.waits import enqueue
+
+        payload = _json_option(options, "payload")
+        outcome = enqueue(
+            options["run_id"],
+            options["channel"],
+            options["key"],
+            payload,
+            by=actor_for(options["by"]),
+        )
+        said = "sent" if outcome.recorded else "already sent (the first payload stands)"
+        self.stdout.write(
+            f"message {options['key']} on {options['channel']} of run {options['run_id']}: "
+            f"{said}" + ("; the run is handed to a driver" if outcome.woke else "")
+        )
+
+    def _wake(self, options: dict[str, Any]) -> None:
+        from durable_agents.engine.commands.timers import wake_timer
+
+        outcome = wake_timer(options["run_id"], options["name"], by=actor_for(options["by"]))
+        said = "woken" if outcome.recorded else "already awake"
+        self.stdout.write(
+            f"timer {options['name']} of run {options['run_id']}: {said}"
+            + ("; the run is handed to a driver" if outcome.woke else "")
+        )
+
     def _resolve(self, options: dict[str, Any]) -> None:
         from durable_agents.engine.commands.halts import resolve_halt
 
@@ -306,30 +447,8 @@ class Command(BaseCommand):
         )
 
 
-def _wait_line(run_id: str, wait: Any) -> str:
-    """One thing a run waits on, and how to act on it: the command for a call to decide or
-    resolve, the Python call (or the admin) for a question, a signal, a timer or a channel."""
-    if wait.kind in ("approval", "halt"):
-        verbs = "approve|deny" if wait.kind == "approval" else "resolve"
-        return (
-            f"call {wait.call_id}  {wait.tool}({json.dumps(wait.arguments)})"
-            f"  -> durable_agents {verbs} {run_id} {wait.call_id}"
-        )
-    where = f"{wait.kind} {wait.name!r} (call {wait.call_id}, {wait.tool})"
-    run, name = repr(run_id), repr(wait.name)
-    if wait.kind == "interrupt":
-        hint = f"answer: durable_agents.answer_interrupt({run}, {name}, value, by=user)"
-    elif wait.kind == "signal":
-        hint = f"signal: durable_agents.signal({run}, {name}, payload)"
-        if wait.deadline is not None:
-            hint += f"; times out at {wait.deadline.isoformat()}"
-    elif wait.kind == "timer":
-        at = wait.deadline.isoformat() if wait.deadline is not None else "its time"
-        hint = f"wakes at {at}; wake now: durable_agents.wake_timer({run}, {name}, by=user)"
-    elif wait.kind == "channel":
-        hint = f"send: durable_agents.enqueue({run}, {name}, key, payload)"
-    elif wait.kind == "sub_run":
-        return f"sub-run {wait.name} ({wait.tool}, call {wait.call_id})  -> see its own line"
-    else:
-        return f"{where}  -> see the run's page in the admin"
-    return f"{where}  -> {hint}, or the run's page in the admin"
+def _json_option(options: dict[str, Any], name: str) -> Any:
+    try:
+        return json.loads(options[name])
+    except ValueError as exc:
+        raise CommandError(f"--{name} is not valid JSON: {exc}") from None
