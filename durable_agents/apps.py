@@ -9,7 +9,7 @@ class DurableAgentsConfig(AppConfig):
     def ready(self) -> None:
         # checks registers the system checks; audit, the SQL function SQLite's journal
         # trigger calls (on every new connection).
-        from . import audit, checks, signals  # noqa: F401
+        from . import audit, checks, signals, worker_start  # noqa: F401
         from .conf import get_settings
         from .dispatch import enqueue
         from .engine import runtime
@@ -38,3 +38,5 @@ class DurableAgentsConfig(AppConfig):
         )
         # The built-in notification; it does nothing unless NOTIFY["APPROVALS"] is on.
         signals.approval_requested.connect(email_approvers, dispatch_uid="durable_agents.notify")
+        # A Celery worker with a bad AGENTS setting exits before it consumes a message.
+        worker_start.connect()
