@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from functools import wraps
 from typing import TYPE_CHECKING, Any
 
 from django import forms
@@ -24,7 +25,13 @@ from django.core.exceptions import PermissionDenied
 from django.db import connections, transaction
 from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
@@ -197,7 +204,34 @@ def status_pill(status: str) -> str:
 # -- the model admins' base and filter --------------------------------------------------------
 
 
-class ReadOnlyAdmin(AnyModelAdmin):
+def refuse_nul(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """``view``, answering 404 when its URL or query holds a NUL: no id contains one, and
+    PostgreSQL refuses the byte in any text it is asked to compare (a 500 otherwise)."""
+
+    @wraps(view)
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        url_values = [*args, *kwargs.values()]
+        query = [text for key, values in request.GET.lists() for text in (key, *values)]
+        if any("\x00" in str(v) for v in url_values) or any("\x00" in t for t in query):
+            raise Http404("no object has an id with a NUL character")
+        return view(request, *args, **kwargs)
+
+    return guarded
+
+
+class DurableAdmin(AnyModelAdmin):
+    """What every model admin of this app shares: each of its URLs (Django's own pages and
+    the command pages a subclass adds) refuses a NUL in its URL or query with a 404."""
+
+    @property
+    def urls(self) -> list[URLPattern]:
+        patterns = self.get_urls()
+        for pattern in patterns:
+            pattern.callback = refuse_nul(pattern.callback)
+        return patterns
+
+
+class ReadOnlyAdmin(DurableAdmin):
     """Rows the engine writes: staff look, and act only through commands."""
 
     class Media:

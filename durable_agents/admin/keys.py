@@ -26,7 +26,7 @@ from django.template.response import TemplateResponse
 
 from ..api.auth import API_KEY_HEADER, new_key
 from ..models import ApiKey, ApproverKey
-from .base import AnyModelAdmin, admin_url
+from .base import AnyModelAdmin, DurableAdmin, admin_url
 
 if TYPE_CHECKING:
     _KeyForm = forms.ModelForm[ApproverKey]
@@ -91,7 +91,7 @@ def key_created(
     )
 
 
-class _KeyAdmin(AnyModelAdmin):
+class _KeyAdmin(DurableAdmin):
     """Keys are created and revoked, never edited: a key's meaning is its bytes. Each key
     belongs to one user: staff see, create and revoke their own; superusers anyone's."""
 

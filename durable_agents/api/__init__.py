@@ -16,7 +16,7 @@ from ninja import Router
 from . import approvals, events, halts, history, runs, sessions, waits
 from .auth import api_auth
 from .docs import staff_docs
-from .errors import map_errors, normalize, not_found
+from .errors import ANY_PATH, map_errors, normalize, not_found
 
 router = Router(auth=api_auth)
 router.add_decorator(map_errors, mode="operation")
@@ -31,9 +31,10 @@ router.add_router("", sessions.router)
 router.add_router("", runs.router)
 
 # Last: any other path under the router is a coded JSON 404, not the host's HTML page.
+# Django's own "path" converter stops at a newline, so it has one that matches anything.
 _unrouted = Router(tags=["errors"])
 _unrouted.api_operation(
-    ["GET", "POST", "PUT", "PATCH", "DELETE"], "/{path:rest}", include_in_schema=False
+    ["GET", "POST", "PUT", "PATCH", "DELETE"], f"/{{{ANY_PATH}:rest}}", include_in_schema=False
 )(not_found)
 router.add_router("", _unrouted)
 

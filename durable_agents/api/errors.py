@@ -25,6 +25,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import register_converter
 
 from ..engine.errors import DurableAgentsError
 
@@ -146,6 +147,24 @@ def too_large() -> JsonResponse:
         "DATA_UPLOAD_MAX_MEMORY_SIZE); send less",
         limit=limit,
     )
+
+
+class AnyPathConverter:
+    """A path segment run that may hold any character, a newline too: Django's ``path``
+    converter (``.+``) does not match one, and an unmatched path would get the host's HTML
+    404 instead of this router's coded JSON one."""
+
+    regex = r"[\s\S]+"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+ANY_PATH = "da_any_path"
+register_converter(AnyPathConverter, ANY_PATH)
 
 
 def not_found(request: HttpRequest, rest: str) -> JsonResponse:
