@@ -7,7 +7,9 @@ an app that only uses Anthropic does not need ``openai`` installed, and vice ver
   'durable-agents[openai]'``).
 * ``AnthropicMessages`` — the Anthropic Messages API (``pip install
   'durable-agents[anthropic]'``).
-* ``ScriptedModel`` — a scripted model for tests and demos, no network.
+* ``ScriptedModel`` — a scripted model for tests and demos, no network (no API key). Its
+  turns are built with ``text("answer")``, ``calls(call("tool", {...}), ...)`` and
+  ``error(ModelError(...))``, also importable from ``durable_agents.providers.scripted``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .anthropic_messages import AnthropicMessages
     from .openai_chat import OpenAIChat
-    from .scripted import ScriptedModel
+    from .scripted import ScriptedModel, call, calls, error, text
 
 # Public name -> module that defines it, imported on first attribute access.
 # New adapters: add a line here and to __all__.
@@ -26,9 +28,13 @@ _LAZY = {
     "OpenAIChat": ".openai_chat",
     "AnthropicMessages": ".anthropic_messages",
     "ScriptedModel": ".scripted",
+    "text": ".scripted",
+    "call": ".scripted",
+    "calls": ".scripted",
+    "error": ".scripted",
 }
 
-__all__ = ["AnthropicMessages", "OpenAIChat", "ScriptedModel"]
+__all__ = ["AnthropicMessages", "OpenAIChat", "ScriptedModel", "call", "calls", "error", "text"]
 
 
 def __getattr__(name: str) -> Any:
