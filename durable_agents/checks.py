@@ -72,8 +72,9 @@ def check_queue_health(
         checks.Warning(
             health.message(),
             hint=(
-                "Run a worker on that queue, and Celery beat (or `manage.py durable_agents "
-                f"recover` from cron); `manage.py durable_agents runs --stalled` lists them. "
+                "Run a worker on that queue, and Celery beat (or `python manage.py "
+                "durable_agents recover` from cron); `python manage.py durable_agents runs "
+                f"--stalled` lists them. "
                 f"{CELERY_HINT}"
             ),
             id="durable_agents.W003",
@@ -163,7 +164,7 @@ def check_audit_chains(
         checks.Error(
             f"audit chain of run {report.message()}",
             hint="Someone changed the journal behind the library's back, or a record was lost. "
-            "`manage.py durable_agents verify --all` lists every broken chain; see "
+            "`python manage.py durable_agents verify --all` lists every broken chain; see "
             f"{conf.DOCS_URL}audit.md",
             id="durable_agents.E004",
         )

@@ -8,6 +8,8 @@ durable_agents runs`` and as the system check ``durable_agents.W003``; all three
 
 from __future__ import annotations
 
+import os
+import shlex
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -41,12 +43,11 @@ class QueueHealth:
         if self.dispatch == "inline":
             return (
                 "DISPATCH is 'inline', so a queued run is driven only by a recovery pass "
-                "(`manage.py durable_agents recover` from cron, or Celery beat)"
+                "(`python manage.py durable_agents recover` from cron, or Celery beat)"
             )
         return (
             f"likely no Celery worker is consuming the queue {self.queue!r} (start one with "
-            f"`celery -A <your project> worker -Q {self.queue}`), or the workers are stuck or "
-            "far behind"
+            f"`{worker_command(self.queue)}`), or the workers are stuck or far behind"
         )
 
     def message(self) -> str:
@@ -90,4 +91,15 @@ def stalled_runs(*, limit: int = 5, settings: Settings | None = None) -> QueueHe
         after=after,
         dispatch=settings.dispatch,
         queue=settings.celery_queue,
+    )
+
+
+def worker_command(queue: str) -> str:
+    """The command that starts a worker on ``queue``, for a hint: the Celery app is taken to
+    be the settings module's package (``mysite.settings`` → ``-A mysite``), as in the README
+    and docs/celery.md."""
+    project = os.environ.get("DJANGO_SETTINGS_MODULE", "").rpartition(".")[0] or "mysite"
+    return (
+        f"celery -A {shlex.quote(project)} worker -Q {shlex.quote(queue)} --pool threads -c 8 "
+        "-l info"
     )

@@ -23,6 +23,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from .. import hints
 from ..engine import names
 from ..engine.commands.timers import wake_timer
 from ..engine.commands.waits import answer_interrupt
@@ -130,6 +131,13 @@ def waits_of_run(
         elif wait.kind == SIGNAL:
             signals.append(item)
         elif wait.kind == CHANNEL:
+            item["command"] = hints.command(
+                "send",
+                run.run_id,
+                wait.name,
+                by=request.user.get_username(),
+                placeholders=(hints.KEY, "--payload", hints.JSON),
+            )
             channels.append(item)
         elif wait.kind == TIMER:
             item["wake_url"] = (

@@ -19,6 +19,7 @@ no value (a crash, or another caller in flight) raises ``OutcomeUnknown`` instea
 
 from __future__ import annotations
 
+import shlex
 import threading
 import time
 import uuid
@@ -270,8 +271,10 @@ class Journal:
             raise OutcomeUnknown(
                 f"step {name!r} of run {run_id!r} was started before (attempt {k}) and has no "
                 "recorded value: it may have done its work, or may still be running in another "
-                "caller. Check what really happened, then record it with "
-                f"durable_agents.resolve_halt({run_id!r}, {op!r}, value, by=...)",
+                "caller. Check what really happened, then record it (the step's value, as "
+                f"JSON) in the admin, with durable_agents.resolve_halt({run_id!r}, {op!r}, "
+                "<value>, by=<username>) in Python, or with: python manage.py durable_agents "
+                f"resolve {shlex.quote(run_id)} {shlex.quote(op)} --result JSON --by USER",
                 run_id=run_id,
                 halts=[op],
                 cause=cause,

@@ -275,7 +275,9 @@ def test_a_run_waiting_on_a_channel_in_the_queue_and_its_messages_on_the_run_pag
     assert "ch-1" in queue and "Waits for a message on channel replies" in flat
     # No form: the message comes from outside, and the queue says from where.
     assert "POST /runs/ch-1/channels/replies/messages" in flat
-    assert 'durable_agents.enqueue(run_id, "replies", key, payload)' in flat
+    assert (
+        "python manage.py durable_agents send ch-1 replies KEY --payload JSON --by viewer" in flat
+    )
     assert "da-answer" not in queue and "No run awaits input." not in queue
 
     ops = make_user("ops", "cancel_run")

@@ -219,3 +219,27 @@ def test_wait_commands_refuse_bad_json_and_change_nothing():
         )
     assert Run.objects.get(run_id=run_id).status == "awaiting_input"
     assert not ActionLog.objects.filter(run_id=run_id).exists()
+
+
+def test_the_command_a_halted_journal_step_names_runs_when_pasted():
+    """``Journal.step`` says how to record a step's outcome; its command resolves the halt."""
+    from durable_agents.engine.journal import Journal
+    from durable_agents.storage import DjangoStore
+
+    journal = Journal(DjangoStore())
+
+    def charge():
+        raise da.ToolOutcomeUnknown("the gateway timed out")
+
+    run_id = "hint-step>1"
+    with pytest.raises(da.ToolOutcomeUnknown):
+        journal.step(run_id, "charge", charge)
+    with pytest.raises(da.OutcomeUnknown) as halted:
+        journal.step(run_id, "charge", charge)
+    said = str(halted.value)
+    command = said[said.index(PREFIX) :]
+    _user("USER", "resolve_halt")  # the message's own placeholder, as a username here
+    argv = shlex.split(command)
+    assert argv[3:5] == ["resolve", run_id], command
+    call_command(*[a if a != "JSON" else '{"charged": true}' for a in argv[2:]], stdout=StringIO())
+    assert journal.step(run_id, "charge", charge) == {"charged": True}

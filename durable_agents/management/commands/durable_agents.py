@@ -217,27 +217,19 @@ class Command(BaseCommand):
         if not runs:
             self.stdout.write("no stalled runs" if options["stalled"] else "no unfinished runs")
             return
-        by = self._hint_user(options.get("by"))
+        by = options.get("by") or hints.login_name()
+        commands = 0
         for run in runs:
             tries = f", {run.attempts} failed attempt(s)" if run.attempts else ""
             self.stdout.write(f"{run.run_id}  [{run.agent}] {run.status}: {run.why}{tries}")
             for line in hints.run_lines(run, by):
+                commands += hints.CLI in line
                 self.stdout.write(f"    {line}")
-
-    def _hint_user(self, by: str | None) -> str:
-        """Who the printed commands act as: ``--by``, else the login name, with a note on
-        stderr if that names no active user here."""
-        if by is not None:
-            return by
-        login = hints.login_name()
-        try:
-            actor_for(login)
-        except DurableAgentsError:
+        if commands and options.get("by") is None and not _is_active_user(by):
             self.stderr.write(
-                f"note: the commands below act as {login!r}, which names no active user "
-                "here; pass runs --by USERNAME to print them for someone who may act"
+                f"note: the commands above act as {by!r}, which names no active user here; "
+                "pass runs --by USERNAME to print them for someone who may act"
             )
-        return login
 
     def _recover(self, options: dict[str, Any]) -> None:
         from durable_agents.recovery import recover
@@ -445,6 +437,14 @@ class Command(BaseCommand):
             f"recorded the outcome of {options['call_id']} in {options['run_id']}: "
             f"{json.dumps(record.get('result'))}; the run is handed to a driver"
         )
+
+
+def _is_active_user(username: str) -> bool:
+    try:
+        actor_for(username)
+    except DurableAgentsError:
+        return False
+    return True
 
 
 def _json_option(options: dict[str, Any], name: str) -> Any:
