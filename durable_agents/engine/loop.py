@@ -286,7 +286,8 @@ def _refuse_while_awaiting_approval(store: Store, run_id: str, exc: ConfigError)
     calls = ", ".join(f"{r.call_id!r} ({r.tool_name})" for r in requests)
     raise ApprovalPending(
         f"run {run_id!r} awaits approval of {calls}; decide it with "
-        "durable_agents.approve(...) or in the admin before sending new input",
+        "durable_agents.approve(...), in the admin, or with a command `python manage.py "
+        "durable_agents runs` prints, before sending new input",
         run_id=run_id,
         calls=[r.call_id for r in requests],
     )
@@ -1075,7 +1076,8 @@ class Driver:
             )
             raise ApprovalPending(
                 f"run {self.run_id!r} awaits approval of call {listed}{note}; decide it with "
-                "durable_agents.approve(...) or in the admin",
+                "durable_agents.approve(...), in the admin, or with a command `python manage.py "
+                "durable_agents runs` prints",
                 run_id=self.run_id,
                 calls=[g.call.id for g in gates],
                 decisions=[
@@ -1259,7 +1261,8 @@ class Driver:
         raise OutcomeUnknown(
             f"run {self.run_id!r} halted: the outcome of call {first.op_id!r} "
             f"({first.tool_name}) is unknown ({first.cause}). Check what really happened, "
-            "then record it with durable_agents.resolve_halt(...) or in the admin",
+            "then record it with durable_agents.resolve_halt(...), in the admin, or with the "
+            "command `python manage.py durable_agents runs` prints",
             run_id=self.run_id,
             halts=[h.op_id for h in halts],
             cause=first.cause,

@@ -222,7 +222,8 @@ class Session:
             calls = ", ".join(f"{r.call_id!r} ({r.tool_name})" for r in requests) or "a call"
             raise ApprovalPending(
                 f"session {self.session_id!r} awaits approval of {calls} in turn {run_id!r}; "
-                "decide it with durable_agents.approve(...) or in the admin before sending a "
+                "decide it with durable_agents.approve(...), in the admin, or with a command "
+                "`python manage.py durable_agents runs` prints, before sending a "
                 "new message",
                 run_id=run_id,
                 calls=[r.call_id for r in requests],
