@@ -29,8 +29,10 @@ from django.http import (
     Http404,
     HttpRequest,
     HttpResponse,
+    HttpResponseBadRequest,
     HttpResponseNotAllowed,
     HttpResponseRedirect,
+    QueryDict,
 )
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -205,18 +207,28 @@ def status_pill(status: str) -> str:
 
 
 def refuse_nul(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """``view``, answering 404 when its URL or query holds a NUL: no id contains one, and
-    PostgreSQL refuses the byte in any text it is asked to compare (a 500 otherwise)."""
+    """``view``, answering 404 when its URL or query holds a NUL (no id contains one) and
+    400 when a posted field does: PostgreSQL refuses the byte in any text or JSON it is
+    asked to compare or store, which would be a 500."""
 
     @wraps(view)
     def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        url_values = [*args, *kwargs.values()]
-        query = [text for key, values in request.GET.lists() for text in (key, *values)]
-        if any("\x00" in str(v) for v in url_values) or any("\x00" in t for t in query):
+        if any(_has_nul(v) for v in (*args, *kwargs.values())) or _has_nul(request.GET):
             raise Http404("no object has an id with a NUL character")
+        if request.method == "POST" and _has_nul(request.POST):
+            return HttpResponseBadRequest(
+                "a field holds a NUL character, which no value here may contain",
+                content_type="text/plain",
+            )
         return view(request, *args, **kwargs)
 
     return guarded
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, QueryDict):
+        return any(_has_nul(k) or any(map(_has_nul, vs)) for k, vs in value.lists())
+    return "\x00" in str(value)
 
 
 class DurableAdmin(AnyModelAdmin):

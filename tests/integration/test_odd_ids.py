@@ -128,3 +128,19 @@ def test_odd_run_ids_in_api_paths_are_coded_4xx(value):
         assert 400 <= response.status_code < 500, (path, response.status_code)
     assert response["Content-Type"].startswith("application/json"), response.content[:200]
     assert response.json()["code"], response.json()
+
+
+def test_a_nul_in_a_posted_field_is_a_400_and_changes_nothing():
+    with pytest.raises(da.ApprovalPending):
+        gated.run("odd-post", "refund order 7")
+    client = _staff()
+    base = "/admin/durable_agents/"
+    cases = [
+        (f"{base}run/", {"action": "resume_selected", "_selected_action": "a\x00b"}),
+        (f"{base}approvalrequest/", {"action": "approve_selected", "_selected_action": "\x00"}),
+        (f"{base}run/odd-post/cancel/", {"reason": "x\x00y"}),
+    ]
+    for url, data in cases:
+        response = client.post(url, data)
+        assert response.status_code == 400, (url, response.status_code)
+    assert Run.objects.get(run_id="odd-post").status == "awaiting_approval"

@@ -238,8 +238,10 @@ def test_the_command_a_halted_journal_step_names_runs_when_pasted():
         journal.step(run_id, "charge", charge)
     said = str(halted.value)
     command = said[said.index(PREFIX) :]
-    _user("USER", "resolve_halt")  # the message's own placeholder, as a username here
+    _user("USER", "resolve_halt", "cancel_run")  # the placeholder, as a username here
     argv = shlex.split(command)
     assert argv[3:5] == ["resolve", run_id], command
     call_command(*[a if a != "JSON" else '{"charged": true}' for a in argv[2:]], stdout=StringIO())
     assert journal.step(run_id, "charge", charge) == {"charged": True}
+    with pytest.raises(CommandError, match="not an agent run"):
+        call_command("durable_agents", "resume", run_id, "--by", "USER")

@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_agents import hints
 from durable_agents.engine.errors import DurableAgentsError
-from durable_agents.engine.ports import STATUSES, TERMINAL_STATUSES
+from durable_agents.engine.ports import KIND_AGENT, STATUSES, TERMINAL_STATUSES
 from durable_agents.people import actor_for
 from durable_agents.permissions import needs
 
@@ -348,6 +348,11 @@ class Command(BaseCommand):
         actor = actor_for(options["by"])
         identity.require(actor, identity.OPERATE_RUNS, RULES["resume"].what)
         run = get_run(options["run_id"])
+        if run.kind != KIND_AGENT:
+            raise CommandError(
+                f"run {run.run_id!r} is a {run.kind} journal, not an agent run: nothing drives "
+                "it (a halted journal step is resolved with the resolve command)"
+            )
         if run.status not in TERMINAL_STATUSES:
             try:
                 get_agent(run.agent)  # a driver could not continue it: say so, hand nothing over
