@@ -1,7 +1,8 @@
 """``manage.py durable_agents <command>``: operate durable runs from a shell or cron.
 
-``runs`` lists what is unfinished and what each run waits on (the call ids the other
-commands take); ``approve``, ``deny``, ``cancel`` and ``resolve`` act as a named user, who
+``runs`` lists what is unfinished, what each run waits on, and the commands that act on it,
+quoted to run as pasted (``durable_agents.hints``); ``approve``, ``deny``, ``cancel``,
+``resume``, ``resolve``, ``answer``, ``signal``, ``send`` and ``wake`` act as a named user, who
 must exist, be active and hold the permission the admin would ask for (the table in
 ``durable_agents.permissions``; the engine checks it, as on every path); the action log
 records the user and the ``command`` channel.
