@@ -43,7 +43,7 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
-from .conf import get_settings, parse_webhook_secrets
+from .conf import DOCS_URL, get_settings, parse_webhook_secrets
 from .engine.commands.sessions import Session
 from .engine.definition import AgentDefinition
 from .engine.errors import ConfigError, DurableAgentsError
@@ -389,7 +389,7 @@ def _secrets(setting: str | None) -> tuple[str, ...]:
     if not secrets:
         raise ConfigError(
             f"a webhook needs a secret: set {where} to a long random string shared with the "
-            "sender (e.g. from the environment)",
+            f"sender, read from the environment ({DOCS_URL}sessions.md#the-webhook-view)",
             code="config.webhook_secret",
         )
     return secrets
