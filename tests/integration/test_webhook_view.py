@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -306,3 +307,19 @@ def test_custom_extractors_in_a_subclass():
     assert call(view, body, headers).status_code in (200, 202)
     assert data(call(view, body, headers))["status"] == "answered"  # the redelivery
     assert turns("chat-D7") == ["chat-D7>event/E-1"]
+
+
+def test_the_senders_recipe_in_the_docs_signs_as_the_view_checks():
+    """docs/sessions.md's Python recipe for senders, run as written, agrees with ``sign``."""
+    from tests.support.procs import ROOT
+
+    text = (ROOT / "docs" / "sessions.md").read_text()
+    section = text[text.index("### Signing a delivery") :]
+    recipe = re.search(r"```python\n(.*?)```", section, re.S)
+    assert recipe, "docs/sessions.md lost the sender's recipe"
+    body = _message(session="s-docs")
+    namespace: dict[str, Any] = {"secret": SECRET, "delivery_id": "d-docs", "body": body}
+    exec(compile(recipe.group(1), "docs/sessions.md", "exec"), namespace)  # the docs' code
+    t = int(namespace["t"])
+    assert namespace["headers"]["X-Signature"] == sign(body, "d-docs", SECRET, t)
+    assert deliver(body, "d-docs", signature=namespace["headers"]["X-Signature"]).status_code == 202
