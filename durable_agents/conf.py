@@ -20,7 +20,10 @@ DOCS_URL = "https://github.com/durable-agents/durable-agents/blob/main/docs/"
 DISPATCH_MODES = ("celery", "inline")
 DRIFT_POLICIES = ("warn", "error", "ignore")
 
-__all__ = ["Notify", "RetryPolicy", "Settings", "get_settings", "parse"]
+# An HMAC-SHA256 key shorter than this is guessable offline from one signed delivery.
+MIN_WEBHOOK_SECRET = 32
+
+__all__ = ["Notify", "RetryPolicy", "Settings", "get_settings", "parse", "parse_webhook_secrets"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ class Settings:
     audit_signing_key: str | None = None
     # The secret sensitive values' salted hashes derive from (docs/audit.md); None: SECRET_KEY.
     audit_salt_key: str | None = None
+    # The shared secrets inbound webhooks are signed with (``durable_agents.webhooks``); more
+    # than one while a sender rotates its secret. Empty: no webhook view can be built.
+    webhook_secrets: tuple[str, ...] = ()
 
     @property
     def effective_halt_min_age(self) -> float:
@@ -92,6 +98,7 @@ _KEYS = {
     "AUDIT_CHECK_SAMPLE": "audit_check_sample",
     "AUDIT_SIGNING_KEY": "audit_signing_key",
     "AUDIT_SALT_KEY": "audit_salt_key",
+    "WEBHOOK_SECRET": "webhook_secrets",
 }
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
 _NOTIFY_KEYS = {"APPROVALS": "approvals", "FROM_EMAIL": "from_email", "BASE_URL": "base_url"}
@@ -198,6 +205,12 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
         )
         values.pop("audit_salt_key")
 
+    secrets, secret_problems = parse_webhook_secrets(
+        values.get("webhook_secrets"), "DURABLE_AGENTS['WEBHOOK_SECRET']"
+    )
+    problems += secret_problems
+    values["webhook_secrets"] = secrets
+
     if not isinstance(values.get("public_api_docs", False), bool):
         problems.append("DURABLE_AGENTS['PUBLIC_API_DOCS'] must be True or False")
         values.pop("public_api_docs")
@@ -227,6 +240,33 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
     if settings.lease_ttl < 1:
         problems.append("DURABLE_AGENTS['LEASE_TTL'] must be at least 1 second")
     return settings, problems
+
+
+def parse_webhook_secrets(raw: Any, where: str) -> tuple[tuple[str, ...], list[str]]:
+    """A webhook secret setting (``where`` names it in messages): None (unset), one secret,
+    or a list of them (the first is current; the others still verify while a sender
+    rotates). Each is at least ``MIN_WEBHOOK_SECRET`` characters."""
+    if raw is None:
+        return (), []
+    listed = [raw] if isinstance(raw, str) else raw
+    fix = (
+        f"at least {MIN_WEBHOOK_SECRET} characters, e.g. from python -c 'import secrets; "
+        "print(secrets.token_urlsafe(32))'"
+    )
+    if (
+        not isinstance(listed, list | tuple)
+        or not listed
+        or not all(isinstance(s, str) for s in listed)
+    ):
+        return (), [
+            f"{where} must be a secret string (or a list of them while you rotate), {fix}; "
+            f"not {type(raw).__name__}"
+        ]
+    short = [i for i, s in enumerate(listed) if len(s) < MIN_WEBHOOK_SECRET]
+    if short:
+        which = "" if isinstance(raw, str) else f" (entry {short[0]})"
+        return (), [f"{where}{which} is too short: a webhook secret must be {fix}"]
+    return tuple(listed), []
 
 
 def _parse_notify(raw: Any, problems: list[str]) -> Notify:

@@ -42,10 +42,10 @@ DEBUG = env.bool("DJANGO_DEBUG", default=False)
 
 # Development-only values, refused outside debug (below).
 DEV_SECRET_KEY = "django-insecure-durable-agents-example-dev-only-do-not-deploy"
-DEV_WEBHOOK_SECRET = "dev-webhook-secret-change-me"
+DEV_WEBHOOK_SECRET = "dev-webhook-secret-change-me-before-deploying"
 
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default=DEV_SECRET_KEY)
-# Shared secret the example webhook view checks on each inbound delivery.
+# Shared secret the inbound webhook checks on each delivery (DURABLE_AGENTS below).
 WEBHOOK_SECRET = env.str("WEBHOOK_SECRET", default=DEV_WEBHOOK_SECRET)
 
 if not DEBUG:
@@ -177,6 +177,8 @@ DURABLE_AGENTS = {
     "RECOVERY_INTERVAL": 15,
     "ON_DRIFT": "warn",
     "CELERY_QUEUE": "durable_agents",
+    # The inbound webhook's secret (durable_agents.webhooks, mounted in urls.py).
+    "WEBHOOK_SECRET": WEBHOOK_SECRET,
 }
 
 # --- Celery ----------------------------------------------------------------------------------

@@ -13,8 +13,7 @@ from ninja import NinjaAPI
 
 from durable_agents.api import router as durable_agents_router
 from durable_agents.api.docs import staff_docs
-
-from . import webhooks
+from durable_agents.webhooks import InboundWebhook
 
 api = NinjaAPI(
     title="durable_agents example", urls_namespace="example-api", docs_decorator=staff_docs
@@ -30,7 +29,8 @@ def healthz(request: HttpRequest) -> HttpResponse:
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", api.urls),
-    path("webhooks/inbound/", webhooks.inbound, name="inbound-webhook"),
+    # The signed inbound webhook (docs/sessions.md): each delivery is one send_once.
+    path("webhooks/inbound/", InboundWebhook.as_view(agent="support"), name="inbound-webhook"),
     path("healthz", healthz, name="healthz"),
 ]
 

@@ -80,7 +80,7 @@ TEMPLATES = [
 STATIC_URL = "/static/"
 
 # The example site's webhook and support agent are tested here too.
-WEBHOOK_SECRET = "tests-webhook-secret"
+WEBHOOK_SECRET = "tests-webhook-secret-not-for-production"
 DEMO_DIR = Path(os.environ.get("DA_DEMO_DIR", tempfile.gettempdir())) / "da-test-demo"
 
 DURABLE_AGENTS = {
@@ -105,6 +105,8 @@ DURABLE_AGENTS = {
     "PREPARED_STATEMENTS": os.environ.get("DA_PREPARED", "1") == "1",
     # Halts resolve at once in tests (the default, twice LEASE_TTL, is tested on its own).
     "HALT_MIN_AGE": float(os.environ.get("DA_HALT_MIN_AGE", "0")),
+    # The shipped webhook view (tests/urls.py) checks deliveries against it.
+    "WEBHOOK_SECRET": WEBHOOK_SECRET,
 }
 
 # Celery (tests/celery_app.py): a Redis database of its own, late acks, one message at a time.

@@ -27,6 +27,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 import durable_agents as da
+from durable_agents import webhooks
 from durable_agents.api.auth import issue_api_key
 from durable_agents.engine.records import encode
 from durable_agents.models import (
@@ -38,7 +39,6 @@ from durable_agents.models import (
     JournalEntry,
     Run,
 )
-from example_project import webhooks
 from tests.support.agents import count_effects, gated, quorum
 from tests.support.api import API, error
 from tests.support.people import make_user, perm
@@ -46,7 +46,7 @@ from tests.support.signing import keypair
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
-SECRET = "tests-webhook-secret"  # tests/settings.py
+SECRET = "tests-webhook-secret-not-for-production"  # tests/settings.py
 
 
 # -- helpers ------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The package as users get it: build the wheel and the sdist, check what they carry, install
 the wheel into a fresh virtualenv, make a site with ``startproject``, apply the README's own
 "Add it to your site" blocks, migrate on PostgreSQL, render every admin page of the app as a
-logged-in staff user, and drive a gated agent through a Celery worker started from that
-virtualenv, approving in the admin.
+logged-in staff user, drive a gated agent through a Celery worker started from that
+virtualenv, approving in the admin, and post a signed message through the shipped webhook
+view.
 
 Nothing here imports the checkout: the site runs with a clean environment from a directory
 outside the repository, so a file the wheel lacks fails here as it would for a user.
@@ -10,6 +11,8 @@ outside the repository, so a file the wheel lacks fails here as it would for a u
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import http.cookiejar
 import json
 import os
@@ -163,12 +166,13 @@ def _free_port() -> int:
 def _snippets() -> list[re.Match[str]]:
     text = (ROOT / "README.md").read_text()
     found = list(SNIPPET.finditer(text))
-    assert {m["path"] for m in found} == {
-        "mysite/settings.py",
-        "mysite/celery.py",
-        "mysite/__init__.py",
-        "mysite/urls.py",
-    }, "README.md lost one of its 'Add it to your site' blocks"
+    assert [(m["path"], m["mode"]) for m in found] == [
+        ("mysite/settings.py", "append"),
+        ("mysite/celery.py", "write"),
+        ("mysite/__init__.py", "append"),
+        ("mysite/urls.py", "write"),
+        ("mysite/urls.py", "append"),  # the inbound webhook
+    ], "README.md lost one of its 'Add it to your site' blocks"
     return found
 
 
@@ -183,7 +187,9 @@ class Site:
         self.ledger = root / "ledger.txt"
         self.db = f"da_pkg_{uuid.uuid4().hex[:10]}"
         self.queue = f"da-pkg-{uuid.uuid4().hex[:10]}"
-        self.env = _clean_env(PKG_LEDGER=str(self.ledger))
+        # What the README tells the operator to export for the webhook block.
+        self.webhook_secret = f"pkg-webhook-{uuid.uuid4().hex}"
+        self.env = _clean_env(PKG_LEDGER=str(self.ledger), WEBHOOK_SECRET=self.webhook_secret)
         self.procs: list[subprocess.Popen[bytes]] = []
         _run([sys.executable, "-m", "venv", str(self.venv)], root, self.env)
         _run([self.python, "-m", "pip", "install", "-q", str(wheel)], root, self.env, 600)
@@ -288,6 +294,15 @@ class Browser:
             return e.code, e.read().decode(errors="replace")
         except urllib.error.URLError as e:  # not listening yet
             return 0, str(e)
+
+    def post_raw(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+        """A POST as a machine sends it: no cookies, no CSRF token."""
+        request = urllib.request.Request(self.base + path, data=body, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
 
     def post(self, path: str, data: dict[str, str]) -> tuple[int, str]:
         token = next(c.value for c in self.jar if c.name == "csrftoken")
@@ -416,3 +431,54 @@ def test_a_startproject_site_runs_the_wheel_end_to_end(site: Site) -> None:
     assert answer == "finished Refunded order 7."
     assert site.ledger.read_text() == "refund 7 4200\n"
     assert worker.poll() is None, site.log("worker")
+
+    _webhook_delivery(site, browser)
+
+
+def _signed(secret: str, delivery_id: str, body: bytes) -> dict[str, str]:
+    """The headers a sender puts on a delivery, by docs/sessions.md (not the package's code)."""
+    t = int(time.time())
+    mac = hmac.new(secret.encode(), f"{t}.{delivery_id}.".encode() + body, hashlib.sha256)
+    return {
+        "Content-Type": "application/json",
+        "X-Delivery-Id": delivery_id,
+        "X-Signature": f"t={t},v1={mac.hexdigest()}",
+    }
+
+
+def _webhook_delivery(site: Site, browser: Browser) -> None:
+    """The README's fifth block: a signed message through the wheel's webhook view opens one
+    turn, which the worker drives (to the refund awaiting approval); a redelivery opens none,
+    and a forgery is a coded 401."""
+    body = json.dumps({"session": "chat-1", "text": "Refund order 7 please"}).encode()
+    status, answer = browser.post_raw(
+        "/webhooks/inbound/", body, _signed(site.webhook_secret, "wh-1", body)
+    )
+    assert status == 202, answer
+    sent = json.loads(answer)
+    assert (sent["run_id"], sent["status"]) == ("chat-1>event/wh-1", "queued"), sent
+
+    def turn() -> list[dict]:
+        return [
+            r
+            for r in _runs(site)
+            if r["run_id"] == sent["run_id"] and r["status"] == "awaiting_approval"
+        ]
+
+    try:
+        _wait("the worker to drive the webhook's turn", turn)
+    except AssertionError:
+        raise AssertionError(f"{_runs(site)}\n{site.log('worker')}") from None
+    status, again = browser.post_raw(
+        "/webhooks/inbound/", body, _signed(site.webhook_secret, "wh-1", body)
+    )
+    assert status == 202 and json.loads(again)["run_id"] == sent["run_id"], again
+    status, forged = browser.post_raw("/webhooks/inbound/", body, _signed("x" * 40, "wh-2", body))
+    assert status == 401 and json.loads(forged)["code"] == "webhook.bad_signature", forged
+    turns = site.shell(
+        "from durable_agents.models import Run;"
+        "print(Run.objects.filter(session_id='chat-1').exclude(run_id__endswith='>session')"
+        ".count())"
+    )
+    assert turns == "1"
+    assert "webhook.bad_signature" in site.log("web")  # the reason, logged server-side

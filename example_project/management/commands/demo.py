@@ -20,16 +20,18 @@ import sys
 import time
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 from django.test import RequestFactory
+from django.urls import resolve, reverse
 
 import durable_agents as da
+from durable_agents.conf import get_settings
 from durable_agents.recovery import recover
 from durable_agents.storage import site_store
-from example_project import agents, webhooks
+from durable_agents.webhooks import sign
+from example_project import agents
 
 CRASH_LEASE_TTL = "2"
 SESSION = "demo-chat"
@@ -166,14 +168,17 @@ class Command(BaseCommand):
         agents.effects_path().unlink(missing_ok=True)
 
     def post_webhook(self, body: str, delivery_id: str) -> Any:
+        """A signed delivery, through the site's own webhook view (in this process)."""
+        url = reverse("inbound-webhook")
+        secret = get_settings().webhook_secrets[0]
         request = RequestFactory().post(
-            "/webhooks/inbound/",
+            url,
             data=body,
             content_type="application/json",
-            HTTP_X_SIGNATURE=webhooks.sign(body.encode(), delivery_id, settings.WEBHOOK_SECRET),
+            HTTP_X_SIGNATURE=sign(body.encode(), delivery_id, secret),
             HTTP_X_DELIVERY_ID=delivery_id,
         )
-        return webhooks.inbound(request)
+        return resolve(url).func(request)
 
 
 def argparse_suppress() -> str:
