@@ -272,7 +272,10 @@ class ApiKeyAdmin(_KeyAdmin):
         "last_used_at",
         "revoked_at",
     )
-    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    list_filter = (
+        ("confirmed_at", admin.EmptyFieldListFilter),
+        ("revoked_at", admin.EmptyFieldListFilter),
+    )
     search_fields = ("name", "prefix")
     list_select_related = ("user", "created_by")
     create_fields = ["user", "name", "expires_at"]
@@ -326,7 +329,10 @@ class ApproverKeyAdmin(_KeyAdmin):
         "created_at",
         "revoked_at",
     )
-    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    list_filter = (
+        ("confirmed_at", admin.EmptyFieldListFilter),
+        ("revoked_at", admin.EmptyFieldListFilter),
+    )
     search_fields = ("public_key",)
     list_select_related = ("user", "created_by")
     form = ApproverKeyForm

@@ -113,6 +113,8 @@ def test_a_superuser_cannot_be_a_whole_quorum_through_keys_in_others_names(finan
     made = {k.user.username: k for k in ApproverKey.objects.select_related("user")}
     assert all(k.confirmed_at is None and k.created_by == root for k in made.values())
     assert key_rows("create_key") == [("root", "ann", True), ("root", "bob", True)]
+    listed = as_root.get(reverse("admin:durable_agents_approverkey_changelist"))
+    assert "pending: ann confirms it" in listed.content.decode()
     inbox = browser(ann).get(reverse("admin:durable_agents_inbox")).content.decode()
     assert confirm_url("approverkey", made["ann"].pk) in inbox  # her inbox says so
 
@@ -327,6 +329,16 @@ def test_the_python_paths_follow_the_same_rule(finance):
     assert refused.value.code == "key.not_owner"
     raw = keys.confirm_api_key(invited, ann)
     assert keys.hash_key(raw) == ApiKey.objects.get(pk=invited.pk).key_hash
+
+    # An invitation that expired or was revoked before its owner came is never confirmed.
+    late = keys.invite_api_key(ann, "late", by=root, expires_at=timezone.now())
+    dropped = keys.invite_api_key(ann, "dropped", by=root)
+    keys.revoke_keys([dropped], root, channel="python")
+    for key, code in ((late, "key.expired"), (dropped, "key.revoked")):
+        with pytest.raises(ConfigError) as refused:
+            keys.confirm_api_key(key, ann)
+        assert refused.value.code == code
+        assert key_state(key)[0] is None and key_state(key)[2] == ""
 
 
 def test_the_documented_one_liner_signs_a_challenge(finance, tmp_path):
