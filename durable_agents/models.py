@@ -349,9 +349,11 @@ class ActionLog(models.Model):
 
 class ApiKey(models.Model):
     """An API key of one user, acting as that user; only its hash is stored. Created by its
-    owner for themselves (a superuser may create one for someone else: ``created_by`` says
-    who did), it may expire, records its last use, and is refused from the moment it is
-    revoked."""
+    owner for themselves, it is confirmed at once. A superuser may invite one for someone
+    else (``created_by`` says who did): the row then holds no secret at all (empty
+    ``prefix`` and ``key_hash``) until its owner confirms it in their own session, which
+    generates the raw key and shows it to the owner once (``durable_agents.keys``). It may
+    expire, records its last use, and is refused from the moment it is revoked."""
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="durable_agents_api_keys"
@@ -368,6 +370,11 @@ class ApiKey(models.Model):
         help_text="who created the key (its owner, or a superuser)",
     )
     created_at = models.DateTimeField(db_default=Now())
+    confirmed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="when its owner confirmed it; empty: pending, it authenticates nothing",
+    )
     expires_at = models.DateTimeField(
         null=True, blank=True, help_text="refused from this moment on; empty: never expires"
     )
@@ -383,7 +390,10 @@ class ApiKey(models.Model):
 
 class ApproverKey(models.Model):
     """An Ed25519 public key one user signs decisions with. It belongs to that user (a
-    foreign key, not a name), and a public key belongs to one user only."""
+    foreign key, not a name), and a public key belongs to one user only. Registered by its
+    owner, it is confirmed at once; registered by someone else, it is pending and verifies
+    nothing until the owner, signed in as themselves, signs a challenge with its private key
+    (``KeyChallenge``)."""
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -403,7 +413,28 @@ class ApproverKey(models.Model):
         help_text="who registered the key (its owner, or a superuser)",
     )
     created_at = models.DateTimeField(db_default=Now())
+    confirmed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="when its owner proved they hold the private key; empty: pending, it "
+        "verifies nothing",
+    )
     revoked_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"key {self.public_key[:12]}… of user #{self.user_id}"
+
+
+class KeyChallenge(models.Model):
+    """A random challenge the owner of a pending approver key signs to confirm it: bound to
+    the key and the user it was issued to, used once, refused after ``expires_at``."""
+
+    key = models.ForeignKey(ApproverKey, on_delete=models.CASCADE, related_name="challenges")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    nonce = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"challenge for key #{self.key_id}"

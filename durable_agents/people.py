@@ -95,10 +95,14 @@ def approvers(group: str | None = None) -> QuerySet[Any]:
 
 
 def approver_keys(user_id: str) -> list[str]:
-    """The Ed25519 public keys (base64) registered to the user ``user_id``, revoked ones
-    left out."""
+    """The Ed25519 public keys (base64) registered to the user ``user_id`` that verify
+    signatures: revoked ones left out, and pending ones (registered by someone else, not yet
+    confirmed by the user: ``durable_agents.keys``) too. Every path that checks a signed
+    decision reads keys through this, so a pending key is refused as an unknown one."""
     try:
-        rows = ApproverKey.objects.filter(user_id=user_id, revoked_at__isnull=True)
+        rows = ApproverKey.objects.filter(
+            user_id=user_id, revoked_at__isnull=True, confirmed_at__isnull=False
+        )
         return list(rows.values_list("public_key", flat=True))
     except (ValidationError, ValueError):
         return []

@@ -37,6 +37,7 @@ from ..engine.errors import DurableAgentsError
 from ..engine.ports import APPROVAL_PENDING, AWAITING_INPUT, HALT_OPEN
 from ..engine.records import Record
 from ..engine.waits import INTERRUPT
+from ..keys import pending_for
 from ..models import ApprovalRequest, Decision, Halt, Inbox, JournalEntry, Run
 from .base import AnyModelAdmin, ReadOnlyAdmin, admin_actor, allows, page, related_count
 from .deciding import refusal_by_row, shown_arguments
@@ -416,6 +417,8 @@ def inbox_view(admin: AnyModelAdmin, request: HttpRequest) -> HttpResponse:
             "clear_url": request.path,
             "here": here,
             "back": urlencode({"back": "inbox"}),
+            # Approver keys a superuser registered for this person: inert until confirmed.
+            "pending_keys": list(pending_for(request.user)[0][:20]),
         },
     )
 

@@ -6,6 +6,8 @@
   Only the key's SHA-256 (hex) is stored; it is found by its first 8 characters and
   compared in constant time. A revoked or expired key, or one whose user is inactive or not
   staff, is refused; the check runs on every request, so a revocation takes effect at once.
+  A key created for someone else is pending until its owner confirms it in their own
+  session (``durable_agents.keys``): it holds no secret and is refused as an unknown key.
   The key acts as its user: the same permissions, and the user's name on every decision and
   history row, with the channel ``api-key:<prefix>``.
 
@@ -18,10 +20,7 @@ checked with ``require``.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import secrets
-from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -33,43 +32,18 @@ from ninja.security import APIKeyCookie, APIKeyHeader
 
 from .. import permissions
 from ..engine.identity import Actor
+from ..keys import PREFIX_LENGTH, hash_key
+from ..keys import issue_api_key as issue_api_key  # where callers have always found them
+from ..keys import new_key as new_key
 from ..models import ApiKey
 from ..people import actor_of
 from .errors import AUTH_FAILURE_ATTR, ApiError, AuthFailure
 
 API_KEY_HEADER = "X-API-Key"
 BEARER = "bearer"
-PREFIX_LENGTH = 8
 MAX_KEY_LENGTH = 200
 CHANNEL_ATTR = "_durable_agents_channel"
 SESSION = "session"
-
-
-def hash_key(raw: str) -> str:
-    return hashlib.sha256(raw.encode()).hexdigest()
-
-
-def new_key() -> tuple[str, str, str]:
-    """A fresh raw key, its prefix and its hash."""
-    raw = secrets.token_urlsafe(32)
-    return raw, raw[:PREFIX_LENGTH], hash_key(raw)
-
-
-def issue_api_key(
-    user: Any, name: str, *, created_by: Any = None, expires_at: datetime | None = None
-) -> tuple[ApiKey, str]:
-    """Create an API key for ``user``; return the row and the raw key, which is shown once
-    and never stored. ``created_by`` (default: ``user``) is recorded on the key."""
-    raw, prefix, digest = new_key()
-    key = ApiKey.objects.create(
-        user=user,
-        name=name,
-        prefix=prefix,
-        key_hash=digest,
-        created_by=created_by if created_by is not None else user,
-        expires_at=expires_at,
-    )
-    return key, raw
 
 
 def presented_key(request: HttpRequest) -> str | None:
@@ -126,7 +100,9 @@ class ApiKeyAuth(APIKeyHeader):
             (c for c in candidates if hmac.compare_digest(c.key_hash, digest)),
             None,
         )
-        if found is None:
+        # A pending key (an invitation its owner has not confirmed) has no secret to match;
+        # refused here too, as an unknown key, whatever its row holds.
+        if found is None or found.confirmed_at is None:
             _fail(request, 401, "auth.invalid_key", "the API key is not valid")
             return None
         if found.revoked_at is not None:

@@ -257,8 +257,8 @@ def verify_signature(
     keys = runtime.approver_keys(approver.id)
     if not keys:
         raise ApprovalBadSignature(
-            f"user {approver.username!r} has no registered approver key; they register one "
-            "in the admin (Approver keys)"
+            f"user {approver.username!r} has no registered approver key in effect; they "
+            "register one in the admin (Approver keys), or confirm one registered for them"
         )
     message = decision_bytes(
         incarnation=incarnation,

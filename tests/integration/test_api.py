@@ -86,7 +86,9 @@ def sign(
 
 
 def register_key(username: str, public: str) -> ApproverKey:
-    return ApproverKey.objects.create(user=User.objects.get(username=username), public_key=public)
+    return ApproverKey.objects.create(
+        user=User.objects.get(username=username), public_key=public, confirmed_at=timezone.now()
+    )
 
 
 # -- who may call what --------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.test.utils import override_settings
+from django.utils import timezone
 
 import durable_agents as da
 from durable_agents.engine.approvals import decision_bytes, incarnation_of
@@ -58,7 +59,7 @@ def _signed_run(run_id: str) -> None:
     request = ApprovalRequest.objects.get(run_id=run_id)
     ops = make_user(f"ops-{run_id}", "approve_toolcall")
     private, public = keypair()
-    ApproverKey.objects.create(user=ops, public_key=public)
+    ApproverKey.objects.create(user=ops, public_key=public, confirmed_at=timezone.now())
     message = decision_bytes(
         incarnation=incarnation_of(site_store(), run_id),
         run_id=run_id,

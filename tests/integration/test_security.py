@@ -152,12 +152,13 @@ def test_1_staff_cannot_mint_an_api_key_for_another_user():
     form_post(client, changelist, {"action": "revoke", "_selected_action": [other.pk]})
     assert ApiKey.objects.get(pk=other.pk).revoked_at is None
 
-    # A superuser may create one for someone else; the key and the admin log say who did.
+    # A superuser may create one for someone else: a pending invitation with no secret (she
+    # never sees a key; test_key_confirmation.py has the rest); the key and the logs say who.
     alice = make_user("alice")
     response = form_post(browser(root), add, {"user": alice.pk, "name": "for alice"})
-    assert response.status_code == 200
+    assert response.status_code == 302
     made = ApiKey.objects.get(name="for alice")
-    assert (made.user, made.created_by) == (alice, root)
+    assert (made.user, made.created_by, made.confirmed_at, made.key_hash) == (alice, root, None, "")
     entry = LogEntry.objects.get(object_id=str(made.pk))
     assert entry.user == root and "Created for alice by root" in entry.get_change_message()
 
@@ -257,7 +258,7 @@ def test_3_a_signed_decision_needs_an_active_user_who_may_approve(relay):
     keys = {}
     for user in (gone, norights):
         keys[user.username], public = keypair()
-        ApproverKey.objects.create(user=user, public_key=public)
+        ApproverKey.objects.create(user=user, public_key=public, confirmed_at=timezone.now())
     User.objects.filter(pk=gone.pk).update(is_active=False)
     private = keys["gone"]
     before = state("nobody-1")
@@ -278,7 +279,7 @@ def test_3_a_signed_decision_needs_an_active_user_who_may_approve(relay):
     # The control: an active approver's signature decides.
     ok_private, ok_public = keypair()
     ext = make_user("ext", "approve_toolcall", staff=False)
-    ApproverKey.objects.create(user=ext, public_key=ok_public)
+    ApproverKey.objects.create(user=ext, public_key=ok_public, confirmed_at=timezone.now())
     body = {"approver": "ext", "approved": True, "signature": sign(ok_private, "nobody-1", ext.pk)}
     assert post(relay, path, body).json()["status"] == "approved"
     assert count_effects("nobody-1") == {"call_1_1": 1}
@@ -291,7 +292,7 @@ def test_4_an_old_signature_does_not_approve_a_new_start_of_the_run(relay):
     root = make_user("root", superuser=True)
     ext = make_user("ext", "approve_toolcall", staff=False)
     private, public = keypair()
-    ApproverKey.objects.create(user=ext, public_key=public)
+    ApproverKey.objects.create(user=ext, public_key=public, confirmed_at=timezone.now())
     gated.start("refund order 7", run_id="replay-1")
     old = sign(private, "replay-1", ext.pk, note="one refund, ok")
 

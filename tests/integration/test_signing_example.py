@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.contrib.auth.models import Permission, User
 from django.test import Client
+from django.utils import timezone
 
 import durable_agents as da
 from durable_agents.api.auth import issue_api_key
@@ -41,7 +42,9 @@ def test_the_documented_signer_is_accepted_and_matches_decision_bytes():
     )
     private = Ed25519PrivateKey.generate()
     public = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    ApproverKey.objects.create(user=approver, public_key=base64.b64encode(public).decode())
+    ApproverKey.objects.create(
+        user=approver, public_key=base64.b64encode(public).decode(), confirmed_at=timezone.now()
+    )
     relay = User.objects.create_user("relay", is_staff=True)
     relay.user_permissions.add(Permission.objects.get(codename="view_approvalrequest"))
     _, raw = issue_api_key(relay, "relay")

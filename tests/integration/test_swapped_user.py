@@ -26,7 +26,8 @@ call_command("migrate", verbosity=0)
 call_command("makemigrations", "durable_agents", check=True, dry_run=True)
 
 import durable_agents as da
-from durable_agents.api.auth import new_key
+from durable_agents.api.auth import issue_api_key, new_key
+from durable_agents.keys import register_approver_key
 from durable_agents.models import ActionLog, ApiKey, ApprovalRequest, ApproverKey, Run
 from durable_agents.people import eligible_approvers, resolve_actor
 from durable_agents.providers import scripted
@@ -45,6 +46,14 @@ raw, prefix, key_hash = new_key()
 ApiKey.objects.create(user=ann, name="ci", prefix=prefix, key_hash=key_hash, created_by=ann)
 ApproverKey.objects.create(user=ann, public_key=base64.b64encode(bytes(32)).decode())
 assert list(ann.durable_agents_api_keys.values_list("name", flat=True)) == ["ci"]
+# The key rules and their action-log rows with a swapped user model: her own keys take
+# effect at once; a superuser's key for her waits for her.
+boss = Person.objects.create_superuser("boss")
+issue_api_key(ann, "mine")
+invited = register_approver_key(ann, base64.b64encode(bytes(range(32))).decode(), by=boss)
+assert invited.confirmed_at is None and invited.created_by == boss
+made = ActionLog.objects.filter(action="create_key").order_by("id")
+assert [(r.actor, r.payload["owner"]) for r in made] == [("ann", "ann"), ("boss", "ann")]
 
 actor = resolve_actor("ann")
 assert actor is not None and actor.id == str(ann.pk), actor
