@@ -84,6 +84,7 @@ def test_no_engine_command_acts_on_an_inert_import(inert, boss):
         "hand over": lambda: hand_over("ir-wait", by=boss),
         "resume": lambda: da.resume("ir-wait"),
         "drive": lambda: gated.run("ir-wait", "refund order 7"),
+        "start": lambda: gated.start("refund order 7", run_id="ir-wait"),
         "fork": lambda: da.fork("ir-wait", from_step=1, patch=da.Patch()),
     }
     for what, call in refusals.items():
@@ -160,6 +161,9 @@ def test_the_admin_shows_an_inert_import_read_only(inert, boss):
     assert "ir-wait" not in queue
     runs = text_of(client.get("/admin/durable_agents/run/"))
     assert "imported evidence" in runs
+    verify = text_of(client.get("/admin/durable_agents/run/ir-wait/verify/"))
+    assert "unverified" in verify and "imported; no trusted signed head" in verify
+    assert "Not signed by this site" in verify
     ask = text_of(client.get("/admin/durable_agents/run/ir-ask/change/"))
     assert "Imported evidence (inert)" in ask and "da-answer" not in ask
 

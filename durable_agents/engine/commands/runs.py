@@ -162,6 +162,7 @@ def create_run(
     if store.start_run(run, holder=None, token=None, ttl=None, records=records) is not None:
         return run_id
     existing = store.get_run(run_id)
+    refuse_inert(existing, "start it again")
     if existing is not None and existing.agent and existing.agent != agent.name:
         raise Conflict(
             f"run {run_id!r} belongs to agent {existing.agent!r}; pick another run id",

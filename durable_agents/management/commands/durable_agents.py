@@ -4,7 +4,8 @@
 commands take); ``approve``, ``deny``, ``cancel`` and ``resolve`` act as a named user, who
 must exist, be active and hold the permission the admin would ask for (the table in
 ``durable_agents.permissions``; the engine checks it, as on every path); the action log
-records the user and the ``command`` channel.
+records the user and the ``command`` channel. ``import`` takes ``--by`` the same way (it
+needs ``import_runs``) and keeps runs inert evidence unless ``--live`` (docs/replay.md).
 """
 
 from __future__ import annotations
