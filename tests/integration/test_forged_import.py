@@ -323,3 +323,94 @@ def test_a_live_import_refuses_a_genuine_export_whose_signature_was_moved():
     with pytest.raises(CommandError, match="carries no signature"):
         _import(unsigned, "--live")
     assert _counts() == before
+
+
+def _rehashed(lines: list[dict]) -> str:
+    """``lines`` as a file again: the records' chain and the stated head recomputed, the
+    action rows' hashes too, the end line recounted."""
+    prev = None
+    out = []
+    for item in lines:
+        if item["type"] == "end":
+            continue
+        if item["type"] == "record":
+            item["hash"] = prev = chain_hash(prev, item["name"], item["data"])
+        elif item["type"] == "action":
+            item["hash"] = chain_hash(item["prev"], ACTION_NAME, action_content(item))
+        out.append(item)
+    for item in out:
+        if item["type"] == "run":
+            item["head"] = prev
+            item.pop("head_signature", None), item.pop("public_key", None)
+    out.append({"type": "end", "lines": len(out)})
+    return "\n".join(json.dumps(x) for x in out) + "\n"
+
+
+def test_a_live_import_refuses_a_journaled_decision_without_its_signed_rows():
+    """The decision rows left out, the journal's own decision record kept: the record is
+    what a drive reads, so it must be made by verified rows."""
+    ops = make_user("ops", "approve_toolcall")
+    private, public = keypair()
+    ApproverKey.objects.create(user=ops, public_key=public)
+    _signed_and_approved_not_run("gi-3", private, ops)
+    lines = [json.loads(x) for x in _export("gi-3").splitlines()]
+    _forget("gi-3")
+    without = [x for x in lines if x["type"] != "decision"]
+    before = _counts()
+    with pytest.raises(CommandError, match=r"decision 'approval:.*needs 1 verified approval"):
+        _import(_rehashed(without), "--live")
+    assert _counts() == before
+    # The whole file, untouched, imports live.
+    _import(_export_text(lines), "--live")
+    assert Run.objects.get(run_id="gi-3").imported == "live"
+
+
+def _export_text(lines: list[dict]) -> str:
+    return "\n".join(json.dumps(x) for x in lines) + "\n"
+
+
+def test_a_live_import_verifies_a_decision_signed_under_the_exporting_sites_user_id():
+    """On the exporting site the approver's user had another primary key: the signed bytes
+    name that id (read from the file), the key is the one registered here to that name."""
+    ops = make_user("ops", "approve_toolcall")
+    private, public = keypair()
+    ApproverKey.objects.create(user=ops, public_key=public)
+    call_id = _signed_and_approved_not_run("gi-4", private, ops)
+    lines = [json.loads(x) for x in _export("gi-4").splitlines()]
+    _forget("gi-4")
+    there = "4242"  # ops's id on the exporting site
+    start = next(x for x in lines if x["type"] == "record" and x["name"] == "run:start")
+    request = next(x for x in lines if x["type"] == "approval_request")
+    message = decision_bytes(
+        incarnation=json.loads(start["data"]).get("incarnation") or "",
+        run_id="gi-4",
+        call_id=call_id,
+        tool_name=request["tool_name"],
+        arguments=request["arguments"],
+        approver_id=there,
+        approved=True,
+        note="ok",
+    )
+    for item in lines:
+        if item["type"] == "decision":
+            item["signature"] = base64.b64encode(private.sign(message)).decode()
+        elif item["type"] == "action" and item["actor"] == "ops":
+            item["actor_id"] = there
+        elif item["type"] == "record" and item["name"].startswith("approval:"):
+            body = json.loads(item["data"])
+            body["by_id"] = there
+            item["data"] = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    _import(_rehashed(lines), "--live")
+    assert gated.run("gi-4", "refund order 7").answer == "refunded"
+    assert count_effects("gi-4") == {call_id: 1}
+    # Renamed to another approver of this site (with a key of her own), the same signature
+    # is not hers: refused, whatever id the file claims she had.
+    _forget("gi-4")
+    _, hers = keypair()
+    mallory = make_user("mallory2", "approve_toolcall")
+    ApproverKey.objects.create(user=mallory, public_key=hers)
+    renamed = [json.loads(_renamed(json.dumps(x), "ops", "mallory2")) for x in lines]
+    before = _counts()
+    with pytest.raises(CommandError, match=r"import\.unverified_decision: .*'mallory2'"):
+        _import(_rehashed(renamed), "--live")
+    assert _counts() == before
