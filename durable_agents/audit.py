@@ -4,12 +4,18 @@ function SQLite's journal trigger calls.
 The chain's definition and the verifier are the engine's (``engine/audit.py``); the hash of
 a journal record is computed by the database in the statement that inserts it (migration
 ``0007_audit_chain``).
+
+An imported run's records were hashed by whoever wrote the file: its chain holding together
+proves nothing. It counts as verified only when the file carried a head signature by a key
+this site trusts (``TRUSTED_AUDIT_KEYS``, or the site's own ``AUDIT_SIGNING_KEY``) over
+the records it imported (``import_trust``); this site never signs such a head as its own.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -30,7 +36,19 @@ from .engine.audit import (
 from .engine.errors import ConfigError, DurableAgentsError, NotFound
 from .engine.sensitive import Redactor, derive_key
 
-__all__ = ["bundle", "redactor", "sample_check", "sign_head", "verify"]
+__all__ = [
+    "ImportTrust",
+    "bundle",
+    "import_trust",
+    "redactor",
+    "sample_check",
+    "sign_head",
+    "trusted_keys",
+    "verify",
+]
+
+# What ``verify`` says of an imported run whose chain no trusted signed head vouches for.
+UNTRUSTED_IMPORT = "imported; no trusted signed head"
 
 
 @receiver(connection_created, dispatch_uid="durable_agents.audit.sqlite")
@@ -64,20 +82,105 @@ def verify(
         )
         if missing:
             raise NotFound(f"no run {', '.join(map(repr, missing))}", code="run.not_found")
-    reports = [verify_run(store, run_id) for run_id in run_ids]
+    reports = [_vouched(verify_run(store, run_id), store.using) for run_id in run_ids]
     if actions:
         reports.append(verify_actions(store))
     return reports
 
 
 def sample_check(size: int, *, using: str | None = None) -> list[ChainReport]:
-    """Verify the chains of the ``size`` most recently updated runs (the system check)."""
+    """The broken chains among the ``size`` most recently updated runs (the system check;
+    an imported run no trusted head vouches for is not broken, only unverified)."""
     from .models import Run
 
     runs = Run.objects.using(using or _database()).order_by("-updated_at")
     return [
-        r for r in verify(list(runs.values_list("pk", flat=True)[:size]), using=using) if not r.ok
+        r
+        for r in verify(list(runs.values_list("pk", flat=True)[:size]), using=using)
+        if not r.intact
     ]
+
+
+@dataclass(frozen=True)
+class ImportTrust:
+    """Whether an imported run's chain is vouched for: ``trusted`` when the file's head
+    signature verifies, under a key this site trusts, over the head of the records it
+    imported, and those records are still the first of its chain here; else ``why`` not."""
+
+    trusted: bool
+    why: str
+    live: bool
+    head: str | None  # the head the file stated, and how many records led to it
+    records: int
+    signature: str | None
+    public_key: str | None
+
+
+def trusted_keys() -> set[str]:
+    """The public keys (base64) whose signed heads vouch for an imported run: the setting
+    ``TRUSTED_AUDIT_KEYS``, and the site's own signing key."""
+    from .conf import get_settings
+
+    settings = get_settings()
+    keys = set(settings.trusted_audit_keys)
+    if settings.audit_signing_key:
+        keys.add(_public(_load_key(settings.audit_signing_key)))
+    return keys
+
+
+def import_trust(run_id: str, *, using: str | None = None) -> ImportTrust | None:
+    """None for a run made here; else whether its imported chain is vouched for."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from .models import JournalEntry, RunImport
+
+    using = using or _database()
+    found = RunImport.objects.using(using).filter(run_id=run_id).first()
+    if found is None:
+        return None
+
+    def trust(trusted: bool, why: str = "") -> ImportTrust:
+        return ImportTrust(
+            trusted, why, found.live, found.head, found.records, found.head_signature,
+            found.public_key,
+        )  # fmt: skip
+
+    if not found.head_signature or not found.public_key or found.head is None:
+        return trust(False, "the file carried no signed head")
+    if found.public_key not in trusted_keys():
+        return trust(
+            False,
+            f"its head is signed by key {found.public_key}, which this site does not trust "
+            "(DURABLE_AGENTS['TRUSTED_AUDIT_KEYS'])",
+        )
+    try:
+        Ed25519PublicKey.from_public_bytes(base64.b64decode(found.public_key)).verify(
+            base64.b64decode(found.head_signature),
+            head_message(run_id, found.head, found.records),
+        )
+    except (InvalidSignature, ValueError, TypeError):
+        return trust(False, "the head signature does not verify for this run, head and count")
+    hashes = (
+        JournalEntry.objects.using(using)
+        .filter(run_id=run_id)
+        .order_by("seq")
+        .values_list("hash", flat=True)
+    )
+    last = hashes[found.records - 1 : found.records] if found.records > 0 else []
+    if [h for h in last] != [found.head]:
+        return trust(False, "the records here do not lead to the signed head")
+    return trust(True)
+
+
+def _vouched(report: ChainReport, using: str) -> ChainReport:
+    """``report``, marked unverified when its run is an import no trusted head vouches for."""
+    if not report.intact:
+        return report
+    trust = import_trust(report.chain, using=using)
+    if trust is None or trust.trusted:
+        return report
+    return replace(report, unverified=UNTRUSTED_IMPORT)
 
 
 def _database() -> str:
@@ -152,11 +255,16 @@ def _public(key: Any) -> str:
 
 def sign_head(run_id: str, *, using: str | None = None) -> dict[str, Any]:
     """The run's chain head, and when ``AUDIT_SIGNING_KEY`` is set, the site's Ed25519
-    signature over ``head_message`` with the public key to check it (base64)."""
+    signature over ``head_message`` with the public key to check it (base64).
+
+    An imported run no trusted head vouches for is never signed with the site's key: its
+    head carries the file's own signature (when the chain still ends at the head it
+    signed), and ``imported`` says so."""
     from .conf import get_settings
     from .storage import DjangoStore
 
-    report = verify_links(run_id, DjangoStore(using).chain(run_id))
+    store = DjangoStore(using)
+    report = verify_links(run_id, store.chain(run_id))
     message = head_message(run_id, report.head, report.links)
     signed: dict[str, Any] = {
         "run_id": run_id,
@@ -166,6 +274,12 @@ def sign_head(run_id: str, *, using: str | None = None) -> dict[str, Any]:
         "signature": None,
         "public_key": None,
     }
+    trust = import_trust(run_id, using=store.using)
+    if trust is not None and not trust.trusted:
+        signed["imported"] = {"trusted": False, "why": trust.why}
+        if trust.head == report.head and trust.records == report.links:
+            signed.update(signature=trust.signature, public_key=trust.public_key)
+        return signed
     pem = get_settings().audit_signing_key
     if pem:
         key = _load_key(pem)
@@ -177,7 +291,11 @@ def sign_head(run_id: str, *, using: str | None = None) -> dict[str, Any]:
 def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
     """One run's audit bundle (docs/audit.md): its journal with hashes, its signed head, its
     decisions with their signatures and the bytes they sign, its action-log rows with the
-    hash before each, and the site's action-log head. ``NotFound`` for an unknown run."""
+    hash before each, and the site's action-log head. ``NotFound`` for an unknown run.
+
+    An imported run's bundle says so (``imported``: who imported which file, live or inert,
+    whether a trusted signed head vouches for its chain, and the action-log rows the file
+    carried); its head is signed by this site only when that head is trusted."""
     from django.contrib.auth import get_user_model
 
     from .engine.approvals import decision_bytes
@@ -271,4 +389,31 @@ def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
         "decisions": decisions,
         "actions": actions,
         "action_head": before.first(),
+        "imported": _imported(run_id, store.using, hide),
+    }
+
+
+def _imported(run_id: str, using: str, hide: Redactor) -> dict[str, Any] | None:
+    from .models import RunImport
+
+    found = RunImport.objects.using(using).filter(run_id=run_id).first()
+    trust = import_trust(run_id, using=using)
+    if found is None or trust is None:
+        return None
+    return {
+        "live": found.live,
+        "imported_at": found.imported_at.isoformat(),
+        "imported_by": found.imported_by,
+        "file_digest": found.file_digest,
+        "exported_at": found.exported_at,
+        "library": found.library,
+        "head": found.head,
+        "records": found.records,
+        "head_signature": found.head_signature,
+        "public_key": found.public_key,
+        "trusted": trust.trusted,
+        "why": trust.why or None,
+        "actions": [
+            hide.redact(f"imported-action:{n}", row) for n, row in enumerate(found.actions or ())
+        ],
     }

@@ -6,6 +6,7 @@ time), and ``durable_agents.checks`` validates them at startup with a fix-it hin
 
 from __future__ import annotations
 
+import base64
 import copy
 import difflib
 from dataclasses import dataclass, field, replace
@@ -71,6 +72,9 @@ class Settings:
     # The shared secrets inbound webhooks are signed with (``durable_agents.webhooks``); more
     # than one while a sender rotates its secret. Empty: no webhook view can be built.
     webhook_secrets: tuple[str, ...] = ()
+    # Ed25519 public keys (raw 32 bytes, base64) whose signed heads vouch for an imported
+    # run's chain (docs/audit.md, "Imported runs"); the site's own signing key counts too.
+    trusted_audit_keys: tuple[str, ...] = ()
 
     @property
     def effective_halt_min_age(self) -> float:
@@ -99,6 +103,7 @@ _KEYS = {
     "AUDIT_SIGNING_KEY": "audit_signing_key",
     "AUDIT_SALT_KEY": "audit_salt_key",
     "WEBHOOK_SECRET": "webhook_secrets",
+    "TRUSTED_AUDIT_KEYS": "trusted_audit_keys",
 }
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
 _NOTIFY_KEYS = {"APPROVALS": "approvals", "FROM_EMAIL": "from_email", "BASE_URL": "base_url"}
@@ -210,6 +215,7 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
     )
     problems += secret_problems
     values["webhook_secrets"] = secrets
+    values["trusted_audit_keys"] = _parse_trusted_keys(values.get("trusted_audit_keys"), problems)
 
     if not isinstance(values.get("public_api_docs", False), bool):
         problems.append("DURABLE_AGENTS['PUBLIC_API_DOCS'] must be True or False")
@@ -267,6 +273,32 @@ def parse_webhook_secrets(raw: Any, where: str) -> tuple[tuple[str, ...], list[s
         which = "" if isinstance(raw, str) else f" (entry {short[0]})"
         return (), [f"{where}{which} is too short: a webhook secret must be {fix}"]
     return tuple(listed), []
+
+
+def _parse_trusted_keys(raw: Any, problems: list[str]) -> tuple[str, ...]:
+    """``TRUSTED_AUDIT_KEYS``: base64 raw Ed25519 public keys (32 bytes each)."""
+    if raw is None:
+        return ()
+    if isinstance(raw, str) or not isinstance(raw, list | tuple):
+        problems.append(
+            "DURABLE_AGENTS['TRUSTED_AUDIT_KEYS'] must be a list of Ed25519 public keys "
+            "(raw 32 bytes, base64), like the 'public_key' of an exported run"
+        )
+        return ()
+    keys: list[str] = []
+    for key in raw:
+        try:
+            ok = isinstance(key, str) and len(base64.b64decode(key, validate=True)) == 32
+        except (ValueError, TypeError):
+            ok = False
+        if not ok:
+            problems.append(
+                f"DURABLE_AGENTS['TRUSTED_AUDIT_KEYS'] holds {key!r}, which is not an Ed25519 "
+                "public key (raw 32 bytes, base64)"
+            )
+            continue
+        keys.append(key)
+    return tuple(keys)
 
 
 def _parse_notify(raw: Any, problems: list[str]) -> Notify:

@@ -51,6 +51,19 @@ class Run(models.Model):
         help_text="when recovery last handed the run to a driver; it waits an interval "
         "before sending it again",
     )
+    imported = models.CharField(
+        max_length=8,
+        blank=True,
+        default=ports.NOT_IMPORTED,
+        db_default=ports.NOT_IMPORTED,
+        choices=[
+            (ports.NOT_IMPORTED, "made here"),
+            (ports.IMPORTED_INERT, "imported as evidence (inert)"),
+            (ports.IMPORTED_LIVE, "imported live (decisions verified)"),
+        ],
+        help_text="set by an import, never changed: an inert import is never driven nor "
+        "decided (docs/replay.md, 'Imports')",
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -93,7 +106,42 @@ class Run(models.Model):
             updated_at=self.updated_at,
             finished_at=self.finished_at,
             dispatched_at=self.dispatched_at,
+            imported=self.imported,
         )
+
+
+class RunImport(models.Model):
+    """How a run came to this site from an export (``durable_agents.transfer``): who
+    imported it, the file's digest, and the evidence the file carried that this site does
+    not take as its own: the head signature it stated (``audit.verify`` trusts it only under
+    a key in ``TRUSTED_AUDIT_KEYS``) and its action-log rows, kept here as exported rather
+    than joined to the site's action-log chain. Written once, with the run."""
+
+    run = models.OneToOneField(
+        Run, on_delete=models.CASCADE, primary_key=True, related_name="import_record"
+    )
+    live = models.BooleanField(default=False)
+    imported_at = models.DateTimeField(db_default=Now())
+    imported_by = models.CharField(max_length=200)
+    imported_by_id = models.CharField(max_length=64, blank=True, default="")
+    file_digest = models.CharField(max_length=64, help_text="sha256 of the export file, hex")
+    exported_at = models.CharField(max_length=64, blank=True, default="")
+    library = models.CharField(max_length=64, blank=True, default="", help_text="exporter's")
+    # The chain head the file stated for this run, and its signature when the exporting
+    # site signed it (``head_message``; base64 Ed25519 signature and public key).
+    head = models.CharField(max_length=64, null=True, blank=True)
+    records = models.PositiveIntegerField(default=0, help_text="records the file held")
+    head_signature = models.TextField(null=True, blank=True)
+    public_key = models.CharField(max_length=100, null=True, blank=True)
+    # The run's action-log rows as the file carried them (with their hash and the hash
+    # before each): evidence of what another site logged, not rows of this site's log.
+    actions = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        verbose_name = "run import"
+
+    def __str__(self) -> str:
+        return f"{self.run_id} imported {'live' if self.live else 'inert'} by {self.imported_by}"
 
 
 class JournalEntry(models.Model):

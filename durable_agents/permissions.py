@@ -2,7 +2,7 @@
 command.
 
 Each action is allowed to a user holding any one of its permissions (superusers hold them
-all). The permissions are Django's: the four custom ones (``CUSTOM``) live on the Run model,
+all). The permissions are Django's: the custom ones (``CUSTOM``) live on the Run model,
 whose ``Meta.permissions`` is ``MODEL_PERMISSIONS``; the rest are the models' own
 ``view_*`` / ``add_*`` / ``delete_*``. The engine names the custom ones
 (``engine.identity``), because its commands check them again whatever path the request
@@ -21,6 +21,8 @@ VIEW_APPROVALS = "durable_agents.view_approvalrequest"
 VIEW_HALTS = "durable_agents.view_halt"
 START_RUN = "durable_agents.add_run"
 DELETE_RUN = "durable_agents.delete_run"
+# Importing is the glue's alone (``durable_agents.transfer``): no engine command checks it.
+IMPORT_RUNS = "durable_agents.import_runs"
 
 # The custom permissions, with the description the admin shows when granting them.
 CUSTOM: tuple[tuple[str, str], ...] = (
@@ -28,6 +30,7 @@ CUSTOM: tuple[tuple[str, str], ...] = (
     (RESOLVE_HALT, "Can resolve halted tool calls"),
     (FORK_RUN, "Can fork runs"),
     (OPERATE_RUNS, "Can cancel and resume runs"),
+    (IMPORT_RUNS, "Can import runs from an export"),
 )
 
 
@@ -73,6 +76,7 @@ RULES: dict[str, Rule] = {
     "resolve": Rule("resolve a halt", (RESOLVE_HALT,)),
     "fork": Rule("fork a run", (FORK_RUN,)),
     "delete": Rule("delete a run", (DELETE_RUN,)),
+    "import": Rule("import runs from an export", (IMPORT_RUNS,)),
 }
 
 

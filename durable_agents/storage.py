@@ -52,6 +52,7 @@ from .engine.ports import (
     HALT_OPEN,
     HALT_ORPHANED,
     HALT_RESOLVED,
+    IMPORTED_INERT,
     KIND_AGENT,
     RUN_FIELDS,
     TERMINAL_STATUSES,
@@ -194,6 +195,7 @@ _RUN_COLUMNS = (
     "updated_at",
     "finished_at",
     "dispatched_at",
+    "imported",
 )
 
 
@@ -432,6 +434,7 @@ class DjangoStore:
             forked_from=run.forked_from,
             forked_step=run.forked_step,
             kind=run.kind,
+            imported=run.imported,
         )
         if run.status in TERMINAL_STATUSES:
             row.finished_at = Now()  # created in its final state: one write, never unfinished
@@ -1089,7 +1092,9 @@ class DjangoStore:
         upsert = (
             f"INSERT INTO {_L} (run_id, holder, token, expires_at, renewed_at) "
             f"SELECT %s, %s, %s, {d.later()}, {d.now} "
-            f"WHERE EXISTS (SELECT 1 FROM {_R} WHERE run_id = %s) "
+            # No lease on an inert import: it is never driven (``engine.imported``).
+            f"WHERE EXISTS (SELECT 1 FROM {_R} WHERE run_id = %s "
+            f"AND imported <> '{IMPORTED_INERT}') "
             "ON CONFLICT (run_id) DO UPDATE SET holder = excluded.holder, "
             "token = excluded.token, expires_at = excluded.expires_at, "
             "renewed_at = excluded.renewed_at "
@@ -1234,6 +1239,8 @@ class DjangoStore:
         rows = Halt.objects.using(self.using).order_by("run_id", "op_id")
         if run_id is not None:
             rows = rows.filter(run_id=run_id)
+        else:
+            rows = rows.exclude(run__imported=IMPORTED_INERT)
         if status is not None:
             rows = rows.filter(status=status)
         return [row.to_domain() for row in rows]
@@ -1312,6 +1319,8 @@ class DjangoStore:
             rows = rows.filter(status=status)
         if run_id is not None:
             rows = rows.filter(run_id=run_id)
+        else:
+            rows = rows.exclude(run__imported=IMPORTED_INERT)
         return [row.to_domain() for row in rows]
 
     def save_decision(self, decision: DecisionInfo) -> bool:
@@ -1479,6 +1488,7 @@ class DjangoStore:
         rows = (
             Run.objects.using(self.using)
             .filter(finished_at__isnull=True, kind=KIND_AGENT)
+            .exclude(imported=IMPORTED_INERT)
             .annotate(_leased=Exists(live))
             .order_by("run_id")
         )

@@ -2,12 +2,15 @@
 
 ``export_lines(run_id, with_forks=False)`` yields one run (and its forks, recursively) with
 its journal, approval requests and decisions, halts and action log entries.
-``import_lines(lines)`` checks the whole file first, refuses a run id the site already
-holds, then writes everything in one transaction: a refused file writes nothing.
+``import_bytes(data, by=..., live=False)`` (and ``import_lines``) checks the whole file
+first, refuses a run id the site already holds, then writes everything in one transaction:
+a refused file writes nothing. An imported run is inert evidence unless imported ``live``
+(docs/replay.md, "Imports").
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
@@ -18,16 +21,27 @@ from django.utils import timezone
 from . import __version__
 from .audit import redactor
 from .conf import get_settings
+from .engine import identity
 from .engine.audit import action_content, data_digest
-from .engine.errors import Conflict, NotFound, ProtocolError
-from .engine.export import EXPORT_FORMAT, end_line, header_line, line, parse, record_line
+from .engine.errors import ConfigError, Conflict, NotFound, ProtocolError
+from .engine.export import (
+    EXPORT_FORMAT,
+    RunExport,
+    end_line,
+    header_line,
+    line,
+    parse,
+    record_line,
+)
+from .engine.imported import check_live
 from .engine.journal import to_record
-from .engine.ports import Entry
+from .engine.ports import IMPORTED_INERT, IMPORTED_LIVE, Entry
 from .engine.sensitive import Redactor
-from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Run
+from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Run, RunImport
+from .permissions import IMPORT_RUNS
 from .storage import DjangoStore
 
-__all__ = ["EXPORT_FORMAT", "export_lines", "import_lines"]
+__all__ = ["EXPORT_FORMAT", "export_lines", "import_bytes", "import_lines"]
 
 # Row fields an export leaves out: primary keys and links this site assigns again on import.
 _SKIP = {"id", "run", "request"}
@@ -102,11 +116,15 @@ def _run_lines(run_id: str, using: str, hide: Redactor) -> Iterator[str]:
     head = entries.reverse().values_list("hash", flat=True).first()
     row = hide.redact("run", _row(run))
     item: dict[str, Any] = {"type": "run", "run_id": run_id, "row": row, "head": head}
-    if get_settings().audit_signing_key:  # the site vouches for the head (docs/audit.md)
+    imported = RunImport.objects.using(using).filter(run_id=run_id).exists()
+    if get_settings().audit_signing_key or imported:
         from .audit import sign_head
 
+        # The site vouches for the head (docs/audit.md); never for an imported head no
+        # trusted key signed: that carries the file's own signature, if any.
         signed = sign_head(run_id, using=using)
-        item.update(head_signature=signed["signature"], public_key=signed["public_key"])
+        if signed["signature"]:
+            item.update(head_signature=signed["signature"], public_key=signed["public_key"])
     yield line(item)
     for e in entries.iterator():
         shown = hide.redact_text(e.name, e.data)
@@ -138,10 +156,39 @@ def _run_lines(run_id: str, using: str, hide: Redactor) -> Iterator[str]:
         yield line({"type": "action", **shown, "prev": prev, **(extra if shown != fields else {})})
 
 
-def import_lines(lines: Iterable[str]) -> list[str]:
-    """Import an export; return the run ids written. Refuses (``ProtocolError``,
-    ``JournalVersionError``, ``Conflict`` ``run.exists``) before writing anything."""
-    export = parse(lines)  # also verifies the file's audit chains (docs/audit.md)
+def import_lines(lines: Iterable[str], *, by: Any, live: bool = False) -> list[str]:
+    """Import an export given line by line (each line's end as read, or none); the digest
+    logged is that of the lines joined with ``\\n`` line ends, a final one included: the
+    file's own digest when it was written so (as ``export`` writes it). See
+    ``import_bytes``."""
+    text = "".join(x if x.endswith("\n") else x + "\n" for x in lines)
+    return import_bytes(text.encode("utf-8"), by=by, live=live)
+
+
+def import_bytes(data: bytes, *, by: Any, live: bool = False) -> list[str]:
+    """Import an export file's bytes as ``by``; return the run ids written.
+
+    ``by`` (a user object, a username or an ``identity.Actor``) must name an active user
+    holding ``import_runs``. Without ``live`` the runs are inert evidence: never driven,
+    nothing in them decided (``engine.imported``). With ``live`` every decision in the file
+    must verify here (``engine.imported.check_live``), or the whole file is refused.
+
+    Every import is one row of the site's action log (``import``: the file's sha256, the
+    runs, live or inert). The runs' own action-log rows stay evidence, on their
+    ``RunImport``: they happened on another site, and never join this site's chain.
+
+    Refuses (``ProtocolError``, ``JournalVersionError``, ``Conflict`` ``run.exists``,
+    ``ImportRefused``, ``ActorError``) before writing anything."""
+    actor = identity.resolve(by)
+    identity.require(actor, IMPORT_RUNS, "import runs")
+    if not isinstance(live, bool):
+        raise ConfigError("live must be True or False", code="config.invalid")
+    digest = hashlib.sha256(data).hexdigest()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"the file is not UTF-8 text: {exc}", code="export.invalid") from None
+    export = parse(text.splitlines())  # also verifies the file's audit chains (docs/audit.md)
     using = _using()
     taken = sorted(Run.objects.using(using).filter(pk__in=export.runs).values_list("pk", flat=True))
     if taken:
@@ -150,41 +197,69 @@ def import_lines(lines: Iterable[str]) -> list[str]:
             "import into another site",
             code="run.exists",
         )
+    if live:
+        for run in export.runs.values():
+            check_live(run)
+    imported = IMPORTED_LIVE if live else IMPORTED_INERT
     with transaction.atomic(using=using):
         for run in export.runs.values():
-            Run.objects.using(using).create(**{**_fields(Run, run.row), "run_id": run.run_id})
-            seqs: dict[int, int] = {}
-            for rec in run.records:
-                entry = JournalEntry.objects.using(using).create(
-                    run_id=run.run_id,
-                    name=rec.name,
-                    data=rec.data,
-                    **({"created_at": rec.created_at} if rec.created_at else {}),
-                )
-                seqs[rec.seq] = entry.seq
-            requests: dict[str, ApprovalRequest] = {}
-            for row in run.rows.get("approval_request", ()):
-                fields = _fields(ApprovalRequest, row)
-                # The start a request was asked under, by its new position.
-                fields["start_seq"] = seqs.get(int(row.get("start_seq") or 0), 0)
-                requests[str(row.get("call_id"))] = ApprovalRequest.objects.using(using).create(
-                    run_id=run.run_id, **fields
-                )
-            for row in run.rows.get("decision", ()):
-                request = requests.get(str(row.get("call_id")))
-                if request is None:
-                    raise ProtocolError(
-                        f"a decision of run {run.run_id!r} is about call {row.get('call_id')!r}, "
-                        "which has no approval request in the file",
-                        code="export.invalid",
-                    )
-                Decision.objects.using(using).create(request=request, **_fields(Decision, row))
-            for row in run.rows.get("halt", ()):
-                Halt.objects.using(using).create(run_id=run.run_id, **_fields(Halt, row))
-            store = DjangoStore(using)
-            for row in run.rows.get("action", ()):
-                # Appended to this site's action-log chain (a new hash, this site's order).
-                fields = {**_fields(ActionLog, row), "run_id": run.run_id}
-                fields.pop("hash", None)
-                store.append_action(fields)
+            _write_run(run, export.header, using, imported, actor, digest)
+        DjangoStore(using).log_action(
+            identity.logged(
+                actor,
+                "import",
+                next(iter(export.runs)),
+                "",
+                {"digest": digest, "runs": list(export.runs), "live": live},
+            )
+        )
     return list(export.runs)
+
+
+def _write_run(
+    run: RunExport, header: dict[str, Any], using: str, imported: str, actor: Any, digest: str
+) -> None:
+    row = {**_fields(Run, run.row), "run_id": run.run_id, "imported": imported}
+    Run.objects.using(using).create(**row)
+    seqs: dict[int, int] = {}
+    for rec in run.records:
+        entry = JournalEntry.objects.using(using).create(
+            run_id=run.run_id,
+            name=rec.name,
+            data=rec.data,
+            **({"created_at": rec.created_at} if rec.created_at else {}),
+        )
+        seqs[rec.seq] = entry.seq
+    requests: dict[str, ApprovalRequest] = {}
+    for item in run.rows.get("approval_request", ()):
+        fields = _fields(ApprovalRequest, item)
+        # The start a request was asked under, by its new position.
+        fields["start_seq"] = seqs.get(int(item.get("start_seq") or 0), 0)
+        requests[str(item.get("call_id"))] = ApprovalRequest.objects.using(using).create(
+            run_id=run.run_id, **fields
+        )
+    for item in run.rows.get("decision", ()):
+        request = requests.get(str(item.get("call_id")))
+        if request is None:
+            raise ProtocolError(
+                f"a decision of run {run.run_id!r} is about call {item.get('call_id')!r}, "
+                "which has no approval request in the file",
+                code="export.invalid",
+            )
+        Decision.objects.using(using).create(request=request, **_fields(Decision, item))
+    for item in run.rows.get("halt", ()):
+        Halt.objects.using(using).create(run_id=run.run_id, **_fields(Halt, item))
+    RunImport.objects.using(using).create(
+        run_id=run.run_id,
+        live=imported == IMPORTED_LIVE,
+        imported_by=actor.username,
+        imported_by_id=actor.id,
+        file_digest=digest,
+        exported_at=str(header.get("exported_at") or "")[:64],
+        library=str(header.get("library") or "")[:64],
+        head=run.head,
+        records=len(run.records),
+        head_signature=run.head_signature,
+        public_key=run.public_key,
+        actions=[{k: v for k, v in a.items() if k != "type"} for a in run.rows.get("action", ())],
+    )

@@ -34,7 +34,7 @@ from django.utils.http import urlencode
 
 from ..engine import names
 from ..engine.errors import DurableAgentsError
-from ..engine.ports import APPROVAL_PENDING, AWAITING_INPUT, HALT_OPEN
+from ..engine.ports import APPROVAL_PENDING, AWAITING_INPUT, HALT_OPEN, IMPORTED_INERT
 from ..engine.records import Record
 from ..engine.waits import INTERRUPT
 from ..keys import pending_for
@@ -168,7 +168,9 @@ def approval_cards(
     request: HttpRequest, filters: Filters, runs: _Runs, now: datetime
 ) -> tuple[list[dict[str, Any]], int]:
     rows = filters.apply(
-        ApprovalRequest.objects.filter(status=APPROVAL_PENDING).select_related("run")
+        ApprovalRequest.objects.filter(status=APPROVAL_PENDING)
+        .exclude(run__imported=IMPORTED_INERT)
+        .select_related("run")
     )
     total = rows.count()
     rows = rows.annotate(
@@ -234,7 +236,7 @@ def question_cards(
     if filters.mine and not allows(request, "answer"):
         return [], 0
     run_admin = admin.admin_site.get_model_admin(Run)  # its answer URLs serve the cards
-    rows = Run.objects.filter(status=AWAITING_INPUT)
+    rows = Run.objects.filter(status=AWAITING_INPUT).exclude(imported=IMPORTED_INERT)
     if filters.runs is not None:
         rows = rows.filter(run_id__in=filters.runs)
     if filters.agent:
@@ -282,7 +284,11 @@ def halt_cards(
 ) -> tuple[list[dict[str, Any]], int]:
     if filters.mine and not allows(request, "resolve"):
         return [], 0
-    rows = filters.apply(Halt.objects.filter(status=HALT_OPEN).select_related("run"))
+    rows = filters.apply(
+        Halt.objects.filter(status=HALT_OPEN)
+        .exclude(run__imported=IMPORTED_INERT)
+        .select_related("run")
+    )
     total = rows.count()
     whole = set(request.GET.getlist("whole"))
     cards = []
@@ -384,20 +390,26 @@ def inbox_view(admin: AnyModelAdmin, request: HttpRequest) -> HttpResponse:
         got, total = approval_cards(request, filters, runs, now)
         cards += got
         more += max(0, total - INBOX_SIZE)
-        pending = ApprovalRequest.objects.filter(status=APPROVAL_PENDING)
+        pending = ApprovalRequest.objects.filter(status=APPROVAL_PENDING).exclude(
+            run__imported=IMPORTED_INERT
+        )
         agents += pending.values_list("run__agent", flat=True).distinct()
         tools += pending.values_list("tool_name", flat=True).distinct()
     if see_questions:
         got, total = question_cards(admin, request, filters, runs, now)
         cards += got
         more += max(0, total - INBOX_SIZE)
-        agents += Run.objects.filter(status=AWAITING_INPUT).values_list("agent", flat=True)
+        agents += (
+            Run.objects.filter(status=AWAITING_INPUT)
+            .exclude(imported=IMPORTED_INERT)
+            .values_list("agent", flat=True)
+        )
         tools += [c["tool"] for c in got]
     if see_halts:
         got, total = halt_cards(request, filters, runs, now)
         cards += got
         more += max(0, total - INBOX_SIZE)
-        open_ = Halt.objects.filter(status=HALT_OPEN)
+        open_ = Halt.objects.filter(status=HALT_OPEN).exclude(run__imported=IMPORTED_INERT)
         agents += open_.values_list("run__agent", flat=True).distinct()
         tools += open_.values_list("tool_name", flat=True).distinct()
     cards.sort(key=lambda c: (c["since"] is None, c["since"] or now))

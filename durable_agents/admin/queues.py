@@ -26,7 +26,7 @@ from ..engine.approvals import NOT_SHOWN, arguments_digest
 from ..engine.commands.halts import resolve_halt
 from ..engine.errors import ApprovalArgumentsChanged, ApprovalEditInvalid, DurableAgentsError
 from ..engine.journal import Journal
-from ..engine.ports import APPROVAL_PENDING, HALT_OPEN
+from ..engine.ports import APPROVAL_PENDING, HALT_OPEN, IMPORTED_INERT
 from ..models import ApprovalRequest, Decision, Halt, Lease
 from ..storage import site_store
 from . import counts, live
@@ -231,6 +231,8 @@ class ApprovalRequestAdmin(_QueueAdmin):
         rows: QuerySet[ApprovalRequest] = (
             super()
             .get_queryset(request)
+            # An inert import's requests are evidence (on its run's page), not work.
+            .exclude(run__imported=IMPORTED_INERT)
             .annotate(
                 n_approved=related_count(Decision, "request", approved=True),
                 n_denied=related_count(Decision, "request", approved=False),
@@ -480,7 +482,12 @@ class HaltAdmin(_QueueAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Halt]:
         live = Lease.objects.filter(run_id=OuterRef("run_id"), expires_at__gt=Now())
-        rows: QuerySet[Halt] = super().get_queryset(request).annotate(has_live_lease=Exists(live))
+        rows: QuerySet[Halt] = (
+            super()
+            .get_queryset(request)
+            .exclude(run__imported=IMPORTED_INERT)
+            .annotate(has_live_lease=Exists(live))
+        )
         return rows
 
     def get_urls(self) -> list[URLPattern]:

@@ -50,6 +50,7 @@ from ..engine.ports import (
     AWAITING_APPROVAL,
     AWAITING_INPUT,
     HALT_OPEN,
+    IMPORTED_INERT,
     KIND_AGENT,
     KIND_JOURNAL,
     KIND_SESSION,
@@ -61,7 +62,7 @@ from ..engine.ports import (
 from ..engine.records import Record
 from ..engine.registry import get_agent
 from ..engine.waits import CHANNEL, INTERRUPT, TIMER, OpenWait, open_waits
-from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run
+from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run, RunImport
 from ..storage import site_store
 from ..transfer import export_lines
 from . import counts, forks, health, live, sessions, tree, waits
@@ -317,7 +318,10 @@ class RunAdmin(ReadOnlyAdmin):
     @admin.display(description="waits for", ordering="-n_pending_approvals")
     def waits_for(self, obj: Any) -> str:
         """What the run waits on: people (approvals and halts, its sub-runs' included for a
-        root), then the world (an answer, a signal, a timer, a message)."""
+        root), then the world (an answer, a signal, a timer, a message). An inert import
+        waits on nobody: it is evidence."""
+        if obj.imported == IMPORTED_INERT:
+            return format_html('<span class="da-imported">{}</span>', "imported evidence")
         people = [
             f"{n} {what}{'s' if n != 1 else ''}"
             for n, what in (
@@ -447,20 +451,32 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
         records = Journal(store).records(run.run_id)
     except DurableAgentsError as exc:
         timeline_error = str(exc)
-    can_fork = allows(request, "fork") and bool(records)
+    # An inert import is evidence: shown whole, with nothing on it to act on (no queue
+    # page for its requests and halts, no answer, wake, resume, cancel or fork).
+    inert = run.imported == IMPORTED_INERT
+    can_fork = allows(request, "fork") and bool(records) and not inert
     approvals = [
-        {"obj": a, "url": reverse("admin:durable_agents_approvalrequest_change", args=[a.pk])}
+        {
+            "obj": a,
+            "url": None
+            if inert
+            else reverse("admin:durable_agents_approvalrequest_change", args=[a.pk]),
+        }
         for a in run.approval_requests.order_by("created_at")
     ]
     halts = [
-        {"obj": h, "url": reverse("admin:durable_agents_halt_change", args=[h.pk])}
+        {
+            "obj": h,
+            "url": None if inert else reverse("admin:durable_agents_halt_change", args=[h.pk]),
+        }
         for h in run.halts.order_by("created_at")
     ]
     return {
-        "waits": waits.waits_of_run(admin, request, run, records),
+        "imported": _imported_panel(run),
+        "waits": {} if inert else waits.waits_of_run(admin, request, run, records),
         # What waits on a person here and in the sub-runs below, first on the page: the
         # inbox's cards (the same rendering, folding and forms).
-        "needed_cards": banner_cards(admin, request, run),
+        "needed_cards": [] if inert else banner_cards(admin, request, run),
         "awaiting_approval": run.status == AWAITING_APPROVAL,
         "timeline": build_timeline(records, [h["obj"] for h in halts]),
         "timeline_error": timeline_error,
@@ -473,7 +489,7 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
         ],
         "run_approvals": approvals,
         "run_halts": halts,
-        "can_operate": allows(request, "cancel"),
+        "can_operate": allows(request, "cancel") and not inert,
         "run_finished": run.status in TERMINAL_STATUSES,
         "resume_url": admin_url(admin, "resume", quote(run.run_id)),
         "cancel_url": admin_url(admin, "cancel", quote(run.run_id)),
@@ -482,6 +498,20 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
         and not any(r.name == names.SAGA_ABORT for r in records),
         "export_url": admin_url(admin, "export", quote(run.run_id)),
         "verify_url": admin_url(admin, "verify", quote(run.run_id)),
+    }
+
+
+def _imported_panel(run: Any) -> dict[str, Any] | None:
+    """Where an imported run came from, and whether its chain is vouched for."""
+    if not run.imported:
+        return None
+    found = RunImport.objects.filter(run_id=run.run_id).first()
+    trust = audit.import_trust(run.run_id)
+    return {
+        "inert": run.imported == IMPORTED_INERT,
+        "row": found,
+        "trusted": bool(trust and trust.trusted),
+        "why": trust.why if trust is not None else "",
     }
 
 

@@ -30,7 +30,7 @@ from ..engine.approvals import (
     tally,
 )
 from ..engine.commands.approvals import approve
-from ..engine.ports import DecisionInfo
+from ..engine.ports import IMPORTED_INERT, DecisionInfo
 from ..engine.records import decode
 from ..models import ApprovalRequest, JournalEntry
 from ..people import eligible_approvers
@@ -168,6 +168,8 @@ def list_approvals(
         rows = rows.filter(status=status)
     if run_id is not None:
         rows = rows.filter(run_id=checked_run_id(run_id))
+    else:  # an inert import's requests are evidence, read by its run id, never work
+        rows = rows.exclude(run__imported=IMPORTED_INERT)
     count, items = page(rows, limit, offset)
     return ApprovalPage(count=count, limit=limit, offset=offset, items=approvals_out(items))
 

@@ -10,6 +10,7 @@ from django.http import HttpRequest
 from ninja import Router
 
 from ..engine.commands.halts import resolve_halt
+from ..engine.ports import IMPORTED_INERT
 from ..models import Halt
 from .auth import check, require
 from .schemas import (
@@ -63,6 +64,8 @@ def list_halts(
         rows = rows.filter(status=status)
     if run_id is not None:
         rows = rows.filter(run_id=checked_run_id(run_id))
+    else:  # an inert import's halts are evidence, read by its run id, never work
+        rows = rows.exclude(run__imported=IMPORTED_INERT)
     count, items = page(rows, limit, offset)
     return HaltPage(count=count, limit=limit, offset=offset, items=[halt_out(h) for h in items])
 

@@ -246,10 +246,15 @@ def verify_signature(
     *,
     incarnation: str,
     edited: Any = None,
+    signed_as: str | None = None,
 ) -> None:
     """Refuse (``approval.bad_signature``) unless ``signature`` is the approver's, by one of
     the keys registered to them, over ``decision_bytes`` of exactly this decision; a
-    signature over the retired format 1 is ``approval.signature_format``."""
+    signature over the retired format 1 is ``approval.signature_format``.
+
+    ``signed_as``: the approver id the signed bytes name, when the decision was made on
+    another site (an import), where the same person's user had another primary key; the
+    keys are still those registered *here* to ``approver``."""
     try:
         sig = base64.b64decode(signature, validate=True)
     except (ValueError, TypeError):
@@ -266,7 +271,7 @@ def verify_signature(
         call_id=request.call_id,
         tool_name=request.tool_name,
         arguments=request.arguments,
-        approver_id=approver.id,
+        approver_id=approver.id if signed_as is None else signed_as,
         approved=approved,
         note=note,
         edited=edited,

@@ -87,16 +87,27 @@ class ChainReport:
     broken_at: int | None = None  # the position of the first broken link
     broken_name: str | None = None
     reason: str = ""
+    # Why a chain that holds together is still not vouched for: an imported run's records
+    # were hashed by whoever wrote the file, so only a head signed by a trusted key vouches
+    # for them (docs/audit.md, "Imported runs"). Empty: nothing to add.
+    unverified: str = ""
+
+    @property
+    def intact(self) -> bool:
+        """No link is broken (said of the stored links alone)."""
+        return self.broken_at is None
 
     @property
     def ok(self) -> bool:
-        return self.broken_at is None
+        """Intact, and vouched for."""
+        return self.broken_at is None and not self.unverified
 
     def message(self) -> str:
-        if not self.ok:
+        if not self.intact:
             return f"{self.chain}: broken at {self.broken_name!r} ({self.broken_at}): {self.reason}"
         prefix = f", unchained prefix of {self.unchained}" if self.unchained else ""
-        return f"{self.chain}: ok, {self.links} record(s){prefix}, head {self.head or '-'}"
+        state = f"unverified ({self.unverified})" if self.unverified else "ok"
+        return f"{self.chain}: {state}, {self.links} record(s){prefix}, head {self.head or '-'}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -108,6 +119,7 @@ class ChainReport:
             "broken_at": self.broken_at,
             "broken_name": self.broken_name,
             "reason": self.reason,
+            "unverified": self.unverified or None,
         }
 
 

@@ -64,6 +64,22 @@ class Conflict(ConfigError):
     http_status = 409
 
 
+class RunImported(Conflict):
+    """The run is an inert import (docs/replay.md, "Imports"): evidence from another site,
+    never driven, and nothing in it is decided, answered, signalled, resolved, cancelled or
+    forked here."""
+
+    code = "run.imported"
+
+
+class ImportRefused(ConfigError):
+    """An export cannot be imported as asked (a live import whose decisions do not all
+    verify here, say); nothing was written."""
+
+    code = "import.refused"
+    http_status = 422
+
+
 class AgentPathError(ConfigError):
     """An entry of the site's agent list (``DURABLE_AGENTS['AGENTS']``) cannot be imported,
     or defines no agent."""

@@ -81,6 +81,11 @@ class RunExport:
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     hashes: list[str | None] = field(default_factory=list)  # beside ``records``
     head: str | None = None  # the chain head the run line states
+    # The exporting site's signature over ``audit.head_message`` of that head, and its
+    # public key (base64), when it signed it: kept by an import, trusted only under a key
+    # the importing site trusts.
+    head_signature: str | None = None
+    public_key: str | None = None
 
 
 @dataclass
@@ -134,6 +139,14 @@ def parse(lines: Iterable[str]) -> Export:
                 run.row = dict(item.get("row") or {})
                 head = item.get("head")
                 run.head = head if isinstance(head, str) else None
+                signature, key = item.get("head_signature"), item.get("public_key")
+                if (
+                    isinstance(signature, str)
+                    and isinstance(key, str)
+                    and len(signature) <= 200
+                    and len(key) <= 100
+                ):
+                    run.head_signature, run.public_key = signature, key
             else:
                 run.rows.setdefault(str(kind), []).append(item)
         else:

@@ -19,6 +19,7 @@ from typing import Any
 
 from . import names
 from .errors import RunBusy
+from .imported import refuse_inert
 from .ports import LeaseInfo, Store
 from .records import encode
 from .runtime import holder_name
@@ -51,6 +52,8 @@ class HeldLease:
         record beside)."""
         granted = self.store.acquire_lease(self.run_id, self.holder, self.token, self.ttl)
         if not granted:
+            # The store grants no lease on an inert import: say so rather than "busy".
+            refuse_inert(self.store.get_run(self.run_id), "drive it")
             lease = self.store.get_lease(self.run_id)
             who = f" by {lease.holder} until {lease.expires_at:%H:%M:%S}" if lease else ""
             raise RunBusy(

@@ -297,9 +297,9 @@ def repair_finished(store: Store, run_id: str, result: RunResult) -> None:
     """The journal is the truth: a run whose journal holds ``run:complete`` is finished, with
     that answer, whatever its row says (a row left behind by a crash or a racing writer)."""
     run = store.get_run(run_id)
-    if run is None or (
-        run.status == FINISHED and run.answer == result.answer and run.turns == result.turns
-    ):
+    if run is None or run.inert:  # an inert import's row stays as it came: evidence
+        return
+    if run.status == FINISHED and run.answer == result.answer and run.turns == result.turns:
         return
     log.warning("run %s: its row said %s; its journal says finished", run_id, run.status)
     store.update_run(

@@ -140,6 +140,10 @@ class InMemoryStore:
             self._heads.pop(run_id, None)
             self._leases.pop(run_id, None)
 
+    def _inert(self, run_id: str) -> bool:
+        run = self._runs.get(run_id)
+        return run is not None and run.inert
+
     def _require_run(self, run_id: str, doing: str) -> None:
         if run_id not in self._runs:
             raise ConfigError(
@@ -286,6 +290,8 @@ class InMemoryStore:
     def acquire_lease(self, run_id: str, holder: str, token: str, ttl: float) -> Acquired | None:
         with self._lock:
             self._require_run(run_id, "leasing it")
+            if self._runs[run_id].inert:
+                return None  # an inert import is never driven
             now = self._clock()
             lease = self._leases.get(run_id)
             if lease is not None and lease[2] > now and lease[1] != token:
@@ -371,7 +377,8 @@ class InMemoryStore:
             return [
                 h
                 for (rid, _, _), h in sorted(self._halts.items())
-                if (run_id is None or rid == run_id) and (status is None or h.status == status)
+                if (rid == run_id if run_id is not None else not self._inert(rid))
+                and (status is None or h.status == status)
             ]
 
     # -- approvals and history --------------------------------------------------------
@@ -423,7 +430,8 @@ class InMemoryStore:
             return [
                 r
                 for key, r in sorted(self._requests.items())
-                if (status is None or r.status == status) and (run_id is None or key[0] == run_id)
+                if (status is None or r.status == status)
+                and (key[0] == run_id if run_id is not None else not self._inert(key[0]))
             ]
 
     def save_decision(self, decision: DecisionInfo) -> bool:
@@ -484,7 +492,7 @@ class InMemoryStore:
                 run = self._runs[run_id]
                 if run.status in TERMINAL_STATUSES or (after is not None and run_id <= after):
                     continue
-                if run.kind != KIND_AGENT:
+                if run.kind != KIND_AGENT or run.inert:
                     continue
                 if statuses is not None and run.status not in statuses:
                     continue

@@ -91,6 +91,15 @@ KIND_SESSION = "session"
 KIND_JOURNAL = "journal"
 RUN_KINDS = (KIND_AGENT, KIND_SESSION, KIND_JOURNAL)
 
+# Where a run came from (``RunInfo.imported``): made here (""), or imported from another
+# site's export (docs/replay.md, "Imports"). An inert import is evidence: never driven, its
+# requests never decided, left out of every listing of work. A live import had every
+# decision in it verified against this site's approver keys, and is driven as any run.
+NOT_IMPORTED = ""
+IMPORTED_INERT = "inert"
+IMPORTED_LIVE = "live"
+IMPORTED_KINDS = (NOT_IMPORTED, IMPORTED_INERT, IMPORTED_LIVE)
+
 # Run-row fields the engine may change after creation.
 RUN_FIELDS = frozenset(
     {
@@ -176,10 +185,18 @@ class RunInfo:
     # ``mark_dispatched`` sets it, and it never counts as a change of the row (updated_at).
     dispatched_at: datetime | None = None
     lease_expired: bool | None = None  # set by list_unfinished: lease absent or expired
+    # Set once, by an import (never among ``RUN_FIELDS``): ``IMPORTED_INERT`` or
+    # ``IMPORTED_LIVE``; ``NOT_IMPORTED`` for a run made here.
+    imported: str = NOT_IMPORTED
 
     @property
     def finished(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def inert(self) -> bool:
+        """An inert import: evidence, never driven nor decided (``engine.imported``)."""
+        return self.imported == IMPORTED_INERT
 
 
 HALT_OPEN = "open"
@@ -425,7 +442,8 @@ class Store(Protocol):
 
     def acquire_lease(self, run_id: str, holder: str, token: str, ttl: float) -> Acquired | None:
         """Take the lease if absent, expired, or already ``token``'s; None if another holder
-        holds it live. ``Acquired.previous`` names the other holder's lease it replaced."""
+        holds it live, or if the run is an inert import (``RunInfo.inert``: never driven).
+        ``Acquired.previous`` names the other holder's lease it replaced."""
 
     def renew_lease(self, run_id: str, token: str, ttl: float) -> bool:
         """Extend ``token``'s own live lease; False if it is no longer held."""
@@ -442,7 +460,9 @@ class Store(Protocol):
 
     def list_halts(
         self, *, run_id: str | None = None, status: str | None = HALT_OPEN
-    ) -> Sequence[HaltInfo]: ...
+    ) -> Sequence[HaltInfo]:
+        """The halts of ``run_id``; without it, the site's (those of inert imports left
+        out: nothing there is anyone's to act on)."""
 
     def resolve_halt_row(
         self, run_id: str, op_id: str, resolution: Mapping[str, Any], by: str | None
@@ -483,7 +503,9 @@ class Store(Protocol):
 
     def list_approval_requests(
         self, *, status: str | None = APPROVAL_PENDING, run_id: str | None = None
-    ) -> Sequence[ApprovalRequestInfo]: ...
+    ) -> Sequence[ApprovalRequestInfo]:
+        """The requests of ``run_id``; without it, the site's (those of inert imports left
+        out)."""
 
     def save_decision(self, decision: DecisionInfo) -> bool:
         """Insert unless this approver already decided this request; True if written.
@@ -505,7 +527,8 @@ class Store(Protocol):
         statuses: Sequence[str] | None = None,
         lease_free: bool = False,
     ) -> Sequence[RunInfo]:
-        """Agent runs without a terminal status, ordered by run id, after ``after``.
+        """Agent runs without a terminal status, ordered by run id, after ``after``; never
+        an inert import (evidence, not work).
 
         ``statuses`` narrows to those statuses; ``lease_free`` keeps only runs whose lease is
         absent or expired. The cost does not grow with the number of finished runs.

@@ -134,14 +134,15 @@ def test_exports_and_bundles_hide_sensitive_values_and_still_verify(tmp_path):
     redacted["digest"] = "0" * 64  # a digest that is not the record's breaks the chain
     assert "breaks the chain" in check(forged).stdout
 
+    importer = make_user("sv-importer", "import_runs")
     with pytest.raises(ProtocolError) as refused:
-        import_lines(exported.splitlines())
+        import_lines(exported.splitlines(), by=importer)
     assert refused.value.code == "export.redacted" and "cannot be imported" in str(refused.value)
     header = json.loads(exported.splitlines()[0])
     assert header["redacted"] is True
     unflagged = [json.dumps({k: v for k, v in header.items() if k != "redacted"})]
     with pytest.raises(ProtocolError, match="redacted"):  # a record line still says so
-        import_lines(unflagged + exported.splitlines()[1:])
+        import_lines(unflagged + exported.splitlines()[1:], by=importer)
 
 
 def test_a_run_without_sensitive_values_exports_as_before():

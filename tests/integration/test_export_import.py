@@ -3,6 +3,7 @@ the API endpoint and the admin's "Export JSONL" link."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from durable_agents.models import (
     Halt,
     JournalEntry,
     Run,
+    RunImport,
 )
 from durable_agents.storage import site_store
 from tests.support.agents import count_effects, gated
@@ -31,6 +33,13 @@ from tests.support.people import make_user
 from tests.support.procs import ROOT, subprocess_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+
+IMPORTER = "importer"
+
+
+@pytest.fixture(autouse=True)
+def _importer(db):
+    make_user(IMPORTER, "import_runs")
 
 
 def _approved_run(run_id: str) -> str:
@@ -73,6 +82,18 @@ def _snapshot(run_id: str) -> dict:
     }
 
 
+def after_import_time(run_id: str):
+    return ActionLog.objects.get(run_id=run_id, action="import").created_at
+
+
+def _import_text(text: str, *args: str) -> str:
+    out = StringIO()
+    call_command(
+        "durable_agents", "import", "--by", IMPORTER, *args, "-", stdin=StringIO(text), stdout=out
+    )
+    return out.getvalue()
+
+
 def _forget(*run_ids: str) -> None:
     Run.objects.filter(run_id__in=run_ids).delete()
     JournalEntry.objects.filter(run_id__in=run_ids).delete()
@@ -107,9 +128,30 @@ def test_a_run_exported_and_imported_is_the_same_run(tmp_path):
 
     _forget("xp-1")
     out = StringIO()
-    call_command("durable_agents", "import", str(path), stdout=out)
-    assert "imported 1 run(s)" in out.getvalue()
-    assert _snapshot("xp-1") == before
+    call_command("durable_agents", "import", "--by", IMPORTER, str(path), stdout=out)
+    assert "imported 1 run(s) as inert evidence" in out.getvalue()
+    after = _snapshot("xp-1")
+    # The exporting site's action rows are evidence on the import, not rows of this site's
+    # log: here the run's only row is the import's, by whoever imported it.
+    assert after.pop("actions") == [
+        {
+            "actor": IMPORTER,
+            "action": "import",
+            "target": "",
+            "payload": {
+                "digest": hashlib.sha256(path.read_bytes()).hexdigest(),
+                "runs": ["xp-1"],
+                "live": False,
+            },
+            "channel": "command",
+            "created_at": after_import_time("xp-1"),
+        }
+    ]
+    kept = RunImport.objects.get(run_id="xp-1").actions
+    assert [(a["actor"], a["action"]) for a in kept] == [
+        (x["actor"], x["action"]) for x in before.pop("actions")
+    ]
+    assert after == before
     # The request points at the imported run:start (seqs are this site's own).
     start = JournalEntry.objects.get(run_id="xp-1", name="run:start")
     assert ApprovalRequest.objects.get(run_id="xp-1").start_seq == start.seq
@@ -129,7 +171,7 @@ def test_with_forks_exports_the_forks_too():
     assert header["runs"] == ["xp-src", fork_id]
     before = [_snapshot("xp-src")["records"], _snapshot(fork_id)["records"]]
     _forget("xp-src", fork_id)
-    call_command("durable_agents", "import", "-", stdin=StringIO(text), stdout=StringIO())
+    _import_text(text)
     assert [_snapshot("xp-src")["records"], _snapshot(fork_id)["records"]] == before
     assert Run.objects.get(run_id=fork_id).forked_from == "xp-src"
 
@@ -139,7 +181,7 @@ def _refused(text: str, code: str, tmp_path) -> None:
     path.write_text(text, encoding="utf-8")
     before = _counts()
     with pytest.raises(CommandError, match=code):
-        call_command("durable_agents", "import", str(path), stdout=StringIO())
+        call_command("durable_agents", "import", "--by", IMPORTER, str(path), stdout=StringIO())
     assert _counts() == before
 
 
@@ -166,7 +208,7 @@ def test_import_refuses_another_format_or_a_cut_file_and_writes_nothing(tmp_path
     # The same file, untouched, imports.
     _refused_not = tmp_path / "good.jsonl"
     _refused_not.write_text(text, encoding="utf-8")
-    call_command("durable_agents", "import", str(_refused_not), stdout=StringIO())
+    call_command("durable_agents", "import", "--by", IMPORTER, str(_refused_not), stdout=StringIO())
     assert Run.objects.get(run_id="xp-bad").status == "finished"
 
 
@@ -187,11 +229,15 @@ def test_an_export_carries_the_chain_and_import_keeps_it(tmp_path):
     assert run["head"] == stored[-1]
     assert all(x["hash"] and "prev" in x for x in lines if x["type"] == "action")
     _forget("xp-chain")
-    call_command("durable_agents", "import", "-", stdin=StringIO(text), stdout=StringIO())
+    _import_text(text)
     again = JournalEntry.objects.filter(run_id="xp-chain").values_list("hash", flat=True)
     assert list(again) == stored, "the importing site's trigger recomputes the same chain"
     out = StringIO()
-    call_command("durable_agents", "verify", "--all", stdout=out)
+    # The same hashes prove nothing of a file anyone could have rehashed: without a head
+    # signed by a key this site trusts, the imported chain is not verified (docs/audit.md).
+    with pytest.raises(CommandError, match=r"1 of 2 chain\(s\) unverified"):
+        call_command("durable_agents", "verify", "--all", stdout=out)
+    assert "xp-chain: unverified (imported; no trusted signed head)" in out.getvalue()
     assert "action log: ok" in out.getvalue()
 
 
@@ -228,7 +274,13 @@ def test_import_refuses_a_file_whose_chain_does_not_verify(tmp_path):
 
     # Untouched (and merely re-serialised), it imports.
     call_command(
-        "durable_agents", "import", "-", stdin=StringIO(_retyped(lines)), stdout=StringIO()
+        "durable_agents",
+        "import",
+        "--by",
+        IMPORTER,
+        "-",
+        stdin=StringIO(_retyped(lines)),
+        stdout=StringIO(),
     )
     assert Run.objects.get(run_id="xp-forged").status == "finished"
 
@@ -250,7 +302,7 @@ def test_the_command_exits_non_zero_on_a_refused_file(tmp_path):
     assert exported.returncode == 0, exported.stderr
     path.write_text(exported.stdout, encoding="utf-8")
     imported = subprocess.run(
-        [*command, "import", str(path), *settings],
+        [*command, "import", str(path), "--by", "nobody-here", *settings],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -258,7 +310,7 @@ def test_the_command_exits_non_zero_on_a_refused_file(tmp_path):
         timeout=60,
     )
     assert imported.returncode != 0
-    assert "run.exists" in imported.stderr
+    assert "actor.unknown" in imported.stderr
     missing = subprocess.run(
         [*command, "export", "xp-none", *settings],
         cwd=ROOT,

@@ -367,7 +367,7 @@ def test_the_migration_confirms_the_keys_that_existed(finance):
     _, public = keypair()
     old = ApproverKey.objects.create(user=ann, public_key=public)
     old_api = ApiKey.objects.create(user=ann, name="old", prefix="p", key_hash="h")
-    migration = importlib.import_module("durable_agents.migrations.0014_key_confirmation")
+    migration = importlib.import_module("durable_agents.migrations.0015_key_confirmation")
     migration.confirm_existing_keys(apps, None)
     for row in (old, old_api):
         row.refresh_from_db()

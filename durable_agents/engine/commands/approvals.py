@@ -30,6 +30,7 @@ from ..errors import (
     ToolArgumentsError,
 )
 from ..identity import Actor
+from ..imported import refuse_inert
 from ..journal import Journal, now_ms
 from ..ports import (
     APPROVAL_APPROVED,
@@ -95,6 +96,7 @@ def approve(
     refuse_nul({"note": note}, "the decision")
     store = store or runtime.store()
     journal = Journal(store)
+    refuse_inert(store.get_run(run_id), "decide a call")
     request = store.get_approval_request(run_id, call_id)
     if request is None:
         raise ApprovalNotFound(f"run {run_id!r} has no call {call_id!r} awaiting approval")

@@ -26,6 +26,7 @@ from typing import Any
 
 from .. import failpoints, identity, names, runtime
 from ..errors import ConfigError, Conflict, NotFound, RunBusy
+from ..imported import refuse_inert
 from ..journal import Journal
 from ..leases import HeldLease
 from ..loop import announce_halts, unknown_outcomes
@@ -225,6 +226,9 @@ def fork_run(
     source = store.get_run(run_id)
     if source is None:
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
+    # A fork would carry the import's records (its decisions among them) into a run driven
+    # here: only a live import, whose decisions were verified, may be forked.
+    refuse_inert(source, "fork it")
     records = journal.records(run_id)
     state = RunState.of(records)
     if from_step is None:
@@ -367,6 +371,7 @@ def fork_session(session: Any, from_turn: int, new_session_id: str | None = None
     """A new session whose transcript is ``session``'s first ``from_turn`` answered turns."""
     store = session.store
     journal = Journal(store)
+    refuse_inert(store.get_run(session.journal_id), "fork the session")
     answers = SessionLog.of(journal.records(session.journal_id)).closed
     if (
         isinstance(from_turn, bool)

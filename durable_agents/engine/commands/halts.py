@@ -39,6 +39,7 @@ from ..errors import (
     NotFound,
     RunBusy,
 )
+from ..imported import refuse_inert
 from ..journal import Journal
 from ..leases import HeldLease
 from ..ports import CANCELLED, COMPENSATING, HALTED, KIND_AGENT, QUEUED, RunInfo, Store
@@ -101,6 +102,7 @@ def resolve_halt(
     run = store.get_run(run_id)
     if run is None:
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
+    refuse_inert(run, "resolve a halt")
     name = names.result(call_id)
     standing = journal.get(run_id, name)
     if standing is not None:

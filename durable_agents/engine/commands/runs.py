@@ -24,7 +24,9 @@ from ..errors import (
     NotFound,
     Pause,
     RunBusy,
+    RunImported,
 )
+from ..imported import refuse_inert
 from ..journal import Journal, header
 from ..leases import HeldLease
 from ..loop import announce_failure, drive
@@ -160,6 +162,7 @@ def create_run(
     if store.start_run(run, holder=None, token=None, ttl=None, records=records) is not None:
         return run_id
     existing = store.get_run(run_id)
+    refuse_inert(existing, "start it again")
     if existing is not None and existing.agent and existing.agent != agent.name:
         raise Conflict(
             f"run {run_id!r} belongs to agent {existing.agent!r}; pick another run id",
@@ -218,6 +221,7 @@ def hand_over(
     actor = identity.resolve(by)
     store = store or runtime.store()
     run = get_run(run_id, store=store)
+    refuse_inert(run, "resume it")
     if run.status in TERMINAL_STATUSES:
         raise Conflict(
             f"run {run.run_id!r} is {run.status}; there is nothing to resume",
@@ -235,6 +239,7 @@ def resume(run_id: str, *, store: Store | None = None) -> RunResult:
     run written only through ``Journal``, is refused (``run.not_an_agent_run``)."""
     store = store or runtime.store()
     run = get_run(run_id, store=store)
+    refuse_inert(run, "drive it")
     if run.kind != KIND_AGENT:
         raise Conflict(
             f"run {run_id!r} is a {run.kind} journal, not an agent run: it is never driven",
@@ -310,6 +315,7 @@ LEASE_LOST = "lease_lost"
 STOPPED = "stopped"
 CANCELLED_OUTCOME = "cancelled"  # the run was cancelled (or its drive recorded a cancel above)
 FAILED_OUTCOME = "failed"
+IMPORTED_OUTCOME = "imported"  # an inert import: never driven (``engine.imported``)
 
 
 def outcome(exc: BaseException | None) -> str | None:
@@ -327,13 +333,15 @@ def outcome(exc: BaseException | None) -> str | None:
         return STOPPED
     if isinstance(exc, DurableAgentsError) and exc.code == "run.cancelled":
         return CANCELLED_OUTCOME
+    if isinstance(exc, RunImported):
+        return IMPORTED_OUTCOME
     return None
 
 
 def drive_quietly(run_id: str, *, store: Store | None = None) -> str:
     """Drive a run as a worker does: a pause, a busy run, a lost lease or a cancel is an
     outcome, not an error. Returns what happened (``finished``, ``paused``, ``busy``,
-    ``lease_lost``, ``stopped``, ``cancelled``, ``failed``)."""
+    ``lease_lost``, ``stopped``, ``cancelled``, ``failed``, ``imported``)."""
     try:
         resume(run_id, store=store)
     except (Pause, DurableAgentsError) as exc:
@@ -383,6 +391,7 @@ def cancel(
         raise ConfigError("compensate must be True or False", code="config.invalid")
     store = store or runtime.store()
     run = get_run(run_id, store=store)
+    refuse_inert(run, "cancel it")
     journal = Journal(store)
     if run.kind != KIND_AGENT:
         raise Conflict(

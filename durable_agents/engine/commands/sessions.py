@@ -23,6 +23,7 @@ from typing import Any
 from .. import failpoints, identity, names, runtime
 from ..definition import AgentDefinition, RunResult
 from ..errors import ApprovalPending, ConfigError, Conflict, Pause, RunBusy
+from ..imported import refuse_inert
 from ..journal import Journal
 from ..loop import drive
 from ..model import Message
@@ -115,7 +116,9 @@ class Session:
 
     def _ensure_journal(self) -> None:
         store = self.store
-        if store.get_run(self.journal_id) is None:
+        existing = store.get_run(self.journal_id)
+        refuse_inert(existing, "send the session a message")  # an imported transcript
+        if existing is None:
             # Created in its final state, in one write: a session's journal is a record,
             # never work to drive, and a crash can leave no half-made row behind.
             store.create_run(

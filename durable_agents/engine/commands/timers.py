@@ -35,6 +35,7 @@ from typing import Any
 from .. import failpoints, identity, lifecycle, names, runtime, sagas, stops, tree
 from ..approvals import decision_name, tally
 from ..errors import ConfigError, Conflict, DurableAgentsError, NotFound
+from ..imported import refuse_inert
 from ..journal import Journal
 from ..ports import (
     APPROVAL_PENDING,
@@ -336,6 +337,7 @@ def wake_timer(run_id: str, name: str, *, by: Any, store: Store | None = None) -
     run = store.get_run(run_id)
     if run is None:
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
+    refuse_inert(run, "wake a timer")
     request = journal.get(run_id, names.wait(name))
     if request is None or request.get("kind") != TIMER:
         raise NotFound(

@@ -20,6 +20,7 @@ from ..errors import (
     NotFound,
     ProtocolError,
 )
+from ..imported import refuse_inert
 from ..journal import Journal, now_ms
 from ..ports import (
     AWAITING_INPUT,
@@ -84,7 +85,7 @@ def answer_interrupt(
     identity.require(actor, identity.APPROVE_TOOLCALL, "answer a run's question")
     store = store or runtime.store()
     journal = Journal(store)
-    _check_exists(store, run_id)
+    _check_acts(store, run_id, "answer a question")
     ask, request = latest_question(journal, run_id, name)
     standing = journal.get(run_id, names.interrupt_answer(name, ask))
     if standing is None:
@@ -151,7 +152,7 @@ def signal(
         identity.require(actor, identity.OPERATE_RUNS, "send a run a signal")
     store = store or runtime.store()
     journal = Journal(store)
-    _check_exists(store, run_id)
+    _check_acts(store, run_id, "send a signal")
     standing = journal.get(run_id, names.signal(name))
     if standing is not None:  # a duplicate delivery, even after the run went on
         return WaitOutcome(run_id, name, standing.get("payload"), False, False)
@@ -198,7 +199,7 @@ def enqueue(
         identity.require(actor, identity.OPERATE_RUNS, "enqueue a message for a run")
     store = store or runtime.store()
     journal = Journal(store)
-    _check_exists(store, run_id)
+    _check_acts(store, run_id, "enqueue a message")
     standing = journal.get(run_id, names.message(channel, key))
     if standing is not None:
         # A redelivery; it also finishes what a first one that stopped after its record
@@ -270,6 +271,14 @@ def messages_of(
 def _check_exists(store: Store, run_id: str) -> None:
     if store.get_run(run_id) is None:
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
+
+
+def _check_acts(store: Store, run_id: str, doing: str) -> None:
+    """The run exists and is no inert import: something may be written to it."""
+    run = store.get_run(run_id)
+    if run is None:
+        raise NotFound(f"no run {run_id!r}", code="run.not_found")
+    refuse_inert(run, doing)
 
 
 def _check_open(store: Store, journal: Journal, run_id: str) -> None:

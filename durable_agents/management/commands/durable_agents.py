@@ -5,7 +5,8 @@ quoted to run as pasted (``durable_agents.hints``); ``approve``, ``deny``, ``can
 ``resume``, ``resolve``, ``answer``, ``signal``, ``send`` and ``wake`` act as a named user, who
 must exist, be active and hold the permission the admin would ask for (the table in
 ``durable_agents.permissions``; the engine checks it, as on every path); the action log
-records the user and the ``command`` channel.
+records the user and the ``command`` channel. ``import`` takes ``--by`` the same way (it
+needs ``import_runs``) and keeps runs inert evidence unless ``--live`` (docs/replay.md).
 """
 
 from __future__ import annotations
@@ -159,9 +160,20 @@ class Command(BaseCommand):
         export.add_argument("run_id")
         export.add_argument("--with-forks", action="store_true", help="its forks too, and theirs")
         imp = command(
-            "import", "import runs from an export file; refuses run ids the site already has"
+            "import",
+            "import runs from an export file, as inert evidence unless --live; refuses run "
+            "ids the site already has (docs/replay.md, 'Imports')",
         )
         imp.add_argument("file", help="the export file, or - for stdin")
+        imp.add_argument(
+            "--by", required=True, help=f"the username importing; needs {needs('import')}"
+        )
+        imp.add_argument(
+            "--live",
+            action="store_true",
+            help="import runs this site may drive and decide: every decision in the file "
+            "must carry a signature by an approver key registered here, or nothing is imported",
+        )
         verify = command(
             "verify",
             "recompute the audit hash chains (docs/audit.md) and report the first broken record "
@@ -250,18 +262,27 @@ class Command(BaseCommand):
             self.stdout.write(text)
 
     def _import(self, options: dict[str, Any]) -> None:
-        from durable_agents.transfer import import_lines
+        from durable_agents.transfer import import_bytes, import_lines
 
         name = options["file"]
+        by = actor_for(options["by"])
+        live = options["live"]
         try:
             if name == "-":
-                run_ids = import_lines(options.get("stdin") or sys.stdin)
+                stream = options.get("stdin") or sys.stdin
+                raw = getattr(stream, "buffer", None)
+                if raw is not None:  # the process's stdin: its bytes, for their digest
+                    run_ids = import_bytes(raw.read(), by=by, live=live)
+                else:
+                    run_ids = import_lines(stream, by=by, live=live)
             else:
-                with open(name, encoding="utf-8") as f:
-                    run_ids = import_lines(f)
-        except (OSError, UnicodeDecodeError) as exc:
+                with open(name, "rb") as f:
+                    data = f.read()
+                run_ids = import_bytes(data, by=by, live=live)
+        except OSError as exc:
             raise CommandError(f"cannot read {name}: {exc}") from None
-        self.stdout.write(f"imported {len(run_ids)} run(s)")
+        how = "live" if live else "as inert evidence (never driven nor decided here)"
+        self.stdout.write(f"imported {len(run_ids)} run(s) {how}")
         for run_id in run_ids:
             self.stdout.write(f"  {run_id}")
 
@@ -276,14 +297,29 @@ class Command(BaseCommand):
         else:
             for report in reports:
                 self.stdout.write(report.message())
-        broken = [r for r in reports if not r.ok]
-        if broken:
-            raise CommandError(f"{len(broken)} of {len(reports)} chain(s) broken", returncode=1)
+        broken = [r for r in reports if not r.intact]
+        unverified = [r for r in reports if r.intact and not r.ok]
+        if broken or unverified:
+            said = [f"{len(broken)} of {len(reports)} chain(s) broken"] if broken else []
+            if unverified:
+                said.append(
+                    f"{len(unverified)} of {len(reports)} chain(s) unverified (imported, and "
+                    "no head signed by a trusted key vouches for them)"
+                )
+            raise CommandError("; ".join(said), returncode=1)
 
     def _bundle(self, options: dict[str, Any]) -> None:
         from durable_agents.audit import bundle
 
-        self.stdout.write(json.dumps(bundle(options["run_id"]), indent=1, ensure_ascii=False))
+        found = bundle(options["run_id"])
+        imported = found.get("imported")
+        if imported and not imported["trusted"]:  # on stderr: stdout stays one document
+            self.stderr.write(
+                f"warning: run {options['run_id']} was imported and no head signed by a "
+                f"trusted key vouches for its chain ({imported['why']}); this site does not "
+                "sign its head"
+            )
+        self.stdout.write(json.dumps(found, indent=1, ensure_ascii=False))
 
     def _replay(self, options: dict[str, Any]) -> None:
         from durable_agents.engine.registry import get_agent

@@ -22,7 +22,7 @@ def confirm_existing_keys(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('durable_agents', '0013_halt_reason_inbox'),
+        ('durable_agents', '0014_imported_runs'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

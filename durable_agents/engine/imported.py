@@ -1,0 +1,201 @@
+"""Imported runs (docs/replay.md, "Imports"): the one rule every command applies.
+
+An export is a file anyone can edit: its journal may hold decisions nobody here made. So a
+run imported without ``--live`` is *inert*: evidence to read, replay and compare, never
+driven (the store grants no lease on it, and the drive refuses it by name), and nothing
+in it is decided, answered, signalled, resolved, woken, cancelled or forked. Each command
+that acts on a run asks ``refuse_inert`` first, on the run row it reads anyway; the
+sweeps never see such a run (the store leaves it out of its listings of work).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from . import names, registry, runtime
+from .approvals import check_may_decide, policy_for, resolve_approver, verify_signature
+from .errors import ApprovalError, ConfigError, ImportRefused, RunImported
+from .export import RunExport
+from .ports import ApprovalRequestInfo, RunInfo
+from .records import Record, encode
+
+
+def refuse_inert(run: RunInfo | None, doing: str) -> None:
+    """Refuse (``run.imported``) to ``doing`` on an inert import; nothing else is checked."""
+    if run is not None and run.inert:
+        raise RunImported(
+            f"run {run.run_id!r} was imported as evidence (inert): nobody may {doing} in it "
+            "here. To carry it on here, import it again with --live, which verifies every "
+            "decision in it against this site's approver keys",
+            run_id=run.run_id,
+        )
+
+
+def check_live(run: RunExport) -> None:
+    """Refuse (``ImportRefused``, naming the decision) to import ``run`` live unless every
+    decision in it is verified here, as a signed decision relayed to this site would be
+    (``approvals.verify_signature``): each ``decision`` row carries a signature by a key
+    this site registered (and has not revoked) for that approver, over exactly the decided
+    arguments, this start of the run, verdict, note and edit; the approver is an active
+    user here who may decide the call under the tool's policy *here*. And each decision
+    the journal records is backed by enough such rows: its decider's for one approver, the
+    quorum's ``need`` for a quorum. The run's agent must be loaded here: it is driven here.
+
+    Only decisions are verified: the file's model turns, tool results, answers and signals
+    are taken as they are (docs/replay.md, "Imports")."""
+    agent_name = str(run.row.get("agent") or "")
+    try:
+        agent = registry.get_agent(agent_name)
+    except ConfigError:
+        raise ImportRefused(
+            f"run {run.run_id!r} belongs to agent {agent_name!r}, which this site does not "
+            "load: a live import is driven here. Import it without --live to keep it as "
+            "evidence",
+            code="import.agent_missing",
+        ) from None
+    start = next((r for r in run.records if r.name == names.RUN_START), None)
+    incarnation = str(start.get("incarnation") or "") if start is not None else ""
+    requests = {str(r.get("call_id")): r for r in run.rows.get("approval_request", ())}
+    signed_as = _origin_ids(run)
+    verified: dict[str, list[tuple[str, bool, Any]]] = {}
+    for row in run.rows.get("decision", ()):
+        call_id = str(row.get("call_id"))
+        request = _request(run, requests, call_id, agent)
+        verified.setdefault(call_id, []).append(
+            _verified(request, row, incarnation, signed_as.get(str(row.get("approver")), ()))
+        )
+    for rec in run.records:
+        if rec.name.startswith(names.APPROVAL):
+            asked = next((c for c in requests if _decides(rec.name, c)), None)
+            if asked is None:
+                raise _unverified(run.run_id, rec.name, "no approval request in the file asks it")
+            _backed(_request(run, requests, asked, agent), rec, verified.get(asked, []))
+
+
+def _decides(name: str, call_id: str) -> bool:
+    """Whether journal name ``name`` is a decision on ``call_id`` (asked again or not)."""
+    first = names.decision(call_id)
+    return name == first or (name.startswith(first + ":") and ":" not in name[len(first) + 1 :])
+
+
+def _origin_ids(run: RunExport) -> dict[str, set[str]]:
+    """The ids each approver had on the site that exported the run (its action rows and
+    decision records name them): what their signatures bind, with the keys found here."""
+    found: dict[str, set[str]] = {}
+    for row in run.rows.get("action", ()):
+        if row.get("actor") and row.get("actor_id"):
+            found.setdefault(str(row["actor"]), set()).add(str(row["actor_id"]))
+    for rec in run.records:
+        if rec.name.startswith(names.APPROVAL) and rec.get("by") and rec.get("by_id"):
+            found.setdefault(str(rec.get("by")), set()).add(str(rec.get("by_id")))
+    return found
+
+
+def _request(
+    run: RunExport, requests: dict[str, dict[str, Any]], call_id: str, agent: Any
+) -> ApprovalRequestInfo:
+    row = requests.get(call_id)
+    if row is None:
+        raise _unverified(run.run_id, f"decision on call {call_id!r}", "it has no request")
+    tool_name = str(row.get("tool_name") or "")
+    tool = agent.tools.get(tool_name)
+    if tool is None:
+        raise _unverified(
+            run.run_id,
+            f"call {call_id!r}",
+            f"its tool {tool_name!r} is not a tool of agent {agent.name!r} here",
+        )
+    # The policy the call is decided under *here*: the file's row could say anything.
+    return ApprovalRequestInfo(
+        run_id=run.run_id,
+        call_id=call_id,
+        tool_name=tool_name,
+        arguments=row.get("arguments"),
+        policy=policy_for(tool.safety.approval),
+        start_seq=0,
+    )
+
+
+def _verified(
+    request: ApprovalRequestInfo,
+    row: dict[str, Any],
+    incarnation: str,
+    origin_ids: Iterable[str],
+) -> tuple[str, bool, Any]:
+    """The decision ``row`` as (approver, approved, edited arguments), verified; refused
+    otherwise."""
+    approver, approved, note = row.get("approver"), row.get("approved"), row.get("note") or ""
+    what = f"the decision of {approver!r} on call {request.call_id!r}"
+    if not isinstance(approver, str) or not isinstance(approved, bool) or not isinstance(note, str):
+        raise _unverified(request.run_id, what, "it is malformed")
+    signature = row.get("signature")
+    if not isinstance(signature, str) or not signature:
+        raise _unverified(request.run_id, what, "it carries no signature")
+    try:
+        actor = resolve_approver(approver)
+        policy = dict(request.policy)
+        eligible = (
+            list(runtime.eligible_approvers(str(policy["group"])))
+            if policy.get("kind") == "quorum"
+            else [actor.username]
+        )
+        check_may_decide(actor, policy, eligible)
+    except ApprovalError as exc:
+        raise _unverified(request.run_id, what, str(exc)) from None
+    edited = row.get("arguments")
+    first: ApprovalError | None = None
+    for signer in (None, *sorted(set(origin_ids) - {actor.id})):
+        try:
+            verify_signature(
+                request,
+                actor,
+                approved,
+                note,
+                signature,
+                incarnation=incarnation,
+                edited=edited,
+                signed_as=signer,
+            )
+            return approver, approved, edited
+        except ApprovalError as exc:
+            first = first or exc
+    raise _unverified(request.run_id, what, str(first))
+
+
+def _backed(
+    request: ApprovalRequestInfo, rec: Record, verified: list[tuple[str, bool, Any]]
+) -> None:
+    """Refuse a journaled decision that the verified rows do not make."""
+    what = f"the recorded decision {rec.name!r}"
+    approved = rec.get("approved") is True
+    if encode(rec.get("arguments")) != encode(request.arguments):
+        raise _unverified(
+            request.run_id, what, "it is about other arguments than its request asks about"
+        )
+    edited = (rec.get("edited") or {}).get("arguments") if approved else None
+    makers = [
+        who
+        for who, said, args in verified
+        if said == approved and (not approved or encode(args) == encode(edited))
+    ]
+    policy = dict(request.policy)
+    need = int(policy.get("need", 1)) if policy.get("kind") == "quorum" else 1
+    if approved and len(makers) < need:
+        raise _unverified(
+            request.run_id,
+            what,
+            f"it needs {need} verified approval(s) of these arguments; the file has {len(makers)}",
+        )
+    if not makers or (policy.get("kind") != "quorum" and rec.get("by") not in makers):
+        raise _unverified(
+            request.run_id, what, f"no verified decision by {rec.get('by')!r} makes it"
+        )
+
+
+def _unverified(run_id: str, what: str, why: str) -> ImportRefused:
+    return ImportRefused(
+        f"run {run_id!r} cannot be imported live: {what} does not verify here ({why}). "
+        "Nothing was imported; import it without --live to keep it as evidence",
+        code="import.unverified_decision",
+    )
