@@ -29,6 +29,7 @@ from durable_agents.engine.audit import ACTION_NAME, action_content, chain_hash
 from durable_agents.engine.commands import runs
 from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.errors import RunImported
+from durable_agents.keys import register_approver_key
 from durable_agents.models import (
     ActionLog,
     ApprovalRequest,
@@ -279,7 +280,7 @@ def _forget(run_id: str) -> None:
 def test_a_genuine_signed_export_imports_live_and_is_driven():
     ops = make_user("ops", "approve_toolcall")
     private, public = keypair()
-    ApproverKey.objects.create(user=ops, public_key=public)
+    register_approver_key(ops, public, by=ops)
     config = {**django_settings.DURABLE_AGENTS, "AUDIT_SIGNING_KEY": _site_key()}
     with override_settings(DURABLE_AGENTS=config):
         call_id = _signed_and_approved_not_run("gi-1", private, ops)
@@ -307,7 +308,7 @@ def test_a_live_import_refuses_a_genuine_export_whose_signature_was_moved():
     (the signature binds the run id): refused live, nothing written."""
     ops = make_user("ops", "approve_toolcall")
     private, public = keypair()
-    ApproverKey.objects.create(user=ops, public_key=public)
+    register_approver_key(ops, public, by=ops)
     _signed_and_approved_not_run("gi-2", private, ops)
     text = _retarget(_export("gi-2"), "gi-2b")
     before = _counts()
@@ -323,6 +324,30 @@ def test_a_live_import_refuses_a_genuine_export_whose_signature_was_moved():
     with pytest.raises(CommandError, match="carries no signature"):
         _import(unsigned, "--live")
     assert _counts() == before
+
+
+def test_a_live_import_refuses_a_decision_signed_with_a_key_its_owner_never_confirmed():
+    """The two findings together: a superuser holds a key pair, registers its public key in
+    the approver's name (pending until she confirms it), and brings a file whose decision
+    is signed with it as hers. A pending key verifies nothing, so the live import is refused
+    and nothing is written."""
+    ops = make_user("ops", "approve_toolcall")
+    private, public = keypair()
+    register_approver_key(ops, public, by=ops)
+    _signed_and_approved_not_run("gi-7", private, ops)
+    text = _export("gi-7")
+    _forget("gi-7")
+    # This site as the superuser leaves it: the key is ops's only through his registration.
+    ApproverKey.objects.filter(public_key=public).delete()
+    root = make_user("root7", superuser=True)
+    pending = register_approver_key(ops, public, by=root)
+    assert pending.confirmed_at is None
+    before = _counts()
+    with pytest.raises(CommandError, match=r"import\.unverified_decision: .*'ops'"):
+        _import(text, "--live")
+    assert _counts() == before
+    assert not Run.objects.filter(run_id="gi-7").exists()
+    assert count_effects("gi-7") == {}
 
 
 def _rehashed(lines: list[dict]) -> str:
@@ -351,7 +376,7 @@ def test_a_live_import_refuses_a_journaled_decision_without_its_signed_rows():
     what a drive reads, so it must be made by verified rows."""
     ops = make_user("ops", "approve_toolcall")
     private, public = keypair()
-    ApproverKey.objects.create(user=ops, public_key=public)
+    register_approver_key(ops, public, by=ops)
     _signed_and_approved_not_run("gi-3", private, ops)
     lines = [json.loads(x) for x in _export("gi-3").splitlines()]
     _forget("gi-3")
@@ -374,7 +399,7 @@ def test_a_live_import_verifies_a_decision_signed_under_the_exporting_sites_user
     name that id (read from the file), the key is the one registered here to that name."""
     ops = make_user("ops", "approve_toolcall")
     private, public = keypair()
-    ApproverKey.objects.create(user=ops, public_key=public)
+    register_approver_key(ops, public, by=ops)
     call_id = _signed_and_approved_not_run("gi-4", private, ops)
     lines = [json.loads(x) for x in _export("gi-4").splitlines()]
     _forget("gi-4")
@@ -408,7 +433,7 @@ def test_a_live_import_verifies_a_decision_signed_under_the_exporting_sites_user
     _forget("gi-4")
     _, hers = keypair()
     mallory = make_user("mallory2", "approve_toolcall")
-    ApproverKey.objects.create(user=mallory, public_key=hers)
+    register_approver_key(mallory, hers, by=mallory)
     renamed = [json.loads(_renamed(json.dumps(x), "ops", "mallory2")) for x in lines]
     before = _counts()
     with pytest.raises(CommandError, match=r"import\.unverified_decision: .*'mallory2'"):
