@@ -46,7 +46,7 @@ from django.views.decorators.csrf import csrf_exempt
 from .conf import DOCS_URL, get_settings, parse_webhook_secrets
 from .engine.commands.sessions import Session
 from .engine.definition import AgentDefinition
-from .engine.errors import ConfigError, DurableAgentsError
+from .engine.errors import AgentPathError, ConfigError, DurableAgentsError
 from .engine.registry import get_agent
 
 __all__ = ["DELIVERY_HEADER", "SIGNATURE_HEADER", "InboundWebhook", "sign"]
@@ -223,7 +223,8 @@ class InboundWebhook(View):
             delivery_id = self._delivery_id(request)
             self._verify(request, delivery_id, body)
             session_id, text = self._message(request, body)
-            sent = Session(self.agent, session_id).send_once(delivery_id, text)
+            agent = get_agent(self.agent) if isinstance(self.agent, str) else self.agent
+            sent = Session(agent, session_id).send_once(delivery_id, text)
         except Refused as refused:
             return _answer(request, refused, delivery_id)
         except DurableAgentsError as exc:
@@ -348,9 +349,13 @@ def _answer(request: HttpRequest, refused: Refused, delivery_id: str | None) -> 
     return JsonResponse({"code": refused.code, "message": refused.message}, status=refused.status)
 
 
-def _resolve_agent(agent: Any) -> AgentDefinition:
+def _resolve_agent(agent: Any) -> AgentDefinition | str:
     """The agent a webhook talks to, by name or as an object; a worker must find it by
-    name, so either way it must be one the site's ``AGENTS`` load."""
+    name, so either way it must be one the site's ``AGENTS`` load.
+
+    When ``AGENTS`` itself names a module that does not import, the name is kept and
+    resolved per delivery: urls are imported while Django's checks run, and a traceback
+    from here would hide the check (durable_agents.E002) that says what to fix."""
     if agent is None:
         raise ConfigError(
             "InboundWebhook.as_view() needs agent=: the name of the agent the deliveries "
@@ -365,6 +370,8 @@ def _resolve_agent(agent: Any) -> AgentDefinition:
         )
     try:
         found = get_agent(name)
+    except AgentPathError:
+        return name
     except ConfigError as exc:
         if exc.code != "config.agent_missing":
             raise
