@@ -27,10 +27,11 @@ from durable_agents.engine.errors import (
     LeaseLost,
     Pause,
     RunBusy,
+    RunImported,
     StorageError,
 )
 from durable_agents.engine.journal import Journal
-from durable_agents.engine.ports import AWAITING_APPROVAL, HALTED
+from durable_agents.engine.ports import AWAITING_APPROVAL, HALTED, IMPORTED_INERT
 from durable_agents.engine.records import encode
 from durable_agents.engine.waits import latest_question, open_waits
 
@@ -1017,3 +1018,142 @@ class Answerer(Actor):
                 sent.append((payload, "recorded" if out.recorded else "duplicate"))
             did.append(sent[-1][1])
         return ", ".join(did)
+
+
+class Importer(Actor):
+    """An operator who imports another site's export as evidence (``durable_agents import``
+    without ``--live``: here, a copy of one of this world's runs under a new id, as the
+    import writes it), then everyone who acts on the copy: a worker handed it, the admin's
+    resume, a person deciding its request or resolving its halt, an answer, a signal, a
+    cancel, a fork. Each must be refused by name (``run.imported``); the copy never moves
+    (``imports_stay_inert``)."""
+
+    kind = "importer"
+    COMMANDS = (
+        *("dispatch", "resume", "hand over", "decide", "resolve"),
+        *("answer", "signal", "wake", "cancel", "fork"),
+    )
+
+    def __init__(self, name: str, imports: int, attacks: int) -> None:
+        super().__init__(name)
+        self.imports_left = imports
+        self.attacks_left = attacks
+        self.n = 0
+
+    def _sources(self, w: W.World) -> list[str]:
+        return [
+            r
+            for r in w.runs
+            if is_agent_run(r)
+            and (row := w.raw.get_run(r)) is not None
+            and not row.parent_run_id
+            and not row.inert
+            and w.raw.get(r, "run:start") is not None
+        ]
+
+    def weight(self, w: W.World) -> int:
+        if self.imports_left and self._sources(w):
+            return 2
+        return 3 if self.attacks_left and w.imports else 0
+
+    def choose(self, w: W.World) -> Op | None:
+        sources = self._sources(w)
+        rng = w.import_rng
+        if self.imports_left and sources and (not w.imports or rng.random() < 0.4):
+            self.imports_left -= 1
+            self.n += 1
+            source = sources[rng.randrange(len(sources))]
+            new = f"imp{self.n}:{source}"
+            return f"import {source} as {new} (inert)", lambda: self._import(w, source, new)
+        if not self.attacks_left or not w.imports:
+            return None
+        self.attacks_left -= 1
+        run_id = rng.choice(sorted(w.imports))
+        what = rng.choice(self.COMMANDS)
+        return f"{what} imported {run_id}", lambda: self._attack(w, run_id, what)
+
+    def _import(self, w: W.World, source: str, new: str) -> str:
+        """Written to the raw store in one go: the real import is one transaction."""
+        row = w.raw.get_run(source)
+        assert row is not None
+        copy = dataclasses.replace(
+            row,
+            run_id=new,
+            imported=IMPORTED_INERT,
+            session_id=None,
+            parent_run_id=None,
+            root_run_id=None,
+            forked_from=None,
+            forked_step=None,
+        )
+        w.raw.create_run(copy)
+        for entry in w.raw.load(source):
+            w.raw.insert(new, entry.name, entry.data)
+        for req in w.raw.list_approval_requests(status=None, run_id=source):
+            w.raw.save_approval_request(dataclasses.replace(req, run_id=new))
+            w.raw.set_approval_status(new, req.call_id, req.status)
+        for halt in w.raw.list_halts(run_id=source, status=None):
+            w.raw.save_halt(dataclasses.replace(halt, run_id=new))
+            if halt.status == "resolved":
+                w.raw.resolve_halt_row(new, halt.op_id, halt.resolution or {}, halt.resolved_by)
+            elif halt.status != "open":
+                w.raw.orphan_halts(new)  # only orphaned halts are left open here
+        w.imports[new] = W.imported_state(w.raw, new, source)
+        w.count("runs imported inert")
+        return new
+
+    def _attack(self, w: W.World, run_id: str, what: str) -> str:
+        raw = w.raw
+        requests = raw.list_approval_requests(run_id=run_id)
+        halts = raw.list_halts(run_id=run_id)
+        waits = sorted(
+            {str(e.name.removeprefix("wait:")) for e in raw.load(run_id) if e.name[:5] == "wait:"}
+        )
+        wait = waits[0] if waits else "w1"
+        by = "ann"
+        try:
+            if what == "dispatch":
+                # A Celery message naming it (a forged one, or a stale one from its source).
+                did = drive_like_a_worker(w, run_id)
+                if did.startswith(("failed", "retry")) or did == "busy":
+                    w.count("commands on inert imports refused")
+                    return did
+                raise AssertionError(did)  # reported below, as every command that went on
+            if what == "resume":
+                da.resume(run_id, store=w.store)
+            elif what == "hand over":
+                commands.hand_over(run_id, by=by, store=w.store)
+            elif what == "decide":
+                call = requests[0].call_id if requests else "c1"
+                da.approve(run_id, call, True, by=by, store=w.store)
+            elif what == "resolve":
+                op = halts[0].op_id if halts else "c1"
+                da.resolve_halt(run_id, op, dict(NOT_HAPPENED), is_error=True, by=by, store=w.store)
+            elif what == "answer":
+                da.answer_interrupt(run_id, wait, ANSWERS[0], by=by, store=w.store)
+            elif what == "signal":
+                da.signal(run_id, wait, 1, store=w.store)
+            elif what == "wake":
+                da.wake_timer(run_id, wait, by=by, store=w.store)
+            elif what == "cancel":
+                da.cancel(run_id, by=by, reason="imported", store=w.store)
+            else:
+                da.fork(run_id, 1, da.Patch(), by=by, store=w.store)
+        except RunImported:
+            w.count("commands on inert imports refused")
+            return "refused (run.imported)"
+        except StorageError:
+            return "the store failed"
+        except DurableAgentsError as exc:
+            return f"refused ({exc.code})"
+        except AssertionError as went_on:
+            return self._went_on(w, run_id, what, str(went_on))
+        return self._went_on(w, run_id, what, "accepted")
+
+    def _went_on(self, w: W.World, run_id: str, what: str, did: str) -> str:
+        w.violate(
+            "imports_stay_inert",
+            f"{what} on inert import {run_id} was not refused: {did}",
+            hole="new",
+        )
+        return did

@@ -224,6 +224,7 @@ def check_all(w: W.World) -> None:
     check_sagas(w, ix)
     check_stops(w, ix)
     check_chains(w)
+    check_imports(w, ix)
     check_takeovers(w, ix)
     check_as_we_go(w)
 
@@ -955,6 +956,37 @@ def check_steps(w: W.World, ix: Index) -> None:
             )
 
 
+def check_imports(w: W.World, ix: Index) -> None:
+    """An inert import is evidence (issue 31): whatever was tried on it, its row, journal,
+    requests and halts are as the import wrote them; nobody held its lease; no tool ran
+    for it; nothing was forked from it or made below it; recovery and the timer sweep
+    never list it."""
+    if not w.imports:
+        return
+    unfinished = {r.run_id for r in w.raw.list_unfinished(limit=10_000)}
+    for run_id, was in w.imports.items():
+        now = W.imported_state(w.raw, run_id, was.source)
+        problems = []
+        for what in ("status", "records", "requests", "halts"):
+            if getattr(now, what) != getattr(was, what):
+                problems.append(f"its {what} changed")
+        if w.raw.get_lease(run_id) is not None:
+            problems.append("a driver leased it")
+        if any(e.run == run_id for e in w.ledger):
+            problems.append("a tool ran for it")
+        made = [
+            r
+            for r, row in ix.rows.items()
+            if row is not None and run_id in (row.forked_from, row.parent_run_id)
+        ]
+        if made:
+            problems.append(f"runs were made from it: {made}")
+        if run_id in unfinished:
+            problems.append("recovery lists it as work")
+        for problem in problems:
+            w.violate("imports_stay_inert", f"inert import {run_id}: {problem}", hole="new")
+
+
 def check_chains(w: W.World) -> None:
     """Every run's journal and the action log are one unbroken hash chain (docs/audit.md),
     whatever crashes, races and concurrent writers (decisions, signals) the schedule had."""
@@ -982,6 +1014,7 @@ INVARIANTS = (
     "only_agent_runs_run",
     "steps_once",
     "chains_verify",
+    "imports_stay_inert",
     "sagas_undo_once",
     "saga_trees_close",
     "answers_bound",

@@ -23,6 +23,7 @@ from durable_agents.engine import names, runtime, steps, stops
 from durable_agents.engine.commands import approvals as approval_commands
 from durable_agents.engine.commands import forks
 from durable_agents.engine.loop import Driver
+from durable_agents.engine.ports import RunInfo
 from durable_agents.engine.transcript import RunState
 
 
@@ -115,6 +116,12 @@ MUTATIONS: dict[str, Mutation] = {
             "a cancel stops the run but none of the sub-runs below it (stops.stop_below "
             "does nothing)",
             lambda: _swapped((stops, "stop_below", lambda store, run_id: [])),
+        ),
+        Mutation(
+            "imports-not-inert",
+            "an import is written as a run made here: drivers lease it, recovery lists it, "
+            "every command acts on it (RunInfo.inert is never true)",
+            lambda: _swapped((RunInfo, "inert", property(lambda self: False))),
         ),
         Mutation(
             "sub-run-ignores-stopped-root",

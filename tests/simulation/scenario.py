@@ -24,6 +24,7 @@ from .actors import (
     Client,
     Deployer,
     Driver,
+    Importer,
     Outsider,
     Person,
     Recovery,
@@ -103,6 +104,10 @@ def build(w: W.World) -> None:
     # the answerer's casts, drawn from a stream of their own.
     if "answerer" in cfg.actors and random.Random(f"stops:{cfg.seed}").random() < 0.6:
         actors.append(TreeCanceller("dora", 2))
+    # Imports (issue 31) came after cancels of trees, drawn from a stream of their own: an
+    # operator imports runs as evidence, and every command is tried on the copies.
+    if "importer" in cfg.actors and random.Random(f"import:{cfg.seed}").random() < 0.35:
+        actors.append(Importer("ivan", 2, 4))
     # The targeted adversaries act only where their marks are: captured signatures with a
     # replayer, forks with people.
     w.intercepts = w.intercepts and any(isinstance(a, Replayer) for a in actors)

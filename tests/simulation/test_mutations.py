@@ -30,6 +30,7 @@ LEAST = {
     "halt-min-age-zero": 4,
     "no-cancel-cascade": 19,
     "sub-run-ignores-stopped-root": 5,
+    "imports-not-inert": 100,
 }
 
 

@@ -60,6 +60,35 @@ class Killed(BaseException):
 
 
 @dataclass(frozen=True)
+class Imported:
+    """An inert import as written: its source, row status, records, and the status of each
+    of its approval requests and halts."""
+
+    source: str
+    status: str
+    records: tuple[tuple[str, str], ...]
+    requests: dict[str, str]
+    halts: dict[tuple[str, str], str]
+
+
+def imported_state(store: Any, run_id: str, source: str) -> Imported:
+    """What an import holds now, read from the raw store (``imports_stay_inert``)."""
+    row = store.get_run(run_id)
+    return Imported(
+        source=source,
+        status=row.status if row is not None else "missing",
+        records=tuple((e.name, e.data) for e in store.load(run_id)),
+        requests={
+            r.call_id: r.status for r in store.list_approval_requests(status=None, run_id=run_id)
+        },
+        halts={
+            (h.op_id, str(h.attempt)): h.status
+            for h in store.list_halts(run_id=run_id, status=None)
+        },
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     """What one simulated schedule may contain. ``actors`` and ``faults`` narrow it."""
 
@@ -77,6 +106,7 @@ class Config:
             "answerer",
             "replayer",
             "forker",
+            "importer",
         }
     )
     faults: frozenset[str] = frozenset(
@@ -568,6 +598,10 @@ class World:
         # Channel messages: (run, channel) -> [(key, payload sent or standing, what it did)].
         self.messages: dict[tuple[str, str], list[tuple[str, Any, str]]] = {}
         self.fork_snapshots: dict[str, list[Any]] = {}
+        # Inert imports (the importer's copies of runs as another site's evidence): run id ->
+        # what they held when imported, which nothing may change (``imports_stay_inert``).
+        self.imports: dict[str, Imported] = {}
+        self.import_rng = random.Random(f"import-ops:{config.seed}")
         self.recovery_rounds: list[list[str]] = []
         self.last_drive: dict[str, str] = {}
         self.progress = 0  # the last step that wrote anything to a journal
