@@ -223,8 +223,7 @@ class InboundWebhook(View):
             delivery_id = self._delivery_id(request)
             self._verify(request, delivery_id, body)
             session_id, text = self._message(request, body)
-            agent = get_agent(self.agent) if isinstance(self.agent, str) else self.agent
-            sent = Session(agent, session_id).send_once(delivery_id, text)
+            sent = Session(self._agent(), session_id).send_once(delivery_id, text)
         except Refused as refused:
             return _answer(request, refused, delivery_id)
         except DurableAgentsError as exc:
@@ -243,6 +242,22 @@ class InboundWebhook(View):
         )
         body_out = {"run_id": sent.run_id, "status": sent.status, "answer": sent.answer}
         return JsonResponse(body_out, status=200 if sent.status == "answered" else 202)
+
+    def _agent(self) -> AgentDefinition:
+        """The agent, resolved now if the site's ``AGENTS`` were broken when the view was
+        built: still broken is the site's fault, not the sender's, so a 503 the sender
+        retries (a 4xx would tell it to give the delivery up)."""
+        if not isinstance(self.agent, str):
+            return self.agent
+        try:
+            return get_agent(self.agent)
+        except ConfigError as exc:
+            raise Refused(
+                503,
+                "webhook.agent_unavailable",
+                f"the webhook's agent {self.agent!r} cannot be loaded here ({exc.code}); "
+                "retry later",
+            ) from None
 
     def _delivery_id(self, request: HttpRequest) -> str:
         try:

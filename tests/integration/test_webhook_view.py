@@ -190,6 +190,23 @@ def test_the_view_is_checked_when_built():
     assert InboundWebhook.as_view(agent=echo).view_initkwargs["agent"] is echo
 
 
+def test_a_broken_agents_list_is_left_to_the_check_and_deliveries_get_a_503(settings):
+    """An ``AGENTS`` entry that does not import is the system check's to report (E002):
+    building the view must not raise over it (urls.py loads while the checks run), and a
+    delivery meanwhile is a 503 the sender retries, recording nothing."""
+    settings.DURABLE_AGENTS = {
+        **settings.DURABLE_AGENTS,
+        "AGENTS": [*settings.DURABLE_AGENTS["AGENTS"], "tests.support.no_such_module.agent"],
+    }
+    view = InboundWebhook.as_view(agent="echo")
+    assert view.view_initkwargs["agent"] == "echo"
+    assert any(e.id == "durable_agents.E002" for e in run_checks())
+    body = _message()
+    headers = {"X-Signature": sign(body, "d-9", SECRET), "X-Delivery-Id": "d-9"}
+    coded(call(view, body, headers), 503, "webhook.agent_unavailable")
+    nothing_recorded()
+
+
 def test_a_missing_or_short_secret_stops_the_site_not_a_request(settings):
     settings.DURABLE_AGENTS = {
         k: v for k, v in settings.DURABLE_AGENTS.items() if k != "WEBHOOK_SECRET"
