@@ -248,7 +248,8 @@ class InboundWebhook(View):
         built: still broken is the site's fault, not the sender's, so a 503 the sender
         retries (a 4xx would tell it to give the delivery up)."""
         if not isinstance(self.agent, str):
-            return self.agent
+            agent: AgentDefinition = self.agent
+            return agent
         try:
             return get_agent(self.agent)
         except ConfigError as exc:
