@@ -33,7 +33,7 @@ import json
 import logging
 import re
 import time
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings as django_settings
 from django.core.exceptions import RequestDataTooBig
@@ -187,7 +187,15 @@ class InboundWebhook(View):
                     "tolerance, max_depth, delivery_id, session_key and text",
                     code="config.webhook",
                 )
-        initkwargs["agent"] = _resolve_agent(initkwargs.get("agent", cls.agent))
+        # A DURABLE_AGENTS the system check refuses (E001) is left to the check: urls are
+        # imported while the checks run, and a traceback from here would hide the check
+        # that says what to fix. Deliveries meanwhile get a 503 the sender retries.
+        try:
+            get_settings()
+            settings_valid = True
+        except ConfigError:
+            settings_valid = False
+        initkwargs["agent"] = _resolve_agent(initkwargs.get("agent", cls.agent), settings_valid)
         tolerance = initkwargs.get("tolerance", cls.tolerance)
         if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or tolerance <= 0:
             raise ConfigError(
@@ -200,7 +208,8 @@ class InboundWebhook(View):
                 f"max_depth must be an int >= 1, not {depth!r}", code="config.webhook"
             )
         secret_setting = initkwargs.get("secret_setting", cls.secret_setting)
-        _secrets(secret_setting)  # a missing or short secret stops the site here
+        if settings_valid:
+            _secrets(secret_setting)  # a missing or short secret stops the site here
         return super().as_view(**initkwargs)
 
     # -- handling ----------------------------------------------------------------------
@@ -244,20 +253,20 @@ class InboundWebhook(View):
         return JsonResponse(body_out, status=200 if sent.status == "answered" else 202)
 
     def _agent(self) -> AgentDefinition:
-        """The agent, resolved now if the site's ``AGENTS`` were broken when the view was
-        built: still broken is the site's fault, not the sender's, so a 503 the sender
-        retries (a 4xx would tell it to give the delivery up)."""
-        if not isinstance(self.agent, str):
-            agent: AgentDefinition = self.agent
-            return agent
+        """The agent, resolved now if the site's settings or ``AGENTS`` were broken when the
+        view was built: still broken is the site's fault, not the sender's, so a 503 the
+        sender retries (a 4xx would tell it to give the delivery up)."""
         try:
+            get_settings()  # read once per settings; invalid ones are the check's E001
+            if not isinstance(self.agent, str):
+                agent: AgentDefinition = self.agent
+                return agent
             return get_agent(self.agent)
         except ConfigError as exc:
             raise Refused(
                 503,
                 "webhook.agent_unavailable",
-                f"the webhook's agent {self.agent!r} cannot be loaded here ({exc.code}); "
-                "retry later",
+                f"the webhook's agent cannot be loaded here ({exc.code}); retry later",
             ) from None
 
     def _delivery_id(self, request: HttpRequest) -> str:
@@ -365,13 +374,14 @@ def _answer(request: HttpRequest, refused: Refused, delivery_id: str | None) -> 
     return JsonResponse({"code": refused.code, "message": refused.message}, status=refused.status)
 
 
-def _resolve_agent(agent: Any) -> AgentDefinition | str:
+def _resolve_agent(agent: Any, load: bool = True) -> AgentDefinition | str:
     """The agent a webhook talks to, by name or as an object; a worker must find it by
     name, so either way it must be one the site's ``AGENTS`` load.
 
-    When ``AGENTS`` itself names a module that does not import, the name is kept and
-    resolved per delivery: urls are imported while Django's checks run, and a traceback
-    from here would hide the check (durable_agents.E002) that says what to fix."""
+    When ``AGENTS`` itself names a module that does not import (or ``load`` is false: the
+    settings are invalid), the name is kept and resolved per delivery: urls are imported
+    while Django's checks run, and a traceback from here would hide the check
+    (durable_agents.E002) that says what to fix."""
     if agent is None:
         raise ConfigError(
             "InboundWebhook.as_view() needs agent=: the name of the agent the deliveries "
@@ -384,6 +394,8 @@ def _resolve_agent(agent: Any) -> AgentDefinition | str:
             f"agent= must be an agent's name or an Agent, not {type(agent).__name__}",
             code="config.webhook",
         )
+    if not load:
+        return name if isinstance(agent, str) else cast(AgentDefinition, agent)
     try:
         found = get_agent(name)
     except AgentPathError:

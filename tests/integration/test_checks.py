@@ -10,6 +10,8 @@ from django.test.utils import override_settings
 import durable_agents as da
 from durable_agents.schedule import beat_schedule
 
+pytestmark = pytest.mark.usefixtures("site_urls")
+
 
 def _ours(**settings):
     with override_settings(**settings):

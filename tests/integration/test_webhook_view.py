@@ -207,6 +207,23 @@ def test_a_broken_agents_list_is_left_to_the_check_and_deliveries_get_a_503(sett
     nothing_recorded()
 
 
+def test_invalid_settings_are_left_to_the_check_and_deliveries_get_a_503(settings):
+    """A DURABLE_AGENTS the check refuses (E001): building the view (as ``urls.py`` does
+    while the checks run) must not raise over it, and a delivery meanwhile is a 503."""
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "DISPATCH": "rabbit"}
+    view = InboundWebhook.as_view(agent="echo")
+    assert [e.id for e in run_checks() if e.id.startswith("durable_agents.")] == [
+        "durable_agents.E001"
+    ]
+    body = _message()
+    headers = {"X-Signature": sign(body, "d-8", SECRET), "X-Delivery-Id": "d-8"}
+    coded(call(view, body, headers), 503, "webhook.unconfigured")
+    custom = InboundWebhook.as_view(agent=echo, secret_setting="DA_TEST_WEBHOOK_SECRET")
+    settings.DA_TEST_WEBHOOK_SECRET = SECRET
+    coded(call(custom, body, headers), 503, "webhook.agent_unavailable")
+    nothing_recorded()
+
+
 def test_a_missing_or_short_secret_stops_the_site_not_a_request(settings):
     settings.DURABLE_AGENTS = {
         k: v for k, v in settings.DURABLE_AGENTS.items() if k != "WEBHOOK_SECRET"
