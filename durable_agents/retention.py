@@ -379,6 +379,7 @@ def _prune_batch(
                 },
             )
         )
+        failpoints.hit("prune-before-commit")
     report.batches += 1
     report.pruned += ids
     if file_name:
