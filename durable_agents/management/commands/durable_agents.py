@@ -7,6 +7,8 @@ must exist, be active and hold the permission the admin would ask for (the table
 ``durable_agents.permissions``; the engine checks it, as on every path); the action log
 records the user and the ``command`` channel. ``import`` takes ``--by`` the same way (it
 needs ``import_runs``) and keeps runs inert evidence unless ``--live`` (docs/replay.md).
+``prune`` exports, then deletes, runs finished before a date, as ``--by`` (who needs
+``delete_run``), leaving a tombstone each (``durable_agents.retention``, docs/retention.md).
 """
 
 from __future__ import annotations
