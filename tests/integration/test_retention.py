@@ -296,3 +296,70 @@ def test_the_export_file_is_written_before_the_delete(tmp_path, monkeypatch):
     monkeypatch.setattr(failpoints, "hit", hit)
     _prune("--finished-before", cutoff(), "--export", str(tmp_path), "--by", PRUNER)
     assert seen == {"runs": ["order-1"], "end": "end", "row": True}
+
+
+def test_a_run_changed_after_its_export_is_kept_and_exported_again_next_time(tmp_path, monkeypatch):
+    """A record written (a late journal write) or a row touched (a resume, a decision)
+    between the export and the delete: the export no longer holds all of it, so it stays."""
+    from django.db.models.functions import Now
+
+    from durable_agents.engine import failpoints
+    from durable_agents.engine.journal import Journal
+
+    echo.start("hi", run_id="moved-1")
+    echo.start("hi", run_id="moved-2")
+    age(["moved-1", "moved-2"])
+    real = failpoints.hit
+
+    def hit(name: str) -> None:
+        if name == "prune-after-export":
+            Journal(site_store()).write("moved-1", "note:late", {"kind": "note", "said": "late"})
+            Run.objects.filter(pk="moved-2").update(updated_at=Now())
+        real(name)
+
+    monkeypatch.setattr(failpoints, "hit", hit)
+    out = _prune("--finished-before", cutoff(), "--export", str(tmp_path), "--by", PRUNER)
+    assert "moved-1: changed since it was exported" in out
+    assert "moved-2: changed since it was exported" in out
+    assert Run.objects.filter(pk__in=["moved-1", "moved-2"]).count() == 2
+    assert not Tombstone.objects.exists() and not ActionLog.objects.filter(action="prune")
+
+    monkeypatch.setattr(failpoints, "hit", real)
+    _prune("--finished-before", cutoff(), "--export", str(tmp_path), "--by", PRUNER)
+    [stone] = Tombstone.objects.filter(run_id="moved-1")
+    assert export_runs_in(tmp_path / stone.export_file) == ["moved-1", "moved-2"]
+    assert (
+        verify(["moved-1"])[0].head == stone.head and stone.records == verify(["moved-1"])[0].links
+    )
+
+
+def test_a_run_someone_holds_is_skipped_not_waited_on(tmp_path):
+    import threading
+
+    from django.db import connections, transaction
+
+    echo.start("hi", run_id="held-1")
+    echo.start("hi", run_id="free-1")
+    age(["held-1", "free-1"])
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                Run.objects.select_for_update().get(pk="held-1")
+                locked.set()
+                release.wait(timeout=60)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(timeout=30)
+        out = _prune("--finished-before", cutoff(), "--by", PRUNER)
+    finally:
+        release.set()
+        holder.join(timeout=30)
+    assert "held-1: busy" in out
+    assert set(Tombstone.objects.values_list("run_id", flat=True)) == {"free-1"}
+    assert Run.objects.filter(pk="held-1").exists()
