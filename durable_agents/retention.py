@@ -245,6 +245,13 @@ def _chains(using: str, run_ids: list[str]) -> dict[str, tuple[int, str | None, 
     return out
 
 
+def _present(using: str, trees: list[_Tree]) -> list[_Tree]:
+    """The trees every run of which is still here."""
+    ids = [rid for t in trees for rid in t.run_ids]
+    here = set(Run.objects.using(using).filter(pk__in=ids).values_list("pk", flat=True))
+    return [t for t in trees if set(t.run_ids) <= here]
+
+
 def _write_export(folder: Path, run_ids: list[str], stamp: str) -> tuple[Path, str]:
     """Write the export of ``run_ids`` under ``folder``; durable (file and folder fsynced)
     before this returns. Its name and sha256."""
@@ -253,13 +260,17 @@ def _write_export(folder: Path, run_ids: list[str], stamp: str) -> tuple[Path, s
     name = folder / f"prune-{stamp}-{os.getpid()}.jsonl"
     part = name.with_name(name.name + ".part")
     digest = hashlib.sha256()
-    with open(part, "wb") as f:
-        for text in export_runs(run_ids):
-            data = (text + "\n").encode("utf-8")
-            digest.update(data)
-            f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(part, "wb") as f:
+            for text in export_runs(run_ids):
+                data = (text + "\n").encode("utf-8")
+                digest.update(data)
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
     os.replace(part, name)
     fd = os.open(folder, os.O_RDONLY)
     try:
@@ -277,16 +288,26 @@ def _prune_batch(
     folder: Path | None,
     report: PruneReport,
 ) -> None:
-    every = [rid for t in trees for rid in t.run_ids]
-    seen = {m["run_id"]: m for t in trees for m in t.members}
-    chains = _chains(using, every)
-    pruned_at = timezone.now()
-    stamp = pruned_at.strftime("%Y%m%dT%H%M%S%fZ")
     file_name, sha256 = "", ""
-    if folder is not None:
-        path, sha256 = _write_export(folder, every, stamp)
+    while True:
+        # Another prune may have taken a tree since it was judged, even while this one
+        # exports it: drop what is gone and export again.
+        trees = _present(using, trees)
+        if not trees:
+            return
+        every = [rid for t in trees for rid in t.run_ids]
+        seen = {m["run_id"]: m for t in trees for m in t.members}
+        chains = _chains(using, every)
+        pruned_at = timezone.now()
+        if folder is None:
+            break
+        try:
+            path, sha256 = _write_export(folder, every, pruned_at.strftime("%Y%m%dT%H%M%S%fZ"))
+        except Run.DoesNotExist:
+            continue
         file_name = path.name
         failpoints.hit("prune-after-export")
+        break
     settings = get_settings()
     key = None
     if settings.audit_signing_key:
@@ -299,6 +320,8 @@ def _prune_batch(
         gone: list[_Tree] = []
         for tree in trees:
             why = ""
+            if not Run.objects.using(using).filter(pk__in=tree.run_ids).exists():
+                continue  # another prune took it since the export
             if not set(tree.run_ids) <= locked:
                 why = KEPT_BUSY
             else:
