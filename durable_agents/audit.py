@@ -29,6 +29,7 @@ from .engine.audit import (
     chain_hash,
     data_digest,
     head_message,
+    tombstone_message,
     verify_actions,
     verify_links,
     verify_run,
@@ -43,6 +44,7 @@ __all__ = [
     "redactor",
     "sample_check",
     "sign_head",
+    "tombstone_report",
     "trusted_keys",
     "verify",
 ]
@@ -68,37 +70,94 @@ def verify(
 ) -> list[ChainReport]:
     """Verify the chains of ``run_ids`` (every run when None), and the site's action log
     when ``actions``; one report each, in that order."""
-    from .models import Run
+    from .models import Run, Tombstone
     from .storage import DjangoStore
 
     store = DjangoStore(using)
     runs = Run.objects.using(store.using)
+    stones = Tombstone.objects.using(store.using)
     if run_ids is None:
-        run_ids = runs.order_by("run_id").values_list("pk", flat=True).iterator()
+        reports = [
+            _vouched(verify_run(store, run_id), store.using)
+            for run_id in runs.order_by("run_id").values_list("pk", flat=True).iterator()
+        ]
+        # A pruned run whose id no run holds again is reported by its last tombstone.
+        pruned = stones.exclude(run_id__in=runs.values("pk")).order_by("run_id", "-id")
+        last = None
+        for stone in pruned.iterator():
+            if stone.run_id != last:
+                reports.append(tombstone_report(stone))
+            last = stone.run_id
     else:
         run_ids = list(run_ids)
-        missing = sorted(
-            set(run_ids) - set(runs.filter(pk__in=run_ids).values_list("pk", flat=True))
-        )
+        here = set(runs.filter(pk__in=run_ids).values_list("pk", flat=True))
+        found = {}
+        for stone in stones.filter(run_id__in=set(run_ids) - here).order_by("id"):
+            found[stone.run_id] = stone
+        missing = sorted(set(run_ids) - here - set(found))
         if missing:
             raise NotFound(f"no run {', '.join(map(repr, missing))}", code="run.not_found")
-    reports = [_vouched(verify_run(store, run_id), store.using) for run_id in run_ids]
+        reports = [
+            _vouched(verify_run(store, run_id), store.using)
+            if run_id in here
+            else tombstone_report(found[run_id])
+            for run_id in run_ids
+        ]
     if actions:
         reports.append(verify_actions(store))
     return reports
 
 
+def tombstone_report(stone: Any) -> ChainReport:
+    """A pruned run as its tombstone vouches for it (docs/retention.md): verified when the
+    tombstone is unsigned (no signing key was set) or its signature verifies under a key
+    this site trusts; broken when a signature does not verify (the row was changed)."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    said = f"pruned {stone.pruned_at.isoformat()} by {stone.pruned_by}"
+    said += f", export sha256 {stone.export_sha256}" if stone.export_sha256 else ", no export"
+    report = ChainReport(stone.run_id, stone.records, stone.unchained, stone.head, pruned=said)
+    if not stone.signature:
+        return replace(report, pruned=said + ", unsigned tombstone")
+    message = tombstone_message(
+        stone.run_id, stone.head, stone.records, export_sha256=stone.export_sha256,
+        pruned_at=stone.pruned_at.isoformat(), pruned_by=stone.pruned_by,
+    )  # fmt: skip
+    try:
+        Ed25519PublicKey.from_public_bytes(base64.b64decode(stone.public_key or "")).verify(
+            base64.b64decode(stone.signature), message
+        )
+    except (InvalidSignature, ValueError, TypeError):
+        return replace(
+            report,
+            broken_at=stone.pk,
+            broken_name="tombstone",
+            reason="its tombstone's signature does not verify: the tombstone was changed",
+        )
+    if stone.public_key not in trusted_keys():
+        return replace(
+            report,
+            unverified=f"tombstone signed by key {stone.public_key}, which this site does "
+            "not trust",
+        )
+    return replace(report, pruned=said + ", signed tombstone")
+
+
 def sample_check(size: int, *, using: str | None = None) -> list[ChainReport]:
     """The broken chains among the ``size`` most recently updated runs (the system check;
     an imported run no trusted head vouches for is not broken, only unverified)."""
-    from .models import Run
+    from .models import Run, Tombstone
 
     runs = Run.objects.using(using or _database()).order_by("-updated_at")
-    return [
+    broken = [
         r
         for r in verify(list(runs.values_list("pk", flat=True)[:size]), using=using)
         if not r.intact
     ]
+    # The latest tombstones too: a pruned run is verified by its tombstone, not missing.
+    stones = Tombstone.objects.using(using or _database()).order_by("-pruned_at", "-id")
+    return broken + [r for r in map(tombstone_report, stones[:size]) if not r.intact]
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,15 @@ DRIFT_POLICIES = ("warn", "error", "ignore")
 # An HMAC-SHA256 key shorter than this is guessable offline from one signed delivery.
 MIN_WEBHOOK_SECRET = 32
 
-__all__ = ["Notify", "RetryPolicy", "Settings", "get_settings", "parse", "parse_webhook_secrets"]
+__all__ = [
+    "Notify",
+    "Retention",
+    "RetryPolicy",
+    "Settings",
+    "get_settings",
+    "parse",
+    "parse_webhook_secrets",
+]
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,17 @@ class Notify:
     # The site's address as approvers reach it ("https://ops.example.com"): emails are sent
     # by workers, which have no request to build a link from.
     base_url: str = ""
+
+
+@dataclass(frozen=True)
+class Retention:
+    """``RETENTION``: the beat task ``durable_agents.tasks.prune`` (docs/retention.md)."""
+
+    finished_for: float  # days a run stays after it finished
+    by: str  # the username the prune acts as (it needs delete_run)
+    export_dir: str | None  # None, said explicitly: tombstones only
+    batch: int = 500
+    every: float = 3600.0  # seconds between prunes
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,8 @@ class Settings:
     # Ed25519 public keys (raw 32 bytes, base64) whose signed heads vouch for an imported
     # run's chain (docs/audit.md, "Imported runs"); the site's own signing key counts too.
     trusted_audit_keys: tuple[str, ...] = ()
+    # The scheduled prune (``durable_agents.tasks.prune``); None: off.
+    retention: Retention | None = None
 
     @property
     def effective_halt_min_age(self) -> float:
@@ -104,9 +125,17 @@ _KEYS = {
     "AUDIT_SALT_KEY": "audit_salt_key",
     "WEBHOOK_SECRET": "webhook_secrets",
     "TRUSTED_AUDIT_KEYS": "trusted_audit_keys",
+    "RETENTION": "retention",
 }
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
 _NOTIFY_KEYS = {"APPROVALS": "approvals", "FROM_EMAIL": "from_email", "BASE_URL": "base_url"}
+_RETENTION_KEYS = {
+    "FINISHED_FOR": "finished_for",
+    "BY": "by",
+    "EXPORT_DIR": "export_dir",
+    "BATCH": "batch",
+    "EVERY": "every",
+}
 
 
 def _suggest(key: str, known: Any) -> str:
@@ -241,6 +270,7 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
             retry_values[_RETRY_KEYS[key]] = _positive(f"RETRY.{key}", value, problems)
     values["retry"] = RetryPolicy(**retry_values)
     values["notify"] = _parse_notify(values.pop("notify", None), problems)
+    values["retention"] = _parse_retention(values.pop("retention", None), problems)
 
     settings = Settings(**values)
     if settings.lease_ttl < 1:
@@ -343,6 +373,57 @@ def _parse_notify(raw: Any, problems: list[str]) -> Notify:
         )
     notify = Notify(**values)
     return replace(notify, base_url=notify.base_url.rstrip("/"))
+
+
+def _parse_retention(raw: Any, problems: list[str]) -> Retention | None:
+    where = "DURABLE_AGENTS['RETENTION']"
+    example = (
+        "{'FINISHED_FOR': 90, 'BY': 'retention-bot', 'EXPORT_DIR': '/var/lib/runs-archive'} "
+        "(days; a user holding delete_run; a folder, or None to keep no export)"
+    )
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        problems.append(f"{where} must be a dict, like {example}")
+        return None
+    values: dict[str, Any] = {}
+    bad = len(problems)
+    for key, value in raw.items():
+        if key not in _RETENTION_KEYS:
+            problems.append(f"unknown key {where}[{key!r}]{_suggest(str(key), _RETENTION_KEYS)}")
+            continue
+        values[_RETENTION_KEYS[key]] = value
+    for key in ("FINISHED_FOR", "BY", "EXPORT_DIR"):
+        if _RETENTION_KEYS[key] not in values:
+            problems.append(f"{where} needs {key!r}, like {example}")
+    days = values.get("finished_for")
+    if "finished_for" in values and (
+        isinstance(days, bool) or not isinstance(days, int | float) or not 0 < days < 100_000
+    ):
+        problems.append(f"{where}['FINISHED_FOR'] must be a number of days > 0, not {days!r}")
+    by = values.get("by")
+    if "by" in values and (not isinstance(by, str) or not by):
+        problems.append(f"{where}['BY'] must be the username the prune acts as, not {by!r}")
+    folder = values.get("export_dir")
+    if folder is not None and not (isinstance(folder, str) and folder.startswith("/")):
+        problems.append(
+            f"{where}['EXPORT_DIR'] must be an absolute path (or None, said explicitly, to "
+            f"keep no export), not {folder!r}"
+        )
+    batch = values.get("batch", 500)
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10_000:
+        problems.append(f"{where}['BATCH'] must be an int from 1 to 10000, not {batch!r}")
+    if "every" in values:
+        values["every"] = _positive("RETENTION.EVERY", values["every"], problems)
+    if len(problems) > bad:
+        return None
+    return Retention(
+        finished_for=float(values["finished_for"]),
+        by=values["by"],
+        export_dir=folder,
+        batch=batch,
+        every=values.get("every", 3600.0),
+    )
 
 
 # The last valid settings parsed, with a deep copy of the raw value they came from: a drive

@@ -486,3 +486,36 @@ class KeyChallenge(models.Model):
 
     def __str__(self) -> str:
         return f"challenge for key #{self.key_id}"
+
+
+class Tombstone(models.Model):
+    """What is left of a run ``prune`` deleted (``durable_agents.retention``): its final
+    chain head and record count, when and by whom it was pruned, and the sha256 of the
+    export file that holds it, signed with the site's ``AUDIT_SIGNING_KEY`` when one is set
+    (``engine.audit.tombstone_message``). ``verify`` reports a pruned run by it. Written in
+    the transaction that deletes the run; never changed."""
+
+    run_id = models.CharField(max_length=RUN_ID_LENGTH, db_index=True)
+    agent = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(max_length=32)
+    root_run_id = models.CharField(max_length=RUN_ID_LENGTH, null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    head = models.CharField(max_length=64, null=True, blank=True)
+    records = models.PositiveIntegerField(default=0)
+    unchained = models.PositiveIntegerField(default=0)
+    pruned_at = models.DateTimeField()
+    pruned_by = models.CharField(max_length=200)
+    pruned_by_id = models.CharField(max_length=64, blank=True, default="")
+    export_file = models.CharField(max_length=500, blank=True, default="")
+    export_sha256 = models.CharField(
+        max_length=64, blank=True, default="", help_text="sha256 of the export file, hex"
+    )
+    signature = models.TextField(null=True, blank=True)
+    public_key = models.CharField(max_length=100, null=True, blank=True)
+
+    class Meta:
+        ordering = ["-pruned_at", "-id"]
+        indexes = [models.Index(fields=["-pruned_at"], name="da_tombstone_time")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} pruned by {self.pruned_by}"

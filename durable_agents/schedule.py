@@ -7,7 +7,8 @@ In ``settings.py``, after ``DURABLE_AGENTS``::
     CELERY_BEAT_SCHEDULE = {**beat_schedule(DURABLE_AGENTS)}
 
 The entries send to ``CELERY_QUEUE``: recovery every ``RECOVERY_INTERVAL`` seconds, the
-timer sweep every ``TIMER_SWEEP_INTERVAL`` seconds, so the schedule
+timer sweep every ``TIMER_SWEEP_INTERVAL`` seconds, and when ``RETENTION`` is set the prune
+every ``RETENTION["EVERY"]`` seconds (docs/retention.md), so the schedule
 cannot drift from the settings the workers use. (Django settings are not configured yet
 while ``settings.py`` runs, so the dict is passed in rather than read.)
 """
@@ -21,6 +22,7 @@ from .engine.errors import ConfigError
 
 RECOVER_TASK = "durable_agents.tasks.recover_runs"
 WAKE_TASK = "durable_agents.tasks.wake_timers"
+PRUNE_TASK = "durable_agents.tasks.prune"
 
 
 def beat_schedule(durable_agents: Any = None) -> dict[str, dict[str, Any]]:
@@ -34,7 +36,7 @@ def beat_schedule(durable_agents: Any = None) -> dict[str, dict[str, Any]]:
             "invalid DURABLE_AGENTS setting: " + "; ".join(problems), code="config.settings"
         )
     interval = settings.recovery_interval
-    return {
+    entries: dict[str, dict[str, Any]] = {
         "durable-agents-recover": {
             "task": RECOVER_TASK,
             "schedule": interval,
@@ -51,3 +53,13 @@ def beat_schedule(durable_agents: Any = None) -> dict[str, dict[str, Any]]:
             },
         },
     }
+    retention = settings.retention
+    if retention is not None:
+        # Off unless RETENTION is set. A prune that waited longer than its interval is
+        # superseded by the next; two that overlap skip each other's rows.
+        entries["durable-agents-prune"] = {
+            "task": PRUNE_TASK,
+            "schedule": retention.every,
+            "options": {"queue": settings.celery_queue, "expires": retention.every},
+        }
+    return entries

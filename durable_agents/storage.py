@@ -445,6 +445,16 @@ class DjangoStore:
             return False
         return True
 
+    def run_held(self, run_id: str) -> bool:
+        # FOR SHARE waits for a transaction that locked the row to delete it, then finds it
+        # gone; SQLite's writers are serialised by the database lock anyway.
+        return (
+            self._fetchone(
+                f"SELECT 1 FROM {_R} WHERE run_id = %s {self.dialect.for_share}", [run_id]
+            )
+            is not None
+        )
+
     def get_run(self, run_id: str) -> RunInfo | None:
         if self.prepared and self.dialect.postgres:
             # A driver reads its run's row on every start and resume: one prepared statement

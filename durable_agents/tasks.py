@@ -7,6 +7,8 @@
   retryable failure (provider 5xx, rate limit, database blip) is retried with backoff; a
   non-retryable one leaves the run ``failed`` with its error.
 * ``recover_runs()`` is one recovery pass, for Celery beat.
+* ``prune()`` runs the prune ``RETENTION`` describes (docs/retention.md), for Celery beat;
+  nothing when it is unset.
 * ``wake_timers()`` hands over paused runs whose timer or signal deadline is due, for Celery
   beat. A sleeping run also gets a ``drive_run`` with an ETA at its wake time; the sweep
   covers that message being lost.
@@ -96,5 +98,31 @@ def recover_runs() -> int:
     close_old_connections()
     try:
         return len(recover())
+    finally:
+        close_old_connections()
+
+
+@shared_task(name="durable_agents.tasks.prune", ignore_result=True)  # type: ignore[untyped-decorator]
+def prune() -> int:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from .retention import prune as run_prune
+
+    retention = get_settings().retention
+    if retention is None:
+        return 0
+    close_old_connections()
+    try:
+        report = run_prune(
+            finished_before=timezone.now() - timedelta(days=retention.finished_for),
+            by=retention.by,
+            export_dir=retention.export_dir,
+            batch=retention.batch,
+        )
+        if report.kept:
+            log.info("prune kept %d finished tree(s)", len(report.kept))
+        return len(report.pruned)
     finally:
         close_old_connections()

@@ -41,7 +41,7 @@ from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Ru
 from .permissions import IMPORT_RUNS
 from .storage import DjangoStore
 
-__all__ = ["EXPORT_FORMAT", "export_lines", "import_bytes", "import_lines"]
+__all__ = ["EXPORT_FORMAT", "export_lines", "export_runs", "import_bytes", "import_lines"]
 
 # Row fields an export leaves out: primary keys and links this site assigns again on import.
 _SKIP = {"id", "run", "request"}
@@ -88,11 +88,19 @@ def _with_forks(run_id: str, using: str) -> list[str]:
 
 
 def export_lines(run_id: str, *, with_forks: bool = False) -> Iterator[str]:
-    """The export of run ``run_id`` (and its forks), line by line (no newline)."""
+    """The export of run ``run_id`` (and its forks), line by line (no newline); a missing
+    run fails at once, before the first line."""
     using = _using()
     if not Run.objects.using(using).filter(pk=run_id).exists():
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
     run_ids = _with_forks(run_id, using) if with_forks else [run_id]
+    return export_runs(run_ids)
+
+
+def export_runs(run_ids: list[str]) -> Iterator[str]:
+    """The export of the runs ``run_ids`` (which must exist), line by line (no newline):
+    the same format as ``export_lines``, one file for many runs (``retention.prune``)."""
+    using = _using()
     hiders = {rid: redactor(rid, using=using) for rid in run_ids}
     count = 1
     yield header_line(

@@ -91,6 +91,9 @@ class ChainReport:
     # were hashed by whoever wrote the file, so only a head signed by a trusted key vouches
     # for them (docs/audit.md, "Imported runs"). Empty: nothing to add.
     unverified: str = ""
+    # A run ``prune`` deleted is reported by its tombstone (docs/retention.md): who pruned
+    # it when, and how its tombstone is vouched for. Empty: the run's records are here.
+    pruned: str = ""
 
     @property
     def intact(self) -> bool:
@@ -107,6 +110,8 @@ class ChainReport:
             return f"{self.chain}: broken at {self.broken_name!r} ({self.broken_at}): {self.reason}"
         prefix = f", unchained prefix of {self.unchained}" if self.unchained else ""
         state = f"unverified ({self.unverified})" if self.unverified else "ok"
+        if self.pruned:
+            state += f" ({self.pruned})"
         return f"{self.chain}: {state}, {self.links} record(s){prefix}, head {self.head or '-'}"
 
     def to_json(self) -> dict[str, Any]:
@@ -120,6 +125,7 @@ class ChainReport:
             "broken_name": self.broken_name,
             "reason": self.reason,
             "unverified": self.unverified or None,
+            "pruned": self.pruned or None,
         }
 
 
@@ -169,6 +175,7 @@ def verify_actions(store: ChainStore) -> ChainReport:
 
 
 HEAD_DOMAIN = "durable_agents.head.v1\n"
+TOMBSTONE_DOMAIN = "durable_agents.tombstone.v1\n"
 BUNDLE_FORMAT = "durable_agents.audit_bundle.v1"
 
 
@@ -177,3 +184,29 @@ def head_message(run_id: str, head: str | None, records: int) -> bytes:
     its head and how many records lead to it."""
     body = encode({"head": head, "records": records, "run_id": run_id})
     return (HEAD_DOMAIN + body).encode("utf-8")
+
+
+def tombstone_message(
+    run_id: str,
+    head: str | None,
+    records: int,
+    *,
+    export_sha256: str,
+    pruned_at: str,
+    pruned_by: str,
+) -> bytes:
+    """What a pruned run's signed tombstone signs: its own domain line (a tombstone is never
+    mistaken for a live head), then the canonical JSON of the run id, its final head, how
+    many records led to it, the export file's sha256 ("" when none was written), when
+    (ISO 8601) and by whom it was pruned."""
+    body = encode(
+        {
+            "export_sha256": export_sha256,
+            "head": head,
+            "pruned_at": pruned_at,
+            "pruned_by": pruned_by,
+            "records": records,
+            "run_id": run_id,
+        }
+    )
+    return (TOMBSTONE_DOMAIN + body).encode("utf-8")

@@ -93,6 +93,9 @@ class InMemoryStore:
             )
             return True
 
+    def run_held(self, run_id: str) -> bool:
+        return self.get_run(run_id) is not None
+
     def get_run(self, run_id: str) -> RunInfo | None:
         with self._lock:
             return self._runs.get(run_id)

@@ -349,6 +349,11 @@ class Store(Protocol):
 
     def get_run(self, run_id: str) -> RunInfo | None: ...
 
+    def run_held(self, run_id: str) -> bool:
+        """Whether the run's row exists, read under a share lock (PostgreSQL): it waits for
+        a transaction deleting the row (``retention.prune``) to end, and says what it did.
+        A fork asks it of its source after creating its own row."""
+
     def delete_run(self, run_id: str) -> None:
         """Delete the run with its journal, lease, approval requests and halts (the action
         log stays). The explicit admin action, through ``commands.runs.delete``."""

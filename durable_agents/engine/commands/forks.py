@@ -296,6 +296,15 @@ def fork_run(
         explicit=new_run_id is not None,
     )
     failpoints.hit("after-fork-row")
+    if not store.run_held(run_id):
+        # Its source was pruned after it was read: the fork would reference sub-runs that
+        # are gone. ``prune`` sees a fork row committed before it deletes, so this is the
+        # other order; nothing is copied yet.
+        store.delete_run(new_run_id)
+        raise NotFound(
+            f"run {run_id!r} was pruned while it was being forked; nothing was forked",
+            code="run.not_found",
+        )
     # The sub-runs the fork gets of its own, before it is runnable (a fork driven before its
     # child exists would start that child afresh, doing its recorded steps again). Each
     # waits for its parent to drive it (``awaiting_input``: recovery leaves it alone), so

@@ -7,6 +7,8 @@ must exist, be active and hold the permission the admin would ask for (the table
 ``durable_agents.permissions``; the engine checks it, as on every path); the action log
 records the user and the ``command`` channel. ``import`` takes ``--by`` the same way (it
 needs ``import_runs``) and keeps runs inert evidence unless ``--live`` (docs/replay.md).
+``prune`` exports, then deletes, runs finished before a date, as ``--by`` (who needs
+``delete_run``), leaving a tombstone each (``durable_agents.retention``, docs/retention.md).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -43,7 +46,7 @@ _GLOBAL_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 class Command(BaseCommand):
     help = (
         "Operate durable agent runs: runs, approve, deny, cancel, resume, resolve, answer, "
-        "signal, send, wake, recover, export, import."
+        "signal, send, wake, recover, export, import, prune."
     )
     # ``import -`` reads this stream (call_command(..., stdin=...)), else the process's stdin.
     stealth_options = ("stdin",)
@@ -174,6 +177,33 @@ class Command(BaseCommand):
             help="import runs this site may drive and decide: every decision in the file "
             "must carry a signature by an approver key registered here, or nothing is imported",
         )
+        prune = command(
+            "prune",
+            "export, then delete, runs finished before a date, leaving a signed tombstone "
+            "each (docs/retention.md)",
+        )
+        prune.add_argument(
+            "--finished-before",
+            required=True,
+            metavar="DATE",
+            help="prune runs finished before this: YYYY-MM-DD or an ISO 8601 time (UTC when "
+            "it names no zone); never in the future",
+        )
+        prune.add_argument(
+            "--export",
+            metavar="DIR",
+            help="write each batch's export file here (fsynced) before deleting it; without "
+            "it, nothing but the tombstones keeps what was deleted",
+        )
+        prune.add_argument(
+            "--by", required=True, help=f"the username pruning; needs {needs('delete')}"
+        )
+        prune.add_argument("--batch", type=int, default=500, help="trees per transaction")
+        prune.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="say what would go and what stays; delete nothing",
+        )
         verify = command(
             "verify",
             "recompute the audit hash chains (docs/audit.md) and report the first broken record "
@@ -285,6 +315,34 @@ class Command(BaseCommand):
         self.stdout.write(f"imported {len(run_ids)} run(s) {how}")
         for run_id in run_ids:
             self.stdout.write(f"  {run_id}")
+
+    def _prune(self, options: dict[str, Any]) -> None:
+        from durable_agents.retention import prune
+
+        cutoff = _cutoff(options["finished_before"])
+        by = actor_for(options["by"])
+        report = prune(
+            finished_before=cutoff,
+            by=by,
+            export_dir=options.get("export"),
+            batch=options["batch"],
+            dry_run=options["dry_run"],
+        )
+        verb = "would prune" if report.dry_run else "pruned"
+        self.stdout.write(
+            f"{verb} {len(report.pruned)} run(s) finished before {cutoff.isoformat()}"
+        )
+        if report.dry_run or options.get("verbosity", 1) > 1:
+            for run_id in report.pruned:
+                self.stdout.write(f"  {run_id}")
+        for f in report.files:
+            self.stdout.write(f"  export {f['file']} sha256 {f['sha256']} ({f['runs']} run(s))")
+        if report.kept:
+            self.stdout.write(f"kept {len(report.kept)} finished tree(s):")
+            for root, why in sorted(report.kept.items()):
+                self.stdout.write(f"  {root}: {why}")
+        if not options.get("export") and not report.dry_run and report.pruned:
+            self.stderr.write("note: no --export: only the tombstones say what was deleted")
 
     def _verify(self, options: dict[str, Any]) -> None:
         from durable_agents.audit import verify
@@ -479,6 +537,20 @@ class Command(BaseCommand):
             f"recorded the outcome of {options['call_id']} in {options['run_id']}: "
             f"{json.dumps(record.get('result'))}; the run is handed to a driver"
         )
+
+
+def _cutoff(text: str) -> datetime:
+    """``--finished-before``: a date (midnight UTC) or an ISO 8601 time."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise CommandError(
+            f"--finished-before {text!r} is not a date: give YYYY-MM-DD or an ISO 8601 time "
+            "like 2026-01-31T00:00:00+00:00"
+        ) from None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value
 
 
 def _is_active_user(username: str) -> bool:
