@@ -84,6 +84,7 @@ from .base import (
     status_pill,
 )
 from .inbox import banner_cards
+from .paging import DistinctAgentFilter
 from .timeline import agent_drift, build_timeline
 
 # -- runs ---------------------------------------------------------------------------------
@@ -183,7 +184,7 @@ class RunAdmin(ReadOnlyAdmin):
     list_filter = (
         "status",
         KindFilter,
-        "agent",
+        ("agent", DistinctAgentFilter),
         ("created_at", admin.DateFieldListFilter),
         tree.TreeFilter,
     )
@@ -191,6 +192,8 @@ class RunAdmin(ReadOnlyAdmin):
     # input and answer searches scan the rows the other filters leave.
     search_fields = ("run_id", "session_id", "input", "answer")
     search_help_text = "Search by run id, session id, input or answer."
+    # Facet counts are a COUNT per filter choice over the whole table: never on runs.
+    show_facets = admin.ShowFacets.NEVER
     actions = ["resume_selected", "cancel_selected"]
     change_form_template = "admin/durable_agents/run/change_form.html"
     change_list_template = "admin/durable_agents/run/change_list.html"
