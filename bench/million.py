@@ -1,6 +1,6 @@
 """The hot pages and passes with 1,000,000 runs and 50,000,000 journal records, against the
 same with 1,000 runs: an operator's pages (the admin's runs list, filtered by status and by
-agent, the inbox, the waiting queue, a run's page; the API's runs list, a deep cursor page,
+agent, its tenth page, the inbox, the waiting queue, a run's page; the API's runs list, a deep cursor page,
 a run's journal) and beat's passes (recovery's listing, a steady timer sweep).
 
 Two databases, each migrated and loaded once: ``<DA_BENCH_DB>`` (default
@@ -269,6 +269,7 @@ def queries(site: Site) -> dict[str, Callable[[], Any]]:
         "admin-runs-list": get(f"{admin}run/"),
         "admin-runs-by-status": get(f"{admin}run/?status__exact=running"),
         "admin-runs-by-agent": get(f"{admin}run/?agent=bench-sleeping"),
+        "admin-runs-page-10": get(f"{admin}run/?p=10"),
         "admin-inbox": get(f"{admin}inbox/"),
         "admin-waiting": get(f"{admin}run/waiting/"),
         "admin-run-page": get(f"{admin}run/{TEMPLATE}/change/"),

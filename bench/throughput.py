@@ -20,10 +20,11 @@ parallel, measured right before and after each mode as the one-connection rate i
 second are printed beside records per second, and where the time went: the CPU the worker
 processes and this database's server backends used (in cores), the machine's CPU busy share,
 WAL flushes per second and records per flush (``pg_stat_wal``, server-wide), and what the
-database's active backends were waiting on, sampled every 20 ms (``pg_stat_activity``:
-``CPU`` when running, else the wait event: ``IO:WALSync`` a commit's flush,
-``LWLock:WALWrite`` waiting for another's flush, ``Lock:*`` a row or advisory lock,
-``Client:ClientRead`` idle in a transaction while the worker computes).
+database's workers' backends were doing, sampled every 20 ms (``pg_stat_activity``: idle
+between statements, the worker's turn; ``CPU`` when running; else the wait event:
+``IO:WALSync`` a commit's flush, ``LWLock:WALWrite`` waiting for another's flush,
+``Lock:*`` a row or advisory lock, ``Client:ClientRead`` in a transaction while the
+worker computes).
 
     .venv/bin/python bench/throughput.py [--runs 500] [--workers 2] [--pool threads]
         [--concurrency 4] [--modes sync,async] [--raw-connections N]
@@ -121,11 +122,13 @@ class Watch:
     machine's busy share, WAL flushes, and what the active backends waited on."""
 
     worker_pids: list[int]
+    exclude: list[int]  # this process's own connections (its polling, this watch)
     waits: collections.Counter = field(default_factory=collections.Counter)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def __enter__(self) -> Watch:
         self.conn = psycopg.connect(dbname=BENCH_DB, autocommit=True, **PG)
+        self.exclude = [*self.exclude, self.conn.info.backend_pid]
         self.backends = self._backends()
         self.cpu0 = {p: _cpu_seconds(p) for p in self.worker_pids + self.backends}
         self.busy0 = _machine_busy()
@@ -137,8 +140,8 @@ class Watch:
 
     def _backends(self) -> list[int]:
         rows = self.conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            [BENCH_DB],
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND NOT pid = ANY(%s)",
+            [BENCH_DB, self.exclude],
         ).fetchall()
         return [int(r[0]) for r in rows]
 
@@ -149,13 +152,16 @@ class Watch:
     def _sample(self) -> None:
         with psycopg.connect(dbname=BENCH_DB, autocommit=True, **PG) as conn:
             while not self._stop.wait(0.02):
-                for kind, event in conn.execute(
-                    "SELECT wait_event_type, wait_event FROM pg_stat_activity "
-                    "WHERE datname = %s AND pid <> pg_backend_pid() AND backend_type = "
-                    "'client backend' AND (state = 'active' OR state LIKE 'idle in%%')",
-                    [BENCH_DB],
+                for state, kind, event in conn.execute(
+                    "SELECT state, wait_event_type, wait_event FROM pg_stat_activity "
+                    "WHERE datname = %s AND backend_type = 'client backend' "
+                    "AND NOT pid = ANY(%s)",
+                    [BENCH_DB, [*self.exclude, conn.info.backend_pid]],
                 ).fetchall():
-                    self.waits[f"{kind}:{event}" if kind else "CPU"] += 1
+                    if state == "idle":  # between statements: the worker's turn
+                        self.waits["idle (worker's turn)"] += 1
+                    else:
+                        self.waits[f"{kind}:{event}" if kind else "CPU"] += 1
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
@@ -183,8 +189,16 @@ class Watch:
             f"{os.cpu_count()} CPUs\n"
             f"       WAL flushes {self.wal_syncs / self.elapsed:.0f}/s server-wide, "
             f"{per_flush:.1f} records per flush\n"
-            f"       active backends waiting on: {top}"
+            f"       the workers' backends: {top}"
         )
+
+
+def own_backend() -> int:
+    """The server pid of this process's Django connection (it polls for finished runs)."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    return int(connection.connection.info.backend_pid)
 
 
 def drive_batch(agent_name: str, runs: int) -> tuple[int, float]:
@@ -288,7 +302,7 @@ def main() -> None:
         before = raw_rate()
         before_par = parallel_raw_rate(parallel)
         for mode in modes:
-            with Watch([w.pid for w in workers]) as watch:
+            with Watch([w.pid for w in workers], [own_backend()]) as watch:
                 records, elapsed = drive_batch(AGENTS[mode], args.runs)
             after = raw_rate()
             after_par = parallel_raw_rate(parallel)
