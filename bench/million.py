@@ -1,7 +1,8 @@
 """The hot pages and passes with 1,000,000 runs and 50,000,000 journal records, against the
-same with 1,000 runs: an operator's pages (the admin's runs list, filtered by status and by
-agent, its tenth page, the inbox, the waiting queue, a run's page; the API's runs list, a deep cursor page,
-a run's journal) and beat's passes (recovery's listing, a steady timer sweep).
+same with 1,000 runs: an operator's pages (the admin's runs list, filtered by status and
+by agent, its tenth page, the inbox, the waiting queue, a run's page; the API's runs list,
+a deep cursor page, a run's journal) and beat's passes (recovery's listing, a steady timer
+sweep).
 
 Two databases, each migrated and loaded once: ``<DA_BENCH_DB>`` (default
 ``durable_agents_bench_million``: ``--runs`` finished runs) and ``<DA_BENCH_DB>_small``
