@@ -77,6 +77,22 @@ class Run(models.Model):
             ),
             models.Index(fields=["status", "-created_at"], name="da_run_status"),
             models.Index(fields=["agent", "-created_at"], name="da_run_agent"),
+            # The runs list (admin and API), newest first, and its keyset pages: the run id
+            # breaks ties, as both lists order by it (migration 0016).
+            models.Index(fields=["-created_at", "-run_id"], name="da_run_created"),
+            # The run page's tree (``subtree``, the list's in-tree counts) and lineage
+            # (its forks): partial, as most runs are neither sub-runs nor forks, and these
+            # columns never change once written, so updates of a run stay HOT.
+            models.Index(
+                fields=["root_run_id"],
+                name="da_run_root",
+                condition=models.Q(root_run_id__isnull=False),
+            ),
+            models.Index(
+                fields=["forked_from"],
+                name="da_run_forked",
+                condition=models.Q(forked_from__isnull=False),
+            ),
         ]
         permissions = [*MODEL_PERMISSIONS]
 

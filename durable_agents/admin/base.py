@@ -41,6 +41,7 @@ from django.utils.html import format_html
 from .. import permissions
 from ..engine.identity import Actor
 from ..people import actor_of
+from .paging import CappedPaginator
 from .timeline import pretty
 
 if TYPE_CHECKING:
@@ -244,7 +245,12 @@ class DurableAdmin(AnyModelAdmin):
 
 
 class ReadOnlyAdmin(DurableAdmin):
-    """Rows the engine writes: staff look, and act only through commands."""
+    """Rows the engine writes: staff look, and act only through commands. Their lists
+    count at most ``paging.CAP`` rows and never the whole table: these tables grow with
+    every run (``paging``)."""
+
+    paginator = CappedPaginator
+    show_full_result_count = False
 
     class Media:
         css = CSS

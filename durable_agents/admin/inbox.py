@@ -41,6 +41,7 @@ from ..keys import pending_for
 from ..models import ApprovalRequest, Decision, Halt, Inbox, JournalEntry, Run
 from .base import AnyModelAdmin, ReadOnlyAdmin, admin_actor, allows, page, related_count
 from .deciding import refusal_by_row, shown_arguments
+from .paging import CAP, counted
 from .queues import progress
 from .readable import stated_reason, summary_of, tool_of
 from .rendered import render
@@ -172,7 +173,7 @@ def approval_cards(
         .exclude(run__imported=IMPORTED_INERT)
         .select_related("run")
     )
-    total = rows.count()
+    total, _ = counted(rows)
     rows = rows.annotate(
         n_approved=related_count(Decision, "request", approved=True),
         n_denied=related_count(Decision, "request", approved=False),
@@ -241,7 +242,7 @@ def question_cards(
         rows = rows.filter(run_id__in=filters.runs)
     if filters.agent:
         rows = rows.filter(agent=filters.agent)
-    total = rows.count()
+    total, _ = counted(rows)
     page_runs = list(rows.order_by("updated_at")[:INBOX_SIZE])
     recorded = wait_records([r.run_id for r in page_runs])  # one query for the page
     cards = []
@@ -289,7 +290,7 @@ def halt_cards(
         .exclude(run__imported=IMPORTED_INERT)
         .select_related("run")
     )
-    total = rows.count()
+    total, _ = counted(rows)
     whole = set(request.GET.getlist("whole"))
     cards = []
     for halt in rows.order_by("created_at", "pk")[:INBOX_SIZE]:
@@ -422,6 +423,8 @@ def inbox_view(admin: AnyModelAdmin, request: HttpRequest) -> HttpResponse:
         {
             "cards": cards,
             "more": more,
+            # A kind counted up to the cap has more waiting than the count says.
+            "more_capped": more >= CAP - INBOX_SIZE,
             "filters": filters,
             "agents": _options(agents),
             "tools": _options(tools),

@@ -53,6 +53,7 @@ from .base import (
     require,
     run_url,
 )
+from .paging import counted
 from .timeline import pretty
 
 QUEUE_SIZE = 200  # runs shown on the queue page (oldest first: they waited longest)
@@ -177,10 +178,11 @@ def _may_see(request: HttpRequest) -> None:
 
 def waiting_view(admin: AnyModelAdmin, request: HttpRequest) -> TemplateResponse:
     """Runs awaiting input (questions, signals, channels) and sleeping runs, oldest first. Three
-    queries whatever the number of runs: the count, the runs, their wait records."""
+    queries whatever the number of runs: the count (up to ``paging.CAP``), the runs, their
+    wait records."""
     _may_see(request)
     rows = Run.objects.filter(status__in=[AWAITING_INPUT, SLEEPING]).order_by("updated_at")
-    total = rows.count()
+    total, capped = counted(rows)
     runs = list(rows.only("run_id", "agent", "status", "updated_at")[:QUEUE_SIZE])
     records = wait_records([r.run_id for r in runs])
     items = []
@@ -196,6 +198,7 @@ def waiting_view(admin: AnyModelAdmin, request: HttpRequest) -> TemplateResponse
             "awaiting": [i for i in items if i["questions"] or i["signals"] or i["channels"]],
             "sleeping": [i for i in items if i["timers"]],
             "total": total,
+            "capped": capped,
             "shown": len(runs),
             "may_answer": allows(request, "answer"),
         },

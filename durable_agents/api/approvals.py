@@ -40,6 +40,7 @@ from .schemas import (
     ApprovalOut,
     ApprovalPage,
     ApprovalStatus,
+    Cursor,
     DecideIn,
     DecisionOut,
     DecisionResult,
@@ -158,6 +159,8 @@ def list_approvals(
     run_id: str | None = None,
     limit: Limit = 50,
     offset: Offset = 0,
+    cursor: Cursor | None = None,
+    count: bool = True,
 ) -> ApprovalPage:
     """Tool calls awaiting a decision, newest first (``status`` to see decided ones), each
     with its decisions and quorum progress (needs ``view_approvalrequest`` or
@@ -170,8 +173,15 @@ def list_approvals(
         rows = rows.filter(run_id=checked_run_id(run_id))
     else:  # an inert import's requests are evidence, read by its run id, never work
         rows = rows.exclude(run__imported=IMPORTED_INERT)
-    count, items = page(rows, limit, offset)
-    return ApprovalPage(count=count, limit=limit, offset=offset, items=approvals_out(items))
+    got = page(rows, limit, offset, cursor=cursor, count=count, name="approvals")
+    items = got.items
+    return ApprovalPage(
+        count=got.count,
+        limit=limit,
+        offset=offset,
+        next_cursor=got.next_cursor,
+        items=approvals_out(items),
+    )
 
 
 def _result(outcome: ApprovalOutcome) -> DecisionResult:

@@ -15,6 +15,7 @@ from ..models import Halt
 from .auth import check, require
 from .schemas import (
     ERRORS,
+    Cursor,
     HaltOut,
     HaltPage,
     HaltStatus,
@@ -55,6 +56,8 @@ def list_halts(
     run_id: str | None = None,
     limit: Limit = 50,
     offset: Offset = 0,
+    cursor: Cursor | None = None,
+    count: bool = True,
 ) -> HaltPage:
     """Halted tool calls, newest first: open ones by default (``status=all`` for every one).
     Needs ``view_halt`` or ``resolve_halt``."""
@@ -66,8 +69,15 @@ def list_halts(
         rows = rows.filter(run_id=checked_run_id(run_id))
     else:  # an inert import's halts are evidence, read by its run id, never work
         rows = rows.exclude(run__imported=IMPORTED_INERT)
-    count, items = page(rows, limit, offset)
-    return HaltPage(count=count, limit=limit, offset=offset, items=[halt_out(h) for h in items])
+    got = page(rows, limit, offset, cursor=cursor, count=count, name="halts")
+    items = got.items
+    return HaltPage(
+        count=got.count,
+        limit=limit,
+        offset=offset,
+        next_cursor=got.next_cursor,
+        items=[halt_out(h) for h in items],
+    )
 
 
 @router.post("/runs/{path:run_id}/halts/{call_id}/resolve", response={200: ResolveOut, **ERRORS})

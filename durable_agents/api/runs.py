@@ -31,6 +31,7 @@ from .schemas import (
     After,
     CancelIn,
     CancelOut,
+    Cursor,
     JournalOut,
     Limit,
     Name,
@@ -99,6 +100,8 @@ def list_runs(
     agent: Name | None = None,
     limit: Limit = 50,
     offset: Offset = 0,
+    cursor: Cursor | None = None,
+    count: bool = True,
 ) -> RunPage:
     """Runs, newest first, optionally of one ``status`` and/or ``agent`` (needs
     ``view_run``, or a permission that operates runs)."""
@@ -108,11 +111,13 @@ def list_runs(
         rows = rows.filter(status=status)
     if agent is not None:
         rows = rows.filter(agent=agent)
-    count, items = page(rows, limit, offset)
+    got = page(rows, limit, offset, cursor=cursor, count=count, name="runs")
+    items = got.items
     return RunPage(
-        count=count,
+        count=got.count,
         limit=limit,
         offset=offset,
+        next_cursor=got.next_cursor,
         items=[RunOut(**_summary(r)) for r in items],
     )
 
