@@ -24,7 +24,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 import durable_agents as da
-from durable_agents.engine import runtime, tree
+from durable_agents.engine import tree
 from durable_agents.engine.commands.recovery import RECOVERABLE
 from durable_agents.engine.commands.timers import wake_timers
 from durable_agents.models import Run
@@ -34,6 +34,7 @@ from durable_agents.recovery import recover
 from durable_agents.storage import DjangoStore
 from tests.support.agents import echo, gated, gated_tree, halting, waiting
 from tests.support.people import make_user
+from tests.support.wiring import wired
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -78,7 +79,12 @@ def site(settings) -> Iterator[Client]:
     except da.TimerPending:
         pass
     # Recovery's and the sweep's hand-overs go nowhere: only their reads are looked at.
-    runtime.configure(dispatcher=lambda run_id: None)
+    with wired(dispatcher=lambda run_id: None):
+        client = _fill()
+        yield client
+
+
+def _fill() -> Client:
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO durable_agents_run (run_id, agent, status, usage, spend, turns, "
@@ -106,8 +112,7 @@ def site(settings) -> Iterator[Client]:
         cursor.execute("ANALYZE durable_agents_journalentry")
     client = Client()
     client.force_login(make_user("plans-admin", superuser=True))
-    yield client
-    runtime.configure(dispatcher=None)
+    return client
 
 
 def _selects(action: Callable[[], Any]) -> list[str]:
