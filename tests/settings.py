@@ -45,6 +45,15 @@ DATABASES = {
     },
 }
 
+# The PgBouncer tests (tests/support/pgbouncer.py) point a child's `default` at the pooler
+# (DA_PG_PORT) and add `direct`: the same database on PostgreSQL itself.
+if os.environ.get("DA_PG_DIRECT_PORT"):
+    DATABASES["direct"] = {
+        **DATABASES["default"],
+        "PORT": os.environ["DA_PG_DIRECT_PORT"],
+        "TEST": {"MIRROR": "default"},
+    }
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -102,7 +111,11 @@ DURABLE_AGENTS = {
     "LEASE_TTL": float(os.environ.get("DA_LEASE_TTL", "30")),
     # Child processes of crash tests may drive on SQLite, or without prepared statements.
     "DATABASE": os.environ.get("DA_DATABASE", "default"),
-    "PREPARED_STATEMENTS": os.environ.get("DA_PREPARED", "1") == "1",
+    # Unset: the default (on, unless behind a transaction pooler).
+    "PREPARED_STATEMENTS": {"1": True, "0": False}.get(os.environ.get("DA_PREPARED", "")),
+    # Children of the PgBouncer tests reach `default` through a transaction pooler.
+    "TRANSACTION_POOLING": os.environ.get("DA_POOLING") == "1",
+    "DIRECT_DATABASE": os.environ.get("DA_DIRECT_DATABASE") or None,
     # Halts resolve at once in tests (the default, twice LEASE_TTL, is tested on its own).
     "HALT_MIN_AGE": float(os.environ.get("DA_HALT_MIN_AGE", "0")),
     # The shipped webhook view (tests/urls.py) checks deliveries against it.
