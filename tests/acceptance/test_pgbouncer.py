@@ -32,6 +32,7 @@ from tests.support.racing import RACERS, RUNS, check_run, race, total_busy
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "sqlite"]),
     pytest.mark.slow,
+    pytest.mark.pgbouncer,
 ]
 
 MODES = ["direct", "expiry"]

@@ -12,7 +12,7 @@ import pytest
 from durable_agents import conf
 from tests.support.procs import ROOT, subprocess_env
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.pgbouncer]
 
 
 def check(*args: str, **env: str) -> tuple[int, str]:

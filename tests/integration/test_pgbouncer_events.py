@@ -13,7 +13,7 @@ from durable_agents.models import Follower
 from durable_agents.storage import DjangoStore
 from tests.support import procs
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.pgbouncer]
 
 
 @pytest.mark.timeout(90)
