@@ -7,6 +7,7 @@ DA_PG_NAME / DA_SQLITE_NAME, which the parent sets to the names pytest-django cr
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = "tests-only-not-secret"
@@ -19,7 +20,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 _sqlite_dir = Path(os.environ.get("DA_SQLITE_DIR", tempfile.gettempdir()))
 
-DATABASES = {
+DATABASES: dict[str, dict[str, Any]] = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": os.environ.get("DA_PG_NAME", "durable_agents"),

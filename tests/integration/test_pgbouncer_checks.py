@@ -115,5 +115,5 @@ def test_the_pooler_turns_prepared_statements_and_driver_locks_off_unless_told()
     assert not pooled.use_prepared and not pooled.use_instant_takeover
     told, problems = conf.parse({"TRANSACTION_POOLING": True, "PREPARED_STATEMENTS": True})
     assert told.use_prepared and not problems  # PgBouncer >= 1.21, max_prepared_statements
-    bad, problems = conf.parse({"TRANSACTION_POOLING": "yes"})
+    _, problems = conf.parse({"TRANSACTION_POOLING": "yes"})
     assert problems == ["DURABLE_AGENTS['TRANSACTION_POOLING'] must be True or False"]
