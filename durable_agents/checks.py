@@ -288,6 +288,8 @@ def _pooled(alias: str) -> bool:
     import psycopg
     from django.db import connections
 
+    if connections[alias].vendor != "postgresql":
+        return False
     params = dict(connections[alias].get_connection_params())
     for key in ("cursor_factory", "context"):
         params.pop(key, None)

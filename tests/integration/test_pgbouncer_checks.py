@@ -75,6 +75,7 @@ def test_a_direct_connection_is_never_taken_for_a_pooler():
     from durable_agents.checks import _pooled
 
     assert [_pooled("default") for _ in range(5)] == [False] * 5
+    assert _pooled("sqlite") is False  # not probed: no pooler speaks SQLite
 
 
 def test_psycopg_prepare_threshold_behind_the_pooler_is_an_error(settings, monkeypatch):
