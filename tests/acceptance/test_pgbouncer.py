@@ -165,9 +165,17 @@ def test_a_sigkilled_side_effect_resumed_through_pgbouncer_never_fires_twice(
     # With DIRECT_DATABASE the lease is long: only the lost liveness lock frees the run.
     ttl = "30" if mode == "direct" else "2"
     first = _child(pgbouncer, mode, "crash-side_effect", run_id, "go", DA_LEASE_TTL=ttl, **kill)
-    first.communicate(timeout=90)
-    assert first.returncode == -9, "the driver was not killed"
-    resumed = _finish(_child(pgbouncer, mode, "crash-side_effect", run_id, DA_LEASE_TTL=ttl))
+    second = None
+    try:
+        out, err = first.communicate(timeout=90)
+        assert first.returncode == -9, f"the driver was not killed\n{out}\n{err}"
+        second = _child(pgbouncer, mode, "crash-side_effect", run_id, DA_LEASE_TTL=ttl)
+        resumed = _finish(second)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     effects = count_effects(run_id)
     if halts:
         assert resumed["status"] == "halted", resumed

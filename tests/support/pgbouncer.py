@@ -70,7 +70,12 @@ class PgBouncer:
             "server_idle_timeout = 5\n"
             "server_reset_query =\n"
             "ignore_startup_parameters = extra_float_digits,options\n"
+            # Hundreds of short-lived clients per test: log what goes wrong, not each login.
+            "log_connections = 0\n"
+            "log_disconnections = 0\n"
             f"logfile = {self.log}\n"
+            # SHOW POOLS, CLIENTS, SERVERS on the admin console, when a test needs a look.
+            "admin_users = postgres\n"
         )
 
     def start(self) -> None:
@@ -81,9 +86,15 @@ class PgBouncer:
             for path in (self.workdir, self.ini):
                 os.chown(path, user.pw_uid, user.pw_gid)
             args += ["-u", "postgres"]
-        self.proc = subprocess.Popen(
-            [*args, str(self.ini)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
+        # Its output to a file, never a pipe: PgBouncer also logs to stderr, and a pipe nobody
+        # reads fills up and stops it mid-run (every client then hangs at login).
+        out = os.open(self.workdir / "stderr.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            self.proc = subprocess.Popen(
+                [*args, "-q", str(self.ini)], stdout=subprocess.DEVNULL, stderr=out
+            )
+        finally:
+            os.close(out)
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -92,11 +103,11 @@ class PgBouncer:
                 return
             except psycopg.OperationalError as exc:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    out = self.proc.stdout.read().decode() if self.proc.stdout else ""
+                    out = (self.workdir / "stderr.log").read_text(errors="replace")
+                    log = self.log.read_text(errors="replace") if self.log.exists() else ""
                     self.stop()
                     raise AssertionError(
-                        f"pgbouncer did not start on port {self.port}: {exc}\n{out}\n"
-                        f"{self.log.read_text() if self.log.exists() else ''}"
+                        f"pgbouncer did not start on port {self.port}: {exc}\n{out}\n{log}"
                     ) from exc
                 time.sleep(0.1)
 
@@ -124,6 +135,4 @@ class PgBouncer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
