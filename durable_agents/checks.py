@@ -13,6 +13,18 @@ Each kind of problem has its own id, so a deployment can silence one kind
 * ``durable_agents.W003`` — runs have waited in the queue for several recovery intervals with
   no driver (``queue_health``): likely no worker consumes ``CELERY_QUEUE``. It reads the
   database, so it runs with ``manage.py check --database default`` (and ``migrate``).
+* ``durable_agents.I001`` — ``TRANSACTION_POOLING`` is on with a ``DIRECT_DATABASE``: says
+  what is in force behind the pooler (instant takeover and live events on the direct
+  connection; prepared statements on or off).
+* ``durable_agents.W004`` — ``TRANSACTION_POOLING`` is on without a ``DIRECT_DATABASE`` (or
+  with ``INSTANT_TAKEOVER`` off): a dead worker's runs are taken over when their lease
+  expires (``LEASE_TTL``), not at once, and live events poll.
+* ``durable_agents.E005`` — the ``DATABASE`` (or ``DIRECT_DATABASE``) alias reaches PostgreSQL
+  through a transaction pooler, but the settings do not say so: session locks and prepared
+  statements would leak to other clients' server connections. It connects, so it runs with
+  ``manage.py check --database default`` (docs/pgbouncer.md).
+* ``durable_agents.E006`` — ``TRANSACTION_POOLING`` is on but the alias's ``OPTIONS`` set a
+  psycopg ``prepare_threshold``: psycopg would prepare statements through the pooler.
 * ``durable_agents.E004`` — the audit chain of one of the ``AUDIT_CHECK_SAMPLE`` most
   recently updated runs does not verify (docs/audit.md). Off unless that setting is set;
   it reads the database like W003.
@@ -38,6 +50,7 @@ AGENTS_HINT = (
     f"defining them: {conf.DOCS_URL}settings.md"
 )
 CELERY_HINT = f"Wire Celery into your project: {conf.DOCS_URL}celery.md"
+POOLER_HINT = f"Behind PgBouncer: {conf.DOCS_URL}pgbouncer.md"
 
 
 @checks.register()
@@ -45,7 +58,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     settings, problems = conf.parse(getattr(django_settings, "DURABLE_AGENTS", None))
     if problems:
         return [checks.Error(p, hint=SETTINGS_HINT, id="durable_agents.E001") for p in problems]
-    return [*_check_agents(settings.agents), *_check_celery(settings)]
+    return [*_check_agents(settings.agents), *_check_celery(settings), *_check_pooler(settings)]
 
 
 @checks.register(checks.Tags.database)
@@ -170,3 +183,137 @@ def check_audit_chains(
         )
         for report in broken
     ]
+
+
+def _check_pooler(settings: conf.Settings) -> list[checks.CheckMessage]:
+    """Which takeover is in force behind a transaction pooler (or that none is needed)."""
+    if not settings.transaction_pooling:
+        return []
+    found: list[checks.CheckMessage] = []
+    databases = getattr(django_settings, "DATABASES", {}) or {}
+    options = (databases.get(settings.database) or {}).get("OPTIONS") or {}
+    if options.get("prepare_threshold") is not None:
+        found.append(
+            checks.Error(
+                f"DATABASES[{settings.database!r}]['OPTIONS'] sets prepare_threshold "
+                f"{options['prepare_threshold']!r}, but DURABLE_AGENTS['TRANSACTION_POOLING'] "
+                "says it goes through a transaction pooler: psycopg would prepare statements "
+                "on one server connection and run them on another",
+                hint=f"Remove prepare_threshold (or set it to None). {POOLER_HINT}",
+                id="durable_agents.E006",
+            )
+        )
+    prepared = (
+        "prepared statements on (PgBouncer 1.21 or later with max_prepared_statements > 0 only)"
+        if settings.use_prepared
+        else "prepared statements off"
+    )
+    if settings.use_instant_takeover:
+        found.append(
+            checks.Info(
+                f"behind a transaction pooler (DATABASE {settings.database!r}): instant "
+                "takeover and live events use the direct connection of DIRECT_DATABASE "
+                f"{settings.direct_database!r}; {prepared}",
+                id="durable_agents.I001",
+            )
+        )
+        return found
+    why = (
+        "INSTANT_TAKEOVER is off"
+        if not settings.instant_takeover
+        else "no DIRECT_DATABASE holds the liveness locks"
+    )
+    found.append(
+        checks.Warning(
+            f"behind a transaction pooler (DATABASE {settings.database!r}) and {why}: a "
+            "dead worker's runs are taken over only when their lease expires (LEASE_TTL = "
+            f"{settings.lease_ttl:g} s), not at once; live events poll; {prepared}",
+            hint=(
+                "Set DURABLE_AGENTS['DIRECT_DATABASE'] to an alias that reaches the same "
+                "database without the pooler, for instant takeover and LISTEN; or silence "
+                f"durable_agents.W004 if lease expiry will do. {POOLER_HINT}"
+            ),
+            id="durable_agents.W004",
+        )
+    )
+    return found
+
+
+@checks.register(checks.Tags.database)
+def check_pooler_detected(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """The aliases that keep session state must not go through a transaction pooler
+    unbeknownst to the settings (it connects: ``--database``)."""
+    settings, problems = conf.parse(getattr(django_settings, "DURABLE_AGENTS", None))
+    if problems:
+        return []
+    asked = set(databases or ())
+    found: list[checks.CheckMessage] = []
+    direct = settings.direct_database
+    # Without TRANSACTION_POOLING, DATABASE holds session locks and prepared statements.
+    probe = [] if settings.transaction_pooling else [("DATABASE", settings.database)]
+    if direct is not None and settings.use_instant_takeover:
+        probe.append(("DIRECT_DATABASE", direct))
+    for key, alias in probe:
+        if alias not in asked or not _pooled(alias):
+            continue
+        if key == "DATABASE":
+            message = (
+                f"database {alias!r} (DURABLE_AGENTS['DATABASE']) reaches PostgreSQL through a "
+                "transaction pooler — a session setting made on one connection showed on "
+                "another — but DURABLE_AGENTS['TRANSACTION_POOLING'] is off: liveness locks "
+                "and prepared statements would land on server connections other clients use"
+            )
+            hint = "Set DURABLE_AGENTS['TRANSACTION_POOLING'] = True (and DIRECT_DATABASE)."
+        else:
+            message = (
+                f"DURABLE_AGENTS['DIRECT_DATABASE'] {alias!r} reaches PostgreSQL through a "
+                "transaction pooler (a session setting made on one connection showed on "
+                "another): the liveness locks it holds would not be held"
+            )
+            hint = "Point it at PostgreSQL itself (its host and port, not the pooler's)."
+        found.append(checks.Error(message, hint=f"{hint} {POOLER_HINT}", id="durable_agents.E005"))
+    return found
+
+
+def _pooled(alias: str) -> bool:
+    """Whether ``alias`` is behind a transaction pooler: two clients of it share a server
+    connection. A session setting made by one client and seen by the other, or a client
+    moved to another server process between two statements, can only be a pooler; a
+    direct connection (or a session pooler) shows neither. May miss a pooler (then it says
+    nothing), never invents one."""
+    import secrets
+
+    import psycopg
+    from django.db import connections
+
+    if connections[alias].vendor != "postgresql":
+        return False
+    params = dict(connections[alias].get_connection_params())
+    for key in ("cursor_factory", "context"):
+        params.pop(key, None)
+    params["prepare_threshold"] = None
+    name, mark = "durable_agents.pool_probe", secrets.token_hex(8)
+    try:
+        with (
+            psycopg.connect(**params, autocommit=True) as first,
+            psycopg.connect(**params, autocommit=True) as second,
+        ):
+            row = first.execute(
+                "SELECT pg_backend_pid(), set_config(%s, %s, false)", [name, mark]
+            ).fetchone()
+            with second.transaction():  # keeps its server connection while ``first`` asks
+                other = second.execute(
+                    "SELECT pg_backend_pid(), current_setting(%s, true)", [name]
+                ).fetchone()
+                again = first.execute(
+                    "SELECT pg_backend_pid(), current_setting(%s, true)", [name]
+                ).fetchone()
+            first.execute("SELECT set_config(%s, '', false)", [name])
+    except psycopg.Error:
+        return False  # unreachable: other checks and commands say so
+    assert row is not None and other is not None and again is not None
+    shared = other[0] == row[0] or other[1] == mark
+    moved = again[0] != row[0] or again[1] != mark
+    return bool(shared or moved)

@@ -72,10 +72,17 @@ class Settings:
     on_drift: str = "warn"
     celery_queue: str = "durable_agents"
     database: str = "default"
-    prepared_statements: bool = True
+    # None: on, unless DATABASE goes through a transaction pooler (``use_prepared``).
+    prepared_statements: bool | None = None
     # PostgreSQL: a driver's process that died gives its runs up at once (a session-level
     # advisory lock per lease); off behind poolers that cannot hold session locks.
     instant_takeover: bool = True
+    # DATABASE reaches PostgreSQL through a transaction pooler (PgBouncer's
+    # pool_mode = transaction): no session state may be kept on its connections.
+    transaction_pooling: bool = False
+    # An alias that reaches the same database without the pooler: the session state
+    # (liveness locks, LISTEN) lives there. None: the DATABASE alias itself.
+    direct_database: str | None = None
     public_api_docs: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     halt_min_age: float | None = None  # None: twice LEASE_TTL
@@ -98,6 +105,22 @@ class Settings:
     retention: Retention | None = None
 
     @property
+    def use_prepared(self) -> bool:
+        """Whether the store prepares its hot statements server-side: by default not
+        behind a transaction pooler (PgBouncer before 1.21 cannot route them)."""
+        if self.prepared_statements is None:
+            return not self.transaction_pooling
+        return self.prepared_statements
+
+    @property
+    def use_instant_takeover(self) -> bool:
+        """Whether a dead driver's run is taken at once: behind a transaction pooler only
+        with a ``DIRECT_DATABASE`` to hold the locks on (else by lease expiry)."""
+        if not self.instant_takeover:
+            return False
+        return not self.transaction_pooling or self.direct_database is not None
+
+    @property
     def effective_halt_min_age(self) -> float:
         """Seconds a halt must have aged (by the database clock) before it may be resolved."""
         return 2 * self.lease_ttl if self.halt_min_age is None else self.halt_min_age
@@ -115,6 +138,8 @@ _KEYS = {
     "DATABASE": "database",
     "PREPARED_STATEMENTS": "prepared_statements",
     "INSTANT_TAKEOVER": "instant_takeover",
+    "TRANSACTION_POOLING": "transaction_pooling",
+    "DIRECT_DATABASE": "direct_database",
     "PUBLIC_API_DOCS": "public_api_docs",
     "RETRY": "retry",
     "HALT_MIN_AGE": "halt_min_age",
@@ -210,10 +235,22 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
         )
         values.pop("subagent_depth")
 
-    for key in ("prepared_statements", "instant_takeover"):
+    for key in ("instant_takeover", "transaction_pooling"):
         if not isinstance(values.get(key, True), bool):
             problems.append(f"DURABLE_AGENTS[{key.upper()!r}] must be True or False")
             values.pop(key)
+    if not isinstance(values.get("prepared_statements"), bool | None):
+        problems.append(
+            "DURABLE_AGENTS['PREPARED_STATEMENTS'] must be True, False or None (on unless "
+            "TRANSACTION_POOLING)"
+        )
+        values.pop("prepared_statements")
+    direct = values.get("direct_database")
+    if direct is not None:
+        wrong = _direct_problems(direct, values.get("database", "default"))
+        if wrong:
+            problems += wrong
+            values.pop("direct_database")
 
     sample = values.get("audit_check_sample", 0)
     if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
@@ -276,6 +313,30 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
     if settings.lease_ttl < 1:
         problems.append("DURABLE_AGENTS['LEASE_TTL'] must be at least 1 second")
     return settings, problems
+
+
+def _direct_problems(direct: Any, database: Any) -> list[str]:
+    """``DIRECT_DATABASE``: another alias of ``DATABASES``, reaching the same database."""
+    from django.conf import settings as django_settings
+
+    where = "DURABLE_AGENTS['DIRECT_DATABASE']"
+    if not isinstance(direct, str) or not direct:
+        return [f"{where} must be the alias of a database in DATABASES, or None"]
+    aliases = getattr(django_settings, "DATABASES", {}) or {}
+    if direct not in aliases:
+        return [
+            f"{where} is {direct!r}, which is not in DATABASES{_suggest(direct, aliases)}: "
+            "add an alias that reaches the same PostgreSQL database without the pooler"
+        ]
+    if direct == database:
+        return [
+            f"{where} is {direct!r}, the DATABASE alias itself: it must reach the same "
+            "database without the pooler (another alias, or None)"
+        ]
+    engine = str(aliases[direct].get("ENGINE", ""))
+    if "postgresql" not in engine:
+        return [f"{where} is {direct!r}, which is not a PostgreSQL database ({engine})"]
+    return []
 
 
 def parse_webhook_secrets(raw: Any, where: str) -> tuple[tuple[str, ...], list[str]]:

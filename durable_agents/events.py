@@ -6,8 +6,10 @@ follower ``LISTEN``s on a dedicated autocommit connection of its own, registers 
 (``durable_agents.followers``: only followed runs notify), *then* reads the backlog, then
 reads again whenever a notification arrives, so no record committed in between is missed and
 none is repeated (each read starts after the last ``seq`` seen). Its registration is deleted
-and the dedicated connection closed when the iterator ends or is closed. On SQLite (or any
-other database) it polls every ``POLL_SECONDS``.
+and the dedicated connection closed when the iterator ends or is closed. Behind a
+transaction pooler (``TRANSACTION_POOLING``) it listens on ``DIRECT_DATABASE``, or polls
+without one (LISTEN is session state). On SQLite (or any other database) it polls every
+``POLL_SECONDS``.
 
 It ends when the run ends or pauses (see ``engine.follow``). ``agent.events(run_id)`` is
 the same iterator.
@@ -50,13 +52,17 @@ def channel(run_id: str) -> str:
 APPLICATION_NAME = "durable_agents.events"
 
 
-def listen_connection(using: str) -> psycopg.Connection[Any]:
+def listen_connection(using: str, *, pooled: bool = False) -> psycopg.Connection[Any]:
     """A new autocommit connection to the database ``using`` names, with its settings;
     ``pg_stat_activity`` shows it as ``durable_agents.events`` unless the settings name the
-    application."""
+    application. ``pooled``: ``using`` goes through a transaction pooler, so psycopg must
+    never prepare a statement on it (the next statement may reach another server
+    connection)."""
     params = dict(connections[using].get_connection_params())
     params.pop("cursor_factory", None)
     params.pop("prepare_threshold", None)
+    if pooled:
+        params["prepare_threshold"] = None
     params.setdefault("application_name", APPLICATION_NAME)
     return psycopg.connect(**params, autocommit=True)
 
@@ -114,7 +120,17 @@ def ticks_of(
     if not store.dialect.postgres:
         yield from ticks(store, run_id, after, wait=polling(poll), idle=idle, stop=stop)
         return
-    conn = listen_connection(store.using)
+    if store.pooled and store.direct is None:
+        # LISTEN is session state: behind a transaction pooler it would hear nothing (its
+        # server connection goes back to the pool). Without DIRECT_DATABASE, poll, on a
+        # connection of its own all the same (a stream holds none of Django's).
+        conn = listen_connection(store.using, pooled=True)
+        try:
+            yield from ticks(_Reader(conn), run_id, after, wait=polling(poll), idle=idle, stop=stop)
+        finally:
+            conn.close()
+        return
+    conn = listen_connection(store.direct or store.using)
     follower = Registration(conn, run_id, every=idle)
     try:
         conn.execute(f'LISTEN "{channel(run_id)}"')

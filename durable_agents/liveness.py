@@ -97,6 +97,33 @@ class Liveness:
             except psycopg.Error:
                 self._recover_or_warn()
 
+    def lock_now(self, token: str) -> None:
+        """Lock ``token``'s key and wait until it is held; raise ``psycopg.Error`` if it
+        cannot be. Behind a transaction pooler (``TRANSACTION_POOLING``) no lease statement
+        locks on the driver's connection, so the lock must be held before the lease is
+        written: a lease without it would look abandoned at once."""
+        with self._mutex:
+            self._deferred.discard(token)
+            if token in self._held:
+                return
+            self._held.add(token)
+            self._empty_since = None
+            if token in self._unlock:
+                self._unlock.discard(token)
+                return
+            try:
+                self._drain()
+                self._submit([token])
+                self._drain()
+            except psycopg.Error:
+                try:
+                    self._recover()
+                except psycopg.Error:
+                    self._held.discard(token)
+                    self._close_conn()
+                    self._emptied()
+                    raise
+
     def confirm(self) -> None:
         """Wait for the answer ``hold`` asked for (a dropped connection is replaced and every
         held key locked again)."""

@@ -285,18 +285,36 @@ class DjangoStore:
         prepared: bool | None = None,
         instant_takeover: bool | None = None,
         liveness: Liveness | None = None,
+        pooled: bool | None = None,
+        direct: str | None = None,
     ) -> None:
-        if using is None or prepared is None or instant_takeover is None:
+        if using is None or prepared is None or instant_takeover is None or pooled is None:
             from .conf import get_settings
 
             settings = get_settings()
             using = settings.database if using is None else using
-            prepared = settings.prepared_statements if prepared is None else prepared
+            # TRANSACTION_POOLING and DIRECT_DATABASE describe the DATABASE alias only.
+            ours = using == settings.database
+            prepared = (
+                (settings.use_prepared if ours else settings.prepared_statements is not False)
+                if prepared is None
+                else prepared
+            )
             if instant_takeover is None:
-                instant_takeover = settings.instant_takeover
+                instant_takeover = (
+                    settings.use_instant_takeover if ours else settings.instant_takeover
+                )
+            if pooled is None:
+                pooled = settings.transaction_pooling and ours
+                direct = settings.direct_database if ours and direct is None else direct
         self.using = using
         self.prepared = prepared
         self.instant_takeover = instant_takeover
+        # Behind a transaction pooler: no session-level lock on the driver's connection (it
+        # would stay on whichever server connection ran the statement, for other clients);
+        # the liveness locks live on ``direct``'s connection only.
+        self.pooled = pooled
+        self.direct = direct
         self._liveness = liveness  # a test's own "process"; else this process's
         self._dialect: _Dialect | None = None
         # Lease token -> (run id, seq, hash) of the last record written under it by this
@@ -322,7 +340,9 @@ class DjangoStore:
         """This process's liveness locks (None: instant takeover is off or not PostgreSQL)."""
         if not self._instant:
             return None
-        return self._liveness if self._liveness is not None else liveness_for(self.using)
+        if self._liveness is not None:
+            return self._liveness
+        return liveness_for(self.direct or self.using)
 
     def _liveness_on(self, conn: Any) -> Liveness | None:
         """``liveness``, with this thread's connection wrapper ``conn`` already at hand."""
@@ -330,7 +350,28 @@ class DjangoStore:
             return None
         if self._liveness is not None:
             return self._liveness
+        if self.direct is not None:
+            return liveness_for(self.direct)
         return liveness_for(self.using, conn.settings_dict)
+
+    @property
+    def _driver_locks(self) -> bool:
+        """Whether lease statements also lock on the driver's own connection (not behind a
+        transaction pooler: there the lock would outlive the statement on a server
+        connection other clients then use, and an unlock would reach another one)."""
+        return self._instant and not self.pooled
+
+    def _lock_first(self, token: str) -> None:
+        """Behind a transaction pooler: hold ``token``'s liveness lock before its lease is
+        written (nothing else covers a fresh lease); a lock that cannot be taken fails the
+        write as a database error, rather than leave a lease that looks abandoned."""
+        liveness = self.liveness
+        if liveness is None:
+            return
+        try:
+            liveness.lock_now(token)
+        except psycopg.Error as exc:
+            raise django_db.OperationalError(f"the liveness connection failed: {exc}") from exc
 
     def _locked(self) -> set[str] | None:
         """The tokens whose liveness lock this thread's connection holds (None: no connection,
@@ -799,7 +840,7 @@ class DjangoStore:
         # Once, with the lease row: a RETURNING expression runs once per row inserted.
         lock = (
             f", pg_try_advisory_lock_shared({_LOCK_KEY.format('token')})"
-            if self._instant and leased
+            if self._driver_locks and leased
             else ""
         )
         lease = (
@@ -841,7 +882,15 @@ class DjangoStore:
         if leased:
             params += [holder, token, float(ttl or 0)]
         params += record_params
-        found = [row[:5] for row in self._execute(sql, params, "all")]
+        first = token if self._instant and self.pooled else None
+        if first is not None:
+            self._lock_first(first)
+        found: list[Any] = []
+        try:
+            found = [row[:5] for row in self._execute(sql, params, "all")]
+        finally:
+            if first is not None and not found and (liveness := self.liveness) is not None:
+                liveness.release(first)  # no run was started: nothing to keep locked
         if not found:
             return None
         if token is not None:
@@ -1121,11 +1170,13 @@ class DjangoStore:
             lock = (
                 "CASE WHEN ins.fresh OR old.token IS DISTINCT FROM ins.token THEN "
                 f"pg_try_advisory_lock_shared({_LOCK_KEY.format('ins.token')}) END"
-                if instant
+                if self._driver_locks
                 else "NULL"
             )
             liveness = self.liveness
-            if liveness is not None:
+            if liveness is not None and self.pooled:
+                self._lock_first(token)  # held before the lease exists; confirm is a no-op
+            elif liveness is not None:
                 liveness.hold(token)  # sent now, confirmed after the lease is written
             found = None
             try:

@@ -15,6 +15,19 @@ def _heartbeat_closes_before_the_databases_go(django_db_setup, django_db_blocker
     close_all()  # a lease a test left held keeps its liveness connection open
 
 
+@pytest.fixture(scope="session")
+def pgbouncer(django_db_setup):
+    """A PgBouncer of the session's own, transaction pooling, in front of 127.0.0.1:5432
+    (``tests/support/pgbouncer.py``); stopped before the test databases are dropped (its
+    server connections would keep them). A missing or broken pgbouncer fails the test."""
+    from tests.support.pgbouncer import PgBouncer
+
+    bouncer = PgBouncer()
+    bouncer.start()
+    yield bouncer
+    bouncer.stop()
+
+
 # The simulator's fresh seeds (tests/simulation/test_simulation.py): drawn once per run of
 # the suite, here in the main process, so every worker explores the same range and the
 # summary can name it.

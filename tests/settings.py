@@ -7,6 +7,7 @@ DA_PG_NAME / DA_SQLITE_NAME, which the parent sets to the names pytest-django cr
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = "tests-only-not-secret"
@@ -19,7 +20,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 _sqlite_dir = Path(os.environ.get("DA_SQLITE_DIR", tempfile.gettempdir()))
 
-DATABASES = {
+DATABASES: dict[str, dict[str, Any]] = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": os.environ.get("DA_PG_NAME", "durable_agents"),
@@ -44,6 +45,15 @@ DATABASES = {
         },
     },
 }
+
+# The PgBouncer tests (tests/support/pgbouncer.py) point a child's `default` at the pooler
+# (DA_PG_PORT) and add `direct`: the same database on PostgreSQL itself.
+if os.environ.get("DA_PG_DIRECT_PORT"):
+    DATABASES["direct"] = {
+        **DATABASES["default"],
+        "PORT": os.environ["DA_PG_DIRECT_PORT"],
+        "TEST": {"MIRROR": "default"},
+    }
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -102,7 +112,11 @@ DURABLE_AGENTS = {
     "LEASE_TTL": float(os.environ.get("DA_LEASE_TTL", "30")),
     # Child processes of crash tests may drive on SQLite, or without prepared statements.
     "DATABASE": os.environ.get("DA_DATABASE", "default"),
-    "PREPARED_STATEMENTS": os.environ.get("DA_PREPARED", "1") == "1",
+    # Unset: the default (on, unless behind a transaction pooler).
+    "PREPARED_STATEMENTS": {"1": True, "0": False}.get(os.environ.get("DA_PREPARED", "")),
+    # Children of the PgBouncer tests reach `default` through a transaction pooler.
+    "TRANSACTION_POOLING": os.environ.get("DA_POOLING") == "1",
+    "DIRECT_DATABASE": os.environ.get("DA_DIRECT_DATABASE") or None,
     # Halts resolve at once in tests (the default, twice LEASE_TTL, is tested on its own).
     "HALT_MIN_AGE": float(os.environ.get("DA_HALT_MIN_AGE", "0")),
     # The shipped webhook view (tests/urls.py) checks deliveries against it.
