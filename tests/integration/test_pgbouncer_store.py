@@ -11,6 +11,7 @@ pg_locks under its backend; the same paths through a real PgBouncer are in
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 from django.db import connections
@@ -21,6 +22,10 @@ from durable_agents.liveness import Liveness
 from durable_agents.storage import DjangoStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+# Lease tokens of this module's own: a lock another test's driver still holds on a common
+# token ("tok-1") in this process or another worker would make a dead holder look alive.
+TOK = {n: f"pool-{uuid.uuid4().hex[:8]}-{n}" for n in range(1, 6)}
 
 
 def _pid() -> int:
@@ -59,17 +64,17 @@ def test_behind_a_pooler_a_lease_is_locked_on_the_direct_connection_only():
     store, other = _pooled(mine), _pooled(theirs)
     try:
         store.create_run(RunInfo("pool-1", agent="echo"))
-        assert store.acquire_lease("pool-1", "me", "tok-1", 30)
+        assert store.acquire_lease("pool-1", "me", TOK[1], 30)
         assert _advisory_locks(_pid()) == 0, "a session lock on the pooled connection"
-        assert _advisory_locks(mine.backend_pid) == 1 and "tok-1" in mine.held
-        assert not other.acquire_lease("pool-1", "them", "tok-2", 30), "its holder is alive"
+        assert _advisory_locks(mine.backend_pid) == 1 and TOK[1] in mine.held
+        assert not other.acquire_lease("pool-1", "them", TOK[2], 30), "its holder is alive"
         dead = mine.backend_pid
         mine.close()  # the process died: its direct connection, and so its lock, went
         _gone(dead)
-        granted = other.acquire_lease("pool-1", "them", "tok-2", 30)
+        granted = other.acquire_lease("pool-1", "them", TOK[2], 30)
         assert granted and granted.previous is not None and granted.previous.live
         assert _advisory_locks(_pid()) == 0
-        other.release_lease("pool-1", "tok-2")
+        other.release_lease("pool-1", TOK[2])
         assert _advisory_locks(_pid()) == 0
     finally:
         mine.close()
@@ -85,15 +90,15 @@ def test_behind_a_pooler_a_started_run_is_locked_before_its_first_write_returns(
     try:
         run = RunInfo("pool-2", agent="echo", status="running", input="hi")
         records = [header(), ("run:start", '{"kind":"start","input":"hi"}')]
-        assert store.start_run(run, holder="me", token="tok-3", ttl=30, records=records)
-        assert "tok-3" in mine.held and not mine.deferred("tok-3")
+        assert store.start_run(run, holder="me", token=TOK[3], ttl=30, records=records)
+        assert TOK[3] in mine.held and not mine.deferred(TOK[3])
         assert _advisory_locks(_pid()) == 0
         assert _advisory_locks(mine.backend_pid) == 1
-        assert not _pooled(Liveness("default")).acquire_lease("pool-2", "them", "tok-4", 30)
-        store.finish_run("pool-2", "run:complete", '{"answer":"hi"}', fence="tok-3")
-        assert "tok-3" not in mine.held and _advisory_locks(_pid()) == 0
+        assert not _pooled(Liveness("default")).acquire_lease("pool-2", "them", TOK[4], 30)
+        store.finish_run("pool-2", "run:complete", '{"answer":"hi"}', fence=TOK[3])
+        assert TOK[3] not in mine.held and _advisory_locks(_pid()) == 0
         # A run that already exists starts nothing and keeps nothing locked.
-        assert store.start_run(run, holder="me", token="tok-5", ttl=30, records=records) is None
-        assert "tok-5" not in mine.held
+        assert store.start_run(run, holder="me", token=TOK[5], ttl=30, records=records) is None
+        assert TOK[5] not in mine.held
     finally:
         mine.close()
