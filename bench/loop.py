@@ -14,7 +14,8 @@
     Target: <= 1.5 (issue 17).
 
 (2) Resume of a finished run (replay only). A run with ~1,000 recorded steps is built once;
-    then ``agent.run(run_id, input)`` on it must read the journal in one query and return
+    then ``agent.run(run_id, input)`` on it must read the journal in one query (since issue
+    33 the start attempt that finds the run brings it back) and return
     the recorded answer without calling the model (both asserted). Its time is compared
     with a raw psycopg ``SELECT seq, name, data, created_at ... ORDER BY seq`` (fetchall) of
     the same rows, alternating one for one; the figure is the median of the per-pair
@@ -72,12 +73,18 @@ def main() -> None:
     from durable_agents.storage import DjangoStore, site_store
 
     class CountingStore(DjangoStore):
-        """Counts the journal reads (a full load, or one name) a resume makes."""
+        """Counts the journal reads (a full load, one name, or a start attempt that read
+        the run it found) a resume makes."""
 
         def __init__(self) -> None:
             super().__init__()
             self.loads = 0
             self.gets = 0
+
+        def start_or_load(self, run: Any, **kwargs: Any) -> Any:
+            entries, existing = super().start_or_load(run, **kwargs)
+            self.loads += existing is not None
+            return entries, existing
 
         def load(self, run_id: str, after: int = 0) -> Any:
             self.loads += 1

@@ -61,6 +61,7 @@ from .engine.ports import (
     ApprovalRequestInfo,
     DecisionInfo,
     Entry,
+    Existing,
     HaltInfo,
     LeaseInfo,
     RunInfo,
@@ -140,9 +141,15 @@ _C_TIMESTAMPTZ = psycopg.adapters.get_loader(_TIMESTAMPTZ, psycopg.pq.Format.TEX
 # stalled (SIGSTOPped) process keeps its connections, its locks, and so its lease until
 # expiry. The key: the token's md5, first 64 bits (``liveness.KEY``).
 _LOCK_KEY = KEY
+
+
 # Whether anyone holds token {0}'s lock — this very session too (advisory locks are reentrant
 # per session, so a probe by taking it would "succeed" on a lease this connection holds). A
 # bigint key shows in pg_locks as classid (high 32 bits) and objid (low 32 bits).
+def _by_seq(row: Sequence[Any]) -> int:
+    return int(row[0])
+
+
 _LOCK_HELD = (
     "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted "
     "AND classid = ('x' || substr(md5({0}), 1, 8))::bit(32)::bigint::oid "
@@ -806,16 +813,41 @@ class DjangoStore:
         """A new run's row, its lease (none without a ``token``: a run queued for a worker)
         and first records: one statement on PostgreSQL (a data-modifying CTE, each part fed
         by the one before, so a run that exists gets nothing), one transaction on SQLite."""
+        return self._start(run, holder, token, ttl, records, load=False)[0]
+
+    def start_or_load(
+        self,
+        run: RunInfo,
+        *,
+        holder: str | None,
+        token: str | None,
+        ttl: float | None,
+        records: Sequence[tuple[str, str]],
+    ) -> tuple[list[Entry] | None, Existing | None]:
+        """``start_run``; for a run that exists, its journal and row in the same statement
+        (PostgreSQL), read in the snapshot that saw it exist."""
+        return self._start(run, holder, token, ttl, records, load=True)
+
+    def _start(
+        self,
+        run: RunInfo,
+        holder: str | None,
+        token: str | None,
+        ttl: float | None,
+        records: Sequence[tuple[str, str]],
+        *,
+        load: bool,
+    ) -> tuple[list[Entry] | None, Existing | None]:
         if not records:
             raise ConfigError("start_run needs at least one record", code="config.records")
         leased = token is not None
         if not self.dialect.postgres:
             with transaction.atomic(using=self.using):
                 if not self.create_run(run):
-                    return None
+                    return None, None  # read as usual: SQLite is local, a read is cheap
                 if token is not None:
                     self.acquire_lease(run.run_id, str(holder), token, float(ttl or 0))
-                return [self.insert(run.run_id, n, dt, fence=token)[0] for n, dt in records]
+                return [self.insert(run.run_id, n, dt, fence=token)[0] for n, dt in records], None
         # The row as RunInfo names it, up to the columns the database sets (created_at…).
         columns = _RUN_COLUMNS[: _RUN_COLUMNS.index("created_at")]
         values = [
@@ -868,31 +900,56 @@ class DjangoStore:
                 f"RETURNING run_id, seq, name, data, created_at, hash, {_NOTIFY_FOLLOWERS})"
             )
             record_params += [name, data, prev_hash]
+        # The row's fields a re-entry checks: none on the records this statement wrote.
+        no_row = ", NULL::text, NULL::text, NULL::integer, NULL::text"
         union = " UNION ALL ".join(
-            f"SELECT seq, name, data, created_at, hash, notified FROM j{i}"
+            f"SELECT seq, name, data, created_at, hash, notified"
+            f"{', TRUE' + no_row if load else ''} FROM j{i}"
             for i in range(len(records))
         )
+        if load:
+            # A run that exists (nothing inserted): its journal, then its row (seq NULL,
+            # sorted last), in this statement's snapshot. ``notified`` is void-typed; a
+            # subquery of it gives the branch a NULL of that type.
+            void = "(SELECT notified FROM j0 LIMIT 0)"
+            union += (
+                f" UNION ALL SELECT e.seq, e.name, e.data, e.created_at, e.hash, {void}, FALSE"
+                f"{no_row} FROM {_J} e WHERE e.run_id = %s AND NOT EXISTS (SELECT FROM r)"
+                f" UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, {void}, FALSE, x.status,"
+                f" x.answer, x.turns, x.imported FROM {_R} x"
+                " WHERE x.run_id = %s AND NOT EXISTS (SELECT FROM r)"
+            )
+        # Sorted here, or in Python when a journal may come back (a sort node over a
+        # thousand records costs more than the sort of a list already nearly in order).
+        order = "" if load else " ORDER BY seq"
         sql = (
             f"WITH r AS (INSERT INTO {_R} ({', '.join(columns)}, finished_at) "
             f"VALUES ({', '.join(['%s'] * len(columns))}, CASE WHEN %s THEN now() END) "
             f"ON CONFLICT (run_id) DO NOTHING RETURNING run_id), {lease}"
-            f"{', '.join(journal)} SELECT * FROM ({union}) AS w ORDER BY seq"
+            f"{', '.join(journal)} SELECT * FROM ({union}) AS w{order}"
         )
         params: list[Any] = [*values, run.status in TERMINAL_STATUSES]
         if leased:
             params += [holder, token, float(ttl or 0)]
         params += record_params
+        if load:
+            params += [run.run_id, run.run_id]
         first = token if self._instant and self.pooled else None
         if first is not None:
             self._lock_first(first)
         found: list[Any] = []
+        rows: list[Any] = []
         try:
-            found = [row[:5] for row in self._execute(sql, params, "all")]
+            rows = list(self._execute(sql, params, "all"))
+            if load:
+                found = sorted((row[:5] for row in rows if row[6]), key=_by_seq)  # inserted
+            else:
+                found = [row[:5] for row in rows]
         finally:
             if first is not None and not found and (liveness := self.liveness) is not None:
                 liveness.release(first)  # no run was started: nothing to keep locked
         if not found:
-            return None
+            return None, self._existing(run.run_id, rows) if load else None
         if token is not None:
             seq, *_, last_hash = found[-1]
             self._remember_tail(token, run.run_id, int(seq), last_hash)
@@ -902,7 +959,21 @@ class DjangoStore:
                 # Locked on this connection by the statement; on the library's own by the
                 # next fenced write (a one-turn run's finish is its next: it never is).
                 liveness.defer(token)
-        return [Entry(run.run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at, _ in found]
+        return [Entry(run.run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at, _ in found], None
+
+    def _existing(self, run_id: str, rows: list[Any]) -> Existing | None:
+        """What ``_start`` read of a run that exists; None when its row was not in the
+        statement's snapshot (committed after it began): the driver then reads as usual."""
+        row = next((r for r in rows if r[0] is None), None)
+        if row is None:
+            return None
+        journal = sorted((r for r in rows if r[0] is not None), key=_by_seq)
+        if self.prepared:  # typed by psycopg's own loaders, as ``load`` takes them
+            new = tuple.__new__
+            entries = [new(Entry, (run_id, r[1], r[0], r[2], r[3])) for r in journal]
+        else:
+            entries = [Entry(run_id, r[1], int(r[0]), r[2], _aware(r[3])) for r in journal]
+        return Existing(entries, row[7], row[8], int(row[9]), row[10])
 
     def _insert(
         self,

@@ -353,9 +353,12 @@ class Journal:
         )
         return self.records(run_id)
 
-    def open(self, run_id: str, *, fence: str | None = None) -> RunLog:
-        """Load a run once and keep a view of it for a driver (see ``RunLog``)."""
-        return RunLog(self, run_id, fence=fence)
+    def open(
+        self, run_id: str, *, fence: str | None = None, loaded: Sequence[Entry] | None = None
+    ) -> RunLog:
+        """Load a run once and keep a view of it for a driver (see ``RunLog``); ``loaded``:
+        its entries as already read (``Store.start_or_load``), so not read again."""
+        return RunLog(self, run_id, fence=fence, loaded=loaded)
 
 
 class RunLog:
@@ -372,6 +375,7 @@ class RunLog:
         *,
         fence: str | None = None,
         entries: Sequence[Entry] | None = None,
+        loaded: Sequence[Entry] | None = None,
     ) -> None:
         self.journal = journal
         self.run_id = run_id
@@ -383,6 +387,9 @@ class RunLog:
         # that needs them all (order, length, a later write) makes the rest first.
         self._unread: dict[str, Entry] | None = None
         self._first: Sequence[Entry] = ()
+        if loaded is not None:
+            self._first_read(loaded)
+            return
         if entries is None:
             self.refresh()
             return
@@ -405,13 +412,19 @@ class RunLog:
         if not entries:
             return
         if not self._order:  # the first read: one batch, no duplicates possible
-            self.journal._check_header(self.run_id, entries[0])
-            self.journal._remember(self.run_id)
-            self._first = entries
-            self._unread = {e.name: e for e in entries}
+            self._first_read(entries)
             return
         for entry in entries:
             self._add(to_record(entry))
+
+    def _first_read(self, entries: Sequence[Entry]) -> None:
+        """Take the first read of a journal (empty: nothing yet, as a read finding none)."""
+        if not entries:
+            return
+        self.journal._check_header(self.run_id, entries[0])
+        self.journal._remember(self.run_id)
+        self._first = entries
+        self._unread = {e.name: e for e in entries}
 
     def _read_all(self) -> None:
         """Make Records of the first read's entries not asked for yet, in journal order."""

@@ -83,10 +83,12 @@ from .ports import (
     FINISHED,
     HALT_OUTCOME_UNKNOWN,
     HALTED,
+    IMPORTED_INERT,
     QUEUED,
     RUNNING,
     SLEEPING,
     ApprovalRequestInfo,
+    Existing,
     HaltInfo,
     RunInfo,
     Store,
@@ -125,7 +127,7 @@ def drive(
     if check is not None:
         check()
     journal = Journal(store)
-    fresh = _start_new(agent, run_id, input, store, journal, seed, meta, saga)
+    fresh, existing = _start_new(agent, run_id, input, store, journal, seed, meta, saga)
     while True:
         if fresh is not None:  # created, leased and started in one write: nothing to read
             lease, log, fresh = fresh[0], fresh[1], None
@@ -140,8 +142,11 @@ def drive(
                 continue
         held = HeldLease(store, run_id, runtime.lease_ttl()).acquire() if lease_first else None
         lease_first = False  # a pass after a pause reads first, as usual
+        # What the start attempt read of a run that exists serves the first pass only (a
+        # pass with the lease taken first reads after it).
+        loaded, existing = (existing if held is None else None), None
         try:
-            return _drive_read(agent, run_id, input, store, journal, held, seed, meta, saga)
+            return _drive_read(agent, run_id, input, store, journal, held, seed, meta, saga, loaded)
         except Pause as pause:
             if not _woken(store, journal, run_id, pause):
                 raise
@@ -157,11 +162,17 @@ def _drive_read(
     seed: list[dict[str, Any]] | None,
     meta: dict[str, Any] | None,
     saga: bool,
+    loaded: Existing | None = None,
 ) -> RunResult:
-    """One pass of ``drive`` over a run that exists: read its journal once, answer a
-    finished run from it, else drive it under a lease (``held``: taken before the read)."""
+    """One pass of ``drive`` over a run that exists: read its journal once (or take what
+    the start attempt read, ``loaded``), answer a finished run from it, else drive it under
+    a lease (``held``: taken before the read)."""
     try:
-        log = journal.open(run_id, fence=held.token if held else None)  # the one full read
+        fence = held.token if held else None
+        if loaded is not None:
+            log = journal.open(run_id, fence=fence, loaded=loaded.entries)
+        else:
+            log = journal.open(run_id, fence=fence)  # the one full read
         complete = log.get(names.RUN_COMPLETE)
         # (A finished run that a saga rolls back is not: ``saga:abort`` came after its end.)
         if (
@@ -174,7 +185,7 @@ def _drive_read(
             done = RunState(start=log.get(names.RUN_START), complete=complete)
             Driver.check_start(agent, run_id, done, input)
             result = finished_result(run_id, done)
-            repair_finished(store, run_id, result)
+            repair_finished(store, run_id, result, loaded)
             if held is not None:
                 held.release()
             return result
@@ -182,7 +193,7 @@ def _drive_read(
         if state.complete is not None and state.saga_abort is None:
             Driver.check_start(agent, run_id, state, input)
             result = finished_result(run_id, state)
-            repair_finished(store, run_id, result)
+            repair_finished(store, run_id, result, loaded)
             if held is not None:
                 held.release()
             return result
@@ -241,12 +252,13 @@ def _start_new(
     seed: list[dict[str, Any]] | None,
     meta: dict[str, Any] | None,
     saga: bool = False,
-) -> tuple[HeldLease, RunLog] | None:
-    """Start a brand-new run in one write (``Store.start_run``): its row, already running,
-    the lease, the header and ``run:start``. None, having written nothing, when the run
-    exists (or there is no input to start it from): the drive reads it as usual."""
+) -> tuple[tuple[HeldLease, RunLog] | None, Existing | None]:
+    """Start a brand-new run in one write (``Store.start_or_load``): its row, already
+    running, the lease, the header and ``run:start``. (None, what the same write read of
+    it) when the run exists; (None, None) when there is no input to start it from: the
+    drive then reads it as usual."""
     if input is None:
-        return None
+        return None, None
     lease = HeldLease(store, run_id, runtime.lease_ttl())
     fingerprint = agent.fingerprint()
     # A sub-run's parent and root, as the driver records them (``Driver.tree``).
@@ -264,7 +276,7 @@ def _start_new(
         fingerprint=fingerprint,
         **(meta or {}),
     )
-    entries = store.start_run(
+    entries, existing = store.start_or_load(
         run,
         holder=lease.holder,
         token=lease.token,
@@ -272,8 +284,8 @@ def _start_new(
         records=[header(), (names.RUN_START, encode(body))],
     )
     if entries is None:
-        return None
-    return lease.adopt(), RunLog(journal, run_id, fence=lease.token, entries=entries)
+        return None, existing
+    return (lease.adopt(), RunLog(journal, run_id, fence=lease.token, entries=entries)), None
 
 
 def _refuse_while_awaiting_approval(store: Store, run_id: str, exc: ConfigError) -> None:
@@ -293,11 +305,14 @@ def _refuse_while_awaiting_approval(store: Store, run_id: str, exc: ConfigError)
     )
 
 
-def repair_finished(store: Store, run_id: str, result: RunResult) -> None:
+def repair_finished(
+    store: Store, run_id: str, result: RunResult, loaded: Existing | None = None
+) -> None:
     """The journal is the truth: a run whose journal holds ``run:complete`` is finished, with
-    that answer, whatever its row says (a row left behind by a crash or a racing writer)."""
-    run = store.get_run(run_id)
-    if run is None or run.inert:  # an inert import's row stays as it came: evidence
+    that answer, whatever its row says (a row left behind by a crash or a racing writer).
+    ``loaded``: the row as read with the journal (in the same snapshot), so not read again."""
+    run: RunInfo | Existing | None = loaded if loaded is not None else store.get_run(run_id)
+    if run is None or run.imported == IMPORTED_INERT:  # an inert import's row stays as it came
         return
     if run.status == FINISHED and run.answer == result.answer and run.turns == result.turns:
         return

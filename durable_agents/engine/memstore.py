@@ -29,6 +29,7 @@ from .ports import (
     ApprovalRequestInfo,
     DecisionInfo,
     Entry,
+    Existing,
     HaltInfo,
     LeaseInfo,
     RunInfo,
@@ -215,6 +216,25 @@ class InMemoryStore:
             if token is not None:
                 self.acquire_lease(run.run_id, str(holder), token, float(ttl or 0))
             return [self._insert(run.run_id, n, d, token)[0] for n, d in records]
+
+    def start_or_load(
+        self,
+        run: RunInfo,
+        *,
+        holder: str | None,
+        token: str | None,
+        ttl: float | None,
+        records: Sequence[tuple[str, str]],
+    ) -> tuple[list[Entry] | None, Existing | None]:
+        with self._lock:
+            entries = self.start_run(run, holder=holder, token=token, ttl=ttl, records=records)
+            if entries is not None:
+                return entries, None
+            row = self._runs[run.run_id]
+            existing = Existing(
+                list(self.load(run.run_id)), row.status, row.answer, row.turns, row.imported
+            )
+            return None, existing
 
     def finish_run(
         self,

@@ -133,6 +133,17 @@ class Entry(NamedTuple):
     created_at: datetime | None = None
 
 
+class Existing(NamedTuple):
+    """What ``Store.start_or_load`` read of a run that already existed: its journal and the
+    row fields a finished run's re-entry checks, in the snapshot its start attempt saw."""
+
+    entries: Sequence[Entry]
+    status: str
+    answer: str | None
+    turns: int
+    imported: str
+
+
 @dataclass(frozen=True)
 class LeaseInfo:
     """Who holds a run's lease and until when; ``live`` is judged by the store's clock."""
@@ -407,6 +418,22 @@ class Store(Protocol):
         order, all or nothing, in one write where the store can. The stored entries in
         commit order; None, writing nothing, if the run exists. Without a ``token`` (and
         ``holder``, ``ttl``) no lease is taken: a run created for a worker to drive."""
+
+    def start_or_load(
+        self,
+        run: RunInfo,
+        *,
+        holder: str | None,
+        token: str | None,
+        ttl: float | None,
+        records: Sequence[tuple[str, str]],
+    ) -> tuple[list[Entry] | None, Existing | None]:
+        """``start_run``, and when the run exists, what a driver reads next, in the same
+        round trip where the store can: ``(entries, None)`` for a run it started,
+        ``(None, existing)`` for one that existed (``existing`` None when the store did not
+        read it, e.g. the row was committed after the statement's snapshot: the driver
+        reads as usual). A re-entry of a finished run (a redelivered message) is then one
+        round trip."""
 
     def finish_run(
         self,

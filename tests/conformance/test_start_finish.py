@@ -60,6 +60,41 @@ def test_start_run_of_an_existing_run_writes_nothing(store, run_id):
     assert store.get_run(run_id).status != RUNNING
 
 
+def test_start_or_load_starts_a_new_run_as_start_run_does(store):
+    run_id = _new_id()
+    run = RunInfo(run_id=run_id, agent="a", status=RUNNING, input="hi")
+    entries, existing = store.start_or_load(run, holder="w1", token="t", ttl=30, records=RECORDS)
+    assert existing is None and [(e.name, e.data) for e in entries] == RECORDS
+    assert list(store.load(run_id)) == entries and store.get_lease(run_id).token == "t"
+
+
+def test_start_or_load_of_a_run_that_exists_reads_it_and_writes_nothing(store, store_kind):
+    """What a re-entry of a finished run needs, in the write that found it: its journal and
+    its row (a store that cannot read it there says None, and the driver reads as usual)."""
+    run_id = _new_id()
+    _start(store, run_id)
+    store.insert(run_id, "model:1", '{"text":"Hi."}', fence="tok-1")
+    store.update_run(run_id, {"status": FINISHED, "answer": "Hi.", "turns": 1})
+    store.release_lease(run_id, "tok-1")
+    again = RunInfo(run_id=run_id, agent="a", status=RUNNING, input="hi")
+    entries, existing = store.start_or_load(
+        again, holder="w2", token="tok-2", ttl=30, records=RECORDS
+    )
+    assert entries is None
+    assert store.get_lease(run_id) is None
+    assert [e.name for e in store.load(run_id)] == ["@journal", "run:start", "model:1"]
+    if existing is None:
+        assert store_kind == "sqlite"  # a local read after it costs no round trip
+        return
+    assert list(existing.entries) == list(store.load(run_id))
+    assert (existing.status, existing.answer, existing.turns, existing.imported) == (
+        FINISHED,
+        "Hi.",
+        1,
+        "",
+    )
+
+
 def test_start_run_of_a_run_started_before_writes_nothing(store):
     run_id = _new_id()
     assert _start(store, run_id) is not None

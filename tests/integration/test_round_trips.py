@@ -97,6 +97,31 @@ def test_a_resume_reads_its_journal_once(store):
     assert len(journal_reads(seen)) == 1, seen
 
 
+def test_a_finished_run_entered_again_is_one_round_trip(store):
+    """A redelivered message re-enters a finished run with its input: the start attempt
+    finds the run and brings back its journal and row in the same statement; the answer
+    comes from them, with no read after it and no write (issue 33, hot path)."""
+    run_id = f"rt-{uuid.uuid4().hex[:10]}"
+    first = one_turn.run(run_id, "Hello", store=store)
+    with statements() as seen:
+        again = one_turn.run(run_id, "Hello", store=store)
+    assert (again.answer, again.turns) == (first.answer, first.turns)
+    assert len(seen) == 1, seen
+    assert journal_reads(seen) == []
+
+
+def test_a_finished_run_whose_row_disagrees_is_repaired_from_the_journal(store):
+    """The row read with the journal says "running" (left by a crash between the journal's
+    end and the row's): the re-entry repairs it from the journal, as the journal says."""
+    run_id = f"rt-{uuid.uuid4().hex[:10]}"
+    one_turn.run(run_id, "Hello", store=store)
+    store.update_run(run_id, {"status": "running", "answer": None})
+    again = one_turn.run(run_id, "Hello", store=store)
+    assert again.answer == "Hi."
+    run = store.get_run(run_id)
+    assert (run.status, run.answer) == ("finished", "Hi.")
+
+
 def test_a_run_row_made_beforehand_takes_the_usual_path(store):
     """A run that exists (queued by ``start``, a fork, a session turn) is not started again
     in one write: the drive reads it, leases it and records ``run:start`` as before."""

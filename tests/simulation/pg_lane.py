@@ -356,10 +356,10 @@ class LaneStore:
                 args[2]
                 if name == "acquire_lease" and len(args) > 2
                 else kwargs.get("token")
-                if name == "start_run"
+                if name in ("start_run", "start_or_load")
                 else None
             )
-            if token is not None and result:
+            if token is not None and (result[0] if name == "start_or_load" else result):
                 lane.owners[token] = session
             if name == "acquire_lease" and result and result.previous and result.previous.live:
                 lane.taken_live(result.previous)

@@ -301,7 +301,18 @@ class SimStore:
 
 
 # The store calls that can change a run's status, and the run they change.
-_MOVES_ROWS = ("insert", "finish_run", "finish_run_with", "update_run", "start_run", "create_run")
+_MOVES_ROWS = (
+    *("insert", "finish_run", "finish_run_with", "update_run"),
+    *("start_run", "start_or_load", "create_run"),
+)
+
+
+def started(name: str, result: Any) -> bool:
+    """Whether a store call created, leased and started a run (``start_or_load`` answers a
+    pair: what it started, or what it read of a run that existed)."""
+    if name == "start_run":
+        return result is not None
+    return name == "start_or_load" and result[0] is not None
 
 
 def _moved_run(name: str, args: tuple[Any, ...]) -> str | None:
@@ -1018,7 +1029,7 @@ class World:
                 # person resolving a halt on it must account for the source's effects of
                 # the calls that were in flight then, even while the fork is being copied.
                 self.fork_snapshots[args[0].run_id] = list(proc.capture.get(source, []))
-        if name == "start_run" and result is not None:  # created, leased and started
+        if started(name, result):  # created, leased and started
             self.runs.append(args[0].run_id)
             self.progress = self.step
         if proc is None:
@@ -1036,7 +1047,7 @@ class World:
         if name == "acquire_lease" and result:
             proc.leased.append(args[0])
             self.leases_taken.append(args[0])
-        elif name == "start_run" and result is not None:
+        elif started(name, result):
             proc.leased.append(args[0].run_id)
             self.leases_taken.append(args[0].run_id)
         elif name == "release_lease" and args[0] in proc.leased:

@@ -42,6 +42,7 @@ MUTATING = frozenset(
     {
         "create_run",
         "start_run",
+        "start_or_load",
         "insert",
         "finish_run",
         "update_run",
