@@ -46,7 +46,13 @@ from .engine.audit import (
     action_hash,
     chain_hash,
 )
-from .engine.errors import ApprovalNotFound, ConfigError, LeaseLost, StorageError
+from .engine.errors import (
+    ApprovalNotFound,
+    ConfigError,
+    LeaseLost,
+    RunPruned,
+    StorageError,
+)
 from .engine.ports import (
     APPROVAL_PENDING,
     HALT_OPEN,
@@ -80,12 +86,14 @@ from .models import (
     JournalEntry,
     Lease,
     Run,
+    Tombstone,
 )
 from .prepared import Prepared
 
 _J = JournalEntry._meta.db_table
 _L = Lease._meta.db_table
 _R = Run._meta.db_table
+_T = Tombstone._meta.db_table
 _F = Follower._meta.db_table
 _NEVER_AUTO_PREPARE = 2**31 - 1
 _ACTION_LOCK = 1684107621  # the advisory lock the action log's writers take turns on
@@ -843,6 +851,8 @@ class DjangoStore:
         leased = token is not None
         if not self.dialect.postgres:
             with transaction.atomic(using=self.using):
+                if Tombstone.objects.using(self.using).filter(run_id=run.run_id).exists():
+                    self._refuse_pruned(run.run_id)
                 if not self.create_run(run):
                     return None, None  # read as usual: SQLite is local, a read is cheap
                 if token is not None:
@@ -922,13 +932,15 @@ class DjangoStore:
         # Sorted here, or in Python when a journal may come back (a sort node over a
         # thousand records costs more than the sort of a list already nearly in order).
         order = "" if load else " ORDER BY seq"
+        # A pruned run's id is spent (``_refuse_pruned``): no row for it.
         sql = (
             f"WITH r AS (INSERT INTO {_R} ({', '.join(columns)}, finished_at) "
-            f"VALUES ({', '.join(['%s'] * len(columns))}, CASE WHEN %s THEN now() END) "
+            f"SELECT {', '.join(['%s'] * len(columns))}, CASE WHEN %s THEN now() END "
+            f"WHERE NOT EXISTS (SELECT FROM {_T} WHERE run_id = %s) "
             f"ON CONFLICT (run_id) DO NOTHING RETURNING run_id), {lease}"
             f"{', '.join(journal)} SELECT * FROM ({union}) AS w{order}"
         )
-        params: list[Any] = [*values, run.status in TERMINAL_STATUSES]
+        params: list[Any] = [*values, run.status in TERMINAL_STATUSES, run.run_id]
         if leased:
             params += [holder, token, float(ttl or 0)]
         params += record_params
@@ -949,7 +961,10 @@ class DjangoStore:
             if first is not None and not found and (liveness := self.liveness) is not None:
                 liveness.release(first)  # no run was started: nothing to keep locked
         if not found:
-            return None, self._existing(run.run_id, rows) if load else None
+            existing = self._existing(run.run_id, rows) if load else None
+            if existing is None:
+                self._refuse_pruned(run.run_id)
+            return None, existing
         if token is not None:
             seq, *_, last_hash = found[-1]
             self._remember_tail(token, run.run_id, int(seq), last_hash)
@@ -960,6 +975,22 @@ class DjangoStore:
                 # next fenced write (a one-turn run's finish is its next: it never is).
                 liveness.defer(token)
         return [Entry(run.run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at, _ in found], None
+
+    def _refuse_pruned(self, run_id: str) -> None:
+        """``RunPruned`` if a start found no run because ``prune`` deleted it: its id is
+        spent (the run's answer is in its export), since a run started again under it would
+        do again what it did. Read only when a start inserted nothing and saw no row."""
+        db = self.using
+        if (
+            Tombstone.objects.using(db).filter(run_id=run_id).exists()
+            and not Run.objects.using(db).filter(pk=run_id).exists()
+        ):
+            raise RunPruned(
+                f"run {run_id!r} was pruned (durable_agents prune); its id is spent: a run "
+                "started again under it would do again what it did. Its answer is in its "
+                "export; start new work under a new run id",
+                run_id=run_id,
+            )
 
     def _existing(self, run_id: str, rows: list[Any]) -> Existing | None:
         """What ``_start`` read of a run that exists; None when its row was not in the

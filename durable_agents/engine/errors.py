@@ -72,6 +72,13 @@ class RunImported(Conflict):
     code = "run.imported"
 
 
+class RunPruned(Conflict):
+    """The run id belongs to a run ``prune`` deleted (docs/retention.md): its id is spent,
+    since starting it again would run again what it did."""
+
+    code = "run.pruned"
+
+
 class ImportRefused(ConfigError):
     """An export cannot be imported as asked (a live import whose decisions do not all
     verify here, say); nothing was written."""

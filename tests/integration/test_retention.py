@@ -27,6 +27,7 @@ from django.test.utils import override_settings
 import durable_agents as da
 from durable_agents import tasks
 from durable_agents.audit import verify
+from durable_agents.engine.errors import RunPruned
 from durable_agents.engine.registry import get_agent
 from durable_agents.models import (
     ActionLog,
@@ -40,7 +41,7 @@ from durable_agents.models import (
 from durable_agents.schedule import PRUNE_TASK, beat_schedule
 from durable_agents.storage import site_store
 from durable_agents.transfer import export_lines, import_bytes
-from tests.support.agents import echo, gated
+from tests.support.agents import count_effects, echo, gated
 from tests.support.people import make_user
 from tests.support.pruning import (
     PRUNER,
@@ -123,6 +124,27 @@ def test_prune_exports_deletes_every_row_and_leaves_a_tombstone_verify_accepts(t
     assert sorted(import_bytes(data, by="importer")) == ["old-1", "old-2"]
     assert verify(["old-1"])[0].head == heads["old-1"]
     assert RunImport.objects.get(run_id="old-1").head == heads["old-1"]
+
+
+def test_a_pruned_run_id_is_spent_a_start_under_it_fires_nothing_again():
+    """A client that retries with the run id it chose (an idempotency key: "refund-7") after
+    the run was pruned must not refund again: the id is spent, every start refuses it."""
+    _approved("refund-7")
+    assert Run.objects.get(pk="refund-7").status == "finished"
+    fired = count_effects("refund-7")
+    assert sum(fired.values()) == 1
+    age(["refund-7"])
+    _prune("--finished-before", cutoff(), "--by", PRUNER)
+    assert not Run.objects.filter(pk="refund-7").exists()
+
+    with pytest.raises(RunPruned) as refused:
+        gated.run("refund-7", "refund order 7")  # a redelivered request, run inline
+    assert refused.value.code == "run.pruned" and refused.value.http_status == 409
+    with pytest.raises(RunPruned):
+        gated.start("refund order 7", run_id="refund-7")  # handed to a worker
+    assert count_effects("refund-7") == fired
+    assert not Run.objects.filter(pk="refund-7").exists()
+    assert not JournalEntry.objects.filter(run_id="refund-7").exists()
 
 
 def test_a_second_prune_finds_nothing_and_writes_nothing(tmp_path):
@@ -273,6 +295,9 @@ def test_prune_on_sqlite(tmp_path):
         assert Run.objects.using("sqlite").filter(pk="lite-2").exists()
         [report] = verify(["lite-1"])
         assert report.ok and report.pruned
+        with pytest.raises(RunPruned):
+            echo.run("lite-1", "hi", store=store)
+        assert not Run.objects.using("sqlite").filter(pk="lite-1").exists()
         assert verify(None, actions=True)[-1].ok
 
 
