@@ -158,6 +158,21 @@ def _by_seq(row: Sequence[Any]) -> int:
     return int(row[0])
 
 
+# The name of the marker row a start sends back when a tombstone holds the run's id.
+_PRUNED = "@pruned"
+
+
+def _pruned(run_id: str) -> RunPruned:
+    """A start under the id of a run ``prune`` deleted: the id is spent (the run's answer is
+    in its export), since a run started again under it would do again what it did."""
+    return RunPruned(
+        f"run {run_id!r} was pruned (durable_agents prune); its id is spent: a run started "
+        "again under it would do again what it did. Its answer is in its export; start new "
+        "work under a new run id",
+        run_id=run_id,
+    )
+
+
 _LOCK_HELD = (
     "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted "
     "AND classid = ('x' || substr(md5({0}), 1, 8))::bit(32)::bigint::oid "
@@ -851,8 +866,12 @@ class DjangoStore:
         leased = token is not None
         if not self.dialect.postgres:
             with transaction.atomic(using=self.using):
-                if Tombstone.objects.using(self.using).filter(run_id=run.run_id).exists():
-                    self._refuse_pruned(run.run_id)
+                db = self.using
+                if (
+                    Tombstone.objects.using(db).filter(run_id=run.run_id).exists()
+                    and not Run.objects.using(db).filter(pk=run.run_id).exists()
+                ):
+                    raise _pruned(run.run_id)
                 if not self.create_run(run):
                     return None, None  # read as usual: SQLite is local, a read is cheap
                 if token is not None:
@@ -917,11 +936,11 @@ class DjangoStore:
             f"{', TRUE' + no_row if load else ''} FROM j{i}"
             for i in range(len(records))
         )
+        # ``notified`` is void-typed; a subquery of it gives another branch a NULL of that type.
+        void = "(SELECT notified FROM j0 LIMIT 0)"
         if load:
             # A run that exists (nothing inserted): its journal, then its row (seq NULL,
-            # sorted last), in this statement's snapshot. ``notified`` is void-typed; a
-            # subquery of it gives the branch a NULL of that type.
-            void = "(SELECT notified FROM j0 LIMIT 0)"
+            # sorted last), in this statement's snapshot.
             union += (
                 f" UNION ALL SELECT e.seq, e.name, e.data, e.created_at, e.hash, {void}, FALSE"
                 f"{no_row} FROM {_J} e WHERE e.run_id = %s AND NOT EXISTS (SELECT FROM r)"
@@ -929,10 +948,18 @@ class DjangoStore:
                 f" x.answer, x.turns, x.imported FROM {_R} x"
                 " WHERE x.run_id = %s AND NOT EXISTS (SELECT FROM r)"
             )
+        # Nothing inserted because ``prune`` deleted the run: a marker row (seq NULL, name
+        # ``_PRUNED``) says so in the same round trip, and the start is refused.
+        union += (
+            f" UNION ALL SELECT NULL, '{_PRUNED}', NULL, NULL, NULL, {void}"
+            f"{', FALSE' + no_row if load else ''} WHERE NOT EXISTS (SELECT FROM r)"
+            f" AND EXISTS (SELECT FROM {_T} WHERE run_id = %s)"
+            f" AND NOT EXISTS (SELECT FROM {_R} WHERE run_id = %s)"
+        )
         # Sorted here, or in Python when a journal may come back (a sort node over a
         # thousand records costs more than the sort of a list already nearly in order).
         order = "" if load else " ORDER BY seq"
-        # A pruned run's id is spent (``_refuse_pruned``): no row for it.
+        # A pruned run's id is spent (``_pruned``): no row for it.
         sql = (
             f"WITH r AS (INSERT INTO {_R} ({', '.join(columns)}, finished_at) "
             f"SELECT {', '.join(['%s'] * len(columns))}, CASE WHEN %s THEN now() END "
@@ -946,6 +973,7 @@ class DjangoStore:
         params += record_params
         if load:
             params += [run.run_id, run.run_id]
+        params += [run.run_id, run.run_id]
         first = token if self._instant and self.pooled else None
         if first is not None:
             self._lock_first(first)
@@ -956,15 +984,14 @@ class DjangoStore:
             if load:
                 found = sorted((row[:5] for row in rows if row[6]), key=_by_seq)  # inserted
             else:
-                found = [row[:5] for row in rows]
+                found = [row[:5] for row in rows if row[0] is not None]
         finally:
             if first is not None and not found and (liveness := self.liveness) is not None:
                 liveness.release(first)  # no run was started: nothing to keep locked
         if not found:
-            existing = self._existing(run.run_id, rows) if load else None
-            if existing is None:
-                self._refuse_pruned(run.run_id)
-            return None, existing
+            if any(row[0] is None and row[1] == _PRUNED for row in rows):
+                raise _pruned(run.run_id)
+            return None, self._existing(run.run_id, rows) if load else None
         if token is not None:
             seq, *_, last_hash = found[-1]
             self._remember_tail(token, run.run_id, int(seq), last_hash)
@@ -976,26 +1003,10 @@ class DjangoStore:
                 liveness.defer(token)
         return [Entry(run.run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at, _ in found], None
 
-    def _refuse_pruned(self, run_id: str) -> None:
-        """``RunPruned`` if a start found no run because ``prune`` deleted it: its id is
-        spent (the run's answer is in its export), since a run started again under it would
-        do again what it did. Read only when a start inserted nothing and saw no row."""
-        db = self.using
-        if (
-            Tombstone.objects.using(db).filter(run_id=run_id).exists()
-            and not Run.objects.using(db).filter(pk=run_id).exists()
-        ):
-            raise RunPruned(
-                f"run {run_id!r} was pruned (durable_agents prune); its id is spent: a run "
-                "started again under it would do again what it did. Its answer is in its "
-                "export; start new work under a new run id",
-                run_id=run_id,
-            )
-
     def _existing(self, run_id: str, rows: list[Any]) -> Existing | None:
         """What ``_start`` read of a run that exists; None when its row was not in the
         statement's snapshot (committed after it began): the driver then reads as usual."""
-        row = next((r for r in rows if r[0] is None), None)
+        row = next((r for r in rows if r[0] is None and r[7] is not None), None)
         if row is None:
             return None
         journal = sorted((r for r in rows if r[0] is not None), key=_by_seq)
