@@ -45,6 +45,13 @@ def _all_verified() -> None:
     assert all(r.ok for r in reports), [r.message() for r in reports if not r.ok]
 
 
+def _args(export: object, batch: int) -> tuple[str, ...]:
+    """A prune of what finished before the cutoff, exported to ``export``, ``batch`` trees
+    at a time."""
+    return ("--finished-before", cutoff(), "--export", str(export), "--by", PRUNER,
+            "--batch", str(batch))  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "point",
     ["prune-after-export", "prune-after-tombstones", "prune-before-commit", "prune-after-batch"],
@@ -52,16 +59,7 @@ def _all_verified() -> None:
 def test_a_prune_killed_at_each_point_is_finished_by_the_next(tmp_path, point):
     records = old_trees(3, "crash")
     echo.start("hi", run_id="recent")
-    args = (
-        "--finished-before",
-        cutoff(),
-        "--export",
-        str(tmp_path),
-        "--by",
-        PRUNER,
-        "--batch",
-        "1",
-    )
+    args = _args(tmp_path, batch=1)
 
     killed = prune_in_child(*args, crash_at=point)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
@@ -91,16 +89,7 @@ def test_a_prune_killed_at_each_point_is_finished_by_the_next(tmp_path, point):
 
 def test_two_prunes_at_once_prune_each_run_once(tmp_path):
     records = old_trees(12, "both")
-    args = (
-        "--finished-before",
-        cutoff(),
-        "--export",
-        str(tmp_path),
-        "--by",
-        PRUNER,
-        "--batch",
-        "2",
-    )
+    args = _args(tmp_path, batch=2)
     procs = [start_prune_in_child(*args) for _ in range(2)]
     for p in procs:
         _out, err = p.communicate(timeout=180)
