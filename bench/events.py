@@ -6,7 +6,7 @@ On the local PostgreSQL, in one run:
       interleaved with a raw psycopg autocommit INSERT of the same row (the ratio the other
       benches print);
   (2) latency from the start of a fenced journal insert (its commit included) until the
-      record reaches a client: the Python iterator (``durable_agents.events.events``) and
+      record reaches a client: the Python iterator (``durable_agents.database.events.events``) and
       the SSE stream (``GET /api/agents/runs/{id}/events`` over HTTP to a threaded WSGI
       server in this process). Records are written one at a time, ``--gap`` ms apart.
 Prints medians and p99; the last line is the result (latency ratio = SSE p50 / raw INSERT).
@@ -44,9 +44,9 @@ def main() -> None:
     from django.db import connection, connections
 
     from durable_agents.api.auth import issue_api_key
+    from durable_agents.database.events import events
+    from durable_agents.database.store import site_store
     from durable_agents.engine.ports import FINISHED, RUNNING, RunInfo
-    from durable_agents.events import events
-    from durable_agents.storage import site_store
 
     store = site_store()
     raw = raw_connection()

@@ -65,10 +65,10 @@ def main() -> None:
 
     from django.db import connections
 
+    from durable_agents.database.store import DjangoStore, site_store
     from durable_agents.engine.journal import Journal
     from durable_agents.engine.ports import RunInfo
     from durable_agents.models import JournalEntry
-    from durable_agents.storage import DjangoStore, site_store
 
     j = JournalEntry._meta.db_table
     # (d)'s statement: (b)'s without the chain (no hash, no prev_seq, no journal lock),

@@ -74,10 +74,10 @@ def main() -> None:
     setup_django()
 
     import durable_agents as da
+    from durable_agents.database.store import DjangoStore, site_store
     from durable_agents.engine.journal import Journal
     from durable_agents.providers import scripted
     from durable_agents.providers.scripted import ScriptedModel
-    from durable_agents.storage import DjangoStore, site_store
 
     class CountingStore(DjangoStore):
         """Counts the journal reads (a full load, one name, or a start attempt that read

@@ -71,10 +71,10 @@ def loaded(conn: psycopg.Connection) -> tuple[int, int] | None:
 def make_live_set() -> None:
     """The runs that wait on something, and the template run, through the engine."""
     import durable_agents as da
+    from durable_agents.database.store import site_store
     from durable_agents.engine import runtime
     from durable_agents.providers import scripted
     from durable_agents.providers.scripted import ScriptedModel
-    from durable_agents.storage import site_store
 
     @da.tool(read_only=True)
     def look(n: int) -> dict:
@@ -204,7 +204,7 @@ class Site:
         from django.contrib.auth import get_user_model
         from django.test import Client
 
-        from durable_agents.storage import DjangoStore
+        from durable_agents.database.store import DjangoStore
 
         self.dbname = dbname
         use(dbname)

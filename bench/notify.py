@@ -70,9 +70,9 @@ def main() -> None:
 
     from django.db import connection
 
+    from durable_agents.database.store import site_store
     from durable_agents.engine.ports import RUNNING, RunInfo
     from durable_agents.models import Follower, JournalEntry
-    from durable_agents.storage import site_store
 
     before = importlib.import_module(
         "durable_agents.migrations.0009_journal_notify_in_chain_trigger"

@@ -1,6 +1,6 @@
 """A recovery pass costs the same with 0 and with 1,000,000 finished runs.
 
-One pass (``durable_agents.recovery.recover``) over 100 unfinished runs whose driver died
+One pass (``durable_agents.celery.recovery.recover``) over 100 unfinished runs whose driver died
 (status running, no lease), timed with 0 finished runs in the table, then again after
 1,000,000 finished runs were added (one INSERT … SELECT generate_series, then VACUUM ANALYZE).
 The pass hands each run to a collecting dispatcher, so what is measured is the database
@@ -33,8 +33,8 @@ def main() -> None:
     args = parser.parse_args()
     setup_django()
 
+    from durable_agents.celery.recovery import recover
     from durable_agents.engine import runtime
-    from durable_agents.recovery import recover
 
     raw = raw_connection()
     tag = uuid.uuid4().hex[:8]
@@ -72,8 +72,8 @@ def main() -> None:
         assert len(sent) == args.unfinished, len(sent)
         return elapsed
 
+    from durable_agents.database.store import DjangoStore
     from durable_agents.engine.commands.recovery import RECOVERABLE
-    from durable_agents.storage import DjangoStore
 
     store = DjangoStore()
 

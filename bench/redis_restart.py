@@ -25,7 +25,7 @@ restart: they show whether the workers consume again, apart from recovery.
 ``'NoneType' object has no attribute 'hostname'`` crash); ``--conf '{"broker_transport":
 "redis_restart:SurvivingTransport"}'`` runs the workers on the transport that survives it.
 Since issue 17 tests/settings.py selects the product's version of it
-(``durable_agents.celery_transport:Transport``) for every worker: pass ``--conf
+(``durable_agents.celery.transport:Transport``) for every worker: pass ``--conf
 '{"broker_transport": "redis"}'`` for kombu's own transport (the findings' baseline).
 The logs of a failed attempt are kept and their path printed. See
 docs/notes/redis-restart.md for what this found.

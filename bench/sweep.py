@@ -31,12 +31,12 @@ def main() -> None:
     setup_django()
 
     import durable_agents as da
+    from durable_agents.database.store import site_store
     from durable_agents.engine import runtime
     from durable_agents.engine.commands.timers import _QUIET, wake_timers
     from durable_agents.engine.journal import Journal
     from durable_agents.providers import scripted
     from durable_agents.providers.scripted import ScriptedModel
-    from durable_agents.storage import site_store
 
     @da.tool(idempotent=True)
     def nap(ctx: da.ToolContext) -> str:

@@ -5,6 +5,7 @@ The public API is what ``__all__`` lists; everything else may change.
 
 __version__ = "0.2.0.dev0"
 
+from ._moved import install as _install_moved_paths
 from .engine.agent import Agent
 from .engine.approvals import ApprovalOutcome, Quorum, decision_bytes
 from .engine.commands.approvals import approve, deny
@@ -153,3 +154,6 @@ __all__ = [
     "tool",
     "wake_timer",
 ]
+
+# Old import paths of the database and Celery glue still import, with a warning (_moved.py).
+_install_moved_paths()

@@ -9,16 +9,18 @@ class DurableAgentsConfig(AppConfig):
     def ready(self) -> None:
         # checks registers the system checks; audit, the SQL function SQLite's journal
         # trigger calls (on every new connection).
-        from . import audit, checks, signals, worker_start  # noqa: F401
+        from . import checks, signals  # noqa: F401
+        from .celery import worker_start
+        from .celery.dispatch import enqueue
+        from .celery.shutdown import shutting_down
         from .conf import get_settings
-        from .dispatch import enqueue
+        from .database import audit  # noqa: F401
+        from .database.events import events
+        from .database.store import site_store
         from .engine import runtime
-        from .events import events
         from .notify import email_approvers
         from .people import approver_keys, eligible_approvers, resolve_actor
         from .registry import load_agents
-        from .shutdown import shutting_down
-        from .storage import site_store
 
         runtime.configure(
             store_factory=site_store,

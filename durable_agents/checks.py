@@ -38,9 +38,9 @@ from django.conf import settings as django_settings
 from django.core import checks
 
 from . import conf
+from .celery.schedule import RECOVER_TASK
 from .engine.errors import AgentPathError
 from .registry import agents_at
-from .schedule import RECOVER_TASK
 
 SETTINGS_HINT = (
     f"Fix the DURABLE_AGENTS dict in your settings; every key: {conf.DOCS_URL}settings.md"
@@ -67,8 +67,8 @@ def check_queue_health(
 ) -> list[checks.CheckMessage]:
     from django.db import DatabaseError, connections
 
+    from .celery.queue_health import stalled_runs
     from .models import Run
-    from .queue_health import stalled_runs
 
     settings, problems = conf.parse(getattr(django_settings, "DURABLE_AGENTS", None))
     if problems or settings.database not in (databases or ()):
@@ -144,7 +144,7 @@ def _check_celery(settings: conf.Settings) -> list[checks.CheckMessage]:
                     f"but DURABLE_AGENTS['CELERY_QUEUE'] is {settings.celery_queue!r}",
                     hint=(
                         "Build the entry from your settings: CELERY_BEAT_SCHEDULE = "
-                        "{**beat_schedule(DURABLE_AGENTS)} (from durable_agents.schedule "
+                        "{**beat_schedule(DURABLE_AGENTS)} (from durable_agents.celery.schedule "
                         f"import beat_schedule). {CELERY_HINT}"
                     ),
                     id="durable_agents.W001",
@@ -160,7 +160,7 @@ def check_audit_chains(
     """Opt-in (``AUDIT_CHECK_SAMPLE``): verify the audit chains of the latest runs."""
     from django.db import DatabaseError, connections
 
-    from .audit import sample_check
+    from .database.audit import sample_check
     from .models import JournalEntry
 
     settings, problems = conf.parse(getattr(django_settings, "DURABLE_AGENTS", None))

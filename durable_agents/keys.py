@@ -120,7 +120,7 @@ def settle_new_key(key: ApiKey | ApproverKey, creator: Any) -> str | None:
 
 def log_key(actor: Actor, action: str, key: ApiKey | ApproverKey) -> None:
     """The action-log row for ``actor`` creating, confirming or revoking ``key``."""
-    from .storage import site_store
+    from .database.store import site_store
 
     kind = API if isinstance(key, ApiKey) else APPROVER
     payload: dict[str, Any] = {
@@ -140,7 +140,7 @@ def log_key(actor: Actor, action: str, key: ApiKey | ApproverKey) -> None:
 def _atomic() -> contextlib.ExitStack:
     """One transaction over the keys (default database) and the action log (the site
     store's), so a key never changes without its row."""
-    from .storage import site_store
+    from .database.store import site_store
 
     stack = contextlib.ExitStack()
     stack.enter_context(transaction.atomic())

@@ -212,9 +212,9 @@ class Lease(models.Model):
 
 
 class Follower(models.Model):
-    """Someone following a run live (``durable_agents.events``), until ``expires_at`` by the
-    database clock. Only a run with an unexpired follower notifies on its writes: a
-    notifying transaction serialises its commit with every other one on the server
+    """Someone following a run live (``durable_agents.database.events``), until
+    ``expires_at`` by the database clock. Only a run with an unexpired follower notifies on
+    its writes: a notifying transaction serialises its commit with every other one on the server
     (docs/events.md). Written by the follower alone: registered before it first reads,
     refreshed while it follows, deleted when it stops; a crashed follower's row expires."""
 
@@ -505,7 +505,7 @@ class KeyChallenge(models.Model):
 
 
 class Tombstone(models.Model):
-    """What is left of a run ``prune`` deleted (``durable_agents.retention``): its final
+    """What is left of a run ``prune`` deleted (``durable_agents.database.retention``): its final
     chain head and record count, when and by whom it was pruned, and the sha256 of the
     export file that holds it, signed with the site's ``AUDIT_SIGNING_KEY`` when one is set
     (``engine.audit.tombstone_message``). ``verify`` reports a pruned run by it. Written in

@@ -19,8 +19,9 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from . import __version__
-from .audit import redactor
 from .conf import get_settings
+from .database.audit import redactor
+from .database.store import DjangoStore
 from .engine import identity
 from .engine.audit import action_content, data_digest
 from .engine.errors import ConfigError, Conflict, NotFound, ProtocolError
@@ -39,7 +40,6 @@ from .engine.ports import IMPORTED_INERT, IMPORTED_LIVE, Entry
 from .engine.sensitive import Redactor
 from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Run, RunImport
 from .permissions import IMPORT_RUNS
-from .storage import DjangoStore
 
 __all__ = ["EXPORT_FORMAT", "export_lines", "export_runs", "import_bytes", "import_lines"]
 
@@ -126,7 +126,7 @@ def _run_lines(run_id: str, using: str, hide: Redactor) -> Iterator[str]:
     item: dict[str, Any] = {"type": "run", "run_id": run_id, "row": row, "head": head}
     imported = RunImport.objects.using(using).filter(run_id=run_id).exists()
     if get_settings().audit_signing_key or imported:
-        from .audit import sign_head
+        from .database.audit import sign_head
 
         # The site vouches for the head (docs/audit.md); never for an imported head no
         # trusted key signed: that carries the file's own signature, if any.

@@ -26,7 +26,7 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
-from durable_agents.schedule import beat_schedule
+from durable_agents.celery.schedule import beat_schedule
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -196,7 +196,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Workers survive a Redis restart: kombu's Redis transport, except that a channel left over
 # from the lost connection fails like a lost connection instead of killing the worker
 # (celery 5.7's close after collect(); see docs/celery.md, "When Redis restarts").
-CELERY_BROKER_TRANSPORT = "durable_agents.celery_transport:Transport"
+CELERY_BROKER_TRANSPORT = "durable_agents.celery.transport:Transport"
 # Celery 6 turns this on by default: a broker blip would terminate the prefork children
 # driving runs, and every run with a side effect in flight would halt for a person. The
 # lease and late acks already make a second delivery harmless.

@@ -132,7 +132,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 # What docs/celery.md asks of every site: workers that survive a Redis restart, and no
 # cancelled drives on a broker blip.
-CELERY_BROKER_TRANSPORT = "durable_agents.celery_transport:Transport"
+CELERY_BROKER_TRANSPORT = "durable_agents.celery.transport:Transport"
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 # Celery's Django fixup closes every database connection before and after each task unless
 # this is set (then every this-many tasks): docs/celery.md. Tests keep Celery's default

@@ -84,11 +84,11 @@ def drop_databases() -> None:
 
 def durable_agents_blocks(data: str, per_round: int) -> tuple[dict[str, Measure], Callable]:
     import durable_agents as da
+    from durable_agents.database.store import site_store
     from durable_agents.engine.journal import Journal
     from durable_agents.engine.ports import RunInfo
     from durable_agents.providers import scripted
     from durable_agents.providers.scripted import ScriptedModel
-    from durable_agents.storage import site_store
 
     store = site_store()
     journal = Journal(store)

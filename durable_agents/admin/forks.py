@@ -23,8 +23,8 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
+from ..celery.dispatch import enqueue
 from ..conf import get_settings
-from ..dispatch import enqueue
 from ..engine.commands.forks import Patch, fork
 from ..engine.errors import DurableAgentsError
 from ..engine.steps import Step, ToolStep, compare, history

@@ -12,7 +12,7 @@ from django.contrib import messages
 from django.db import DatabaseError
 from django.http import HttpRequest
 
-from ..queue_health import stalled_runs
+from ..celery.queue_health import stalled_runs
 
 _SEEN = "_durable_agents_queue_health"
 

@@ -17,9 +17,9 @@ from django.http import (
     JsonResponse,
 )
 
+from ..database.events import last_event_id, sse_response
 from ..engine.follow import ends
 from ..engine.ports import APPROVAL_PENDING
-from ..events import last_event_id, sse_response
 from ..models import ApprovalRequest, Run
 from .base import AnyModelAdmin, object_gone
 

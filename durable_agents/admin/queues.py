@@ -22,13 +22,13 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
+from ..database.store import site_store
 from ..engine.approvals import NOT_SHOWN, arguments_digest
 from ..engine.commands.halts import resolve_halt
 from ..engine.errors import ApprovalArgumentsChanged, ApprovalEditInvalid, DurableAgentsError
 from ..engine.journal import Journal
 from ..engine.ports import APPROVAL_PENDING, HALT_OPEN, IMPORTED_INERT
 from ..models import ApprovalRequest, Decision, Halt, Lease
-from ..storage import site_store
 from . import counts, live
 from .base import (
     BY_RECOVERY,

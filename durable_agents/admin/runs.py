@@ -40,7 +40,8 @@ from django.urls import URLPattern, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from .. import audit
+from ..database import audit
+from ..database.store import site_store
 from ..engine import names, sagas
 from ..engine.commands.runs import cancel, delete, hand_over
 from ..engine.errors import DurableAgentsError
@@ -63,7 +64,6 @@ from ..engine.records import Record
 from ..engine.registry import get_agent
 from ..engine.waits import CHANNEL, INTERRUPT, TIMER, OpenWait, open_waits
 from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run, RunImport
-from ..storage import site_store
 from ..transfer import export_lines
 from . import counts, forks, health, live, sessions, tree, waits
 from .base import (

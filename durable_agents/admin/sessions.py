@@ -16,13 +16,13 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Max, Min, Q
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
+from ..database.store import site_store
 from ..engine import names
 from ..engine.errors import DurableAgentsError
 from ..engine.journal import Journal
 from ..engine.records import Record
 from ..engine.session_log import SessionLog
 from ..models import Run
-from ..storage import site_store
 from .base import AnyModelAdmin, admin_url, page, run_url
 
 SESSIONS_PER_PAGE = 100

@@ -1,12 +1,12 @@
-"""A run's journal live, as Server-Sent Events (``durable_agents.events``)."""
+"""A run's journal live, as Server-Sent Events (``durable_agents.database.events``)."""
 
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponseBase
 from ninja import Router
 
+from ..database.events import last_event_id, sse_response
 from ..engine.commands.runs import get_run
-from ..events import last_event_id, sse_response
 from .auth import check
 from .errors import ApiError
 from .schemas import ERRORS, After, checked_run_id

@@ -7,8 +7,8 @@ from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from ninja import Router, Status
 
+from ..celery.dispatch import enqueue
 from ..conf import get_settings
-from ..dispatch import enqueue
 from ..engine.commands.forks import Patch, fork
 from ..engine.commands.runs import get_run
 from ..engine.steps import compare, history

@@ -13,6 +13,7 @@ from django.http import HttpRequest
 from ninja import Router, Status
 
 from ..conf import get_settings
+from ..database.store import site_store
 from ..engine.commands.runs import cancel, get_run, hand_over, start
 from ..engine.definition import AgentDefinition
 from ..engine.errors import ConfigError
@@ -20,7 +21,6 @@ from ..engine.journal import Journal
 from ..engine.ports import HALT_OPEN, TERMINAL_STATUSES
 from ..engine.registry import get_agent
 from ..models import ApprovalRequest, Halt, Run
-from ..storage import site_store
 from .approvals import approvals_out
 from .auth import check, require
 from .errors import ApiError

@@ -8,6 +8,7 @@ from django.http import HttpRequest
 from ninja import Router, Status
 
 from ..conf import get_settings
+from ..database.store import site_store
 from ..engine import names
 from ..engine.commands.sessions import Session
 from ..engine.errors import ApprovalPending
@@ -15,7 +16,6 @@ from ..engine.journal import Journal
 from ..engine.names import validate_session_id
 from ..engine.session_log import SessionLog
 from ..models import ApprovalRequest, Run
-from ..storage import site_store
 from .approvals import approvals_out
 from .auth import check, require
 from .errors import ApiError

@@ -106,7 +106,7 @@ class Agent(AgentDefinition):
         """The journal records of run ``run_id`` with ``seq > after``, each as soon as it is
         committed, in ``seq`` order; the iterator ends when the run ends or pauses. Resume
         with ``after=`` the last ``seq`` seen. With the Django app on PostgreSQL it waits on
-        ``LISTEN``/``NOTIFY`` (``durable_agents.events``); otherwise it polls the store.
+        ``LISTEN``/``NOTIFY`` (``durable_agents.database.events``); otherwise it polls the store.
         It reads any run, not only this agent's."""
         source = runtime.events_source()
         if store is None and source is not None:

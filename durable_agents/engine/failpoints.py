@@ -23,7 +23,8 @@ obeying a cancel above it — or a person's ``saga:abort``; nothing below it is 
 ``after-compensate:<call>`` (an undo's outcome is journaled), ``after-subrun-abort:<child
 run>`` (a rolling-back parent journaled its sub-run's abort; the sub-run is not rolled back
 yet), ``after-compensated:<run>`` (a saga's ``run:compensated`` is journaled; its paused parent
-is not handed over yet), and ``prune`` (``durable_agents.retention``): ``prune-after-export``
+is not handed over yet), and ``prune`` (``durable_agents.database.retention``):
+``prune-after-export``
 (a batch's export file is written and fsynced; nothing is deleted yet),
 ``prune-after-tombstones`` (the batch's tombstones are inserted, uncommitted; its rows are
 not deleted yet), ``prune-before-commit`` (the batch is deleted and logged, uncommitted),

@@ -1,7 +1,7 @@
 """Following a run: its journal records as they are committed, until it ends or pauses.
 
 ``follow(store, run_id, after)`` works on any ``Store`` by polling; a store that can be told
-when a run changes (PostgreSQL ``LISTEN``, in ``durable_agents.events``) passes a ``wait``
+when a run changes (PostgreSQL ``LISTEN``, in ``durable_agents.database.events``) passes a ``wait``
 that returns as soon as something was committed, so the same loop follows with no delay.
 
 Scope: it reports what the journal holds, in ``seq`` order, each record once; it ends when

@@ -1,5 +1,5 @@
 """Every journal insert, and every change of a run's status, notifies listeners of that run
-(PostgreSQL ``LISTEN``/``NOTIFY``; ``durable_agents.events``). A trigger, not a change to the
+(PostgreSQL ``LISTEN``/``NOTIFY``; ``durable_agents.database.events``). A trigger, not a change to the
 insert statements: whoever writes the journal, and however, listeners hear of it.
 
 The channel is ``da_run_`` and the MD5 (hex) of the run id (run ids are longer than a

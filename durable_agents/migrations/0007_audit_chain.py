@@ -2,7 +2,7 @@
 
 Journal records are hashed by the database in the statement that inserts them: a BEFORE
 INSERT trigger on PostgreSQL, an AFTER INSERT trigger calling a SQL function that each
-SQLite connection registers (``durable_agents.audit``) on SQLite. Rows written before this
+SQLite connection registers (``durable_agents.database.audit``) on SQLite. Rows written before this
 migration keep a null hash: each run's unchained prefix.
 """
 
@@ -35,7 +35,7 @@ CREATE TRIGGER durable_agents_journal_chain BEFORE INSERT ON durable_agents_jour
 
 # SQLite cannot change NEW in a trigger: the row is hashed just after its insert, in the
 # same statement. ``durable_agents_chain_hash`` is registered on every SQLite connection by
-# ``durable_agents.audit`` (writing a journal without it fails instead of skipping a hash).
+# ``durable_agents.database.audit`` (writing a journal without it fails instead of skipping a hash).
 SQLITE_TRIGGER = """
 CREATE TRIGGER IF NOT EXISTS durable_agents_journal_chain
 AFTER INSERT ON durable_agents_journalentry

@@ -3,7 +3,7 @@
 PostgreSQL serialises the commits of transactions that sent a ``NOTIFY`` (a cluster-wide
 lock held until the commit is flushed), so concurrent writers could not share a WAL flush:
 with a notification on every journal insert, 8 connections wrote about a tenth of what they
-wrote without. ``Follower`` rows say who follows which run (``durable_agents.followers``);
+wrote without. ``Follower`` rows say who follows which run (``durable_agents.database.followers``);
 the journal's chain trigger (0009) and the run-status trigger (0006) now notify only when
 the run has an unexpired follower — one index probe, and no notification, hence no
 serialised commit, for the runs nobody watches. Same channel, same payloads.

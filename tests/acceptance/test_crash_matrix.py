@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.transcript import RunState
-from durable_agents.storage import DjangoStore
 from tests.support.agents import count_effects
 from tests.support.chains import check_chain
 from tests.support.procs import ROOT, subprocess_env

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import durable_agents as da
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine import names
 from durable_agents.engine.journal import Journal
-from durable_agents.storage import DjangoStore
 from tests.support.agents import count_effects
 from tests.support.procs import ROOT, subprocess_env
 
@@ -161,7 +161,7 @@ def test_a_driver_whose_tool_closed_its_connection_keeps_its_run_until_it_dies(t
     """A tool that closes the driving thread's Django connection (``close_old_connections``,
     ``connection.close()``) does not make a live driver look dead: neither recovery nor a
     resume takes its run. Once its process is killed, a resume takes the run at once."""
-    from durable_agents.recovery import recover
+    from durable_agents.celery.recovery import recover
     from tests.support.wiring import wired
 
     run_id = "instant-hang-up"

@@ -20,9 +20,9 @@ import uuid
 
 import pytest
 
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine import names
 from durable_agents.engine.journal import Journal
-from durable_agents.storage import DjangoStore
 from tests.support.agents import count_effects
 from tests.support.chains import check_chain
 from tests.support.procs import ROOT, subprocess_env

@@ -15,10 +15,10 @@ from django.db import connections
 from django.utils import timezone
 
 import durable_agents as da
-from durable_agents.audit import verify
+from durable_agents.database.audit import verify
+from durable_agents.database.retention import KEPT_FORKED, prune
 from durable_agents.engine.errors import DurableAgentsError
 from durable_agents.models import ActionLog, ApprovalRequest, Run, Tombstone
-from durable_agents.retention import KEPT_FORKED, prune
 from tests.support.agents import echo, gated
 from tests.support.doubles import hooks_at_points
 from tests.support.people import make_user

@@ -23,8 +23,8 @@ import pytest
 from celery import _state as celery_state
 
 import durable_agents.tasks  # noqa: F401  (registers drive_run with the test's Celery app)
+from durable_agents.celery.recovery import recover
 from durable_agents.models import Run
-from durable_agents.recovery import recover
 from tests.support.agents import effects_connection
 from tests.support.celery_agents import ANSWER, CALLS, steps
 from tests.support.redis_server import RedisServer

@@ -20,10 +20,10 @@ import pytest
 from django.contrib.auth.models import User
 
 import durable_agents as da
+from durable_agents.celery.recovery import recover
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.journal import Journal
 from durable_agents.models import Run
-from durable_agents.recovery import recover
-from durable_agents.storage import DjangoStore
 from tests.support.agents import count_effects, effects_connection
 from tests.support.procs import run_json
 

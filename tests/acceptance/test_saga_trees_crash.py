@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 import durable_agents as da
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.journal import Journal
 from durable_agents.models import Run
-from durable_agents.storage import DjangoStore
 from tests.simulation.invariants import saga_violations
 from tests.support.agents import count_effects
 from tests.support.people import make_user

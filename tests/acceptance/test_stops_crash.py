@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 import durable_agents as da
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine import names
 from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.commands.timers import wake_timers
 from durable_agents.engine.journal import Journal
 from durable_agents.models import ApprovalRequest, Run
-from durable_agents.storage import DjangoStore
 from tests.simulation.invariants import saga_violations
 from tests.support.agents import count_effects, effects_connection
 from tests.support.people import make_user

@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
+from durable_agents.database.store import site_store
 from durable_agents.engine import names
 from durable_agents.engine.commands.recovery import recover
 from durable_agents.models import ApprovalRequest, Run
-from durable_agents.storage import site_store
 from tests.support.agents import count_effects
 from tests.support.people import make_user
 from tests.support.procs import ROOT, subprocess_env

@@ -30,11 +30,11 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 import durable_agents as da
+from durable_agents.celery.recovery import recover
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import RunInfo
 from durable_agents.models import Halt, Run
-from durable_agents.recovery import recover
-from durable_agents.storage import DjangoStore
 from tests.support.agents import count_effects, effects_connection
 from tests.support.procs import ROOT, run_json, subprocess_env
 

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from durable_agents.database.store import site_store
 from durable_agents.engine import names
 from durable_agents.models import ActionLog, Run
-from durable_agents.storage import site_store
 from tests.support.agents import count_effects
 from tests.support.people import make_user
 from tests.support.procs import run_module

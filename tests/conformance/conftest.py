@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.ports import RunInfo
-from durable_agents.storage import DjangoStore
 from durable_agents.testing import InMemoryStore
 from tests.support.doubles import crash_points
 from tests.support.stores import STORES

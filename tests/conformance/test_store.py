@@ -10,10 +10,10 @@ import time
 import pytest
 from django.db import connections
 
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.errors import ConfigError, LeaseLost
 from durable_agents.engine.ports import RunInfo
 from durable_agents.models import Run
-from durable_agents.storage import DjangoStore
 from tests.support.procs import in_threads, start
 from tests.support.stores import DB
 
@@ -636,7 +636,7 @@ def test_a_record_and_its_run_changes_are_stored_together_or_not_at_all(store, r
 @pytest.mark.parametrize("store_kind", ["postgres", "sqlite"])
 @pytest.mark.parametrize("prepared", [True, False])
 def test_a_failed_run_update_takes_its_record_with_it(store_kind, prepared):
-    from durable_agents.storage import DjangoStore
+    from durable_agents.database.store import DjangoStore
 
     store = DjangoStore(
         using="default" if store_kind == "postgres" else "sqlite", prepared=prepared

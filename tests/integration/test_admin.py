@@ -30,6 +30,7 @@ from django.utils import timezone
 
 import durable_agents as da
 import durable_agents.tasks  # registers drive_run with the Celery app of broker_down
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import RunInfo
 from durable_agents.models import (
@@ -43,7 +44,6 @@ from durable_agents.models import (
     Lease,
     Run,
 )
-from durable_agents.storage import DjangoStore
 from tests.support.admin_pages import client_for, messages_of, text_of
 from tests.support.agents import count_effects, echo, gated, halting, quorum
 from tests.support.journals import journal

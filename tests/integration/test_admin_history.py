@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 import durable_agents as da
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.model import (
     FINISH_STOP,
@@ -26,7 +27,6 @@ from durable_agents.engine.model import (
     Usage,
 )
 from durable_agents.models import ActionLog, ApprovalRequest, Run
-from durable_agents.storage import DjangoStore
 from tests.support.admin_pages import client_for, messages_of, text_of
 from tests.support.agents import echo, gated, lookup
 from tests.support.journals import journal

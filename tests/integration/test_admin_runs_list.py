@@ -16,9 +16,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 import durable_agents as da
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.ports import RunInfo
 from durable_agents.models import Run
-from durable_agents.storage import DjangoStore
 from tests.support.agents import echo
 from tests.support.people import make_user
 

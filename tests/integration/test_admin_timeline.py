@@ -16,11 +16,11 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 import durable_agents as da
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine import names
 from durable_agents.engine.journal import Journal, header
 from durable_agents.engine.ports import RunInfo
 from durable_agents.models import JournalEntry
-from durable_agents.storage import DjangoStore
 from tests.support.agents import echo, gated, halting
 from tests.support.doubles import hooks_at_points
 from tests.support.people import make_user

@@ -24,6 +24,7 @@ from django.utils import timezone
 import durable_agents as da
 from durable_agents.api.auth import issue_api_key
 from durable_agents.api.schemas import RunStatus
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.ports import STATUSES, RunInfo
 from durable_agents.models import (
     ActionLog,
@@ -35,7 +36,6 @@ from durable_agents.models import (
     JournalEntry,
     Run,
 )
-from durable_agents.storage import DjangoStore
 from tests.support.agents import count_effects, echo, gated, halting, quorum
 from tests.support.api import (
     API,

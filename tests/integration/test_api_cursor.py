@@ -12,9 +12,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.ports import RunInfo
 from durable_agents.models import ApprovalRequest, Halt, Run
-from durable_agents.storage import DjangoStore
 from tests.support.api import error, staff_with
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -16,9 +16,9 @@ from django.core.management.base import CommandError
 from django.test.utils import override_settings
 
 import durable_agents as da
+from durable_agents.database.store import site_store
 from durable_agents.engine.records import encode
 from durable_agents.models import ApprovalRequest, JournalEntry, Run
-from durable_agents.storage import site_store
 from tests.support import tamper
 from tests.support.agents import gated
 from tests.support.people import make_user

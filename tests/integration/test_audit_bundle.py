@@ -27,9 +27,9 @@ from django.test.utils import override_settings
 from django.utils import timezone
 
 import durable_agents as da
+from durable_agents.database.store import site_store
 from durable_agents.engine.approvals import decision_bytes, incarnation_of
 from durable_agents.models import ApprovalRequest, ApproverKey
-from durable_agents.storage import site_store
 from tests.support.agents import gated
 from tests.support.people import make_user
 from tests.support.procs import ROOT

@@ -17,12 +17,12 @@ from django.test.utils import override_settings
 from django.utils import timezone
 
 import durable_agents as da
+from durable_agents.database.store import site_store
 from durable_agents.engine.approvals import decision_bytes, incarnation_of
 from durable_agents.engine.errors import ConfigError, ProtocolError
 from durable_agents.models import ApprovalRequest, ApproverKey
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
-from durable_agents.storage import site_store
 from durable_agents.transfer import import_lines
 from tests.integration.test_audit_bundle import _isolated, _sandbox, _script, _site_key
 from tests.support.people import make_user
@@ -154,8 +154,8 @@ def test_a_run_without_sensitive_values_exports_as_before():
 
 
 def test_the_salt_key_setting_moves_the_markers():
-    from durable_agents.audit import redactor
     from durable_agents.conf import parse
+    from durable_agents.database.audit import redactor
 
     _signed_run("sv-key")
 

@@ -1,4 +1,4 @@
-"""The Redis transport of ``durable_agents.celery_transport``, at kombu's level: the state
+"""The Redis transport of ``durable_agents.celery.transport``, at kombu's level: the state
 celery 5.7.0 leaves a channel in when it closes a lost connection after ``collect()`` (a
 consumer's default channel still open, its pools dropped, its transport detached), built
 directly against a real Redis. kombu's own transport fails there on ``None.hostname`` (the
@@ -20,7 +20,7 @@ from kombu import Connection, Exchange, Queue
 from kombu.common import ignore_errors
 from kombu.transport import redis as kombu_redis
 
-from durable_agents.celery_transport import Transport
+from durable_agents.celery.transport import Transport
 from tests.support.workers import CeleryTarget
 
 # The kombu releases this orphaned-channel state was checked on; a new one needs the check
@@ -80,7 +80,7 @@ def test_kombus_own_transport_fails_on_hostname_there(target):
 
 def test_our_transport_fails_like_a_lost_connection(target, caplog):
     conn, message = _orphaned(target, Transport)
-    assert type(conn.default_channel).__module__ == "durable_agents.celery_transport"
+    assert type(conn.default_channel).__module__ == "durable_agents.celery.transport"
     ignore_errors(conn, conn.close)  # what celery does after collect(): swallowed
     with caplog.at_level(logging.WARNING):
         message.ack_log_error(logging.getLogger("test"), Transport.connection_errors)

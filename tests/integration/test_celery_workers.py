@@ -35,11 +35,11 @@ from django.db import transaction
 
 import durable_agents as da
 import durable_agents.tasks  # registers drive_run with the test's Celery app
+from durable_agents.celery.recovery import recover
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine import names as names_mod
 from durable_agents.engine.journal import Journal
 from durable_agents.models import JournalEntry, Lease, Run
-from durable_agents.recovery import recover
-from durable_agents.storage import DjangoStore
 from tests.support.agents import (
     count_effects,
     effects_connection,

@@ -18,13 +18,13 @@ from django.db import IntegrityError, connection, connections, transaction
 from django.db.migrations.executor import MigrationExecutor
 
 from durable_agents import storage
+from durable_agents.database.events import channel, listen_connection
+from durable_agents.database.followers import Registration
+from durable_agents.database.liveness import liveness_for
+from durable_agents.database.store import _HASHED_INSERT, DjangoStore
 from durable_agents.engine.audit import chain_hash, verify_run
 from durable_agents.engine.ports import RunInfo
-from durable_agents.events import channel, listen_connection
-from durable_agents.followers import Registration
-from durable_agents.liveness import liveness_for
 from durable_agents.models import JournalEntry
-from durable_agents.storage import _HASHED_INSERT, DjangoStore
 from tests.support.chains import check_chain
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,7 +8,7 @@ from django.core.checks import run_checks
 from django.test.utils import override_settings
 
 import durable_agents as da
-from durable_agents.schedule import beat_schedule
+from durable_agents.celery.schedule import beat_schedule
 
 pytestmark = pytest.mark.usefixtures("site_urls")
 

@@ -12,9 +12,9 @@ import pytest
 from django.db import close_old_connections, connections
 
 import durable_agents as da
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.ports import RunInfo
 from durable_agents.models import Run
-from durable_agents.storage import DjangoStore
 from tests.support.agents import count_effects, crash_agents
 from tests.support.doubles import hooks_at_points
 

@@ -13,11 +13,11 @@ from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext, override_settings
 
 import durable_agents as da
+from durable_agents.celery.recovery import recover
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import RunInfo
 from durable_agents.models import JournalEntry, Run
-from durable_agents.recovery import recover
-from durable_agents.storage import DjangoStore
 from tests.support.agents import echo, gated
 
 pytestmark = pytest.mark.django_db(transaction=True)

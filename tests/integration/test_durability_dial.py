@@ -21,12 +21,12 @@ import pytest
 from django.db import connections
 
 import durable_agents as da
+from durable_agents.database.prepared import Prepared
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.errors import ConfigError
 from durable_agents.engine.journal import Journal
-from durable_agents.prepared import Prepared
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
-from durable_agents.storage import DjangoStore
 from tests.support.stores import DB
 
 pytestmark = DB
@@ -99,7 +99,7 @@ class Statement:
 @contextmanager
 def statements() -> Iterator[list[Statement]]:
     """Every statement psycopg executes meanwhile, in this thread or any other, through a
-    cursor or straight through libpq (``durable_agents.prepared``)."""
+    cursor or straight through libpq (``durable_agents.database.prepared``)."""
     seen: list[Statement] = []
     original = psycopg.Cursor.execute
 

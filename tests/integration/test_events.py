@@ -1,4 +1,4 @@
-"""Following a run's journal live (``durable_agents.events``, ``agent.events``) on real
+"""Following a run's journal live (``durable_agents.database.events``, ``agent.events``) on real
 PostgreSQL (LISTEN/NOTIFY from the migration's triggers) and on SQLite (polling): records
 arrive in order, none is lost or repeated, a follower resumes after a seq, and it ends when
 the run pauses or ends."""
@@ -18,13 +18,13 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 import durable_agents as da
+from durable_agents.database.events import channel, events, listen_connection, ticks_of
+from durable_agents.database.followers import MIN_TTL, SETTLE_TIMEOUT, Registration
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.errors import NotFound
 from durable_agents.engine.ports import FINISHED, QUEUED, RUNNING, RunInfo
 from durable_agents.engine.records import Record
-from durable_agents.events import channel, events, listen_connection, ticks_of
-from durable_agents.followers import MIN_TTL, SETTLE_TIMEOUT, Registration
 from durable_agents.models import Follower, JournalEntry, Run
-from durable_agents.storage import DjangoStore
 from tests.support import procs
 from tests.support.agents import echo, gated
 
@@ -336,7 +336,7 @@ def test_a_write_that_probed_before_the_registration_committed_still_arrives_at_
 def test_one_trigger_chains_and_announces_a_record_whoever_writes_it():
     """Migration 0009: the chain's trigger also notifies, for the store's insert and for a
     plain ORM insert alike (``import`` writes so); no second journal trigger is left."""
-    from durable_agents.audit import verify
+    from durable_agents.database.audit import verify
     from durable_agents.models import JournalEntry
 
     with connections["default"].cursor() as cursor:

@@ -13,10 +13,10 @@ from django.test import AsyncClient
 from django.test.utils import override_settings
 
 from durable_agents.api.auth import issue_api_key
+from durable_agents.database.events import APPLICATION_NAME, frames
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.ports import FINISHED, RUNNING, RunInfo
-from durable_agents.events import APPLICATION_NAME, frames
 from durable_agents.models import Follower
-from durable_agents.storage import DjangoStore
 from tests.support.agents import echo
 from tests.support.api import API, Caller, error, staff_with
 from tests.support.people import make_user

@@ -15,6 +15,7 @@ from django.core.management.base import CommandError
 from django.test import Client
 
 import durable_agents as da
+from durable_agents.database.store import site_store
 from durable_agents.engine.export import EXPORT_FORMAT
 from durable_agents.engine.journal import Journal
 from durable_agents.models import (
@@ -26,7 +27,6 @@ from durable_agents.models import (
     Run,
     RunImport,
 )
-from durable_agents.storage import site_store
 from tests.support.agents import count_effects, gated
 from tests.support.api import API, error, staff_with
 from tests.support.people import make_user

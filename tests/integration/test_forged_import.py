@@ -24,6 +24,7 @@ from django.core.management.base import CommandError
 from django.test.utils import override_settings
 
 import durable_agents as da
+from durable_agents.database.store import site_store
 from durable_agents.engine.approvals import decision_bytes, incarnation_of
 from durable_agents.engine.audit import ACTION_NAME, action_content, chain_hash
 from durable_agents.engine.commands import runs
@@ -40,7 +41,6 @@ from durable_agents.models import (
     Run,
     RunImport,
 )
-from durable_agents.storage import site_store
 from tests.support.agents import count_effects, gated
 from tests.support.people import make_user
 from tests.support.signing import keypair

@@ -15,6 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 import durable_agents as da
+from durable_agents.database.store import site_store
 from durable_agents.engine.commands.halts import resolve_halt
 from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.commands.runs import cancel, hand_over
@@ -22,7 +23,6 @@ from durable_agents.engine.commands.timers import wake_timer, wake_timers
 from durable_agents.engine.commands.waits import answer_interrupt, enqueue, signal
 from durable_agents.engine.errors import RunImported
 from durable_agents.models import ActionLog, ApprovalRequest, Halt, JournalEntry, Run
-from durable_agents.storage import site_store
 from durable_agents.tasks import drive_run
 from durable_agents.transfer import export_lines, import_lines
 from tests.support.admin_pages import client_for, text_of

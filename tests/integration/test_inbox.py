@@ -14,8 +14,8 @@ from django.contrib.admin.utils import quote
 from django.urls import reverse
 
 import durable_agents as da
+from durable_agents.database.store import DjangoStore
 from durable_agents.models import ApprovalRequest, Decision, Halt, Run
-from durable_agents.storage import DjangoStore
 from tests.support.admin_pages import client_for, messages_of, text_of
 from tests.support.agents import count_effects, gated_tree, quorum
 from tests.support.inbox_agents import (

@@ -28,7 +28,7 @@ from django.utils import timezone
 
 import durable_agents as da
 from durable_agents import keys
-from durable_agents.audit import bundle
+from durable_agents.database.audit import bundle
 from durable_agents.engine.errors import ApprovalBadSignature, ConfigError
 from durable_agents.models import ActionLog, ApiKey, ApproverKey, KeyChallenge, Run
 from tests.integration.test_security import (

@@ -13,10 +13,10 @@ import pytest
 from django.db import connections
 
 import durable_agents as da
+from durable_agents.database.liveness import Liveness, close_all, liveness_for
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.journal import header
 from durable_agents.engine.ports import RunInfo
-from durable_agents.liveness import Liveness, close_all, liveness_for
-from durable_agents.storage import DjangoStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -271,7 +271,7 @@ def test_recovery_hands_a_dead_holders_run_over_once_per_interval():
     """Taking dead drivers at once does not flood the broker: the run recovery handed over
     is not sent again within the interval (``dispatched_at``), and a second recovery pass
     right after finds nothing to send."""
-    from durable_agents.recovery import recover
+    from durable_agents.celery.recovery import recover
     from tests.support.wiring import wired
 
     store = DjangoStore()

@@ -223,8 +223,8 @@ def test_wait_commands_refuse_bad_json_and_change_nothing():
 
 def test_the_command_a_halted_journal_step_names_runs_when_pasted():
     """``Journal.step`` says how to record a step's outcome; its command resolves the halt."""
+    from durable_agents.database.store import DjangoStore
     from durable_agents.engine.journal import Journal
-    from durable_agents.storage import DjangoStore
 
     journal = Journal(DjangoStore())
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.ports import FINISHED, RUNNING, RunInfo
 from durable_agents.models import Follower
-from durable_agents.storage import DjangoStore
 from tests.support import procs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.pgbouncer]

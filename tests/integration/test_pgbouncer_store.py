@@ -16,10 +16,10 @@ import uuid
 import pytest
 from django.db import connections
 
+from durable_agents.database.liveness import Liveness
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.journal import header
 from durable_agents.engine.ports import RunInfo
-from durable_agents.liveness import Liveness
-from durable_agents.storage import DjangoStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -24,14 +24,14 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 import durable_agents as da
+from durable_agents.celery.recovery import recover
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine import tree
 from durable_agents.engine.commands.recovery import RECOVERABLE
 from durable_agents.engine.commands.timers import wake_timers
 from durable_agents.models import Run
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
-from durable_agents.recovery import recover
-from durable_agents.storage import DjangoStore
 from tests.support.agents import echo, gated, gated_tree, halting, waiting
 from tests.support.people import make_user
 from tests.support.wiring import wired

@@ -20,10 +20,10 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext, override_settings
 from django.urls import reverse
 
+from durable_agents.celery.queue_health import STALLED_AFTER_INTERVALS, stalled_runs
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.ports import RunInfo
 from durable_agents.models import Run
-from durable_agents.queue_health import STALLED_AFTER_INTERVALS, stalled_runs
-from durable_agents.storage import DjangoStore
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 

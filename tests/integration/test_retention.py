@@ -1,4 +1,4 @@
-"""Retention (``manage.py durable_agents prune``, ``durable_agents.retention``): what goes,
+"""Retention (``manage.py durable_agents prune``, ``durable_agents.database.retention``): what goes,
 what stays and why, the export and the tombstones it leaves, verify and the system check
 over pruned runs, bad input, the setting, its beat entry and task."""
 
@@ -26,7 +26,9 @@ from django.test.utils import override_settings
 
 import durable_agents as da
 from durable_agents import tasks
-from durable_agents.audit import verify
+from durable_agents.celery.schedule import PRUNE_TASK, beat_schedule
+from durable_agents.database.audit import verify
+from durable_agents.database.store import site_store
 from durable_agents.engine.errors import RunPruned
 from durable_agents.engine.registry import get_agent
 from durable_agents.models import (
@@ -38,8 +40,6 @@ from durable_agents.models import (
     RunImport,
     Tombstone,
 )
-from durable_agents.schedule import PRUNE_TASK, beat_schedule
-from durable_agents.storage import site_store
 from durable_agents.transfer import export_lines, import_bytes
 from tests.support.agents import count_effects, echo, gated
 from tests.support.people import make_user

@@ -16,11 +16,11 @@ import pytest
 from django.db import connections
 
 import durable_agents as da
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.errors import LeaseLost
 from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
-from durable_agents.storage import DjangoStore
 from tests.support.stores import DB
 
 pytestmark = DB

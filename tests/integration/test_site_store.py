@@ -1,4 +1,4 @@
-"""The site's one store (``durable_agents.storage.site_store``): built once per settings,
+"""The site's one store (``durable_agents.database.store.site_store``): built once per settings,
 shared by the engine's commands, the admin and the API, and built again when the settings
 it reads change."""
 
@@ -8,8 +8,8 @@ import pytest
 from django.test import override_settings
 
 import durable_agents as da
+from durable_agents.database.store import DjangoStore, site_store
 from durable_agents.engine import runtime
-from durable_agents.storage import DjangoStore, site_store
 
 
 def test_one_store_for_the_site_and_the_engine():

@@ -14,8 +14,8 @@ import pytest
 from django.db import DataError, connections, transaction
 from psycopg.types.json import Jsonb
 
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.ports import RunInfo
-from durable_agents.storage import DjangoStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -38,7 +38,8 @@ def test_a_closed_connection_and_its_cursor_are_let_go():
 
 def test_statements_psycopg_deallocated_are_prepared_again():
     """psycopg sends ``DEALLOCATE ALL`` after a schema change it ran; the store's statements
-    prepared through libpq (``durable_agents.prepared``) are prepared again, and run once."""
+    prepared through libpq (``durable_agents.database.prepared``) are prepared again, and run
+    once."""
     store = DjangoStore()
     store.create_run(RunInfo("conn-2", agent="echo"))
     assert store.insert("conn-2", "step:a", '{"kind":"value"}')[1]  # prepared now

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 import durable_agents as da
+from durable_agents.database.store import site_store
 from durable_agents.engine import names
 from durable_agents.models import ActionLog, Run
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
-from durable_agents.storage import site_store
 from tests.support.people import make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.journal import Journal
 from durable_agents.models import JournalEntry, Run
-from durable_agents.storage import DjangoStore
 from example_project import agents
 from tests.support.procs import ROOT, in_threads, subprocess_env
 from tests.support.webhook_post import post

@@ -155,8 +155,8 @@ class Session:
     def __init__(self, db: Database, name: str, *, instant: bool = True) -> None:
         from django.db.utils import load_backend
 
-        from durable_agents.liveness import Liveness
-        from durable_agents.storage import DjangoStore
+        from durable_agents.database.liveness import Liveness
+        from durable_agents.database.store import DjangoStore
 
         self.db = db
         self.name = name

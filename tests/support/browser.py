@@ -150,7 +150,7 @@ def screenshot(page: Page, path: Path) -> Path:
 def wait_streams_closed(timeout: float = 10.0) -> None:
     """Wait until no run page's live stream holds a database connection (each notices its
     page is gone on its next keep-alive): the test database can then be dropped."""
-    from durable_agents.events import APPLICATION_NAME
+    from durable_agents.database.events import APPLICATION_NAME
 
     def closed() -> bool:
         with connections["default"].cursor() as cursor:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.audit import verify_run
 from durable_agents.models import JournalEntry
-from durable_agents.storage import DjangoStore
 
 
 def check_chain(run_id: str) -> None:

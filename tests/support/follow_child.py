@@ -12,9 +12,9 @@ import django
 
 django.setup()
 
+from durable_agents.database.events import ticks_of  # noqa: E402
 from durable_agents.engine.follow import ends  # noqa: E402
 from durable_agents.engine.records import Record  # noqa: E402
-from durable_agents.events import ticks_of  # noqa: E402
 
 
 def main() -> None:

@@ -21,8 +21,8 @@ import django
 django.setup()
 
 import durable_agents as da  # noqa: E402
+from durable_agents.database.store import DjangoStore  # noqa: E402
 from durable_agents.engine.agent import get_agent  # noqa: E402
-from durable_agents.storage import DjangoStore  # noqa: E402
 from tests.support.agents import fire  # noqa: E402
 
 

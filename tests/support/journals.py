@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.journal import Journal
-from durable_agents.storage import DjangoStore
 
 
 def journal(run_id: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Helpers of the retention tests (``durable_agents.retention``): aging runs, running
+"""Helpers of the retention tests (``durable_agents.database.retention``): aging runs, running
 ``prune`` in a child process (killed at a failpoint if asked), and the invariant every
 crash must keep: each run is whole, or gone with a tombstone and an export holding it."""
 

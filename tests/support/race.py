@@ -62,8 +62,8 @@ slow_agent = da.Agent(SLOW_AGENT, ScriptedModel(SLOW_SCRIPT), "Act on every item
 def race(agent_name: str, run_ids: list[str]) -> dict[str, Any]:
     from django.db import connections
 
+    from durable_agents.database.store import DjangoStore
     from durable_agents.engine.agent import get_agent
-    from durable_agents.storage import DjangoStore
 
     agent = get_agent(agent_name)
     store = DjangoStore()

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from durable_agents.database.store import DjangoStore
 from durable_agents.engine.journal import Journal
 from durable_agents.providers.scripted import Turn
-from durable_agents.storage import DjangoStore
 from tests.support.agents import CRASH_SCRIPT, count_effects
 from tests.support.chains import check_chain
 from tests.support.procs import start

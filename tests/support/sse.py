@@ -1,4 +1,4 @@
-"""Reading Server-Sent Events (``durable_agents.events``) as a client does: parsing the
+"""Reading Server-Sent Events (``durable_agents.database.events``) as a client does: parsing the
 text, and following a stream over a real HTTP connection."""
 
 from __future__ import annotations

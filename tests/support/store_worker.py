@@ -12,7 +12,7 @@ django.setup()
 
 from django.db import connections  # noqa: E402
 
-from durable_agents.storage import DjangoStore  # noqa: E402
+from durable_agents.database.store import DjangoStore  # noqa: E402
 
 
 def main() -> None:

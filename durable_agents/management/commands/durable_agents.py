@@ -8,7 +8,8 @@ must exist, be active and hold the permission the admin would ask for (the table
 records the user and the ``command`` channel. ``import`` takes ``--by`` the same way (it
 needs ``import_runs``) and keeps runs inert evidence unless ``--live`` (docs/replay.md).
 ``prune`` exports, then deletes, runs finished before a date, as ``--by`` (who needs
-``delete_run``), leaving a tombstone each (``durable_agents.retention``, docs/retention.md).
+``delete_run``), leaving a tombstone each (``durable_agents.database.retention``,
+docs/retention.md).
 """
 
 from __future__ import annotations
@@ -241,8 +242,8 @@ class Command(BaseCommand):
     # -- reading ------------------------------------------------------------------------
 
     def _runs(self, options: dict[str, Any]) -> None:
+        from durable_agents.celery.queue_health import stalled_runs
         from durable_agents.engine.commands.runs import pending
-        from durable_agents.queue_health import stalled_runs
 
         if options.get("by") is not None:
             actor_for(options["by"])  # a --by that names nobody fails before anything prints
@@ -275,7 +276,7 @@ class Command(BaseCommand):
             )
 
     def _recover(self, options: dict[str, Any]) -> None:
-        from durable_agents.recovery import recover
+        from durable_agents.celery.recovery import recover
 
         sent = recover()
         self.stdout.write(f"re-enqueued {len(sent)} run(s)")
@@ -317,7 +318,7 @@ class Command(BaseCommand):
             self.stdout.write(f"  {run_id}")
 
     def _prune(self, options: dict[str, Any]) -> None:
-        from durable_agents.retention import prune
+        from durable_agents.database.retention import prune
 
         cutoff = _cutoff(options["finished_before"])
         by = actor_for(options["by"])
@@ -345,7 +346,7 @@ class Command(BaseCommand):
             self.stderr.write("note: no --export: only the tombstones say what was deleted")
 
     def _verify(self, options: dict[str, Any]) -> None:
-        from durable_agents.audit import verify
+        from durable_agents.database.audit import verify
 
         if bool(options["run_ids"]) == bool(options["all"]):
             raise CommandError("name the runs to verify, or --all (not both)")
@@ -367,7 +368,7 @@ class Command(BaseCommand):
             raise CommandError("; ".join(said), returncode=1)
 
     def _bundle(self, options: dict[str, Any]) -> None:
-        from durable_agents.audit import bundle
+        from durable_agents.database.audit import bundle
 
         found = bundle(options["run_id"])
         imported = found.get("imported")

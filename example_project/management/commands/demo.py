@@ -27,9 +27,9 @@ from django.test import RequestFactory
 from django.urls import resolve, reverse
 
 import durable_agents as da
+from durable_agents.celery.recovery import recover
 from durable_agents.conf import get_settings
-from durable_agents.recovery import recover
-from durable_agents.storage import site_store
+from durable_agents.database.store import site_store
 from durable_agents.webhooks import sign
 from example_project import agents
 

@@ -12,8 +12,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 import durable_agents as da
+from durable_agents.database.store import site_store
 from durable_agents.engine.journal import Journal
-from durable_agents.storage import site_store
 from example_project import agents
 from example_project.trips import trip
 

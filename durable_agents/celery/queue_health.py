@@ -16,9 +16,9 @@ from datetime import datetime, timedelta
 from django.db.models import Count, Exists, OuterRef, Window
 from django.db.models.functions import Now
 
-from .conf import Settings, get_settings
-from .engine.ports import KIND_AGENT, QUEUED
-from .models import Lease, Run
+from ..conf import Settings, get_settings
+from ..engine.ports import KIND_AGENT, QUEUED
+from ..models import Lease, Run
 
 # How many recovery intervals a queued run may wait before it counts as stalled: recovery
 # sends a lost message again after one or two intervals, and a worker takes it at once.

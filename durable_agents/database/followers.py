@@ -2,7 +2,7 @@
 
 A ``NOTIFY`` serialises its transaction's commit with every other notifying commit on the
 server, so the triggers of migration 0010 notify a run's channel only while the run has an
-unexpired ``Follower`` row. A follower (``durable_agents.events``) registers one on its own
+unexpired ``Follower`` row. A follower (``durable_agents.database.events``) registers one on its own
 autocommit connection after it ``LISTEN``s and before it first reads, refreshes its expiry
 while it follows, and deletes it when it stops; a crashed follower's row expires, and the
 next registration anywhere sweeps it.
@@ -30,9 +30,9 @@ from typing import Any
 
 import psycopg
 
-from .engine import runtime
-from .engine.follow import Wait
-from .models import Follower, Lease, Run
+from ..engine import runtime
+from ..engine.follow import Wait
+from ..models import Follower, Lease, Run
 
 _F = Follower._meta.db_table
 _R = Run._meta.db_table

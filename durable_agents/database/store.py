@@ -37,8 +37,8 @@ from django.dispatch import receiver
 from django.utils.dateparse import parse_datetime
 from psycopg.types.json import Jsonb
 
-from .engine import failpoints
-from .engine.audit import (
+from ..engine import failpoints
+from ..engine.audit import (
     ACTION_FIELDS,
     ACTION_NAME,
     Link,
@@ -46,14 +46,14 @@ from .engine.audit import (
     action_hash,
     chain_hash,
 )
-from .engine.errors import (
+from ..engine.errors import (
     ApprovalNotFound,
     ConfigError,
     LeaseLost,
     RunPruned,
     StorageError,
 )
-from .engine.ports import (
+from ..engine.ports import (
     APPROVAL_PENDING,
     HALT_OPEN,
     HALT_ORPHANED,
@@ -75,9 +75,8 @@ from .engine.ports import (
     changed_under,
     same_request,
 )
-from .engine.records import encode
-from .liveness import KEY, Liveness, liveness_for
-from .models import (
+from ..engine.records import encode
+from ..models import (
     ActionLog,
     ApprovalRequest,
     Decision,
@@ -88,6 +87,7 @@ from .models import (
     Run,
     Tombstone,
 )
+from .liveness import KEY, Liveness, liveness_for
 from .prepared import Prepared
 
 _J = JournalEntry._meta.db_table
@@ -319,7 +319,7 @@ class DjangoStore:
         direct: str | None = None,
     ) -> None:
         if using is None or prepared is None or instant_takeover is None or pooled is None:
-            from .conf import get_settings
+            from ..conf import get_settings
 
             settings = get_settings()
             using = settings.database if using is None else using
@@ -1623,7 +1623,7 @@ class DjangoStore:
     def announce(self, event: str, details: Mapping[str, Any]) -> None:
         """Send ``event``'s Django signal after this database's transaction commits
         (``durable_agents.signals``)."""
-        from .signals import send_after_commit
+        from ..signals import send_after_commit
 
         send_after_commit(event, details, using=self.using)
 

@@ -23,7 +23,7 @@ from django.core import checks
 
 def worker_errors() -> list[checks.CheckMessage]:
     """This app's check messages at ``ERROR`` or above that a worker must not start with."""
-    from .checks import check_settings
+    from ..checks import check_settings
 
     silenced = set(getattr(django_settings, "SILENCED_SYSTEM_CHECKS", ()))
     return [m for m in check_settings() if m.is_serious() and m.id not in silenced]
@@ -59,5 +59,5 @@ def connect() -> None:
     from celery import signals
 
     signals.worker_init.connect(
-        refuse_bad_settings, dispatch_uid="durable_agents.worker_start", weak=False
+        refuse_bad_settings, dispatch_uid="durable_agents.celery.worker_start", weak=False
     )

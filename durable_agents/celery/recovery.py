@@ -6,8 +6,8 @@ engine's runtime). Celery beat runs it (``durable_agents.tasks.recover_runs``); 
 
 from __future__ import annotations
 
-from .engine.commands.recovery import RECOVERABLE
-from .engine.commands.recovery import recover as _recover
+from ..engine.commands.recovery import RECOVERABLE
+from ..engine.commands.recovery import recover as _recover
 
 __all__ = ["RECOVERABLE", "recover"]
 

@@ -2,7 +2,7 @@
 
 Select it with Celery's ``broker_transport`` setting; the broker URL stays ``redis://…``::
 
-    CELERY_BROKER_TRANSPORT = "durable_agents.celery_transport:Transport"
+    CELERY_BROKER_TRANSPORT = "durable_agents.celery.transport:Transport"
 
 Why: under load, celery 5.7.0 can kill a worker when Redis restarts, with ``CRITICAL
 Unrecoverable error: AttributeError("'NoneType' object has no attribute 'hostname'")``. On a

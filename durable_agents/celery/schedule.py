@@ -2,7 +2,7 @@
 
 In ``settings.py``, after ``DURABLE_AGENTS``::
 
-    from durable_agents.schedule import beat_schedule
+    from durable_agents.celery.schedule import beat_schedule
 
     CELERY_BEAT_SCHEDULE = {**beat_schedule(DURABLE_AGENTS)}
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .conf import parse
-from .engine.errors import ConfigError
+from ..conf import parse
+from ..engine.errors import ConfigError
 
 RECOVER_TASK = "durable_agents.tasks.recover_runs"
 WAKE_TASK = "durable_agents.tasks.wake_timers"

@@ -38,7 +38,7 @@ from typing import Any
 import psycopg
 from django.db import connections
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("durable_agents.liveness")
 # The advisory lock key of a lease token: its md5's first 64 bits (``storage._LOCK_HELD``
 # probes the same two halves in pg_locks).
 KEY = "('x' || substr(md5({}), 1, 16))::bit(64)::bigint"

@@ -3,7 +3,7 @@
 On PostgreSQL every journal insert and every change of a run's status notifies the run's
 channel while someone follows the run (triggers of migrations 0006, 0009 and 0010); a
 follower ``LISTEN``s on a dedicated autocommit connection of its own, registers itself
-(``durable_agents.followers``: only followed runs notify), *then* reads the backlog, then
+(``durable_agents.database.followers``: only followed runs notify), *then* reads the backlog, then
 reads again whenever a notification arrives, so no record committed in between is missed and
 none is repeated (each read starts after the last ``seq`` seen). Its registration is deleted
 and the dedicated connection closed when the iterator ends or is closed. Behind a
@@ -30,14 +30,14 @@ from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
 from django.http import HttpRequest, StreamingHttpResponse
 
-from .conf import get_settings
-from .engine.errors import NotFound
-from .engine.follow import POLL_SECONDS, Wait, pauses_or_ends, polling, ticks
-from .engine.ports import Entry, RunInfo
-from .engine.records import Record
+from ..conf import get_settings
+from ..engine.errors import NotFound
+from ..engine.follow import POLL_SECONDS, Wait, pauses_or_ends, polling, ticks
+from ..engine.ports import Entry, RunInfo
+from ..engine.records import Record
+from ..models import JournalEntry, Run
 from .followers import Registration
-from .models import JournalEntry, Run
-from .storage import DjangoStore, site_store
+from .store import DjangoStore, site_store
 
 _J = JournalEntry._meta.db_table
 _R = Run._meta.db_table
@@ -54,7 +54,7 @@ APPLICATION_NAME = "durable_agents.events"
 
 def listen_connection(using: str, *, pooled: bool = False) -> psycopg.Connection[Any]:
     """A new autocommit connection to the database ``using`` names, with its settings;
-    ``pg_stat_activity`` shows it as ``durable_agents.events`` unless the settings name the
+    ``pg_stat_activity`` shows it as ``durable_agents.database.events`` unless the settings name the
     application. ``pooled``: ``using`` goes through a transaction pooler, so psycopg must
     never prepare a statement on it (the next statement may reach another server
     connection)."""

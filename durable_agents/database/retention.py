@@ -33,12 +33,12 @@ from django.db import connections, transaction
 from django.db.models import Count, Max
 from django.utils import timezone
 
-from .conf import get_settings
-from .engine import failpoints, identity
-from .engine.audit import tombstone_message
-from .engine.errors import ConfigError
-from .engine.ports import KIND_AGENT, NOT_IMPORTED, TERMINAL_STATUSES
-from .models import (
+from ..conf import get_settings
+from ..engine import failpoints, identity
+from ..engine.audit import tombstone_message
+from ..engine.errors import ConfigError
+from ..engine.ports import KIND_AGENT, NOT_IMPORTED, TERMINAL_STATUSES
+from ..models import (
     ApprovalRequest,
     Decision,
     Follower,
@@ -49,7 +49,7 @@ from .models import (
     RunImport,
     Tombstone,
 )
-from .permissions import DELETE_RUN
+from ..permissions import DELETE_RUN
 
 __all__ = ["PruneReport", "prune"]
 
@@ -255,7 +255,7 @@ def _present(using: str, trees: list[_Tree]) -> list[_Tree]:
 def _write_export(folder: Path, run_ids: list[str], stamp: str) -> tuple[Path, str]:
     """Write the export of ``run_ids`` under ``folder``; durable (file and folder fsynced)
     before this returns. Its name and sha256."""
-    from .transfer import export_runs
+    from ..transfer import export_runs
 
     name = folder / f"prune-{stamp}-{os.getpid()}.jsonl"
     part = name.with_name(name.name + ".part")
@@ -385,7 +385,7 @@ def _prune_batch(
             for tree in gone:
                 report.kept[tree.root] = KEPT_FORKED
             return
-        from .storage import DjangoStore
+        from .store import DjangoStore
 
         DjangoStore(using).log_action(
             identity.logged(

@@ -22,7 +22,7 @@ from typing import Any
 from django.db.backends.signals import connection_created
 from django.dispatch import receiver
 
-from .engine.audit import (
+from ..engine.audit import (
     BUNDLE_FORMAT,
     ChainReport,
     action_content,
@@ -34,8 +34,8 @@ from .engine.audit import (
     verify_links,
     verify_run,
 )
-from .engine.errors import ConfigError, DurableAgentsError, NotFound
-from .engine.sensitive import Redactor, derive_key
+from ..engine.errors import ConfigError, DurableAgentsError, NotFound
+from ..engine.sensitive import Redactor, derive_key
 
 __all__ = [
     "ImportTrust",
@@ -53,7 +53,7 @@ __all__ = [
 UNTRUSTED_IMPORT = "imported; no trusted signed head"
 
 
-@receiver(connection_created, dispatch_uid="durable_agents.audit.sqlite")
+@receiver(connection_created, dispatch_uid="durable_agents.database.audit.sqlite")
 def _register_sqlite_hash(sender: Any, connection: Any, **kwargs: Any) -> None:
     if connection.vendor == "sqlite":
         connection.connection.create_function(
@@ -70,8 +70,8 @@ def verify(
 ) -> list[ChainReport]:
     """Verify the chains of ``run_ids`` (every run when None), and the site's action log
     when ``actions``; one report each, in that order."""
-    from .models import Run, Tombstone
-    from .storage import DjangoStore
+    from ..models import Run, Tombstone
+    from .store import DjangoStore
 
     store = DjangoStore(using)
     runs = Run.objects.using(store.using)
@@ -147,7 +147,7 @@ def tombstone_report(stone: Any) -> ChainReport:
 def sample_check(size: int, *, using: str | None = None) -> list[ChainReport]:
     """The broken chains among the ``size`` most recently updated runs (the system check;
     an imported run no trusted head vouches for is not broken, only unverified)."""
-    from .models import Run, Tombstone
+    from ..models import Run, Tombstone
 
     runs = Run.objects.using(using or _database()).order_by("-updated_at")
     broken = [
@@ -178,7 +178,7 @@ class ImportTrust:
 def trusted_keys() -> set[str]:
     """The public keys (base64) whose signed heads vouch for an imported run: the setting
     ``TRUSTED_AUDIT_KEYS``, and the site's own signing key."""
-    from .conf import get_settings
+    from ..conf import get_settings
 
     settings = get_settings()
     keys = set(settings.trusted_audit_keys)
@@ -192,7 +192,7 @@ def import_trust(run_id: str, *, using: str | None = None) -> ImportTrust | None
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    from .models import JournalEntry, RunImport
+    from ..models import JournalEntry, RunImport
 
     using = using or _database()
     found = RunImport.objects.using(using).filter(run_id=run_id).first()
@@ -243,7 +243,7 @@ def _vouched(report: ChainReport, using: str) -> ChainReport:
 
 
 def _database() -> str:
-    from .conf import get_settings
+    from ..conf import get_settings
 
     return get_settings().database
 
@@ -254,9 +254,9 @@ def redactor(run_id: str, *, using: str | None = None) -> Redactor:
     in the run, and the key derived from ``AUDIT_SALT_KEY`` (else ``SECRET_KEY``)."""
     from django.conf import settings
 
-    from .conf import get_settings
-    from .engine.registry import get_agent
-    from .models import ApprovalRequest, Decision, Halt, JournalEntry, Run
+    from ..conf import get_settings
+    from ..engine.registry import get_agent
+    from ..models import ApprovalRequest, Decision, Halt, JournalEntry, Run
 
     using = using or _database()
     agent_name = Run.objects.using(using).filter(pk=run_id).values_list("agent", flat=True).first()
@@ -319,8 +319,8 @@ def sign_head(run_id: str, *, using: str | None = None) -> dict[str, Any]:
     An imported run no trusted head vouches for is never signed with the site's key: its
     head carries the file's own signature (when the chain still ends at the head it
     signed), and ``imported`` says so."""
-    from .conf import get_settings
-    from .storage import DjangoStore
+    from ..conf import get_settings
+    from .store import DjangoStore
 
     store = DjangoStore(using)
     report = verify_links(run_id, store.chain(run_id))
@@ -357,12 +357,12 @@ def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
     carried); its head is signed by this site only when that head is trusted."""
     from django.contrib.auth import get_user_model
 
-    from .engine.approvals import decision_bytes
-    from .engine.journal import Journal
-    from .engine.names import RUN_START
-    from .models import ActionLog, Decision, JournalEntry, Run
-    from .people import approver_keys
-    from .storage import DjangoStore
+    from ..engine.approvals import decision_bytes
+    from ..engine.journal import Journal
+    from ..engine.names import RUN_START
+    from ..models import ActionLog, Decision, JournalEntry, Run
+    from ..people import approver_keys
+    from .store import DjangoStore
 
     store = DjangoStore(using)
     if not Run.objects.using(store.using).filter(pk=run_id).exists():
@@ -453,7 +453,7 @@ def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
 
 
 def _imported(run_id: str, using: str, hide: Redactor) -> dict[str, Any] | None:
-    from .models import RunImport
+    from ..models import RunImport
 
     found = RunImport.objects.using(using).filter(run_id=run_id).first()
     trust = import_trust(run_id, using=using)

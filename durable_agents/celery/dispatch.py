@@ -12,9 +12,9 @@ import logging
 
 from django.db import transaction
 
-from .conf import get_settings
+from ..conf import get_settings
 
-log = logging.getLogger("durable_agents.dispatch")
+log = logging.getLogger("durable_agents.celery.dispatch")
 
 
 def enqueue(run_id: str) -> None:
@@ -34,7 +34,7 @@ def send_to_celery(run_id: str) -> None:
 
 
 def drive_inline(run_id: str) -> None:
-    from .engine.commands.runs import drive_quietly
+    from ..engine.commands.runs import drive_quietly
 
     outcome = drive_quietly(run_id)
     log.debug("run %s driven inline: %s", run_id, outcome)
