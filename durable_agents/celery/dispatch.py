@@ -14,7 +14,7 @@ from django.db import transaction
 
 from ..conf import get_settings
 
-log = logging.getLogger("durable_agents.celery.dispatch")
+log = logging.getLogger("durable_agents.dispatch")
 
 
 def enqueue(run_id: str) -> None:

@@ -37,7 +37,7 @@ from ..loop import announce_failure
 from ..ports import COMPENSATING, FAILED, QUEUED, RUNNING, RunInfo, Store
 from ..retry import DRIVER_LOST, EXHAUSTED, RetryPolicy, due_at
 
-log = logging.getLogger("durable_agents.celery.recovery")
+log = logging.getLogger("durable_agents.recovery")
 
 RECOVERABLE = (QUEUED, RUNNING, COMPENSATING, FAILED)
 # The longest a run that stays queued waits between two hand-overs by recovery (seconds).
