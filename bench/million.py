@@ -55,7 +55,7 @@ def use(name: str) -> None:
     """Point Django's default connection at database ``name``."""
     from django.db import connections
 
-    from durable_agents import liveness
+    from durable_agents.database import liveness
 
     liveness.close_all()
     connections.close_all()

@@ -535,3 +535,56 @@ class Tombstone(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id} pruned by {self.pruned_by}"
+
+
+class Slot(models.Model):
+    """A slot of a concurrency limit (``engine.limits``) held by a run, or by one call of it,
+    under the run's lease ``token``. Counted only while that lease is live, so a dead
+    driver's slot frees with its lease; the next claim of the key deletes it."""
+
+    key = models.CharField(max_length=300)
+    holder = models.CharField(max_length=RUN_ID_LENGTH + 100)
+    run_id = models.CharField(max_length=RUN_ID_LENGTH)
+    token = models.CharField(max_length=64)
+    taken_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["key", "holder"], name="da_slot_key_holder")]
+
+    def __str__(self) -> str:
+        return f"{self.key} held by {self.holder}"
+
+
+class RateBucket(models.Model):
+    """A rate limit's bucket (GCRA): when the next permit is due if calls keep coming at
+    the rate (``tat``, the theoretical arrival time), by the database clock."""
+
+    key = models.CharField(primary_key=True, max_length=300)
+    tat = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class Throttle(models.Model):
+    """Why a throttled run waits and when it tries again (``engine.limits``); one row per run,
+    replaced each time it is throttled. Read only beside a run whose status is
+    ``throttled``: a row left from an earlier wait means nothing."""
+
+    run_id = models.CharField(primary_key=True, max_length=RUN_ID_LENGTH)
+    agent = models.CharField(max_length=200, blank=True, default="")
+    key = models.CharField(max_length=300)
+    reason = models.CharField(max_length=16)
+    limit = models.CharField(max_length=64, blank=True, default="")
+    retry_at = models.DateTimeField()
+    since = models.DateTimeField()
+    tries = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["key", "since"], name="da_throttle_key"),
+            models.Index(fields=["retry_at"], name="da_throttle_retry"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} waits for {self.key}"

@@ -87,6 +87,7 @@ from ..models import (
     Run,
     Tombstone,
 )
+from .limits import Limits
 from .liveness import KEY, Liveness, liveness_for
 from .prepared import Prepared
 
@@ -305,7 +306,7 @@ def _forget_site_store(*, setting: str, **kwargs: Any) -> None:
         _site = None
 
 
-class DjangoStore:
+class DjangoStore(Limits):
     """The Store port over a Django database alias."""
 
     def __init__(

@@ -45,6 +45,7 @@ class Agent(AgentDefinition):
         on_drift: str | None = None,
         saga: bool = False,
         durability: str = "sync",
+        max_concurrent_runs: int | None = None,
     ) -> None:
         super().__init__(
             name,
@@ -58,6 +59,7 @@ class Agent(AgentDefinition):
             on_drift=on_drift,
             saga=saga,
             durability=durability,
+            max_concurrent_runs=max_concurrent_runs,
         )
         registry.register(self)
 

@@ -14,6 +14,7 @@ from typing import Any
 from . import durability as dial
 from .errors import ConfigError
 from .fingerprint import fingerprint
+from .limits import check_limit
 from .model import Model, Usage
 from .tools import Tool
 
@@ -61,6 +62,7 @@ class AgentDefinition:
         on_drift: str | None = None,
         saga: bool = False,
         durability: str = "sync",
+        max_concurrent_runs: int | None = None,
     ) -> None:
         if not isinstance(name, str) or not name or len(name) > 200:
             raise ConfigError("an agent needs a name of 1-200 characters", code="config.agent")
@@ -104,6 +106,12 @@ class AgentDefinition:
         self.tool_concurrency = tool_concurrency
         self.model_retry = model_retry or ModelRetry()
         self.on_drift = on_drift
+        # How many of this agent's runs may be driven at once, across every process
+        # (``engine.limits``); None: no limit. Not part of the fingerprint: a limit changes
+        # when a run goes, not what it does.
+        self.max_concurrent_runs = check_limit(
+            max_concurrent_runs, f"agent {name!r}: max_concurrent_runs"
+        )
         self._specs: list[Any] | None = None
         self._fingerprint: dict[str, Any] | None = None
 

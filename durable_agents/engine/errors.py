@@ -441,6 +441,15 @@ class TimerPending(Pause):
     code = "run.sleeping"
 
 
+class Throttled(Pause):
+    """A limit is full (a slot of its agent or of a tool, a rate): the run waits, and tries
+    again at ``details['retry_at']`` or when a slot it waits for is given back. Not a
+    failure, and nothing recorded is repeated (docs/limits.md)."""
+
+    status = "throttled"
+    code = "run.throttled"
+
+
 class ChildPending(Pause):
     """A call waits for its sub-run (``agent.as_tool()``), which paused or is driven
     elsewhere. The parent pauses in its child's status (``details['child_status']``): a

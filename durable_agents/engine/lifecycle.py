@@ -16,6 +16,9 @@ can leave a run in is terminal or picked up by something that does not need a pe
 * ``awaiting_approval``, ``awaiting_input``, ``sleeping``, ``halted``: a person's decision,
   answer, resolution, a signal or a timer moves it on, and the sweep (``wake_timers``)
   finishes what one of them left half done, or what its ancestors' stop asks of it;
+* ``throttled``: a limit was full (``engine.limits``); the sweep hands it over when its retry
+  is due, a driver giving back a slot it waits for sooner, and a decision or an answer that
+  lands meanwhile queues it as it would a paused run;
 * ``failed`` for good: a person's (``pending()`` says why); nothing drives it again on
   its own, and under a stopped ancestor nothing can (its drive stops first).
 """
@@ -40,6 +43,7 @@ from .ports import (
     RUNNING,
     SLEEPING,
     STATUSES,
+    THROTTLED,
     Store,
 )
 
@@ -53,7 +57,7 @@ SWEEP = "sweep"  # the sweep of paused runs (``commands.timers.wake_timers``)
 
 MOVERS = (CREATE, DRIVER, PERSON, SUB_RUN, RECOVERY, SWEEP)
 
-PAUSED = (AWAITING_APPROVAL, AWAITING_INPUT, SLEEPING, HALTED)
+PAUSED = (AWAITING_APPROVAL, AWAITING_INPUT, SLEEPING, HALTED, THROTTLED)
 _NOT_TERMINAL = frozenset(NOT_TERMINAL_STATUSES)
 
 
@@ -98,6 +102,7 @@ MOVES: tuple[Move, ...] = (
     _m(HALTED, _NOT_TERMINAL, DRIVER, "a live attempt with no outcome (a halt row saved)"),
     _m(AWAITING_INPUT, (RUNNING, FAILED), DRIVER, "a wait, a sub-run's pause (`wait:`, `child:`)"),
     _m(SLEEPING, (RUNNING, FAILED), DRIVER, "every wait is a timer"),
+    _m(THROTTLED, (RUNNING,), DRIVER, "a limit is full: a slot or a rate permit (`Throttled`)"),
     _m(QUEUED, (RUNNING,), DRIVER, "the worker shuts down after the step in flight"),
     _m(FINISHED, _NOT_TERMINAL, DRIVER, "`run:complete` (a row behind its journal repaired)"),
     _m(FAILED, _NOT_TERMINAL, DRIVER, "a drive's error (its agent not loaded here, too)"),
@@ -136,7 +141,13 @@ MOVES: tuple[Move, ...] = (
     _m(HALTED, (FAILED,), PERSON, "`fork:done` with a call in flight"),
     _m(AWAITING_INPUT, (FAILED,), PERSON, "`fork:done` of a sub-run its forked parent drives"),
     _m(QUEUED, PAUSED, SUB_RUN, "a sub-run ended: its paused parent goes on"),
-    _m(QUEUED, PAUSED, SWEEP, "a timer due, a wait answered, a sub-run ended, a stop above"),
+    _m(
+        QUEUED,
+        PAUSED,
+        SWEEP,
+        "a timer due, a wait answered, a sub-run ended, a stop above; a throttled run's "
+        "retry due, or a slot it waits for given back",
+    ),
     _m(RUNNING, (RUNNING,), RECOVERY, "its driver died: a failed attempt, handed over"),
     _m(COMPENSATING, (COMPENSATING,), RECOVERY, "its rollback's driver died: handed over"),
     _m(FAILED, (RUNNING, COMPENSATING), RECOVERY, "its driver died too often in a row"),

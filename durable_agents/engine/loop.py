@@ -53,6 +53,7 @@ from .errors import (
     SagaAborted,
     SignalPending,
     StorageError,
+    Throttled,
     TimerPending,
     ToolArgumentsError,
     ToolOutcomeUnknown,
@@ -96,6 +97,7 @@ from .ports import (
 from .records import Record, decode, encode, refuse_nul, validate_run_id
 from .redact import error_text, unknown_reason
 from .stops import close_cancelled
+from .throttle import DriveLimits, OwnSlotsFull
 from .tools import Tool, ToolContext, json_result
 from .transcript import RunState, outcome_of
 from .waits import CallWaits, channel_has_message
@@ -498,6 +500,9 @@ class Driver:
         self._above: list[str] | None = None
         # A tool of a saga that raised ``SagaAborted``: the run aborts once the turn settles.
         self._abort: SagaAborted | None = None
+        # The slots and rate permits this drive takes (``engine.throttle``).
+        self.limits = DriveLimits(store, run_id, agent, self.fence)
+        self._tool_slots: dict[str, str | None] = {}  # call id -> the tool slot's holder
 
     @property
     def saga(self) -> bool:
@@ -573,6 +578,9 @@ class Driver:
             return self._loop()
         except stops.TreeStopped as stopped:
             self._obey(stopped.stop)
+        except Throttled as throttled:
+            self.limits.settle(throttled)
+            raise
         except Pause:
             raise
         except (LeaseLost, RunBusy):
@@ -600,6 +608,8 @@ class Driver:
                 sagas.abort(self, internal)
             self._fail("internal", error_text(exc), retryable=False)
             raise
+        finally:
+            self.limits.release()
 
     def _refuse_an_uncopied_fork(self) -> None:
         """A fork's row exists before its journal: one with nothing copied yet is not a new
@@ -789,6 +799,7 @@ class Driver:
             if attempt > 1:
                 self._check_budget()  # the failed attempts' spend counts too
             response: ModelResponse | None = None
+            self.limits.before_model()
             try:
                 response = self.agent.model.generate(request)
                 self._check_response(response)
@@ -1340,14 +1351,17 @@ class Driver:
         # only the tool functions run in the pool.
         queue = list(runnable)
         running: dict[Future[Any], tuple[_Gate, int]] = {}
-        stopping: DurableAgentsError | stops.TreeStopped | None = None
+        stopping: DurableAgentsError | stops.TreeStopped | Throttled | None = None
         with ThreadPoolExecutor(self.agent.tool_concurrency) as pool:
             while queue or running:
                 while queue and len(running) < self.agent.tool_concurrency and not stopping:
                     gate, attempt = queue.pop(0)
                     try:
                         halt = self._prepare(gate, attempt)
-                    except (DriveStopped, LeaseLost, stops.TreeStopped) as exc:
+                    except OwnSlotsFull:
+                        queue.insert(0, (gate, attempt))  # after one of ours gives one back
+                        break
+                    except (DriveStopped, LeaseLost, stops.TreeStopped, Throttled) as exc:
                         stopping = exc  # let the calls in flight settle, then stop
                         queue.clear()
                         break
@@ -1376,6 +1390,8 @@ class Driver:
         it then releases): a stop recorded before that look is obeyed, and one recorded
         after it finds the call in flight."""
         self._check_continue()
+        # Before the claim: a call throttled here was provably never started.
+        self._tool_slots[gate.call.id] = self.limits.before_tool(gate.tool, gate.call.id)
         if gate.tool.safety.retry_safe:
             self._check_tree()
             return None
@@ -1437,6 +1453,14 @@ class Driver:
                     close()
 
     def _settle_call(self, gate: _Gate, attempt: int, outcome: tuple[str, Any]) -> HaltInfo | None:
+        try:
+            return self._settle_outcome(gate, attempt, outcome)
+        finally:  # the tool's slot, if it has a limit, is held until its outcome is settled
+            self.limits.after_tool(self._tool_slots.pop(gate.call.id, None))
+
+    def _settle_outcome(
+        self, gate: _Gate, attempt: int, outcome: tuple[str, Any]
+    ) -> HaltInfo | None:
         """Record a call's outcome. A driver that lost its lease meanwhile records nothing:
         what its tool returned is kept as evidence (``@late/<call>/<attempt>``) instead."""
         kind, value = outcome

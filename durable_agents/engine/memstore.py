@@ -16,6 +16,7 @@ from typing import Any
 
 from .audit import ACTION_NAME, Link, action_content, action_hash, chain_hash
 from .errors import ConfigError, LeaseLost
+from .limits import CONTINUED_WAIT
 from .ports import (
     APPROVAL_PENDING,
     HALT_OPEN,
@@ -24,6 +25,7 @@ from .ports import (
     KIND_AGENT,
     RUN_FIELDS,
     TERMINAL_STATUSES,
+    THROTTLED,
     Acquired,
     ActionInfo,
     ApprovalRequestInfo,
@@ -33,6 +35,7 @@ from .ports import (
     HaltInfo,
     LeaseInfo,
     RunInfo,
+    ThrottleInfo,
     asked_again,
     changed_under,
     same_request,
@@ -76,6 +79,11 @@ class InMemoryStore:
         self._hashes: dict[tuple[str, str], str] = {}
         self._heads: dict[str, str] = {}
         self._action_hashes: list[str] = []
+        # Limits (engine.limits): slots by key and holder (run, lease token), GCRA buckets'
+        # theoretical arrival times, and one throttle row per waiting run.
+        self._slots: dict[str, dict[str, tuple[str, str]]] = {}
+        self._buckets: dict[str, float] = {}
+        self._throttles: dict[str, ThrottleInfo] = {}
 
     def now(self) -> datetime:
         """This store's clock (what stands in for the database clock)."""
@@ -527,3 +535,60 @@ class InMemoryStore:
                 if len(found) >= limit:
                     break
             return found
+
+    # -- limits ---------------------------------------------------------------------------
+
+    def claim_slot(self, key: str, holder: str, run_id: str, token: str, limit: int) -> bool:
+        with self._lock:
+            slots = self._slots.setdefault(key, {})
+            for other, (rid, tok) in list(slots.items()):
+                if not self._holds(rid, tok):
+                    del slots[other]  # its lease is gone: so is the slot
+            if not self._holds(run_id, token):
+                return False
+            if holder not in slots and len(slots) >= limit:
+                return False
+            slots[holder] = (run_id, token)
+            return True
+
+    def release_slot(self, key: str, holder: str) -> None:
+        with self._lock:
+            self._slots.get(key, {}).pop(holder, None)
+
+    def take_permit(self, key: str, count: int, period: float) -> float:
+        with self._lock:
+            now = self._clock()
+            tat = max(self._buckets.get(key, now), now) + period / count
+            if tat - now > period + 1e-9:
+                return tat - now - period
+            self._buckets[key] = tat
+            return 0.0
+
+    def throttle(self, info: ThrottleInfo) -> int:
+        with self._lock:
+            old = self._throttles.get(info.run_id)
+            # Still the same wait: the same key, throttled again about when it was to retry.
+            same = (
+                old is not None
+                and old.key == info.key
+                and (info.since - old.retry_at).total_seconds() <= CONTINUED_WAIT
+            )
+            tries = old.tries + 1 if same and old is not None else 1
+            since = old.since if same and old is not None else info.since
+            self._throttles[info.run_id] = replace(info, tries=tries, since=since)
+            return tries
+
+    def list_throttled(
+        self, *, key: str | None = None, due: bool = False, limit: int = 100
+    ) -> Sequence[ThrottleInfo]:
+        with self._lock:
+            now = self.now()
+            found = [
+                t
+                for t in self._throttles.values()
+                if (run := self._runs.get(t.run_id)) is not None
+                and run.status == THROTTLED
+                and (key is None or t.key == key)
+                and (not due or t.retry_at <= now)
+            ]
+            return sorted(found, key=lambda t: (t.since, t.run_id))[:limit]

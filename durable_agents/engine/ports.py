@@ -59,6 +59,8 @@ RUNNING = "running"
 AWAITING_APPROVAL = "awaiting_approval"
 AWAITING_INPUT = "awaiting_input"
 SLEEPING = "sleeping"
+# A limit is full (engine.limits): waits for a slot or a rate permit, tried again at a time.
+THROTTLED = "throttled"
 HALTED = "halted"
 COMPENSATING = "compensating"  # a saga aborted and is undoing its completed calls
 FINISHED = "finished"
@@ -72,6 +74,7 @@ STATUSES = (
     AWAITING_APPROVAL,
     AWAITING_INPUT,
     SLEEPING,
+    THROTTLED,
     HALTED,
     COMPENSATING,
     FINISHED,
@@ -166,6 +169,21 @@ class Acquired:
 
     def __bool__(self) -> bool:
         return True
+
+
+@dataclass(frozen=True)
+class ThrottleInfo:
+    """A throttled run: what it waits for (a limit's key), why (``slots`` or ``rate``), the
+    limit as people read it, since when, how many times in a row, and when it tries again."""
+
+    run_id: str
+    agent: str
+    key: str
+    reason: str
+    limit: str
+    retry_at: datetime
+    since: datetime
+    tries: int = 1
 
 
 @dataclass(frozen=True)
@@ -565,3 +583,34 @@ class Store(Protocol):
         ``statuses`` narrows to those statuses; ``lease_free`` keeps only runs whose lease is
         absent or expired. The cost does not grow with the number of finished runs.
         """
+
+    # -- limits (``engine.limits``) --------------------------------------------------------
+
+    def claim_slot(self, key: str, holder: str, run_id: str, token: str, limit: int) -> bool:
+        """Take a slot of ``key`` for ``holder`` (a run, or one call of it) under the run's
+        lease ``token``, if fewer than ``limit`` live slots of ``key`` are held by others;
+        True if held (taking it again is True). A slot is live while its run's lease has
+        that token and is live; claims of one key are serialised."""
+        ...
+
+    def release_slot(self, key: str, holder: str) -> None:
+        """Give a slot back (nothing if it is not held)."""
+        ...
+
+    def take_permit(self, key: str, count: int, period: float) -> float:
+        """One permit of a rate of ``count`` per ``period`` seconds (GCRA, bursts of
+        ``count``), by the store's clock: 0.0 if granted, else the seconds until one frees
+        (and nothing is taken)."""
+        ...
+
+    def throttle(self, info: ThrottleInfo) -> int:
+        """Record that a run waits (one row per run, replaced); returns how many times in a
+        row it has waited on the same key (``info.tries`` is ignored)."""
+        ...
+
+    def list_throttled(
+        self, *, key: str | None = None, due: bool = False, limit: int = 100
+    ) -> Sequence[ThrottleInfo]:
+        """Runs whose status is ``throttled``, oldest wait first: those waiting on ``key``, or
+        whose retry is ``due`` by the store's clock, or all."""
+        ...

@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,9 @@ class Runtime:
     monotonic: Callable[[], float] = time.monotonic
     # How many levels of sub-runs (``agent.as_tool()``) a tree may have below its root.
     subagent_depth: Callable[[], int] = lambda: 5
+    # Calls per period a site allows each model provider (``engine.limits``), by the name its
+    # adapter gives (``model.provider``): the Django app's ``MODEL_RATES``.
+    model_rates: Callable[[], Mapping[str, Any]] = dict
 
     def __post_init__(self) -> None:
         if self.halt_min_age is None:
@@ -73,7 +76,7 @@ def configure(**values: Any) -> None:
     """Set wiring: ``store_factory``, ``agent_loader``, ``lease_ttl``, ``on_drift``,
     ``dispatcher``, ``inline_driver``, ``should_stop``, ``eligible_approvers``, ``approver_keys``,
     ``resolve_actor``, ``halt_min_age``, ``retry_policy``, ``recovery_interval``, ``sleep``,
-    ``monotonic``, ``subagent_depth``, ``events``."""
+    ``monotonic``, ``subagent_depth``, ``events``, ``model_rates``."""
     for key, value in values.items():
         if not hasattr(_runtime, key):
             raise ConfigError(f"unknown runtime setting {key!r}", code="config.runtime")
@@ -140,6 +143,16 @@ def dispatch(run_id: str) -> None:
             code="config.runtime",
         )
     _runtime.inline_driver(run_id)
+
+
+def has_dispatcher() -> bool:
+    """Whether hand-overs go to a dispatcher (a worker) rather than an inline drive."""
+    return _runtime.dispatcher is not None
+
+
+def model_rate(provider: str) -> Any:
+    """The ``limits.Rate`` a site allows ``provider``'s model calls, or None."""
+    return _runtime.model_rates().get(provider)
 
 
 def events_source() -> Callable[[str, int], Iterator[Any]] | None:

@@ -32,6 +32,7 @@ from typing import Any, get_type_hints
 import pydantic
 
 from .errors import ConfigError, ProtocolError, ToolArgumentsError
+from .limits import Rate, check_limit, parse_rate
 from .model import ToolSpec
 from .records import encode
 
@@ -146,6 +147,9 @@ class Tool:
     # drive the child's rollback, and how: ``rollback(store, parent, child, cause)``
     # (``saga_tree.rollback_child``). None on every other tool.
     subagent_def: Any = None
+    # Limits across every worker (``engine.limits``): calls per period, calls at once.
+    rate: Rate | None = None
+    max_concurrent: int | None = None
     subagent_rollback: Callable[..., tuple[Any, bool]] | None = None
 
     def __init__(
@@ -353,6 +357,8 @@ def tool(
     summary: Callable[[dict[str, Any]], str] | None = None,
     sensitive: Sequence[str] = (),
     compensate: Callable[[dict[str, Any], Any, ToolContext], Any] | None = None,
+    rate: str | None = None,
+    max_concurrent: int | None = None,
 ) -> Any:
     """Turn a typed function into a ``Tool``. Its JSON schema comes from the type hints,
     its description from the docstring. Use bare (``@tool``) or with options.
@@ -369,7 +375,14 @@ def tool(
     effect once the run aborts: ``undo(args, result, ctx)`` gets the call's arguments (the
     Python values the tool got), its journaled result and a ``ToolContext`` whose
     ``idempotency_key`` is the undo's own. An undo runs at most once (see
-    docs/composition.md)."""
+    docs/composition.md).
+
+    ``rate="10/s"`` (or ``"500/m"``, ``"3/10s"``) and ``max_concurrent=N`` limit how often and
+    how many calls of this tool run at once, across every worker (docs/limits.md): a run
+    that would exceed either waits, ``throttled``, and tries again."""
+    what = f"tool {name or getattr(fn, '__name__', '?')!r}"
+    parsed_rate = parse_rate(rate, what) if rate is not None else None
+    concurrent = check_limit(max_concurrent, f"{what}: max_concurrent")
     if compensate is not None and not callable(compensate):
         raise ConfigError(
             "compensate must be a function undo(args, result, ctx)", code="config.tool_safety"
@@ -393,7 +406,7 @@ def tool(
     )
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool(
+        made = Tool(
             f,
             name=name,
             description=description,
@@ -401,5 +414,7 @@ def tool(
             summary=summary,
             sensitive=sensitive,
         )
+        made.rate, made.max_concurrent = parsed_rate, concurrent
+        return made
 
     return wrap(fn) if fn is not None else wrap

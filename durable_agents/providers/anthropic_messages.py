@@ -83,6 +83,9 @@ class AnthropicMessages:
     than a failed request on every turn.
     """
 
+    # What a site's ``MODEL_RATES`` names this provider by (docs/limits.md).
+    provider = "anthropic"
+
     def __init__(
         self,
         model: str,

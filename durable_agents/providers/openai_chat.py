@@ -70,6 +70,9 @@ class OpenAIChat:
     ``extra_body={"max_tokens": ...}``. ``extra_body`` is merged into every request body.
     """
 
+    # What a site's ``MODEL_RATES`` names this provider by (docs/limits.md).
+    provider = "openai"
+
     def __init__(
         self,
         model: str,

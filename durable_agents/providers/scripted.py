@@ -57,6 +57,9 @@ def error(exc: ModelError) -> Turn:
 class ScriptedModel:
     """Answers from a script. ``on_request`` (optional) sees every request, for tests."""
 
+    # What a site's ``MODEL_RATES`` names this provider by (docs/limits.md).
+    provider = "scripted"
+
     def __init__(
         self,
         turns: Sequence[Turn],

@@ -17,7 +17,7 @@ import pytest
 from django.db import IntegrityError, connection, connections, transaction
 from django.db.migrations.executor import MigrationExecutor
 
-from durable_agents import storage
+from durable_agents.database import store as storage
 from durable_agents.database.events import channel, listen_connection
 from durable_agents.database.followers import Registration
 from durable_agents.database.liveness import liveness_for

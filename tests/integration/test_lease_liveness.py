@@ -197,7 +197,7 @@ def test_a_forked_child_never_uses_or_closes_its_parents_liveness_connection():
     import gc
     import os
 
-    from durable_agents import liveness as module
+    from durable_agents.database import liveness as module
 
     store = DjangoStore()
     store.create_run(RunInfo("live-13", agent="echo", status="running"))

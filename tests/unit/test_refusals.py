@@ -98,7 +98,7 @@ def test_recovery_backs_off_and_stops_after_its_attempts(store, clock):
 
 def test_recover_is_public():
     import durable_agents
-    from durable_agents import recovery
+    from durable_agents.celery import recovery
 
     assert durable_agents.recover is not None and "recover" in durable_agents.__all__
     assert callable(recovery.recover)

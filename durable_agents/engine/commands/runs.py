@@ -45,6 +45,7 @@ from ..ports import (
     RUNNING,
     SLEEPING,
     TERMINAL_STATUSES,
+    THROTTLED,
     RunInfo,
     Store,
 )
@@ -61,6 +62,7 @@ _WHY = {
     AWAITING_APPROVAL: "a tool call awaits a staff decision",
     AWAITING_INPUT: "waiting for input",
     SLEEPING: "sleeping until a timer fires",
+    THROTTLED: "a limit is full: waiting for a slot or a rate permit",
     HALTED: "a side effect's outcome is unknown: a person must record it",
     COMPENSATING: "a saga aborted: its completed calls are being undone",
     FAILED: "the last attempt failed",
@@ -579,6 +581,11 @@ def pending(
         for req in store.list_approval_requests():
             waits.setdefault(req.run_id, []).append(
                 Wait("approval", req.call_id, req.tool_name, req.arguments)
+            )
+    if any(r.status == THROTTLED for r in runs):
+        for t in store.list_throttled(limit=limit):
+            waits.setdefault(t.run_id, []).append(
+                Wait("throttle", "", "", None, name=t.key, prompt=t.limit, deadline=t.retry_at)
             )
     if any(r.status == HALTED for r in runs):
         for halt in store.list_halts():

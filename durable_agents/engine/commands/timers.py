@@ -46,6 +46,7 @@ from ..ports import (
     RUNNING,
     SLEEPING,
     TERMINAL_STATUSES,
+    THROTTLED,
     RunInfo,
     Store,
 )
@@ -170,10 +171,22 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
     if quiet is not None:  # only the runs still paused and left alone stay
         quiet.clear()
         quiet.update(still_quiet)
+    woken += [r for r in _wake_throttled(store, batch) if r not in woken]
     woken += [r for r in _finish_stopped_quorums(store) if r not in woken]
     _finish_stopped_cancels(store)
     if woken:
         log.info("woke %d run(s) whose timer or deadline was due", len(woken))
+    return woken
+
+
+def _wake_throttled(store: Store, batch: int) -> list[str]:
+    """Throttled runs whose retry is due (``engine.limits``): their hand-over at that time
+    (a Celery message with an ETA) may have been lost, or was never sent (no dispatcher)."""
+    woken = []
+    for waiting in store.list_throttled(due=True, limit=batch):
+        if lifecycle.hand_over(store, waiting.run_id, lifecycle.SWEEP, only_from=THROTTLED):
+            runtime.dispatch(waiting.run_id)
+            woken.append(waiting.run_id)
     return woken
 
 
