@@ -36,6 +36,7 @@ class DurableAgentsConfig(AppConfig):
             retry_policy=lambda: get_settings().retry,
             recovery_interval=lambda: get_settings().recovery_interval,
             subagent_depth=lambda: get_settings().subagent_depth,
+            model_rates=lambda: get_settings().model_rates,
             events=events,
         )
         # The built-in notification; it does nothing unless NOTIFY["APPROVALS"] is on.

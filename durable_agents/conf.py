@@ -9,10 +9,12 @@ from __future__ import annotations
 import base64
 import copy
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .engine.errors import ConfigError
+from .engine.limits import Rate, parse_rate
 from .engine.retry import RetryPolicy
 
 # Where the reference docs live for people who installed the wheel (it does not carry docs/).
@@ -103,6 +105,8 @@ class Settings:
     trusted_audit_keys: tuple[str, ...] = ()
     # The scheduled prune (``durable_agents.tasks.prune``); None: off.
     retention: Retention | None = None
+    # Model calls per period a site allows, by model id or provider name (docs/limits.md).
+    model_rates: Mapping[str, Rate] = field(default_factory=dict)
 
     @property
     def use_prepared(self) -> bool:
@@ -151,6 +155,7 @@ _KEYS = {
     "WEBHOOK_SECRET": "webhook_secrets",
     "TRUSTED_AUDIT_KEYS": "trusted_audit_keys",
     "RETENTION": "retention",
+    "MODEL_RATES": "model_rates",
 }
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
 _NOTIFY_KEYS = {"APPROVALS": "approvals", "FROM_EMAIL": "from_email", "BASE_URL": "base_url"}
@@ -308,11 +313,35 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
     values["retry"] = RetryPolicy(**retry_values)
     values["notify"] = _parse_notify(values.pop("notify", None), problems)
     values["retention"] = _parse_retention(values.pop("retention", None), problems)
+    values["model_rates"] = _parse_model_rates(values.pop("model_rates", None), problems)
 
     settings = Settings(**values)
     if settings.lease_ttl < 1:
         problems.append("DURABLE_AGENTS['LEASE_TTL'] must be at least 1 second")
     return settings, problems
+
+
+def _parse_model_rates(raw: Any, problems: list[str]) -> Mapping[str, Rate]:
+    """``MODEL_RATES``: ``{"openai": "500/m", "anthropic:claude-sonnet-4-5": "50/s"}``."""
+    if raw is None:
+        return {}
+    where = "DURABLE_AGENTS['MODEL_RATES']"
+    if not isinstance(raw, Mapping):
+        problems.append(
+            f"{where} must be a dict of a provider ('openai') or a model id ('openai:gpt-4o') "
+            "to a rate ('500/m')"
+        )
+        return {}
+    rates = {}
+    for name, text in raw.items():
+        if not isinstance(name, str) or not name:
+            problems.append(f"{where} has the key {name!r}; use a provider or a model id")
+            continue
+        try:
+            rates[name] = parse_rate(text, f"{where}[{name!r}]")
+        except ConfigError as exc:
+            problems.append(str(exc))
+    return rates
 
 
 def _direct_problems(direct: Any, database: Any) -> list[str]:

@@ -581,6 +581,7 @@ class Throttle(models.Model):
     tries = models.PositiveIntegerField(default=1)
 
     class Meta:
+        verbose_name = "throttled run"
         indexes = [
             models.Index(fields=["key", "since"], name="da_throttle_key"),
             models.Index(fields=["retry_at"], name="da_throttle_retry"),

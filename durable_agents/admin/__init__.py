@@ -7,4 +7,4 @@ keys), ``timeline`` (the journal as the run page shows it) and ``base`` (what th
 Importing the package registers every model admin. See docs/admin.md.
 """
 
-from . import actions, inbox, keys, queues, runs  # noqa: F401  (each registers its model admins)
+from . import actions, inbox, keys, limits, queues, runs  # noqa: F401  (each registers its model admins)

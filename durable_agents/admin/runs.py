@@ -59,11 +59,12 @@ from ..engine.ports import (
     RUNNING,
     SLEEPING,
     TERMINAL_STATUSES,
+    THROTTLED,
 )
 from ..engine.records import Record
 from ..engine.registry import get_agent
 from ..engine.waits import CHANNEL, INTERRUPT, TIMER, OpenWait, open_waits
-from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run, RunImport
+from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run, RunImport, Throttle
 from ..transfer import export_lines
 from . import counts, forks, health, live, sessions, tree, waits
 from .base import (
@@ -113,6 +114,16 @@ class RunChangeList(ChangeList):
             row.waiting_for = "; ".join(
                 describe_wait(w) for w in open_waits(records.get(row.run_id, []))
             )
+        throttled = [r for r in self.result_list if r.status == THROTTLED]
+        if throttled:  # one query for the page's throttled runs: what each waits for, till when
+            rows = Throttle.objects.filter(run_id__in=[r.run_id for r in throttled])
+            why = {t.run_id: t for t in rows}
+            for row in throttled:
+                t = why.get(row.run_id)
+                if t is not None:
+                    row.waiting_for = (
+                        f"{t.key} ({t.limit}), tries again at {t.retry_at:%Y-%m-%d %H:%M:%S}"
+                    )
 
 
 def describe_wait(wait: OpenWait) -> str:

@@ -61,6 +61,7 @@ RunStatus = Literal[
     "awaiting_approval",
     "awaiting_input",
     "sleeping",
+    "throttled",
     "halted",
     "compensating",
     "finished",

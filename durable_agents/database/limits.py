@@ -10,15 +10,16 @@ liveness lock — so a driver that died frees its slots with its lease.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Count, Exists, Max, Min, OuterRef
 from django.db.models.functions import Now
 
-from ..engine.limits import CONTINUED_WAIT
+from ..engine.limits import CONTINUED_WAIT, agent_key, model_key, tool_key
 from ..engine.ports import THROTTLED, ThrottleInfo
 from ..models import Lease, RateBucket, Run, Slot, Throttle
 
@@ -138,3 +139,95 @@ class Limits:
             ThrottleInfo(t.run_id, t.agent, t.key, t.reason, t.limit, t.retry_at, t.since, t.tries)
             for t in rows.order_by("since", "run_id")[:limit]
         ]
+
+
+@dataclass(frozen=True)
+class LimitQueue:
+    """One limit as staff see it: what it limits (``agent/…``, ``tool/…``, ``model/…``), the
+    limit, how many slots are in use now (None for a rate), and the runs waiting on it."""
+
+    key: str
+    kind: str
+    name: str
+    limit: str
+    in_use: int | None
+    waiting: int
+    oldest_since: datetime | None
+    next_retry_at: datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "name": self.name,
+            "limit": self.limit,
+            "in_use": self.in_use,
+            "waiting": self.waiting,
+            "oldest_since": self.oldest_since.isoformat() if self.oldest_since else None,
+            "next_retry_at": self.next_retry_at.isoformat() if self.next_retry_at else None,
+        }
+
+
+def declared_limits() -> dict[str, tuple[str, int | None]]:
+    """Every limit the site declares, by key: its text and, for a slot, its size."""
+    from ..conf import get_settings
+    from ..registry import configured_agents
+
+    settings = get_settings()
+    found: dict[str, tuple[str, int | None]] = {}
+    for agent in configured_agents(settings.agents).values():
+        if agent.max_concurrent_runs is not None:
+            n = agent.max_concurrent_runs
+            found[agent_key(agent.name)] = (f"{n} at once", n)
+        for tool in agent.tools.values():
+            texts = []
+            if tool.max_concurrent is not None:
+                texts.append(f"{tool.max_concurrent} at once")
+            if tool.rate is not None:
+                texts.append(tool.rate.text)
+            if texts:
+                found[tool_key(tool.name)] = (", ".join(texts), tool.max_concurrent)
+    for name, rate in settings.model_rates.items():
+        found[model_key(name)] = (rate.text, None)
+    return found
+
+
+def limit_queues(using: str = "default") -> list[LimitQueue]:
+    """Each declared limit, and each key a throttled run waits on, with its slots in use and
+    its waiting runs: two grouped queries, whatever the number of runs."""
+    declared = declared_limits()
+    waiting = {
+        row["key"]: row
+        for row in Throttle.objects.using(using)
+        .filter(Exists(Run.objects.filter(run_id=OuterRef("run_id"), status=THROTTLED)))
+        .values("key")
+        .annotate(n=Count("run_id"), oldest=Min("since"), next=Min("retry_at"), said=Max("limit"))
+    }
+    live = Lease.objects.filter(
+        run_id=OuterRef("run_id"), token=OuterRef("token"), expires_at__gt=Now()
+    )
+    in_use = {
+        row["key"]: row["n"]
+        for row in Slot.objects.using(using)
+        .filter(Exists(live))
+        .values("key")
+        .annotate(n=Count("holder"))
+    }
+    queues = []
+    for key in sorted(set(declared) | set(waiting)):
+        kind, _, name = key.partition("/")
+        text, size = declared.get(key, ("", None))
+        row: Mapping[str, Any] = waiting.get(key) or {}
+        queues.append(
+            LimitQueue(
+                key,
+                kind,
+                name,
+                text or str(row.get("said") or ""),
+                in_use.get(key, 0) if size is not None or key in in_use else None,
+                int(row.get("n") or 0),
+                row.get("oldest"),
+                row.get("next"),
+            )
+        )
+    return queues
