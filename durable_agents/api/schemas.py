@@ -502,7 +502,10 @@ class ComparisonOut(Schema):
 
 
 class WaitOut(Schema):
-    kind: str = Field(description="interrupt (a question), signal, timer, or channel")
+    kind: str = Field(
+        description="interrupt (a question), signal, timer, channel, or throttle (a limit: "
+        "name is its key, prompt the limit, deadline the retry time)"
+    )
     name: str = Field(description="the wait's name, unique in its run (channel: the channel)")
     call_id: str = Field(description="the tool call that waits")
     tool: str

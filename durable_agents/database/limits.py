@@ -126,13 +126,20 @@ class Limits:
             return tries
 
     def list_throttled(
-        self, *, key: str | None = None, due: bool = False, limit: int = 100
+        self,
+        *,
+        key: str | None = None,
+        due: bool = False,
+        run_id: str | None = None,
+        limit: int = 100,
     ) -> Sequence[ThrottleInfo]:
         rows = Throttle.objects.using(self.using).filter(
             Exists(Run.objects.filter(run_id=OuterRef("run_id"), status=THROTTLED))
         )
         if key is not None:
             rows = rows.filter(key=key)
+        if run_id is not None:
+            rows = rows.filter(run_id=run_id)
         if due:
             rows = rows.filter(retry_at__lte=Now())
         return [

@@ -579,7 +579,12 @@ class InMemoryStore:
             return tries
 
     def list_throttled(
-        self, *, key: str | None = None, due: bool = False, limit: int = 100
+        self,
+        *,
+        key: str | None = None,
+        due: bool = False,
+        run_id: str | None = None,
+        limit: int = 100,
     ) -> Sequence[ThrottleInfo]:
         with self._lock:
             now = self.now()
@@ -589,6 +594,7 @@ class InMemoryStore:
                 if (run := self._runs.get(t.run_id)) is not None
                 and run.status == THROTTLED
                 and (key is None or t.key == key)
+                and (run_id is None or t.run_id == run_id)
                 and (not due or t.retry_at <= now)
             ]
             return sorted(found, key=lambda t: (t.since, t.run_id))[:limit]

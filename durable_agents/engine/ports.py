@@ -609,8 +609,13 @@ class Store(Protocol):
         ...
 
     def list_throttled(
-        self, *, key: str | None = None, due: bool = False, limit: int = 100
+        self,
+        *,
+        key: str | None = None,
+        due: bool = False,
+        run_id: str | None = None,
+        limit: int = 100,
     ) -> Sequence[ThrottleInfo]:
-        """Runs whose status is ``throttled``, oldest wait first: those waiting on ``key``, or
-        whose retry is ``due`` by the store's clock, or all."""
+        """Runs whose status is ``throttled``, oldest wait first: those waiting on ``key``,
+        whose retry is ``due`` by the store's clock, the one ``run_id``, or all."""
         ...

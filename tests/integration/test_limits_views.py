@@ -122,3 +122,17 @@ def test_the_runs_list_says_what_a_throttled_run_waits_for_and_till_when():
     text = text_of(page)
     assert run_id in text and "throttled" in text
     assert "agent/limit-runs (2 at once), tries again at" in text
+
+
+def test_a_throttled_runs_waits_say_what_it_waits_for():
+    store = DjangoStore()
+    [run_id] = _throttled(store, 1)
+    body = staff_with().get(f"/runs/{run_id}/waits").json()
+    assert body["status"] == "throttled"
+    [wait] = body["waits"]
+    assert (wait["kind"], wait["name"], wait["prompt"]) == (
+        "throttle",
+        "agent/limit-runs",
+        "2 at once",
+    )
+    assert wait["deadline"] is not None

@@ -27,6 +27,7 @@ from ..ports import (
     KIND_AGENT,
     RUNNING,
     TERMINAL_STATUSES,
+    THROTTLED,
     RunInfo,
     Store,
 )
@@ -253,7 +254,13 @@ def run_waits(run_id: str, *, store: Store | None = None) -> RunWaits:
     if run is None:
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
     records = Journal(store).records(run_id)
-    return RunWaits(run, open_waits(records), kept_signals(records), inbox(records))
+    waits = open_waits(records)
+    if run.status == THROTTLED:  # a limit, not the journal: its throttle row says what
+        waits += [
+            OpenWait("throttle", t.key, "", "", prompt=t.limit, deadline=t.retry_at)
+            for t in store.list_throttled(run_id=run_id, limit=1)
+        ]
+    return RunWaits(run, waits, kept_signals(records), inbox(records))
 
 
 def messages_of(
