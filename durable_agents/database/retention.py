@@ -47,6 +47,8 @@ from ..models import (
     Lease,
     Run,
     RunImport,
+    Slot,
+    Throttle,
     Tombstone,
 )
 from ..permissions import DELETE_RUN
@@ -433,6 +435,8 @@ def _delete(using: str, run_ids: list[str]) -> None:
     Halt.objects.using(using).filter(run_id__in=run_ids).delete()
     Lease.objects.using(using).filter(run_id__in=run_ids).delete()
     Follower.objects.using(using).filter(run_id__in=run_ids).delete()
+    Throttle.objects.using(using).filter(run_id__in=run_ids).delete()
+    Slot.objects.using(using).filter(run_id__in=run_ids).delete()
     RunImport.objects.using(using).filter(run_id__in=run_ids).delete()
     JournalEntry.objects.using(using).filter(run_id__in=run_ids).delete()
     db.filter(pk__in=run_ids).delete()

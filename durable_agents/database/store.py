@@ -85,6 +85,8 @@ from ..models import (
     JournalEntry,
     Lease,
     Run,
+    Slot,
+    Throttle,
     Tombstone,
 )
 from .limits import Limits
@@ -667,7 +669,11 @@ class DjangoStore(Limits):
         )
 
     def delete_run(self, run_id: str) -> None:
-        Run.objects.using(self.using).filter(run_id=run_id).delete()
+        with transaction.atomic(using=self.using):
+            Run.objects.using(self.using).filter(run_id=run_id).delete()
+            # Not tied to the run row (no foreign key): a limit's rows of the run go too.
+            Throttle.objects.using(self.using).filter(run_id=run_id).delete()
+            Slot.objects.using(self.using).filter(run_id=run_id).delete()
 
     # -- journal ----------------------------------------------------------------------
 

@@ -151,6 +151,10 @@ class InMemoryStore:
                 self._hashes.pop((run_id, entry.name), None)
             self._heads.pop(run_id, None)
             self._leases.pop(run_id, None)
+            self._throttles.pop(run_id, None)
+            for slots in self._slots.values():
+                for holder in [h for h, (rid, _) in slots.items() if rid == run_id]:
+                    del slots[holder]
 
     def _inert(self, run_id: str) -> bool:
         run = self._runs.get(run_id)

@@ -41,6 +41,7 @@ from .errors import (
     Pause,
     RunBusy,
     StorageError,
+    Throttled,
 )
 from .journal import Journal
 from .loop import drive
@@ -117,6 +118,8 @@ def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:
             child_details={
                 **{k: v for k, v in pause.details.items() if k in ("calls", "halts", "cause")},
                 "paused_run_id": pause.details.get("paused_run_id") or child_id,
+                # A throttled child tries again at a time: so does its parent's call.
+                **({"wake_ms": pause.details["wake_ms"]} if isinstance(pause, Throttled) else {}),
             },
         ) from None
     except RunBusy:

@@ -201,3 +201,58 @@ def test_a_pending_run_says_what_it_waits_for(store, clock):
     assert run.status == THROTTLED and "limit is full" in run.why
     [wait] = run.waits
     assert (wait.kind, wait.name, wait.prompt) == ("throttle", "tool/ping", "1/h")
+
+
+def test_a_sub_run_over_its_agents_limit_waits_and_its_parent_with_it(store, clock, fired):
+    """A sub-run whose agent's only slot is taken waits ``throttled``; its parent pauses on
+    it (awaiting its child, with the child's retry time) and goes on when the child ends."""
+
+    @da.tool(read_only=True)
+    def note(text: str) -> str:
+        fired.append(text)
+        return "noted"
+
+    child_script = [scripted.calls(scripted.call("note", {"text": "child"})), scripted.text("c")]
+    inner = da.Agent("lim-inner", ScriptedModel(child_script), "", [note], max_concurrent_runs=1)
+    outer_script = [
+        scripted.calls(scripted.call("lim-inner", {"input": "go"})),
+        scripted.text("parent done"),
+    ]
+    outer = da.Agent("lim-outer", ScriptedModel(outer_script), "", [inner.as_tool()])
+    # Another driver of lim-inner holds its only slot.
+    store.create_run(RunInfo("busy", agent="lim-inner", status="running"))
+    assert store.acquire_lease("busy", "elsewhere", "tok-busy", 30.0) is not None
+    assert store.claim_slot("agent/lim-inner", "busy", "busy", "tok-busy", 1)
+    with pytest.raises(da.Pause) as paused:
+        outer.run("lim-tree", "go", store=store)
+    assert paused.value.details.get("wake_ms")  # the parent's call tries again then too
+    [child] = store.list_throttled(key="agent/lim-inner")
+    assert child.run_id.startswith("lim-tree/")
+    assert store.get_run("lim-tree").status == "awaiting_input"
+    store.release_lease("busy", "tok-busy")  # the other driver is done
+    clock.advance(2)
+    assert wake_timers(store=store) == [child.run_id]
+    assert store.get_run(child.run_id).status == FINISHED
+    assert store.get_run("lim-tree").status == FINISHED
+    assert fired == ["child"]
+
+
+def test_a_throttled_run_can_be_cancelled_and_waits_no_more(store, clock, fired):
+    @da.tool(idempotent=True, rate="1/h")
+    def ping(n: int) -> int:
+        fired.append(n)
+        return n
+
+    script = [
+        scripted.calls(scripted.call("ping", {"n": 1})),
+        scripted.calls(scripted.call("ping", {"n": 2})),
+        scripted.text("done"),
+    ]
+    with pytest.raises(da.Throttled):
+        da.Agent("lim-cancel", ScriptedModel(script), "", [ping]).run("lim-x", "go", store=store)
+    da.cancel("lim-x", by="ann", store=store)
+    assert store.get_run("lim-x").status == "cancelled"
+    assert list(store.list_throttled()) == []
+    clock.advance(3601)
+    assert wake_timers(store=store) == []
+    assert fired == [1]
