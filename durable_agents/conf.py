@@ -103,6 +103,9 @@ class Settings:
     trusted_audit_keys: tuple[str, ...] = ()
     # The scheduled prune (``durable_agents.tasks.prune``); None: off.
     retention: Retention | None = None
+    # Spans and metrics through OpenTelemetry (``durable_agents.telemetry``); off: nothing
+    # of OpenTelemetry is imported.
+    telemetry: bool = False
 
     @property
     def use_prepared(self) -> bool:
@@ -151,6 +154,7 @@ _KEYS = {
     "WEBHOOK_SECRET": "webhook_secrets",
     "TRUSTED_AUDIT_KEYS": "trusted_audit_keys",
     "RETENTION": "retention",
+    "TELEMETRY": "telemetry",
 }
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
 _NOTIFY_KEYS = {"APPROVALS": "approvals", "FROM_EMAIL": "from_email", "BASE_URL": "base_url"}
@@ -283,6 +287,17 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
     values["webhook_secrets"] = secrets
     values["trusted_audit_keys"] = _parse_trusted_keys(values.get("trusted_audit_keys"), problems)
 
+    telemetry = values.get("telemetry", False)
+    if not isinstance(telemetry, bool):
+        problems.append("DURABLE_AGENTS['TELEMETRY'] must be True or False")
+        values.pop("telemetry")
+    elif telemetry and not _otel_installed():
+        problems.append(
+            "DURABLE_AGENTS['TELEMETRY'] is on but OpenTelemetry is not installed: "
+            "pip install 'durable-agents[otel]' (opentelemetry-api and opentelemetry-sdk), or "
+            "turn TELEMETRY off"
+        )
+
     if not isinstance(values.get("public_api_docs", False), bool):
         problems.append("DURABLE_AGENTS['PUBLIC_API_DOCS'] must be True or False")
         values.pop("public_api_docs")
@@ -313,6 +328,16 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
     if settings.lease_ttl < 1:
         problems.append("DURABLE_AGENTS['LEASE_TTL'] must be at least 1 second")
     return settings, problems
+
+
+def _otel_installed() -> bool:
+    """Whether ``opentelemetry-api`` can be imported (found, not imported)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("opentelemetry.trace") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _direct_problems(direct: Any, database: Any) -> list[str]:
