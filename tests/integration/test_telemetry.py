@@ -42,6 +42,7 @@ from tests.support.agents import count_effects, echo, gated, halting
 from tests.support.otel import as_dict, read_spans
 from tests.support.people import make_user
 from tests.support.procs import ROOT, run_json, subprocess_env
+from tests.support.webhook_post import post
 from tests.support.workers import CeleryProcesses, CeleryTarget, wait_for
 
 pytestmark = [
@@ -171,6 +172,17 @@ def test_an_approval_later_is_a_drive_linked_to_the_start(otel):
         call["attributes"]["durable_agents.safety"],
         call["attributes"]["durable_agents.attempt"],
     ) == ("side_effect", 1)
+
+
+def test_a_webhook_delivery_is_the_start_of_its_turn(otel):
+    with otel.tracer.start_as_current_span("POST /webhooks/inbound/") as request:
+        response = post("otel-session", "delivery-1", "Where is order 7?")
+    assert response.status_code == 202, response.content
+    run_id = json.loads(response.content)["run_id"]
+    drives = otel.spans("durable_agents.drive")
+    assert drives and all(d["attributes"]["durable_agents.run_id"] == run_id for d in drives)
+    assert all(linked(d) == {"run.start": ids(request)} for d in drives)
+    assert RunTrace.objects.filter(run_id=run_id).exists()
 
 
 def test_a_run_started_untraced_takes_its_first_drive_as_its_start(otel):
