@@ -385,7 +385,7 @@ def _value(points: list[tuple[dict[str, Any], Any]], **attributes: Any) -> Any:
     return value
 
 
-def test_metrics_count_what_waits_on_people_and_takeovers(otel):
+def test_metrics_count_what_waits_on_people_and_takeovers(otel, monkeypatch):
     with pytest.raises(da.ApprovalPending):
         gated.run("otel-m-gated", "refund order 7")
     with pytest.raises(da.OutcomeUnknown):
@@ -403,6 +403,15 @@ def test_metrics_count_what_waits_on_people_and_takeovers(otel):
     assert 0 <= _value(points["durable_agents.approvals.oldest_age"]) < 60
     assert _value(points["durable_agents.halts.open"]) == 1
     assert "durable_agents.takeovers" not in points
+
+    # A backlog past the cap reads as the cap: a collection stays a bounded read.
+    store.create_run(RunInfo("otel-m-queued-2", agent="echo", input="where is order 7?"))
+    monkeypatch.setattr(telemetry, "COUNT_CAP", 1)
+    points = otel.metrics()
+    assert _value(points["durable_agents.runs"], **{"durable_agents.status": "queued"}) == 1
+    monkeypatch.undo()
+    points = otel.metrics()
+    assert _value(points["durable_agents.runs"], **{"durable_agents.status": "queued"}) == 2
 
     # A driver that died holding a lease: the next one takes the run over.
     store.insert("otel-m-queued", *header())
