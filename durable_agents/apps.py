@@ -43,3 +43,19 @@ class DurableAgentsConfig(AppConfig):
         signals.approval_requested.connect(email_approvers, dispatch_uid="durable_agents.notify")
         # A Celery worker with a bad AGENTS setting exits before it consumes a message.
         worker_start.connect()
+        _enable_telemetry()
+
+
+def _enable_telemetry() -> None:
+    """Spans and metrics when ``TELEMETRY`` is on (read once, here: turning it on or off
+    takes a restart). Otherwise nothing of OpenTelemetry is imported. An invalid setting is
+    left to the system check (``durable_agents.E001``)."""
+    from django.conf import settings as django_settings
+
+    from .conf import parse
+
+    settings, problems = parse(getattr(django_settings, "DURABLE_AGENTS", None))
+    if settings.telemetry and not problems:
+        from .telemetry import enable
+
+        enable()

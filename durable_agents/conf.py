@@ -107,6 +107,9 @@ class Settings:
     retention: Retention | None = None
     # Model calls per period a site allows, by model id or provider name (docs/limits.md).
     model_rates: Mapping[str, Rate] = field(default_factory=dict)
+    # Spans and metrics through OpenTelemetry (``durable_agents.telemetry``); off: nothing
+    # of OpenTelemetry is imported.
+    telemetry: bool = False
 
     @property
     def use_prepared(self) -> bool:
@@ -156,6 +159,7 @@ _KEYS = {
     "TRUSTED_AUDIT_KEYS": "trusted_audit_keys",
     "RETENTION": "retention",
     "MODEL_RATES": "model_rates",
+    "TELEMETRY": "telemetry",
 }
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
 _NOTIFY_KEYS = {"APPROVALS": "approvals", "FROM_EMAIL": "from_email", "BASE_URL": "base_url"}
@@ -288,6 +292,17 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
     values["webhook_secrets"] = secrets
     values["trusted_audit_keys"] = _parse_trusted_keys(values.get("trusted_audit_keys"), problems)
 
+    telemetry = values.get("telemetry", False)
+    if not isinstance(telemetry, bool):
+        problems.append("DURABLE_AGENTS['TELEMETRY'] must be True or False")
+        values.pop("telemetry")
+    elif telemetry and not _otel_installed():
+        problems.append(
+            "DURABLE_AGENTS['TELEMETRY'] is on but OpenTelemetry is not installed: "
+            "pip install 'durable-agents[otel]' (opentelemetry-api and opentelemetry-sdk), or "
+            "turn TELEMETRY off"
+        )
+
     if not isinstance(values.get("public_api_docs", False), bool):
         problems.append("DURABLE_AGENTS['PUBLIC_API_DOCS'] must be True or False")
         values.pop("public_api_docs")
@@ -342,6 +357,16 @@ def _parse_model_rates(raw: Any, problems: list[str]) -> Mapping[str, Rate]:
         except ConfigError as exc:
             problems.append(str(exc))
     return rates
+
+
+def _otel_installed() -> bool:
+    """Whether ``opentelemetry-api`` can be imported (found, not imported)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("opentelemetry.trace") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _direct_problems(direct: Any, database: Any) -> list[str]:

@@ -211,6 +211,25 @@ class Lease(models.Model):
         return f"{self.run_id} held by {self.holder}"
 
 
+class RunTrace(models.Model):
+    """Where a run was started from, as W3C trace context (``traceparent``, ``tracestate``):
+    written when the run is created with ``DURABLE_AGENTS["TELEMETRY"]`` on, so every drive
+    of it, in any process and however much later, links its span back there
+    (docs/telemetry.md). No row: telemetry was off when it started, or nothing was traced."""
+
+    # No database constraint: written beside the run's creating statement, never checked
+    # against it; deleting the run deletes it (the ORM's cascade).
+    run = models.OneToOneField(
+        Run, on_delete=models.CASCADE, primary_key=True, db_constraint=False, related_name="+"
+    )
+    traceparent = models.CharField(max_length=55)
+    tracestate = models.CharField(max_length=512, blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"{self.run_id} started in {self.traceparent}"
+
+
 class Follower(models.Model):
     """Someone following a run live (``durable_agents.database.events``), until
     ``expires_at`` by the database clock. Only a run with an unexpired follower notifies on

@@ -10,6 +10,12 @@ app = Celery("tests")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["durable_agents"])
 
+# Telemetry tests (DA_OTEL_FILE) read the spans this worker ends from a file.
+if os.environ.get("DA_OTEL_FILE"):
+    from tests.support.otel import export_from_env
+
+    export_from_env()
+
 # Tests that run a real `celery beat` set DA_BEAT_RECOVERY=1: one recovery pass every
 # DA_RECOVERY_INTERVAL seconds (the DURABLE_AGENTS["RECOVERY_INTERVAL"] of tests/settings.py),
 # sent to the test's own queue (DA_CELERY_QUEUE), where its workers pick it up.

@@ -122,6 +122,8 @@ DURABLE_AGENTS = {
     "HALT_MIN_AGE": float(os.environ.get("DA_HALT_MIN_AGE", "0")),
     # The shipped webhook view (tests/urls.py) checks deliveries against it.
     "WEBHOOK_SECRET": WEBHOOK_SECRET,
+    # Children of the telemetry tests export their spans to this file (tests/support/otel.py).
+    "TELEMETRY": bool(os.environ.get("DA_OTEL_FILE")),
 }
 
 # Celery (tests/celery_app.py): a Redis database of its own, late acks, one message at a time.

@@ -27,10 +27,16 @@ def enqueue(run_id: str) -> None:
 
 
 def send_to_celery(run_id: str) -> None:
+    from ..telemetry import handover_headers
     from .tasks import drive_run
 
     settings = get_settings()
-    drive_run.apply_async(args=[run_id], queue=settings.celery_queue)
+    # With telemetry on, the worker's drive links to the span that handed the run over.
+    headers = handover_headers()
+    if headers:
+        drive_run.apply_async(args=[run_id], queue=settings.celery_queue, headers=headers)
+    else:
+        drive_run.apply_async(args=[run_id], queue=settings.celery_queue)
 
 
 def drive_inline(run_id: str) -> None:

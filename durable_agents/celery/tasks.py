@@ -26,6 +26,7 @@ from django.db import close_old_connections
 from ..conf import get_settings
 from ..engine.commands import runs
 from ..engine.errors import DurableAgentsError, Pause
+from ..telemetry import HEADER, handed_over
 
 log = logging.getLogger("durable_agents.tasks")
 
@@ -40,7 +41,8 @@ log = logging.getLogger("durable_agents.tasks")
 def drive_run(self: Any, run_id: str) -> str:
     close_old_connections()
     try:
-        runs.resume(run_id)
+        with handed_over(_header(self.request, HEADER)):
+            runs.resume(run_id)
         return runs.FINISHED_OUTCOME
     except (Pause, DurableAgentsError) as exc:
         # The words are ``drive_quietly``'s: a pause, a busy run, a lost lease or a shutdown
@@ -62,6 +64,13 @@ def drive_run(self: Any, run_id: str) -> str:
         raise self.retry(countdown=policy.delay(run.attempts), max_retries=None) from exc
     finally:
         close_old_connections()
+
+
+def _header(request: Any, name: str) -> str | None:
+    """A custom header of the message (Celery puts them on the request; some versions
+    nest them under ``headers``)."""
+    value = request.get(name) or (getattr(request, "headers", None) or {}).get(name)
+    return str(value) if value else None
 
 
 # Timers further off than this get no ETA message: the sweep wakes them. A worker holds an

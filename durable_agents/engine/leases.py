@@ -23,6 +23,7 @@ from .imported import refuse_inert
 from .ports import LeaseInfo, Store
 from .records import encode
 from .runtime import holder_name
+from .telemetry import observer
 
 log = logging.getLogger("durable_agents.lease")
 
@@ -84,14 +85,14 @@ class HeldLease:
             previous.holder,
             previous.expires_at.isoformat(),
         )
+        reason = "holder gone" if previous.live else "expired"
         self.store.insert(
             self.run_id,
             names.takeover(uuid.uuid4().hex[:12]),
-            encode(
-                takeover_body(previous, self.holder, "holder gone" if previous.live else "expired")
-            ),
+            encode(takeover_body(previous, self.holder, reason)),
             fence=self.token,
         )
+        observer().takeover(self.run_id, reason)
 
     def adopt(self) -> HeldLease:
         """Start renewing a lease the store gave ``token`` (by ``acquire`` or ``start_run``)."""

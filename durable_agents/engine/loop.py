@@ -21,6 +21,7 @@ Scope: this resumes around tool calls, not inside one.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -97,6 +98,7 @@ from .ports import (
 from .records import Record, decode, encode, refuse_nul, validate_run_id
 from .redact import error_text, unknown_reason
 from .stops import close_cancelled
+from .telemetry import observer, safety_class
 from .throttle import DriveLimits, OwnSlotsFull
 from .tools import Tool, ToolContext, json_result
 from .transcript import RunState, outcome_of
@@ -287,6 +289,7 @@ def _start_new(
     )
     if entries is None:
         return None, existing
+    observer().run_created(run_id)
     return (lease.adopt(), RunLog(journal, run_id, fence=lease.token, entries=entries)), None
 
 
@@ -532,6 +535,10 @@ class Driver:
     # -- entry ------------------------------------------------------------------------
 
     def drive(self, input: Any, seed: list[dict[str, Any]] | None) -> RunResult:
+        with observer().drive(self.run_id, self.agent.name):
+            return self._drive(input, seed)
+
+    def _drive(self, input: Any, seed: list[dict[str, Any]] | None) -> RunResult:
         # Every way a drive ends leaves a row that agrees with the journal: finished, paused,
         # cancelled, or failed with its error (recovery counts failures and stops).
         try:
@@ -725,7 +732,9 @@ class Driver:
                 )
             self._check_budget()
             n = len(turns) + 1
-            response = self._call_model(n)
+            with observer().model_turn(self.run_id, n) as span:
+                response = self._call_model(n)
+                span.set(finish=response.finish, model=response.model, usage=response.usage)
             if not response.message.tool_calls and n not in self.state.user_after:
                 result = self._finish_with_turn(n, response)
                 if result is not None:
@@ -1341,7 +1350,7 @@ class Driver:
                 if halt is not None:
                     halts.append(halt)
                     continue
-                halt = self._settle_call(gate, attempt, self._invoke(gate))
+                halt = self._settle_call(gate, attempt, self._observed(gate, attempt))
                 if self._fenced_out is not None:
                     raise self._fenced_out
                 if halt is not None:
@@ -1368,7 +1377,10 @@ class Driver:
                     if halt is not None:
                         halts.append(halt)
                         continue
-                    running[pool.submit(self._invoke, gate, True)] = (gate, attempt)
+                    # In the drive's context (its span), as a call run in this thread.
+                    run = contextvars.copy_context().run
+                    future = pool.submit(run, self._observed, gate, attempt, True)
+                    running[future] = (gate, attempt)
                 if not running:
                     continue
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -1412,6 +1424,13 @@ class Driver:
             )
             raise
         return None
+
+    def _observed(self, gate: _Gate, attempt: int, in_pool: bool = False) -> tuple[str, Any]:
+        safety = safety_class(gate.tool.safety)
+        with observer().tool_call(self.run_id, gate.call.id, gate.tool.name, safety, attempt) as s:
+            outcome = self._invoke(gate, in_pool)
+            s.set(outcome=outcome[0])
+            return outcome
 
     def _invoke(self, gate: _Gate, in_pool: bool = False) -> tuple[str, Any]:
         """Run the tool function; return ("ok" | "error" | "unknown", value)."""

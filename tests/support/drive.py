@@ -15,6 +15,9 @@ django.setup()
 
 import durable_agents as da  # noqa: E402
 from durable_agents.engine.agent import get_agent  # noqa: E402
+from tests.support.otel import export_from_env  # noqa: E402
+
+export_from_env()  # with DA_OTEL_FILE: this process's spans go to that file
 
 
 def main() -> None:

@@ -52,6 +52,7 @@ from ..ports import (
 from ..records import encode, refuse_nul, validate_run_id
 from ..registry import get_agent
 from ..retry import describe
+from ..telemetry import observer
 from ..waits import open_waits
 
 log = logging.getLogger("durable_agents")
@@ -162,6 +163,7 @@ def create_run(
     # takes it). A run that exists gets nothing from it and is checked below.
     records = [header(), (names.RUN_START, encode(body))]
     if store.start_run(run, holder=None, token=None, ttl=None, records=records) is not None:
+        observer().run_created(run_id)
         return run_id
     existing = store.get_run(run_id)
     refuse_inert(existing, "start it again")
