@@ -19,6 +19,7 @@ from .errors import (
     OutcomeUnknown,
     Pause,
     RunBusy,
+    Throttled,
 )
 
 # How a span ended (its ``durable_agents.outcome`` attribute).
@@ -26,6 +27,7 @@ OK = "ok"
 ERROR = "error"
 PAUSED = "paused"
 HALTED = "halted"
+THROTTLED = "throttled"  # a limit was full (engine.limits): the run waits, not failed
 FAILED = "failed"
 BUSY = "busy"
 LEASE_LOST = "lease_lost"
@@ -112,6 +114,8 @@ def outcome_of(exc: BaseException | None) -> str:
         return OK
     if isinstance(exc, OutcomeUnknown):
         return HALTED
+    if isinstance(exc, Throttled):
+        return THROTTLED
     if isinstance(exc, Pause):
         return PAUSED
     if isinstance(exc, RunBusy):

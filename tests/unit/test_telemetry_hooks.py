@@ -217,3 +217,19 @@ def test_the_default_observer_does_nothing():
         span.set(outcome="ok")
     with pytest.raises(KeyError), observer.tool_call("r", "c", "t", "read_only", 0):
         raise KeyError("passes through")
+
+
+def test_a_throttled_drive_says_so_and_runs_no_tool(store, recorder):
+    @da.tool(idempotent=True, rate="1/h")
+    def ping(n: int) -> int:
+        return n
+
+    script = [
+        scripted.calls(scripted.call("ping", {"n": 1})),
+        scripted.calls(scripted.call("ping", {"n": 2})),
+        scripted.text("ok"),
+    ]
+    with pytest.raises(da.Throttled):
+        da.Agent("pinger", ScriptedModel(script), "", [ping]).run("t9", "go", store=store)
+    assert [d["outcome"] for d in recorder.of("drive")] == ["throttled"]
+    assert [c["outcome"] for c in recorder.of("tool_call")] == ["ok"]  # the second never ran
