@@ -84,8 +84,8 @@ class Limits:
             )
             return cursor.fetchone() is not None
 
-    def release_slot(self, key: str, holder: str) -> None:
-        Slot.objects.using(self.using).filter(key=key, holder=holder).delete()
+    def release_slot(self, key: str, holder: str, token: str) -> None:
+        Slot.objects.using(self.using).filter(key=key, holder=holder, token=token).delete()
 
     def take_permit(self, key: str, count: int, period: float) -> float:
         buckets = RateBucket.objects.using(self.using)

@@ -438,6 +438,17 @@ class _Gate:
     args: dict[str, Any]
     # Set when this call was approved for other arguments than today's code would run.
     previous: Any = None
+    # The approval it runs under (a gated call), looked at again after its claim.
+    approval: Record | None = None
+
+
+class _DeniedMeanwhile(Exception):
+    """A denial of a gated call was journaled after the drive read its approval and before
+    the drive claimed it (``Driver._prepare``): the claim is retired, the denial stands."""
+
+    def __init__(self, denial: Record) -> None:
+        super().__init__(denial.name)
+        self.denial = denial
 
 
 # Caller errors a drive refuses without touching the run (nothing about the run is wrong).
@@ -1047,6 +1058,7 @@ class Driver:
                 if not decision.get("approved"):
                     self._record_result(call, _rejection(decision), is_error=True)
                     continue
+                gate.approval = decision
                 edited = decision.get("edited")
                 if edited:  # the approver's edit is exactly what runs (``_still_fits``)
                     gate.args = tool.validate(encode(edited.get("arguments")))
@@ -1346,7 +1358,11 @@ class Driver:
         halts: list[HaltInfo] = []
         if self.agent.tool_concurrency == 1 or len(runnable) == 1:
             for gate, attempt in runnable:
-                halt = self._prepare(gate, attempt)
+                try:
+                    halt = self._prepare(gate, attempt)
+                except _DeniedMeanwhile as meanwhile:
+                    self._settle_denied(gate, meanwhile.denial)
+                    continue
                 if halt is not None:
                     halts.append(halt)
                     continue
@@ -1370,6 +1386,9 @@ class Driver:
                     except OwnSlotsFull:
                         queue.insert(0, (gate, attempt))  # after one of ours gives one back
                         break
+                    except _DeniedMeanwhile as meanwhile:
+                        self._settle_denied(gate, meanwhile.denial)
+                        continue
                     except (DriveStopped, LeaseLost, stops.TreeStopped, Throttled) as exc:
                         stopping = exc  # let the calls in flight settle, then stop
                         queue.clear()
@@ -1413,6 +1432,17 @@ class Driver:
         )
         if not won:
             return self._halt(gate, marker, "contended")
+        if gate.approval is not None:
+            # A denial journaled since this drive read the approval, whose own look for a
+            # claim came before this one: it sees the denial now (each side looks after its
+            # write), and the call provably never ran.
+            denial = self._later_denial(gate.call, gate.approval)
+            if denial is not None:
+                self.log.write(
+                    names.not_started(gate.call.id, attempt),
+                    {"kind": "not-started", "claim": marker.get("claim")},
+                )
+                raise _DeniedMeanwhile(denial)
         failpoints.hit(f"after-attempt:{gate.call.id}")
         try:
             self._check_tree()
@@ -1470,6 +1500,13 @@ class Driver:
                 close = getattr(self.store, "close_thread_resources", None)
                 if close is not None:
                     close()
+
+    def _settle_denied(self, gate: _Gate, denial: Record) -> None:
+        """A call denied meanwhile (``_DeniedMeanwhile``): its result is the denial."""
+        try:
+            self._record_result(gate.call, _rejection(denial), is_error=True)
+        finally:
+            self.limits.after_tool(self._tool_slots.pop(gate.call.id, None))
 
     def _settle_call(self, gate: _Gate, attempt: int, outcome: tuple[str, Any]) -> HaltInfo | None:
         try:

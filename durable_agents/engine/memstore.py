@@ -555,9 +555,11 @@ class InMemoryStore:
             slots[holder] = (run_id, token)
             return True
 
-    def release_slot(self, key: str, holder: str) -> None:
+    def release_slot(self, key: str, holder: str, token: str) -> None:
         with self._lock:
-            self._slots.get(key, {}).pop(holder, None)
+            slots = self._slots.get(key, {})
+            if holder in slots and slots[holder][1] == token:
+                del slots[holder]
 
     def take_permit(self, key: str, count: int, period: float) -> float:
         with self._lock:

@@ -70,7 +70,7 @@ class DriveLimits:
     def after_tool(self, holder: str | None) -> None:
         if holder is not None and holder in self._held:
             key = self._held.pop(holder)
-            self.store.release_slot(key, holder)
+            self.store.release_slot(key, holder, self.fence)
             _hand_over_next(self.store, key)
 
     # -- at the end of the drive ---------------------------------------------------------
@@ -79,11 +79,11 @@ class DriveLimits:
         """Give back every slot this drive holds and hand each one's oldest waiter over."""
         freed = []
         for holder, key in list(self._held.items()):
-            self.store.release_slot(key, holder)
+            self.store.release_slot(key, holder, self.fence)
             freed.append(key)
         self._held.clear()
         if self._run_slot is not None:
-            self.store.release_slot(self._run_slot, self.run_id)
+            self.store.release_slot(self._run_slot, self.run_id, self.fence)
             freed.append(self._run_slot)
             self._run_slot = None
         for key in freed:

@@ -33,8 +33,25 @@ def test_a_slot_is_granted_up_to_the_limit_and_again_to_its_holder(store):
     assert store.claim_slot(key, b, b, tb, 2)
     assert not store.claim_slot(key, c, c, tc, 2)
     assert store.claim_slot(key, a, a, ta, 2), "taking it again is held"
-    store.release_slot(key, a)
+    store.release_slot(key, a, ta)
     assert store.claim_slot(key, c, c, tc, 2)
+
+
+def test_a_slot_is_given_back_only_under_the_token_it_was_taken_with(store):
+    """A driver whose lease lapsed and was taken over gives its slot back at the end of its
+    drive: the successor's slot of the same holder (the run, or the same call) stays."""
+    key = f"agent/{uuid.uuid4().hex}"
+    [(a, stale)] = _leased(store, 1, ttl=0.2)
+    [(b, tb)] = _leased(store, 1)
+    assert store.claim_slot(key, a, a, stale, 1)
+    time.sleep(0.3)
+    successor = f"tok-{uuid.uuid4().hex}"
+    assert store.acquire_lease(a, "w2", successor, 30.0) is not None
+    assert store.claim_slot(key, a, a, successor, 1)
+    store.release_slot(key, a, stale)  # the stale driver's drive ends
+    assert not store.claim_slot(key, b, b, tb, 1), "the successor still holds the only slot"
+    store.release_slot(key, a, successor)
+    assert store.claim_slot(key, b, b, tb, 1)
 
 
 def test_a_slot_frees_with_its_lease(store):

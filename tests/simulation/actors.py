@@ -143,7 +143,8 @@ def _wake_timers(w: W.World) -> list[str]:
     recovery pass, after it, so adding it did not move every seed's schedule)."""
     from durable_agents.engine.commands.timers import wake_timers
 
-    if not any(w.raw.list_unfinished(statuses=["sleeping", "awaiting_input"])):
+    # (Throttled runs came with limits: a seed without them has none, and sweeps as before.)
+    if not any(w.raw.list_unfinished(statuses=["sleeping", "awaiting_input", "throttled"])):
         return []
     return wake_timers(store=w.store)
 

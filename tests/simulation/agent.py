@@ -10,12 +10,15 @@ answers when the plan is done.
 
 from __future__ import annotations
 
+import copy
 import json
+import random
 from dataclasses import dataclass, replace
 from typing import Any
 
 import durable_agents as da
 from durable_agents.engine.errors import ToolOutcomeUnknown
+from durable_agents.engine.limits import parse_rate
 from durable_agents.engine.model import (
     FINISH_FILTERED,
     FINISH_LENGTH,
@@ -60,6 +63,7 @@ def _act(tool: str, args: dict[str, Any], ctx: ToolContext) -> Any:
     w.slow_tool(tool)
     w.point(f"tool {tool} {ctx.call_id} start")
     w.begins(ctx.call_id)
+    w.work_begins(ctx.run_id, tool, ctx.call_id)
     if tool == "charge" and args["amount"] == DECLINED_AMOUNT:
         w.record(
             tool,
@@ -311,12 +315,14 @@ def _arguments(tool: str, order: int, amount: int, spec: Any) -> str:
 class SimModel:
     """Follows the plan of the last ``plan:`` message; bills every response it gives."""
 
-    model_id = "sim-model"
+    model_id = W.MODEL_ID
 
     def generate(self, request: ModelRequest) -> ModelResponse:
         w = W.CURRENT
         assert w is not None
         w.point("model start")
+        proc = w.current
+        w.work_begins(proc.leased[-1] if proc is not None and proc.leased else None)
         msgs = list(request.messages)
         usage = Usage(10 + 2 * len(msgs), 5)
         roll = w.model_rng.random()
@@ -423,6 +429,70 @@ ERRAND_SAGA_AGENT = da.Agent(
 )
 TOOLS["errand_saga"] = ERRAND_SAGA_AGENT.as_tool(name=ERRAND)
 
+# -- limits (engine.limits) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one seed's agent is limited to (``Agent(max_concurrent_runs=)``, ``@tool(rate=,
+    max_concurrent=)``, a site's model rate): drawn once per seed, kept by every deploy."""
+
+    runs: int | None = None  # max_concurrent_runs of the simulated agent
+    tool: str = ""  # the one limited tool, if any
+    tool_concurrent: int | None = None
+    tool_rate: str | None = None
+    model_rate: str | None = None  # a rate for every call of the model (every agent's)
+
+    def describe(self) -> str:
+        parts = [f"runs<={self.runs}"] if self.runs else []
+        if self.tool:
+            parts.append(f"{self.tool}: {self.tool_concurrent or '-'} at once, {self.tool_rate}")
+        if self.model_rate:
+            parts.append(f"model {self.model_rate}")
+        return "limits(" + "; ".join(parts) + ")"
+
+
+# The tool limits a seed may draw: (tool, max_concurrent, rate). Charges are at most once (a
+# throttled call has no claim yet: its retry is its first attempt); lookups are read-only;
+# notifications are keyed; errands and waits are never limited here.
+TOOL_LIMITS = (
+    ("charge", 1, None),
+    ("charge", 1, "2/20s"),
+    ("lookup", None, "1/10s"),
+    ("notify", 1, "2/20s"),
+    ("book", None, "1/15s"),
+)
+
+
+def draw_limits(seed: int, odds: float) -> Limits | None:
+    """Whether this seed's agent has limits, and which: from a stream of the seed's own
+    (``limits:<seed>``), so seeds without them keep their schedules."""
+    rng = random.Random(f"limits:{seed}")
+    if rng.random() >= odds:
+        return None
+    runs = rng.choice((None, 1, 1, 2))
+    tool, concurrent, rate = rng.choice((("", None, None), *TOOL_LIMITS))
+    model_rate = "3/20s" if rng.random() < 0.3 else None
+    if runs is None and not tool and model_rate is None:
+        runs = 1
+    return Limits(runs, tool, concurrent, rate, model_rate)
+
+
+_LIMITED: dict[tuple[int, int | None, str | None], Any] = {}
+
+
+def limited(tool: Any, concurrent: int | None, rate: str | None) -> Any:
+    """A copy of ``tool`` with limits (the same copy for the same limits: every deploy of a
+    seed runs the same tool objects)."""
+    key = (id(tool), concurrent, rate)
+    if key not in _LIMITED:
+        made = copy.copy(tool)
+        made.max_concurrent = concurrent
+        made.rate = parse_rate(rate, f"tool {tool.name!r}") if rate is not None else None
+        _LIMITED[key] = made
+    return _LIMITED[key]
+
+
 # -- deploys ------------------------------------------------------------------------------
 
 
@@ -449,6 +519,8 @@ class Deploy:
     # ``confirm`` rewords its question to staff (``ship_prompt``). Toggled by a deploy only in
     # the answerer's casts, from a stream of its own (``World.ask_rng``).
     ask: int = 0
+    # Limits (``Limits``): set by the cast from a stream of its own, kept by every deploy.
+    limits: Limits | None = None
 
     @property
     def durability(self) -> str:
@@ -475,6 +547,8 @@ class Deploy:
             )
             if getattr(self, name)
         ]
+        if self.limits is not None:
+            parts.append(self.limits.describe())
         return ", ".join(parts)
 
     def activate(self) -> da.Agent:
@@ -489,6 +563,12 @@ class Deploy:
         tools.append(TOOLS["book"])
         tools.append(TOOLS["confirm_ask1" if self.ask else "confirm"])
         tools.append(TOOLS["errand" + saga])
+        limits = self.limits
+        if limits is not None and limits.tool:
+            tools = [
+                limited(t, limits.tool_concurrent, limits.tool_rate) if t.name == limits.tool else t
+                for t in tools
+            ]
         return da.Agent(
             AGENT,
             MODEL,
@@ -500,6 +580,7 @@ class Deploy:
             durability=self.durability,
             saga=self.saga,
             tool_concurrency=2 if self.concurrent else 1,
+            max_concurrent_runs=limits.runs if limits is not None else None,
         )
 
     def changed(self, w: W.World) -> Deploy:

@@ -22,6 +22,7 @@ from typing import Any
 from durable_agents.engine.approvals import decision_name, tally
 from durable_agents.engine.audit import verify_actions, verify_run
 from durable_agents.engine.journal import Journal
+from durable_agents.engine.limits import parse_rate
 from durable_agents.engine.names import is_compensation
 from durable_agents.engine.names import result as result_name
 from durable_agents.engine.ports import (
@@ -36,6 +37,7 @@ from durable_agents.engine.ports import (
     HALTED,
     SLEEPING,
     TERMINAL_STATUSES,
+    THROTTLED,
 )
 from durable_agents.engine.records import Record, encode
 from durable_agents.engine.transcript import RunState
@@ -226,6 +228,7 @@ def check_all(w: W.World) -> None:
     check_chains(w)
     check_imports(w, ix)
     check_takeovers(w, ix)
+    check_limits(w, ix)
     check_as_we_go(w)
 
 
@@ -1021,6 +1024,8 @@ INVARIANTS = (
     "stops_hold",
     "nothing_stranded",
     "lifecycle_moves",
+    "limits_hold",
+    "throttles_settle",
     "webhooks_never_busy",
     "sessions_stay_open",
     "terminates",
@@ -1503,6 +1508,54 @@ def _stops_at_and_above(w: W.World, ix: Index, run_id: str | None) -> list[tuple
         row = ix.rows.get(run_id) or w.raw.get_run(run_id)
         run_id = row.parent_run_id if row is not None else None
     return out
+
+
+def check_limits(w: W.World, ix: Index) -> None:
+    """Limits (``engine.limits``). At once (checked as each model call or tool body begins,
+    ``World.work_begins``): never more runs of the limited agent driven than its
+    ``max_concurrent_runs``, nor calls of a limited tool in flight than its
+    ``max_concurrent``. Here: a rate-limited tool (or the model) ran no more often than its
+    rate lets calls through — a burst of ``count``, then one per ``period/count`` (GCRA): any
+    ``k`` calls span at least ``(k - count) * period / count`` seconds of the virtual clock.
+    And once the world settles, no run is left throttled: its retry came due and the sweep
+    handed it over, or a slot given back did."""
+    limits = w.limits()
+    if limits is not None:
+        rates = {f"model/{W.MODEL_ID}": limits.model_rate}
+        if limits.tool and limits.tool_rate:
+            rates[f"tool/{limits.tool}"] = limits.tool_rate
+        for key, text in rates.items():
+            if text is None:
+                continue
+            rate = parse_rate(text, key)
+            times = sorted(w.admitted.get(key, []))
+            for i, first in enumerate(times):
+                for j in range(i + rate.count, len(times)):
+                    k = j - i + 1
+                    if times[j] - first < (k - rate.count) * rate.interval - 1e-6:
+                        w.violate(
+                            "limits_hold",
+                            f"{key} ({text}) let {k} calls through in "
+                            f"{times[j] - first:.2f}s (t={first - W.EPOCH:.1f}-"
+                            f"{times[j] - W.EPOCH:.1f}): its rate allows "
+                            f"{rate.count} + {(times[j] - first) / rate.interval:.2f}",
+                            hole="new",
+                        )
+                        break
+    for run_id, row in ix.rows.items():
+        if row is not None and row.status == THROTTLED:
+            waits = [t for t in w.raw.list_throttled(limit=1000) if t.run_id == run_id]
+            why = (
+                f"waits for {waits[0].key} ({waits[0].reason}), retry at "
+                f"t={waits[0].retry_at.timestamp() - W.EPOCH:.1f}"
+                if waits
+                else "no throttle row says what it waits for"
+            )
+            w.violate(
+                "throttles_settle",
+                f"run {run_id} is left throttled after recovery passes and sweeps: {why}",
+                hole="new",
+            )
 
 
 def check_stops(w: W.World, ix: Index) -> None:

@@ -23,6 +23,7 @@ from durable_agents.engine import names, runtime, steps, stops
 from durable_agents.engine.commands import approvals as approval_commands
 from durable_agents.engine.commands import forks
 from durable_agents.engine.loop import Driver
+from durable_agents.engine.memstore import InMemoryStore
 from durable_agents.engine.ports import RunInfo
 from durable_agents.engine.transcript import RunState
 
@@ -77,6 +78,45 @@ def _no_halt_age() -> contextlib.AbstractContextManager[None]:
     return restore()
 
 
+def _claim_ignoring_limit(
+    self: InMemoryStore, key: str, holder: str, run_id: str, token: str, limit: int
+) -> bool:
+    """``InMemoryStore.claim_slot`` that checks the lease but never counts the others."""
+    with self._lock:
+        if not self._holds(run_id, token):
+            return False
+        self._slots.setdefault(key, {})[holder] = (run_id, token)
+        return True
+
+
+def _claim_outliving_leases(
+    self: InMemoryStore, key: str, holder: str, run_id: str, token: str, limit: int
+) -> bool:
+    """``InMemoryStore.claim_slot`` whose slots are not tied to their lease: a slot counts
+    until it is given back, so a driver that died holds its slot for good."""
+    with self._lock:
+        slots = self._slots.setdefault(key, {})
+        if not self._holds(run_id, token):
+            return False
+        if holder not in slots and len(slots) >= limit:
+            return False
+        slots[holder] = (run_id, token)
+        return True
+
+
+def _permit_always(self: InMemoryStore, key: str, count: int, period: float) -> float:
+    """``InMemoryStore.take_permit`` that grants every permit (a bucket never filling)."""
+    return 0.0
+
+
+def _has_limits(seed: int) -> bool:
+    """Whether a seed's agent has limits (in the whole cast: ``scenario.build``)."""
+    from .agent import draw_limits
+    from .world import Config
+
+    return draw_limits(seed, Config(seed).limits) is not None
+
+
 @dataclass(frozen=True)
 class Mutation:
     name: str
@@ -84,6 +124,8 @@ class Mutation:
     apply: Callable[[], contextlib.AbstractContextManager[None]]
     # The cast it needs (``SIM_ACTORS`` syntax; "" keeps the whole cast).
     actors: str = ""
+    # The seeds that can catch it (the others are skipped, not run): None, all of them.
+    reaches: Callable[[int], bool] | None = None
 
 
 MUTATIONS: dict[str, Mutation] = {
@@ -128,6 +170,26 @@ MUTATIONS: dict[str, Mutation] = {
             "a sub-run drives on under a cancelled or aborted ancestor (Driver._check_tree "
             "does nothing)",
             lambda: _swapped((Driver, "_check_tree", lambda self: None)),
+        ),
+        Mutation(
+            "slots-ignore-limit",
+            "a slot is granted to any run holding its lease, however many are held "
+            "(InMemoryStore.claim_slot never counts)",
+            lambda: _swapped((InMemoryStore, "claim_slot", _claim_ignoring_limit)),
+            reaches=_has_limits,
+        ),
+        Mutation(
+            "slots-outlive-leases",
+            "a slot counts until it is given back, not while its lease is live: a dead "
+            "driver's slot is never freed (InMemoryStore.claim_slot keeps dead slots)",
+            lambda: _swapped((InMemoryStore, "claim_slot", _claim_outliving_leases)),
+            reaches=_has_limits,
+        ),
+        Mutation(
+            "rates-never-refuse",
+            "a rate grants every permit (InMemoryStore.take_permit always says 0)",
+            lambda: _swapped((InMemoryStore, "take_permit", _permit_always)),
+            reaches=_has_limits,
         ),
     )
 }

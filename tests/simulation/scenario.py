@@ -34,7 +34,7 @@ from .actors import (
     Webhook,
     drive_like_a_worker,
 )
-from .agent import AGENT, SESSION, Deploy, Plans
+from .agent import AGENT, SESSION, Deploy, Plans, draw_limits
 
 # -- one seed -----------------------------------------------------------------------------
 
@@ -50,7 +50,12 @@ def build(w: W.World) -> None:
     quorum = "person" in cfg.actors and random.Random(f"quorum:{cfg.seed}").random() < cfg.quorum
     # Concurrent tool calls came after quorums: drawn the same way, from a stream of its own.
     concurrent = random.Random(f"concurrent:{cfg.seed}").random() < cfg.concurrent
-    w.deploy = Deploy(saga="answerer" in cfg.actors, quorum=quorum, concurrent=concurrent)
+    # Limits came after concurrent calls: drawn the same way (``agent.draw_limits``), in
+    # the answerer's casts only, so the known-hole seeds keep their schedules.
+    limits = draw_limits(cfg.seed, cfg.limits) if "answerer" in cfg.actors else None
+    w.deploy = Deploy(
+        saga="answerer" in cfg.actors, quorum=quorum, concurrent=concurrent, limits=limits
+    )
     w.deploy.activate()
     w.deliveries = {f"d{i}": w.plans.make() for i in range(1, 3)}
     w.chat = [w.plans.make() for _ in range(2)]
@@ -196,8 +201,9 @@ def drain_phase(w: W.World) -> None:
 
 
 def quiet_phase(w: W.World) -> None:
-    """Crashed drivers' leases expire; then recovery passes, each followed by workers
-    draining the queue, until a pass hands nothing over (or it is clearly never going to)."""
+    """Crashed drivers' leases expire; then recovery passes and sweeps (which hand over
+    throttled runs whose retry is due), each followed by workers draining the queue, until a
+    pass hands nothing over (or it is clearly never going to)."""
     w.phase = "quiet"
     w.queue += w.hunt.late  # late messages arrive at last
     w.hunt.late.clear()
@@ -220,7 +226,10 @@ def quiet_phase(w: W.World) -> None:
 
     drain()
     session_liveness(w, worker)
-    for round_ in range(10):
+    # Limits slow the settling down (a run waits for its rate or its slot, again and again
+    # while others go first): a seed with them gets more passes.
+    passes = 10 if w.limits() is None else 20
+    for round_ in range(passes):
         w.step = round_
         proc = w.run_to_end(w.start(beat, "recovery pass", recover))
         sent = list(proc.result or [])
@@ -237,7 +246,9 @@ def quiet_phase(w: W.World) -> None:
                 and row.status == "queued"
                 and (at := resend_at(row, runtime.recovery_interval())) is not None
             ]
-            if not due or round_ == 9:
+            # A throttled run is handed over when its retry comes due: let it.
+            due += [t.retry_at for t in w.raw.list_throttled(limit=1000)]
+            if not due or round_ == passes - 1:
                 return
             w.advance_by(max(1.0, max(due).timestamp() - w.now + 1.0))
             continue

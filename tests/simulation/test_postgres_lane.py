@@ -83,8 +83,12 @@ def test_seeds_keep_the_promise_on_postgres(lane):
     findings, coverage = run_seeds(seeds, store="postgres")
     if findings:
         pytest.fail("PostgreSQL lane: " + summarize(findings, len(seeds)), pytrace=False)
-    # The lane explores what the memory lane does (crashes, people), and instant takeover.
-    wanted = ("crash at a tool point", "halts resolved", "calls approved", "instant takeovers")
+    # The lane explores what the memory lane does (crashes, people, limits: slots and rates
+    # in SQL), and instant takeover.
+    wanted = (
+        *("crash at a tool point", "halts resolved", "calls approved", "instant takeovers"),
+        "runs throttled",
+    )
     for what in wanted:
         assert coverage.get(what), f"no PostgreSQL seed exercised {what!r}: {coverage}"
 

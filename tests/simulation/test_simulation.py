@@ -74,6 +74,16 @@ def test_seeds_keep_the_promise():
         # Issue 31: imports are evidence, and every command on one is refused by name.
         "runs imported inert": "importer" in config.actors,
         "commands on inert imports refused": "importer" in config.actors,
+        # Limits: runs throttled on every kind of limit, handed over, and crashed in the
+        # window between the throttle row and the status.
+        "runs throttled": config.limits > 0,
+        "throttled on agent slots": config.limits > 0,
+        "throttled on tool slots": config.limits > 0,
+        "throttled on tool rate": config.limits > 0,
+        "throttled on model rate": config.limits > 0,
+        "throttled runs moved to queued": config.limits > 0,
+        "crashes between a throttle row and its status": "crash" in config.faults
+        and config.limits > 0,
     }
     if len(seeds) >= 500:
         missed = [

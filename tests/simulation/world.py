@@ -36,10 +36,12 @@ from typing import Any
 import greenlet
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from durable_agents.engine import failpoints, leases, lifecycle, loop, runtime
+from durable_agents.engine import failpoints, leases, lifecycle, loop, runtime, throttle
 from durable_agents.engine.approvals import decision_bytes
 from durable_agents.engine.errors import DurableAgentsError, LeaseLost, Pause, StorageError
+from durable_agents.engine.limits import parse_rate
 from durable_agents.engine.memstore import InMemoryStore
+from durable_agents.engine.ports import THROTTLED
 from durable_agents.engine.retry import RetryPolicy
 from tests.support.signing import public_text
 
@@ -53,6 +55,8 @@ STALL_STEP_SECONDS = (0.0, 0.25, 0.5, 1.0)
 
 # The world whose processes are running; tools and the model reach it through this.
 CURRENT: World | None = None
+# The simulated model's ``model_id``: the name a site's model rate knows it by.
+MODEL_ID = "sim-model"
 
 
 class Killed(BaseException):
@@ -136,6 +140,9 @@ class Config:
     # The odds that the agent runs two tool calls of a turn at once (``tool_concurrency=2``,
     # ``SimPool``), drawn the same way.
     concurrent: float = 0.3
+    # The odds that the agent runs under limits (``agent.Limits``: its runs at once, a tool's
+    # calls at once or rate, the model's rate), drawn the same way (``limits:<seed>``).
+    limits: float = 0.4
     # A deliberate break of the engine for the length of the seed (``mutations.py``), to show
     # the invariants catch it: "" runs the engine as it is.
     mutation: str = ""
@@ -236,6 +243,10 @@ class Proc:
         self.error: BaseException | None = None
         self.outcome = ""
         self.run_id: str | None = None  # the run a driver was asked to drive
+        # Its leases may have lapsed under it (a stall, a slow call, a dead heartbeat): the
+        # limits it held were not its own any more (``World.work_begins``).
+        self.lapsed = False
+        self.permits: dict[str, list[float]] = {}  # a rate's key -> when it was granted one
 
     def ready(self, now: float) -> bool:
         return not self.dead and self.stalled_until <= now and self.sleep_until <= now
@@ -437,6 +448,24 @@ class _VirtualMonotonic:
         return getattr(time, name)
 
 
+class _PerProcess:
+    """``threading.local`` as a simulated process sees it: each process is a greenlet of
+    one thread here, and a thread of its own (or a process) in production, so what the
+    engine keeps per thread is kept per greenlet (``throttle._handing``)."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_values", {})
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[(greenlet.getcurrent(), name)]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._values[(greenlet.getcurrent(), name)] = value
+
+
 class _UUID:
     """The ``uuid`` module as engine modules see it: uuid4 from the seed."""
 
@@ -625,9 +654,93 @@ class World:
         self.deliveries: dict[str, str] = {}
         self.chat: list[str] = []
         self._entered: int | None = None  # a pool call's begin (``entered_as``)
+        # Limits (``agent.Limits``), measured by the simulator at the model and tool points,
+        # never read from the store's slots: a limit's key -> holder -> the process driving
+        # it (a run of the limited agent from its first model or tool call until its drive
+        # gives it back; a limited tool's call from its body's start until its drive gives
+        # it back), and a rate's key -> when each call that ran was let through.
+        self.holding: dict[str, dict[str, Proc]] = {}
+        self.admitted: dict[str, list[float]] = {}
+        self._model_rates: dict[str, Any] | None = None
 
     def clock(self) -> float:
         return self.now
+
+    # -- limits ----------------------------------------------------------------------------
+
+    def limits(self) -> Any:
+        """The seed's ``agent.Limits`` (None: nothing is limited)."""
+        return self.deploy.limits if self.deploy is not None else None
+
+    def model_rates(self) -> dict[str, Any]:
+        """``runtime.model_rates``: the site's rate for the simulated model, if drawn."""
+        if self._model_rates is None:
+            limits = self.limits()
+            rate = limits.model_rate if limits is not None else None
+            self._model_rates = (
+                {} if rate is None else {MODEL_ID: parse_rate(rate, "the simulated model")}
+            )
+        return self._model_rates
+
+    def work_begins(self, run_id: str | None, tool: str = "", call: str = "") -> None:
+        """A model call (``tool`` empty) or a tool body begins for ``run_id`` in the current
+        process: count, by the simulator's own bookkeeping, what runs and calls are being
+        driven at once (``limits_hold``), and note when a rate-limited call was let through
+        (its drive's permit: the virtual clock may move between the permit and the body's
+        first line, which a real process crosses in microseconds)."""
+        proc, limits = self.current, self.limits()
+        if proc is None or limits is None or run_id is None:
+            return
+        from .agent import AGENT
+
+        row = self.raw.get_run(run_id)
+        if tool and (row is None or row.agent != AGENT):
+            return  # the errands' tools are never limited (the limit is the agent's tool's)
+        rate = limits.model_rate if not tool else limits.tool_rate if tool == limits.tool else None
+        if rate is not None:
+            key = f"tool/{tool}" if tool else f"model/{MODEL_ID}"
+            granted = proc.permits.get(key)
+            if granted:
+                self.admitted.setdefault(key, []).append(granted.pop(0))
+            else:
+                self.violate(
+                    "limits_hold",
+                    f"{tool or 'the model'} ran for {run_id} (call {call or '-'}) without a "
+                    f"permit of its rate {rate} taken by its drive",
+                    hole="new",
+                )
+        if proc.lapsed:
+            return  # its leases lapsed under it: what it held was no longer its own
+        if limits.runs and row is not None and row.agent == AGENT:
+            self._hold(f"agent/{AGENT}", run_id, proc, limits.runs, f"runs of {AGENT}")
+        if tool and tool == limits.tool and limits.tool_concurrent:
+            holder = f"{run_id}#{call}"
+            self._hold(f"tool/{tool}", holder, proc, limits.tool_concurrent, f"{tool} calls")
+
+    def _hold(self, key: str, holder: str, proc: Proc, limit: int, what: str) -> None:
+        held = self.holding.setdefault(key, {})
+        for other, p in list(held.items()):
+            if p.dead or p.glet.dead or p.lapsed:
+                del held[other]
+        held[holder] = proc
+        if len(held) >= limit:
+            self.count(f"limits full: {key.split('/')[0]}")
+        if len(held) > limit:
+            who = ", ".join(f"{h} (pid {p.pid} {p.actor.name})" for h, p in sorted(held.items()))
+            self.violate(
+                "limits_hold",
+                f"{len(held)} {what} driven at once, over the limit of {limit}: {who}",
+                hole="new",
+            )
+
+    def _let_go(self, proc: Proc, run_id: str, key: str | None = None, holder: str = "") -> None:
+        """``proc`` gave back what it held for ``run_id`` (its lease), or one slot."""
+        for k, held in self.holding.items():
+            if key is not None and k != key:
+                continue
+            for h, p in list(held.items()):
+                if p is proc and (h == holder if holder else h.split("#")[0] == run_id):
+                    del held[h]
 
     def give_key(self, name: str) -> None:
         seed = hashlib.sha256(f"key:{self.config.seed}:{name}".encode()).digest()
@@ -834,6 +947,7 @@ class World:
         if hunt.rng.random() < 0.1:
             hunt.hearts_stopped += 1
             proc.heart_dead = True
+            proc.lapsed = True
             self.count("heartbeats died")
             self.log(proc.actor.name, f"HEARTBEAT DIES (leases {proc.leased})")
 
@@ -871,6 +985,7 @@ class World:
         if tool not in ("charge", "refund") or hunt.rng.random() >= 0.5:
             return
         hunt.slow -= 1
+        proc.lapsed = True
         until = proc.attempt_at + hunt.rng.uniform(1.7, 1.95) * self.config.ttl
         proc.stalled_until = until
         self.count("slow tool calls")
@@ -943,6 +1058,10 @@ class World:
         """A run's status change is a move of the lifecycle table (``lifecycle.MOVES``)."""
         if after is None or (before is not None and before.status == after.status):
             return
+        if after.status == THROTTLED:
+            self.count("runs throttled")
+        elif before is not None and before.status == THROTTLED:
+            self.count(f"throttled runs moved to {after.status}")
         if before is None:
             ok = any(m.to == after.status and not m.from_ for m in lifecycle.MOVES)
         else:
@@ -1034,6 +1153,12 @@ class World:
             self.progress = self.step
         if proc is None:
             return
+        if name == "take_permit" and result == 0:
+            proc.permits.setdefault(args[0], []).append(self.now)
+        elif name == "release_slot":
+            self._let_go(proc, "", key=args[0], holder=args[1])
+        elif name == "throttle":
+            self.count(f"throttled on {args[0].key.split('/')[0]} {args[0].reason}")
         if name in FENCED_ROWS and result and kwargs.get("fence") is None:
             run_id = args[0].run_id
             if run_id in proc.leased:
@@ -1052,9 +1177,11 @@ class World:
             self.leases_taken.append(args[0].run_id)
         elif name == "release_lease" and args[0] in proc.leased:
             proc.leased.remove(args[0])
+            self._let_go(proc, args[0])
         elif name in ("finish_run", "finish_run_with") and args[0] in proc.leased:
             if result is not None and (name == "finish_run_with" or result[1]):
                 proc.leased.remove(args[0])
+                self._let_go(proc, args[0])
                 self.progress = self.step
         elif name == "insert":
             entry, inserted = result
@@ -1159,6 +1286,8 @@ class World:
         self.crashes += 1
         self.last_crash = self.step
         self.count(f"crash at a {proc.point.split()[0].rstrip(':')} point")
+        if proc.point.startswith("fp before-throttle"):
+            self.count("crashes between a throttle row and its status")
         proc.dead = True
         if self.lane is not None:
             self.lane.ended(proc)  # the server sees it die: its locks go, its work rolls back
@@ -1177,6 +1306,7 @@ class World:
 
     def stall(self, proc: Proc) -> None:
         self.stalls += 1
+        proc.lapsed = True
         self.count(f"stall at a {proc.point.split()[0].rstrip(':')} point")
         ttl = self.config.ttl
         until = self.now + self.rng.uniform(1.05, 1.9) * ttl
@@ -1331,6 +1461,9 @@ def patched(world: World) -> Iterator[None]:
     swapped.append((loop, "wait", loop.wait))
     loop.ThreadPoolExecutor = SimPool  # type: ignore[assignment,misc]
     loop.wait = sim_wait  # type: ignore[assignment]
+    # The hand-overs of waiters a slot given back sets off, per thread: per process here.
+    swapped.append((throttle, "_handing", throttle._handing))
+    throttle._handing = _PerProcess()  # type: ignore[assignment]
     logger = logging.getLogger("durable_agents")
     saved_level = logger.level
     logger.setLevel(logging.CRITICAL)
@@ -1354,6 +1487,7 @@ def patched(world: World) -> Iterator[None]:
         # process giving the baton back until the virtual clock reaches its wake-up time.
         sleep=world.sleep,
         monotonic=world.clock,
+        model_rates=world.model_rates,
     )
     CURRENT = world
     try:

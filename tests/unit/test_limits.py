@@ -171,6 +171,36 @@ def test_a_slot_held_by_a_dead_driver_frees_with_its_lease(store, clock, fired):
     assert store.get_run("lim-d").status == FINISHED and fired == ["o"]
 
 
+def test_a_stale_driver_never_gives_back_the_slot_its_successor_took(store, clock, fired):
+    """Found by the simulator (seed 321): a driver's lease lapsed inside a tool, a successor
+    took the run and the agent's slot for it (the same holder: the run), and the stale
+    driver's drive, ending, gave that slot back: a third run was driven beside the successor,
+    over the limit of one. A slot is given back only under the lease token it was taken
+    with."""
+    from durable_agents.engine.errors import LeaseLost
+
+    @da.tool(read_only=True)
+    def look(order: str) -> str:
+        fired.append(order)
+        clock.advance(31)  # this driver's lease lapses; a successor takes the run, its slot
+        assert store.acquire_lease("lim-s", "successor", "tok-next", 30.0) is not None
+        assert store.claim_slot("agent/lim-stale", "lim-s", "lim-s", "tok-next", 1)
+        return "ok"
+
+    agent = da.Agent(
+        "lim-stale",
+        ScriptedModel(_one_call("look", {"order": "o"}) * 2),
+        "",
+        [look],
+        max_concurrent_runs=1,
+    )
+    with pytest.raises(LeaseLost):
+        agent.run("lim-s", "go", store=store)
+    with pytest.raises(da.Throttled):  # the successor still holds the agent's only slot
+        agent.run("lim-t", "go", store=store)
+    assert store.get_run("lim-t").status == THROTTLED and fired == ["o"]
+
+
 def test_a_providers_model_rate_throttles_model_calls(store, clock, fired):
     script = [scripted.text("one")]
     rates = {"scripted": limits.parse_rate("1/m", "MODEL_RATES")}

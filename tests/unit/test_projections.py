@@ -496,6 +496,51 @@ def test_a_denial_of_the_call_asked_again_stands_after_the_deploy_is_rolled_back
     assert store.get_run("r2").status == "finished"
 
 
+def test_a_denial_journaled_between_a_drives_read_and_its_claim_stands(
+    store, at_point, monkeypatch
+):
+    """As above, but the drive that carries the call on has already read the journal (Ann's
+    approval, no denial yet) when Bob's denial is journaled, and Bob's own check after his
+    record runs before the drive claims the call. The drive looks again after its claim: the
+    claim is retired (``not-started``) and the call gets the denial as its result, never run
+    under the earlier approval (found by the simulator with limits, seed 2117: the agent's
+    slot is one more store call between the drive's read and its claim)."""
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid).run("r3", "pay me", store=store)
+    at_point("before-decision:call_1_1", lambda: payer(paid, memo=True))  # the deploy
+    da.approve("r3", "call_1_1", True, by="ann", store=store)
+    asked = store.get_approval_request("r3", "call_1_1")
+    assert asked.previous_arguments == {"cents": 5}
+    payer(paid)  # the rollback lands
+
+    insert = store.insert
+
+    def deny_before_the_claim(run_id, name, *args, **kwargs):
+        if name == "attempt:call_1_1:1" and "denied" not in seen:
+            seen.append("denied")
+            da.approve(
+                "r3",
+                "call_1_1",
+                False,
+                by="bob",
+                note="not today",
+                arguments=asked.arguments,
+                store=store,
+            )
+        return insert(run_id, name, *args, **kwargs)
+
+    seen: list[str] = []
+    monkeypatch.setattr(store, "insert", deny_before_the_claim)
+    drive_quietly("r3", store=store)
+    assert seen == ["denied"] and paid == []
+    result = Journal(store).get("r3", "tool:call_1_1")
+    assert result is not None and result.get("is_error")
+    assert "not today" in str(result.get("result"))
+    assert Journal(store).get("r3", "not-started:call_1_1:1") is not None
+    assert store.get_run("r3").status == "finished"
+
+
 @pytest.mark.parametrize("approved", [True, False])
 def test_a_request_for_other_arguments_is_withdrawn_once_the_call_has_its_result(
     store, at_point, approved
