@@ -26,6 +26,8 @@ from ..models import Lease, RateBucket, Run, Slot, Throttle
 _S = Slot._meta.db_table
 _L = Lease._meta.db_table
 _B = RateBucket._meta.db_table
+_T = Throttle._meta.db_table
+_R = Run._meta.db_table
 
 
 class Limits:
@@ -43,21 +45,35 @@ class Limits:
 
         def now(self) -> datetime: ...
 
-    def _slot_lease_live(self, alias: str) -> str:
+        def _execute(self, sql: str, params: Sequence[Any], fetch: str) -> Any: ...
+
+        def _fetchone(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None: ...
+
+    def _slot_lease_live(self, alias: str, held: str | None = None) -> str:
+        """SQL: lease ``alias`` is live — unexpired, and with instant takeover its holder's
+        liveness lock is held: looked up in ``held`` (a CTE of the advisory locks, read once
+        per statement) when given, else in pg_locks."""
         from .store import _LOCK_HELD
 
-        held = f" AND {_LOCK_HELD.format(f'{alias}.token')}" if self._instant else ""
-        return f"{alias}.expires_at > {self.dialect.now}{held}"
+        if not self._instant:
+            return f"{alias}.expires_at > {self.dialect.now}"
+        if held is None:
+            return (
+                f"{alias}.expires_at > {self.dialect.now} AND {_LOCK_HELD.format(f'{alias}.token')}"
+            )
+        token = f"{alias}.token"
+        return (
+            f"{alias}.expires_at > now() AND EXISTS (SELECT 1 FROM {held} h WHERE "
+            f"h.classid = ('x' || substr(md5({token}), 1, 8))::bit(32)::bigint::oid "
+            f"AND h.objid = ('x' || substr(md5({token}), 9, 8))::bit(32)::bigint::oid)"
+        )
 
     def claim_slot(self, key: str, holder: str, run_id: str, token: str, limit: int) -> bool:
-        d = self.dialect
+        if self.dialect.postgres:
+            return self._claim_slot_postgres(key, holder, run_id, token, limit)
         with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
-            if d.postgres:
-                cursor.execute(
-                    "SELECT pg_advisory_xact_lock(hashtext(%s))", [f"durable_agents.slot:{key}"]
-                )
-            # Dead slots go first (on SQLite this write also takes the writers' lock, so
-            # the count below is the only one at a time).
+            # Dead slots go first: this write also takes SQLite's writers' lock, so the
+            # count below is the only one at a time.
             cursor.execute(
                 f"DELETE FROM {_S} WHERE key = %s AND NOT EXISTS (SELECT 1 FROM {_L} l "
                 f"WHERE l.run_id = {_S}.run_id AND l.token = {_S}.token "
@@ -76,7 +92,7 @@ class Limits:
                 return False
             cursor.execute(
                 f"INSERT INTO {_S} (key, holder, run_id, token, taken_at) "
-                f"SELECT %s, %s, %s, %s, {d.now} WHERE EXISTS (SELECT 1 FROM {_L} l "
+                f"SELECT %s, %s, %s, %s, {self.dialect.now} WHERE EXISTS (SELECT 1 FROM {_L} l "
                 f"WHERE l.run_id = %s AND l.token = %s AND {self._slot_lease_live('l')}) "
                 "ON CONFLICT (key, holder) DO UPDATE SET run_id = excluded.run_id, "
                 "token = excluded.token, taken_at = excluded.taken_at RETURNING 1",
@@ -84,10 +100,64 @@ class Limits:
             )
             return cursor.fetchone() is not None
 
-    def release_slot(self, key: str, holder: str, token: str) -> None:
-        Slot.objects.using(self.using).filter(key=key, holder=holder, token=token).delete()
+    def _claim_slot_postgres(
+        self, key: str, holder: str, run_id: str, token: str, limit: int
+    ) -> bool:
+        """Two statements in one transaction: the key's advisory lock, then one statement
+        (with its own snapshot, taken once the lock is held: READ COMMITTED) that deletes
+        the key's dead slots, counts the live ones of others and inserts this holder's if
+        there is room and its lease is live. This holder's own row is left to the upsert:
+        one statement must not both delete and upsert a row."""
+        live = self._slot_lease_live("l", held="held")
+        claim = (
+            "WITH held AS MATERIALIZED (SELECT classid, objid FROM pg_locks "
+            "WHERE locktype = 'advisory' AND objsubid = 1 AND granted AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())), "
+            f"dead AS (DELETE FROM {_S} s WHERE s.key = %s AND s.holder <> %s "
+            f"AND NOT EXISTS (SELECT 1 FROM {_L} l WHERE l.run_id = s.run_id "
+            f"AND l.token = s.token AND {live}) RETURNING s.id), "
+            f"counted AS (SELECT count(*) FILTER (WHERE s.holder <> %s) AS others, "
+            "count(*) FILTER (WHERE s.holder = %s AND s.token = %s) AS mine "
+            f"FROM {_S} s WHERE s.key = %s AND s.id NOT IN (SELECT id FROM dead)), "
+            f"ins AS (INSERT INTO {_S} (key, holder, run_id, token, taken_at) "
+            "SELECT %s, %s, %s, %s, now() FROM counted WHERE counted.mine = 0 "
+            f"AND counted.others < %s AND EXISTS (SELECT 1 FROM {_L} l WHERE l.run_id = %s "
+            f"AND l.token = %s AND {live}) "
+            "ON CONFLICT (key, holder) DO UPDATE SET run_id = excluded.run_id, "
+            "token = excluded.token, taken_at = excluded.taken_at RETURNING 1) "
+            "SELECT (SELECT mine FROM counted), (SELECT count(*) FROM ins)"
+        )
+        params: list[str | int] = [key, holder, holder, holder, token, key]
+        params += [key, holder, run_id, token, limit, run_id, token]
+        with transaction.atomic(using=self.using):  # both prepared, as the store's own
+            self._fetchone(
+                "SELECT pg_advisory_xact_lock(hashtext(%s))", [f"durable_agents.slot:{key}"]
+            )
+            row = self._fetchone(claim, params)
+        assert row is not None
+        return bool(row[0]) or bool(row[1])
+
+    def release_slot(self, key: str, holder: str, token: str) -> str | None:
+        delete = f"DELETE FROM {_S} WHERE key = %s AND holder = %s AND token = %s"
+        oldest = (
+            f"SELECT t.run_id FROM {_T} t WHERE t.key = %s AND EXISTS (SELECT 1 FROM {_R} r "
+            "WHERE r.run_id = t.run_id AND r.status = %s) ORDER BY t.since, t.run_id LIMIT 1"
+        )
+        if self.dialect.postgres:  # one round trip
+            row = self._fetchone(
+                f"WITH gone AS ({delete} RETURNING 1) {oldest}",
+                [key, holder, token, key, THROTTLED],
+            )
+        else:
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(delete, [key, holder, token])
+                cursor.execute(oldest, [key, THROTTLED])
+                row = cursor.fetchone()
+        return str(row[0]) if row is not None else None
 
     def take_permit(self, key: str, count: int, period: float) -> float:
+        if self.dialect.postgres:
+            return self._take_permit_postgres(key, count, period)
         buckets = RateBucket.objects.using(self.using)
         with transaction.atomic(using=self.using):
             now = self.now()
@@ -99,6 +169,30 @@ class Limits:
                 return ahead - period
             buckets.filter(key=key).update(tat=tat)
             return 0.0
+
+    def _take_permit_postgres(self, key: str, count: int, period: float) -> float:
+        """One statement: the upsert moves the bucket on only while the permit fits (its
+        WHERE is checked again on the row's latest version once the row is locked, so two
+        callers never both take the last permit). A refusal reads how long until the next
+        permit from the statement's snapshot: a retry time, never a grant."""
+        step = "make_interval(secs => %s)"
+        sql = (
+            f"WITH ins AS (INSERT INTO {_B} AS b (key, tat) VALUES (%s, now() + {step}) "
+            f"ON CONFLICT (key) DO UPDATE SET tat = greatest(b.tat, now()) + {step} "
+            f"WHERE greatest(b.tat, now()) + {step} <= now() + {step} RETURNING 1) "
+            "SELECT (SELECT count(*) FROM ins), (SELECT extract(epoch FROM greatest(tat, now()) "
+            f"+ {step} - {step} - now()) FROM {_B} WHERE key = %s)"
+        )
+        interval = period / count
+        params: list[str | float] = [key, interval, interval, interval, period]
+        params += [interval, period, key]
+        row = self._fetchone(sql, params)
+        assert row is not None
+        granted, wait = row
+        if granted:
+            return 0.0
+        # A row another caller inserted after this statement's snapshot: about one interval.
+        return max(float(wait) if wait is not None else interval, 1e-3)
 
     def throttle(self, info: ThrottleInfo) -> int:
         rows = Throttle.objects.using(self.using)

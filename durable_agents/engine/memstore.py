@@ -555,11 +555,13 @@ class InMemoryStore:
             slots[holder] = (run_id, token)
             return True
 
-    def release_slot(self, key: str, holder: str, token: str) -> None:
+    def release_slot(self, key: str, holder: str, token: str) -> str | None:
         with self._lock:
             slots = self._slots.get(key, {})
             if holder in slots and slots[holder][1] == token:
                 del slots[holder]
+            waiting = self.list_throttled(key=key, limit=1)
+            return waiting[0].run_id if waiting else None
 
     def take_permit(self, key: str, count: int, period: float) -> float:
         with self._lock:

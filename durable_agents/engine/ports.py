@@ -593,10 +593,11 @@ class Store(Protocol):
         that token and is live; claims of one key are serialised."""
         ...
 
-    def release_slot(self, key: str, holder: str, token: str) -> None:
+    def release_slot(self, key: str, holder: str, token: str) -> str | None:
         """Give back the slot ``holder`` took under the lease ``token`` (nothing if it is not
         held, or held under another token: a driver whose lease was taken over never gives
-        back the slot its successor took for the same holder)."""
+        back the slot its successor took for the same holder); and say which throttled run
+        has waited longest on ``key`` (None: none), in the same round trip."""
         ...
 
     def take_permit(self, key: str, count: int, period: float) -> float:

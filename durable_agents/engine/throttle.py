@@ -70,24 +70,19 @@ class DriveLimits:
     def after_tool(self, holder: str | None) -> None:
         if holder is not None and holder in self._held:
             key = self._held.pop(holder)
-            self.store.release_slot(key, holder, self.fence)
-            _hand_over_next(self.store, key)
+            _hand_over(self.store, self.store.release_slot(key, holder, self.fence))
 
     # -- at the end of the drive ---------------------------------------------------------
 
     def release(self) -> None:
         """Give back every slot this drive holds and hand each one's oldest waiter over."""
-        freed = []
-        for holder, key in list(self._held.items()):
-            self.store.release_slot(key, holder, self.fence)
-            freed.append(key)
+        waiting = [self.store.release_slot(key, h, self.fence) for h, key in self._held.items()]
         self._held.clear()
         if self._run_slot is not None:
-            self.store.release_slot(self._run_slot, self.run_id, self.fence)
-            freed.append(self._run_slot)
+            waiting.append(self.store.release_slot(self._run_slot, self.run_id, self.fence))
             self._run_slot = None
-        for key in freed:
-            _hand_over_next(self.store, key)
+        for run_id in waiting:
+            _hand_over(self.store, run_id)
 
     # -- inside ----------------------------------------------------------------------
 
@@ -158,25 +153,26 @@ class DriveLimits:
         )
 
 
-# The keys whose waiters this thread is handing over, while it does (``_hand_over_next``).
+# The runs this thread is handing over, while it does (``_hand_over``).
 _handing = threading.local()
 
 
-def _hand_over_next(store: Store, key: str) -> None:
-    """A slot of ``key`` was given back: hand the run that has waited longest for one over.
-    An inline dispatcher drives it right here, and its drive gives its own slot back: that
-    hand-over joins this loop instead of nesting (the stack stays flat however many wait)."""
-    if not runtime.has_dispatcher():
-        return  # the sweep hands it over at its retry time
-    keys: list[str] | None = getattr(_handing, "keys", None)
-    if keys is not None:
-        keys.append(key)
+def _hand_over(store: Store, run_id: str | None) -> None:
+    """A slot was given back and ``run_id`` has waited longest for one (``release_slot``
+    says which): hand it over. An inline dispatcher drives it right here, and its drive
+    gives its own slot back: that hand-over joins this loop instead of nesting (the stack
+    stays flat however many wait)."""
+    if run_id is None or not runtime.has_dispatcher():
+        return  # nobody waits; or the sweep hands it over at its retry time
+    queued: list[str] | None = getattr(_handing, "runs", None)
+    if queued is not None:
+        queued.append(run_id)
         return
-    _handing.keys = keys = [key]
+    _handing.runs = queued = [run_id]
     try:
-        while keys:
-            for waiting in store.list_throttled(key=keys.pop(0), limit=1):
-                if lifecycle.hand_over(store, waiting.run_id, lifecycle.SWEEP, only_from=THROTTLED):
-                    runtime.dispatch(waiting.run_id)
+        while queued:
+            waiting = queued.pop(0)
+            if lifecycle.hand_over(store, waiting, lifecycle.SWEEP, only_from=THROTTLED):
+                runtime.dispatch(waiting)
     finally:
-        _handing.keys = None
+        _handing.runs = None

@@ -129,3 +129,22 @@ def test_throttled_runs_are_listed_oldest_first_and_by_due(store):
     # A row beside a run that is no longer throttled means nothing.
     store.update_run(ids[1], {"status": QUEUED})
     assert ids[1] not in [t.run_id for t in store.list_throttled(key=key)]
+
+
+def test_giving_a_slot_back_says_who_waited_longest(store):
+    key = f"agent/{uuid.uuid4().hex}"
+    [(a, ta)] = _leased(store, 1)
+    assert store.claim_slot(key, a, a, ta, 1)
+    assert store.release_slot(key, a, ta) is None  # nobody waits
+    now = store.now()
+    ids = []
+    for since in (-5, -50):
+        rid = f"lim-{uuid.uuid4().hex[:12]}"
+        store.create_run(RunInfo(run_id=rid, agent="lim", status=THROTTLED))
+        info = ThrottleInfo(
+            rid, "lim", key, "slots", "1 at once", now, now + timedelta(seconds=since)
+        )
+        store.throttle(info)
+        ids.append(rid)
+    assert store.claim_slot(key, a, a, ta, 1)
+    assert store.release_slot(key, a, ta) == ids[1]
