@@ -19,7 +19,7 @@ from django.db import connections, transaction
 from django.db.models import Count, Exists, Max, Min, OuterRef
 from django.db.models.functions import Now
 
-from ..engine.limits import CONTINUED_WAIT, agent_key, model_key, tool_key
+from ..engine.limits import agent_key, continued, model_key, tool_key
 from ..engine.ports import THROTTLED, ThrottleInfo
 from ..models import Lease, RateBucket, Run, Slot, Throttle
 
@@ -198,13 +198,7 @@ class Limits:
         rows = Throttle.objects.using(self.using)
         with transaction.atomic(using=self.using):
             old = rows.select_for_update().filter(run_id=info.run_id).first()
-            same = (
-                old is not None
-                and old.key == info.key
-                and (info.since - old.retry_at).total_seconds() <= CONTINUED_WAIT
-            )
-            tries = old.tries + 1 if same and old is not None else 1
-            since = old.since if same and old is not None else info.since
+            tries, since = continued(old, info)
             rows.update_or_create(
                 run_id=info.run_id,
                 defaults={

@@ -108,5 +108,18 @@ class Refusal:
     limit: str  # what the limit is, for people: "3 at once", "10/s"
 
 
+def continued(old: Any, info: Any) -> tuple[int, datetime]:
+    """The tries and ``since`` of a throttle ``info`` replacing the run's ``old`` one (a
+    ``ThrottleInfo`` or a row, or None): the same wait goes on when it is on the same key and
+    the run was throttled again about when it was to retry; else a new wait begins."""
+    if (
+        old is not None
+        and old.key == info.key
+        and (info.since - old.retry_at).total_seconds() <= CONTINUED_WAIT
+    ):
+        return int(old.tries) + 1, old.since
+    return 1, info.since
+
+
 def slot_retry(now: datetime, tries: int) -> datetime:
     return now + timedelta(seconds=min(SLOT_RETRY_MAX, 2.0 ** max(0, tries)))

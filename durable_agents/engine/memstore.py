@@ -16,7 +16,7 @@ from typing import Any
 
 from .audit import ACTION_NAME, Link, action_content, action_hash, chain_hash
 from .errors import ConfigError, LeaseLost
-from .limits import CONTINUED_WAIT
+from .limits import continued
 from .ports import (
     APPROVAL_PENDING,
     HALT_OPEN,
@@ -575,14 +575,7 @@ class InMemoryStore:
     def throttle(self, info: ThrottleInfo) -> int:
         with self._lock:
             old = self._throttles.get(info.run_id)
-            # Still the same wait: the same key, throttled again about when it was to retry.
-            same = (
-                old is not None
-                and old.key == info.key
-                and (info.since - old.retry_at).total_seconds() <= CONTINUED_WAIT
-            )
-            tries = old.tries + 1 if same and old is not None else 1
-            since = old.since if same and old is not None else info.since
+            tries, since = continued(old, info)
             self._throttles[info.run_id] = replace(info, tries=tries, since=since)
             return tries
 
