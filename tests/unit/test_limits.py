@@ -4,6 +4,9 @@ its tool's rate or concurrency, or a model call over the site's provider rate wa
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 import durable_agents as da
@@ -131,19 +134,29 @@ def test_a_side_effect_throttled_before_its_claim_is_not_a_halt(store, clock, fi
     assert fired == [1, 2]
 
 
-def test_parallel_calls_of_a_tool_never_exceed_its_concurrency(store, clock, fired):
-    @da.tool(read_only=True, max_concurrent=1)
+@pytest.mark.parametrize(("limit", "most"), [(1, 1), (None, 3)])
+def test_parallel_calls_of_a_tool_never_exceed_its_concurrency(store, clock, fired, limit, most):
+    """The run's own parallel calls (``tool_concurrency=3``) wait in the drive for a slot of
+    the tool: never more at once than its limit, measured by the tool; without the limit the
+    same calls overlap (the measurement can fail)."""
+    running = [0]
+    lock = threading.Lock()
+
+    @da.tool(read_only=True, max_concurrent=limit)
     def fetch(page: int) -> int:
-        fired.append(page)
+        with lock:
+            running[0] += 1
+            fired.append(running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
         return page
 
-    script = [
-        scripted.calls(scripted.call("fetch", {"page": 1}), scripted.call("fetch", {"page": 2})),
-        scripted.text("done"),
-    ]
-    agent = da.Agent("lim-par", ScriptedModel(script), "", [fetch], tool_concurrency=2)
-    assert agent.run("lim-p", "go", store=store).answer == "done"
-    assert sorted(fired) == [1, 2]  # the second waited for the first (one slot, one run)
+    calls = [scripted.call("fetch", {"page": n}) for n in (1, 2, 3)]
+    script = [scripted.calls(*calls), scripted.text("done")]
+    agent = da.Agent("lim-par", ScriptedModel(script), "", [fetch], tool_concurrency=3)
+    assert agent.run("lim-p", "go", store=store).answer == "done"  # never throttled
+    assert len(fired) == 3 and max(fired) == most
 
 
 def test_a_slot_held_by_a_dead_driver_frees_with_its_lease(store, clock, fired):
