@@ -556,6 +556,34 @@ class Tombstone(models.Model):
         return f"{self.run_id} pruned by {self.pruned_by}"
 
 
+class SpentRunId(models.Model):
+    """A run id this site held and deleted (``engine.spent``): no run is created under it
+    again. Written in the transaction that deletes the run (``delete``, ``prune``); never
+    changed or deleted."""
+
+    run_id = models.CharField(primary_key=True, max_length=RUN_ID_LENGTH)
+    reason = models.CharField(max_length=16)  # engine.spent.REASONS
+    spent_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"{self.run_id} ({self.reason})"
+
+
+class SpentDecision(models.Model):
+    """A signed decision of a run this site deleted, by the sha256 of its signature: a live
+    import carrying it is refused (docs/replay.md, "Imports"), so one signed decision
+    authorises at most the firing it was given for. Written with ``SpentRunId``."""
+
+    digest = models.CharField(primary_key=True, max_length=64)  # sha256 of the signature, hex
+    run_id = models.CharField(max_length=RUN_ID_LENGTH)
+    call_id = models.CharField(max_length=500)
+    approver = models.CharField(max_length=200)
+    spent_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"{self.approver} on {self.run_id}:{self.call_id}"
+
+
 class Slot(models.Model):
     """A slot of a concurrency limit (``engine.limits``) held by a run, or by one call of it,
     under the run's lease ``token``. Counted only while that lease is live, so a dead

@@ -15,16 +15,17 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
-from django.db import models, transaction
+from django.db import DataError, models, transaction
 from django.utils import timezone
 
 from . import __version__
 from .conf import get_settings
 from .database.audit import redactor
+from .database.spent import refuse_spent, spent_decisions
 from .database.store import DjangoStore
 from .engine import identity
 from .engine.audit import action_content, data_digest
-from .engine.errors import ConfigError, Conflict, NotFound, ProtocolError
+from .engine.errors import ConfigError, Conflict, ImportRefused, NotFound, ProtocolError
 from .engine.export import (
     EXPORT_FORMAT,
     RunExport,
@@ -36,7 +37,9 @@ from .engine.export import (
 )
 from .engine.imported import check_live
 from .engine.journal import to_record
+from .engine.names import validate_session_id
 from .engine.ports import IMPORTED_INERT, IMPORTED_LIVE, Entry
+from .engine.records import validate_run_id
 from .engine.sensitive import Redactor
 from .models import ActionLog, ApprovalRequest, Decision, Halt, JournalEntry, Run, RunImport
 from .permissions import IMPORT_RUNS
@@ -197,31 +200,75 @@ def import_bytes(data: bytes, *, by: Any, live: bool = False) -> list[str]:
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"the file is not UTF-8 text: {exc}", code="export.invalid") from None
     export = parse(text.splitlines())  # also verifies the file's audit chains (docs/audit.md)
+    for run in export.runs.values():
+        _check_ids(run)
     using = _using()
     taken = sorted(Run.objects.using(using).filter(pk__in=export.runs).values_list("pk", flat=True))
     if taken:
         raise Conflict(
-            f"this site already has run {', '.join(map(repr, taken))}; delete it first or "
-            "import into another site",
+            f"this site already has run {', '.join(map(repr, taken))}; import into another site",
             code="run.exists",
         )
+    # A run this site held and deleted may not come back, inert or live: its id is spent.
+    refuse_spent(using, export.runs)
     if live:
+        _refuse_spent_decisions(using, export)
         for run in export.runs.values():
             check_live(run)
     imported = IMPORTED_LIVE if live else IMPORTED_INERT
-    with transaction.atomic(using=using):
-        for run in export.runs.values():
-            _write_run(run, export.header, using, imported, actor, digest)
-        DjangoStore(using).log_action(
-            identity.logged(
-                actor,
-                "import",
-                next(iter(export.runs)),
-                "",
-                {"digest": digest, "runs": list(export.runs), "live": live},
+    try:
+        with transaction.atomic(using=using):
+            for run in export.runs.values():
+                _write_run(run, export.header, using, imported, actor, digest)
+            DjangoStore(using).log_action(
+                identity.logged(
+                    actor,
+                    "import",
+                    next(iter(export.runs)),
+                    "",
+                    {"digest": digest, "runs": list(export.runs), "live": live},
+                )
             )
-        )
+    except DataError as exc:
+        # A value the checks above let through but a column cannot hold (too long, a NUL):
+        # the file's fault, and the transaction wrote nothing.
+        raise ProtocolError(
+            f"the file holds a value this site cannot store: {exc}".strip(),
+            code="export.invalid",
+        ) from None
     return list(export.runs)
+
+
+def _check_ids(run: RunExport) -> None:
+    """Refuse (``config.run_id``, ``config.session_id``) an id in the file that no run
+    started here could have: a run id, or a row's link to another run or a session."""
+    validate_run_id(run.run_id, derived=True)
+    for link in ("parent_run_id", "root_run_id", "forked_from"):
+        value = run.row.get(link)
+        if value is not None:
+            validate_run_id(value, derived=True)
+    if run.row.get("session_id") is not None:
+        validate_session_id(run.row["session_id"])
+
+
+def _refuse_spent_decisions(using: str, export: Any) -> None:
+    """Refuse a live import carrying a signed decision of a run this site deleted: that
+    decision was given for one firing, here, and may have had it."""
+    signatures = [
+        str(row.get("signature"))
+        for run in export.runs.values()
+        for row in run.rows.get("decision", ())
+        if row.get("signature")
+    ]
+    spent = spent_decisions(using, signatures)
+    if spent:
+        first = spent[0]
+        raise ImportRefused(
+            f"the file carries the decision of {first.approver!r} on call {first.call_id!r} "
+            f"of run {first.run_id!r}, a run this site deleted: a signed decision authorises "
+            "one firing, and it was spent here. Nothing was imported",
+            code="import.decision_spent",
+        )
 
 
 def _write_run(

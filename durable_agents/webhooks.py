@@ -44,6 +44,7 @@ from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
 from .conf import DOCS_URL, get_settings, parse_webhook_secrets
+from .engine import names
 from .engine.commands.sessions import Session
 from .engine.definition import AgentDefinition
 from .engine.errors import AgentPathError, ConfigError, DurableAgentsError
@@ -145,6 +146,10 @@ class InboundWebhook(View):
       ``DURABLE_AGENTS["AGENTS"]`` too: workers find it by name). Required.
     * ``secret_setting`` — the name of a Django setting holding this webhook's secret (or a
       list of them); default ``DURABLE_AGENTS["WEBHOOK_SECRET"]``.
+    * ``channel`` — the name the sessions this view opens belong to (docs/sessions.md, "Who
+      a session belongs to"); default ``"webhook"`` for the default secret and
+      ``"webhook:<secret_setting>"`` for a secret of its own, so each sender's sessions are
+      its own. A delivery naming a session another channel opened is refused (403).
     * ``tolerance`` — seconds a signed timestamp may differ from this server's clock (300).
     * ``max_depth`` — nesting of the JSON body allowed (20).
     * ``delivery_id(request)``, ``session_key(request, payload)``, ``text(request,
@@ -157,6 +162,7 @@ class InboundWebhook(View):
 
     agent: Any = None
     secret_setting: str | None = None
+    channel: str | None = None
     tolerance: float = 300.0
     max_depth: int = 20
     http_method_names = ["post"]
@@ -184,7 +190,7 @@ class InboundWebhook(View):
             if not hasattr(cls, key) or hasattr(View, key) or key in cls.http_method_names:
                 raise ConfigError(
                     f"{cls.__name__}.as_view() got {key!r}; it takes agent, secret_setting, "
-                    "tolerance, max_depth, delivery_id, session_key and text",
+                    "channel, tolerance, max_depth, delivery_id, session_key and text",
                     code="config.webhook",
                 )
         # A DURABLE_AGENTS the system check refuses (E001) is left to the check: urls are
@@ -208,6 +214,9 @@ class InboundWebhook(View):
                 f"max_depth must be an int >= 1, not {depth!r}", code="config.webhook"
             )
         secret_setting = initkwargs.get("secret_setting", cls.secret_setting)
+        initkwargs["channel"] = names.validate_session_channel(
+            initkwargs.get("channel", cls.channel) or default_channel(secret_setting)
+        )
         if settings_valid:
             _secrets(secret_setting)  # a missing or short secret stops the site here
         return super().as_view(**initkwargs)
@@ -232,7 +241,8 @@ class InboundWebhook(View):
             delivery_id = self._delivery_id(request)
             self._verify(request, delivery_id, body)
             session_id, text = self._message(request, body)
-            sent = Session(self._agent(), session_id).send_once(delivery_id, text)
+            session = Session(self._agent(), session_id, channel=str(self.channel))
+            sent = session.send_once(delivery_id, text)
         except Refused as refused:
             return _answer(request, refused, delivery_id)
         except DurableAgentsError as exc:
@@ -344,6 +354,12 @@ class InboundWebhook(View):
                 logged=f"the body is not a message ({type(exc).__name__})",
             ) from None
         return session_id, text
+
+
+def default_channel(secret_setting: str | None) -> str:
+    """The channel of a view given no ``channel=``: one per secret, since a secret is what
+    tells one sender from another."""
+    return "webhook" if secret_setting is None else f"webhook:{secret_setting}"
 
 
 def _read_body(request: HttpRequest) -> bytes:

@@ -33,23 +33,19 @@ router = Router(tags=["sessions"])
 
 
 def _session(session_id: str, agent_name: str | None) -> Session:
+    """The session as the API's channel sees it: one the API opened (or a new one); a
+    session of another agent or channel is refused by the engine (409, 403)."""
     validate_session_id(session_id)
     journal_run = site_store().get_run(names.session_journal(session_id))
     recorded = journal_run.agent if journal_run is not None else None
-    if recorded and agent_name and agent_name != recorded:
-        raise ApiError(
-            409,
-            "session.agent_mismatch",
-            f"session {session_id!r} talks to agent {recorded!r}, not {agent_name!r}",
-        )
-    name = recorded or agent_name
+    name = agent_name or recorded
     if not name:
         raise ApiError(
             400,
             "session.agent_missing",
             f"session {session_id!r} is new: say which agent it talks to ({{'agent': ...}})",
         )
-    return Session(_agent(name), session_id)
+    return Session(_agent(name), session_id, channel=names.API_CHANNEL)
 
 
 def _awaiting(exc: ApprovalPending) -> ApiError:

@@ -38,6 +38,7 @@ from ..engine import failpoints, identity
 from ..engine.audit import tombstone_message
 from ..engine.errors import ConfigError
 from ..engine.ports import KIND_AGENT, NOT_IMPORTED, TERMINAL_STATUSES
+from ..engine.spent import PRUNED
 from ..models import (
     ApprovalRequest,
     Decision,
@@ -52,6 +53,7 @@ from ..models import (
     Tombstone,
 )
 from ..permissions import DELETE_RUN
+from .spent import retire
 
 __all__ = ["PruneReport", "prune"]
 
@@ -428,7 +430,9 @@ def _lock(using: str, run_ids: list[str], postgres: bool) -> set[str]:
 
 
 def _delete(using: str, run_ids: list[str]) -> None:
-    """Every row of ``run_ids``; the action log stays (it is the site's chain)."""
+    """Every row of ``run_ids``; the action log stays (it is the site's chain), and their
+    ids and signed decisions are spent (``engine.spent``)."""
+    retire(using, run_ids, PRUNED)
     db = Run.objects.using(using)
     Decision.objects.using(using).filter(request__run_id__in=run_ids).delete()
     ApprovalRequest.objects.using(using).filter(run_id__in=run_ids).delete()

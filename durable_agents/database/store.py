@@ -50,7 +50,6 @@ from ..engine.errors import (
     ApprovalNotFound,
     ConfigError,
     LeaseLost,
-    RunPruned,
     StorageError,
 )
 from ..engine.ports import (
@@ -76,6 +75,7 @@ from ..engine.ports import (
     same_request,
 )
 from ..engine.records import encode
+from ..engine.spent import DELETED, refusal
 from ..models import (
     ActionLog,
     ApprovalRequest,
@@ -86,17 +86,18 @@ from ..models import (
     Lease,
     Run,
     Slot,
+    SpentRunId,
     Throttle,
-    Tombstone,
 )
 from .limits import Limits
 from .liveness import KEY, Liveness, liveness_for
 from .prepared import Prepared
+from .spent import retire, spent_ids
 
 _J = JournalEntry._meta.db_table
 _L = Lease._meta.db_table
 _R = Run._meta.db_table
-_T = Tombstone._meta.db_table
+_S = SpentRunId._meta.db_table
 _F = Follower._meta.db_table
 _NEVER_AUTO_PREPARE = 2**31 - 1
 _ACTION_LOCK = 1684107621  # the advisory lock the action log's writers take turns on
@@ -161,19 +162,9 @@ def _by_seq(row: Sequence[Any]) -> int:
     return int(row[0])
 
 
-# The name of the marker row a start sends back when a tombstone holds the run's id.
-_PRUNED = "@pruned"
-
-
-def _pruned(run_id: str) -> RunPruned:
-    """A start under the id of a run ``prune`` deleted: the id is spent (the run's answer is
-    in its export), since a run started again under it would do again what it did."""
-    return RunPruned(
-        f"run {run_id!r} was pruned (durable_agents prune); its id is spent: a run started "
-        "again under it would do again what it did. Its answer is in its export; start new "
-        "work under a new run id",
-        run_id=run_id,
-    )
+# The marker row a start sends back when the run's id is spent (``engine.spent``): its name
+# is this prefix and the reason.
+_SPENT = "@spent:"
 
 
 _LOCK_HELD = (
@@ -515,6 +506,11 @@ class DjangoStore(Limits):
         try:
             with transaction.atomic(using=self.using):
                 row.save(force_insert=True, using=self.using)
+                # Asked only of a row this call inserted (a run that exists costs nothing
+                # more); a spent id rolls the insert back.
+                spent = spent_ids(self.using, [run.run_id])
+                if spent:
+                    raise refusal(run.run_id, spent[run.run_id])
         except IntegrityError:
             return False
         return True
@@ -670,6 +666,8 @@ class DjangoStore(Limits):
 
     def delete_run(self, run_id: str) -> None:
         with transaction.atomic(using=self.using):
+            if Run.objects.using(self.using).filter(run_id=run_id).exists():
+                retire(self.using, [run_id], DELETED)
             Run.objects.using(self.using).filter(run_id=run_id).delete()
             # Not tied to the run row (no foreign key): a limit's rows of the run go too.
             Throttle.objects.using(self.using).filter(run_id=run_id).delete()
@@ -873,13 +871,7 @@ class DjangoStore(Limits):
         leased = token is not None
         if not self.dialect.postgres:
             with transaction.atomic(using=self.using):
-                db = self.using
-                if (
-                    Tombstone.objects.using(db).filter(run_id=run.run_id).exists()
-                    and not Run.objects.using(db).filter(pk=run.run_id).exists()
-                ):
-                    raise _pruned(run.run_id)
-                if not self.create_run(run):
+                if not self.create_run(run):  # refuses a spent id
                     return None, None  # read as usual: SQLite is local, a read is cheap
                 if token is not None:
                     self.acquire_lease(run.run_id, str(holder), token, float(ttl or 0))
@@ -955,22 +947,23 @@ class DjangoStore(Limits):
                 f" x.answer, x.turns, x.imported FROM {_R} x"
                 " WHERE x.run_id = %s AND NOT EXISTS (SELECT FROM r)"
             )
-        # Nothing inserted because ``prune`` deleted the run: a marker row (seq NULL, name
-        # ``_PRUNED``) says so in the same round trip, and the start is refused.
+        # Nothing inserted because the id is spent (a deleted or pruned run held it): a
+        # marker row (seq NULL, name ``_SPENT`` and the reason) says so in the same round
+        # trip, and the start is refused.
         union += (
-            f" UNION ALL SELECT NULL, '{_PRUNED}', NULL, NULL, NULL, {void}"
-            f"{', FALSE' + no_row if load else ''} WHERE NOT EXISTS (SELECT FROM r)"
-            f" AND EXISTS (SELECT FROM {_T} WHERE run_id = %s)"
+            f" UNION ALL SELECT NULL, '{_SPENT}' || s.reason, NULL, NULL, NULL, {void}"
+            f"{', FALSE' + no_row if load else ''} FROM {_S} s WHERE s.run_id = %s"
+            " AND NOT EXISTS (SELECT FROM r)"
             f" AND NOT EXISTS (SELECT FROM {_R} WHERE run_id = %s)"
         )
         # Sorted here, or in Python when a journal may come back (a sort node over a
         # thousand records costs more than the sort of a list already nearly in order).
         order = "" if load else " ORDER BY seq"
-        # A pruned run's id is spent (``_pruned``): no row for it.
+        # A deleted run's id is spent (``engine.spent``): no row for it.
         sql = (
             f"WITH r AS (INSERT INTO {_R} ({', '.join(columns)}, finished_at) "
             f"SELECT {', '.join(['%s'] * len(columns))}, CASE WHEN %s THEN now() END "
-            f"WHERE NOT EXISTS (SELECT FROM {_T} WHERE run_id = %s) "
+            f"WHERE NOT EXISTS (SELECT FROM {_S} WHERE run_id = %s) "
             f"ON CONFLICT (run_id) DO NOTHING RETURNING run_id), {lease}"
             f"{', '.join(journal)} SELECT * FROM ({union}) AS w{order}"
         )
@@ -996,8 +989,9 @@ class DjangoStore(Limits):
             if first is not None and not found and (liveness := self.liveness) is not None:
                 liveness.release(first)  # no run was started: nothing to keep locked
         if not found:
-            if any(row[0] is None and row[1] == _PRUNED for row in rows):
-                raise _pruned(run.run_id)
+            for row in rows:
+                if row[0] is None and str(row[1] or "").startswith(_SPENT):
+                    raise refusal(run.run_id, str(row[1])[len(_SPENT) :])
             return None, self._existing(run.run_id, rows) if load else None
         if token is not None:
             seq, *_, last_hash = found[-1]

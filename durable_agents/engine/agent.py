@@ -98,9 +98,13 @@ class Agent(AgentDefinition):
         ``<parent>/<call_id>`` of this agent and returns its answer (docs/composition.md)."""
         return as_tool(self, name, description)
 
-    def session(self, session_id: str, *, store: Store | None = None) -> Session:
-        """A durable conversation with this agent (see ``engine.commands.sessions``)."""
-        return Session(self, session_id, store=store)
+    def session(
+        self, session_id: str, *, store: Store | None = None, channel: str = "site"
+    ) -> Session:
+        """A durable conversation with this agent (see ``engine.commands.sessions``), as
+        the ``channel`` its messages come from: a session takes messages only from the
+        channel that opened it (the site's own code is ``"site"``; docs/sessions.md)."""
+        return Session(self, session_id, store=store, channel=channel)
 
     def events(
         self, run_id: str, after: int = 0, *, store: Store | None = None

@@ -72,7 +72,23 @@ class RunImported(Conflict):
     code = "run.imported"
 
 
-class RunPruned(Conflict):
+class SessionNotYours(ConfigError):
+    """The session belongs to another channel (docs/sessions.md, "Who a session belongs
+    to"): a message that came another way is refused, and nothing is written."""
+
+    code = "session.other_channel"
+    http_status = 403
+
+
+class RunIdSpent(Conflict):
+    """The run id belonged to a run this site deleted (docs/retention.md, "Spent ids"): it
+    is spent for good, since a run created again under it — started, forked, imported, a
+    sub-run or a session's turn — could do again what the first one did."""
+
+    code = "run.spent"
+
+
+class RunPruned(RunIdSpent):
     """The run id belongs to a run ``prune`` deleted (docs/retention.md): its id is spent,
     since starting it again would run again what it did."""
 

@@ -41,6 +41,7 @@ from .ports import (
     same_request,
 )
 from .records import encode
+from .spent import DELETED, refusal
 
 
 def _dt(ts: float) -> datetime:
@@ -66,6 +67,7 @@ class InMemoryStore:
         self._clock = clock
         self._lock = threading.RLock()
         self._runs: dict[str, RunInfo] = {}
+        self._spent: dict[str, str] = {}  # run id -> why (engine.spent)
         self._entries: dict[str, dict[str, Entry]] = {}
         self._ordered: dict[str, list[Entry]] = {}
         self._leases: dict[str, tuple[str, str, float, float]] = {}  # holder, token, exp, renewed
@@ -95,6 +97,8 @@ class InMemoryStore:
         with self._lock:
             if run.run_id in self._runs:
                 return False
+            if run.run_id in self._spent:
+                raise refusal(run.run_id, self._spent[run.run_id])
             now = _dt(self._clock())
             finished = now if run.status in TERMINAL_STATUSES else None
             self._runs[run.run_id] = replace(
@@ -145,6 +149,8 @@ class InMemoryStore:
 
     def delete_run(self, run_id: str) -> None:
         with self._lock:
+            if run_id in self._runs:
+                self._spent.setdefault(run_id, DELETED)
             self._runs.pop(run_id, None)
             self._entries.pop(run_id, None)
             for entry in self._ordered.pop(run_id, ()):

@@ -314,6 +314,23 @@ def validate_session_id(session_id: object) -> str:
     return session_id
 
 
+_SESSION_CHANNEL = re.compile(r"[A-Za-z0-9_.:\-]{1,100}")
+SITE_CHANNEL = "site"  # a session opened by the site's own code (``agent.session(id)``)
+API_CHANNEL = "api"  # a session opened through the HTTP API
+
+
+def validate_session_channel(channel: object) -> str:
+    """A session's channel (docs/sessions.md, "Who a session belongs to"): the name of the
+    way its messages come in (a webhook view, the API, the site's own code)."""
+    if not isinstance(channel, str) or not _SESSION_CHANNEL.fullmatch(channel):
+        raise ConfigError(
+            f"invalid channel {channel!r}: a channel is 1-100 characters of A-Za-z0-9_.:- "
+            "(a name for where a session's messages come from, like 'webhook:slack')",
+            code="config.channel",
+        )
+    return channel
+
+
 def encode_key(key: object) -> str:
     """A delivery key as it appears in a run id: any key is allowed; long ones are hashed."""
     if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
@@ -323,6 +340,8 @@ def encode_key(key: object) -> str:
             code="config.delivery_key",
         )
     encoded = quote(key, safe="")
+    if encoded in (".", ".."):  # a run id's part is never a path's '.' or '..'
+        encoded = encoded.replace(".", "%2E")
     if len(encoded) > 200:
         encoded = "sha256-" + hashlib.sha256(key.encode()).hexdigest()
     return encoded

@@ -27,6 +27,10 @@ Requirements every store meets:
 * **A record and its run-row changes are stored together** (``insert(..., run_changes=)``):
   both or neither, on every backend.
 * **Runs created in a final state** (a session's journal) are finished in that one write.
+* **Spent ids** (``engine.spent``). ``delete_run`` (and a database store's ``prune``) spends
+  the id of the run it deletes, in the same write; ``create_run``, ``start_run`` and
+  ``start_or_load`` never create a row under a spent id: they raise ``spent.refusal``
+  (``run.spent``, ``run.pruned``) and store nothing.
 * **Only agent runs are work**: ``list_unfinished`` lists runs of kind ``agent`` only; a
   session's journal (``session``) or a plain journal (``journal``) is never driven.
 * **Halts are written once per attempt** (run, op, attempt); a resolved or orphaned halt
@@ -374,7 +378,8 @@ class Store(Protocol):
 
     def create_run(self, run: RunInfo) -> bool:
         """Insert the run row if absent; True if this call created it. A run created in a
-        terminal status is finished (``finished_at``) by this same write."""
+        terminal status is finished (``finished_at``) by this same write. A spent id (its
+        row absent) is refused: ``RunIdSpent``, nothing stored."""
 
     def get_run(self, run_id: str) -> RunInfo | None: ...
 
@@ -385,7 +390,8 @@ class Store(Protocol):
 
     def delete_run(self, run_id: str) -> None:
         """Delete the run with its journal, lease, approval requests and halts (the action
-        log stays). The explicit admin action, through ``commands.runs.delete``."""
+        log stays), and spend its id (``engine.spent``) in the same write. The explicit
+        admin action, through ``commands.runs.delete``."""
 
     def mark_dispatched(self, run_id: str, *, seen: datetime | None) -> bool:
         """Stamp ``dispatched_at`` with the store's clock, only while the stamp is still the

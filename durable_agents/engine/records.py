@@ -26,6 +26,9 @@ HEADER_NAME = names.HEADER
 # A caller-chosen run id; ids the engine derives (sessions, sub-runs) may also hold '>' and '/'.
 _CALLER_RUN_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,200}")
 _DERIVED_RUN_ID = re.compile(r"[A-Za-z0-9_.:\-/>%]{1,400}")
+# A derived id is caller-form parts joined by '>' and '/': none empty, none a path's '.' or
+# '..' (an id read from an export file must not look like a path to anything that shows it).
+_PARTS = re.compile(r"[/>]")
 MAX_NAME_LENGTH = 500
 # Control characters and lone surrogates: no step name holds them.
 _BAD_NAME_CHARS = re.compile("[\x00-\x1f\ud800-\udfff]")
@@ -38,7 +41,11 @@ _ENCODER = json.JSONEncoder(
 def validate_run_id(run_id: object, *, derived: bool = False) -> str:
     """Return ``run_id`` if it is a valid run id, else raise ``ConfigError`` saying why."""
     pattern = _DERIVED_RUN_ID if derived else _CALLER_RUN_ID
-    if not isinstance(run_id, str) or not pattern.fullmatch(run_id):
+    if (
+        not isinstance(run_id, str)
+        or not pattern.fullmatch(run_id)
+        or (derived and any(part in ("", ".", "..") for part in _PARTS.split(run_id)))
+    ):
         limit = (
             "1-400 characters of A-Za-z0-9_.:-/>%"
             if derived

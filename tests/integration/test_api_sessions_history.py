@@ -115,7 +115,7 @@ def test_a_turn_that_did_not_finish_reads_the_same_in_the_api_the_admin_and_the_
         {"role": "user", "content": "refund order 7"},
         {"role": "assistant", "content": said},
     ]
-    assert [(m.role, m.content) for m in gated.session("chat-5").history()] == [
+    assert [(m.role, m.content) for m in gated.session("chat-5", channel="api").history()] == [
         (t["role"], t["content"]) for t in transcript
     ]
     root = make_user("root", superuser=True)

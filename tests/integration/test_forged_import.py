@@ -24,8 +24,7 @@ from django.core.management.base import CommandError
 from django.test.utils import override_settings
 
 import durable_agents as da
-from durable_agents.database.store import site_store
-from durable_agents.engine.approvals import decision_bytes, incarnation_of
+from durable_agents.engine.approvals import decision_bytes
 from durable_agents.engine.audit import ACTION_NAME, action_content, chain_hash
 from durable_agents.engine.commands import runs
 from durable_agents.engine.commands.recovery import recover
@@ -42,9 +41,9 @@ from durable_agents.models import (
     RunImport,
 )
 from tests.support.agents import count_effects, gated
+from tests.support.forging import rehashed, signed_approval_held
 from tests.support.people import make_user
 from tests.support.signing import keypair
-from tests.support.wiring import wired
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -246,32 +245,6 @@ def test_a_forgery_carrying_another_keys_signed_head_is_not_trusted():
     assert count_effects("fi-signed") == {}
 
 
-def _signed_and_approved_not_run(run_id: str, private, ops) -> str:
-    """A gated run whose approval (signed by ``ops``) is recorded, its tool not run yet: the
-    hand-over after the decision is held."""
-    held: list[str] = []
-    with wired(dispatcher=held.append):
-        gated.start("refund order 7", run_id=run_id)
-        with pytest.raises(da.Pause):
-            da.resume(run_id)
-        request = ApprovalRequest.objects.get(run_id=run_id)
-        message = decision_bytes(
-            incarnation=incarnation_of(site_store(), run_id),
-            run_id=run_id,
-            call_id=request.call_id,
-            tool_name=request.tool_name,
-            arguments=request.arguments,
-            approver_id=str(ops.pk),
-            approved=True,
-            note="ok",
-        )
-        signature = base64.b64encode(private.sign(message)).decode()
-        da.approve(run_id, request.call_id, approved=True, by=ops, note="ok", signature=signature)
-    assert run_id in held and Run.objects.get(run_id=run_id).status == "queued"
-    assert count_effects(run_id) == {}
-    return request.call_id
-
-
 def _forget(run_id: str) -> None:
     Run.objects.filter(run_id=run_id).delete()
     ActionLog.objects.filter(run_id=run_id).delete()
@@ -283,7 +256,7 @@ def test_a_genuine_signed_export_imports_live_and_is_driven():
     register_approver_key(ops, public, by=ops)
     config = {**django_settings.DURABLE_AGENTS, "AUDIT_SIGNING_KEY": _site_key()}
     with override_settings(DURABLE_AGENTS=config):
-        call_id = _signed_and_approved_not_run("gi-1", private, ops)
+        call_id = signed_approval_held("gi-1", private, ops)
         text = _export("gi-1")
         _forget("gi-1")
         assert "imported 1 run(s) live" in _import(text, "--live")
@@ -309,7 +282,7 @@ def test_a_live_import_refuses_a_genuine_export_whose_signature_was_moved():
     ops = make_user("ops", "approve_toolcall")
     private, public = keypair()
     register_approver_key(ops, public, by=ops)
-    _signed_and_approved_not_run("gi-2", private, ops)
+    signed_approval_held("gi-2", private, ops)
     text = _retarget(_export("gi-2"), "gi-2b")
     before = _counts()
     with pytest.raises(CommandError, match=r"import\.unverified_decision: .*'ops'.*signature"):
@@ -334,7 +307,7 @@ def test_a_live_import_refuses_a_decision_signed_with_a_key_its_owner_never_conf
     ops = make_user("ops", "approve_toolcall")
     private, public = keypair()
     register_approver_key(ops, public, by=ops)
-    _signed_and_approved_not_run("gi-7", private, ops)
+    signed_approval_held("gi-7", private, ops)
     text = _export("gi-7")
     _forget("gi-7")
     # This site as the superuser leaves it: the key is ops's only through his registration.
@@ -350,40 +323,19 @@ def test_a_live_import_refuses_a_decision_signed_with_a_key_its_owner_never_conf
     assert count_effects("gi-7") == {}
 
 
-def _rehashed(lines: list[dict]) -> str:
-    """``lines`` as a file again: the records' chain and the stated head recomputed, the
-    action rows' hashes too, the end line recounted."""
-    prev = None
-    out = []
-    for item in lines:
-        if item["type"] == "end":
-            continue
-        if item["type"] == "record":
-            item["hash"] = prev = chain_hash(prev, item["name"], item["data"])
-        elif item["type"] == "action":
-            item["hash"] = chain_hash(item["prev"], ACTION_NAME, action_content(item))
-        out.append(item)
-    for item in out:
-        if item["type"] == "run":
-            item["head"] = prev
-            item.pop("head_signature", None), item.pop("public_key", None)
-    out.append({"type": "end", "lines": len(out)})
-    return "\n".join(json.dumps(x) for x in out) + "\n"
-
-
 def test_a_live_import_refuses_a_journaled_decision_without_its_signed_rows():
     """The decision rows left out, the journal's own decision record kept: the record is
     what a drive reads, so it must be made by verified rows."""
     ops = make_user("ops", "approve_toolcall")
     private, public = keypair()
     register_approver_key(ops, public, by=ops)
-    _signed_and_approved_not_run("gi-3", private, ops)
+    signed_approval_held("gi-3", private, ops)
     lines = [json.loads(x) for x in _export("gi-3").splitlines()]
     _forget("gi-3")
     without = [x for x in lines if x["type"] != "decision"]
     before = _counts()
     with pytest.raises(CommandError, match=r"decision 'approval:.*needs 1 verified approval"):
-        _import(_rehashed(without), "--live")
+        _import(rehashed(without), "--live")
     assert _counts() == before
     # The whole file, untouched, imports live.
     _import(_export_text(lines), "--live")
@@ -400,7 +352,7 @@ def test_a_live_import_verifies_a_decision_signed_under_the_exporting_sites_user
     ops = make_user("ops", "approve_toolcall")
     private, public = keypair()
     register_approver_key(ops, public, by=ops)
-    call_id = _signed_and_approved_not_run("gi-4", private, ops)
+    call_id = signed_approval_held("gi-4", private, ops)
     lines = [json.loads(x) for x in _export("gi-4").splitlines()]
     _forget("gi-4")
     there = "4242"  # ops's id on the exporting site
@@ -425,7 +377,7 @@ def test_a_live_import_verifies_a_decision_signed_under_the_exporting_sites_user
             body = json.loads(item["data"])
             body["by_id"] = there
             item["data"] = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    _import(_rehashed(lines), "--live")
+    _import(rehashed(lines), "--live")
     assert gated.run("gi-4", "refund order 7").answer == "refunded"
     assert count_effects("gi-4") == {call_id: 1}
     # Renamed to another approver of this site (with a key of her own), the same signature
@@ -437,5 +389,5 @@ def test_a_live_import_verifies_a_decision_signed_under_the_exporting_sites_user
     renamed = [json.loads(_renamed(json.dumps(x), "ops", "mallory2")) for x in lines]
     before = _counts()
     with pytest.raises(CommandError, match=r"import\.unverified_decision: .*'mallory2'"):
-        _import(_rehashed(renamed), "--live")
+        _import(rehashed(renamed), "--live")
     assert _counts() == before

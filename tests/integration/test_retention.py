@@ -30,6 +30,7 @@ from durable_agents.celery.schedule import PRUNE_TASK, beat_schedule
 from durable_agents.database.audit import verify
 from durable_agents.database.store import site_store
 from durable_agents.engine.errors import RunPruned
+from durable_agents.engine.export import parse
 from durable_agents.engine.registry import get_agent
 from durable_agents.models import (
     ActionLog,
@@ -117,13 +118,19 @@ def test_prune_exports_deletes_every_row_and_leaves_a_tombstone_verify_accepts(t
     assert sorted(row.payload["runs"]) == ["old-1", "old-2"]
     assert row.payload["export"] == {"file": stone.export_file, "sha256": stone.export_sha256}
     assert row.payload["records"] == sum(records.values())
-    # The file is what `export` writes: it imports back, and its heads are the tombstones'.
+    # The file is what `export` writes: its heads are the tombstones'. It does not import
+    # back here, inert or live: a pruned run's id is spent (another site may read it).
     data = (tmp_path / stone.export_file).read_bytes()
     assert hashlib.sha256(data).hexdigest() == stone.export_sha256
+    exported = parse(data.decode().splitlines())
+    assert {rid: run.head for rid, run in exported.runs.items()} == {
+        rid: heads[rid] for rid in ("old-1", "old-2")
+    }
     make_user("importer", "import_runs")
-    assert sorted(import_bytes(data, by="importer")) == ["old-1", "old-2"]
-    assert verify(["old-1"])[0].head == heads["old-1"]
-    assert RunImport.objects.get(run_id="old-1").head == heads["old-1"]
+    for live in (False, True):
+        with pytest.raises(RunPruned):
+            import_bytes(data, by="importer", live=live)
+    assert not RunImport.objects.exists() and not Run.objects.filter(pk="old-1").exists()
 
 
 def test_a_pruned_run_id_is_spent_a_start_under_it_fires_nothing_again():
@@ -170,7 +177,7 @@ def test_what_stays_and_why():
     chat.send("hi")
     echo.start("hi", run_id="evidence")  # an inert import stays
     exported = "\n".join(export_lines("evidence")) + "\n"
-    site_store().delete_run("evidence")
+    Run.objects.filter(pk="evidence").delete()  # as if exported by another site
     make_user("importer", "import_runs")
     import_bytes(exported.encode(), by="importer")
     age([r.pk for r in Run.objects.exclude(pk__in=["young", "forked-copy"])])

@@ -110,16 +110,16 @@ def test_a_finished_run_entered_again_is_one_round_trip(store):
     assert journal_reads(seen) == []
 
 
-def test_a_start_asks_for_a_tombstone_only_in_its_own_statement(store):
-    """Whether a tombstone holds the id (a pruned run's id is spent) is asked inside the
-    start statement, never by a statement of its own: not on a new run, nor on a start of a
-    run that exists (a redelivered ``agent.start``)."""
+def test_a_start_asks_whether_the_id_is_spent_only_in_its_own_statement(store):
+    """Whether the id is spent (a deleted or pruned run held it) is asked inside the start
+    statement, never by a statement of its own: not on a new run, nor on a start of a run
+    that exists (a redelivered ``agent.start``)."""
     run_id = f"rt-{uuid.uuid4().hex[:10]}"
     with statements() as seen:
         one_turn.run(run_id, "Hello", store=store)
         assert one_turn.start("Hello", run_id=run_id, store=store) == run_id
-    tombstones = [s for s in seen if "durable_agents_tombstone" in s]
-    assert len(tombstones) == 2 and all(s.lstrip().startswith("WITH r AS") for s in tombstones)
+    asks = [s for s in seen if "durable_agents_spentrunid" in s]
+    assert len(asks) == 2 and all(s.lstrip().startswith("WITH r AS") for s in asks)
 
 
 def test_a_finished_run_whose_row_disagrees_is_repaired_from_the_journal(store):

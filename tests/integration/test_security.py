@@ -38,6 +38,7 @@ from durable_agents.models import (
     Decision,
     JournalEntry,
     Run,
+    SpentRunId,
 )
 from tests.support.agents import count_effects, gated, quorum
 from tests.support.api import API, error
@@ -302,6 +303,12 @@ def test_4_an_old_signature_does_not_approve_a_new_start_of_the_run(relay):
     assert form_post(browser(root), delete, {"post": "yes"}).status_code == 302
     assert not Run.objects.filter(run_id="replay-1").exists()
     restart = {"agent": "gated", "input": "refund order 7", "run_id": "replay-1"}
+    # A deleted run's id is spent: the restart is refused, and writes nothing.
+    error(post(keyed(root), "/runs", restart), 409, "run.spent")
+    assert not Run.objects.filter(run_id="replay-1").exists()
+    # Second line: even with the spent mark wiped (an operator clearing tables by hand), a
+    # new start of the run is another incarnation, which an old signature does not bind.
+    SpentRunId.objects.filter(run_id="replay-1").delete()
     assert post(keyed(root), "/runs", restart).status_code == 202
     before = state("replay-1")
 

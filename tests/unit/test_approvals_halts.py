@@ -239,10 +239,13 @@ def test_restarted_run_orphans_the_old_approval(store, wiring, fired):
         da.approve("r1", "call_1_2", True, by="ann", store=store)
     Journal(store).forget("r1")
     store.save_approval_request(old)  # a stale request row left behind, say
-    with pytest.raises(da.ApprovalPending):
+    # A deleted run's id is spent: no new incarnation can take the old approval for its own.
+    with pytest.raises(da.DurableAgentsError) as refused:
         gated_agent(fired).run("r1", "pay me", store=store)
-    # The new incarnation asked again: its request replaced the old one.
-    assert store.get_approval_request("r1", "call_1_2").start_seq != old.start_seq
+    assert refused.value.code == "run.spent"
+    with pytest.raises(da.ApprovalOrphaned):
+        da.approve("r1", "call_1_2", True, by="ann", store=store)
+    assert fired == [("peek", 1)]  # the read-only peek, before the delete; never the pay
 
 
 def halted_run(store, fired):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import failpoints, identity, names, runtime
-from ..errors import ConfigError, Conflict, NotFound, RunBusy
+from ..errors import ConfigError, Conflict, NotFound, RunBusy, RunIdSpent
 from ..imported import refuse_inert
 from ..journal import Journal
 from ..leases import HeldLease
@@ -87,8 +87,13 @@ def _create_fork_run(store: Store, run: RunInfo, explicit: bool) -> str:
     n = 1
     while True:
         candidate = f"{stem}.fork-{n}"
-        if store.get_run(candidate) is None and store.create_run(replace(run, run_id=candidate)):
-            return candidate
+        try:
+            if store.get_run(candidate) is None and store.create_run(
+                replace(run, run_id=candidate)
+            ):
+                return candidate
+        except RunIdSpent:
+            pass  # a deleted fork's name is spent: the next one
         n += 1
 
 
@@ -381,7 +386,7 @@ def fork_session(session: Any, from_turn: int, new_session_id: str | None = None
     store = session.store
     journal = Journal(store)
     refuse_inert(store.get_run(session.journal_id), "fork the session")
-    answers = SessionLog.of(journal.records(session.journal_id)).closed
+    answers = SessionLog.of(session._records()).closed  # the caller's own session only
     if (
         isinstance(from_turn, bool)
         or not isinstance(from_turn, int)
@@ -391,18 +396,29 @@ def fork_session(session: Any, from_turn: int, new_session_id: str | None = None
             f"session {session.session_id!r} has turns 0-{len(answers)}, not {from_turn!r}",
             code="history.step",
         )
+
+    def fork_named(session_id: str) -> Any:
+        return type(session)(
+            session.agent, session_id, store=session._store, channel=session.channel
+        )
+
     if new_session_id is None:
-        n = 1
-        while (
-            store.get_run(names.session_journal(f"{session.session_id[:110]}-fork-{n}")) is not None
-        ):
+        n = 0
+        while True:
             n += 1
-        new_session_id = f"{session.session_id[:110]}-fork-{n}"
-    names.validate_session_id(new_session_id)
-    fork_session_obj = type(session)(session.agent, new_session_id, store=session._store)
-    if store.get_run(fork_session_obj.journal_id) is not None:
-        raise Conflict(f"session {new_session_id!r} already exists", code="history.fork_exists")
-    fork_session_obj._ensure_journal()
+            fork_session_obj = fork_named(f"{session.session_id[:110]}-fork-{n}")
+            try:
+                if fork_session_obj._ensure_journal():  # opened here: two forks never share
+                    break
+            except (RunIdSpent, ConfigError):
+                pass  # taken, or a deleted fork's name (spent): the next one
+        new_session_id = fork_session_obj.session_id
+    else:
+        names.validate_session_id(new_session_id)
+        fork_session_obj = fork_named(new_session_id)
+        if store.get_run(fork_session_obj.journal_id) is not None:
+            raise Conflict(f"session {new_session_id!r} already exists", code="history.fork_exists")
+        fork_session_obj._ensure_journal()
     for turn in answers[:from_turn]:
         journal.write(fork_session_obj.journal_id, turn.record.name, dict(turn.record.body))
     journal.write(

@@ -10,6 +10,11 @@ turn and each finished turn's answer, so the transcript rebuilds after a restart
 (first writer wins) before anything runs, so the same delivery arriving twice — or ten
 times at once, or after a worker crash — opens one turn and never repeats a side effect.
 
+A session belongs to one agent and one channel (docs/sessions.md, "Who a session belongs
+to"): the agent and the channel that opened it are on its journal's row, and a message of
+another agent or from another channel — another webhook's sender, the API, the site's own
+code — is refused before anything is read or written.
+
 A turn that ends for good without an answer (cancelled, or failed with an error no retry
 can fix, like ``budget.max_turns``) is closed in the transcript, marked as such, when the
 next message arrives: the next ``send`` starts a new turn instead of being refused forever.
@@ -22,7 +27,15 @@ from typing import Any
 
 from .. import failpoints, identity, names, runtime
 from ..definition import AgentDefinition, RunResult
-from ..errors import ApprovalPending, ConfigError, Conflict, Pause, RunBusy
+from ..errors import (
+    ApprovalPending,
+    ConfigError,
+    Conflict,
+    NotFound,
+    Pause,
+    RunBusy,
+    SessionNotYours,
+)
 from ..imported import refuse_inert
 from ..journal import Journal
 from ..loop import drive
@@ -46,11 +59,20 @@ from .runs import create_run, record_answer
 __all__ = [
     "SendResult",
     "Session",
+    "channel_of",
     "encode_key",
+    "give_session",
     "record_answer",
     "session_of",
     "validate_session_id",
 ]
+
+
+def channel_of(journal_run: RunInfo) -> str:
+    """The channel that owns a session, from its journal's row (a row written before
+    sessions had owners says nothing: migration 0021 gave each one)."""
+    body = journal_run.input if isinstance(journal_run.input, dict) else {}
+    return str(body.get("channel") or names.SITE_CHANNEL)
 
 
 @dataclass(frozen=True)
@@ -71,11 +93,18 @@ class Session:
     """A durable conversation with one agent. Get one with ``agent.session(id)``."""
 
     def __init__(
-        self, agent: AgentDefinition, session_id: str, *, store: Store | None = None
+        self,
+        agent: AgentDefinition,
+        session_id: str,
+        *,
+        store: Store | None = None,
+        channel: str = names.SITE_CHANNEL,
     ) -> None:
         self.agent = agent
         self.session_id = validate_session_id(session_id)
+        self.channel = names.validate_session_channel(channel)
         self._store = store
+        self._owned = False  # checked once: a session's owner never changes
 
     @property
     def store(self) -> Store:
@@ -88,7 +117,29 @@ class Session:
     # -- reading ----------------------------------------------------------------------
 
     def _records(self) -> list[Record]:
+        if not self._owned:
+            self._check_owner(self.store.get_run(self.journal_id))
         return Journal(self.store).records(self.journal_id)
+
+    def _check_owner(self, journal_run: RunInfo | None) -> None:
+        """Refuse a session of another agent (409 ``session.agent_mismatch``) or channel
+        (403 ``session.other_channel``); a session not opened yet belongs to nobody."""
+        if journal_run is None:
+            return
+        if journal_run.agent != self.agent.name:
+            raise Conflict(
+                f"session {self.session_id!r} talks to agent {journal_run.agent!r}, not "
+                f"{self.agent.name!r}; a session belongs to the agent that opened it",
+                code="session.agent_mismatch",
+            )
+        if channel_of(journal_run) != self.channel:
+            # The owner's name is not said: the caller may be another webhook's sender.
+            raise SessionNotYours(
+                f"session {self.session_id!r} belongs to another channel than "
+                f"{self.channel!r}; a session takes messages only from the channel that "
+                "opened it (docs/sessions.md)"
+            )
+        self._owned = True
 
     def _log(self) -> SessionLog:
         return SessionLog.of(self._records())
@@ -109,29 +160,41 @@ class Session:
         return send.record if send is not None else None
 
     def fork(self, from_turn: int, new_session_id: str | None = None) -> Session:
-        """A new session whose transcript is this one's first ``from_turn`` turns."""
-        return Session(self.agent, fork_session(self, from_turn, new_session_id), store=self._store)
+        """A new session whose transcript is this one's first ``from_turn`` turns, of the
+        same agent and channel."""
+        return Session(
+            self.agent,
+            fork_session(self, from_turn, new_session_id),
+            store=self._store,
+            channel=self.channel,
+        )
 
     # -- writing ----------------------------------------------------------------------
 
-    def _ensure_journal(self) -> None:
+    def _ensure_journal(self) -> bool:
+        """Open the session's journal unless it is open; True if this call opened it."""
         store = self.store
         existing = store.get_run(self.journal_id)
         refuse_inert(existing, "send the session a message")  # an imported transcript
         if existing is None:
-            # Created in its final state, in one write: a session's journal is a record,
-            # never work to drive, and a crash can leave no half-made row behind.
-            store.create_run(
+            # Created in its final state, in one write, with its owner: a session's journal
+            # is a record, never work to drive, and a crash can leave no half-made row (nor
+            # a session without an owner) behind.
+            created = store.create_run(
                 RunInfo(
                     run_id=self.journal_id,
                     agent=self.agent.name,
                     session_id=self.session_id,
-                    input={"session": self.session_id},
+                    input={"session": self.session_id, "channel": self.channel},
                     status=FINISHED,
                     kind=KIND_SESSION,
                 )
             )
+            if not created:  # another channel may have opened it first
+                existing = store.get_run(self.journal_id)
             failpoints.hit("after-session-journal")
+        self._check_owner(existing)
+        return existing is None
 
     def _seed(self) -> list[dict[str, Any]]:
         return [m.to_json() for m in self.history()]
@@ -334,3 +397,25 @@ class Session:
                 runtime.sleep(0.05)
                 continue
             return SendResult(self.session_id, key, run_id, "answered", result.answer)
+
+
+def give_session(session_id: str, channel: str, *, by: Any, store: Store | None = None) -> str:
+    """Give session ``session_id`` to ``channel`` from now on (a session opened before
+    sessions had owners, by a webhook view with a secret of its own: docs/sessions.md);
+    logged as ``by``'s ``session_channel``. Returns the channel it belonged to."""
+    actor = identity.resolve(by)
+    identity.require(actor, identity.OPERATE_RUNS, "give a session to another channel")
+    validate_session_id(session_id)
+    names.validate_session_channel(channel)
+    store = store or runtime.store()
+    journal_id = names.session_journal(session_id)
+    run = store.get_run(journal_id)
+    if run is None:
+        raise NotFound(f"no session {session_id!r}", code="session.not_found")
+    refuse_inert(run, "give the session to another channel")
+    before = channel_of(run)
+    body = dict(run.input) if isinstance(run.input, dict) else {"session": session_id}
+    store.update_run(journal_id, {"input": {**body, "channel": channel}})
+    said = {"from": before, "to": channel}
+    store.log_action(identity.logged(actor, "session_channel", journal_id, session_id, said))
+    return before

@@ -47,7 +47,7 @@ _GLOBAL_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 class Command(BaseCommand):
     help = (
         "Operate durable agent runs: runs, approve, deny, cancel, resume, resolve, answer, "
-        "signal, send, wake, recover, export, import, prune."
+        "signal, send, wake, recover, session-channel, export, import, prune."
     )
     # ``import -`` reads this stream (call_command(..., stdin=...)), else the process's stdin.
     stealth_options = ("stdin",)
@@ -160,6 +160,17 @@ class Command(BaseCommand):
         )
         resolve.add_argument("--min-age", type=float, help="refuse halts younger than this (s)")
 
+        owner = command(
+            "session-channel",
+            "give a session to another channel from now on: the webhook view, the API or "
+            "the site's code its messages may come from (docs/sessions.md)",
+        )
+        owner.add_argument("session_id")
+        owner.add_argument("channel", help="e.g. webhook:SENDER_A_SECRET, api, site")
+        owner.add_argument(
+            "--by", required=True, help=f"the username giving it; needs {needs('cancel')}"
+        )
+
         export = command("export", "write a run as JSON lines on stdout (docs/replay.md)")
         export.add_argument("run_id")
         export.add_argument("--with-forks", action="store_true", help="its forks too, and theirs")
@@ -235,7 +246,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
         try:
-            getattr(self, f"_{action}")(options)
+            getattr(self, f"_{action.replace('-', '_')}")(options)
         except DurableAgentsError as exc:
             raise CommandError(f"{exc.code}: {exc}") from None
 
@@ -434,6 +445,16 @@ class Command(BaseCommand):
             reason=options["reason"],
         )
         self.stdout.write(f"run {options['run_id']} is cancelled")
+
+    def _session_channel(self, options: dict[str, Any]) -> None:
+        from durable_agents.engine.commands.sessions import give_session
+
+        before = give_session(
+            options["session_id"], options["channel"], by=actor_for(options["by"])
+        )
+        self.stdout.write(
+            f"session {options['session_id']} belongs to {options['channel']} (was {before})"
+        )
 
     def _resume(self, options: dict[str, Any]) -> None:
         from durable_agents.engine import identity
