@@ -362,8 +362,8 @@ class Command(BaseCommand):
             said = [f"{len(broken)} of {len(reports)} chain(s) broken"] if broken else []
             if unverified:
                 said.append(
-                    f"{len(unverified)} of {len(reports)} chain(s) unverified (imported, and "
-                    "no head signed by a trusted key vouches for them)"
+                    f"{len(unverified)} of {len(reports)} chain(s) unverified (no signature by "
+                    "a key this site trusts vouches for them: an imported head, or a tombstone)"
                 )
             raise CommandError("; ".join(said), returncode=1)
 
