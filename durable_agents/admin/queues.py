@@ -162,19 +162,18 @@ class DecisionForm(forms.Form):
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         data["edited"] = None
-        # Not posted (a request made by hand): for what the call asks when it arrives.
         shown = data.get("shown") or ""
         data["shown"] = NOT_SHOWN
-        if shown:
-            try:
-                data["shown"] = json.loads(shown)
-            except ValueError:
-                self.add_error(
-                    None,
-                    "The arguments this page showed came back garbled; nothing was done. "
-                    "Open the call again and decide there.",
-                )
-                return data
+        try:
+            data["shown"] = json.loads(shown)
+        except ValueError:
+            # The decide view refuses a post without it first; here it came back garbled.
+            self.add_error(
+                None,
+                "The arguments this page showed came back garbled or not at all; nothing "
+                "was done. Open the call again and decide there.",
+            )
+            return data
         if data.get("decision") == "edit":
             try:
                 edited = json.loads(data.get("edit") or "")
@@ -380,21 +379,23 @@ def approval_decide_view(
         "inbox": reverse("admin:durable_agents_inbox", current_app=admin.admin_site.name),
     }.get(came_from)
     posted = request.POST.copy()
-    if came_from == "inbox" and not posted.get("shown"):
-        # An inbox card offers a decision only once it shows the arguments whole, and then
-        # posts them back: without them, this came from a folded card (or was made by hand).
+    digest = request.GET.get("shown_sha256")
+    if not posted.get("shown") and not digest:
+        # Every page that draws a decision posts what it showed whole (``shown``, or a queue
+        # row's digest); ``back`` is only where to return, so it vouches for nothing. Without
+        # them this came from a folded card, or was made by hand: a decision for arguments
+        # nobody saw.
         tell(
             request,
             Decided(
                 "refused",
                 f"Nothing was decided on call {obj.call_id} of run {obj.run_id}: the decision "
-                "did not say which arguments it was shown whole. Open the card whole (Show all "
-                "to decide) and decide there. [approval.not_shown_whole]",
+                "did not say which arguments it was shown whole. Open the call (or its card, "
+                "whole: Show all to decide) and decide there. [approval.not_shown_whole]",
             ),
         )
         return HttpResponseRedirect(back or admin_url(admin, "change", obj.pk))
-    digest = request.GET.get("shown_sha256")
-    if not posted.get("shown") and digest:
+    if not posted.get("shown"):
         # A queue row's buttons (``decide_here``) carry the digest of what the row showed.
         if digest != arguments_digest(obj.arguments).hex():
             changed = ApprovalArgumentsChanged(
