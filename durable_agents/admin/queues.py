@@ -49,7 +49,7 @@ from .base import (
     run_url,
     status_pill,
 )
-from .deciding import Decided, bulk_decide, decide_call, shown_arguments, tell
+from .deciding import Decided, bulk_decide, decide_call, refusal_by_row, shown_arguments, tell
 from .readable import conversation, policy_words, stated_reason, summary_of, tool_of
 from .rendered import in_schema_order, render
 from .timeline import pretty
@@ -246,6 +246,17 @@ class ApprovalRequestAdmin(_QueueAdmin):
             *super().get_urls(),
         ]
 
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """The list, each row told whether this person may decide it: the inbox's one
+        eligibility check (``refusal_by_row``), asked once for the page's rows."""
+        changelist = super().get_changelist_instance(request)
+        if allows(request, "decide"):
+            rows = list(changelist.result_list)  # the page's rows, cached: these objects render
+            refused = refusal_by_row(request, [o for o in rows if o.status == APPROVAL_PENDING])
+            for obj in rows:
+                obj.da_refused = refused.get(obj.pk, "")
+        return changelist
+
     def get_list_display(self, request: HttpRequest) -> Any:
         shown = list(super().get_list_display(request))
         if allows(request, "decide"):  # beside the status, before where the call waits
@@ -275,6 +286,14 @@ class ApprovalRequestAdmin(_QueueAdmin):
         message; write one on the call's page or with "Deny selected"."""
         if obj.status != APPROVAL_PENDING:
             return ""
+        refused = getattr(obj, "da_refused", None)
+        if refused is None or refused:
+            # Not asked (a row drawn outside this list) or refused: no buttons to a decision
+            # the engine would refuse; the call's page says why.
+            return format_html(
+                '<span class="da-row-refused" title="{}">You may not decide this call</span>',
+                refused or "open the call to decide",
+            )
         if json_cut(obj.arguments):
             # The row shows only the start of the arguments: a decision here would be for
             # more than the approver saw. The call's page shows them whole.
@@ -325,6 +344,9 @@ def approval_detail(
     admin: AnyModelAdmin, request: HttpRequest, obj: Any, form: DecisionForm | None = None
 ) -> TemplateResponse:
     can_decide = allows(request, "decide") and obj.status == APPROVAL_PENDING
+    # The inbox's eligibility check: no form for a call the engine would refuse this person.
+    refused = refusal_by_row(request, [obj]).get(obj.pk, "") if can_decide else ""
+    can_decide = can_decide and not refused
     tool = tool_of(obj)
     records: list[Any] = []
     try:  # one read of the journal; a record that cannot be read leaves the rest shown
@@ -356,6 +378,7 @@ def approval_detail(
             "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
             "decisions": obj.decisions.order_by("created_at"),
             "can_decide": can_decide,
+            "refused": refused,
             "editable": can_decide and editable(obj),
             "form": form
             or DecisionForm(initial={"edit": pretty(obj.arguments), "shown": shown_arguments(obj)}),
