@@ -255,8 +255,9 @@ def unheld_reports(
             )
             if hit is not None:
                 agreed[hit.pk] = mark.row
-            elif not held.get(rid):
-                # A tombstone of the run that differs from the row says so in its own report.
+            elif all(s.pk in agreed for s in held.get(rid, ())):
+                # Every tombstone of the run answers another prune row (an id pruned twice).
+                # One that answers none differs from this row, and its own report says how.
                 out.append(unheld_report(rid, mark))
     return out
 

@@ -20,8 +20,10 @@ from django.test.utils import override_settings
 from django.utils import timezone
 
 from durable_agents.database.audit import verify
-from durable_agents.database.store import site_store
+from durable_agents.database.store import DjangoStore, site_store
+from durable_agents.engine import identity
 from durable_agents.models import ActionLog, Run, Tombstone
+from durable_agents.people import actor_for
 from tests.support.agents import echo
 from tests.support.people import make_user
 from tests.support.pruning import PRUNER, age, cutoff
@@ -180,3 +182,34 @@ def test_the_cross_check_on_sqlite_with_a_numeric_run_id():
         assert not gone.intact and "deleted" in gone.reason
         assert not changed.intact and "records" in changed.reason
         assert {r.chain for r in verify(None) if not r.intact} == {"7001", "7002"}
+
+
+def test_an_id_pruned_twice_needs_both_tombstones():
+    """The window docs/retention.md admits (a start racing the prune of its id) can prune
+    one id twice: two prune rows, two tombstones. Each row needs its own."""
+    _pruned("twice-1")
+    [first] = Tombstone.objects.all()
+    later = first.pruned_at + timedelta(days=1)
+    second = Tombstone.objects.create(
+        run_id="twice-1", status="finished", head=FORGED_HEAD, records=4, pruned_at=later,
+        pruned_by=PRUNER, pruned_by_id=first.pruned_by_id,
+    )  # fmt: skip
+    DjangoStore().log_action(
+        identity.logged(
+            actor_for(PRUNER, identity.PYTHON),
+            "prune",
+            "",
+            "",
+            {
+                "runs": ["twice-1"],
+                "pruned_at": later.isoformat(),
+                "tombstones": {"twice-1": {"head": FORGED_HEAD, "records": 4, "unchained": 0}},
+                "export": None,
+            },
+        )
+    )
+    assert all(r.ok for r in verify(None, actions=True))
+    second.delete()
+    [report] = [r for r in verify(None) if not r.intact]
+    assert report.chain == "twice-1" and "deleted" in report.reason
+    assert report.broken_at == ActionLog.objects.filter(action="prune").latest("id").pk
