@@ -25,6 +25,10 @@ DRIFT_POLICIES = ("warn", "error", "ignore")
 
 # An HMAC-SHA256 key shorter than this is guessable offline from one signed delivery.
 MIN_WEBHOOK_SECRET = 32
+# Length is no strength when the characters are few or repeat a pattern: "aaaa…", a word
+# repeated to reach the length. Generated secrets never come close (token_hex(16) has fewer
+# than 8 distinct characters about once in 28 million).
+MIN_WEBHOOK_SECRET_DISTINCT = 8
 
 __all__ = [
     "Notify",
@@ -401,8 +405,8 @@ def parse_webhook_secrets(raw: Any, where: str) -> tuple[tuple[str, ...], list[s
         return (), []
     listed = [raw] if isinstance(raw, str) else raw
     fix = (
-        f"at least {MIN_WEBHOOK_SECRET} characters, e.g. from python -c 'import secrets; "
-        "print(secrets.token_urlsafe(32))'"
+        f"at least {MIN_WEBHOOK_SECRET} characters and no obvious pattern, e.g. from python -c "
+        "'import secrets; print(secrets.token_urlsafe(32))'"
     )
     if (
         not isinstance(listed, list | tuple)
@@ -417,7 +421,43 @@ def parse_webhook_secrets(raw: Any, where: str) -> tuple[tuple[str, ...], list[s
     if short:
         which = "" if isinstance(raw, str) else f" (entry {short[0]})"
         return (), [f"{where}{which} is too short: a webhook secret must be {fix}"]
+    for i, secret in enumerate(listed):
+        why = weak_secret(secret)
+        if why:
+            which = "" if isinstance(raw, str) else f" (entry {i})"
+            return (), [f"{where}{which} is too weak: {why}; a webhook secret must be {fix}"]
     return tuple(listed), []
+
+
+def weak_secret(secret: str) -> str:
+    """Why ``secret`` is obviously guessable whatever its length ("" when it is not): fewer
+    than ``MIN_WEBHOOK_SECRET_DISTINCT`` distinct characters, or a pattern repeated at least
+    twice over (its shortest period is at most half its length). Says how, never what."""
+    distinct = len(set(secret))
+    if distinct < MIN_WEBHOOK_SECRET_DISTINCT:
+        plural = "" if distinct == 1 else "s"
+        return (
+            f"it has only {distinct} distinct character{plural} (at least "
+            f"{MIN_WEBHOOK_SECRET_DISTINCT})"
+        )
+    period = _shortest_period(secret)
+    if period <= len(secret) // 2:
+        return f"it repeats a pattern of {period} characters"
+    return ""
+
+
+def _shortest_period(text: str) -> int:
+    """The least p with text[i] == text[i + p] for every i (len(text) when there is none
+    shorter): the failure function of Knuth-Morris-Pratt, linear in the length."""
+    border = [0] * len(text)
+    k = 0
+    for i in range(1, len(text)):
+        while k and text[i] != text[k]:
+            k = border[k - 1]
+        if text[i] == text[k]:
+            k += 1
+        border[i] = k
+    return len(text) - (border[-1] if text else 0)
 
 
 def _parse_trusted_keys(raw: Any, problems: list[str]) -> tuple[str, ...]:

@@ -5,6 +5,12 @@ keys), plugged into the engine's ports by ``apps.py``.
 ``Actor`` (the user's primary key as its stable id, username, active flag, permissions
 through the auth backends, groups). ``actor_for`` is the same with the channel a request
 came through, for glue that starts from a name (the management command).
+
+The people who act through the admin, the API (session or key) and the management command
+are **active staff users**: ``staff_refusal`` is that one rule, asked by the API's auth and by
+``actor_for`` (Django's admin asks ``is_staff`` itself). Python callers and the settings a
+site deploys (``RETENTION["BY"]``) are the site's own code, trusted as such; an external
+approver's *signed* decision comes through a staff relay, and the approver need not be staff.
 """
 
 from __future__ import annotations
@@ -16,10 +22,29 @@ from django.core.exceptions import ValidationError
 from django.db.models import Model, Q, QuerySet
 
 from .engine import identity
+from .engine.errors import ActorForbidden
 from .engine.identity import Actor
 from .models import ApproverKey
 
 COMMAND = "command"
+
+
+class ActorNotStaff(ActorForbidden):
+    """A person acting through the admin, the API or the command who is not staff."""
+
+    code = "auth.not_staff"
+
+
+def staff_refusal(user: Any) -> str:
+    """Why ``user`` may not act through the admin, the API or the command as staff ("" when
+    it may): it must be a staff user (``is_staff``). Activity is checked on every path
+    before this, each with its own code."""
+    if getattr(user, "is_staff", False):
+        return ""
+    return (
+        f"{user.get_username()!r} is not a staff user; the admin, the API and the management "
+        "command act only as active staff users (set is_staff, or act as someone who is)"
+    )
 
 
 def actor_of(user: Any, channel: str) -> Actor:
@@ -59,10 +84,20 @@ def resolve_actor(by: Any) -> Actor | None:
 
 
 def actor_for(by: Any, channel: str = COMMAND) -> Actor:
-    """``by`` (a user object or a username) as one active user acting through ``channel``;
-    ``ConfigError`` (``actor.unknown`` / ``actor.inactive``) otherwise. The management
-    command resolves ``--by`` with it."""
-    return identity.resolve(by, channel=channel)
+    """``by`` (a user object or a username) as one active staff user acting through
+    ``channel``; ``ConfigError`` (``actor.unknown`` / ``actor.inactive`` /
+    ``auth.not_staff``) otherwise. The management command resolves ``--by`` with it."""
+    actor = identity.resolve(by, channel=channel)
+    try:
+        user = get_user_model()._default_manager.filter(pk=actor.id).first()
+    except (ValueError, ValidationError):  # a resolver of the host's own, not a user's pk
+        user = None
+    refused = (
+        staff_refusal(user) if user is not None else f"{actor.username!r} is no user of this site"
+    )
+    if refused:
+        raise ActorNotStaff(refused)
+    return actor
 
 
 def eligible_approvers(group: str) -> list[str]:

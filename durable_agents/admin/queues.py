@@ -49,7 +49,7 @@ from .base import (
     run_url,
     status_pill,
 )
-from .deciding import Decided, bulk_decide, decide_call, shown_arguments, tell
+from .deciding import Decided, bulk_decide, decide_call, refusal_by_row, shown_arguments, tell
 from .readable import conversation, policy_words, stated_reason, summary_of, tool_of
 from .rendered import in_schema_order, render
 from .timeline import pretty
@@ -162,19 +162,18 @@ class DecisionForm(forms.Form):
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         data["edited"] = None
-        # Not posted (a request made by hand): for what the call asks when it arrives.
         shown = data.get("shown") or ""
         data["shown"] = NOT_SHOWN
-        if shown:
-            try:
-                data["shown"] = json.loads(shown)
-            except ValueError:
-                self.add_error(
-                    None,
-                    "The arguments this page showed came back garbled; nothing was done. "
-                    "Open the call again and decide there.",
-                )
-                return data
+        try:
+            data["shown"] = json.loads(shown)
+        except ValueError:
+            # The decide view refuses a post without it first; here it came back garbled.
+            self.add_error(
+                None,
+                "The arguments this page showed came back garbled or not at all; nothing "
+                "was done. Open the call again and decide there.",
+            )
+            return data
         if data.get("decision") == "edit":
             try:
                 edited = json.loads(data.get("edit") or "")
@@ -247,6 +246,17 @@ class ApprovalRequestAdmin(_QueueAdmin):
             *super().get_urls(),
         ]
 
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """The list, each row told whether this person may decide it: the inbox's one
+        eligibility check (``refusal_by_row``), asked once for the page's rows."""
+        changelist = super().get_changelist_instance(request)
+        if allows(request, "decide"):
+            rows = list(changelist.result_list)  # the page's rows, cached: these objects render
+            refused = refusal_by_row(request, [o for o in rows if o.status == APPROVAL_PENDING])
+            for obj in rows:
+                obj.da_refused = refused.get(obj.pk, "")
+        return changelist
+
     def get_list_display(self, request: HttpRequest) -> Any:
         shown = list(super().get_list_display(request))
         if allows(request, "decide"):  # beside the status, before where the call waits
@@ -276,6 +286,14 @@ class ApprovalRequestAdmin(_QueueAdmin):
         message; write one on the call's page or with "Deny selected"."""
         if obj.status != APPROVAL_PENDING:
             return ""
+        refused = getattr(obj, "da_refused", None)
+        if refused is None or refused:
+            # Not asked (a row drawn outside this list) or refused: no buttons to a decision
+            # the engine would refuse; the call's page says why.
+            return format_html(
+                '<span class="da-row-refused" title="{}">You may not decide this call</span>',
+                refused or "open the call to decide",
+            )
         if json_cut(obj.arguments):
             # The row shows only the start of the arguments: a decision here would be for
             # more than the approver saw. The call's page shows them whole.
@@ -326,6 +344,9 @@ def approval_detail(
     admin: AnyModelAdmin, request: HttpRequest, obj: Any, form: DecisionForm | None = None
 ) -> TemplateResponse:
     can_decide = allows(request, "decide") and obj.status == APPROVAL_PENDING
+    # The inbox's eligibility check: no form for a call the engine would refuse this person.
+    refused = refusal_by_row(request, [obj]).get(obj.pk, "") if can_decide else ""
+    can_decide = can_decide and not refused
     tool = tool_of(obj)
     records: list[Any] = []
     try:  # one read of the journal; a record that cannot be read leaves the rest shown
@@ -357,6 +378,7 @@ def approval_detail(
             "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
             "decisions": obj.decisions.order_by("created_at"),
             "can_decide": can_decide,
+            "refused": refused,
             "editable": can_decide and editable(obj),
             "form": form
             or DecisionForm(initial={"edit": pretty(obj.arguments), "shown": shown_arguments(obj)}),
@@ -380,21 +402,23 @@ def approval_decide_view(
         "inbox": reverse("admin:durable_agents_inbox", current_app=admin.admin_site.name),
     }.get(came_from)
     posted = request.POST.copy()
-    if came_from == "inbox" and not posted.get("shown"):
-        # An inbox card offers a decision only once it shows the arguments whole, and then
-        # posts them back: without them, this came from a folded card (or was made by hand).
+    digest = request.GET.get("shown_sha256")
+    if not posted.get("shown") and not digest:
+        # Every page that draws a decision posts what it showed whole (``shown``, or a queue
+        # row's digest); ``back`` is only where to return, so it vouches for nothing. Without
+        # them this came from a folded card, or was made by hand: a decision for arguments
+        # nobody saw.
         tell(
             request,
             Decided(
                 "refused",
                 f"Nothing was decided on call {obj.call_id} of run {obj.run_id}: the decision "
-                "did not say which arguments it was shown whole. Open the card whole (Show all "
-                "to decide) and decide there. [approval.not_shown_whole]",
+                "did not say which arguments it was shown whole. Open the call (or its card, "
+                "whole: Show all to decide) and decide there. [approval.not_shown_whole]",
             ),
         )
         return HttpResponseRedirect(back or admin_url(admin, "change", obj.pk))
-    digest = request.GET.get("shown_sha256")
-    if not posted.get("shown") and digest:
+    if not posted.get("shown"):
         # A queue row's buttons (``decide_here``) carry the digest of what the row showed.
         if digest != arguments_digest(obj.arguments).hex():
             changed = ApprovalArgumentsChanged(

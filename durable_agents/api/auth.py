@@ -36,7 +36,7 @@ from ..keys import PREFIX_LENGTH, hash_key
 from ..keys import issue_api_key as issue_api_key  # where callers have always found them
 from ..keys import new_key as new_key
 from ..models import ApiKey
-from ..people import actor_of
+from ..people import ActorNotStaff, actor_of, staff_refusal
 from .errors import AUTH_FAILURE_ATTR, ApiError, AuthFailure
 
 API_KEY_HEADER = "X-API-Key"
@@ -64,13 +64,9 @@ def _staff(request: HttpRequest, user: Any, how: str) -> Any:
     if not user.is_active:
         _fail(request, 401, "auth.inactive", f"the user of this {how} is inactive")
         return None
-    if not user.is_staff:
-        _fail(
-            request,
-            403,
-            "auth.not_staff",
-            f"{user.get_username()!r} is not a staff user; the API is for staff, as the admin is",
-        )
+    refused = staff_refusal(user)  # the command's ``--by`` asks the same rule
+    if refused:
+        _fail(request, 403, ActorNotStaff.code, refused)
         return None
     return user
 

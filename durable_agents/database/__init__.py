@@ -7,6 +7,7 @@
 * ``events`` and ``followers`` — ``LISTEN``/``NOTIFY`` for live events, only while followed.
 * ``audit`` — verifying the hash chains the database computes; signed heads.
 * ``retention`` — ``prune``: export, delete in batches, leave signed tombstones.
+* ``tombstones`` — what vouches for a tombstone: its signature and its prune row.
 
 The engine never imports this package; ``apps.py`` plugs it into the engine's ports.
 """

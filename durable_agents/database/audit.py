@@ -29,13 +29,19 @@ from ..engine.audit import (
     chain_hash,
     data_digest,
     head_message,
-    tombstone_message,
     verify_actions,
     verify_links,
     verify_run,
 )
 from ..engine.errors import ConfigError, DurableAgentsError, NotFound
 from ..engine.sensitive import Redactor, derive_key
+from .tombstones import (
+    latest_unheld,
+    prune_marks,
+    pruned_reports,
+    tombstone_report,
+    unheld_report,
+)
 
 __all__ = [
     "ImportTrust",
@@ -69,7 +75,9 @@ def verify(
     run_ids: Iterable[str] | None = None, *, actions: bool = False, using: str | None = None
 ) -> list[ChainReport]:
     """Verify the chains of ``run_ids`` (every run when None), and the site's action log
-    when ``actions``; one report each, in that order."""
+    when ``actions``; one report each, in that order. A run id no run holds is reported by
+    its last tombstone, or, when a prune row names it and no tombstone does, as broken
+    (``tombstones``); ``NotFound`` when nothing knows it."""
     from ..models import Run, Tombstone
     from .store import DjangoStore
 
@@ -81,26 +89,24 @@ def verify(
             _vouched(verify_run(store, run_id), store.using)
             for run_id in runs.order_by("run_id").values_list("pk", flat=True).iterator()
         ]
-        # A pruned run whose id no run holds again is reported by its last tombstone.
-        pruned = stones.exclude(run_id__in=runs.values("pk")).order_by("run_id", "-id")
-        last = None
-        for stone in pruned.iterator():
-            if stone.run_id != last:
-                reports.append(tombstone_report(stone))
-            last = stone.run_id
+        reports += pruned_reports(store.using)
     else:
         run_ids = list(run_ids)
         here = set(runs.filter(pk__in=run_ids).values_list("pk", flat=True))
+        gone = set(run_ids) - here
         found = {}
-        for stone in stones.filter(run_id__in=set(run_ids) - here).order_by("id"):
+        for stone in stones.filter(run_id__in=gone).order_by("id"):
             found[stone.run_id] = stone
-        missing = sorted(set(run_ids) - here - set(found))
+        marks = prune_marks(store.using, gone)
+        missing = sorted(gone - set(found) - set(marks))
         if missing:
             raise NotFound(f"no run {', '.join(map(repr, missing))}", code="run.not_found")
         reports = [
             _vouched(verify_run(store, run_id), store.using)
             if run_id in here
-            else tombstone_report(found[run_id])
+            else tombstone_report(found[run_id], marks.get(run_id, []))
+            if run_id in found
+            else unheld_report(run_id, marks[run_id][-1])
             for run_id in run_ids
         ]
     if actions:
@@ -108,56 +114,27 @@ def verify(
     return reports
 
 
-def tombstone_report(stone: Any) -> ChainReport:
-    """A pruned run as its tombstone vouches for it (docs/retention.md): verified when the
-    tombstone is unsigned (no signing key was set) or its signature verifies under a key
-    this site trusts; broken when a signature does not verify (the row was changed)."""
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-    said = f"pruned {stone.pruned_at.isoformat()} by {stone.pruned_by}"
-    said += f", export sha256 {stone.export_sha256}" if stone.export_sha256 else ", no export"
-    report = ChainReport(stone.run_id, stone.records, stone.unchained, stone.head, pruned=said)
-    if not stone.signature:
-        return replace(report, pruned=said + ", unsigned tombstone")
-    message = tombstone_message(
-        stone.run_id, stone.head, stone.records, export_sha256=stone.export_sha256,
-        pruned_at=stone.pruned_at.isoformat(), pruned_by=stone.pruned_by,
-    )  # fmt: skip
-    try:
-        Ed25519PublicKey.from_public_bytes(base64.b64decode(stone.public_key or "")).verify(
-            base64.b64decode(stone.signature), message
-        )
-    except (InvalidSignature, ValueError, TypeError):
-        return replace(
-            report,
-            broken_at=stone.pk,
-            broken_name="tombstone",
-            reason="its tombstone's signature does not verify: the tombstone was changed",
-        )
-    if stone.public_key not in trusted_keys():
-        return replace(
-            report,
-            unverified=f"tombstone signed by key {stone.public_key}, which this site does "
-            "not trust",
-        )
-    return replace(report, pruned=said + ", signed tombstone")
-
-
 def sample_check(size: int, *, using: str | None = None) -> list[ChainReport]:
     """The broken chains among the ``size`` most recently updated runs (the system check;
-    an imported run no trusted head vouches for is not broken, only unverified)."""
+    an imported run no trusted head vouches for is not broken, only unverified), the
+    broken ones among the ``size`` latest tombstones, and the runs the latest prune rows
+    name that no tombstone holds."""
     from ..models import Run, Tombstone
 
-    runs = Run.objects.using(using or _database()).order_by("-updated_at")
+    using = using or _database()
+    runs = Run.objects.using(using).order_by("-updated_at")
     broken = [
         r
         for r in verify(list(runs.values_list("pk", flat=True)[:size]), using=using)
         if not r.intact
     ]
     # The latest tombstones too: a pruned run is verified by its tombstone, not missing.
-    stones = Tombstone.objects.using(using or _database()).order_by("-pruned_at", "-id")
-    return broken + [r for r in map(tombstone_report, stones[:size]) if not r.intact]
+    stones = list(Tombstone.objects.using(using).order_by("-pruned_at", "-id")[:size])
+    marks = prune_marks(using, {s.run_id for s in stones})
+    broken += [
+        r for r in (tombstone_report(s, marks.get(s.run_id, [])) for s in stones) if not r.intact
+    ]
+    return broken + latest_unheld(using, size)
 
 
 @dataclass(frozen=True)

@@ -403,6 +403,17 @@ def _prune_batch(
                     "trees": len(gone),
                     "records": sum(chains[rid][0] for rid in ids),
                     "export": {"file": file_name, "sha256": sha256} if file_name else None,
+                    # What each tombstone states, in the chained log: ``verify`` holds every
+                    # tombstone to the row that wrote it (``database.tombstones``).
+                    "pruned_at": pruned_at.isoformat(),
+                    "tombstones": {
+                        rid: {
+                            "head": chains[rid][1],
+                            "records": chains[rid][0],
+                            "unchained": chains[rid][2],
+                        }
+                        for rid in ids
+                    },
                 },
             )
         )

@@ -44,7 +44,7 @@ from durable_agents.models import (
     Lease,
     Run,
 )
-from tests.support.admin_pages import client_for, messages_of, text_of
+from tests.support.admin_pages import client_for, messages_of, shown, text_of
 from tests.support.agents import count_effects, echo, gated, halting, quorum
 from tests.support.journals import journal
 from tests.support.people import make_user
@@ -120,7 +120,7 @@ def _setup_action(action: str) -> dict[str, Any]:
         return {
             "page": approval_url(req),
             "url": approval_url(req, "decide"),
-            "data": {"decision": action, "note": "checked"},
+            "data": {"shown": shown(req), "decision": action, "note": "checked"},
             "perm": "durable_agents.approve_toolcall",
             "view": "durable_agents.view_approvalrequest",
             "button": 'id="da-decide"',
@@ -238,7 +238,8 @@ def test_approve_in_the_admin_runs_the_call_once_and_the_run_finishes():
     assert '"order_id": "7"' in page and "Refund 5.00 to order 7" in page
 
     response = client_for(alice).post(
-        approval_url(req, "decide"), {"decision": "approve", "note": "customer is right"}
+        approval_url(req, "decide"),
+        {"shown": shown(req), "decision": "approve", "note": "customer is right"},
     )
     assert response.status_code == 302
     assert any("approved" in m for m in messages_of(response))
@@ -262,14 +263,18 @@ def test_approve_in_the_admin_runs_the_call_once_and_the_run_finishes():
     # A second, different decision is refused with a message and changes nothing.
     bob = make_user("bob", "durable_agents.approve_toolcall")
     before = journal("adm-approve")
-    response = client_for(bob).post(approval_url(req, "decide"), {"decision": "deny", "note": "no"})
+    response = client_for(bob).post(
+        approval_url(req, "decide"), {"shown": shown(req), "decision": "deny", "note": "no"}
+    )
     assert response.status_code == 302
     assert any("already approved" in m for m in messages_of(response))
     assert journal("adm-approve") == before
     assert ApprovalRequest.objects.get(pk=req.pk).status == "approved"
     assert ActionLog.objects.count() == 1 and Decision.objects.count() == 1
     # The same decision again is the standing one: nothing new happens.
-    response = client_for(bob).post(approval_url(req, "decide"), {"decision": "approve"})
+    response = client_for(bob).post(
+        approval_url(req, "decide"), {"shown": shown(req), "decision": "approve"}
+    )
     assert any("already approved; nothing changed" in m for m in messages_of(response))
     assert journal("adm-approve") == before and ActionLog.objects.count() == 1
     assert count_effects("adm-approve") == {"call_1_1": 1}
@@ -318,8 +323,7 @@ def test_a_decision_in_the_admin_is_for_the_arguments_its_page_showed():
     assert (journal("adm-shown"), Decision.objects.count(), ActionLog.objects.count()) == before
     assert ApprovalRequest.objects.get(pk=req.pk).status == "pending"
     assert count_effects("adm-shown") == {}
-    # A garbled one is a form error; without one (a request made by hand) the decision is
-    # for what the call asks now.
+    # A garbled one is a form error (none at all is refused: tests/integration/test_admin_trust).
     garbled = client_for(alice).post(
         approval_url(req, "decide"), {"decision": "approve", "shown": "{not json"}
     )
@@ -331,7 +335,9 @@ def test_deciding_for_a_cancelled_run_is_refused_as_orphaned():
     req = waiting_for_approval("adm-orphan")
     da.cancel("adm-orphan", by=make_user("ops", superuser=True), reason="customer left")
     client = client_for(make_user("alice", "durable_agents.approve_toolcall"))
-    response = client.post(approval_url(req, "decide"), {"decision": "approve"})
+    response = client.post(
+        approval_url(req, "decide"), {"shown": shown(req), "decision": "approve"}
+    )
     assert any("approval.orphaned" in m for m in messages_of(response))
     assert Run.objects.get(run_id="adm-orphan").status == "cancelled"
     assert "approval:call_1_1" not in journal("adm-orphan")
@@ -343,7 +349,8 @@ def test_deny_with_a_note_is_what_the_model_reads():
     req = waiting_for_approval("adm-deny")
     root = make_user("root", superuser=True)
     response = client_for(root).post(
-        approval_url(req, "decide"), {"decision": "deny", "note": "refunds over 4€ need a manager"}
+        approval_url(req, "decide"),
+        {"shown": shown(req), "decision": "deny", "note": "refunds over 4€ need a manager"},
     )
     assert response.status_code == 302
     run = Run.objects.get(run_id="adm-deny")
@@ -369,21 +376,23 @@ def test_a_quorum_in_the_admin_and_engine_refusals_as_messages():
     decide = approval_url(req, "decide")
     changelist = reverse("admin:durable_agents_approvalrequest_changelist")
 
-    response = client_for(carol).post(decide, {"decision": "approve"})
+    response = client_for(carol).post(decide, {"shown": shown(req), "decision": "approve"})
     assert any("approval.not_eligible" in m for m in messages_of(response))
     assert not Decision.objects.exists() and not ActionLog.objects.exists()
 
-    response = client_for(alice).post(decide, {"decision": "approve", "note": "ok"})
+    response = client_for(alice).post(
+        decide, {"shown": shown(req), "decision": "approve", "note": "ok"}
+    )
     assert any("1 of 2 approved so far" in m for m in messages_of(response))
     assert "1 of 2 approved (group finance)" in text_of(client_for(bob).get(changelist))
     assert Run.objects.get(run_id="adm-quorum").status == "awaiting_approval"
 
-    response = client_for(alice).post(decide, {"decision": "deny"})
+    response = client_for(alice).post(decide, {"shown": shown(req), "decision": "deny"})
     assert any("approval.already_decided" in m for m in messages_of(response))
     assert list(Decision.objects.values_list("approver", "approved")) == [("alice", True)]
     assert ActionLog.objects.count() == 1
 
-    response = client_for(bob).post(decide, {"decision": "approve"})
+    response = client_for(bob).post(decide, {"shown": shown(req), "decision": "approve"})
     run = Run.objects.get(run_id="adm-quorum")
     assert (run.status, run.answer) == ("finished", "paid")
     tally = journal("adm-quorum")["approval:call_1_1"]["tally"]
@@ -402,13 +411,17 @@ def test_edit_and_approve_in_the_admin_checks_the_schema_then_runs_the_edit():
         ("{not json", "Not valid JSON"),
         ("[1, 2]", "JSON object"),
     ):
-        response = client_for(alice).post(decide, {"decision": "edit", "edit": bad})
+        response = client_for(alice).post(
+            decide, {"shown": shown(req), "decision": "edit", "edit": bad}
+        )
         assert response.status_code == 200 and says in text_of(response)
     assert not Decision.objects.exists() and not ActionLog.objects.exists()
     assert Run.objects.get(run_id="adm-edit").status == "awaiting_approval"
 
     edit = '{"order_id": "7", "cents": 250}'
-    response = client_for(alice).post(decide, {"decision": "edit", "edit": edit, "note": "half"})
+    response = client_for(alice).post(
+        decide, {"shown": shown(req), "decision": "edit", "edit": edit, "note": "half"}
+    )
     assert response.status_code == 302
     assert Run.objects.get(run_id="adm-edit").status == "finished"
     assert journal("adm-edit")["tool:call_1_1"]["result"] == {"refunded": 250}
@@ -429,7 +442,12 @@ def test_the_run_page_asks_for_the_decision_it_waits_on():
     assert 'value="Resume"' not in page  # resuming would only pause again
     response = client_for(alice).post(
         approval_url(req, "decide"),
-        {"decision": "edit", "edit": '{"order_id": "7", "cents": 100}', "back": "run"},
+        {
+            "shown": shown(req),
+            "decision": "edit",
+            "edit": '{"order_id": "7", "cents": 100}',
+            "back": "run",
+        },
     )
     assert response.status_code == 302 and response["Location"] == run_url("adm-banner")
     assert journal("adm-banner")["tool:call_1_1"]["result"] == {"refunded": 100}
@@ -445,7 +463,7 @@ def test_the_run_page_asks_for_the_decision_it_waits_on():
 def test_an_invalid_decision_form_changes_nothing():
     req = waiting_for_approval("adm-bad-form")
     client = client_for(make_user("root", superuser=True))
-    response = client.post(approval_url(req, "decide"), {"decision": "maybe"})
+    response = client.post(approval_url(req, "decide"), {"shown": shown(req), "decision": "maybe"})
     assert response.status_code == 200 and "Select a valid choice" in text_of(response)
     assert ApprovalRequest.objects.get(pk=req.pk).status == "pending"
     assert not ActionLog.objects.exists()
@@ -537,7 +555,10 @@ def test_run_page_shows_the_journal_timeline_lease_and_history():
     req = waiting_for_approval("tl-gated")
     root = make_user("root", superuser=True)
     client = client_for(root)
-    client.post(approval_url(req, "decide"), {"decision": "approve", "note": "fine by me"})
+    client.post(
+        approval_url(req, "decide"),
+        {"shown": shown(req), "decision": "approve", "note": "fine by me"},
+    )
 
     page = text_of(client.get(run_url("tl-echo")))
     assert "Model turn 1" in page and "Tool call <code>call_1_1</code>" in page
@@ -855,7 +876,9 @@ def test_a_failed_hand_over_is_a_warning_and_the_decision_stands():
     queued("bd-resume")
     client = client_for(make_user("root", superuser=True))
     with broker_down():
-        response = client.post(approval_url(req, "decide"), {"decision": "approve"}, follow=True)
+        response = client.post(
+            approval_url(req, "decide"), {"shown": shown(req), "decision": "approve"}, follow=True
+        )
         assert response.status_code == 200
         page = text_of(response)
         assert (
@@ -895,7 +918,9 @@ def test_a_failed_hand_over_is_a_warning_and_the_decision_stands():
 def test_run_page_details_are_json_and_close_comes_last():
     req = waiting_for_approval("rp-json")
     client = client_for(make_user("root", superuser=True))
-    client.post(approval_url(req, "decide"), {"decision": "approve", "note": "fine"})
+    client.post(
+        approval_url(req, "decide"), {"shown": shown(req), "decision": "approve", "note": "fine"}
+    )
     page = text_of(client.get(run_url("rp-json")))
     assert '<code>{"note": "fine", "signed": false}</code>' in page
     assert page.index('id="da-history"') < page.index('class="submit-row"')
@@ -923,7 +948,9 @@ def test_the_approval_page_shows_summary_description_policy_and_decisions():
     assert "Refund an order (staff approve first)." in page
     assert "needs one approval: 0 of 1 so far" in page and '{"kind": "single"}' not in page
     assert "Arguments as JSON" in page  # the raw JSON, behind a toggle
-    client_for(alice).post(approval_url(req, "decide"), {"decision": "deny", "note": "no"})
+    client_for(alice).post(
+        approval_url(req, "decide"), {"shown": shown(req), "decision": "deny", "note": "no"}
+    )
     page = text_of(client_for(alice).get(approval_url(req, "change")))
     assert "<td>alice</td><td>denied</td><td>no</td><td>no</td>" in page
 
@@ -934,7 +961,9 @@ def test_the_approval_page_titles_fields_from_the_schema_and_words_a_quorum():
     finance.user_set.add(alice)
     quorum.start("pay a-1", run_id="adm-read-q")
     req = ApprovalRequest.objects.get(run_id="adm-read-q")
-    client_for(alice).post(approval_url(req, "decide"), {"decision": "approve"})
+    client_for(alice).post(
+        approval_url(req, "decide"), {"shown": shown(req), "decision": "approve"}
+    )
     page = text_of(client_for(alice).get(approval_url(req, "change")))
     fields = re.sub(r"(\s*<[^>]+>\s*)+", "|", page[page.index('<dl class="da-shown">') :])
     assert "|Invoice|inv-1|" in fields and "|Cents|9,900|" in fields

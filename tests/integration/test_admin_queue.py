@@ -19,7 +19,7 @@ import durable_agents as da
 from durable_agents.models import ActionLog, ApprovalRequest, Decision, Halt, Run
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
-from tests.support.admin_pages import client_for, messages_of, text_of
+from tests.support.admin_pages import client_for, messages_of, shown, text_of
 from tests.support.agents import count_effects, gated, halting, lookup, quorum, refund
 from tests.support.journals import journal
 from tests.support.people import make_user
@@ -162,7 +162,7 @@ def test_without_the_permission_the_actions_and_buttons_are_absent_and_change_no
         assert response.status_code in (200, 302)
     response = viewer.post(
         reverse("admin:durable_agents_approvalrequest_decide", args=[single.pk]) + "?back=queue",
-        {"decision": "approve"},
+        {"decision": "approve", "shown": shown(single)},
     )
     assert response.status_code == 403
     assert not Decision.objects.exists() and not ActionLog.objects.exists()
@@ -203,7 +203,7 @@ def test_inline_buttons_post_to_the_decide_view_and_come_back_to_the_queue():
     assert any("is approved" in m for m in messages_of(response))
     assert Run.objects.get(run_id="bq5-gated").status == "finished"
     deny = reverse("admin:durable_agents_approvalrequest_decide", args=[pair.pk])
-    response = client.post(deny + "?back=queue", {"decision": "deny"})
+    response = client.post(deny + "?back=queue", {"decision": "deny", "shown": shown(pair)})
     # alice's denial leaves bob alone of two eligible: the quorum cannot pass any more.
     assert Run.objects.get(run_id="bq5-quorum").status == "finished"
     assert sorted(ActionLog.objects.values_list("action", "run_id")) == [

@@ -14,6 +14,7 @@ from django.test import Client
 from django.urls import reverse
 
 from durable_agents.models import ApprovalRequest, Run
+from tests.support.admin_pages import shown
 from tests.support.agents import count_effects, gated_tree
 from tests.support.people import make_user
 
@@ -60,7 +61,7 @@ def test_a_tree_in_the_admin_and_its_bottom_call_decided_there():
 
     request = ApprovalRequest.objects.get()
     decide = reverse("admin:durable_agents_approvalrequest_decide", args=[request.pk])
-    response = client.post(decide, {"decision": "approve", "note": ""})
+    response = client.post(decide, {"decision": "approve", "note": "", "shown": shown(request)})
     assert response.status_code == 302
     statuses = dict(Run.objects.values_list("run_id", "status"))
     assert statuses == dict.fromkeys((ROOT, MIDDLE, LEAF), "finished")
@@ -87,7 +88,8 @@ def test_forks_of_a_tree_in_the_admin_show_their_own_and_their_referenced_sub_ru
 
     request = ApprovalRequest.objects.get(run_id=leaf)
     decide = reverse("admin:durable_agents_approvalrequest_decide", args=[request.pk])
-    assert client.post(decide, {"decision": "approve", "note": ""}).status_code == 302
+    data = {"decision": "approve", "note": "", "shown": shown(request)}
+    assert client.post(decide, data).status_code == 302
     assert Run.objects.get(run_id=fork).status == "finished"
     assert count_effects(leaf) == {"call_1_1": 1}
     # The source's tree was not driven by its fork's: it waits as it did, nothing fired.

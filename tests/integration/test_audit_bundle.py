@@ -170,3 +170,38 @@ def test_without_a_key_the_head_is_unsigned_and_a_bad_key_is_refused(tmp_path):
         _bundle("ab-2")
     with pytest.raises(CommandError, match=r"run\.not_found"):
         _bundle("ab-none")
+
+
+def test_the_script_says_unverified_for_an_import_no_trusted_head_vouches_for(tmp_path):
+    """An imported run's chain was hashed by whoever wrote the file: a bundle marked
+    ``imported.trusted: false`` holds together and still proves nothing. The script says
+    so and exits 1, whichever of the two marks it finds."""
+    _signed_run("ab-imp")
+    out = StringIO()
+    call_command("durable_agents", "export", "ab-imp", stdout=out)  # unsigned: no site key
+    site_store().delete_run("ab-imp")
+    make_user("importer", "import_runs")
+    call_command(
+        "durable_agents", "import", "--by", "importer", "-", stdin=StringIO(out.getvalue()),
+        stdout=StringIO(),
+    )  # fmt: skip
+    bundle = _bundle("ab-imp")
+    assert bundle["imported"]["trusted"] is False and bundle["head"]["imported"]["trusted"] is False
+
+    script, box = _script(tmp_path), _sandbox(tmp_path)
+    run = f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')"
+
+    def check(data: dict) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / "bundle.json"
+        path.write_text(json.dumps(data), encoding="utf-8")
+        return _isolated(box, run, str(path))
+
+    for marked in (
+        bundle,
+        {**bundle, "imported": None},  # the head's own mark alone
+        {**bundle, "head": {k: v for k, v in bundle["head"].items() if k != "imported"}},
+    ):
+        found = check(marked)
+        assert found.returncode == 1, found.stdout + found.stderr
+        assert "UNVERIFIED" in found.stdout and "OK" not in found.stdout
+        assert "imported" in found.stdout

@@ -870,6 +870,7 @@ def test_a_tree_decided_in_the_admin_finishes_through_workers(celery):
     from django.urls import reverse
 
     from durable_agents.models import ApprovalRequest
+    from tests.support.admin_pages import shown
 
     client = staff_client(celery)
     root = new_id("atree")
@@ -880,7 +881,8 @@ def test_a_tree_decided_in_the_admin_finishes_through_workers(celery):
     wait_for(lambda: status(root) == "awaiting_approval", RUN_TIMEOUT, "the root to pause")
     request = ApprovalRequest.objects.get(run_id=leaf)
     decide = reverse("admin:durable_agents_approvalrequest_decide", args=[request.pk])
-    assert client.post(decide, {"decision": "approve", "note": ""}).status_code == 302
+    data = {"decision": "approve", "note": "", "shown": shown(request)}
+    assert client.post(decide, data).status_code == 302
     wait_for(lambda: status(root) == "finished", RUN_TIMEOUT, "the tree to finish")
     assert status(middle) == status(leaf) == "finished"
     assert count_effects(leaf) == {"call_1_1": 1}

@@ -234,7 +234,7 @@ def test_resolve_command_records_the_outcome_and_refuses_bad_input():
         )
     from django.contrib.auth.models import User
 
-    User.objects.create_user("viewer")
+    User.objects.create_user("viewer", is_staff=True)
     with pytest.raises(CommandError, match=r"actor\.forbidden"):
         call_command(
             "durable_agents", "resolve", "cmd-halt", "call_1_1", "--result", "1", "--by", "viewer"

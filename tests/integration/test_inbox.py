@@ -178,7 +178,9 @@ def test_who_may_see_the_inbox(waiting):
 
 
 def test_a_queue_row_never_offers_a_decision_on_arguments_it_cut(waiting):
-    client = client_for(make_user("ann", *APPROVER))
+    # In the quorum's group: its row is one ann may decide (the queue asks the same
+    # eligibility check as the inbox: tests/integration/test_admin_trust).
+    client = client_for(make_user("ann", *APPROVER, groups=("finance",)))
     page = text_of(client.get(reverse("admin:durable_agents_approvalrequest_changelist")))
     rows = re.findall(r"<tr>.*?</tr>", page, re.S)
     padded = next(r for r in rows if "ib-pay" in r)

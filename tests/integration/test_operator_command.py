@@ -19,6 +19,8 @@ from durable_agents.models import ActionLog, ApprovalRequest, Run
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support.agents import count_effects, gated, halting, inbox, waiting
+from tests.support.api import error, with_key
+from tests.support.people import make_user
 from tests.support.procs import ROOT, subprocess_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -213,3 +215,26 @@ def test_global_options_go_anywhere_on_the_line():
     )
     assert out.returncode == 0, out.stderr
     assert [r["run_id"] for r in json.loads(out.stdout)] == ["cmd-anywhere"]
+
+
+def test_the_command_acts_only_as_active_staff_as_the_api_does():
+    """One rule for who acts through the admin, the API and the command: an active staff
+    user. A non-staff user holding the permission is refused by both, with one code."""
+    call_id = _waiting("cmd-staff")
+    outsider = make_user("outsider", "approve_toolcall", "view_run", staff=False)
+    error(
+        with_key(outsider).post(f"/runs/cmd-staff/approvals/{call_id}", {"approved": True}),
+        403,
+        "auth.not_staff",
+    )
+    for argv in (
+        ("approve", "cmd-staff", call_id),
+        ("deny", "cmd-staff", call_id, "--note", "no"),
+        ("cancel", "cmd-staff"),
+        ("runs",),
+    ):
+        with pytest.raises(CommandError, match=r"auth\.not_staff: 'outsider' is not a staff"):
+            call_command("durable_agents", *argv, "--by", "outsider", stdout=StringIO())
+    assert Run.objects.get(run_id="cmd-staff").status == "awaiting_approval"
+    assert not ActionLog.objects.filter(run_id="cmd-staff").exists()
+    assert count_effects("cmd-staff") == {}

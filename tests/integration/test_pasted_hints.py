@@ -161,7 +161,7 @@ def test_runs_without_by_uses_the_login_name_and_says_when_it_names_nobody():
     login = hints.login_name()
     text, err = _runs()
     assert f"--by {shlex.quote(login)}" in text
-    assert "names no active user" in err and "runs --by USERNAME" in err
+    assert "names no active staff user" in err and "runs --by USERNAME" in err
     _user(login, "approve_toolcall")
     text, err = _runs()
     assert err == "" and f"--by {shlex.quote(login)}" in text

@@ -16,6 +16,7 @@ from django.urls import reverse
 import durable_agents as da
 from durable_agents.engine import registry
 from durable_agents.models import ActionLog, ApprovalRequest, Decision, Run
+from tests.support.admin_pages import shown
 from tests.support.agents import (
     count_effects,
     saga_delegator,
@@ -177,7 +178,7 @@ def test_a_saga_aborting_by_itself_withdraws_its_request_on_every_path(redeploy)
     client = Client()
     client.force_login(make_user("alice", "durable_agents.approve_toolcall"))
     url = reverse("admin:durable_agents_approvalrequest_decide", args=[req.pk])
-    response = client.post(url, {"decision": "approve"})
+    response = client.post(url, {"decision": "approve", "shown": shown(req)})
     messages = [str(m) for m in get_messages(response.wsgi_request)]
     assert any("approval.orphaned" in m for m in messages), messages
     assert Decision.objects.count() == decisions

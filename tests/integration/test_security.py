@@ -40,6 +40,7 @@ from durable_agents.models import (
     Run,
     SpentRunId,
 )
+from tests.support.admin_pages import shown
 from tests.support.agents import count_effects, gated, quorum
 from tests.support.api import API, error
 from tests.support.people import make_user, perm
@@ -468,7 +469,12 @@ def test_7_every_write_is_attributed_with_its_channel():
     client = browser(approver)
     client.get(detail)
     client.post(
-        url, {"decision": "approve", "csrfmiddlewaretoken": client.cookies["csrftoken"].value}
+        url,
+        {
+            "decision": "approve",
+            "shown": shown(request),
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
+        },
     )
     log = ActionLog.objects.get(action="approve", run_id="by-admin")
     assert (log.actor, log.channel) == ("approver", "admin")

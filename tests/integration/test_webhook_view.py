@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import secrets
 import time
 from typing import Any
 
@@ -14,8 +15,10 @@ import pytest
 from django.core.checks import run_checks
 from django.test import Client, RequestFactory
 from django.test.utils import override_settings
+from django.urls import reverse
 
 import durable_agents as da
+from durable_agents.conf import parse_webhook_secrets
 from durable_agents.models import JournalEntry, Run
 from durable_agents.webhooks import InboundWebhook, sign
 from tests.support.agents import echo
@@ -357,3 +360,46 @@ def test_the_senders_recipe_in_the_docs_signs_as_the_view_checks():
     t = int(namespace["t"])
     assert namespace["headers"]["X-Signature"] == sign(body, "d-docs", SECRET, t)
     assert deliver(body, "d-docs", signature=namespace["headers"]["X-Signature"]).status_code == 202
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("a" * 32, "has only 1 distinct character"),
+        ("ab" * 20, "has only 2 distinct characters"),
+        ("0123456789" * 4, "repeats a pattern of 10 characters"),
+        ("changeme-" * 4, "repeats a pattern of 9 characters"),
+        ([SECRET, "x" * 64], "(entry 1) is too weak"),
+    ],
+)
+def test_a_low_entropy_secret_is_refused_by_the_check_and_the_view(settings, value, problem):
+    # The URLconf builds its view once, with the tests' secret: loaded before, not under this.
+    reverse("inbound-webhook")
+    raw = {"AGENTS": ["tests.support.agents"], "DISPATCH": "inline", "WEBHOOK_SECRET": value}
+    with override_settings(DURABLE_AGENTS=raw):
+        errors = [m for m in run_checks() if m.id == "durable_agents.E001"]
+    assert [e.msg for e in errors if "WEBHOOK_SECRET" in e.msg and problem in e.msg], errors
+    settings.SHOP_WEBHOOK_SECRET = value
+    with pytest.raises(da.ConfigError, match="too weak") as weak:
+        InboundWebhook.as_view(agent="echo", secret_setting="SHOP_WEBHOOK_SECRET")
+    assert weak.value.code == "config.webhook_secret"
+    secret = value if isinstance(value, str) else value[1]
+    assert secret not in str(weak.value)  # never echoes the secret
+
+
+def test_generated_secrets_are_never_refused(settings):
+    """What the docs tell people to run, and the usual hex form, pass the rule every time
+    (2,000 of each: a refusal is a chance below 1e-7 per secret by construction)."""
+    for make in (
+        lambda: secrets.token_urlsafe(32),
+        lambda: secrets.token_hex(16),
+        lambda: secrets.token_hex(32),
+    ):
+        for _ in range(2000):
+            secret = make()
+            assert parse_webhook_secrets(secret, "S") == ((secret,), []), secret
+    settings.SHOP_WEBHOOK_SECRET = secrets.token_urlsafe(32)
+    InboundWebhook.as_view(agent="echo", secret_setting="SHOP_WEBHOOK_SECRET")
+    # Passphrases and the like pass too: the rule is about patterns, not about alphabets.
+    for fine in (SECRET, OLD_SECRET, "correct horse battery staple 2024 !"):
+        assert parse_webhook_secrets(fine, "S")[1] == [], fine

@@ -30,6 +30,7 @@ import urllib.request
 import uuid
 import zipfile
 from collections.abc import Iterator
+from html import unescape
 from pathlib import Path
 
 import psycopg
@@ -418,7 +419,10 @@ def test_a_startproject_site_runs_the_wheel_end_to_end(site: Site) -> None:
 
     _, detail = browser.get(approval_page)
     [decide] = re.findall(r'action="([^"]*decide/)"', detail)
-    status, _ = browser.post(decide, {"decision": "approve", "note": "checked the order"})
+    [shown] = re.findall(r'name="shown" value="([^"]*)"', detail)  # what the page showed
+    status, _ = browser.post(
+        decide, {"decision": "approve", "note": "checked the order", "shown": unescape(shown)}
+    )
     assert status == 200
     _wait(
         "the worker to finish the approved run",

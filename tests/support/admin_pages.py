@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 from typing import Any
 
 from django.contrib.messages import get_messages
@@ -25,3 +26,9 @@ def text_of(response: Any) -> str:
 def messages_of(response: Any) -> list[str]:
     """The messages (``django.contrib.messages``) the request left for the next page."""
     return [str(m) for m in get_messages(response.wsgi_request)]
+
+
+def shown(request: Any) -> str:
+    """The ``shown`` a decision form posts back: the arguments its page showed whole (an
+    approval request's). The decide view refuses a decision without it."""
+    return json.dumps(request.arguments, ensure_ascii=False, sort_keys=True)

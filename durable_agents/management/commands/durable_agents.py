@@ -280,9 +280,9 @@ class Command(BaseCommand):
             for line in hints.run_lines(run, by):
                 commands += hints.CLI in line
                 self.stdout.write(f"    {line}")
-        if commands and options.get("by") is None and not _is_active_user(by):
+        if commands and options.get("by") is None and not _may_act(by):
             self.stderr.write(
-                f"note: the commands above act as {by!r}, which names no active user here; "
+                f"note: the commands above act as {by!r}, which names no active staff user here; "
                 "pass runs --by USERNAME to print them for someone who may act"
             )
 
@@ -373,8 +373,8 @@ class Command(BaseCommand):
             said = [f"{len(broken)} of {len(reports)} chain(s) broken"] if broken else []
             if unverified:
                 said.append(
-                    f"{len(unverified)} of {len(reports)} chain(s) unverified (imported, and "
-                    "no head signed by a trusted key vouches for them)"
+                    f"{len(unverified)} of {len(reports)} chain(s) unverified (no signature by "
+                    "a key this site trusts vouches for them: an imported head, or a tombstone)"
                 )
             raise CommandError("; ".join(said), returncode=1)
 
@@ -575,7 +575,7 @@ def _cutoff(text: str) -> datetime:
     return value
 
 
-def _is_active_user(username: str) -> bool:
+def _may_act(username: str) -> bool:
     try:
         actor_for(username)
     except DurableAgentsError:
