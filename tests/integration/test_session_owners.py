@@ -189,13 +189,13 @@ def test_a_session_is_given_to_another_channel_by_someone_who_may_and_it_is_logg
     echo.session("old-a", channel="webhook").send_once("d-1", "hello")  # as migrated
     assert _deliver(view_a, SECRET_A, "old-a", "again", "a-1").status_code == 403
     make_user("clerk", "view_run")
-    with pytest.raises(CommandError, match="actor.forbidden"):
+    with pytest.raises(CommandError, match=r"actor\.forbidden"):
         call_command("durable_agents", "session-channel", "old-a", "x", "--by", "clerk")
     make_user("ops", "cancel_run")
     for bad in ("no spaces", "x" * 101):
-        with pytest.raises(CommandError, match="config.channel"):
+        with pytest.raises(CommandError, match=r"config\.channel"):
             call_command("durable_agents", "session-channel", "old-a", bad, "--by", "ops")
-    with pytest.raises(CommandError, match="session.not_found"):
+    with pytest.raises(CommandError, match=r"session\.not_found"):
         call_command("durable_agents", "session-channel", "nobody", "api", "--by", "ops")
     assert channel_of(site_store().get_run("old-a>session")) == "webhook"
     out = StringIO()
