@@ -43,6 +43,7 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
+from .celery.dispatch import deferred
 from .conf import DOCS_URL, get_settings, parse_webhook_secrets
 from .engine import names
 from .engine.commands.sessions import Session
@@ -242,7 +243,8 @@ class InboundWebhook(View):
             self._verify(request, delivery_id, body)
             session_id, text = self._message(request, body)
             session = Session(self._agent(), session_id, channel=str(self.channel))
-            sent = session.send_once(delivery_id, text)
+            with deferred() as late:
+                sent = session.send_once(delivery_id, text)
         except Refused as refused:
             return _answer(request, refused, delivery_id)
         except DurableAgentsError as exc:
@@ -260,6 +262,11 @@ class InboundWebhook(View):
             extra={"delivery_id": delivery_id, "run_id": sent.run_id},
         )
         body_out = {"run_id": sent.run_id, "status": sent.status, "answer": sent.answer}
+        if late:
+            # Intake and turn are committed: the delivery is accepted, and recovery hands the
+            # turn over. A retry by the sender would change nothing.
+            body_out["handover"] = "deferred"
+            body_out["note"] = str(late[0])
         return JsonResponse(body_out, status=200 if sent.status == "answered" else 202)
 
     def _agent(self) -> AgentDefinition:

@@ -22,6 +22,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 
+from ..celery.dispatch import deferred
 from ..engine import runtime
 from ..engine.approvals import NOT_SHOWN, check_may_decide, resolve_approver
 from ..engine.commands.approvals import approve
@@ -64,27 +65,23 @@ def decide_call(
     """Decide ``obj`` as the signed-in user through ``approve``. An invalid edit raises
     ``ApprovalEditInvalid`` (a form error for the caller; nothing written)."""
     try:
-        outcome = approve(
-            obj.run_id,
-            obj.call_id,
-            approved,
-            by=admin_actor(request),
-            note=note,
-            edit=edit,
-            arguments=arguments,
-        )
+        with deferred() as late:
+            outcome = approve(
+                obj.run_id,
+                obj.call_id,
+                approved,
+                by=admin_actor(request),
+                note=note,
+                edit=edit,
+                arguments=arguments,
+            )
     except ApprovalEditInvalid:
         raise
     except DurableAgentsError as exc:
         return Decided("refused", f"{exc} [{exc.code}]")
-    except Exception as exc:
-        # approve() hands the run over last, after the decision is recorded, so a broker
-        # that is down fails only that. A call that was pending and still is: a real error.
-        now = ApprovalRequest.objects.filter(pk=obj.pk).values_list("status", flat=True).first()
-        if obj.status != APPROVAL_PENDING or now in (None, APPROVAL_PENDING):
-            raise
-        recorded = f"Call {obj.call_id} of run {obj.run_id} is {now} (recorded)"
-        not_handed_over(request, recorded, exc, BY_RECOVERY)
+    if late:  # recorded, and the run queued; only the message to a worker failed
+        recorded = f"Call {obj.call_id} of run {obj.run_id} is {outcome.status} (recorded)"
+        not_handed_over(request, recorded, late[0].error, BY_RECOVERY)
         return Decided("not_handed_over", f"{recorded}; {BY_RECOVERY}")
     if obj.status != APPROVAL_PENDING:  # the same decision again: the standing one
         return Decided(

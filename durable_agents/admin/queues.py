@@ -22,6 +22,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
+from ..celery.dispatch import deferred
 from ..database.store import site_store
 from ..engine.approvals import NOT_SHOWN, arguments_digest
 from ..engine.commands.halts import resolve_halt
@@ -577,15 +578,16 @@ def halt_resolve_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str
         return halt_detail(admin, request, obj, form)
     data = form.cleaned_data
     try:
-        resolve_halt(
-            obj.run_id,
-            obj.op_id,
-            data["result"],
-            is_error=data["is_error"],
-            evidence=data["evidence"],
-            by=admin_actor(request),
-            min_age=data["min_age"],
-        )
+        with deferred() as late:
+            resolve_halt(
+                obj.run_id,
+                obj.op_id,
+                data["result"],
+                is_error=data["is_error"],
+                evidence=data["evidence"],
+                by=admin_actor(request),
+                min_age=data["min_age"],
+            )
     except DurableAgentsError as exc:
         # Said once: on the form when the page shows it (the halt is open), else as a message.
         refusal = f"Nothing was recorded: {exc} [{exc.code}]"
@@ -594,14 +596,9 @@ def halt_resolve_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str
         else:
             messages.error(request, refusal)
         return halt_detail(admin, request, obj, form)
-    except Exception as exc:
-        # resolve_halt() hands the run over last, after the outcome is recorded and the run
-        # queued, so a broker that is down fails only that. A halt still open: a real error.
-        now = Halt.objects.filter(pk=obj.pk).values_list("status", flat=True).first()
-        if obj.status != HALT_OPEN or now in (None, HALT_OPEN):
-            raise
+    if late:  # the outcome is recorded and the run queued; only the message failed
         recorded = f"The outcome of call {obj.op_id} is recorded and run {obj.run_id} queued"
-        not_handed_over(request, recorded, exc, BY_RECOVERY)
+        not_handed_over(request, recorded, late[0].error, BY_RECOVERY)
         return HttpResponseRedirect(admin_url(admin, "change", obj.pk))
     messages.success(
         request,

@@ -40,6 +40,7 @@ from django.urls import URLPattern, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from ..celery.dispatch import deferred
 from ..database import audit
 from ..database.store import site_store
 from ..engine import names, sagas
@@ -558,13 +559,14 @@ def resume_runs(request: HttpRequest, run_ids: Iterable[str]) -> tuple[list[str]
             refused.append(f"{run_id} ({'deleted' if run is None else run.status})")
             continue
         try:
-            hand_over(run_id, by=admin_actor(request), via="admin", store=store)
+            with deferred() as late:
+                hand_over(run_id, by=admin_actor(request), via="admin", store=store)
         except DurableAgentsError as exc:  # its state moved on since it was read
             refused.append(f"{run_id}: {exc}")
             continue
-        except Exception as exc:  # logged; only the hand-over failed: the broker is unreachable
+        if late:  # logged; only the message to a worker failed: the broker is unreachable
             then = BY_RECOVERY if run.status in (QUEUED, RUNNING) else BY_RESUME
-            not_handed_over(request, f"The resume of run {run_id} is logged", exc, then)
+            not_handed_over(request, f"The resume of run {run_id} is logged", late[0].error, then)
             continue
         resumed.append(run_id)
     return resumed, refused

@@ -24,6 +24,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from .. import hints
+from ..celery.dispatch import deferred
 from ..engine import names
 from ..engine.commands.timers import wake_timer
 from ..engine.commands.waits import answer_interrupt
@@ -285,14 +286,15 @@ def answer_view(
         )
         return answer_page(admin, request, run, wait, form)
     try:
-        outcome = answer_interrupt(
-            run.run_id,
-            name,
-            form.value(),
-            by=admin_actor(request),
-            # The engine checks it against its own read too: a change after this one.
-            prompt=wait.prompt if shown else None,
-        )
+        with deferred() as late:
+            outcome = answer_interrupt(
+                run.run_id,
+                name,
+                form.value(),
+                by=admin_actor(request),
+                # The engine checks it against its own read too: a change after this one.
+                prompt=wait.prompt if shown else None,
+            )
     except InterruptAnswerInvalid as exc:  # bad input: a form error, nothing written
         problems = (getattr(exc, "details", None) or {}).get("problems") or [str(exc)]
         for problem in problems:
@@ -301,12 +303,8 @@ def answer_view(
     except DurableAgentsError as exc:
         messages.error(request, f"Nothing was recorded: {exc} [{exc.code}]")
         return HttpResponseRedirect(back)
-    except Exception as exc:
-        # answer_interrupt() hands the run over last, after the answer is journaled and the
-        # run queued: a broker that is down fails only that. No answer recorded: a real error.
-        if _question(run.run_id, name) is not None:
-            raise
-        not_handed_over(request, f"The answer to {name!r} is recorded", exc, BY_RECOVERY)
+    if late:  # the answer is journaled and the run queued; only the message failed
+        not_handed_over(request, f"The answer to {name!r} is recorded", late[0].error, BY_RECOVERY)
         return HttpResponseRedirect(back)
     if outcome.recorded:
         messages.success(
@@ -331,16 +329,13 @@ def wake_view(
     run_id = unquote(object_id)
     back = _back(admin, request, run_id)
     try:
-        outcome = wake_timer(run_id, name, by=admin_actor(request))
+        with deferred() as late:
+            outcome = wake_timer(run_id, name, by=admin_actor(request))
     except DurableAgentsError as exc:
         messages.error(request, f"Not woken: {exc} [{exc.code}]")
         return HttpResponseRedirect(back)
-    except Exception as exc:
-        # wake_timer() hands the run over last, after its record and the run queued.
-        rec = JournalEntry.objects.filter(run_id=run_id, name=names.waited(name)).exists()
-        if not rec:
-            raise
-        not_handed_over(request, f"Timer {name!r} is woken (recorded)", exc, BY_RECOVERY)
+    if late:  # woken (recorded) and the run queued; only the message failed
+        not_handed_over(request, f"Timer {name!r} is woken (recorded)", late[0].error, BY_RECOVERY)
         return HttpResponseRedirect(back)
     if outcome.recorded:
         messages.success(

@@ -9,27 +9,21 @@ import hashlib
 import html
 import json
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from celery import Celery
-from celery import _state as celery_state
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from django.conf import settings
 from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Group, User
 from django.db import connection
-from django.test.utils import CaptureQueriesContext, override_settings
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
 import durable_agents as da
-import durable_agents.tasks  # registers drive_run with the Celery app of broker_down
 from durable_agents.database.store import DjangoStore
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import RunInfo
@@ -46,6 +40,7 @@ from durable_agents.models import (
 )
 from tests.support.admin_pages import client_for, messages_of, shown, text_of
 from tests.support.agents import count_effects, echo, gated, halting, quorum
+from tests.support.broker import broker_down
 from tests.support.journals import journal
 from tests.support.people import make_user
 from tests.support.procs import drive_in_child
@@ -836,35 +831,6 @@ def test_approver_keys_must_be_32_byte_base64():
 
 
 # -- a broker that is down ----------------------------------------------------------------
-
-
-@contextmanager
-def broker_down() -> Iterator[None]:
-    """Dispatch through Celery to a broker nothing listens on (port 1), failing at once: the
-    test's app is current and default (as in tests/browser/conftest.py), without retries."""
-    previous_current = celery_state._tls.current_app
-    previous_default = celery_state.default_app
-    broker = "redis://127.0.0.1:1/0"
-    app = Celery("da-tests-broker-down", broker=broker, set_as_current=True)
-    app.conf.update(
-        broker_connection_timeout=1,
-        broker_connection_max_retries=0,
-        task_publish_retry=False,
-        task_ignore_result=True,
-    )
-    app.set_default()
-    dispatch = override_settings(
-        DURABLE_AGENTS={**settings.DURABLE_AGENTS, "DISPATCH": "celery"},
-        CELERY_BROKER_URL=broker,
-    )
-    dispatch.enable()
-    try:
-        yield
-    finally:
-        dispatch.disable()
-        app.close()
-        celery_state.set_default_app(previous_default)
-        celery_state._set_current_app(previous_current)
 
 
 @pytest.mark.timeout(30)
