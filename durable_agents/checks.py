@@ -10,6 +10,10 @@ Each kind of problem has its own id, so a deployment can silence one kind
   ``CELERY_QUEUE`` (no worker would consume recovery passes).
 * ``durable_agents.W002`` — ``DISPATCH`` is ``"celery"`` but ``CELERY_BROKER_URL`` is not set
   (Celery would quietly try ``amqp://guest@localhost``).
+* ``durable_agents.E007`` — ``DISPATCH`` is ``"celery"`` but this process has no Celery app of
+  the site's (the README's ``mysite/__init__.py`` block is missing: hand-overs would go to
+  Celery's default broker, where no worker listens), or its app sends to another broker than
+  ``CELERY_BROKER_URL`` (it is not configured from the Django settings).
 * ``durable_agents.W003`` — runs have waited in the queue for several recovery intervals with
   no driver (``queue_health``): likely no worker consumes ``CELERY_QUEUE``. It reads the
   database, so it runs with ``manage.py check --database default`` (and ``migrate``).
@@ -119,6 +123,48 @@ def _check_agents(paths: tuple[str, ...]) -> list[checks.CheckMessage]:
     return found
 
 
+def _check_site_app() -> list[checks.CheckMessage]:
+    """The app hand-overs are sent with must be the site's, on the workers' broker."""
+    from .celery.site_app import site_app
+
+    app = site_app()
+    if app is None:
+        return [
+            checks.Error(
+                "DURABLE_AGENTS['DISPATCH'] is 'celery' but no Celery app of this site is "
+                "loaded in this process: runs would be handed to Celery's default app "
+                "(broker amqp://guest@localhost), where no worker listens, and would move only "
+                "at the next recovery pass",
+                hint="Load the site's Celery app whenever Django starts: the README's "
+                "mysite/__init__.py block (from .celery import app as celery_app; __all__ = "
+                f"('celery_app',)). {CELERY_HINT}",
+                id="durable_agents.E007",
+            )
+        ]
+    wanted = getattr(django_settings, "CELERY_BROKER_URL", None)
+    sends_to = app.conf.broker_url
+    if wanted and sends_to != wanted:
+        return [
+            checks.Error(
+                f"this process hands runs over with the Celery app {app.main!r}, whose broker "
+                f"is {_safe_url(sends_to)!r}, but CELERY_BROKER_URL is {_safe_url(wanted)!r}: "
+                "workers started with `celery -A <your site>` would not see the messages",
+                hint="Configure the app from the Django settings, as the README's "
+                "mysite/celery.py block does: app.config_from_object('django.conf:settings', "
+                f"namespace='CELERY'). {CELERY_HINT}",
+                id="durable_agents.E007",
+            )
+        ]
+    return []
+
+
+def _safe_url(url: Any) -> str:
+    """A broker URL as a check may print it: without its password."""
+    from kombu.utils.url import maybe_sanitize_url
+
+    return str(maybe_sanitize_url(str(url)))
+
+
 def _check_celery(settings: conf.Settings) -> list[checks.CheckMessage]:
     if settings.dispatch != "celery":
         return []
@@ -132,6 +178,7 @@ def _check_celery(settings: conf.Settings) -> list[checks.CheckMessage]:
                 id="durable_agents.W002",
             )
         )
+    found += _check_site_app()
     schedule = getattr(django_settings, "CELERY_BEAT_SCHEDULE", None) or {}
     for key, entry in schedule.items() if isinstance(schedule, dict) else ():
         if not isinstance(entry, dict) or entry.get("task") != RECOVER_TASK:

@@ -67,12 +67,14 @@ def enqueue(run_id: str) -> None:
 
 def send_to_celery(run_id: str) -> None:
     from ..telemetry import handover_headers
-    from .tasks import drive_run
+    from .site_app import task
+    from .tasks import DRIVE_RUN
 
     settings = get_settings()
     # With telemetry on, the worker's drive links to the span that handed the run over.
     headers = handover_headers()
     try:
+        drive_run = task(DRIVE_RUN)  # the site's app, from any thread
         if headers:
             drive_run.apply_async(args=[run_id], queue=settings.celery_queue, headers=headers)
         else:

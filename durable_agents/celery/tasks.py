@@ -27,12 +27,16 @@ from ..conf import get_settings
 from ..engine.commands import runs
 from ..engine.errors import DurableAgentsError, Pause
 from ..telemetry import HEADER, handed_over
+from .site_app import task
 
 log = logging.getLogger("durable_agents.tasks")
 
 
+DRIVE_RUN = "durable_agents.tasks.drive_run"
+
+
 @shared_task(  # type: ignore[untyped-decorator]
-    name="durable_agents.tasks.drive_run",
+    name=DRIVE_RUN,
     bind=True,
     acks_late=True,
     reject_on_worker_lost=True,
@@ -86,7 +90,7 @@ def _drive_at(run_id: str, wake_ms: int) -> None:
     eta = datetime.fromtimestamp(int(wake_ms) / 1000, tz=UTC)
     if (eta - datetime.now(UTC)).total_seconds() > ETA_HORIZON:
         return
-    drive_run.apply_async(args=[run_id], queue=get_settings().celery_queue, eta=eta)
+    task(DRIVE_RUN).apply_async(args=[run_id], queue=get_settings().celery_queue, eta=eta)
 
 
 @shared_task(name="durable_agents.tasks.wake_timers", ignore_result=True)  # type: ignore[untyped-decorator]
