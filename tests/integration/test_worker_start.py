@@ -75,3 +75,51 @@ def test_a_worker_with_a_misspelled_agent_path_exits_before_consuming(celery):
     )
     assert Run.objects.get(run_id=run_id).answer == ANSWER
     assert good.alive()
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_started_before_migrate_says_so_once_and_starts_once_migrated(celery):
+    """Issue 44, item 4: before this, the worker said ``ready.`` and then printed a
+    ``ProgrammingError`` traceback every few seconds."""
+    import subprocess
+    import sys
+    import time
+
+    import psycopg
+    from django.db import connections
+
+    from tests.support.procs import ROOT, subprocess_env
+
+    target, procs = celery
+    name = f"da_unmigrated_{uuid.uuid4().hex[:8]}"
+    params = connections["default"].settings_dict
+    admin = psycopg.connect(
+        dbname="postgres", user=params["USER"], host=params["HOST"], port=params["PORT"]
+    )
+    admin.autocommit = True
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        worker = procs.worker(DA_PG_NAME=name)
+        said = "the database is not migrated"
+        log = worker.wait_for_log(said, 60)
+        assert "python manage.py migrate" in log, log
+        time.sleep(6)  # more than one look again: each one quiet
+        log = worker.log()
+        assert log.count(said) == 1 and "Traceback" not in log and "ready." not in log, log
+        migrate = subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput"],
+            cwd=ROOT,
+            env=subprocess_env(DA_PG_NAME=name),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert migrate.returncode == 0, migrate.stderr
+        worker.wait_ready(60)
+        log = worker.log()
+        assert "the database is migrated; this worker starts" in log
+        assert "Traceback" not in log, log
+    finally:
+        procs.kill_all()
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
