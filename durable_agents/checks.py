@@ -14,6 +14,10 @@ Each kind of problem has its own id, so a deployment can silence one kind
   the site's (the README's ``mysite/__init__.py`` block is missing: hand-overs would go to
   Celery's default broker, where no worker listens), or its app sends to another broker than
   ``CELERY_BROKER_URL`` (it is not configured from the Django settings).
+* ``durable_agents.E008`` — a webhook cannot verify deliveries: ``WEBHOOK_SECRET`` (or the
+  setting a view's ``secret_setting`` names) is missing, short or weak. The view answers 503
+  until it is fixed. While ``migrate`` runs (checks given a database) it is the warning
+  ``durable_agents.W008``: a deploy may migrate before its secrets are in place.
 * ``durable_agents.W003`` — runs have waited in the queue for several recovery intervals with
   no driver (``queue_health``): likely no worker consumes ``CELERY_QUEUE``. It reads the
   database, so it runs with ``manage.py check --database default`` (and ``migrate``).
@@ -63,6 +67,63 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     if problems:
         return [checks.Error(p, hint=SETTINGS_HINT, id="durable_agents.E001") for p in problems]
     return [*_check_agents(settings.agents), *_check_celery(settings), *_check_pooler(settings)]
+
+
+@checks.register(checks.Tags.urls)
+def check_webhooks(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Every mounted ``InboundWebhook`` has a usable secret, and so has ``WEBHOOK_SECRET``
+    when it is set at all."""
+    settings, problems = conf.parse(getattr(django_settings, "DURABLE_AGENTS", None))
+    if problems:
+        return []  # E001 says what to fix first
+    found: dict[str, str] = {}  # problem -> where
+    if settings.webhook_secret_problem:
+        found[settings.webhook_secret_problem] = ""
+    for path, view in _webhook_views():
+        from .webhooks import secret_problem
+
+        problem = secret_problem(view)
+        if problem:
+            found[problem] = found.get(problem) or path
+    # Under migrate a deploy may not have its secrets yet: said, not stopped.
+    migrating = databases is not None
+    level, ident = (checks.Warning, "W008") if migrating else (checks.Error, "E008")
+    return [
+        level(
+            problem + (f" (the webhook at /{path} answers 503 until it is fixed)" if path else ""),
+            hint="Read the secret from the environment and share it with the sender: "
+            f"{conf.DOCS_URL}sessions.md#the-webhook-view",
+            id=f"durable_agents.{ident}",
+        )
+        for problem, path in found.items()
+    ]
+
+
+def _webhook_views() -> list[tuple[str, Any]]:
+    """(route, view) of every ``InboundWebhook`` the URLconf mounts. A URLconf that does not
+    import is Django's own check's to report."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    from .webhooks import InboundWebhook
+
+    out: list[tuple[str, Any]] = []
+
+    def walk(patterns: Any, prefix: str) -> None:
+        for item in patterns:
+            if isinstance(item, URLResolver):
+                walk(item.url_patterns, prefix + str(item.pattern))
+            elif isinstance(item, URLPattern):
+                view_class = getattr(item.callback, "view_class", None)
+                if isinstance(view_class, type) and issubclass(view_class, InboundWebhook):
+                    out.append((prefix + str(item.pattern), item.callback))
+
+    try:
+        walk(get_resolver().url_patterns, "")
+    except Exception:
+        return []
+    return out
 
 
 @checks.register(checks.Tags.database)

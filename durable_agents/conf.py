@@ -104,6 +104,10 @@ class Settings:
     # The shared secrets inbound webhooks are signed with (``durable_agents.webhooks``); more
     # than one while a sender rotates its secret. Empty: no webhook view can be built.
     webhook_secrets: tuple[str, ...] = ()
+    # Why ``WEBHOOK_SECRET`` is unusable ("": it is fine or unset). Not an E001: the rest of
+    # the site works without it, and ``migrate`` must run before secrets are in place; the
+    # check durable_agents.E008 reports it, and a webhook answers 503 meanwhile.
+    webhook_secret_problem: str = ""
     # Ed25519 public keys (raw 32 bytes, base64) whose signed heads vouch for an imported
     # run's chain (docs/audit.md, "Imported runs"); the site's own signing key counts too.
     trusted_audit_keys: tuple[str, ...] = ()
@@ -292,7 +296,7 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
     secrets, secret_problems = parse_webhook_secrets(
         values.get("webhook_secrets"), "DURABLE_AGENTS['WEBHOOK_SECRET']"
     )
-    problems += secret_problems
+    values["webhook_secret_problem"] = secret_problems[0] if secret_problems else ""
     values["webhook_secrets"] = secrets
     values["trusted_audit_keys"] = _parse_trusted_keys(values.get("trusted_audit_keys"), problems)
 

@@ -9,9 +9,10 @@ Mount it with the agent it talks to::
     urlpatterns += [path("webhooks/inbound/", InboundWebhook.as_view(agent="support"))]
 
 The secret is ``DURABLE_AGENTS["WEBHOOK_SECRET"]`` (or the Django setting ``secret_setting``
-names), checked when the view is built, so a missing or short secret stops the site at
-startup, never a request. The view answers 202 at once (200 with the answer when the
-delivery was already answered); it never holds the request while the model thinks.
+names). A missing, short or weak one is the system check ``durable_agents.E008`` (``check``,
+``runserver``, a worker's start), and deliveries get a 503 the sender retries meanwhile.
+The view answers 202 at once (200 with the answer when the delivery was already answered);
+it never holds the request while the model thinks.
 
 The sender's scheme (docs/sessions.md): headers ``X-Delivery-Id: <id>`` and ``X-Signature:
 t=<unix seconds>,v1=<hex>``, ``<hex>`` the HMAC-SHA256 of ``<t>.<delivery id>.<raw body>``;
@@ -218,8 +219,9 @@ class InboundWebhook(View):
         initkwargs["channel"] = names.validate_session_channel(
             initkwargs.get("channel", cls.channel) or default_channel(secret_setting)
         )
-        if settings_valid:
-            _secrets(secret_setting)  # a missing or short secret stops the site here
+        # A missing, short or weak secret is the system check's (durable_agents.E008), not
+        # a traceback from urls.py that would stop every command, migrate included: secrets
+        # often reach a deploy after its migrations. Deliveries get a 503 meanwhile.
         return super().as_view(**initkwargs)
 
     # -- handling ----------------------------------------------------------------------
@@ -434,10 +436,23 @@ def _resolve_agent(agent: Any, load: bool = True) -> AgentDefinition | str:
     return found
 
 
+def secret_problem(view: Any) -> str:
+    """Why a built webhook view (its ``as_view()`` function) cannot verify deliveries with
+    the settings as they are now; "" when it can. For the system check."""
+    try:
+        _secrets(view.view_initkwargs.get("secret_setting", view.view_class.secret_setting))
+    except ConfigError as exc:
+        return str(exc)
+    return ""
+
+
 def _secrets(setting: str | None) -> tuple[str, ...]:
     """The webhook's secrets; ``ConfigError`` naming the setting if none is usable."""
     if setting is None:
-        secrets = get_settings().webhook_secrets
+        settings = get_settings()
+        if settings.webhook_secret_problem:
+            raise ConfigError(settings.webhook_secret_problem, code="config.webhook_secret")
+        secrets = settings.webhook_secrets
         where = "DURABLE_AGENTS['WEBHOOK_SECRET']"
     else:
         where = f"settings.{setting}"

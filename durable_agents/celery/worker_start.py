@@ -30,10 +30,11 @@ from django.core import checks
 
 def worker_errors() -> list[checks.CheckMessage]:
     """This app's check messages at ``ERROR`` or above that a worker must not start with."""
-    from ..checks import check_settings
+    from ..checks import check_settings, check_webhooks
 
     silenced = set(getattr(django_settings, "SILENCED_SYSTEM_CHECKS", ()))
-    return [m for m in check_settings() if m.is_serious() and m.id not in silenced]
+    found = [*check_settings(), *check_webhooks()]
+    return [m for m in found if m.is_serious() and m.id not in silenced]
 
 
 def report(errors: list[checks.CheckMessage]) -> str:

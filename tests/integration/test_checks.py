@@ -4,6 +4,7 @@ under its own stable id; and the beat entry built from the settings."""
 from __future__ import annotations
 
 import pytest
+from django.conf import settings as django_settings
 from django.core.checks import run_checks
 from django.test.utils import override_settings
 
@@ -19,7 +20,13 @@ def _ours(**settings):
 
 
 def _agents(*paths: str) -> dict:
-    return {"DURABLE_AGENTS": {"AGENTS": list(paths), "DISPATCH": "inline"}}
+    # The suite's webhook secret: the URLconf mounts a webhook, which E008 would report.
+    return {"DURABLE_AGENTS": _secret({"AGENTS": list(paths), "DISPATCH": "inline"})}
+
+
+def _secret(raw: dict) -> dict:
+    """``raw`` with the suite's webhook secret: the URLconf mounts a webhook (E008 else)."""
+    return {**raw, "WEBHOOK_SECRET": django_settings.DURABLE_AGENTS["WEBHOOK_SECRET"]}
 
 
 def test_the_suite_settings_are_clean():
@@ -100,7 +107,7 @@ def test_beat_schedule_sweeps_timers_on_its_own_interval():
 def test_a_beat_entry_on_another_queue_is_a_warning():
     stale = beat_schedule({"CELERY_QUEUE": "old-queue"})
     [warning] = _ours(
-        DURABLE_AGENTS={"DISPATCH": "celery", "CELERY_QUEUE": "agents"},
+        DURABLE_AGENTS=_secret({"DISPATCH": "celery", "CELERY_QUEUE": "agents"}),
         CELERY_BROKER_URL="redis://127.0.0.1:6379/9",
         CELERY_BEAT_SCHEDULE=stale,
     )
@@ -109,7 +116,7 @@ def test_a_beat_entry_on_another_queue_is_a_warning():
     fresh = beat_schedule({"CELERY_QUEUE": "agents"})
     assert (
         _ours(
-            DURABLE_AGENTS={"DISPATCH": "celery", "CELERY_QUEUE": "agents"},
+            DURABLE_AGENTS=_secret({"DISPATCH": "celery", "CELERY_QUEUE": "agents"}),
             CELERY_BROKER_URL="redis://127.0.0.1:6379/9",
             CELERY_BEAT_SCHEDULE=fresh,
         )
@@ -118,7 +125,7 @@ def test_a_beat_entry_on_another_queue_is_a_warning():
 
 
 def test_celery_dispatch_without_a_broker_is_a_warning():
-    with override_settings(DURABLE_AGENTS={"DISPATCH": "celery"}):
+    with override_settings(DURABLE_AGENTS=_secret({"DISPATCH": "celery"})):
         from django.conf import settings
 
         del settings.CELERY_BROKER_URL

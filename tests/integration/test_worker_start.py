@@ -90,7 +90,7 @@ def test_a_worker_started_before_migrate_says_so_once_and_starts_once_migrated(c
 
     from tests.support.procs import ROOT, subprocess_env
 
-    target, procs = celery
+    _target, procs = celery
     name = f"da_unmigrated_{uuid.uuid4().hex[:8]}"
     params = connections["default"].settings_dict
     admin = psycopg.connect(
