@@ -4,15 +4,15 @@ Run ids the engine derives contain ``>`` and ``/`` (``chat-42>turn/3``): unquote
 a shell redirect. Every argument goes through ``shlex.quote``, every command starts the way
 it is run (``python manage.py durable_agents …``) and carries ``--by`` with a username.
 
-What only a person can supply stays a visible placeholder in capitals — ``--value JSON``,
-``--payload JSON``, ``--result JSON`` (the outcome of a halted call), ``KEY`` (a channel
-message's dedupe key) — which the command refuses as it stands (``not valid JSON``), never
-guesses. Everything else in a hint is filled in.
+What only a person can supply stays a placeholder in angle brackets, quoted so the shell
+passes it as it is — ``--value '<json>'``, ``--payload '<json>'``, ``--result '<json>'`` (the
+outcome of a halted call), ``'<key>'`` (a channel message's dedupe key), and ``--by '<you>'``
+when ``runs`` was not told who acts — which the command refuses as it stands (``not valid
+JSON``, ``a placeholder``, ``actor.unknown``), never guesses. Everything else is filled in.
 """
 
 from __future__ import annotations
 
-import getpass
 import json
 import shlex
 from typing import Any
@@ -20,8 +20,10 @@ from typing import Any
 from .engine.ports import FAILED
 
 CLI = "python manage.py durable_agents"
-JSON = "JSON"  # placeholder: a JSON value only a person can give
-KEY = "KEY"  # placeholder: a channel message's dedupe key
+JSON = "'<json>'"  # placeholder: a JSON value only a person can give
+KEY = "'<key>'"  # placeholder: a channel message's dedupe key
+YOU = "<you>"  # placeholder: who acts, when ``runs`` was not told (quoted by ``command``)
+PLACEHOLDERS = frozenset({"<json>", "<key>", YOU})  # as the shell passes them on
 
 
 def command(action: str, *args: str, by: str, placeholders: tuple[str, ...] = ()) -> str:
@@ -29,15 +31,6 @@ def command(action: str, *args: str, by: str, placeholders: tuple[str, ...] = ()
     argument shell-quoted (``placeholders`` are written as they are)."""
     quoted = [shlex.quote(a) for a in (action, *args)]
     return " ".join([CLI, *quoted, *placeholders, "--by", shlex.quote(by)])
-
-
-def login_name() -> str:
-    """Who the printed commands act as when ``runs`` is given no ``--by``: the login name
-    (``USER`` when the process has none, as in some containers)."""
-    try:
-        return getpass.getuser() or "USER"
-    except (KeyError, OSError):  # no passwd entry and no LOGNAME/USER variable
-        return "USER"
 
 
 def run_lines(run: Any, by: str) -> list[str]:
@@ -88,7 +81,7 @@ def wait_lines(run_id: str, wait: Any, by: str) -> list[str]:
         ]
     if wait.kind == "channel":
         return [
-            f"{where} awaits a message; give it a key of its own (KEY) and a JSON payload",
+            f"{where} awaits a message; give it a key of its own and a JSON payload",
             "  send: "
             + command("send", run_id, wait.name, by=by, placeholders=(KEY, "--payload", JSON)),
         ]

@@ -7,4 +7,11 @@ keys), ``timeline`` (the journal as the run page shows it) and ``base`` (what th
 Importing the package registers every model admin. See docs/admin.md.
 """
 
+from django.contrib import admin
+
 from . import actions, inbox, keys, limits, queues, runs  # noqa: F401  (each registers its model admins)
+
+# The index's app list names what waits ("Inbox (6)"), as the app's own index does; a site
+# that set an index template of its own keeps it (its template can load the same tag).
+if admin.site.index_template is None:
+    admin.site.index_template = "admin/durable_agents/index.html"

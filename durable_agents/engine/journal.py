@@ -274,7 +274,7 @@ class Journal:
                 "caller. Check what really happened, then record it (the step's value, as "
                 f"JSON) in the admin, with durable_agents.resolve_halt({run_id!r}, {op!r}, "
                 "<value>, by=<username>) in Python, or with: python manage.py durable_agents "
-                f"resolve {shlex.quote(run_id)} {shlex.quote(op)} --result JSON --by USER",
+                f"resolve {shlex.quote(run_id)} {shlex.quote(op)} --result '<json>' --by '<you>'",
                 run_id=run_id,
                 halts=[op],
                 cause=cause,

@@ -245,6 +245,8 @@ def test_pending_counts_on_the_index_and_the_app_list_show_only_what_the_user_ma
     assert "Runs (1 awaiting input)" in app
     assert "Inbox (4)" in app  # everything waiting on a person, in one place
     assert "/admin/durable_agents/inbox/" in index
+    # The site's index lists the same counts in its app list (docs/admin.md).
+    assert "Inbox (4)" in index and "Tool calls awaiting approval (2)" in index
 
     # An approver sees the approvals only.
     approver = client_for(make_user("alice", APPROVE))

@@ -276,7 +276,8 @@ def test_a_run_waiting_on_a_channel_in_the_queue_and_its_messages_on_the_run_pag
     # No form: the message comes from outside, and the queue says from where.
     assert "POST /runs/ch-1/channels/replies/messages" in flat
     assert (
-        "python manage.py durable_agents send ch-1 replies KEY --payload JSON --by viewer" in flat
+        "python manage.py durable_agents send ch-1 replies '<key>' --payload '<json>' --by viewer"
+        in flat
     )
     assert "da-answer" not in queue and "No run awaits input." not in queue
 

@@ -104,11 +104,11 @@ def test_runs_prints_the_right_hint_for_each_kind_of_wait():
     call_command("durable_agents", "runs", "--by", "ops", stdout=out)
     text = out.getvalue()
     cli = "python manage.py durable_agents"
-    assert f"{cli} answer cmd-ask warehouse --value JSON --by ops" in text
-    assert f"{cli} signal cmd-pay paid --payload JSON --by ops" in text
+    assert f"{cli} answer cmd-ask warehouse --value '<json>' --by ops" in text
+    assert f"{cli} signal cmd-pay paid --payload '<json>' --by ops" in text
     assert "awaits a signal; times out at" in text
     assert f"{cli} wake cmd-nap cool-off --by ops" in text
-    assert f"{cli} send cmd-read box KEY --payload JSON --by ops" in text
+    assert f"{cli} send cmd-read box '<key>' --payload '<json>' --by ops" in text
     assert f"{cli} resolve {halted} " in text
     # A wait is never offered the halt's command, nor a halt a wait's.
     commands = [line.strip() for line in text.splitlines() if cli in line]

@@ -3,7 +3,7 @@
 Each run below waits on something different, under an id the engine derives (``>`` and
 ``/`` in it: a shell redirect when unquoted). The test takes every printed command, splits it
 as a shell would (``shlex.split``), fills in only the capitalised placeholders a person must
-supply (``JSON``, ``KEY``) and runs it with ``call_command`` against the real database; each
+supply (``'<json>'``, ``'<key>'``) and runs it with ``call_command`` against the real database; each
 run must then finish. ``resume`` is also checked on its own: a run failed by a misspelled
 ``AGENTS`` path is resumed once the setting is fixed.
 """
@@ -20,7 +20,6 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 import durable_agents as da
-from durable_agents import hints
 from durable_agents.models import ActionLog, Run
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
@@ -33,10 +32,10 @@ BAD_PATH = "tests.support.no_such_module.agent"  # a misspelled AGENTS entry
 
 # What a person types in place of each placeholder, by subcommand.
 FILLS = {
-    "answer": {"JSON": '"HAM"'},
-    "signal": {"JSON": '{"paid": 500}'},
-    "send": {"KEY": "m-1", "JSON": '"stop"'},
-    "resolve": {"JSON": '{"charged": true}'},
+    "answer": {"<json>": '"HAM"'},
+    "signal": {"<json>": '{"paid": 500}'},
+    "send": {"<key>": "m-1", "<json>": '"stop"'},
+    "resolve": {"<json>": '{"charged": true}'},
 }
 
 
@@ -156,18 +155,29 @@ def test_every_printed_command_runs_when_pasted(settings):
     assert {"resume"} <= logged
 
 
-def test_runs_without_by_uses_the_login_name_and_says_when_it_names_nobody():
+def test_runs_without_by_prints_a_placeholder_that_a_paste_cannot_act_as():
     _pause(da.ApprovalPending, gated.session("hint-login").send, "refund order 7")
-    login = hints.login_name()
     text, err = _runs()
-    assert f"--by {shlex.quote(login)}" in text
-    assert "names no active staff user" in err and "runs --by USERNAME" in err
-    _user(login, "approve_toolcall")
-    text, err = _runs()
-    assert err == "" and f"--by {shlex.quote(login)}" in text
+    assert "--by '<you>'" in text
+    assert "replace <you>" in err and "runs --by USERNAME" in err
     [approve, _deny] = printed_commands(text)
-    assert "approved" in paste(approve)
+    # Pasted as printed, every placeholder is refused by name, and nothing is decided.
+    with pytest.raises(CommandError, match=r"<you> \(by\) is a placeholder"):
+        paste(approve)
+    assert Run.objects.get(run_id="hint-login>turn/1").status == "awaiting_approval"
+    _user("ops", "approve_toolcall")
+    assert "approved" in paste(approve.replace("'<you>'", "ops"))
     assert Run.objects.get(run_id="hint-login>turn/1").status == "finished"
+
+
+def test_a_pasted_placeholder_is_refused_by_name():
+    _pause(da.Pause, inbox.session("hint-key").send, "read")
+    _user("ops", superuser=True)
+    [send] = [c for c in printed_commands(_runs("--by", "ops")[0]) if " send " in c]
+    argv = shlex.split(send)[2:]
+    with pytest.raises(CommandError, match=r"<key> \(key\) is a placeholder"):
+        call_command(*argv, stdout=StringIO())
+    assert not ActionLog.objects.filter(action="enqueue").exists()
 
 
 def test_runs_refuses_a_by_that_names_nobody():
@@ -238,10 +248,11 @@ def test_the_command_a_halted_journal_step_names_runs_when_pasted():
         journal.step(run_id, "charge", charge)
     said = str(halted.value)
     command = said[said.index(PREFIX) :]
-    _user("USER", "resolve_halt", "cancel_run")  # the placeholder, as a username here
+    _user("ops", "resolve_halt", "cancel_run")
     argv = shlex.split(command)
     assert argv[3:5] == ["resolve", run_id], command
-    call_command(*[a if a != "JSON" else '{"charged": true}' for a in argv[2:]], stdout=StringIO())
+    fill = {"<json>": '{"charged": true}', "<you>": "ops"}
+    call_command(*[fill.get(a, a) for a in argv[2:]], stdout=StringIO())
     assert journal.step(run_id, "charge", charge) == {"charged": True}
     with pytest.raises(CommandError, match="not an agent run"):
-        call_command("durable_agents", "resume", run_id, "--by", "USER")
+        call_command("durable_agents", "resume", run_id, "--by", "ops")

@@ -245,6 +245,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
+        for name, value in options.items():
+            if isinstance(value, str) and value in hints.PLACEHOLDERS:
+                raise CommandError(
+                    f"{value} ({name}) is a placeholder the printed command left for you: "
+                    "replace it with the real value"
+                )
         try:
             getattr(self, f"_{action.replace('-', '_')}")(options)
         except DurableAgentsError as exc:
@@ -272,7 +278,7 @@ class Command(BaseCommand):
         if not runs:
             self.stdout.write("no stalled runs" if options["stalled"] else "no unfinished runs")
             return
-        by = options.get("by") or hints.login_name()
+        by = options.get("by") or hints.YOU
         commands = 0
         for run in runs:
             tries = f", {run.attempts} failed attempt(s)" if run.attempts else ""
@@ -280,10 +286,10 @@ class Command(BaseCommand):
             for line in hints.run_lines(run, by):
                 commands += hints.CLI in line
                 self.stdout.write(f"    {line}")
-        if commands and options.get("by") is None and not _may_act(by):
+        if commands and options.get("by") is None:
             self.stderr.write(
-                f"note: the commands above act as {by!r}, which names no active staff user here; "
-                "pass runs --by USERNAME to print them for someone who may act"
+                f"note: replace {hints.YOU} in the commands above with your username, or run "
+                "`python manage.py durable_agents runs --by USERNAME` to print them for you"
             )
 
     def _recover(self, options: dict[str, Any]) -> None:
@@ -573,14 +579,6 @@ def _cutoff(text: str) -> datetime:
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value
-
-
-def _may_act(username: str) -> bool:
-    try:
-        actor_for(username)
-    except DurableAgentsError:
-        return False
-    return True
 
 
 def _json_option(options: dict[str, Any], name: str) -> Any:
