@@ -66,6 +66,7 @@ from .engine.identity import Actor
 from .engine.journal import Journal
 from .engine.replay import ReplayReport, replay
 from .engine.replay_model import ReplayModel
+from .engine.rules import Deadline, Rule, RuleContext, Rules, allow, arg, ask
 from .engine.staff import ask_staff
 from .engine.steps import Comparison, Step, as_of, compare, history
 from .engine.tools import Tool, ToolContext, tool
@@ -91,6 +92,7 @@ __all__ = [
     "ChildPending",
     "Comparison",
     "ConfigError",
+    "Deadline",
     "DurableAgentsError",
     "HaltAlreadyResolved",
     "HaltInFlight",
@@ -116,6 +118,9 @@ __all__ = [
     "ReplayModel",
     "ReplayReport",
     "ResumeToolMissing",
+    "Rule",
+    "RuleContext",
+    "Rules",
     "RunBusy",
     "RunResult",
     "SagaAborted",
@@ -136,9 +141,12 @@ __all__ = [
     "WaitNotRetrySafe",
     "WaitOutcome",
     "WakeOutcome",
+    "allow",
     "answer_interrupt",
     "approve",
+    "arg",
     "as_of",
+    "ask",
     "ask_staff",
     "cancel",
     "compare",

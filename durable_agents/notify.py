@@ -19,6 +19,7 @@ from django.core import mail
 from django.urls import reverse
 
 from .conf import get_settings
+from .engine.approvals import deciding_groups
 
 log = logging.getLogger("durable_agents")
 
@@ -35,9 +36,14 @@ def email_approvers(sender: Any, *, run_id: str, call_id: str, **details: Any) -
     if request is None:  # deleted, or replaced, since
         return
     policy = details.get("policy") or {}
-    group = str(policy["group"]) if policy.get("kind") == "quorum" else None
+    groups = deciding_groups(policy) or (None,)
     addresses = sorted(
-        {u.email for u in approvers(group).exclude(email="").only("email") if u.email}
+        {
+            u.email
+            for group in groups
+            for u in approvers(group).exclude(email="").only("email")
+            if u.email
+        }
     )
     if not addresses:
         log.warning(

@@ -24,7 +24,7 @@ from django.urls import reverse
 
 from ..celery.dispatch import deferred
 from ..engine import runtime
-from ..engine.approvals import NOT_SHOWN, check_may_decide, resolve_approver
+from ..engine.approvals import NOT_SHOWN, check_may_decide, eligible_for, resolve_approver
 from ..engine.commands.approvals import approve
 from ..engine.errors import ApprovalEditInvalid, DurableAgentsError
 from ..engine.ports import APPROVAL_PENDING
@@ -130,13 +130,13 @@ def _check_rows(actor: Any, rows: Sequence[ApprovalRequest]) -> dict[int, str]:
     out = {}
     for obj in rows:
         policy = obj.policy if isinstance(obj.policy, dict) else {}
-        if policy.get("kind") == "quorum":
-            group = str(policy.get("group"))
+
+        def members(group: str) -> list[str]:  # once per group on the page
             if group not in groups:
                 groups[group] = list(runtime.eligible_approvers(group))
-            eligible = groups[group]
-        else:
-            eligible = [actor.username]
+            return groups[group]
+
+        eligible = eligible_for(policy, actor, members)
         try:
             check_may_decide(actor, policy, eligible)
         except DurableAgentsError as exc:

@@ -26,6 +26,7 @@ from ..engine.approvals import (
     NOT_SHOWN,
     ApprovalOutcome,
     arguments_digest,
+    deciding_groups,
     resolve_approver,
     tally,
 )
@@ -56,15 +57,14 @@ from .schemas import (
 router = Router(tags=["approvals"])
 
 
-def _quorum_group(row: ApprovalRequest) -> str | None:
-    policy = row.policy or {}
-    return str(policy.get("group")) if policy.get("kind") == "quorum" else None
+def _groups(row: ApprovalRequest) -> tuple[str, ...]:
+    return deciding_groups(row.policy or {})
 
 
 def approvals_out(rows: Sequence[ApprovalRequest]) -> list[ApprovalOut]:
-    """Requests with their decisions prefetched, and quorum progress: one query per quorum
-    group on the page (for who is eligible), none per request."""
-    groups = sorted({g for g in map(_quorum_group, rows) if g is not None})
+    """Requests with their decisions prefetched, and progress: one query per deciding group
+    on the page (for who is eligible), none per request."""
+    groups = sorted({g for row in rows for g in _groups(row)})
     eligible = {group: eligible_approvers(group) for group in groups}
     starts = _incarnations(rows)
     return [approval_out(row, eligible, starts) for row in rows]
@@ -105,9 +105,10 @@ def approval_out(
         )
         for d in decisions
     ]
-    group = _quorum_group(row)
-    if group is not None:
-        count = tally(row.policy, infos, eligible.get(group, ()))
+    groups = _groups(row)
+    if groups:
+        members = [u for g in groups for u in eligible.get(g, ())]
+        count = tally(row.policy, infos, list(dict.fromkeys(members)))
         progress = Progress(
             need=count.need,
             approved_by=list(count.approved_by),

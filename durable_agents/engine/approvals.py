@@ -83,9 +83,42 @@ class Quorum:
 
 
 def policy_for(approval: Any) -> dict[str, Any]:
+    """The request policy of a tool's one-rule approval (``requires_approval=True`` or a
+    ``Quorum``); a tool with ``Rules`` asks under the policy its matching rule journaled."""
     if isinstance(approval, Quorum):
         return approval.to_policy()
     return {"kind": "single"}
+
+
+def needs_group(policy: Mapping[str, Any]) -> str | None:
+    """The group whose members decide under ``policy`` (None: anyone who may decide)."""
+    group = policy.get("group")
+    return str(group) if group else None
+
+
+def deciding_groups(policy: Mapping[str, Any]) -> tuple[str, ...]:
+    """Every group whose members may decide under ``policy``: its own, and the group an
+    expired deadline step escalated it to (``escalated_to``); empty: anyone may decide."""
+    group = needs_group(policy)
+    if group is None:
+        return ()
+    escalated = policy.get("escalated_to")
+    return (group, str(escalated)) if escalated and escalated != group else (group,)
+
+
+def eligible_for(policy: Mapping[str, Any], actor: Actor, members: Any = None) -> list[str]:
+    """The usernames who may decide under ``policy``, as ``check_may_decide`` and the tally
+    count them: the members of its groups (``members(group)``, by default the
+    ``eligible_approvers`` port, which a caller may cache), or for a policy naming no group
+    the deciding ``actor`` alone (one decision decides)."""
+    groups = deciding_groups(policy)
+    if not groups:
+        return [actor.username]
+    members = members or runtime.eligible_approvers
+    found: list[str] = []
+    for group in groups:
+        found += [u for u in members(group) if u not in found]
+    return found
 
 
 class _NotShown:
@@ -301,23 +334,32 @@ def resolve_approver(by: Any) -> Actor:
 
 def check_may_decide(actor: Actor, policy: Mapping[str, Any], eligible: Sequence[str]) -> None:
     """The one rule for who decides a gated call, on every path (admin, API key, session,
-    signature, command, Python): an active user holding ``approve_toolcall``; for a quorum,
-    also an eligible member of its group (``eligible``: the group's usernames from the
-    ``eligible_approvers`` port, which applies the same conditions)."""
+    signature, command, Python): an active user holding ``approve_toolcall``; when the
+    policy names a group (a quorum, or ``ask("group")``), also an eligible member of it
+    (``eligible``: the group's usernames from the ``eligible_approvers`` port, which applies
+    the same conditions); and never the run's requester when the rule separates duties
+    (``ask(..., requester_may_decide=False)``)."""
     if not actor.has(APPROVE_TOOLCALL):
         raise ApproverNotEligible(
             f"{actor.username!r} may not decide tool calls: it needs the "
             f"{APPROVE_TOOLCALL!r} permission (grant it in the admin, directly or through a "
             "group)"
         )
-    if policy.get("kind") == "quorum":
-        group = str(policy.get("group"))
-        member = actor.groups is None or group in actor.groups
+    groups = deciding_groups(policy)
+    if groups:
+        member = actor.groups is None or any(g in actor.groups for g in groups)
         if not member or actor.username not in eligible:
+            named = " or ".join(repr(g) for g in groups)
             raise ApproverNotEligible(
                 f"{actor.username!r} may not decide this call: approvers are members of group "
-                f"{group!r} with the approve_toolcall permission"
+                f"{named} with the approve_toolcall permission"
             )
+    if policy.get("separate") and policy.get("requester") == actor.username:
+        raise ApproverNotEligible(
+            f"{actor.username!r} started this run, and the rule that asked says the person "
+            "who asked for a call may not decide it (separation of duties): someone else "
+            "decides"
+        )
 
 
 def tally(

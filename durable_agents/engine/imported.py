@@ -13,8 +13,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from . import names, registry, runtime
-from .approvals import check_may_decide, policy_for, resolve_approver, verify_signature
+from . import names, registry
+from .approvals import (
+    check_may_decide,
+    eligible_for,
+    policy_for,
+    resolve_approver,
+    verify_signature,
+)
 from .errors import ApprovalError, ConfigError, ImportRefused, RunImported
 from .export import RunExport
 from .ports import ApprovalRequestInfo, RunInfo
@@ -135,12 +141,7 @@ def _verified(
     try:
         actor = resolve_approver(approver)
         policy = dict(request.policy)
-        eligible = (
-            list(runtime.eligible_approvers(str(policy["group"])))
-            if policy.get("kind") == "quorum"
-            else [actor.username]
-        )
-        check_may_decide(actor, policy, eligible)
+        check_may_decide(actor, policy, eligible_for(policy, actor))
     except ApprovalError as exc:
         raise _unverified(request.run_id, what, str(exc)) from None
     edited = row.get("arguments")

@@ -399,6 +399,16 @@ def tool(
         )
     if not isinstance(editable, bool):
         raise ConfigError("editable must be True or False", code="config.tool_safety")
+    if approval is not None:
+        from .approvals import Quorum
+        from .rules import Rules
+
+        if not isinstance(approval, Quorum | Rules):
+            raise ConfigError(
+                f"{what}: approval= takes da.Quorum(need, group) or da.Rules([...], default=...), "
+                f"not {approval!r}",
+                code="config.tool_safety",
+            )
     if summary is not None and not callable(summary):
         raise ConfigError("summary must be a function of the arguments", code="config.tool_summary")
     safety = Safety(

@@ -4,15 +4,16 @@ policy (``engine.approvals``), journaled when final, and the run handed back to 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, overload
 
-from .. import events, failpoints, identity, lifecycle, names, registry, runtime, stops
+from .. import events, failpoints, identity, lifecycle, names, registry, rules, runtime, stops
 from ..approvals import (
     NOT_SHOWN,
     ApprovalOutcome,
     Tally,
     check_may_decide,
     decision_name,
+    eligible_for,
     incarnation_of,
     resolve_approver,
     tally,
@@ -45,6 +46,7 @@ from ..ports import (
     asked_again,
 )
 from ..records import encode, refuse_nul
+from ..rules import Outcome
 
 
 def approve(
@@ -117,11 +119,7 @@ def approve(
             request, actor, approved, note, signature, incarnation=incarnation, edited=edit
         )
     policy = dict(request.policy)
-    eligible = (
-        list(runtime.eligible_approvers(str(policy["group"])))
-        if policy.get("kind") == "quorum"
-        else [actor.username]
-    )
+    eligible = eligible_for(policy, actor)
     check_may_decide(actor, policy, eligible)
     by_name = actor.username
     name = decision_name(call_id, request.arguments, again=request.previous_arguments is not None)
@@ -293,6 +291,11 @@ def approve(
     )
 
 
+@overload
+def deny(run_id: str) -> Outcome: ...
+
+
+@overload
 def deny(
     run_id: str,
     call_id: str,
@@ -302,9 +305,29 @@ def deny(
     signature: str | None = None,
     arguments: Any = NOT_SHOWN,
     store: Store | None = None,
-) -> ApprovalOutcome:
+) -> ApprovalOutcome: ...
+
+
+def deny(
+    run_id: str,
+    call_id: str | None = None,
+    by: Any = None,
+    message: str = "",
+    *,
+    signature: str | None = None,
+    arguments: Any = NOT_SHOWN,
+    store: Store | None = None,
+) -> ApprovalOutcome | Outcome:
     """Deny call ``call_id`` of run ``run_id`` as ``by``; ``message`` is what the model reads
-    as the call's result (it is the decision's note, and signed as one)."""
+    as the call's result (it is the decision's note, and signed as one).
+
+    Given one argument, ``deny("message")`` is instead an approval rule's outcome
+    (``engine.rules``): refuse the call without asking anyone, the model reading the
+    message."""
+    if call_id is None and by is None:
+        return rules.deny(run_id)
+    if call_id is None or by is None:
+        raise ApprovalError("deny(run_id, call_id, by, message) names the call and who denies it")
     return approve(
         run_id,
         call_id,
