@@ -42,9 +42,11 @@ def new_id(prefix: str) -> str:
 
 
 def open_queue(page: Page, title: str) -> None:
-    """From the admin index, follow the model's link, as staff would."""
+    """From the admin index, follow the model's link, as staff would (its name followed by
+    how much waits there, when something does: "Halts (1)", "Runs (1 awaiting input)")."""
     page.goto("/admin/")
-    page.locator("#content-main").get_by_role("link", name=title, exact=True).click()
+    name = re.compile(rf"^{re.escape(title)}( \(\d+( awaiting input)?\))?$")
+    page.locator("#content-main").get_by_role("link", name=name).click()
     expect(page.locator("#result_list")).to_be_visible()
 
 
