@@ -18,7 +18,6 @@ from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, reverse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
@@ -48,6 +47,7 @@ from .base import (
     posted_object,
     related_count,
     run_url,
+    short_time,
     status_pill,
 )
 from .deciding import Decided, bulk_decide, decide_call, refusal_by_row, shown_arguments, tell
@@ -62,6 +62,8 @@ class _QueueAdmin(ReadOnlyAdmin):
     on its own page (``detail``) rather than the read-only change form."""
 
     view_action = ""
+    # The moment a row's call cell shows: when it came, or (halts) when it was attempted.
+    when_field, when_words = "created_at", ""
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return super().has_view_permission(request, obj) or allows(request, self.view_action)
@@ -97,28 +99,24 @@ class _QueueAdmin(ReadOnlyAdmin):
     def arguments_pretty(self, obj: Any) -> str:
         return json_cell(obj.arguments)
 
-    @admin.display(description="root run", ordering="run__root_run_id")
-    def root_link(self, obj: Any) -> str:
-        """The tree's root, for a call that waits deep in a tree of sub-runs."""
-        root = obj.run.root_run_id
-        return format_html('<a href="{}">{}</a>', run_url(self, root), root) if root else "-"
-
     @admin.display(description="call", ordering="created_at")
     def call_cell(self, obj: Any) -> str:
         """What and where in one cell (a list that fits beside the admin's menus): the tool
         and call (a link to the call's page), its run and the tree's root, when it came."""
         root = obj.run.root_run_id
+        when = getattr(obj, self.when_field)
         return format_html(
             '<a href="{}" class="da-call-link"><strong>{}</strong></a> <code>{}</code>'
             '<div class="da-cell-line">run <a href="{}">{}</a>{}</div>'
-            '<div class="da-cell-line da-at">{}</div>',
+            '<div class="da-cell-line da-at">{}{}</div>',
             admin_url(self, "change", obj.pk),
             obj.tool_name,
             obj.call_id if hasattr(obj, "call_id") else obj.op_id,
             run_url(self, obj.run_id),
             obj.run_id,
             format_html(' · root <a href="{}">{}</a>', run_url(self, root), root) if root else "",
-            f"{timezone.localtime(obj.created_at):%Y-%m-%d %H:%M}" if obj.created_at else "",
+            self.when_words,
+            short_time(when) if when else "",
         )
 
 
@@ -489,17 +487,12 @@ class HaltStatusFilter(DefaultStatusFilter):
 
 @admin.register(Halt)
 class HaltAdmin(_QueueAdmin):
-    list_display = (
-        "op_id",
-        "run_link",
-        "root_link",
-        "tool_name",
-        "arguments_pretty",
-        "cause",
-        "attempted_at",
-        "status_pill",
-        "lease_live",
-    )
+    # Few columns, as the approval queue's, so the list fits beside the admin's menus at
+    # 1400 px: the call (what, where, when it was attempted), its arguments, why it halted,
+    # its status and whether a driver still holds the run.
+    list_display = ("call_cell", "arguments_pretty", "cause", "status_pill", "lease_live")
+    list_display_links = None  # the call cell links the halt's page itself
+    when_field, when_words = "attempted_at", "attempted "
     list_filter = (HaltStatusFilter, "cause")
     search_fields = ("run__run_id", "op_id", "tool_name")
     list_select_related = ("run",)
