@@ -52,7 +52,7 @@ from .base import (
 )
 from .deciding import Decided, bulk_decide, decide_call, refusal_by_row, shown_arguments, tell
 from .readable import conversation, policy_words, stated_reason, summary_of, tool_of
-from .rendered import in_schema_order, render
+from .rendered import identifying_of, in_schema_order, render
 from .timeline import pretty
 
 
@@ -325,9 +325,12 @@ class ApprovalRequestAdmin(_QueueAdmin):
         """The tool's summary of the call (when it has one) above the arguments' JSON."""
         tool = tool_of(obj)
         summary = summary_of(tool, obj.arguments)
-        # In the schema's order: PostgreSQL keeps shorter keys first (a padded memo before
-        # the payee); what the tool puts first is what the row shows first.
-        cell = json_cell(in_schema_order(getattr(tool, "parameters", None), obj.arguments))
+        # In the schema's order, what identifies the call first: PostgreSQL keeps shorter
+        # keys first (a padded memo before the payee); what the tool puts first is what the
+        # row shows first.
+        cell = json_cell(
+            in_schema_order(getattr(tool, "parameters", None), obj.arguments, identifying_of(tool))
+        )
         return (
             format_html('<strong class="da-summary">{}</strong>{}', summary, cell)
             if summary
@@ -353,6 +356,11 @@ def approval_detail(
         talk, talk_error = conversation(records, obj.call_id), ""
     except DurableAgentsError as exc:
         talk, talk_error = [], str(exc)
+    # The call's page shows the arguments whole: it is where a folded card sends the
+    # approver, and where editing starts.
+    shown = render(
+        getattr(tool, "parameters", None), obj.arguments, whole=True, first=identifying_of(tool)
+    )
     return _detail(
         admin,
         request,
@@ -370,9 +378,8 @@ def approval_detail(
             "policy_words": policy_words(obj.policy, obj.n_approved),
             "description": getattr(tool, "description", ""),
             "summary": summary_of(tool, obj.arguments),
-            # The call's page shows the arguments whole: it is where a folded card sends
-            # the approver, and where editing starts.
-            "shown": render(getattr(tool, "parameters", None), obj.arguments, whole=True),
+            "shown": shown,
+            "covers": [f for f in shown.fields if f.identifying],  # the decision bar names
             "reason": stated_reason(records, obj.call_id),
             "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
             "decisions": obj.decisions.order_by("created_at"),
@@ -532,7 +539,12 @@ def halt_detail(
             "arguments": pretty(obj.arguments),
             # The halt page shows the arguments whole: a person records what happened to
             # the call as it ran, all of it.
-            "shown": render(getattr(tool, "parameters", None), obj.arguments, whole=True),
+            "shown": render(
+                getattr(tool, "parameters", None),
+                obj.arguments,
+                whole=True,
+                first=identifying_of(tool),
+            ),
             "description": getattr(tool, "description", "") or "",
             "reason": obj.reason if isinstance(obj.reason, dict) else None,
             "resolution": pretty(obj.resolution) if obj.resolution is not None else None,
