@@ -36,6 +36,7 @@ from django.http import (
 )
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
 from .. import permissions
@@ -189,11 +190,17 @@ def json_cut(value: Any) -> bool:
 
 
 def json_cell(value: Any) -> str:
-    """A JSON value for a list row, cut at ``JSON_PREVIEW`` characters."""
+    """A JSON value for a list row, cut at ``JSON_PREVIEW`` characters (``da-json-cut``: the
+    rest is a click away, so its box may scroll; a whole value is drawn whole)."""
     text = pretty(value)
     if len(text) > JSON_PREVIEW:
-        text = text[:JSON_PREVIEW] + "\n…"
+        return format_html('<pre class="da-json da-json-cut">{}\n…</pre>', text[:JSON_PREVIEW])
     return format_html('<pre class="da-json">{}</pre>', text)
+
+
+def short_time(when: Any) -> str:
+    """A moment for a list cell, in the site's time zone: ``2026-03-01 14:05``."""
+    return f"{timezone.localtime(when):%Y-%m-%d %H:%M}" if when else "-"
 
 
 def status_pill(status: str) -> str:

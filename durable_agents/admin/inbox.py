@@ -44,7 +44,7 @@ from .deciding import refusal_by_row, shown_arguments
 from .paging import CAP, counted
 from .queues import progress
 from .readable import stated_reason, summary_of, tool_of
-from .rendered import render
+from .rendered import identifying_of, render
 from .waits import question_slug, wait_records, waits_of_run
 
 INBOX_SIZE = 100  # cards of each kind read; the page says how many more wait
@@ -195,12 +195,18 @@ def approval_cards(
     for obj in page_rows:
         card_id = f"approval-{obj.pk}"
         tool = tool_of(obj)
-        shown = render(getattr(tool, "parameters", None), obj.arguments, whole=card_id in whole)
+        shown = render(
+            getattr(tool, "parameters", None),
+            obj.arguments,
+            whole=card_id in whole,
+            first=identifying_of(tool),
+        )
         votes = list(obj.decisions.all())
         voted = any(v.approver == username for v in votes)
         eligible = may_decide and not voted and obj.pk not in refused
         if filters.mine and not eligible:
             continue
+        call_url = reverse("admin:durable_agents_approvalrequest_change", args=[obj.pk])
         cards.append(
             {
                 "kind": "approval",
@@ -215,6 +221,8 @@ def approval_cards(
                 "summary": summary_of(tool, obj.arguments),
                 "shown": shown,
                 "shown_json": shown_arguments(obj),  # what the decision is for
+                # What its decision bar names: the arguments that identify the call.
+                "covers": [f for f in shown.fields if f.identifying],
                 "reason": runs.stated_reason(obj.run_id, obj.call_id),
                 **_where(runs, obj.run),
                 "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
@@ -222,9 +230,12 @@ def approval_cards(
                 "voted": voted,
                 "may_decide": eligible,
                 "editable": eligible and tool is not None and tool.safety.editable,
+                "edit_url": f"{call_url}#da-decide"
+                if eligible and tool is not None and tool.safety.editable
+                else "",
                 "asked_again": obj.previous_arguments is not None,
                 "decide_url": reverse("admin:durable_agents_approvalrequest_decide", args=[obj.pk]),
-                "call_url": reverse("admin:durable_agents_approvalrequest_change", args=[obj.pk]),
+                "call_url": call_url,
                 "whole_url": _whole_url(request, card_id),
             }
         )
@@ -310,7 +321,10 @@ def halt_cards(
                 "cause": halt.get_cause_display(),
                 "reason": reason,
                 "shown": render(
-                    getattr(tool, "parameters", None), halt.arguments, whole=card_id in whole
+                    getattr(tool, "parameters", None),
+                    halt.arguments,
+                    whole=card_id in whole,
+                    first=identifying_of(tool),
                 ),
                 "attempted_at": halt.attempted_at,
                 "halt_url": reverse("admin:durable_agents_halt_change", args=[halt.pk]),

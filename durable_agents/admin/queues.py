@@ -18,7 +18,6 @@ from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, reverse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
@@ -48,11 +47,12 @@ from .base import (
     posted_object,
     related_count,
     run_url,
+    short_time,
     status_pill,
 )
 from .deciding import Decided, bulk_decide, decide_call, refusal_by_row, shown_arguments, tell
 from .readable import conversation, policy_words, stated_reason, summary_of, tool_of
-from .rendered import in_schema_order, render
+from .rendered import identifying_of, in_schema_order, render
 from .timeline import pretty
 
 
@@ -62,6 +62,8 @@ class _QueueAdmin(ReadOnlyAdmin):
     on its own page (``detail``) rather than the read-only change form."""
 
     view_action = ""
+    # The moment a row's call cell shows: when it came, or (halts) when it was attempted.
+    when_field, when_words = "created_at", ""
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return super().has_view_permission(request, obj) or allows(request, self.view_action)
@@ -97,28 +99,24 @@ class _QueueAdmin(ReadOnlyAdmin):
     def arguments_pretty(self, obj: Any) -> str:
         return json_cell(obj.arguments)
 
-    @admin.display(description="root run", ordering="run__root_run_id")
-    def root_link(self, obj: Any) -> str:
-        """The tree's root, for a call that waits deep in a tree of sub-runs."""
-        root = obj.run.root_run_id
-        return format_html('<a href="{}">{}</a>', run_url(self, root), root) if root else "-"
-
     @admin.display(description="call", ordering="created_at")
     def call_cell(self, obj: Any) -> str:
         """What and where in one cell (a list that fits beside the admin's menus): the tool
         and call (a link to the call's page), its run and the tree's root, when it came."""
         root = obj.run.root_run_id
+        when = getattr(obj, self.when_field)
         return format_html(
             '<a href="{}" class="da-call-link"><strong>{}</strong></a> <code>{}</code>'
             '<div class="da-cell-line">run <a href="{}">{}</a>{}</div>'
-            '<div class="da-cell-line da-at">{}</div>',
+            '<div class="da-cell-line da-at">{}{}</div>',
             admin_url(self, "change", obj.pk),
             obj.tool_name,
             obj.call_id if hasattr(obj, "call_id") else obj.op_id,
             run_url(self, obj.run_id),
             obj.run_id,
             format_html(' · root <a href="{}">{}</a>', run_url(self, root), root) if root else "",
-            f"{timezone.localtime(obj.created_at):%Y-%m-%d %H:%M}" if obj.created_at else "",
+            self.when_words,
+            short_time(when) if when else "",
         )
 
 
@@ -327,9 +325,12 @@ class ApprovalRequestAdmin(_QueueAdmin):
         """The tool's summary of the call (when it has one) above the arguments' JSON."""
         tool = tool_of(obj)
         summary = summary_of(tool, obj.arguments)
-        # In the schema's order: PostgreSQL keeps shorter keys first (a padded memo before
-        # the payee); what the tool puts first is what the row shows first.
-        cell = json_cell(in_schema_order(getattr(tool, "parameters", None), obj.arguments))
+        # In the schema's order, what identifies the call first: PostgreSQL keeps shorter
+        # keys first (a padded memo before the payee); what the tool puts first is what the
+        # row shows first.
+        cell = json_cell(
+            in_schema_order(getattr(tool, "parameters", None), obj.arguments, identifying_of(tool))
+        )
         return (
             format_html('<strong class="da-summary">{}</strong>{}', summary, cell)
             if summary
@@ -355,6 +356,11 @@ def approval_detail(
         talk, talk_error = conversation(records, obj.call_id), ""
     except DurableAgentsError as exc:
         talk, talk_error = [], str(exc)
+    # The call's page shows the arguments whole: it is where a folded card sends the
+    # approver, and where editing starts.
+    shown = render(
+        getattr(tool, "parameters", None), obj.arguments, whole=True, first=identifying_of(tool)
+    )
     return _detail(
         admin,
         request,
@@ -372,9 +378,8 @@ def approval_detail(
             "policy_words": policy_words(obj.policy, obj.n_approved),
             "description": getattr(tool, "description", ""),
             "summary": summary_of(tool, obj.arguments),
-            # The call's page shows the arguments whole: it is where a folded card sends
-            # the approver, and where editing starts.
-            "shown": render(getattr(tool, "parameters", None), obj.arguments, whole=True),
+            "shown": shown,
+            "covers": [f for f in shown.fields if f.identifying],  # the decision bar names
             "reason": stated_reason(records, obj.call_id),
             "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
             "decisions": obj.decisions.order_by("created_at"),
@@ -489,17 +494,12 @@ class HaltStatusFilter(DefaultStatusFilter):
 
 @admin.register(Halt)
 class HaltAdmin(_QueueAdmin):
-    list_display = (
-        "op_id",
-        "run_link",
-        "root_link",
-        "tool_name",
-        "arguments_pretty",
-        "cause",
-        "attempted_at",
-        "status_pill",
-        "lease_live",
-    )
+    # Few columns, as the approval queue's, so the list fits beside the admin's menus at
+    # 1400 px: the call (what, where, when it was attempted), its arguments, why it halted,
+    # its status and whether a driver still holds the run.
+    list_display = ("call_cell", "arguments_pretty", "cause", "status_pill", "lease_live")
+    list_display_links = None  # the call cell links the halt's page itself
+    when_field, when_words = "attempted_at", "attempted "
     list_filter = (HaltStatusFilter, "cause")
     search_fields = ("run__run_id", "op_id", "tool_name")
     list_select_related = ("run",)
@@ -539,7 +539,12 @@ def halt_detail(
             "arguments": pretty(obj.arguments),
             # The halt page shows the arguments whole: a person records what happened to
             # the call as it ran, all of it.
-            "shown": render(getattr(tool, "parameters", None), obj.arguments, whole=True),
+            "shown": render(
+                getattr(tool, "parameters", None),
+                obj.arguments,
+                whole=True,
+                first=identifying_of(tool),
+            ),
             "description": getattr(tool, "description", "") or "",
             "reason": obj.reason if isinstance(obj.reason, dict) else None,
             "resolution": pretty(obj.resolution) if obj.resolution is not None else None,

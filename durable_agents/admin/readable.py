@@ -41,11 +41,14 @@ def summary_of(tool: Any, arguments: Any) -> str | None:
 
 def fields_of(tool: Any, arguments: Any) -> list[tuple[str, str]]:
     """``[(title, value)]``: each argument under its schema title (or its name made readable),
-    in the schema's order, then any the schema does not know."""
+    those the tool names as identifying the call first, then the schema's order, then any
+    the schema does not know."""
     if not isinstance(arguments, dict):
         return []
     props = ((getattr(tool, "parameters", None) or {}).get("properties")) or {}
-    order = [k for k in props if k in arguments] + [k for k in arguments if k not in props]
+    first = [k for k in getattr(tool, "identifying", ()) or () if k in arguments]
+    order = first + [k for k in props if k in arguments and k not in first]
+    order += [k for k in arguments if k not in order]
     out = []
     for key in order:
         spec = props.get(key) or {}

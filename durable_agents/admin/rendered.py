@@ -2,11 +2,16 @@
 
 Each argument under its schema title, in the schema's order (not the database's: PostgreSQL
 orders a JSON object's keys by length, which can put a padded ``memo`` before the
-``payee``); text with its line breaks; lists as lists; objects as nested fields; numbers
-grouped; yes/no for booleans. A long value is *folded*: its start is shown and the rest is
-counted ("… 4,812 more characters"). A rendering with anything folded says so
-(``Shown.folded``), and whoever shows it must not offer a decision until the person has seen
-it whole: a decision is for the whole arguments, never for the part on screen.
+``payee``), except that the arguments the tool names as identifying the call
+(``@tool(identifying=[...])``) come first; text with its line breaks; lists as lists; objects
+as nested fields; numbers grouped; yes/no for booleans. Text is a value, never a field:
+short text is drawn quoted, and *free text* (several lines, or longer than ``FREE_TEXT``
+characters) in a quoted, bordered box that says it is free text and how long, so a memo
+whose first line reads "Payee: ACME Supplies GmbH" cannot pass for the payee. A long value
+is *folded*: its start is shown and the rest is counted ("… 4,812 more characters"). A
+rendering with anything folded says so (``Shown.folded``), and whoever shows it must not
+offer a decision until the person has seen it whole: a decision is for the whole arguments,
+never for the part on screen.
 
 Rendering never fails and never hides an argument: what the schema does not know is shown
 after what it does, under its own name; what is too deep to lay out is shown as JSON text.
@@ -15,7 +20,7 @@ after what it does, under its own name; what is too deep to lay out is shown as 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +30,7 @@ TEXT_FOLD = 400  # characters of a text shown while folded
 LINES_FOLD = 8  # lines of a text shown while folded
 LIST_FOLD = 10  # items of a list shown while folded
 DEPTH = 4  # nesting laid out as fields; deeper values are shown as JSON text
+FREE_TEXT = 80  # text longer than this (or on several lines) is drawn as free text
 
 
 @dataclass
@@ -38,11 +44,20 @@ class Node:
     items: list[Node] = field(default_factory=list)
     fields: list[Field] = field(default_factory=list)
     hidden: int = 0
+    free: bool = False  # text on several lines or longer than FREE_TEXT: drawn boxed
+    length: int = 0  # characters of the whole text
+    lines: int = 1  # lines of the whole text
 
     @property
     def hidden_words(self) -> str:
         unit = "item" if self.kind == "list" else "character"
         return f"{self.hidden:,} more {unit}{'s' if self.hidden != 1 else ''}"
+
+    @property
+    def length_words(self) -> str:
+        """``"1,712 characters on 31 lines"``: how much free text there is, in all."""
+        across = f" on {self.lines:,} lines" if self.lines > 1 else ""
+        return f"{self.length:,} character{'s' if self.length != 1 else ''}{across}"
 
 
 @dataclass
@@ -51,6 +66,7 @@ class Field:
     key: str
     node: Node
     description: str = ""
+    identifying: bool = False  # the tool names it as saying what the call is about
 
 
 @dataclass
@@ -59,16 +75,23 @@ class Shown:
     folded: bool  # some value is cut: show it whole before any decision
 
 
-def render(schema: Any, arguments: Any, *, whole: bool = False) -> Shown:
-    """``arguments`` laid out for a person under ``schema`` (a tool's JSON schema, or None).
-    Folded unless ``whole``."""
+def render(schema: Any, arguments: Any, *, whole: bool = False, first: Sequence[str] = ()) -> Shown:
+    """``arguments`` laid out for a person under ``schema`` (a tool's JSON schema, or None),
+    the arguments named in ``first`` (a tool's ``identifying``) first, in that order. Folded
+    unless ``whole``."""
     state = _State(whole=whole)
     root = schema if isinstance(schema, Mapping) else {}
     if isinstance(arguments, Mapping):
-        fields = _fields(root, root, arguments, state, 0)
+        fields = _fields(root, root, arguments, state, 0, first)
     else:  # not an object: one unnamed value
         fields = [Field("Value", "", _node(root, root, arguments, state, 0, ""))]
     return Shown(fields=fields, folded=state.folded)
+
+
+def identifying_of(tool: Any) -> tuple[str, ...]:
+    """The arguments ``tool`` names as identifying its calls (``@tool(identifying=...)``);
+    none for a tool that is gone from the code."""
+    return tuple(getattr(tool, "identifying", ()) or ())
 
 
 @dataclass
@@ -77,15 +100,21 @@ class _State:
     folded: bool = False
 
 
-def in_schema_order(schema: Any, arguments: Any) -> Any:
-    """``arguments`` with its keys in the schema's order, then the others: for JSON shown
-    to a person (a list cell), so what the schema puts first is read first."""
+def in_schema_order(schema: Any, arguments: Any, first: Sequence[str] = ()) -> Any:
+    """``arguments`` with the keys of ``first`` first, then the rest in the schema's order,
+    then the others: for JSON shown to a person (a list cell), so what identifies the call,
+    then what the schema puts first, is read first."""
     if not isinstance(arguments, Mapping):
         return arguments
     props = schema.get("properties") if isinstance(schema, Mapping) else None
     props = props if isinstance(props, Mapping) else {}
-    keys = [k for k in props if k in arguments] + [k for k in arguments if k not in props]
-    return {k: arguments[k] for k in keys}
+    return {k: arguments[k] for k in _order(props, arguments, first)}
+
+
+def _order(props: Mapping[str, Any], value: Mapping[str, Any], first: Sequence[str]) -> list[str]:
+    keys = [str(k) for k in first if k in value]
+    keys += [str(k) for k in props if k in value and k not in keys]
+    return keys + [str(k) for k in value if k not in keys]
 
 
 def _title(key: str, spec: Any) -> str:
@@ -99,12 +128,12 @@ def _fields(
     value: Mapping[str, Any],
     state: _State,
     depth: int,
+    first: Sequence[str] = (),
 ) -> list[Field]:
     props = node.get("properties") if isinstance(node.get("properties"), Mapping) else {}
     assert isinstance(props, Mapping)
-    keys = [str(k) for k in props if k in value] + [str(k) for k in value if k not in props]
     out = []
-    for key in keys:
+    for key in _order(props, value, first):
         spec = resolve_ref(props.get(key) or {}, root)
         description = spec.get("description") if isinstance(spec, Mapping) else ""
         out.append(
@@ -113,6 +142,7 @@ def _fields(
                 key,
                 _node(spec, root, value[key], state, depth + 1, key),
                 str(description or ""),
+                identifying=key in first,
             )
         )
     return out
@@ -145,8 +175,10 @@ def _node(
 
 
 def _text(value: str, state: _State) -> Node:
+    count = value.count("\n") + 1
+    free = count > 1 or len(value) > FREE_TEXT
     if state.whole:
-        return Node("text", value)
+        return Node("text", value, free=free, length=len(value), lines=count)
     cut = len(value)
     if cut > TEXT_FOLD:
         cut = TEXT_FOLD
@@ -155,7 +187,9 @@ def _text(value: str, state: _State) -> Node:
         cut = len("\n".join(lines[:LINES_FOLD]))
     if cut < len(value):
         state.folded = True
-    return Node("text", value[:cut], hidden=len(value) - cut)
+    return Node(
+        "text", value[:cut], hidden=len(value) - cut, free=free, length=len(value), lines=count
+    )
 
 
 def _number(value: int | float, key: str) -> str:

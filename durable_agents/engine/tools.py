@@ -161,6 +161,7 @@ class Tool:
         safety: Safety = Safety(),
         summary: Callable[[dict[str, Any]], str] | None = None,
         sensitive: Sequence[str] = (),
+        identifying: Sequence[str] = (),
     ) -> None:
         self.fn = fn
         # For people only (the approval page): the model never sees it, so it may be wrong
@@ -198,21 +199,32 @@ class Tool:
             )
         schema.pop("title", None)
         self.parameters: dict[str, Any] = schema
-        if isinstance(sensitive, str) or not all(isinstance(f, str) for f in sensitive):
+        # Argument fields whose values exports and audit bundles hide (docs/audit.md).
+        self.sensitive = self._argument_names("sensitive", sensitive, "config.tool_sensitive")
+        # Argument fields that say what a call is about (a payee, an amount): people who
+        # decide or resolve a call read them first, and the decision names them
+        # (docs/admin.md). For people only, like ``summary``.
+        self.identifying = self._argument_names(
+            "identifying", identifying, "config.tool_identifying"
+        )
+
+    def _argument_names(self, option: str, names: Sequence[str], code: str) -> tuple[str, ...]:
+        """``names``, checked to be a list of this tool's argument names, without repeats."""
+        if isinstance(names, str) or not all(isinstance(f, str) for f in names):
             raise ConfigError(
-                f"tool {self.name}: sensitive must be a list of argument names",
-                code="config.tool_sensitive",
+                f"tool {self.name}: {option} must be a list of argument names, e.g. "
+                f"{option}=[{', '.join(map(repr, list(self._model.model_fields)[:2]))}]",
+                code=code,
             )
-        unknown = [f for f in sensitive if f not in self._model.model_fields]
+        unknown = [f for f in names if f not in self._model.model_fields]
         if unknown:
             raise ConfigError(
-                f"tool {self.name}: sensitive names {', '.join(map(repr, unknown))}, which "
+                f"tool {self.name}: {option} names {', '.join(map(repr, unknown))}, which "
                 f"is not an argument of the tool (its arguments: "
                 f"{', '.join(self._model.model_fields) or 'none'})",
-                code="config.tool_sensitive",
+                code=code,
             )
-        # Argument fields whose values exports and audit bundles hide (docs/audit.md).
-        self.sensitive: tuple[str, ...] = tuple(dict.fromkeys(sensitive))
+        return tuple(dict.fromkeys(names))
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)
@@ -356,6 +368,7 @@ def tool(
     editable: bool = True,
     summary: Callable[[dict[str, Any]], str] | None = None,
     sensitive: Sequence[str] = (),
+    identifying: Sequence[str] = (),
     compensate: Callable[[dict[str, Any], Any, ToolContext], Any] | None = None,
     rate: str | None = None,
     max_concurrent: int | None = None,
@@ -370,6 +383,10 @@ def tool(
     gets (a pydantic model as an instance, a datetime as a datetime). ``sensitive=[...]``
     names argument fields whose values exports and audit bundles show as salted hashes
     (docs/audit.md); a name that is not an argument is a ``ConfigError``.
+    ``identifying=["payee", "amount_cents"]`` names the arguments that say what a call is
+    about: the admin shows them first, before the others (a long memo cannot push them off
+    the screen), and its decision bar names them beside Approve (docs/admin.md); a name that
+    is not an argument is a ``ConfigError``. For people only: the model never sees it.
 
     ``compensate=undo`` declares how a saga (``Agent(saga=True)``) reverses this call's
     effect once the run aborts: ``undo(args, result, ctx)`` gets the call's arguments (the
@@ -423,6 +440,7 @@ def tool(
             safety=safety,
             summary=summary,
             sensitive=sensitive,
+            identifying=identifying,
         )
         made.rate, made.max_concurrent = parsed_rate, concurrent
         return made

@@ -918,7 +918,10 @@ def test_the_approval_page_shows_summary_description_policy_and_decisions():
         approval_url(req, "decide"), {"shown": shown(req), "decision": "deny", "note": "no"}
     )
     page = text_of(client_for(alice).get(approval_url(req, "change")))
-    assert "<td>alice</td><td>denied</td><td>no</td><td>no</td>" in page
+    assert (
+        '<td data-label="who">alice</td><td data-label="decision">denied</td>'
+        '<td data-label="note">no</td><td data-label="edited">no</td>'
+    ) in page
 
 
 def test_the_approval_page_titles_fields_from_the_schema_and_words_a_quorum():

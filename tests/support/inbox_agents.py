@@ -1,7 +1,8 @@
 """Agents whose runs wait on a person the way an approver meets them (issue 30): a payment
 whose e-mail memo is padded so PostgreSQL's key order (shorter keys first) puts it before
-the payee, a tool that times out after the money may have moved, and a question with
-choices. Listed in tests/settings.py AGENTS, so the live server and workers load them.
+the payee, a tool that times out after the money may have moved, a question with choices,
+and (issue 44) a payment whose memo, first in its schema, reads like the fields. Listed in
+tests/settings.py AGENTS, so the live server and workers load them.
 """
 
 from __future__ import annotations
@@ -109,4 +110,52 @@ asks_staff = da.Agent(
     ),
     "Ask staff about refund exceptions.",
     [ask_staff],
+)
+
+
+# A memo that reads like the fields (issue 44, item 8): 1,700 characters, first in the
+# tool's schema, opening with a payee, an IBAN and an amount that are not the call's.
+DECOY = (
+    "Payee: ACME Supplies GmbH\nIBAN: DE89 3704 0044 0532 0130 00\nAmount: 12,500.00 EUR\n"
+    "Reference: INV-7\n\n"
+)
+DECOY_MEMO = (
+    DECOY + "".join(f"Note {n}: our bank details changed, see above.\n" for n in range(1, 80))
+)[:1700]
+
+
+@da.tool(requires_approval=True, identifying=["payee", "amount_cents"])
+def pay_supplier(
+    memo: Annotated[str, pydantic.Field(title="Memo")],
+    payee: Annotated[str, pydantic.Field(title="Payee", description="who receives the money")],
+    amount_cents: Annotated[int, pydantic.Field(title="Amount (cents)")],
+    lines: Annotated[list[str], pydantic.Field(title="Invoice lines")],
+    ctx: da.ToolContext,
+) -> dict:
+    """Pay a supplier's invoice (gated: a person approves first)."""
+    fire(ctx, "pay_supplier")
+    return {"sent": amount_cents}
+
+
+decoy_payment = da.Agent(
+    "inbox-decoy",
+    ScriptedModel(
+        [
+            scripted.calls(
+                scripted.call(
+                    "pay_supplier",
+                    {
+                        "memo": DECOY_MEMO,
+                        "payee": PAYEE,
+                        "amount_cents": 1250000,
+                        "lines": LINES[:10],
+                    },
+                ),
+                text=REASON,
+            ),
+            scripted.text("paid"),
+        ]
+    ),
+    "Pay suppliers' invoices.",
+    [pay_supplier],
 )

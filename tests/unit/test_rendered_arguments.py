@@ -71,3 +71,47 @@ def test_nested_objects_resolve_refs_and_odd_values_never_fail():
     assert (city.title, city.node.text) == ("City", "Bremen")
     assert render(None, None).fields[0].node.kind == "none"
     assert render("not a schema", [1, 2]).fields[0].node.kind == "list"
+
+
+def test_what_the_tool_names_as_identifying_comes_first_and_is_marked():
+    # A memo first in the schema (and first in the database) that opens like the fields.
+    schema = {"properties": {"memo": {"title": "Memo"}, **SCHEMA["properties"]}}
+    stored = {"memo": "Payee: ACME Supplies GmbH\nAmount: 12,500.00 EUR", "payee": "Mallory"}
+    stored["amount_cents"] = 1250000
+    shown = render(schema, stored, first=("payee", "amount_cents"))
+    assert [f.key for f in shown.fields] == ["payee", "amount_cents", "memo"]
+    assert [f.identifying for f in shown.fields] == [True, True, False]
+    order = in_schema_order(schema, stored, ("payee", "amount_cents"))
+    assert list(order) == ["payee", "amount_cents", "memo"]
+    # Without them: the schema's order, nothing marked; a name not in the call is skipped.
+    plain = render(schema, stored, first=("not_there",))
+    assert [f.key for f in plain.fields] == ["memo", "payee", "amount_cents"]
+    assert not any(f.identifying for f in plain.fields)
+
+
+def test_text_on_several_lines_or_long_is_free_text_and_says_how_long():
+    fields = _flat(
+        render(
+            SCHEMA,
+            {"payee": "ACME Supplies GmbH", "memo": "Payee: ACME\nAmount: 1", "lines": ["y" * 81]},
+        )
+    )
+    assert not fields["payee"].node.free  # short, one line: a value, drawn quoted
+    memo = fields["memo"].node
+    assert memo.free and memo.length_words == "21 characters on 2 lines"
+    assert fields["lines"].node.items[0].free  # longer than FREE_TEXT
+    folded = _flat(render(SCHEMA, {"memo": "z" * (TEXT_FOLD * 2)}))["memo"].node
+    assert folded.free and folded.length_words == f"{TEXT_FOLD * 2:,} characters"
+
+
+def test_the_bulk_page_and_the_email_put_what_identifies_the_call_first():
+    import durable_agents as da
+    from durable_agents.admin.readable import fields_of
+
+    def pay(memo: str, payee: str, amount_cents: int) -> dict:
+        return {}
+
+    tool = da.tool(requires_approval=True, identifying=["payee", "amount_cents"])(pay)
+    stored = {"memo": "Payee: ACME", "amount_cents": 5, "payee": "Mallory"}
+    assert [t for t, _ in fields_of(tool, stored)] == ["Payee", "Amount Cents", "Memo"]
+    assert [t for t, _ in fields_of(da.tool(pay), stored)] == ["Memo", "Payee", "Amount Cents"]

@@ -315,3 +315,18 @@ def test_every_unrecordable_result_is_an_error_result_after_one_effect(store, fi
     assert journal["tool:c1"]["is_error"] and "attempt:c1:1" in journal
     assert store.list_halts(run_id="r1") == []
     assert da.resume("r1", store=store).answer == "done" and fired == ["o1"]
+
+
+def test_identifying_names_arguments_of_the_tool_or_is_refused():
+    def pay(memo: str, payee: str, amount_cents: int) -> dict:
+        return {}
+
+    made = da.tool(requires_approval=True, identifying=["payee", "amount_cents", "payee"])(pay)
+    assert made.identifying == ("payee", "amount_cents")
+    assert da.tool(pay).identifying == ()
+    with pytest.raises(da.ConfigError, match="'iban', which is not an argument") as info:
+        da.tool(identifying=["payee", "iban"])(pay)
+    assert info.value.code == "config.tool_identifying"
+    with pytest.raises(da.ConfigError, match="must be a list of argument names") as info:
+        da.tool(identifying="payee")(pay)
+    assert info.value.code == "config.tool_identifying"
