@@ -322,6 +322,7 @@ class ApprovalRequest(models.Model):
         (ports.APPROVAL_APPROVED, "approved"),
         (ports.APPROVAL_DENIED, "denied"),
         (ports.APPROVAL_WITHDRAWN, "withdrawn"),
+        (ports.APPROVAL_EXPIRED, "expired"),
     ]
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approval_requests")
@@ -338,13 +339,24 @@ class ApprovalRequest(models.Model):
     )
     created_at = models.DateTimeField(db_default=Now())
     decided_at = models.DateTimeField(null=True, blank=True)
+    # When the request's next deadline step falls due (remind, escalate, expire: the
+    # policy's ``deadline`` counted from ``created_at``); null when none is left. The timer
+    # sweep reads pending requests by it.
+    due_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
         constraints = [
             models.UniqueConstraint(fields=["run", "call_id"], name="da_approval_run_call"),
         ]
-        indexes = [models.Index(fields=["status", "-created_at"], name="da_approval_status")]
+        indexes = [
+            models.Index(fields=["status", "-created_at"], name="da_approval_status"),
+            models.Index(
+                fields=["due_at"],
+                name="da_approval_due",
+                condition=models.Q(status=ports.APPROVAL_PENDING, due_at__isnull=False),
+            ),
+        ]
         verbose_name = "tool call awaiting approval"
         verbose_name_plural = "tool calls awaiting approval"
 
@@ -363,6 +375,7 @@ class ApprovalRequest(models.Model):
             created_at=self.created_at,
             decided_at=self.decided_at,
             previous_arguments=self.previous_arguments,
+            due_at=self.due_at,
         )
 
 
@@ -388,6 +401,9 @@ class Decision(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     # An approval's edited arguments (what it approves running instead); null: as asked.
     arguments = models.JSONField(null=True, blank=True)
+    # Who made it, when a deputy decided for ``approver`` (``Delegation``); "" for the
+    # approver themselves. The approver counts once, whoever decided for them.
+    deputy = models.CharField(max_length=200, blank=True, default="")
 
     class Meta:
         ordering = ["created_at"]
@@ -554,6 +570,35 @@ class Tombstone(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id} pruned by {self.pruned_by}"
+
+
+class Delegation(models.Model):
+    """``deputy`` decides for ``approver`` from ``starts_at`` to ``ends_at`` (on the
+    database's clock), for every call or only those of ``groups``/``tools`` (empty: all):
+    the approver who is away this week. Recorded and revoked through
+    ``engine.commands.delegations``, each logged; never edited."""
+
+    approver = models.CharField(max_length=200)
+    deputy = models.CharField(max_length=200)
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    groups = models.JSONField(default=list, blank=True)
+    tools = models.JSONField(default=list, blank=True)
+    note = models.TextField(blank=True, default="")
+    created_by = models.CharField(max_length=200)
+    created_at = models.DateTimeField(db_default=Now())
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        ordering = ["-starts_at", "-id"]
+        indexes = [
+            models.Index(fields=["deputy", "ends_at"], name="da_delegation_deputy"),
+            models.Index(fields=["approver", "ends_at"], name="da_delegation_approver"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.deputy} for {self.approver}"
 
 
 class SpentRunId(models.Model):

@@ -14,7 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .engine.identity import APPROVE_TOOLCALL, FORK_RUN, OPERATE_RUNS, RESOLVE_HALT
+from .engine.identity import (
+    APPROVE_TOOLCALL,
+    DELEGATE_APPROVALS,
+    FORK_RUN,
+    OPERATE_RUNS,
+    RESOLVE_HALT,
+)
 
 VIEW_RUN = "durable_agents.view_run"
 VIEW_APPROVALS = "durable_agents.view_approvalrequest"
@@ -31,6 +37,7 @@ CUSTOM: tuple[tuple[str, str], ...] = (
     (FORK_RUN, "Can fork runs"),
     (OPERATE_RUNS, "Can cancel and resume runs"),
     (IMPORT_RUNS, "Can import runs from an export"),
+    (DELEGATE_APPROVALS, "Can record who decides for another approver"),
 )
 
 
@@ -77,6 +84,7 @@ RULES: dict[str, Rule] = {
     "fork": Rule("fork a run", (FORK_RUN,)),
     "delete": Rule("delete a run", (DELETE_RUN,)),
     "import": Rule("import runs from an export", (IMPORT_RUNS,)),
+    "delegate": Rule("record who decides for another approver", (DELEGATE_APPROVALS,)),
 }
 
 

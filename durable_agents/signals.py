@@ -14,6 +14,11 @@ Every signal is sent with ``sender=Run`` (the model class) and these keyword arg
     decision made it final), ``note`` (a denial's message to the model), ``arguments`` (what
     runs: the edited ones for an edit), ``original_arguments`` (for an edit, the ones asked
     about; else None), ``tally`` (who approved and denied, for a quorum).
+``approval_reminded``, ``approval_escalated``, ``approval_expired``
+    a pending request's deadline steps (``da.Deadline``), each once per request: ``run_id``,
+    ``agent``, ``call_id``, ``tool``, ``arguments``, ``policy`` (as it stands after the step:
+    an escalation adds ``escalated_to``), ``step`` (``"remind"``, ``"escalate"``,
+    ``"expire"``), ``rule`` (the rule that asked), and for an expiry ``on_expiry``.
 ``run_halted``
     ``run_id``, ``agent``, ``call_id`` (the tool call id, or ``step:<name>``), ``tool``,
     ``cause`` (``"crashed"``, ``"contended"``, or ``"outcome_unknown"``: the tool raised
@@ -48,6 +53,9 @@ log = logging.getLogger("durable_agents")
 
 approval_requested = Signal()
 approval_decided = Signal()
+approval_reminded = Signal()
+approval_escalated = Signal()
+approval_expired = Signal()
 run_halted = Signal()
 run_finished = Signal()
 run_failed = Signal()
@@ -55,6 +63,9 @@ run_failed = Signal()
 SIGNALS: dict[str, Signal] = {
     events.APPROVAL_REQUESTED: approval_requested,
     events.APPROVAL_DECIDED: approval_decided,
+    events.APPROVAL_REMINDED: approval_reminded,
+    events.APPROVAL_ESCALATED: approval_escalated,
+    events.APPROVAL_EXPIRED: approval_expired,
     events.RUN_HALTED: run_halted,
     events.RUN_FINISHED: run_finished,
     events.RUN_FAILED: run_failed,
@@ -62,6 +73,9 @@ SIGNALS: dict[str, Signal] = {
 
 __all__ = [
     "approval_decided",
+    "approval_escalated",
+    "approval_expired",
+    "approval_reminded",
     "approval_requested",
     "run_failed",
     "run_finished",

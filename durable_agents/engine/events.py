@@ -19,10 +19,23 @@ from typing import Any
 
 APPROVAL_REQUESTED = "approval_requested"
 APPROVAL_DECIDED = "approval_decided"
+# A pending request's deadline steps (``engine.rules.Deadline``), each once per request.
+APPROVAL_REMINDED = "approval_reminded"
+APPROVAL_ESCALATED = "approval_escalated"
+APPROVAL_EXPIRED = "approval_expired"
 RUN_HALTED = "run_halted"
 RUN_FINISHED = "run_finished"
 RUN_FAILED = "run_failed"
-EVENTS = (APPROVAL_REQUESTED, APPROVAL_DECIDED, RUN_HALTED, RUN_FINISHED, RUN_FAILED)
+EVENTS = (
+    APPROVAL_REQUESTED,
+    APPROVAL_DECIDED,
+    APPROVAL_REMINDED,
+    APPROVAL_ESCALATED,
+    APPROVAL_EXPIRED,
+    RUN_HALTED,
+    RUN_FINISHED,
+    RUN_FAILED,
+)
 
 log = logging.getLogger("durable_agents")
 

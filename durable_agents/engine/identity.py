@@ -26,6 +26,9 @@ APPROVE_TOOLCALL = "durable_agents.approve_toolcall"
 RESOLVE_HALT = "durable_agents.resolve_halt"
 OPERATE_RUNS = "durable_agents.cancel_run"
 FORK_RUN = "durable_agents.fork_run"
+# Record that a deputy decides for another approver (``engine.delegation``): anyone may for
+# themselves; for someone else it takes this.
+DELEGATE_APPROVALS = "durable_agents.delegate_approvals"
 
 # How a request reached a command, recorded with every history row.
 PYTHON = "python"

@@ -38,6 +38,8 @@ TOOL = "tool:"
 ATTEMPT = "attempt:"
 NOT_STARTED = "not-started:"
 APPROVAL = "approval:"
+RULE = "rule:"  # which approval rule asked about a call's arguments (``engine.rules``), once
+DEADLINE = "deadline:"  # a pending request's deadline step: remind, escalate, expire (once each)
 STEP = "step:"
 USER = "user:"
 WAIT = "wait:"  # a tool asked a question or awaits a signal (its request, first writer wins)
@@ -229,6 +231,24 @@ def decision(call_id: str, arguments_tag: str | None = None) -> str:
     if arguments_tag is None:
         return f"{APPROVAL}{call_id}"
     return f"{APPROVAL}{call_id}:{arguments_tag}"
+
+
+def rule(call_id: str, arguments_tag: str | None = None) -> str:
+    """Which rule asked about a gated call: ``rule:<call>`` for the arguments it was first
+    asked about; ``rule:<call>:<tag>`` for others (an approver's edit, a deploy's change)."""
+    if arguments_tag is None:
+        return f"{RULE}{call_id}"
+    return f"{RULE}{call_id}:{arguments_tag}"
+
+
+DEADLINE_STEPS = ("remind", "escalate", "expire")
+
+
+def deadline(call_id: str, step: str, arguments_tag: str | None = None) -> str:
+    """A pending request's deadline ``step``: ``deadline:<call>:<step>``, or for a call
+    asked again about other arguments ``deadline:<call>:<tag>:<step>``."""
+    middle = f"{call_id}:{arguments_tag}" if arguments_tag else call_id
+    return f"{DEADLINE}{middle}:{step}"
 
 
 # -- record bodies written in more than one place ----------------------------------------

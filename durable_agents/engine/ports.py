@@ -266,6 +266,17 @@ APPROVAL_PENDING = "pending"
 APPROVAL_APPROVED = "approved"
 APPROVAL_DENIED = "denied"
 APPROVAL_WITHDRAWN = "withdrawn"
+# Nobody decided before the request's deadline (``engine.rules.Deadline``): it can never be
+# approved afterwards. The call's result says so (``on_expiry="deny"``), or the run was
+# cancelled or halted.
+APPROVAL_EXPIRED = "expired"
+APPROVAL_STATUSES = (
+    APPROVAL_PENDING,
+    APPROVAL_APPROVED,
+    APPROVAL_DENIED,
+    APPROVAL_WITHDRAWN,
+    APPROVAL_EXPIRED,
+)
 
 
 @dataclass(frozen=True)
@@ -284,6 +295,8 @@ class ApprovalRequestInfo:
     # Set when arguments approved earlier would now run as ``arguments`` (a deploy changed
     # how the call validates): the call is asked about again, showing both.
     previous_arguments: Any = None
+    # When its next deadline step falls due (``engine.deadlines``); None: none is left.
+    due_at: datetime | None = None
 
 
 def same_request(existing: ApprovalRequestInfo, request: ApprovalRequestInfo) -> bool:
@@ -345,6 +358,8 @@ class DecisionInfo:
     # An approval's edited arguments (validated against the tool's schema): what it approves
     # running instead of the ones asked about. None: approved (or denied) as asked.
     arguments: Any = None
+    # The deputy who made it for ``approver`` (a ``Delegation``); "" for the approver.
+    deputy: str = ""
     # The request as its maker was shown it (a quorum's vote, when saved; None when read
     # back). A store saves the decision only while the request still asks that
     # (``changed_under``): a drive under new code may ask again, and clear the votes,

@@ -20,6 +20,7 @@ def test_the_run_model_declares_the_tables_custom_permissions():
         identity.RESOLVE_HALT,
         identity.FORK_RUN,
         identity.OPERATE_RUNS,
+        identity.DELEGATE_APPROVALS,
     }
     # Importing is the glue's (``transfer``): no engine command checks it.
     assert {p for p, _ in permissions.CUSTOM} == engine_names | {permissions.IMPORT_RUNS}
