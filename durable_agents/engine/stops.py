@@ -12,8 +12,8 @@ them above it, recording its own stop under its own lease — ``run:cancelled`` 
   cancelled finishes the call in flight, then stops;
 * a decision, an answer, a signal or a message for the run: refused, and the run handed to
   a driver, which stops it;
-* recovery (a queued, running or compensating run) and the sweep (a paused one), which hand
-  it to a driver.
+* recovery (a queued, running or compensating run) and the sweep (a paused one, throttled
+  included), which hand it to a driver.
 
 So a cancel that dies after its own record leaves no run below it that can go on: nothing
 new starts under a cancelled or aborted root. A rollback already under way in a run goes on

@@ -52,7 +52,8 @@ def subtree_totals(store: Store, children: list[str]) -> tuple[Usage, Usage]:
     return usage, spend
 
 
-# The statuses a parent pauses in while a child is unfinished (its child's pause, mirrored).
+# The statuses a parent pauses in while a child is unfinished (its child's pause, mirrored;
+# a throttled child's parent awaits input). Every paused status is ``lifecycle.PAUSED``.
 PARENT_PAUSE_STATUSES = (AWAITING_APPROVAL, AWAITING_INPUT, SLEEPING, HALTED)
 
 
@@ -147,7 +148,8 @@ def rollback_may_go_on(store: Store, child: str) -> bool:
     if journal.get(child, names.SAGA_ABORT) is None:
         return True
     run = store.get_run(child)
-    return run is not None and run.status not in PARENT_PAUSE_STATUSES
+    # (Throttled too: its retry drives it, and its end hands the parent over.)
+    return run is not None and run.status not in lifecycle.PAUSED
 
 
 def children_of(store: Store, run_id: str) -> list[str]:
