@@ -1,7 +1,8 @@
 """An inert import is nobody's sub-run (issue 41, item 4), on PostgreSQL with real processes.
 
 Another site's export of a sub-run, imported as evidence at the id a live parent's call
-will use (``<run>/call_1_1``), says the payee was vetted and is ``mallory``. The parent must
+will use (``<run>/call_1_1``: a file's ids are anyone's to edit), says the payee was vetted
+and is ``mallory``. The parent must
 never take that answer: not on its first drive, and not after its driver was SIGKILLed
 right after journaling the sub-run (``after-child:<id>``), when recovery, or a fork of it,
 runs the call again. The call fails by name (``subagent.imported``); the sub-run's own
@@ -19,11 +20,11 @@ import durable_agents as da
 from durable_agents.database.store import DjangoStore
 from durable_agents.engine import names
 from durable_agents.engine.commands.recovery import recover
-from durable_agents.engine.commands.runs import delete
 from durable_agents.engine.journal import Journal
 from durable_agents.models import Run
 from durable_agents.transfer import export_lines, import_lines
-from tests.support.agents import count_effects, effects_connection
+from tests.support.agents import count_effects
+from tests.support.forging import rehashed
 from tests.support.people import make_user
 from tests.support.procs import run_json
 from tests.support.trust_agents import vet_pay
@@ -41,21 +42,17 @@ def boss():
 
 def foreign_export(run_id: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The export of ``<run_id>/call_1_1`` as another site made it: a sub-run whose staff
-    signed ``mallory`` off. Made here under the same ids, exported, then deleted with its
-    parent and its effects: only the file is left, as if it came from elsewhere."""
-    sub = f"{run_id}/call_1_1"
+    signed ``mallory`` off. Made here under other ids and exported; then its ids are
+    changed to ``run_id``'s and its chains recomputed, as anyone holding a file can."""
+    elsewhere = f"{run_id}-elsewhere"
     monkeypatch.setenv("DA_VET_PAYEE", "mallory")
     with pytest.raises(da.ApprovalPending):
-        vet_pay.run(run_id, ASK)
-    da.approve(sub, "call_1_1", True, by="boss")  # drives the sub-run, then its parent
-    assert Run.objects.get(run_id=run_id).answer == "paid"
+        vet_pay.run(elsewhere, ASK)
+    da.approve(f"{elsewhere}/call_1_1", "call_1_1", True, by="boss")  # drives both
+    assert Run.objects.get(run_id=elsewhere).answer == "paid"
     monkeypatch.delenv("DA_VET_PAYEE")
-    lines = list(export_lines(sub))
-    for gone in (sub, run_id):
-        delete(gone, by="boss")
-    with effects_connection() as conn:
-        conn.execute("DELETE FROM test_effects WHERE run_id LIKE %s", [f"{run_id}%"])
-    return lines
+    text = "\n".join(export_lines(f"{elsewhere}/call_1_1")).replace(elsewhere, run_id)
+    return rehashed([json.loads(x) for x in text.splitlines()]).splitlines()
 
 
 def drive(run_id: str, text: str | None = None, **env: str) -> tuple[int, dict]:

@@ -4,10 +4,11 @@ A run imported as evidence can hold the id a live parent's call gives its sub-ru
 (``<parent>/<call>``): before the parent journals the sub-run, or after (its driver died
 right after the ``child:`` record, before the sub-run's row). Its row may even name the
 parent as its own (an edited file says what it likes). Whatever path reaches the call
-again — a drive, the sweep, a fork, a cancel, a saga's rollback, a budget's count — the
+again — a drive, a resume, a fork, a cancel, a saga's rollback, a budget's count — the
 parent never takes the import's answer, never stops, rolls back or forks it, and never
 counts its spend; the call fails by name (``subagent.imported``). Effects are counted
-outside the journal (``fired``)."""
+outside the journal (``fired``). (A paused sub-run deleted and replaced by an import
+cannot happen: a deleted run's id is spent.)"""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import pytest
 import durable_agents as da
 from durable_agents.engine import names
 from durable_agents.engine.commands.runs import cancel, drive_quietly
-from durable_agents.engine.commands.timers import wake_timers
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.loop import drive
 from durable_agents.engine.model import (
@@ -245,28 +245,6 @@ def test_a_call_run_again_after_its_driver_died_never_adopts_an_import_put_there
     assert_refused(store, run)
     assert fired == []
     assert untouched(store, f"{run}/{CALL}") == was
-
-
-def test_the_sweep_never_hands_a_parent_an_import_put_at_its_paused_sub_runs_id(wired):
-    store, fired = wired, []
-    parent, _ = tree(new_id("isr4"), fired, gated=True)
-    run = new_id("victim")
-    with pytest.raises(da.ApprovalPending):
-        drive(parent, run, "go", store=store)
-    assert store.get_run(run).status == "awaiting_approval"
-    store.delete_run(f"{run}/{CALL}")  # staff delete the paused sub-run
-    # Another site's run of the same sub-agent, finished, imported at its id.
-    other = new_id("elsewhere")
-    with pytest.raises(da.ApprovalPending):
-        drive(parent, other, "go", store=store)
-    da.approve(f"{other}/{CALL}", "call_1_1", True, by="ann", store=store)
-    fired.clear()
-    place_import(store, f"{other}/{CALL}", f"{run}/{CALL}", run)
-    assert run in wake_timers(store=store)
-    assert store.get_run(run).status == "finished"
-    assert store.get_run(run).answer == "not paid"
-    assert_refused(store, run)
-    assert fired == []
 
 
 def test_a_cancel_of_a_parent_leaves_an_import_at_its_sub_runs_id_alone(wired, crash_at):
