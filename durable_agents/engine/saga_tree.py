@@ -66,8 +66,8 @@ def rollback_child(
     row = store.get_run(child_id)
     if row is None:
         return outcome, False  # the parent journaled the child, then stopped: never run
-    parent = store.get_run(parent_run_id)
-    if foreign_sub_run(row, parent.imported if parent is not None else NOT_IMPORTED):
+    parent = store.get_run(parent_run_id) if row.imported else None
+    if row.imported and foreign_sub_run(row, parent.imported if parent else NOT_IMPORTED):
         # An import at the child's id (the parent journaled the child, then died before its
         # row): none of it ran here, so there is nothing of the parent's to undo.
         return {**outcome, "imported": True}, False

@@ -169,9 +169,10 @@ def effects_in(store: Store, agent: Any, run_id: str) -> list[str]:
             row = store.get_run(child)
             if row is None:
                 continue
-            here = here or store.get_run(run_id)
-            if foreign_sub_run(row, here.imported if here is not None else NOT_IMPORTED):
-                continue  # an import at its sub-run's id: none of its effects are the run's
+            if row.imported:
+                here = here or store.get_run(run_id)
+                if foreign_sub_run(row, here.imported if here is not None else NOT_IMPORTED):
+                    continue  # an import at its sub-run's id: none of its effects are its own
             if effects_in(store, tool.subagent_def, child):
                 left.append(call_id)
         else:

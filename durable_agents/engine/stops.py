@@ -31,7 +31,15 @@ from .errors import RunBusy
 from .imported import foreign_sub_run
 from .journal import Journal
 from .leases import HeldLease
-from .ports import CANCELLED, COMPENSATED, COMPENSATING, FINISHED, NOT_IMPORTED, Store
+from .ports import (
+    CANCELLED,
+    COMPENSATED,
+    COMPENSATING,
+    FINISHED,
+    NOT_IMPORTED,
+    RunInfo,
+    Store,
+)
 from .records import decode
 
 CANCEL = "cancel"
@@ -194,15 +202,17 @@ def stop_below(store: Store, run_id: str) -> list[str]:
     stop = stop_above(store, run_id)
     if stop is None:
         return busy
-    here = store.get_run(run_id)
+    here: RunInfo | None = None
     for child in tree.children_of(store, run_id):
         row = store.get_run(child)
         # A fork's reference to its source's sub-run is the source's, never the fork's; an
         # import at a sub-run's id is nobody's (it names the run its parent if it likes).
         if row is None or row.parent_run_id != run_id:
             continue
-        if foreign_sub_run(row, here.imported if here is not None else NOT_IMPORTED):
-            continue
+        if row.imported:
+            here = here or store.get_run(run_id)
+            if foreign_sub_run(row, here.imported if here is not None else NOT_IMPORTED):
+                continue
         if row.status in (FINISHED, CANCELLED, COMPENSATED):
             continue
         try:
