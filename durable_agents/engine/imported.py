@@ -6,6 +6,13 @@ driven (the store grants no lease on it, and the drive refuses it by name), and 
 in it is decided, answered, signalled, resolved, woken, cancelled or forked. Each command
 that acts on a run asks ``refuse_inert`` first, on the run row it reads anyway; the
 sweeps never see such a run (the store leaves it out of its listings of work).
+
+Nor is an import anyone's sub-run (``foreign_sub_run``): a file may hold a run under the id
+a parent here will give its next sub-run (``<parent>/<call>``), saying the sub-run finished
+with whatever answer. A parent takes a sub-run's answer only from a run it started here:
+never from an inert import, and, unless the parent was itself imported live, never from a
+live one either (its answer is the file's, and the sub-run's own calls and decisions never
+ran here).
 """
 
 from __future__ import annotations
@@ -23,19 +30,58 @@ from .approvals import (
 )
 from .errors import ApprovalError, ConfigError, ImportRefused, RunImported
 from .export import RunExport
-from .ports import ApprovalRequestInfo, RunInfo
+from .ports import IMPORTED_LIVE, NOT_IMPORTED, ApprovalRequestInfo, RunInfo
 from .records import Record, encode
 
+_CARRY_ON = (
+    "To carry it on here, import it again with --live, which verifies every decision in it "
+    "against this site's approver keys"
+)
 
-def refuse_inert(run: RunInfo | None, doing: str) -> None:
-    """Refuse (``run.imported``) to ``doing`` on an inert import; nothing else is checked."""
+
+def refuse_inert(
+    run: RunInfo | None, doing: str, *, where: str = "in it here", fix: str = _CARRY_ON
+) -> None:
+    """Refuse (``run.imported``) to ``doing`` on an inert import; nothing else is checked.
+    ``where`` and ``fix`` (how to go on instead) complete the message."""
     if run is not None and run.inert:
         raise RunImported(
-            f"run {run.run_id!r} was imported as evidence (inert): nobody may {doing} in it "
-            "here. To carry it on here, import it again with --live, which verifies every "
-            "decision in it against this site's approver keys",
+            f"run {run.run_id!r} was imported as evidence (inert): nobody may {doing} "
+            f"{where}. {fix}",
             run_id=run.run_id,
         )
+
+
+# What a parent's call does about an import at its sub-run's id, for the messages.
+SUB_RUN_FIX = (
+    "It holds the id the call's sub-run would have: the call's result is this error, and a "
+    "new call starts a sub-run of its own. The import stays as it came"
+)
+
+
+def foreign_sub_run(child: RunInfo | None, parent_imported: str = NOT_IMPORTED) -> bool:
+    """Whether ``child``, the run found at a sub-run's id, is not its parent's to take (the
+    parent's ``RunInfo.imported``: ``parent_imported``): an inert import, or a live import
+    under a parent that was not imported live (a run made here started no such run)."""
+    if child is None or child.imported == NOT_IMPORTED:
+        return False
+    return child.inert or parent_imported != IMPORTED_LIVE
+
+
+def refuse_sub_run(child: RunInfo | None, parent: RunInfo | None, call_id: str) -> None:
+    """Refuse (``run.imported``) to take ``child`` for the sub-run of ``parent``'s call
+    ``call_id`` when it is foreign to it (``foreign_sub_run``), whatever it answered."""
+    parent_imported = parent.imported if parent is not None else NOT_IMPORTED
+    if child is None or not foreign_sub_run(child, parent_imported):
+        return
+    parent_id = parent.run_id if parent is not None else child.run_id.rpartition("/")[0]
+    doing = f"take its answer for the sub-run of call {call_id!r} of run {parent_id!r}"
+    refuse_inert(child, doing, where="here", fix=SUB_RUN_FIX)
+    raise RunImported(
+        f"run {child.run_id!r} was imported live from another site: nobody may {doing}, a "
+        f"run made here (its answer is the file's; none of its calls ran here). {SUB_RUN_FIX}",
+        run_id=child.run_id,
+    )
 
 
 def check_live(run: RunExport) -> None:

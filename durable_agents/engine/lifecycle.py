@@ -18,7 +18,9 @@ can leave a run in is terminal or picked up by something that does not need a pe
   finishes what one of them left half done, or what its ancestors' stop asks of it;
 * ``throttled``: a limit was full (``engine.limits``); the sweep hands it over when its retry
   is due, a driver giving back a slot it waits for sooner, and a decision or an answer that
-  lands meanwhile queues it as it would a paused run;
+  lands meanwhile queues it as it would a paused run. It is a paused status (``PAUSED``)
+  wherever a pause is meant: the sweep hands it over at once when an ancestor's stop is not
+  recorded in it yet, as it does the others, not at its retry (a day off for ``1/d``);
 * ``failed`` for good: a person's (``pending()`` says why); nothing drives it again on
   its own, and under a stopped ancestor nothing can (its drive stops first).
 """
@@ -57,6 +59,8 @@ SWEEP = "sweep"  # the sweep of paused runs (``commands.timers.wake_timers``)
 
 MOVERS = (CREATE, DRIVER, PERSON, SUB_RUN, RECOVERY, SWEEP)
 
+# Every status a run waits in with nobody driving it, throttled included: what "paused"
+# means in every rule (the sweep, a stop above, a sub-run a parent waits on).
 PAUSED = (AWAITING_APPROVAL, AWAITING_INPUT, SLEEPING, HALTED, THROTTLED)
 _NOT_TERMINAL = frozenset(NOT_TERMINAL_STATUSES)
 

@@ -61,6 +61,7 @@ from .errors import (
     WaitError,
 )
 from .fingerprint import diff, tools_digest
+from .imported import SUB_RUN_FIX, refuse_inert
 from .journal import Journal, RunLog, header
 from .leases import HeldLease
 from .model import (
@@ -86,6 +87,7 @@ from .ports import (
     HALT_OUTCOME_UNKNOWN,
     HALTED,
     IMPORTED_INERT,
+    NOT_IMPORTED,
     QUEUED,
     RUNNING,
     SLEEPING,
@@ -171,6 +173,7 @@ def _drive_read(
     """One pass of ``drive`` over a run that exists: read its journal once (or take what
     the start attempt read, ``loaded``), answer a finished run from it, else drive it under
     a lease (``held``: taken before the read)."""
+    sub_run = bool((meta or {}).get("parent_run_id"))
     try:
         fence = held.token if held else None
         if loaded is not None:
@@ -189,7 +192,7 @@ def _drive_read(
             done = RunState(start=log.get(names.RUN_START), complete=complete)
             Driver.check_start(agent, run_id, done, input)
             result = finished_result(run_id, done)
-            repair_finished(store, run_id, result, loaded)
+            repair_finished(store, run_id, result, loaded, sub_run=sub_run)
             if held is not None:
                 held.release()
             return result
@@ -197,7 +200,7 @@ def _drive_read(
         if state.complete is not None and state.saga_abort is None:
             Driver.check_start(agent, run_id, state, input)
             result = finished_result(run_id, state)
-            repair_finished(store, run_id, result, loaded)
+            repair_finished(store, run_id, result, loaded, sub_run=sub_run)
             if held is not None:
                 held.release()
             return result
@@ -311,13 +314,29 @@ def _refuse_while_awaiting_approval(store: Store, run_id: str, exc: ConfigError)
 
 
 def repair_finished(
-    store: Store, run_id: str, result: RunResult, loaded: Existing | None = None
+    store: Store,
+    run_id: str,
+    result: RunResult,
+    loaded: Existing | None = None,
+    *,
+    sub_run: bool = False,
 ) -> None:
     """The journal is the truth: a run whose journal holds ``run:complete`` is finished, with
     that answer, whatever its row says (a row left behind by a crash or a racing writer).
-    ``loaded``: the row as read with the journal (in the same snapshot), so not read again."""
+    ``loaded``: the row as read with the journal (in the same snapshot), so not read again.
+    ``sub_run``: the drive is a parent's call's, which never takes an inert import's answer
+    (``run.imported``; ``imported.foreign_sub_run``)."""
     run: RunInfo | Existing | None = loaded if loaded is not None else store.get_run(run_id)
     if run is None or run.imported == IMPORTED_INERT:  # an inert import's row stays as it came
+        if run is not None and sub_run:
+            # An import that landed at the id after the parent looked: the row read with
+            # the journal says so.
+            refuse_inert(
+                run if isinstance(run, RunInfo) else store.get_run(run_id),
+                "take its answer for a parent's call",
+                where="here",
+                fix=SUB_RUN_FIX,
+            )
         return
     if run.status == FINISHED and run.answer == result.answer and run.turns == result.turns:
         return
@@ -490,6 +509,7 @@ class Driver:
         self.log = log
         self.state = RunState.of(log)
         self._ancestors: list[tuple[str, int, Usage]] | None = None  # ``_ancestor_budgets``
+        self._imported: str | None = None  # this run's ``RunInfo.imported`` (``_subtree``)
         # A paused parent queued by a one-write finish that then stored nothing: the finish
         # written one by one must still hand it over (queueing it again finds it queued).
         self._queued_parent: str | None = None
@@ -801,7 +821,10 @@ class Driver:
         ]
         if not children:
             return Usage(), Usage()
-        return tree.subtree_totals(self.store, children)
+        if self._imported is None:  # whether an import is this run's sub-run: read once
+            row = self.store.get_run(self.run_id)
+            self._imported = row.imported if row is not None else NOT_IMPORTED
+        return tree.subtree_totals(self.store, children, self._imported)
 
     def _request(self) -> ModelRequest:
         return ModelRequest(

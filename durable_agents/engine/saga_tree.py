@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 from . import failpoints, names, runtime, sagas, stops
 from .approvals import withdraw_pending
 from .errors import ChildPending, Pause, ProtocolError, RunBusy, SagaAborted
+from .imported import foreign_sub_run
 from .journal import Journal
 from .leases import HeldLease
 from .loop import drive
-from .ports import AWAITING_INPUT, COMPENSATING, Store
+from .ports import AWAITING_INPUT, COMPENSATING, NOT_IMPORTED, Store
 
 if TYPE_CHECKING:
     from .definition import AgentDefinition
@@ -62,8 +63,14 @@ def rollback_child(
     with effects left). Raise ``ChildPending`` when the child cannot end now."""
     journal = Journal(store)
     outcome: dict[str, Any] = {"sub_run": child_id, "undone": [], "failed": []}
-    if store.get_run(child_id) is None:
+    row = store.get_run(child_id)
+    if row is None:
         return outcome, False  # the parent journaled the child, then stopped: never run
+    parent = store.get_run(parent_run_id) if row.imported else None
+    if row.imported and foreign_sub_run(row, parent.imported if parent else NOT_IMPORTED):
+        # An import at the child's id (the parent journaled the child, then died before its
+        # row): none of it ran here, so there is nothing of the parent's to undo.
+        return {**outcome, "imported": True}, False
     if not sagas.has_undos(agent) and journal.get(child_id, names.RUN_COMPLETE) is not None:
         # Rolled back only to stop it going on (``sagas._calls``), and it ended on its own
         # before its parent recorded the call's outcome: nothing to stop, nothing to undo.

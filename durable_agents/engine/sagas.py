@@ -42,6 +42,7 @@ from .errors import (
     TimerPending,
     ToolOutcomeUnknown,
 )
+from .imported import foreign_sub_run
 from .journal import Journal
 from .ports import (
     AWAITING_INPUT,
@@ -49,7 +50,9 @@ from .ports import (
     COMPENSATING,
     FAILED,
     HALT_OUTCOME_UNKNOWN,
+    NOT_IMPORTED,
     HaltInfo,
+    RunInfo,
     Store,
 )
 from .records import Record, encode
@@ -157,12 +160,20 @@ def effects_in(store: Store, agent: Any, run_id: str) -> list[str]:
     state = RunState.of(log)
     live = state.live_attempts()
     left = []
+    here: RunInfo | None = None
     for call_id, tool, _ in _calls(state, agent, log.get):
         if call_id in state.compensations:
             continue
         if tool.subagent_def is not None:
             child = sub_run_of(state, run_id, call_id)
-            if store.get_run(child) is not None and effects_in(store, tool.subagent_def, child):
+            row = store.get_run(child)
+            if row is None:
+                continue
+            if row.imported:
+                here = here or store.get_run(run_id)
+                if foreign_sub_run(row, here.imported if here is not None else NOT_IMPORTED):
+                    continue  # an import at its sub-run's id: none of its effects are its own
+            if effects_in(store, tool.subagent_def, child):
                 left.append(call_id)
         else:
             left.append(call_id)

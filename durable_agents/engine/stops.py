@@ -12,8 +12,8 @@ them above it, recording its own stop under its own lease — ``run:cancelled`` 
   cancelled finishes the call in flight, then stops;
 * a decision, an answer, a signal or a message for the run: refused, and the run handed to
   a driver, which stops it;
-* recovery (a queued, running or compensating run) and the sweep (a paused one), which hand
-  it to a driver.
+* recovery (a queued, running or compensating run) and the sweep (a paused one, throttled
+  included), which hand it to a driver.
 
 So a cancel that dies after its own record leaves no run below it that can go on: nothing
 new starts under a cancelled or aborted root. A rollback already under way in a run goes on
@@ -28,9 +28,18 @@ from typing import Any
 from . import lifecycle, names, runtime, tree
 from .approvals import withdraw_pending
 from .errors import RunBusy
+from .imported import foreign_sub_run
 from .journal import Journal
 from .leases import HeldLease
-from .ports import CANCELLED, COMPENSATED, COMPENSATING, FINISHED, Store
+from .ports import (
+    CANCELLED,
+    COMPENSATED,
+    COMPENSATING,
+    FINISHED,
+    NOT_IMPORTED,
+    RunInfo,
+    Store,
+)
 from .records import decode
 
 CANCEL = "cancel"
@@ -193,11 +202,17 @@ def stop_below(store: Store, run_id: str) -> list[str]:
     stop = stop_above(store, run_id)
     if stop is None:
         return busy
+    here: RunInfo | None = None
     for child in tree.children_of(store, run_id):
         row = store.get_run(child)
-        # A fork's reference to its source's sub-run is the source's, never the fork's.
+        # A fork's reference to its source's sub-run is the source's, never the fork's; an
+        # import at a sub-run's id is nobody's (it names the run its parent if it likes).
         if row is None or row.parent_run_id != run_id:
             continue
+        if row.imported:
+            here = here or store.get_run(run_id)
+            if foreign_sub_run(row, here.imported if here is not None else NOT_IMPORTED):
+                continue
         if row.status in (FINISHED, CANCELLED, COMPENSATED):
             continue
         try:

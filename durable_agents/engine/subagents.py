@@ -25,14 +25,19 @@ How a tree is driven (see docs/composition.md):
   drive a child that failed for good (nothing was to retry it).
 * The chain of a child's ancestors is at most ``runtime.subagent_depth()`` deep, and never
   holds the child's own agent (a cycle): both are the call's error result, with a code.
+* A run imported from another site that holds the child's id is never taken for the child
+  (``imported.foreign_sub_run``): on the first call, on a call run again after a crash, and
+  on a fork's reference, the call's error result is ``subagent.imported``, and nothing of the
+  import's answer reaches the parent.
 """
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from typing import TYPE_CHECKING
 
-from . import failpoints, names, runtime, saga_tree
+from . import failpoints, imported, names, runtime, saga_tree
 from .errors import (
     ChildPending,
     ConfigError,
@@ -40,6 +45,7 @@ from .errors import (
     DurableAgentsError,
     Pause,
     RunBusy,
+    RunImported,
     StorageError,
     Throttled,
 )
@@ -51,6 +57,8 @@ from .tree import child_run_id, failed_for_good
 
 if TYPE_CHECKING:
     from .definition import AgentDefinition
+
+log = logging.getLogger("durable_agents")
 
 
 def as_tool(
@@ -84,6 +92,9 @@ def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:
     child_id = child_run_id(ctx.run_id, ctx.call_id)
     root = (parent.root_run_id if parent is not None else None) or ctx.run_id
     check_tree(store, ctx.run_id, agent.name)
+    # Before the parent journals the child: an import holding its id is refused, and never
+    # named in the parent's tree.
+    _refuse_imported(store.get_run(child_id), parent, ctx.call_id, agent.name)
     journal = Journal(store)
     recorded, inserted = journal.write(
         ctx.run_id,
@@ -94,10 +105,16 @@ def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:
     if str(recorded.get("run_id")) != child_id:
         # A fork's copy of its source's call, whose child had ended before the fork point:
         # referenced, never driven (it is the source's run, not the fork's).
-        return _referenced(store, journal, str(recorded.get("run_id")), agent.name)
+        return _referenced(
+            store, journal, str(recorded.get("run_id")), agent.name, parent, ctx.call_id
+        )
     failpoints.hit(f"after-child:{child_id}")
-    if not inserted:  # the call runs again: its child may have failed for good meanwhile
-        _refuse_failed(store.get_run(child_id), agent.name)
+    if not inserted:
+        # The call runs again: an import may hold the child's id since the record (a driver
+        # died after it, before the child's row), or the child failed for good meanwhile.
+        row = store.get_run(child_id)
+        _refuse_imported(row, parent, ctx.call_id, agent.name)
+        _refuse_failed(row, agent.name)
     try:
         result = drive(
             agent,
@@ -124,6 +141,10 @@ def run_child(agent: AgentDefinition, input: str, ctx: ToolContext) -> str:
         ) from None
     except RunBusy:
         raise _waiting(ctx.run_id, child_id, "is being driven elsewhere") from None
+    except RunImported as exc:
+        # An inert import landed at the id after the look above: the drive refused it, on
+        # the row it read with the journal (a finished one too: its answer is nobody's).
+        raise _taken(exc, ctx.run_id, ctx.call_id, agent.name) from None
     except StorageError:
         # The store failed this drive (perhaps before the child's row existed, so nothing
         # would ever retry the child): the parent's drive fails for a retry, and calling
@@ -156,10 +177,48 @@ def _refuse_failed(child: RunInfo | None, agent: str) -> None:
     )
 
 
-def _referenced(store: Store, journal: Journal, child_id: str, agent: str) -> str:
+def _refuse_imported(
+    child: RunInfo | None, parent: RunInfo | None, call_id: str, agent: str
+) -> None:
+    """The call's error (``subagent.imported``) if ``child``, the run at its child's id, is
+    an import that is not the parent's (``imported.refuse_sub_run``)."""
+    try:
+        imported.refuse_sub_run(child, parent, call_id)
+    except RunImported as exc:
+        parent_id = parent.run_id if parent is not None else ""
+        raise _taken(exc, parent_id, call_id, agent) from None
+
+
+def _taken(exc: RunImported, parent_id: str, call_id: str, agent: str) -> Conflict:
+    # Said in the log too: a file placed where a live run would look is an operator's doing
+    # that staff should hear of, not only the model.
+    log.warning(
+        "run %s: call %s refused the import %s at its sub-run's id (subagent.imported)",
+        parent_id,
+        call_id,
+        exc.details.get("run_id"),
+    )
+    return Conflict(
+        f"[subagent.imported] the sub-run of agent {agent!r} was not run: {exc}",
+        code="subagent.imported",
+        run_id=exc.details.get("run_id"),
+    )
+
+
+def _referenced(
+    store: Store,
+    journal: Journal,
+    child_id: str,
+    agent: str,
+    fork: RunInfo | None,
+    call_id: str,
+) -> str:
     """The answer of an ended child a fork references, or the error its source's call got.
     A child a saga rolled back after it finished (``saga:abort`` after its ``run:complete``)
-    has no answer any more: what it did is undone, or being undone."""
+    has no answer any more: what it did is undone, or being undone. An import at the id
+    (its source journaled the child, then died before the child's row) is refused."""
+    run = store.get_run(child_id)
+    _refuse_imported(run, fork, call_id, agent)
     complete = journal.get(child_id, names.RUN_COMPLETE)
     if complete is not None and journal.get(child_id, names.SAGA_ABORT) is not None:
         raise Conflict(
@@ -171,7 +230,6 @@ def _referenced(store: Store, journal: Journal, child_id: str, agent: str) -> st
         )
     if complete is not None:
         return str(complete.get("answer"))
-    run = store.get_run(child_id)
     status = run.status if run is not None else "deleted"
     code = f"subagent.{'cancelled' if status == CANCELLED else 'failed'}"
     raise Conflict(

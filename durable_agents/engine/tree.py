@@ -9,6 +9,7 @@ from typing import Any
 
 from . import lifecycle, names, runtime
 from .errors import ConfigError
+from .imported import foreign_sub_run
 from .journal import Journal
 from .model import Usage
 from .ports import (
@@ -18,6 +19,7 @@ from .ports import (
     COMPENSATED,
     FAILED,
     HALTED,
+    NOT_IMPORTED,
     SLEEPING,
     RunInfo,
     Store,
@@ -30,14 +32,21 @@ def child_run_id(parent_run_id: str, call_id: str) -> str:
     return f"{parent_run_id}/{call_id}"
 
 
-def subtree_totals(store: Store, children: list[str]) -> tuple[Usage, Usage]:
+def subtree_totals(
+    store: Store, children: list[str], imported: str = NOT_IMPORTED
+) -> tuple[Usage, Usage]:
     """What ``children`` and their own descendants used and spent: a finished child's
     totals from its ``run:complete`` (which rolls up its own children); an unfinished one's
     (paused, failed, being driven) from its journal and, the same way, its own children's:
-    its row's totals date from its last turn, before what its children spent since."""
+    its row's totals date from its last turn, before what its children spent since. An
+    import at a child's id counts nothing: none of it ran for the parent (whose
+    ``RunInfo.imported`` is ``imported``), whatever its file says it spent."""
     journal = Journal(store)
     usage, spend = Usage(), Usage()
     for child in children:
+        row = store.get_run(child)
+        if foreign_sub_run(row, imported):
+            continue
         complete = journal.get(child, names.RUN_COMPLETE)
         if complete is not None:
             used = Usage.from_json(dict(complete.get("usage") or {}))
@@ -46,13 +55,16 @@ def subtree_totals(store: Store, children: list[str]) -> tuple[Usage, Usage]:
             spend = spend + (Usage.from_json(dict(spent)) if spent else used)
             continue
         state = RunState.of(journal.records(child))
-        below = subtree_totals(store, list(state.children.values()))
+        below = subtree_totals(
+            store, list(state.children.values()), row.imported if row else NOT_IMPORTED
+        )
         usage = usage + state.usage() + below[0]
         spend = spend + state.spend() + below[1]
     return usage, spend
 
 
-# The statuses a parent pauses in while a child is unfinished (its child's pause, mirrored).
+# The statuses a parent pauses in while a child is unfinished (its child's pause, mirrored;
+# a throttled child's parent awaits input). Every paused status is ``lifecycle.PAUSED``.
 PARENT_PAUSE_STATUSES = (AWAITING_APPROVAL, AWAITING_INPUT, SLEEPING, HALTED)
 
 
@@ -147,7 +159,8 @@ def rollback_may_go_on(store: Store, child: str) -> bool:
     if journal.get(child, names.SAGA_ABORT) is None:
         return True
     run = store.get_run(child)
-    return run is not None and run.status not in PARENT_PAUSE_STATUSES
+    # (Throttled too: its retry drives it, and its end hands the parent over.)
+    return run is not None and run.status not in lifecycle.PAUSED
 
 
 def children_of(store: Store, run_id: str) -> list[str]:
@@ -168,7 +181,7 @@ def ancestor_budgets(store: Store, run_id: str, parent: str | None) -> list[tupl
     (the tree's depth is), once per drive."""
     from .registry import get_agent  # the registry imports the loop's modules: import late
 
-    chain: list[tuple[str, int | None]] = []
+    chain: list[tuple[str, int | None, str]] = []
     current = parent
     while current and len(chain) <= runtime.subagent_depth():
         row = store.get_run(current)
@@ -178,7 +191,7 @@ def ancestor_budgets(store: Store, run_id: str, parent: str | None) -> list[tupl
             budget = get_agent(row.agent).token_budget
         except ConfigError:  # an agent no longer loaded: its budget is unknown here
             budget = None
-        chain.append((current, budget))
+        chain.append((current, budget, row.imported))
         current = row.parent_run_id
     while chain and chain[-1][1] is None:
         chain.pop()
@@ -186,10 +199,10 @@ def ancestor_budgets(store: Store, run_id: str, parent: str | None) -> list[tupl
     outside = Usage()
     below = run_id  # the ancestor's child on the way down to the sub-run
     journal = Journal(store)
-    for ancestor, budget in chain:
+    for ancestor, budget, imported in chain:
         state = RunState.of(journal.records(ancestor))
         others = [c for c in state.children.values() if c != below]
-        outside = outside + state.spend() + subtree_totals(store, others)[1]
+        outside = outside + state.spend() + subtree_totals(store, others, imported)[1]
         if budget is not None:
             out.append((ancestor, budget, outside))
         below = ancestor

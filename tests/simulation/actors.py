@@ -8,6 +8,7 @@ the engine's public commands.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -30,14 +31,31 @@ from durable_agents.engine.errors import (
     RunImported,
     StorageError,
 )
-from durable_agents.engine.journal import Journal
-from durable_agents.engine.ports import AWAITING_APPROVAL, HALTED, IMPORTED_INERT
+from durable_agents.engine.journal import Journal, header
+from durable_agents.engine.names import RUN_COMPLETE, RUN_START, start_body
+from durable_agents.engine.ports import (
+    AWAITING_APPROVAL,
+    HALTED,
+    IMPORTED_INERT,
+    THROTTLED,
+    RunInfo,
+)
 from durable_agents.engine.records import encode
 from durable_agents.engine.waits import latest_question, open_waits
 
 from . import world as W
-from .agent import AGENT, ANSWERS, NOT_HAPPENED, SESSION, Plans, is_agent_run, parse_plan, wait_name
-from .invariants import _in_flight, effects_seen_by
+from .agent import (
+    AGENT,
+    ANSWERS,
+    ERRAND,
+    NOT_HAPPENED,
+    SESSION,
+    Plans,
+    is_agent_run,
+    parse_plan,
+    wait_name,
+)
+from .invariants import _in_flight, effects_seen_by, sweep_reaches_down
 
 # -- actors -------------------------------------------------------------------------------
 
@@ -146,7 +164,7 @@ def _wake_timers(w: W.World) -> list[str]:
     # (Throttled runs came with limits: a seed without them has none, and sweeps as before.)
     if not any(w.raw.list_unfinished(statuses=["sleeping", "awaiting_input", "throttled"])):
         return []
-    return wake_timers(store=w.store)
+    return sweep_reaches_down(w, lambda: wake_timers(store=w.store))
 
 
 class Deployer(Actor):
@@ -607,6 +625,9 @@ def _runs_below(w: W.World, run_id: str) -> list[str]:
                 continue
             child = str(rec.get("run_id"))
             row = w.raw.get_run(child)
+            # (An import at a sub-run's id is nobody's sub-run, whatever its row says.)
+            if row is not None and row.inert:
+                continue
             if row is not None and row.parent_run_id == parent and child not in below:
                 below.append(child)
                 todo.append(child)
@@ -653,9 +674,13 @@ class TreeCanceller(Actor):
 
     kind = "canceller"
 
-    def __init__(self, name: str, left: int) -> None:
+    def __init__(self, name: str, left: int, aimed: int = 0) -> None:
         super().__init__(name)
         self.left = left
+        # In the digest casts (issue 41), one cancel more, aimed at a tree whose sub-run
+        # waits on its spent rate; its choices from a stream of its own.
+        self.aimed = aimed
+        self.left_alone: set[str] = set()  # trees whose aimed cancel died
 
     def _below(self, w: W.World) -> list[Any]:
         """Unfinished sub-runs whose parent nobody drives right now (so a cancel of it is
@@ -665,16 +690,25 @@ class TreeCanceller(Actor):
         for row in rows:
             if row is None or not row.parent_run_id or row.finished:
                 continue
+            if {row.root_run_id, row.parent_run_id} & self.left_alone:
+                continue  # cancelling it again would finish the dead cancel at once
             lease = w.raw.get_lease(row.parent_run_id)
             if lease is None or not lease.live:
                 out.append(row)
         return out
 
     def weight(self, w: W.World) -> int:
-        return 1 if self.left and self._below(w) else 0
+        below = self._below(w) if self.left or self.aimed else []
+        if self.aimed and any(r.status == THROTTLED for r in below):
+            return 3  # while the sub-run waits on its rate
+        return 1 if self.left and below else 0
 
     def choose(self, w: W.World) -> Op | None:
         below = self._below(w)
+        throttled = [r for r in below if r.status == THROTTLED]
+        if self.aimed and throttled:
+            self.aimed -= 1
+            return self._aimed(w, throttled[w.digest_rng.randrange(len(throttled))])
         if not below or not self.left:
             return None
         self.left -= 1
@@ -692,6 +726,29 @@ class TreeCanceller(Actor):
             f"cancel{' and compensate' if compensate else ''} tree {run_id}",
             lambda: cancel_tree(w, run_id, self.name, "tree", compensate),
         )
+
+    def _aimed(self, w: W.World, row: Any) -> Op:
+        """Cancel the tree of ``row``, a sub-run throttled on a spent rate; most such cancels
+        die right after their own record (``after-cancel:<run>``), before reaching it: the
+        next sweep must finish them, not the sub-run's retry a day later."""
+        rng = w.digest_rng
+        run_id = str(
+            row.root_run_id if rng.random() < 0.5 and row.root_run_id else row.parent_run_id
+        )
+        compensate = bool(w.deploy.saga) and rng.random() < 0.5
+        die = rng.random() < 0.7
+        w.count("trees cancelled with a sub-run throttled")
+        if die:
+            self.left_alone |= {run_id, str(row.root_run_id or run_id)}
+
+        def op() -> Any:
+            if die and self.proc is not None:
+                self.proc.die_at = f"after-cancel:{run_id}"
+            return cancel_tree(w, run_id, self.name, "tree", compensate)
+
+        # (One that dies runs to its death at once: nobody slips in before its record.)
+        op.exclusive = die  # type: ignore[attr-defined]
+        return f"cancel{' and compensate' if compensate else ''} tree {run_id}", op
 
 
 class Outsider(Actor):
@@ -1035,11 +1092,35 @@ class Importer(Actor):
         *("answer", "signal", "wake", "cancel", "fork"),
     )
 
-    def __init__(self, name: str, imports: int, attacks: int) -> None:
+    def __init__(self, name: str, imports: int, attacks: int, aimed: int = 2) -> None:
         super().__init__(name)
         self.imports_left = imports
         self.attacks_left = attacks
+        self.aimed_left = aimed
         self.n = 0
+
+    def _futures(self, w: W.World) -> list[tuple[str, str, str]]:
+        """Sub-runs a parent's journal says it starts next, whose id no run holds yet: an
+        errand call in a model turn, with no result, and no row at its sub-run's id (not
+        journaled yet, or journaled by a driver that died before the sub-run's row):
+        (parent, call, sub-run id)."""
+        out = []
+        for run_id in w.runs:
+            if not is_agent_run(run_id) or w.raw.get(run_id, "run:complete") is not None:
+                continue
+            names = {rec.name: rec for rec in Journal(w.raw).records(run_id)}
+            for name, rec in names.items():
+                if not name.startswith("model:"):
+                    continue
+                for call in (rec.get("message") or {}).get("tool_calls") or ():
+                    call_id = str(call.get("id"))
+                    if call.get("name") != ERRAND or f"tool:{call_id}" in names:
+                        continue
+                    child = names.get(f"child:{call_id}")
+                    sub = str(child.get("run_id")) if child is not None else f"{run_id}/{call_id}"
+                    if w.raw.get_run(sub) is None:
+                        out.append((run_id, call_id, sub))
+        return out
 
     def _sources(self, w: W.World) -> list[str]:
         return [
@@ -1053,11 +1134,23 @@ class Importer(Actor):
         ]
 
     def weight(self, w: W.World) -> int:
+        if self.aimed_left and self._futures(w):
+            return 8  # the window lasts a few store calls (or until a dead driver's run moves)
         if self.imports_left and self._sources(w):
             return 2
         return 3 if self.attacks_left and w.imports else 0
 
     def choose(self, w: W.World) -> Op | None:
+        futures = self._futures(w) if self.aimed_left else []
+        if futures:
+            # An operator imports a file holding a run at the id a parent gives its next
+            # sub-run (issue 41): drawn from a stream of its own.
+            self.aimed_left -= 1
+            parent, call_id, sub = futures[w.aim_import_rng.randrange(len(futures))]
+            return (
+                f"import a finished sub-run at {sub} (inert)",
+                lambda: self._import_at(w, parent, call_id, sub),
+            )
         sources = self._sources(w)
         rng = w.import_rng
         if self.imports_left and sources and (not w.imports or rng.random() < 0.4):
@@ -1102,6 +1195,56 @@ class Importer(Actor):
         w.imports[new] = W.imported_state(w.raw, new, source)
         w.count("runs imported inert")
         return new
+
+    def _import_at(self, w: W.World, parent: str, call_id: str, sub: str) -> str:
+        """A file's run at ``sub``, written to the raw store in one go as the import writes
+        it: a finished run of the parent's errand agent, with the call's input (so a drive
+        of the sub-run would take it for finished), its row naming ``parent`` as its
+        parent, and an answer of the file's own."""
+        if w.raw.get_run(sub) is not None:
+            return "taken meanwhile"
+        records = {r.name: r for r in Journal(w.raw).records(parent)}
+        call = next(
+            c
+            for name, rec in records.items()
+            if name.startswith("model:")
+            for c in (rec.get("message") or {}).get("tool_calls") or ()
+            if c.get("id") == call_id
+        )
+        errand = get_agent(AGENT).tools[ERRAND].subagent_def
+        assert errand is not None
+        text = json.loads(str(call.get("arguments")))["input"]
+        row = w.raw.get_run(parent)
+        root = (row.root_run_id if row is not None else None) or parent
+        answer = f"done: as the file says ({self.name})"
+        usage = {"input_tokens": 10, "output_tokens": 5}
+        start = start_body(
+            errand.name, text, errand.fingerprint(), None, {"parent": parent, "root": root}
+        )
+        complete = {"kind": "complete", "answer": answer, "turns": 1, "usage": usage}
+        w.raw.create_run(
+            RunInfo(
+                run_id=sub,
+                agent=errand.name,
+                status="finished",
+                input=text,
+                answer=answer,
+                turns=1,
+                parent_run_id=parent,
+                root_run_id=root,
+                imported=IMPORTED_INERT,
+            )
+        )
+        for name, data in (
+            header(),
+            (RUN_START, encode(start)),
+            (RUN_COMPLETE, encode({**complete, "spend": usage})),
+        ):
+            w.raw.insert(sub, name, data)
+        w.imports[sub] = W.imported_state(w.raw, sub, f"a file, at {parent}'s sub-run")
+        w.aimed_imports[sub] = answer
+        w.count("imports placed at a sub-run's future id")
+        return sub
 
     def _attack(self, w: W.World, run_id: str, what: str) -> str:
         raw = w.raw

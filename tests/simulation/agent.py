@@ -493,6 +493,28 @@ def limited(tool: Any, concurrent: int | None, rate: str | None) -> Any:
     return _LIMITED[key]
 
 
+# The digest casts (issue 41): an errand's booking is posted at most once a day
+# (``rate="1/d"``), and today's was posted before the seed began (``scenario.build`` spends
+# the rate): every errand that books waits, throttled, until tomorrow, its parent paused on
+# it, while people cancel the tree above it.
+DIGEST_RATE = "1/d"
+for _saga in ("", "_saga"):
+    _errand = da.Agent(
+        f"sim-errand{_saga.replace('_', '-')}-digest",
+        MODEL,
+        "Run the errand.",
+        [
+            TOOLS["notify"],
+            limited(TOOLS["book" + _saga], None, DIGEST_RATE),
+            TOOLS["refund_v1"],
+            TOOLS["confirm"],
+        ],
+        max_turns=6,
+        model_retry=da.ModelRetry(max_attempts=3, base_delay=1.0, max_delay=2.0),
+    )
+    TOOLS[f"errand{_saga}_digest"] = _errand.as_tool(name=ERRAND)
+
+
 # -- deploys ------------------------------------------------------------------------------
 
 
@@ -521,6 +543,9 @@ class Deploy:
     ask: int = 0
     # Limits (``Limits``): set by the cast from a stream of its own, kept by every deploy.
     limits: Limits | None = None
+    # The errands book under a spent daily rate (``DIGEST_RATE``): set by the cast from a
+    # stream of its own, kept by every deploy.
+    digest: bool = False
 
     @property
     def durability(self) -> str:
@@ -544,6 +569,7 @@ class Deploy:
                 "quorum",
                 "concurrent",
                 "ask",
+                "digest",
             )
             if getattr(self, name)
         ]
@@ -562,7 +588,7 @@ class Deploy:
             tools.append(TOOLS["notify"])
         tools.append(TOOLS["book"])
         tools.append(TOOLS["confirm_ask1" if self.ask else "confirm"])
-        tools.append(TOOLS["errand" + saga])
+        tools.append(TOOLS["errand" + saga + ("_digest" if self.digest else "")])
         limits = self.limits
         if limits is not None and limits.tool:
             tools = [

@@ -227,6 +227,7 @@ def check_all(w: W.World) -> None:
     check_stops(w, ix)
     check_chains(w)
     check_imports(w, ix)
+    check_adoptions(w, ix)
     check_takeovers(w, ix)
     check_limits(w, ix)
     check_as_we_go(w)
@@ -1018,6 +1019,8 @@ INVARIANTS = (
     "steps_once",
     "chains_verify",
     "imports_stay_inert",
+    "imports_not_adopted",
+    "cancels_reach_down",
     "sagas_undo_once",
     "saga_trees_close",
     "answers_bound",
@@ -1508,6 +1511,97 @@ def _stops_at_and_above(w: W.World, ix: Index, run_id: str | None) -> list[tuple
         row = ix.rows.get(run_id) or w.raw.get_run(run_id)
         run_id = row.parent_run_id if row is not None else None
     return out
+
+
+# Every status a run waits in with nobody driving it: throttled too (issue 41).
+PAUSED_STATUSES = (AWAITING_APPROVAL, AWAITING_INPUT, SLEEPING, HALTED, THROTTLED)
+
+
+def _stopped_ancestor(w: W.World, parent: str | None) -> str | None:
+    """The nearest of ``parent`` and its ancestors whose journal holds a stop, or None."""
+    seen: set[str] = set()
+    while parent and parent not in seen:
+        seen.add(parent)
+        if any(w.raw.get(parent, n) is not None for n in STOPS):
+            return parent
+        row = w.raw.get_run(parent)
+        parent = row.parent_run_id if row is not None else None
+    return None
+
+
+def _left_below_a_stop(w: W.World) -> dict[str, tuple[str, datetime | None, str]]:
+    """Paused runs, throttled included, that nobody holds and that have not recorded the
+    stop recorded above them: run -> (status, its row's last change, the stopped run)."""
+    out = {}
+    for row in w.raw.list_unfinished(limit=10_000, statuses=PAUSED_STATUSES):
+        if not row.parent_run_id or any(w.raw.get(row.run_id, n) is not None for n in STOPS):
+            continue
+        lease = w.raw.get_lease(row.run_id)
+        holder = _stopped_ancestor(w, row.parent_run_id)
+        if holder is not None and (lease is None or not lease.live):
+            out[row.run_id] = (row.status, row.updated_at, holder)
+    return out
+
+
+def sweep_reaches_down(w: W.World, sweep: Any) -> Any:
+    """Run a sweep (``wake_timers``) and hold it to the promise it makes a stopped tree
+    (``cancels_reach_down``, issue 41): a cancel that died before reaching a run below it
+    is finished by the next sweep, not later. Each run that, when the sweep began, was
+    paused (throttled too) below a recorded stop it had not recorded itself, and that
+    nobody took or moved meanwhile, was handed over. (A throttled sub-run of a cancelled
+    root otherwise waits for its retry: a day, for a rate of 1/d.)"""
+    before = _left_below_a_stop(w)
+    taken = len(w.leases_taken)
+    woken = sweep()
+    held = set(w.leases_taken[taken:])
+    for run_id, (status, changed, holder) in before.items():
+        row = w.raw.get_run(run_id)
+        if row is None or run_id in held or (row.status, row.updated_at) != (status, changed):
+            continue
+        if any(w.raw.get(run_id, n) is not None for n in STOPS):
+            continue
+        w.violate(
+            "cancels_reach_down",
+            f"a sweep left {run_id} {status} below {holder}'s stop, which it has not "
+            "recorded: the cancel above it died, and the sweep did not finish it",
+            hole="new",
+        )
+    return woken
+
+
+def check_adoptions(w: W.World, ix: Index) -> None:
+    """An import is nobody's sub-run (issue 41): a call whose sub-run id an import aimed at
+    it holds never has the import's answer for its result. If it has a result, it is an
+    error naming the refusal (``subagent.imported``), whatever path ran the call: its
+    first drive, a drive after a crash, recovery, the sweep, a fork's reference."""
+    if not w.aimed_imports:
+        return
+    for run_id, names in ix.names.items():
+        for name, rec in names.items():
+            if not name.startswith("model:"):
+                continue
+            for call in (rec.get("message") or {}).get("tool_calls") or ():
+                if call.get("name") != ERRAND:
+                    continue
+                call_id = str(call.get("id"))
+                child = names.get(f"child:{call_id}")
+                sub = str(child.get("run_id")) if child is not None else f"{run_id}/{call_id}"
+                answer = w.aimed_imports.get(sub)
+                result = names.get(f"tool:{call_id}")
+                if answer is None or result is None or result.get("patched"):
+                    continue
+                said = encode(result.get("result"))
+                if not result.get("is_error") or answer in said:
+                    problem = "took the answer of the import"
+                elif "subagent.imported" not in said:
+                    problem = f"failed without naming the import ({_short(said)})"
+                else:
+                    continue
+                w.violate(
+                    "imports_not_adopted",
+                    f"{run_id}: call {call_id} {problem} {sub} holds at its sub-run's id",
+                    hole="new",
+                )
 
 
 def check_limits(w: W.World, ix: Index) -> None:

@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from durable_agents.engine import names, runtime, steps, stops
+from durable_agents.engine import imported, lifecycle, loop, names, runtime, steps, stops
 from durable_agents.engine.commands import approvals as approval_commands
-from durable_agents.engine.commands import forks
+from durable_agents.engine.commands import forks, timers
 from durable_agents.engine.loop import Driver
 from durable_agents.engine.memstore import InMemoryStore
-from durable_agents.engine.ports import RunInfo
+from durable_agents.engine.ports import THROTTLED, RunInfo
 from durable_agents.engine.transcript import RunState
 
 
@@ -109,6 +110,40 @@ def _permit_always(self: InMemoryStore, key: str, count: int, period: float) -> 
     return 0.0
 
 
+def _refuse_nothing(*args: Any, **kwargs: Any) -> None:
+    """A refusal that lets everything through."""
+
+
+class _SweptWithoutThrottled:
+    """``lifecycle`` as the sweep saw it before issue 41: every paused status but
+    ``throttled`` (the parent-pause statuses), the rest as it is."""
+
+    PAUSED = tuple(s for s in lifecycle.PAUSED if s != THROTTLED)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(lifecycle, name)
+
+
+def _has_digest(seed: int) -> bool:
+    """Whether a seed's errands book under a spent daily rate, with the tree canceller in
+    its cast (``scenario.build``): the seeds whose throttled sub-runs are cancelled."""
+    from .agent import draw_limits
+    from .world import Config
+
+    config = Config(seed)
+    if random.Random(f"stops:{seed}").random() >= 0.6:
+        return False
+    if random.Random(f"digest:{seed}").random() >= config.digest:
+        return False
+    limits = draw_limits(seed, config.limits)
+    return limits is None or limits.tool != "book"
+
+
+def _has_importer(seed: int) -> bool:
+    """Whether a seed's cast has the importer (``scenario.build``), and errands with it."""
+    return random.Random(f"import:{seed}").random() < 0.35
+
+
 def _has_limits(seed: int) -> bool:
     """Whether a seed's agent has limits (in the whole cast: ``scenario.build``)."""
     from .agent import draw_limits
@@ -170,6 +205,23 @@ MUTATIONS: dict[str, Mutation] = {
             "a sub-run drives on under a cancelled or aborted ancestor (Driver._check_tree "
             "does nothing)",
             lambda: _swapped((Driver, "_check_tree", lambda self: None)),
+        ),
+        Mutation(
+            "parent-adopts-imported-sub-run",
+            "a parent takes an inert import at its sub-run's id for its finished sub-run "
+            "(imported.refuse_sub_run and the sub-run drive's refusal let it through)",
+            lambda: _swapped(
+                (imported, "refuse_sub_run", _refuse_nothing),
+                (loop, "refuse_inert", _refuse_nothing),
+            ),
+            reaches=_has_importer,
+        ),
+        Mutation(
+            "sweep-skips-throttled",
+            "the sweep walks the paused statuses but throttled: a throttled sub-run under a "
+            "cancel that died waits for its retry (a day, at 1/d) to stop",
+            lambda: _swapped((timers, "lifecycle", _SweptWithoutThrottled())),
+            reaches=_has_digest,
         ),
         Mutation(
             "slots-ignore-limit",

@@ -15,6 +15,7 @@ from typing import Any
 from durable_agents.engine.agent import get_agent
 from durable_agents.engine.errors import ConfigError
 from durable_agents.engine.journal import Journal
+from durable_agents.engine.limits import parse_rate, tool_key
 from durable_agents.engine.ports import CANCELLED, FAILED
 
 from . import world as W
@@ -34,7 +35,7 @@ from .actors import (
     Webhook,
     drive_like_a_worker,
 )
-from .agent import AGENT, SESSION, Deploy, Plans, draw_limits
+from .agent import AGENT, DIGEST_RATE, SESSION, Deploy, Plans, draw_limits
 
 # -- one seed -----------------------------------------------------------------------------
 
@@ -53,10 +54,27 @@ def build(w: W.World) -> None:
     # Limits came after concurrent calls: drawn the same way (``agent.draw_limits``), in
     # the answerer's casts only, so the known-hole seeds keep their schedules.
     limits = draw_limits(cfg.seed, cfg.limits) if "answerer" in cfg.actors else None
+    # Cancels of a tree (issue 29) are drawn from a stream of their own (below); errands
+    # that book under a spent daily rate (issue 41) came after limits, in those casts only,
+    # drawn the same way; not where the agent's own booking is limited (a rate's key is
+    # the tool's name).
+    canceller = "answerer" in cfg.actors and random.Random(f"stops:{cfg.seed}").random() < 0.6
+    digest = (
+        canceller
+        and random.Random(f"digest:{cfg.seed}").random() < cfg.digest
+        and (limits is None or limits.tool != "book")
+    )
     w.deploy = Deploy(
-        saga="answerer" in cfg.actors, quorum=quorum, concurrent=concurrent, limits=limits
+        saga="answerer" in cfg.actors,
+        quorum=quorum,
+        concurrent=concurrent,
+        limits=limits,
+        digest=digest,
     )
     w.deploy.activate()
+    if digest:  # today's booking was made before the seed began: the next waits a day
+        rate = parse_rate(DIGEST_RATE, "the errands' booking")
+        w.raw.take_permit(tool_key("book"), rate.count, rate.period)
     w.deliveries = {f"d{i}": w.plans.make() for i in range(1, 3)}
     w.chat = [w.plans.make() for _ in range(2)]
 
@@ -107,8 +125,8 @@ def build(w: W.World) -> None:
         actors.append(Replayer("mallory", 3))
     # Cancels of a tree with a sub-run paused or busy (issue 29) came after signing, with
     # the answerer's casts, drawn from a stream of their own.
-    if "answerer" in cfg.actors and random.Random(f"stops:{cfg.seed}").random() < 0.6:
-        actors.append(TreeCanceller("dora", 2))
+    if canceller:
+        actors.append(TreeCanceller("dora", 2, aimed=1 if digest else 0))
     # Imports (issue 31) came after cancels of trees, drawn from a stream of their own: an
     # operator imports runs as evidence, and every command is tried on the copies.
     if "importer" in cfg.actors and random.Random(f"import:{cfg.seed}").random() < 0.35:
@@ -215,6 +233,8 @@ def quiet_phase(w: W.World) -> None:
     from durable_agents.engine.commands.recovery import recover, resend_at
     from durable_agents.engine.commands.timers import wake_timers
 
+    from .invariants import sweep_reaches_down
+
     def drain() -> None:
         # Copies of one message are driven once: the rest would find it driven already.
         pending, w.queue[:] = list(dict.fromkeys(w.queue)), []
@@ -227,13 +247,20 @@ def quiet_phase(w: W.World) -> None:
     drain()
     session_liveness(w, worker)
     # Limits slow the settling down (a run waits for its rate or its slot, again and again
-    # while others go first): a seed with them gets more passes.
-    passes = 10 if w.limits() is None else 20
+    # while others go first): a seed with them gets more passes; one whose errands book at
+    # one a day (and a fork books again) lets a day pass for each of them.
+    passes = 40 if w.deploy.digest else 10 if w.limits() is None else 20
     for round_ in range(passes):
         w.step = round_
         proc = w.run_to_end(w.start(beat, "recovery pass", recover))
         sent = list(proc.result or [])
-        sweep = w.run_to_end(w.start(beat, "timer sweep", lambda: wake_timers(store=w.store)))
+        sweep = w.run_to_end(
+            w.start(
+                beat,
+                "timer sweep",
+                lambda: sweep_reaches_down(w, lambda: wake_timers(store=w.store)),
+            )
+        )
         sent += list(sweep.result or [])
         w.recovery_rounds.append(sent)
         if not sent and not w.queue:  # (a drive of the last drain may have handed one over)

@@ -34,6 +34,9 @@ LEAST = {
     "no-cancel-cascade": 19,
     "sub-run-ignores-stopped-root": 5,
     "imports-not-inert": 100,
+    # Issue 41: only the seeds whose cast can reach the break are run (``Mutation.reaches``).
+    "parent-adopts-imported-sub-run": 50,
+    "sweep-skips-throttled": 6,
     # Limits: only the seeds whose agent has limits are run (``Mutation.reaches``).
     "slots-ignore-limit": 50,
     "slots-outlive-leases": 7,

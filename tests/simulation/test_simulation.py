@@ -74,6 +74,12 @@ def test_seeds_keep_the_promise():
         # Issue 31: imports are evidence, and every command on one is refused by name.
         "runs imported inert": "importer" in config.actors,
         "commands on inert imports refused": "importer" in config.actors,
+        # Issue 41: imports at a sub-run's future id; cancels of a tree whose sub-run waits
+        # on a spent rate, killed after their own record.
+        "imports placed at a sub-run's future id": "importer" in config.actors
+        and "answerer" in config.actors,
+        "trees cancelled with a sub-run throttled": "answerer" in config.actors,
+        "crashes aimed at after-cancel": "answerer" in config.actors,
         # Limits: runs throttled on every kind of limit, handed over, and crashed in the
         # window between the throttle row and the status.
         "runs throttled": config.limits > 0,

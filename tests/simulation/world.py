@@ -143,6 +143,10 @@ class Config:
     # The odds that the agent runs under limits (``agent.Limits``: its runs at once, a tool's
     # calls at once or rate, the model's rate), drawn the same way (``limits:<seed>``).
     limits: float = 0.4
+    # The odds that a cast with the tree canceller has its errands book under a daily rate
+    # already spent (``agent.Deploy.digest``: their sub-runs wait, throttled, a day), drawn
+    # the same way (``digest:<seed>``).
+    digest: float = 0.3
     # A deliberate break of the engine for the length of the seed (``mutations.py``), to show
     # the invariants catch it: "" runs the engine as it is.
     mutation: str = ""
@@ -247,6 +251,8 @@ class Proc:
         # limits it held were not its own any more (``World.work_begins``).
         self.lapsed = False
         self.permits: dict[str, list[float]] = {}  # a rate's key -> when it was granted one
+        # A failpoint this process dies at, aimed by its actor (``World.move``).
+        self.die_at: str | None = None
 
     def ready(self, now: float) -> bool:
         return not self.dead and self.stalled_until <= now and self.sleep_until <= now
@@ -642,6 +648,13 @@ class World:
         # what they held when imported, which nothing may change (``imports_stay_inert``).
         self.imports: dict[str, Imported] = {}
         self.import_rng = random.Random(f"import-ops:{config.seed}")
+        # Imports aimed at a sub-run's future id (issue 41): the id -> the answer its file
+        # says the sub-run gave, which no parent may take (``imports_not_adopted``).
+        self.aimed_imports: dict[str, str] = {}
+        self.aim_import_rng = random.Random(f"aimed-imports:{config.seed}")
+        # A tree's sub-runs wait on a spent daily rate (issue 41; ``agent.Deploy.digest``):
+        # cancels aimed at them, from a stream of their own.
+        self.digest_rng = random.Random(f"digest-ops:{config.seed}")
         self.recovery_rounds: list[list[str]] = []
         self.last_drive: dict[str, str] = {}
         self.progress = 0  # the last step that wrote anything to a journal
@@ -1252,6 +1265,10 @@ class World:
     def move(self, proc: Proc, *, faults: bool) -> None:
         """Let ``proc`` run to its next point, unless the seed crashes or stalls it here."""
         if faults and self.kill_after_effect(proc):
+            self.crash(proc)
+            return
+        if faults and proc.die_at is not None and proc.point == f"fp {proc.die_at}":
+            self.count(f"crashes aimed at {proc.die_at.split(':')[0]}")
             self.crash(proc)
             return
         if faults:

@@ -271,7 +271,7 @@ def fork_run(
     # Calls whose outcome is unknown up to the fork point, and that the patch leaves so.
     unknown = sorted(set(kept_state.live_attempts()) - set(patch.tool_results))
     subruns = tree_forks.plan(
-        store, records, calls, set(kept_state.results) | set(patch.tool_results)
+        store, records, calls, set(kept_state.results) | set(patch.tool_results), source.imported
     )
     fork_record = state.fork
     origin = (fork_record.get("origin") or fork_record.get("source")) if fork_record else run_id

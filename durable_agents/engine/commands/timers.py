@@ -107,8 +107,10 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
     deadline is due, and paused runs that wait for nothing any more (``all_answered``: an
     answer, signal, channel message or early wake was journaled but its sender died before
     handing the run over; or a sub-run it waits on ended without handing it over:
-    ``paused_on_an_ended_sub_run``). The cost is one read of the last seqs per batch of
-    paused runs (sleeping, awaiting input, approval, or halted), one journal read per run
+    ``paused_on_an_ended_sub_run``); and paused runs, throttled ones too, under an ancestor
+    whose cancel or abort they have not recorded (its canceller died before reaching them).
+    The cost is one read of the last seqs per batch of paused runs (sleeping, awaiting
+    input, approval, halted or throttled), a few row reads per sub-run, one journal read per run
     written to, woken or due since this process's last sweep (``_QUIET``), and for a
     parent, its journal and a few reads per unsettled sub-run every time."""
     store = store or runtime.store()
@@ -120,8 +122,11 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
     quiet = _quiet_runs(store) if heads_of is not None else None
     still_quiet: dict[str, _Quiet] = {}
     while True:
-        runs = store.list_unfinished(limit=batch, after=after, statuses=tree.PARENT_PAUSE_STATUSES)
-        heads = heads_of([run.run_id for run in runs]) if heads_of is not None and runs else {}
+        # Every paused status, throttled too: a throttled sub-run under a stopped ancestor
+        # must not wait for its retry (a day, for a rate of 1/d) to learn it is stopped.
+        runs = store.list_unfinished(limit=batch, after=after, statuses=lifecycle.PAUSED)
+        read = [run.run_id for run in runs if run.status != THROTTLED]
+        heads = heads_of(read) if heads_of is not None and read else {}
         for run in runs:
             if (
                 run.parent_run_id
@@ -133,6 +138,8 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
                     runtime.dispatch(run.run_id)
                     woken.append(run.run_id)
                 continue
+            if run.status == THROTTLED:
+                continue  # otherwise its retry's to hand over, when due (``_wake_throttled``)
             seen = (run.status, run.updated_at, heads.get(run.run_id))
             known = quiet.get(run.run_id) if quiet is not None else None
             if (

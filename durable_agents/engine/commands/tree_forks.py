@@ -17,6 +17,9 @@ source):
   never driven by the fork.
 * a ``child:<call>`` with no run behind it (its parent stopped before starting it): nothing;
   the fork's call starts its own child.
+* a run imported at the child's id (the source journaled the child, then died before the
+  child's row; ``imported.foreign_sub_run``): referenced, never forked, finished or not. The
+  fork's call, if it runs again, refuses it (``subagent.imported``) as its source's does.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import names
+from ..imported import foreign_sub_run
 from ..journal import Journal
-from ..ports import CANCELLED, COMPENSATED, FAILED, Store
+from ..ports import CANCELLED, COMPENSATED, FAILED, NOT_IMPORTED, RunInfo, Store
 from ..records import Record
 from ..tree import child_run_id
 
@@ -45,11 +49,12 @@ class SubRun:
         return str(self.record.get("run_id"))
 
 
-def ended(store: Store, journal: Journal, run_id: str) -> bool:
-    """Whether the run ended for good: it has an answer, or never will have one."""
+def ended(store: Store, journal: Journal, run_id: str, run: RunInfo | None = None) -> bool:
+    """Whether the run ended for good: it has an answer, or never will have one (``run``:
+    its row, if read)."""
     if journal.get(run_id, names.RUN_COMPLETE) is not None:
         return True
-    run = store.get_run(run_id)
+    run = run or store.get_run(run_id)
     if run is None:
         return False
     if run.status in (CANCELLED, COMPENSATED):
@@ -58,10 +63,15 @@ def ended(store: Store, journal: Journal, run_id: str) -> bool:
 
 
 def plan(
-    store: Store, records: list[Record], kept_calls: Collection[str], settled: Collection[str]
+    store: Store,
+    records: list[Record],
+    kept_calls: Collection[str],
+    settled: Collection[str],
+    imported: str = NOT_IMPORTED,
 ) -> list[SubRun]:
     """The sub-runs of the source's calls up to the fork point (``kept_calls``) that the fork
-    references or forks; ``settled``: the calls that have a result in the fork."""
+    references or forks; ``settled``: the calls that have a result in the fork;
+    ``imported``: the source's ``RunInfo.imported``."""
     journal = Journal(store)
     out = []
     for rec in records:
@@ -71,7 +81,8 @@ def plan(
         if call_id not in kept_calls:
             continue
         source = str(rec.get("run_id"))
-        if ended(store, journal, source):
+        row = store.get_run(source)
+        if foreign_sub_run(row, imported) or ended(store, journal, source, row):
             out.append(SubRun(call_id, rec, fork=False))
         elif call_id not in settled and journal.get(source, names.RUN_START) is not None:
             out.append(SubRun(call_id, rec, fork=True))
