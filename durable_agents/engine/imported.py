@@ -52,6 +52,13 @@ def refuse_inert(
         )
 
 
+# What a caller does about an inert import at the id of its new request (a client's run id,
+# a webhook delivery's turn).
+NEW_REQUEST_FIX = (
+    "Its answer is the file's, not something done here: start the request under another run "
+    "id, or read the import as evidence (history, replay, the admin)"
+)
+
 # What a parent's call does about an import at its sub-run's id, for the messages.
 SUB_RUN_FIX = (
     "It holds the id the call's sub-run would have: the call's result is this error, and a "

@@ -61,7 +61,7 @@ from .errors import (
     WaitError,
 )
 from .fingerprint import diff, tools_digest
-from .imported import SUB_RUN_FIX, refuse_inert
+from .imported import NEW_REQUEST_FIX, SUB_RUN_FIX, refuse_inert
 from .journal import Journal, RunLog, header
 from .leases import HeldLease
 from .model import (
@@ -191,6 +191,15 @@ def _drive_read(
             # (or even folding the whole journal: the completion record holds the totals).
             done = RunState(start=log.get(names.RUN_START), complete=complete)
             Driver.check_start(agent, run_id, done, input)
+            if input is not None and not sub_run:
+                # A new request (an input given) is never answered from a file: an import
+                # at the id a client retries with would say it was done here.
+                refuse_inert(
+                    store.get_run(run_id) if loaded is None else _row_of(run_id, loaded),
+                    "answer a new request with its recorded answer",
+                    where="here",
+                    fix=NEW_REQUEST_FIX,
+                )
             result = finished_result(run_id, done)
             repair_finished(store, run_id, result, loaded, sub_run=sub_run)
             if held is not None:
@@ -311,6 +320,11 @@ def _refuse_while_awaiting_approval(store: Store, run_id: str, exc: ConfigError)
         run_id=run_id,
         calls=[r.call_id for r in requests],
     )
+
+
+def _row_of(run_id: str, loaded: Existing) -> RunInfo:
+    """The row fields ``refuse_inert`` reads, from what a start attempt read with the journal."""
+    return RunInfo(run_id=run_id, status=loaded.status, imported=loaded.imported)
 
 
 def repair_finished(

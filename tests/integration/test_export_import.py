@@ -155,10 +155,14 @@ def test_a_run_exported_and_imported_is_the_same_run(tmp_path):
     # The request points at the imported run:start (seqs are this site's own).
     start = JournalEntry.objects.get(run_id="xp-1", name="run:start")
     assert ApprovalRequest.objects.get(run_id="xp-1").start_seq == start.seq
-    # The imported run is a run like any other: replay, history, and a finished answer.
+    # The imported run is evidence: replay and its recorded answer read back...
     assert da.replay("xp-1").identical
     effects = count_effects("xp-1")
     assert gated.run("xp-1").answer == "refunded"
+    # ...but it never answers a new request for its id (a client retrying "xp-1").
+    with pytest.raises(da.DurableAgentsError) as refused:
+        gated.run("xp-1", "refund order 7")
+    assert refused.value.code == "run.imported"
     assert count_effects("xp-1") == effects
 
 

@@ -175,3 +175,27 @@ def test_import_refuses_an_id_no_start_could_have_and_writes_nothing(bad):
         import_bytes(text.encode(), by=IMPORTER)
     assert refused.value.code == "config.run_id", refused.value
     assert _counts() == before
+
+
+def test_an_inert_import_never_answers_a_webhook_delivery_for_its_turn():
+    """An operator's file holding a finished turn at the id a delivery will use: the
+    delivery is refused by name, never answered with the file's answer."""
+    from tests.support.agents import echo
+
+    echo.session("imp-chat").send_once("d-0", "warm up")  # another site's conversation
+    echo.session("imp-src").send_once("d-1", "Where is order 7?")
+    exported = _export("imp-src>event/d-1")
+    for item in exported:
+        if item.get("run_id") == "imp-src>event/d-1":
+            item["run_id"] = "imp-chat>event/d-1"
+        if item["type"] == "header":
+            item["runs"] = ["imp-chat>event/d-1"]
+        if item["type"] == "run":
+            item["row"]["session_id"] = "imp-chat"
+    text = rehashed([x for x in exported if x["type"] != "action"])
+    import_bytes(text.encode(), by=IMPORTER)
+    before = _counts()
+    with pytest.raises(DurableAgentsError) as refused:
+        echo.session("imp-chat").send_once("d-1", "Where is order 7?")
+    assert refused.value.code == "run.imported"
+    assert _counts()[0] == before[0]

@@ -36,7 +36,7 @@ from ..errors import (
     RunBusy,
     SessionNotYours,
 )
-from ..imported import refuse_inert
+from ..imported import NEW_REQUEST_FIX, refuse_inert
 from ..journal import Journal
 from ..loop import drive
 from ..model import Message
@@ -359,7 +359,10 @@ class Session:
                 code="session.key_conflict",
                 run_id=run_id,
             )
-        done = journal.get(run_id, names.RUN_COMPLETE) if self.store.get_run(run_id) else None
+        turn = self.store.get_run(run_id)
+        # A delivery is never answered from a file imported at its turn's id.
+        refuse_inert(turn, "answer a delivery with it", where="here", fix=NEW_REQUEST_FIX)
+        done = journal.get(run_id, names.RUN_COMPLETE) if turn else None
         if done is not None:
             record_answer(self.store, run_id, text, str(done.get("answer") or ""))
             return SendResult(self.session_id, key, run_id, "answered", done.get("answer"))
