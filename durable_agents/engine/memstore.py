@@ -158,6 +158,13 @@ class InMemoryStore:
             self._heads.pop(run_id, None)
             self._leases.pop(run_id, None)
             self._throttles.pop(run_id, None)
+            # Its approval requests, their decisions and its halts go with it, as the
+            # database's rows do (they hang off the run's row).
+            for key in [k for k in self._requests if k[0] == run_id]:
+                del self._requests[key]
+                self._decisions.pop(key, None)
+            for key in [k for k in self._halts if k[0] == run_id]:
+                del self._halts[key]
             for slots in self._slots.values():
                 for holder in [h for h, (rid, _) in slots.items() if rid == run_id]:
                     del slots[holder]

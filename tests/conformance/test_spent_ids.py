@@ -13,7 +13,7 @@ import durable_agents as da
 from durable_agents.engine.commands.runs import delete, drive_quietly
 from durable_agents.engine.errors import RunIdSpent
 from durable_agents.engine.journal import Journal
-from durable_agents.engine.ports import RUNNING, RunInfo
+from durable_agents.engine.ports import RUNNING, HaltInfo, RunInfo
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support import wiring
@@ -141,3 +141,31 @@ def test_a_parent_never_starts_a_deleted_sub_run_again(wired):
     assert store.get_run(leaf_of(run)) is None
     result = Journal(store).get(middle_of(run), f"tool:{LEAF_CALL}")
     assert result.get("is_error") is True and "run.spent" in str(result.get("result"))
+
+
+def test_a_deleted_run_takes_its_requests_decisions_and_halts_with_it(wired):
+    """``delete_run`` on every store: nothing of the run is left to decide or resolve."""
+    store, fired = wired, []
+    agent = gated_agent(fired)
+    run_id = new_id("gone")
+    with pytest.raises(da.ApprovalPending):
+        agent.run(run_id, "refund o-7", store=store)
+    [request] = store.list_approval_requests(run_id=run_id)
+    store.save_halt(
+        HaltInfo(run_id=run_id, op_id="c9", tool_name="refund", arguments={}, attempt="a1")
+    )
+    delete(run_id, by="ann", store=store)
+    assert store.list_approval_requests(run_id=run_id) == []
+    assert store.get_approval_request(run_id, request.call_id) is None
+    assert store.list_decisions(run_id, request.call_id) == []
+    assert store.list_halts(run_id=run_id, status=None) == []
+
+
+def gated_agent(fired: list) -> da.Agent:
+    @da.tool(requires_approval=True)
+    def refund(order: str, ctx: da.ToolContext) -> str:
+        fired.append((order, ctx.run_id))
+        return "refunded"
+
+    script = [scripted.calls(scripted.call("refund", {"order": "o-7"})), scripted.text("done")]
+    return da.Agent("spent-gated", ScriptedModel(script), "", [refund])

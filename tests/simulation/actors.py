@@ -28,6 +28,7 @@ from durable_agents.engine.errors import (
     LeaseLost,
     Pause,
     RunBusy,
+    RunIdSpent,
     RunImported,
     StorageError,
 )
@@ -37,6 +38,9 @@ from durable_agents.engine.ports import (
     AWAITING_APPROVAL,
     HALTED,
     IMPORTED_INERT,
+    IMPORTED_LIVE,
+    QUEUED,
+    TERMINAL_STATUSES,
     THROTTLED,
     RunInfo,
 )
@@ -1301,3 +1305,134 @@ class Importer(Actor):
             hole="new",
         )
         return did
+
+
+class Operator(Actor):
+    """An operator who deletes finished runs (the admin's delete), and then everyone who
+    comes back to a deleted id (issue 41): a client retrying under its run id, staff forking
+    under it, the next automatic fork name once a fork was deleted, and the operator's own
+    live import of the run's export trimmed right after its decision. Each must be refused
+    (``run.spent``) or take another name: no row ever comes back at a deleted id
+    (``spent_stay_spent``), and no effect fires twice (``effects_once``)."""
+
+    kind = "operator"
+    TRIES = ("retry", "fork as", "fork next", "import live")
+
+    def __init__(self, name: str, deletes: int, tries: int) -> None:
+        super().__init__(name)
+        self.deletes_left = deletes
+        self.tries_left = tries
+        # What each deleted run held: its agent's input and its journal, trimmed after the
+        # first decision (what the operator's trimmed export carries).
+        self.deleted: dict[str, tuple[Any, list[tuple[str, str]]]] = {}
+
+    def _deletable(self, w: W.World) -> list[str]:
+        referenced = {
+            ref
+            for r in w.runs
+            if (row := w.raw.get_run(r)) is not None
+            for ref in (row.forked_from, row.parent_run_id)
+            if ref
+        }
+        return [
+            r
+            for r in w.runs
+            if is_agent_run(r)
+            and r not in self.deleted
+            and r not in referenced
+            and (row := w.raw.get_run(r)) is not None
+            and row.status in TERMINAL_STATUSES
+            and not row.parent_run_id
+            and not row.session_id
+            and not row.inert
+            and not any(e.name.startswith("child:") for e in w.raw.load(r))
+        ]
+
+    def weight(self, w: W.World) -> int:
+        if self.deletes_left and self._deletable(w):
+            return 2
+        return 2 if self.tries_left and self.deleted else 0
+
+    def choose(self, w: W.World) -> Op | None:
+        rng = w.operator_rng
+        deletable = self._deletable(w) if self.deletes_left else []
+        if deletable and (not self.deleted or rng.random() < 0.5):
+            self.deletes_left -= 1
+            run_id = deletable[rng.randrange(len(deletable))]
+            return f"delete {run_id}", lambda: self._delete(w, run_id)
+        if not self.tries_left or not self.deleted:
+            return None
+        self.tries_left -= 1
+        run_id = rng.choice(sorted(self.deleted))
+        what = rng.choice(self.TRIES)
+        return f"{what} {run_id} (deleted)", lambda: self._try(w, run_id, what)
+
+    def _delete(self, w: W.World, run_id: str) -> str:
+        row = w.raw.get_run(run_id)
+        if row is None:
+            return "gone"
+        kept: list[tuple[str, str]] = []
+        for entry in w.raw.load(run_id):
+            kept.append((entry.name, entry.data))
+            if entry.name.startswith("approval:"):
+                break
+        commands.delete(run_id, by=self.name, store=w.store)
+        w.forget(run_id)
+        self.deleted[run_id] = (row.input, kept)
+        w.count("runs deleted by the operator")
+        return "deleted"
+
+    def _try(self, w: W.World, run_id: str, what: str) -> str:
+        text, kept = self.deleted[run_id]
+        try:
+            if what == "retry":
+                get_agent(AGENT).start(text, run_id=run_id, store=w.store)
+            elif what == "fork as":
+                sources = [r for r in w.runs if w.raw.get(r, "run:start") is not None]
+                if not sources:
+                    return "nothing to fork"
+                source = sources[w.operator_rng.randrange(len(sources))]
+                da.fork(source, 1, new_run_id=run_id, by=self.name, store=w.store)
+            elif what == "fork next":
+                return self._fork_next(w)
+            else:
+                w.raw.create_run(
+                    RunInfo(
+                        run_id=run_id,
+                        agent=AGENT,
+                        status=QUEUED,
+                        input=text,
+                        imported=IMPORTED_LIVE,
+                    )
+                )
+                for name, data in kept:
+                    w.raw.insert(run_id, name, data)
+                w.dispatch(run_id)
+        except RunIdSpent:
+            w.count(f"deleted ids refused ({what})")
+            return "refused: spent"
+        except DurableAgentsError as exc:
+            return f"refused ({exc.code})"
+        return "taken"
+
+    def _fork_next(self, w: W.World) -> str:
+        """Fork a finished run, delete the fork, fork the run again: the second fork never
+        takes the deleted one's automatic name (issue 41, item 5)."""
+        sources = [
+            r
+            for r in w.runs
+            if is_agent_run(r)
+            and (row := w.raw.get_run(r)) is not None
+            and row.status in TERMINAL_STATUSES
+            and not (row.parent_run_id or row.session_id or row.inert)
+        ]
+        if not sources:
+            w.count("no finished run to fork")
+            return "nothing to fork"
+        source = sources[w.operator_rng.randrange(len(sources))]
+        first = da.fork(source, 1, by=self.name, store=w.store)
+        self._delete(w, first)
+        again = da.fork(source, 1, by=self.name, store=w.store)
+        w.dispatch(again)
+        w.count("forks named after a deleted fork")
+        return f"forked again as {again}"

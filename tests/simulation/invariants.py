@@ -227,6 +227,7 @@ def check_all(w: W.World) -> None:
     check_stops(w, ix)
     check_chains(w)
     check_imports(w, ix)
+    check_spent(w)
     check_adoptions(w, ix)
     check_takeovers(w, ix)
     check_limits(w, ix)
@@ -841,7 +842,9 @@ def check_spend(w: W.World, ix: Index) -> None:
     the ones a crash lost before anything could record them."""
     billed: dict[str, int] = defaultdict(int)
     for bill in w.bills:
-        if bill.run is not None and not bill.lost:
+        # A deleted run's bills can still arrive from a drive that read it before the
+        # delete; its journal is gone (``World.forget``).
+        if bill.run is not None and not bill.lost and bill.run not in w.forgotten:
             billed[bill.run] += bill.tokens
     for run_id, tokens in sorted(billed.items()):
         spent = RunState.of(ix.records.get(run_id, [])).spend().total_tokens
@@ -991,6 +994,19 @@ def check_imports(w: W.World, ix: Index) -> None:
             w.violate("imports_stay_inert", f"inert import {run_id}: {problem}", hole="new")
 
 
+def check_spent(w: W.World) -> None:
+    """No row ever comes back at an id the operator deleted (issue 41): not a client's retry,
+    a fork named with it or after it, nor a live import of the run's own export."""
+    for actor in w.actors:
+        for run_id in getattr(actor, "deleted", {}):
+            if w.raw.get_run(run_id) is not None:
+                w.violate(
+                    "spent_stay_spent",
+                    f"run {run_id} was deleted by {actor.name}, and a run holds its id again",
+                    hole="new",
+                )
+
+
 def check_chains(w: W.World) -> None:
     """Every run's journal and the action log are one unbroken hash chain (docs/audit.md),
     whatever crashes, races and concurrent writers (decisions, signals) the schedule had."""
@@ -1020,6 +1036,7 @@ INVARIANTS = (
     "chains_verify",
     "imports_stay_inert",
     "imports_not_adopted",
+    "spent_stay_spent",
     "cancels_reach_down",
     "sagas_undo_once",
     "saga_trees_close",

@@ -144,6 +144,32 @@ def _has_importer(seed: int) -> bool:
     return random.Random(f"import:{seed}").random() < 0.35
 
 
+_delete_run = InMemoryStore.delete_run
+_create_run = InMemoryStore.create_run
+
+
+def _delete_without_spending(self: InMemoryStore, run_id: str) -> None:
+    """``InMemoryStore.delete_run`` as before issue 41: the run goes, its id stays free."""
+    _delete_run(self, run_id)
+    self._spent.pop(run_id, None)
+
+
+def _create_ignoring_spent(self: InMemoryStore, run: RunInfo) -> bool:
+    """``InMemoryStore.create_run`` that never looks at spent ids (a create path that skips
+    the one check: a fork's automatic name, an import)."""
+    spent = self._spent.pop(run.run_id, None)
+    try:
+        return _create_run(self, run)
+    finally:
+        if spent is not None and run.run_id not in self._runs:
+            self._spent[run.run_id] = spent
+
+
+def _has_operator(seed: int) -> bool:
+    """Whether a seed's cast has the operator who deletes runs (``scenario.build``)."""
+    return random.Random(f"operator:{seed}").random() < 0.3
+
+
 def _has_limits(seed: int) -> bool:
     """Whether a seed's agent has limits (in the whole cast: ``scenario.build``)."""
     from .agent import draw_limits
@@ -222,6 +248,21 @@ MUTATIONS: dict[str, Mutation] = {
             "cancel that died waits for its retry (a day, at 1/d) to stop",
             lambda: _swapped((timers, "lifecycle", _SweptWithoutThrottled())),
             reaches=_has_digest,
+        ),
+        Mutation(
+            "delete-does-not-spend",
+            "a deleted run's id is free again: a client's retry, a fork named with it or a "
+            "live import of its export starts it anew (InMemoryStore.delete_run spends "
+            "nothing)",
+            lambda: _swapped((InMemoryStore, "delete_run", _delete_without_spending)),
+            reaches=_has_operator,
+        ),
+        Mutation(
+            "create-ignores-spent",
+            "a run row is created under a spent id (InMemoryStore.create_run skips the check "
+            "every create goes through)",
+            lambda: _swapped((InMemoryStore, "create_run", _create_ignoring_spent)),
+            reaches=_has_operator,
         ),
         Mutation(
             "slots-ignore-limit",

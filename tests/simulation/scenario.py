@@ -26,6 +26,7 @@ from .actors import (
     Deployer,
     Driver,
     Importer,
+    Operator,
     Outsider,
     Person,
     Recovery,
@@ -131,6 +132,10 @@ def build(w: W.World) -> None:
     # operator imports runs as evidence, and every command is tried on the copies.
     if "importer" in cfg.actors and random.Random(f"import:{cfg.seed}").random() < 0.35:
         actors.append(Importer("ivan", 2, 4))
+    # Deletes (issue 41) came after imports, drawn from a stream of their own: an operator
+    # deletes finished runs, and every way back to a deleted id is tried.
+    if "operator" in cfg.actors and random.Random(f"operator:{cfg.seed}").random() < 0.3:
+        actors.append(Operator("olga", 3, 5))
     # The targeted adversaries act only where their marks are: captured signatures with a
     # replayer, forks with people.
     w.intercepts = w.intercepts and any(isinstance(a, Replayer) for a in actors)

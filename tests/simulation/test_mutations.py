@@ -37,6 +37,8 @@ LEAST = {
     # Issue 41: only the seeds whose cast can reach the break are run (``Mutation.reaches``).
     "parent-adopts-imported-sub-run": 50,
     "sweep-skips-throttled": 6,
+    "delete-does-not-spend": 20,
+    "create-ignores-spent": 20,
     # Limits: only the seeds whose agent has limits are run (``Mutation.reaches``).
     "slots-ignore-limit": 50,
     "slots-outlive-leases": 7,

@@ -111,6 +111,7 @@ class Config:
             "replayer",
             "forker",
             "importer",
+            "operator",
         }
     )
     faults: frozenset[str] = frozenset(
@@ -648,6 +649,8 @@ class World:
         # what they held when imported, which nothing may change (``imports_stay_inert``).
         self.imports: dict[str, Imported] = {}
         self.import_rng = random.Random(f"import-ops:{config.seed}")
+        self.operator_rng = random.Random(f"operator-ops:{config.seed}")
+        self.forgotten: set[str] = set()  # runs an operator deleted (``forget``)
         # Imports aimed at a sub-run's future id (issue 41): the id -> the answer its file
         # says the sub-run gave, which no parent may take (``imports_not_adopted``).
         self.aimed_imports: dict[str, str] = {}
@@ -678,6 +681,24 @@ class World:
 
     def clock(self) -> float:
         return self.now
+
+    def forget(self, run_id: str) -> None:
+        """What the world knew of a run an operator deleted (issue 41): its journal is gone,
+        so what it did is no longer the invariants' to check against it; a run that ever
+        comes back under the id is ``spent_stay_spent``'s."""
+        self.forgotten.add(run_id)
+        self.runs = [r for r in self.runs if r != run_id]
+        self.ledger = [e for e in self.ledger if e.run != run_id]
+        self.bills = [b for b in self.bills if b.run != run_id]
+        self.forks = [f for f in self.forks if f["id"] != run_id]
+        self.submitted = [s for s in self.submitted if s[0] != run_id]
+        for keyed in (self.answers, self.signals, self.messages, self.approved, self.resolutions):
+            for key in [k for k in keyed if k[0] == run_id]:
+                del keyed[key]
+        self.edits = {e for e in self.edits if e[0] != run_id}
+        self.denied = {d for d in self.denied if d[0] != run_id}
+        self.denials = {d for d in self.denials if d[0] != run_id}
+        self.queue = [r for r in self.queue if r != run_id]
 
     # -- limits ----------------------------------------------------------------------------
 
