@@ -227,6 +227,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 # task="durable_agents.tasks.recover_runs" on an IntervalSchedule of RECOVERY_INTERVAL
 # seconds on the CELERY_QUEUE queue (then remove the entry below so it is not scheduled twice).
 CELERY_BEAT_SCHEDULE = {**beat_schedule(DURABLE_AGENTS)}
+# Beat writes its state file after every task it sends (by default: every three minutes),
+# so the file's age tells whether beat is sending: docker-compose.yml's beat healthcheck.
+CELERY_BEAT_SYNC_EVERY = 1
 
 # --- Internationalization, static files ------------------------------------------------------
 
