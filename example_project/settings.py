@@ -88,6 +88,8 @@ CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 X_FRAME_OPTIONS = "DENY"
 
 INSTALLED_APPS = [
+    # runserver leaves /static/ to WhiteNoise too, so development serves files as production does.
+    "whitenoise.runserver_nostatic",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -101,6 +103,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the admin's, Swagger UI's), before anything that reads the session or the
+    # database: see STATIC_* below.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -222,6 +227,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 # task="durable_agents.tasks.recover_runs" on an IntervalSchedule of RECOVERY_INTERVAL
 # seconds on the CELERY_QUEUE queue (then remove the entry below so it is not scheduled twice).
 CELERY_BEAT_SCHEDULE = {**beat_schedule(DURABLE_AGENTS)}
+# Beat writes its state file after every task it sends (by default: every three minutes),
+# so the file's age tells whether beat is sending: docker-compose.yml's beat healthcheck.
+CELERY_BEAT_SYNC_EVERY = 1
 
 # --- Internationalization, static files ------------------------------------------------------
 
@@ -232,10 +240,22 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = env.path("DJANGO_STATIC_ROOT", default=BASE_DIR / "staticfiles")
-# The example serves its own static files (the admin's, Swagger UI's) so one process is the
-# whole site; collectstatic first when DEBUG is off. A real site puts them behind its web
-# server or a CDN and sets DJANGO_SERVE_STATIC=false.
+# The site serves its own static files (the admin's, Swagger UI's) with WhiteNoise, so one
+# process is the whole site: from the web process's memory-mapped files, without a view, a
+# database query or a thread held for long. `collectstatic` (the Dockerfile runs it when it
+# builds the image) names each file by a hash of its content and compresses it; WhiteNoise
+# then serves those names with a cache lifetime of a year (they never change) and the
+# compressed copy to browsers that take it. Outside debug a page that names a static file
+# collectstatic did not collect fails (a 500) instead of linking a file that is not there.
+# In debug WhiteNoise serves the apps' files directly, no collectstatic needed.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+# A site whose web server or CDN serves STATIC_ROOT sets DJANGO_SERVE_STATIC=false.
 SERVE_STATIC = env.bool("DJANGO_SERVE_STATIC", default=True)
+if not SERVE_STATIC:
+    MIDDLEWARE.remove("whitenoise.middleware.WhiteNoiseMiddleware")
 
 # --- Logging ---------------------------------------------------------------------------------
 

@@ -1,14 +1,11 @@
 """URLs of the example site: the admin, the durable_agents API (docs for staff only), the
-inbound webhook, a health check, and its own static files."""
+inbound webhook and a health check. Static files are WhiteNoise's (settings.py)."""
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.contrib import admin
-from django.contrib.staticfiles.urls import staticfiles_urlpatterns
 from django.http import HttpRequest, HttpResponse
-from django.urls import path, re_path
-from django.views.static import serve
+from django.urls import path
 from ninja import NinjaAPI
 
 from durable_agents.api import router as durable_agents_router
@@ -33,11 +30,3 @@ urlpatterns = [
     path("webhooks/inbound/", InboundWebhook.as_view(agent="support"), name="inbound-webhook"),
     path("healthz", healthz, name="healthz"),
 ]
-
-if settings.SERVE_STATIC:
-    if settings.DEBUG:
-        urlpatterns += staticfiles_urlpatterns()  # straight from the apps, no collectstatic
-    else:
-        urlpatterns += [
-            re_path(r"^static/(?P<path>.*)$", serve, {"document_root": settings.STATIC_ROOT})
-        ]

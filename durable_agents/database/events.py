@@ -178,12 +178,15 @@ def _event(kind: str, payload: Any, event_id: int | None = None) -> str:
 
 
 def _let_go_of_request_connections() -> None:
-    """Close this thread's Django connections as the end of the request would (when the
-    stream starts, the view is done with them): a WSGI server that drops a client without
-    closing the response never ends the request. Not inside a transaction."""
+    """Close this thread's Django connections when the stream starts (the view is done with
+    them; the stream reads on a connection of its own). Even a kept one (``CONN_MAX_AGE``):
+    a stream lasts as long as its page is open, and a connection kept for the thread's next
+    request would sit idle that long, one per open page (under gunicorn's threads, one per
+    streaming thread); and a WSGI server that drops a client without closing the response
+    never ends the request. Not inside a transaction."""
     for conn in connections.all(initialized_only=True):
         if not conn.in_atomic_block:
-            conn.close_if_unusable_or_obsolete()
+            conn.close()
 
 
 def frames(

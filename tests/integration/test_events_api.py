@@ -59,6 +59,27 @@ def test_a_finished_runs_stream_is_its_journal_then_its_status_then_end():
     assert start["kind"] == "start" and start["data"]["input"] == "where is order 7?"
 
 
+def test_a_stream_lets_go_of_the_requests_kept_connection():
+    """A stream reads on a connection of its own: the request's Django connection is closed
+    when the stream starts, even one ``CONN_MAX_AGE`` would keep (the example site keeps
+    them), instead of sitting idle for as long as the page stays open."""
+    echo.run("sse-kept", "where is order 7?")
+    conn = connections["default"]
+    saved = conn.settings_dict["CONN_MAX_AGE"]
+    conn.settings_dict["CONN_MAX_AGE"] = 600
+    try:
+        conn.close()
+        conn.ensure_connection()  # what the view's own queries opened, kept by the setting
+        assert conn.connection is not None
+        stream = frames("sse-kept")
+        assert next(stream) == "retry: 3000\n\n"
+        assert conn.connection is None
+        assert parse("".join(stream))[-1] == {"event": "end", "data": {"status": "finished"}}
+    finally:
+        conn.close()
+        conn.settings_dict["CONN_MAX_AGE"] = saved
+
+
 def test_resume_from_last_event_id_or_after_and_bad_requests():
     echo.run("sse-2", "where is order 7?")
     whole = journal("sse-2")

@@ -4,43 +4,15 @@ a subprocess, with the environment docker-compose.yml gives the web service)."""
 from __future__ import annotations
 
 import os
-import re
-import secrets
 import subprocess
 import sys
 
 import pytest
-import yaml
 
+from tests.support.compose import compose_environment
 from tests.support.procs import ROOT
 
 pytestmark = pytest.mark.timeout(120)
-
-_VAR = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
-
-
-def compose_environment() -> dict[str, str]:
-    """The web service's environment from docker-compose.yml, as compose expands it when
-    the operator set only the variables it requires (``${VAR:?…}``): the secrets."""
-    given = {
-        "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
-        "WEBHOOK_SECRET": secrets.token_urlsafe(32),
-    }
-    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    env: dict[str, str] = {}
-    for name, value in compose["services"]["web"]["environment"].items():
-        if value is None:
-            continue  # passed through from the shell if set (provider keys)
-
-        def expand(match: re.Match[str]) -> str:
-            var, kind, default = match.groups()
-            if var in given:
-                return given[var]
-            assert kind == "-", f"{var} is required by docker-compose.yml; give it here"
-            return default
-
-        env[name] = _VAR.sub(expand, str(value))
-    return env
 
 
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -12,9 +12,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_worker_and_beat_restart_unless_stopped():
+def test_web_worker_and_beat_restart_unless_stopped():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
+    assert services["web"]["restart"] == "unless-stopped"
     assert services["worker"]["restart"] == "unless-stopped"
     assert services["beat"]["restart"] == "unless-stopped"
     assert "celery" in services["worker"]["command"] and "beat" in services["beat"]["command"]

@@ -37,13 +37,11 @@ import psycopg
 import pytest
 
 from tests.support.procs import ROOT
+from tests.support.readme_site import apply_readme
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 PACKAGE = ROOT / "durable_agents"
-SNIPPET = re.compile(
-    r"<!-- site: (?P<path>\S+) (?P<mode>append|write) -->\s*```python\n(?P<body>.*?)```", re.S
-)
 
 
 def _run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> str:
@@ -134,20 +132,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _snippets() -> list[re.Match[str]]:
-    text = (ROOT / "README.md").read_text()
-    found = list(SNIPPET.finditer(text))
-    assert [(m["path"], m["mode"]) for m in found] == [
-        ("mysite/settings.py", "append"),
-        ("mysite/celery.py", "write"),
-        ("mysite/__init__.py", "append"),
-        ("mysite/urls.py", "write"),
-        ("mysite/urls.py", "append"),  # the inbound webhook
-        ("myapp/agents.py", "write"),  # "An agent"
-    ], "README.md lost one of its 'Add it to your site' blocks"
-    return found
-
-
 class Site:
     """A ``startproject`` site in a fresh virtualenv with the wheel installed."""
 
@@ -181,19 +165,15 @@ class Site:
         )
         (self.dir / "myapp").mkdir()
         (self.dir / "myapp" / "__init__.py").write_text("")
-        for snippet in _snippets():
-            target = self.dir / snippet["path"]
-            if snippet["mode"] == "write":
-                target.write_text(snippet["body"])
-            else:
-                target.write_text(target.read_text() + "\n" + snippet["body"])
-        # This machine's services, not the README's: the test's own database and queue.
+        apply_readme(self.dir)
+        # This machine's services, not the README's: the test's own database and queue. The
+        # database is changed in place, keeping what the README set on it (CONN_MAX_AGE...).
         with (self.dir / "mysite" / "settings.py").open("a") as f:
             f.write(
                 f"""
 # --- the packaging test's environment ---
-DATABASES = {{"default": {{"ENGINE": "django.db.backends.postgresql", "NAME": {self.db!r},
-    "USER": "postgres", "HOST": "127.0.0.1", "PORT": "5432"}}}}
+DATABASES["default"].update({{"ENGINE": "django.db.backends.postgresql", "NAME": {self.db!r},
+    "USER": "postgres", "HOST": "127.0.0.1", "PORT": "5432"}})
 CELERY_BROKER_URL = "redis://127.0.0.1:6379/14"
 DURABLE_AGENTS["CELERY_QUEUE"] = {self.queue!r}
 CELERY_BEAT_SCHEDULE = {{**beat_schedule(DURABLE_AGENTS)}}
@@ -312,6 +292,14 @@ def test_a_startproject_site_runs_the_wheel_end_to_end(site: Site) -> None:
 
     check = site.manage("check")
     assert "no issues" in check, check
+    # The README's block is the fast configuration (docs/celery.md, "Database connections";
+    # bench/site_throughput.py measures this site), and it survives the site's own DATABASES.
+    kept = site.shell(
+        "from django.conf import settings as s; d = s.DATABASES['default'];"
+        "print(d['CONN_MAX_AGE'], d['CONN_HEALTH_CHECKS'], s.CELERY_DB_REUSE_MAX,"
+        " s.CELERY_BROKER_CONNECTION_MAX_RETRIES)"
+    )
+    assert kept == "60 True 1000 None", kept
     site.manage("migrate", "-v", "0")
     site.shell(
         "from django.contrib.auth.models import Permission, User;"
