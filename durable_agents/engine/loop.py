@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from . import durability, events, failpoints, lifecycle, names, runtime, sagas, stops, tree
-from .approvals import decision_name, policy_for
+from .approvals import arguments_tag, decision_name, policy_for
 from .definition import AgentDefinition as Agent
 from .definition import RunResult
 from .errors import (
@@ -62,7 +62,7 @@ from .errors import (
 )
 from .fingerprint import diff, tools_digest
 from .imported import NEW_REQUEST_FIX, SUB_RUN_FIX, refuse_inert
-from .journal import Journal, RunLog, header
+from .journal import Journal, RunLog, header, now_ms
 from .leases import HeldLease
 from .model import (
     FINISH_FILTERED,
@@ -99,6 +99,7 @@ from .ports import (
 )
 from .records import Record, decode, encode, refuse_nul, validate_run_id
 from .redact import error_text, unknown_reason
+from .rules import ALLOW, ASK, RuleContext, Rules
 from .stops import close_cancelled
 from .telemetry import observer, safety_class
 from .throttle import DriveLimits, OwnSlotsFull
@@ -473,6 +474,8 @@ class _Gate:
     previous: Any = None
     # The approval it runs under (a gated call), looked at again after its claim.
     approval: Record | None = None
+    # The policy a person decides it under: the one its rule journaled (``rule:<call>``).
+    policy: dict[str, Any] | None = None
 
 
 class _DeniedMeanwhile(Exception):
@@ -1089,6 +1092,9 @@ class Driver:
             if tool.safety.gated:
                 decision, gate.previous = self._decision(call, args, tool)
                 if decision is None:
+                    # The rules decide whether anyone is asked: once, journaled, read back.
+                    decision, gate.policy = self._by_rule(gate)
+                if decision is None:
                     gates.append(gate)
                     continue
                 self._mark_decided(call, args, decision)
@@ -1129,7 +1135,7 @@ class Driver:
                     call_id=g.call.id,
                     tool_name=g.tool.name,
                     arguments=g.args,
-                    policy=policy_for(g.tool.safety.approval),
+                    policy=g.policy or policy_for(g.tool.safety.approval),
                     start_seq=self.state.start.seq,
                     previous_arguments=g.previous,
                 )
@@ -1256,6 +1262,66 @@ class Driver:
         if again is not None and _still_fits(again, tool):
             return again, None
         return None, approved
+
+    def _by_rule(self, gate: _Gate) -> tuple[Record | None, dict[str, Any] | None]:
+        """Which approval rule decides ``gate``'s arguments (``engine.rules``), journaled the
+        first time and read back ever after (a resume, a fork, a deploy that changed the
+        rules never evaluate them again for these arguments). ``allow`` and ``deny`` are an
+        automatic decision, journaled under the decision's own name and naming the rule:
+        (that decision, None). ``ask``: (None, the policy a person decides it under)."""
+        if not isinstance(gate.tool.safety.approval, Rules):
+            return None, None  # a one-rule gate asks under its tool's policy, as it always did
+        call, args = gate.call, gate.args
+        again = gate.previous is not None
+        tag = arguments_tag(args) if again else None
+        asked = self.log.reread(names.rule(call.id, tag))
+        if asked is not None:
+            return None, dict(asked.get("policy") or {})
+        context = self._rule_context(gate.tool)
+        match = gate.tool.safety.approval.evaluate(args, context)
+        said = {"rule": match.rule, "fingerprint": match.fingerprint, "explain": match.explain}
+        if match.outcome.kind == ASK:
+            policy = dict(match.policy or {})
+            policy["rule"] = match.rule
+            if context.requester:
+                policy["requester"] = context.requester
+            rec, _ = self.log.write(
+                names.rule(call.id, tag),
+                {"kind": "rule", **said, "outcome": ASK, "policy": policy, "arguments": args},
+            )
+            return None, dict(rec.get("policy") or {})
+        allowed = match.outcome.kind == ALLOW
+        rec, _ = self.log.write(
+            decision_name(call.id, args, again=again),
+            {
+                "kind": "approval",
+                "approved": allowed,
+                "by": f"rule:{match.rule}",
+                "automatic": True,
+                **said,
+                "note": match.outcome.message,
+                "arguments": args,
+                "at": now_ms(),
+            },
+        )
+        return rec, None
+
+    def _rule_context(self, tool: Tool) -> RuleContext:
+        """What a rule's condition may read: who started the run (its root's ``run:start``
+        names them when a person did) and the session it belongs to."""
+        start = self.state.start
+        root = self.tree.get("root") if self.tree else None
+        if root and root != self.run_id:
+            start = self.log.journal.get(str(root), names.RUN_START)
+        requester = start.get("requester") if start is not None else None
+        session = names.session_of(self.run_id)
+        return RuleContext(
+            agent=self.agent.name,
+            run_id=self.run_id,
+            tool=tool.name,
+            session_id=session,
+            requester=str(requester) if requester else None,
+        )
 
     def _later_denial(self, call: ToolCall, approval: Record) -> Record | None:
         """A denial of the call asked again, journaled after ``approval``: the last word a
@@ -1804,6 +1870,14 @@ def _still_fits(decision: Any, tool: Tool) -> bool:
 
 def _rejection(decision: Any) -> dict[str, Any]:
     note = str(decision.get("note") or "")
+    if decision.get("automatic"):
+        # Refused by a rule, nobody asked: its message says what to do instead.
+        return {
+            "error": "denied",
+            "message": f"the approval policy refused this call ({decision.get('rule')}): {note}",
+            "note": note,
+            "by": str(decision.get("by") or ""),
+        }
     # The denier's message is what the model reads first: it says what to do instead.
     return {
         "error": "denied",

@@ -163,8 +163,8 @@ class InMemoryStore:
             for key in [k for k in self._requests if k[0] == run_id]:
                 del self._requests[key]
                 self._decisions.pop(key, None)
-            for key in [k for k in self._halts if k[0] == run_id]:
-                del self._halts[key]
+            for halt in [k for k in self._halts if k[0] == run_id]:
+                del self._halts[halt]
             for slots in self._slots.values():
                 for holder in [h for h, (rid, _) in slots.items() if rid == run_id]:
                     del slots[holder]

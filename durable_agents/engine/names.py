@@ -269,10 +269,13 @@ def start_body(
     tree: dict[str, Any] | None = None,
     *,
     saga: bool = False,
+    requester: str | None = None,
 ) -> dict[str, Any]:
     """The ``run:start`` body: agent, input, fingerprint, and which start of the run id; a
     sub-run's also its ``parent`` and ``root`` run ids; a run started as a saga
-    (``agent.run_saga``) ``saga: true``."""
+    (``agent.run_saga``) ``saga: true``; a run a person started (``start(by=...)``, a
+    session message they sent) ``requester``: their username, which an approval rule that
+    separates duties reads (``engine.rules``)."""
     body: dict[str, Any] = {
         "kind": "start",
         "agent": agent,
@@ -286,6 +289,8 @@ def start_body(
         body.update(tree)
     if saga:
         body["saga"] = True
+    if requester:
+        body["requester"] = requester
     return body
 
 

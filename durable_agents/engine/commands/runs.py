@@ -142,15 +142,17 @@ def create_run(
     derived_id: bool = False,
     seed: list[dict[str, Any]] | None = None,
     session_id: str | None = None,
+    requester: str | None = None,
 ) -> str:
-    """Create a run and journal its start (input and agent fingerprint), first writer wins."""
+    """Create a run and journal its start (input and agent fingerprint, and ``requester``:
+    who asked for it), first writer wins."""
     if input is None:
         raise ConfigError("a run needs an input", code="config.input_missing")
     if run_id is None:
         run_id = new_run_id(agent.name)
     validate_run_id(run_id, derived=derived_id)
     refuse_nul(input, "the run's input")  # bad input fails here, before anything is written
-    body = names.start_body(agent.name, input, agent.fingerprint(), seed)
+    body = names.start_body(agent.name, input, agent.fingerprint(), seed, requester=requester)
     run = RunInfo(
         run_id=run_id,
         agent=agent.name,
@@ -199,7 +201,8 @@ def start(
     start is logged as theirs."""
     actor = identity.resolve(by) if by is not None else None
     store = store or runtime.store()
-    run_id = create_run(agent, input, run_id, store=store)
+    requester = actor.username if actor is not None else None
+    run_id = create_run(agent, input, run_id, store=store, requester=requester)
     if actor is not None:
         store.log_action(identity.logged(actor, "start", run_id, "", {"agent": agent.name}))
     runtime.dispatch(run_id)

@@ -211,14 +211,15 @@ class Session:
         actor = identity.resolve(by) if by is not None else None
         run_id = self._claim_turn(text)
         if self.store.get_run(run_id) is None:
-            self._start_turn(run_id, text)
+            self._start_turn(run_id, text, actor.username if actor is not None else None)
         if actor is not None:
             self.store.log_action(identity.logged(actor, "send", run_id, self.session_id))
         runtime.dispatch(run_id)
         return run_id
 
-    def _start_turn(self, run_id: str, text: str) -> None:
-        """Create the turn's run, seeded with the transcript as it stands now."""
+    def _start_turn(self, run_id: str, text: str, requester: str | None = None) -> None:
+        """Create the turn's run, seeded with the transcript as it stands now; ``requester``:
+        the person who sent the message, when one did (``by``)."""
         create_run(
             self.agent,
             text,
@@ -227,6 +228,7 @@ class Session:
             derived_id=True,
             seed=self._seed(),
             session_id=self.session_id,
+            requester=requester,
         )
 
     def _claim_turn(self, text: str) -> str:
@@ -332,7 +334,8 @@ class Session:
         each one may hand the turn over again.
         """
         actor = identity.resolve(by) if by is not None else None
-        sent = self._send_once(key, text, wait=wait, timeout=timeout)
+        requester = actor.username if actor is not None else None
+        sent = self._send_once(key, text, wait=wait, timeout=timeout, requester=requester)
         if actor is not None:
             said = {"key": key, "status": sent.status}
             self.store.log_action(
@@ -340,7 +343,9 @@ class Session:
             )
         return sent
 
-    def _send_once(self, key: str, text: str, *, wait: bool, timeout: float) -> SendResult:
+    def _send_once(
+        self, key: str, text: str, *, wait: bool, timeout: float, requester: str | None = None
+    ) -> SendResult:
         if not isinstance(text, str) or not text:
             raise ConfigError("a message is a non-empty string", code="config.input")
         encoded = encode_key(key)
@@ -371,7 +376,7 @@ class Session:
             # Waiting on a person: driving it again would only pause again.
             return SendResult(self.session_id, key, run_id, "paused")
         if run is None or journal.get(run_id, names.RUN_START) is None:
-            self._start_turn(run_id, text)
+            self._start_turn(run_id, text, requester)
         if wait:
             return self._wait_for_turn(key, run_id, text, timeout)
         runtime.dispatch(run_id)
