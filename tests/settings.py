@@ -101,6 +101,7 @@ DURABLE_AGENTS = {
         "tests.support.holes",
         "tests.support.inbox_agents",
         "tests.support.limit_agents",
+        "tests.support.rule_agents",
         "tests.support.trust_agents",
         # Benchmarks add their own agents (bench/throughput.py).
         *[a for a in os.environ.get("DA_EXTRA_AGENTS", "").split(",") if a],

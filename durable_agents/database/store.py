@@ -1461,6 +1461,19 @@ class DjangoStore(Limits):
         )
         return row.to_domain() if row is not None else None
 
+    def update_approval_request(
+        self, run_id: str, call_id: str, *, policy: Mapping[str, Any], if_arguments: Any
+    ) -> bool:
+        rows = ApprovalRequest.objects.using(self.using).filter(
+            run_id=run_id, call_id=call_id, status=APPROVAL_PENDING
+        )
+        with transaction.atomic(using=self.using):
+            # Compared as canonical JSON (jsonb and SQLite's JSON text disagree on equality).
+            row = rows.select_for_update().only("pk", "arguments").first()
+            if row is None or encode(row.arguments) != encode(if_arguments):
+                return False
+            return rows.filter(pk=row.pk).update(policy=dict(policy)) > 0
+
     def set_approval_status(
         self,
         run_id: str,

@@ -84,14 +84,23 @@ class Agent(AgentDefinition):
         (``config.saga_mismatch``): saga mode is chosen when a run starts."""
         return drive(self, run_id, input, store=store or runtime.store(), saga=True)
 
-    def start(self, input: Any, run_id: str | None = None, *, store: Store | None = None) -> str:
+    def start(
+        self,
+        input: Any,
+        run_id: str | None = None,
+        *,
+        store: Store | None = None,
+        by: Any = None,
+    ) -> str:
         """Create the run, record its input, and hand it to a driver; return its id at once.
 
         Inside a transaction, the run and its input are written in that transaction and the
         run is handed over only after it commits (a rolled-back start leaves nothing). The
-        same id started again with the same input just hands it over again.
+        same id started again with the same input just hands it over again. ``by`` (a user
+        or a username): who asked for it, logged, and the requester an approval rule that
+        separates duties keeps from deciding the run's calls.
         """
-        return start(self, input, run_id, store=store)
+        return start(self, input, run_id, store=store, by=by)
 
     def as_tool(self, name: str | None = None, description: str | None = None) -> Tool:
         """This agent as a tool for another agent: each call runs a child run

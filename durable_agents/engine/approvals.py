@@ -111,12 +111,16 @@ def eligible_for(policy: Mapping[str, Any], actor: Actor, members: Any = None) -
     count them: the members of its groups (``members(group)``, by default the
     ``eligible_approvers`` port, which a caller may cache), or for a policy naming no group
     the deciding ``actor`` alone (one decision decides)."""
-    groups = deciding_groups(policy)
-    if not groups:
+    if not deciding_groups(policy):
         return [actor.username]
+    return members_of(policy, members)
+
+
+def members_of(policy: Mapping[str, Any], members: Any = None) -> list[str]:
+    """The usernames in the groups that decide under ``policy`` (``deciding_groups``)."""
     members = members or runtime.eligible_approvers
     found: list[str] = []
-    for group in groups:
+    for group in deciding_groups(policy):
         found += [u for u in members(group) if u not in found]
     return found
 
@@ -330,6 +334,28 @@ def resolve_approver(by: Any) -> Actor:
         return identity.resolve(by)
     except ActorError as exc:
         raise ApproverNotEligible(str(exc)) from None
+
+
+def approvals_short_of(
+    outcome: str, policy: Mapping[str, Any], tally: Mapping[str, Any], requester: str | None
+) -> str | None:
+    """Why the approvals a decision's ``tally`` counted do not meet a rule's ``outcome`` and
+    ``policy`` (None when they do): a denial, too few approvers, approvers outside the
+    policy's groups, or the requester counted where duties are separated."""
+    if outcome == "deny":
+        return "the rule denies these arguments"
+    if outcome != "ask":
+        return None
+    approvers = [str(a) for a in tally.get("approved_by") or ()]
+    if deciding_groups(policy):
+        members = set(members_of(policy))
+        approvers = [a for a in approvers if a in members]
+    if policy.get("separate") and requester:
+        approvers = [a for a in approvers if a != requester]
+    need = int(policy.get("need", 1))
+    if len(set(approvers)) < need:
+        return f"it needs {need} approval(s) under it, and has {len(set(approvers))}"
+    return None
 
 
 def check_may_decide(actor: Actor, policy: Mapping[str, Any], eligible: Sequence[str]) -> None:

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from . import durability, events, failpoints, lifecycle, names, runtime, sagas, stops, tree
-from .approvals import arguments_tag, decision_name, policy_for
+from .approvals import approvals_short_of, arguments_tag, decision_name, policy_for
 from .definition import AgentDefinition as Agent
 from .definition import RunResult
 from .errors import (
@@ -1104,6 +1104,10 @@ class Driver:
                 gate.approval = decision
                 edited = decision.get("edited")
                 if edited:  # the approver's edit is exactly what runs (``_still_fits``)
+                    short = self._edit_short_of_rules(gate, edited.get("arguments"), decision)
+                    if short is not None:
+                        self._record_result(call, short, is_error=True)
+                        continue
                     gate.args = tool.validate(encode(edited.get("arguments")))
             attempt = 0
             if not tool.safety.retry_safe:
@@ -1282,7 +1286,7 @@ class Driver:
         said = {"rule": match.rule, "fingerprint": match.fingerprint, "explain": match.explain}
         if match.outcome.kind == ASK:
             policy = dict(match.policy or {})
-            policy["rule"] = match.rule
+            policy.update(rule=match.rule, explain=match.explain)
             if context.requester:
                 policy["requester"] = context.requester
             rec, _ = self.log.write(
@@ -1305,6 +1309,51 @@ class Driver:
             },
         )
         return rec, None
+
+    def _edit_short_of_rules(
+        self, gate: _Gate, edited: Any, decision: Record
+    ) -> dict[str, Any] | None:
+        """The error result for an approval whose edit its approvals do not cover: the rule
+        of the edited arguments (journaled by the decision, or here) denies them, or needs
+        approvals from people the decision's tally does not have. None when they are covered
+        (the ``approve`` command moves a request to the edit's rule before counting, so
+        this is the last line: a decision never fires a call with fewer approvals than the
+        rule of the arguments it fires with requires)."""
+        if not isinstance(gate.tool.safety.approval, Rules):
+            return None
+        name = names.rule(gate.call.id, arguments_tag(edited))
+        asked = self.log.reread(name)
+        if asked is None:
+            match = gate.tool.safety.approval.evaluate(edited, self._rule_context(gate.tool))
+            policy = dict(match.policy or {})
+            asked, _ = self.log.write(
+                name,
+                {
+                    "kind": "rule",
+                    "rule": match.rule,
+                    "fingerprint": match.fingerprint,
+                    "explain": match.explain,
+                    "outcome": match.outcome.kind,
+                    "policy": policy or None,
+                    "arguments": edited,
+                    "edit": True,
+                },
+            )
+        short = approvals_short_of(
+            str(asked.get("outcome")),
+            dict(asked.get("policy") or {}),
+            dict(decision.get("tally") or {}),
+            self._rule_context(gate.tool).requester,
+        )
+        if short is None:
+            return None
+        return {
+            "error": "denied",
+            "message": f"the approval of this call's edited arguments is short of the approval "
+            f"policy (rule {asked.get('rule')!r}): {short}; the call was not made",
+            "note": short,
+            "by": str(decision.get("by") or ""),
+        }
 
     def _rule_context(self, tool: Tool) -> RuleContext:
         """What a rule's condition may read: who started the run (its root's ``run:start``

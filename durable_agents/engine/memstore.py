@@ -448,6 +448,18 @@ class InMemoryStore:
         with self._lock:
             return self._requests.get((run_id, call_id))
 
+    def update_approval_request(
+        self, run_id: str, call_id: str, *, policy: Mapping[str, Any], if_arguments: Any
+    ) -> bool:
+        with self._lock:
+            request = self._requests.get((run_id, call_id))
+            if request is None or request.status != APPROVAL_PENDING:
+                return False
+            if encode(request.arguments) != encode(if_arguments):
+                return False
+            self._requests[(run_id, call_id)] = replace(request, policy=dict(policy))
+            return True
+
     def set_approval_status(
         self,
         run_id: str,

@@ -555,6 +555,13 @@ class Store(Protocol):
 
     def get_approval_request(self, run_id: str, call_id: str) -> ApprovalRequestInfo | None: ...
 
+    def update_approval_request(
+        self, run_id: str, call_id: str, *, policy: Mapping[str, Any], if_arguments: Any
+    ) -> bool:
+        """Replace a pending request's ``policy`` (an edit that moved it under a stricter
+        rule, a deadline's escalation), only while it is pending and asks about
+        ``if_arguments``; its votes stay. True if it changed."""
+
     def set_approval_status(
         self,
         run_id: str,

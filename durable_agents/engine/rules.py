@@ -477,6 +477,37 @@ class Rules:
         )
 
 
+def context_for(store: Any, run_id: str, tool: str) -> RuleContext:
+    """What a condition may read about run ``run_id``: its agent, session, and who started
+    it (its root's ``run:start`` names them when a person did)."""
+    from . import names
+    from .journal import Journal
+
+    run = store.get_run(run_id)
+    root = (run.root_run_id if run is not None else None) or run_id
+    start = Journal(store).get(root, names.RUN_START) if store.get_run(root) else None
+    requester = start.get("requester") if start is not None else None
+    return RuleContext(
+        agent=run.agent if run is not None else "",
+        run_id=run_id,
+        tool=tool,
+        session_id=names.session_of(run_id),
+        requester=str(requester) if requester else None,
+    )
+
+
+def demands_more(wanted: Mapping[str, Any], given: Mapping[str, Any]) -> bool:
+    """Whether a request asked under ``given`` must move to ``wanted`` to need what
+    ``wanted`` needs: more approvals, another group (or any group where anyone could
+    decide), or duties separated where they were not. Never the other way: a pending
+    request's needs only grow."""
+    if int(wanted.get("need", 1)) > int(given.get("need", 1)):
+        return True
+    if wanted.get("group") and wanted.get("group") != given.get("group"):
+        return True
+    return bool(wanted.get("separate")) and not given.get("separate")
+
+
 def as_rules(approval: Any) -> Rules:
     """The tool's approval policy as ``Rules``: itself, or the one-rule policy that
     ``requires_approval=True`` (``ask()``) and ``approval=Quorum(...)`` (``ask(quorum)``) are."""

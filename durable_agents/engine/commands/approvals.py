@@ -11,6 +11,7 @@ from ..approvals import (
     NOT_SHOWN,
     ApprovalOutcome,
     Tally,
+    arguments_tag,
     check_may_decide,
     decision_name,
     eligible_for,
@@ -133,8 +134,23 @@ def approve(
             runtime.dispatch(run_id)
         return _standing(request, standing, approved, edit)
     _refuse_orphans(store, journal, request, actor)
+    moved_to = (policy.get("moved_by_edit") or {}).get("arguments")
+    if approved and moved_to is not None and encode(edit or request.arguments) != encode(moved_to):
+        # An edit moved the call under the rule of its arguments: those are what is decided.
+        raise ApprovalArgumentsDisagree(
+            f"an edit moved call {call_id!r} under the approval rule of the arguments "
+            f"{encode(moved_to)}; approve those (edit=...) or deny",
+            approved_arguments=moved_to,
+        )
     if approved and policy.get("kind") == "quorum":
         _refuse_disagreeing(store, request, by_name, edit, eligible)
+    if edit is not None:
+        # An edit is decided under the rule of the arguments it would run with: a request
+        # moves to a stricter rule before this vote is counted, never to a laxer one.
+        stricter = _policy_for_edit(store, journal, request, edit, policy)
+        if stricter is not None:
+            policy, request = stricter, replace(request, policy=stricter)
+            eligible = eligible_for(policy, actor)
     # A quorum's votes are counted from the request's rows: one must never land on a request
     # asked again under it (the store checks). A single decision is journaled for exactly
     # the arguments its maker was shown, whatever the row says by then: it stands.
@@ -338,6 +354,66 @@ def deny(
         arguments=arguments,
         store=store,
     )
+
+
+def _policy_for_edit(
+    store: Store,
+    journal: Journal,
+    request: ApprovalRequestInfo,
+    edit: Any,
+    policy: dict[str, Any],
+) -> dict[str, Any] | None:
+    """The policy the request must be decided under once ``edit`` is what would run, when
+    its tool has approval rules and the edited arguments' rule needs more than ``policy``
+    (``rules.demands_more``); None when ``policy`` already suffices. The rule is journaled
+    for the edited arguments (``rule:<call>:<tag>``, first writer wins) and the request's
+    row moves to it, its votes kept. A rule that denies the edited arguments refuses the
+    edit (``approval.edit_invalid``), nothing written."""
+    run = store.get_run(request.run_id)
+    tool = registry.get_agent(run.agent).tools.get(request.tool_name) if run else None
+    if tool is None or not isinstance(tool.safety.approval, rules.Rules):
+        return None
+    name = names.rule(request.call_id, arguments_tag(edit))
+    asked = journal.get(request.run_id, name)
+    if asked is None:
+        context = rules.context_for(store, request.run_id, tool.name)
+        match = tool.safety.approval.evaluate(edit, context)
+        if match.outcome.kind == rules.DENY:
+            raise ApprovalEditInvalid(
+                f"the approval policy refuses these arguments (rule {match.rule!r}): "
+                f"{match.outcome.message}"
+            )
+        wanted = dict(match.policy or {})
+        if wanted:
+            wanted.update(rule=match.rule, explain=match.explain)
+            if context.requester:
+                wanted["requester"] = context.requester
+        asked, _ = journal.write(
+            request.run_id,
+            name,
+            {
+                "kind": "rule",
+                "rule": match.rule,
+                "fingerprint": match.fingerprint,
+                "explain": match.explain,
+                "outcome": match.outcome.kind,
+                "policy": wanted or None,
+                "arguments": edit,
+                "edit": True,
+            },
+        )
+    if asked.get("outcome") == rules.DENY:
+        raise ApprovalEditInvalid(
+            f"the approval policy refuses these arguments: {asked.get('rule')}"
+        )
+    wanted = dict(asked.get("policy") or {})
+    if not wanted or not rules.demands_more(wanted, policy):
+        return None
+    moved = {**wanted, "moved_by_edit": {"from": policy.get("rule"), "arguments": edit}}
+    store.update_approval_request(
+        request.run_id, request.call_id, policy=moved, if_arguments=request.arguments
+    )
+    return moved
 
 
 def _validated_edit(store: Store, request: ApprovalRequestInfo, approved: bool, edit: Any) -> Any:
