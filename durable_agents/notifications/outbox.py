@@ -66,7 +66,8 @@ EVENT_OF_STEP = {
     "expire": events.APPROVAL_EXPIRED,
 }
 # A claimed row is due again after this long if its sender never says how it went (the
-# worker died mid-send): the least of these, and twice a webhook's timeout.
+# worker died mid-send), or after twice the channel's timeout when that is longer: a send
+# still in flight is not sent again beside it.
 CLAIM_LEASE = 300.0
 ERROR_LIMIT = 2000  # characters of a failure kept on the row
 
@@ -93,12 +94,15 @@ def write(
     details: Mapping[str, Any] | None = None,
     at: Any = None,
     only: Iterable[str] | None = None,
+    hand_over: bool = True,
 ) -> int:
     """Insert the rows of one fact (``event`` of the request row ``request``) for every
-    channel that wants it (``only``: those named), unless they exist. Returns the rows
-    offered; a row that existed is left as it was."""
+    channel that wants it (``only``: those named), unless they exist, and (``hand_over``)
+    ask a worker for a delivery pass once they commit. Returns the rows offered; a row that
+    existed is left as it was."""
     notify = get_settings().notify
-    channels = [c for c in _wanting(notify, event) if only is None or c.name in set(only)]
+    named = None if only is None else set(only)
+    channels = [c for c in _wanting(notify, event) if named is None or c.name in named]
     if not channels:
         return 0
     asked = asked_of(request)
@@ -126,7 +130,8 @@ def write(
             )
         )
     Notification.objects.using(using).bulk_create(rows, ignore_conflicts=True)
-    kick(using)
+    if hand_over:
+        kick(using)
     return len(rows)
 
 
@@ -171,6 +176,7 @@ def _rule(using: str, request: Any) -> Any:
 
 
 def _rule_name(record: Any) -> Any:
+    """A ``rule:`` record's rule name (its ``rule``, else its ``name``)."""
     if not isinstance(record, Mapping):
         return None
     return record.get("rule") or record.get("name")
@@ -297,6 +303,7 @@ def reconcile(*, using: str | None = None) -> int:
             details=details,
             at=at,
             only=lacking,
+            hand_over=False,  # the pass that reconciles sends them next
         )
     if offered:
         # Most often a signal lost with a process that died after its fact committed; now
