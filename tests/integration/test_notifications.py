@@ -26,7 +26,7 @@ import durable_agents as da
 from durable_agents import signals
 from durable_agents.celery.schedule import NOTIFY_TASK, beat_schedule
 from durable_agents.conf import parse
-from durable_agents.database.store import DjangoStore
+from durable_agents.database.store import DjangoStore, site_store
 from durable_agents.engine import names
 from durable_agents.engine.records import encode
 from durable_agents.models import ActionLog, ApprovalRequest, Notification, Run
@@ -236,6 +236,32 @@ def test_a_receiver_that_hangs_holds_up_no_other_channel(settings, receiver):
         ("webhook", "sent"),
         ("email", "sent"),
     }
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sqlite"])
+def test_the_outbox_on_sqlite(settings, receiver):
+    """The demo's database: claims without FOR UPDATE, backoff in SQLite's date arithmetic."""
+    configure(settings, hook(receiver))
+    settings.DURABLE_AGENTS = {**settings.DURABLE_AGENTS, "DATABASE": "sqlite"}
+    make_user("ann", "approve_toolcall")
+    receiver.script.append(500)
+    with pytest.raises(da.ApprovalPending):
+        gated.run("lite-1", "refund order 7", store=site_store())
+    rows = Notification.objects.using("sqlite")
+    assert rows.get().status == "pending" and not Notification.objects.exists()
+    assert deliver().retrying == 1
+    row = rows.get()
+    assert row.next_attempt_at > row.created_at  # backed off
+    passes_until(lambda: rows.get().status == "sent")
+    da.approve("lite-1", "call_1_1", True, by="ann")
+    rows.filter(event="approval_decided").delete()  # as if its signal was lost
+    assert reconcile() == 1
+    passes_until(lambda: not rows.exclude(status="sent").exists())
+    assert [verified(g)["event"] for g in receiver.got] == [
+        "approval_requested",
+        "approval_requested",
+        "approval_decided",
+    ]
 
 
 # -- each fact, once per step and channel ------------------------------------------------
