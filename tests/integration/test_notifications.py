@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from io import StringIO
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.core import mail
 from django.core.checks import run_checks
+from django.core.management import call_command
 from django.db import connection, connections
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -262,6 +264,25 @@ def test_the_outbox_on_sqlite(settings, receiver):
         "approval_requested",
         "approval_decided",
     ]
+
+
+def test_the_command_runs_one_pass(settings, receiver):
+    configure(settings, hook(receiver))
+    receiver.script.append(500)
+    for run_id in ("cmd-1", "cmd-2"):
+        with pytest.raises(da.ApprovalPending):
+            gated.run(run_id, "refund order 7")
+    out = StringIO()
+    call_command("durable_agents", "notify", stdout=out)
+    # The receiver failed the first: its channel waits for the next pass.
+    assert out.getvalue().strip() == "sent 0, to try again 1, given up 0; 0 missing row(s) written"
+    sent, deadline = 0, time.monotonic() + 20
+    while sent < 2:  # the other now, the first after its backoff
+        assert time.monotonic() < deadline
+        out = StringIO()
+        call_command("durable_agents", "notify", stdout=out)
+        sent += int(out.getvalue().split()[1].rstrip(","))
+    assert sent == 2 and len(receiver.got) == 3
 
 
 # -- each fact, once per step and channel ------------------------------------------------
@@ -515,6 +536,9 @@ def test_the_admin_lists_what_was_not_sent_and_retries_it(settings, receiver):
     logged = ActionLog.objects.get(action="retry_notifications")
     assert (logged.actor, logged.payload["count"]) == ("ops", 5)
     assert deliver().sent == 5
+    row = Notification.objects.get(request__run_id="adm-1")
+    detail = client.get(f"/admin/durable_agents/notification/{row.pk}/change/")
+    assert detail.status_code == 200 and str(row.delivery_id) in detail.content.decode()
     page, _ = _changelist(client)
     assert "adm-1" not in page  # sent: off the list that opens on what was not
     page, _ = _changelist(client, "?status=sent")
