@@ -6,6 +6,7 @@ Django's locmem backend; the reconciling pass; the admin's list and Retry; the s
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ from durable_agents.providers.scripted import ScriptedModel
 from tests.support import notify_channels
 from tests.support.agents import gated, quorum
 from tests.support.people import make_user
+from tests.support.procs import ROOT
 from tests.support.receiver import HANG, Receiver, verified
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -152,6 +154,28 @@ def test_a_receiver_that_fails_then_times_out_gets_the_notification_once_it_reco
     # Nothing is sent twice once delivered.
     assert deliver().sent == 0
     assert len(receiver.got) == 3
+
+
+def test_the_receivers_recipe_in_the_docs_verifies_a_real_delivery(settings, receiver):
+    """docs/notifications.md's ``verify``, run as written, takes what was sent and refuses a
+    body changed on the way, another delivery id, and another secret."""
+    configure(settings, hook(receiver))
+    with pytest.raises(da.ApprovalPending):
+        gated.run("hook-docs", "refund order 7")
+    deliver()
+    [got] = receiver.got
+    text = (ROOT / "docs" / "notifications.md").read_text()
+    recipe = re.search(r"```python\n(import hashlib.*?def verify.*?)```", text, re.S)
+    assert recipe, "docs/notifications.md lost the receiver's recipe"
+    namespace: dict[str, Any] = {}
+    exec(compile(recipe.group(1), "docs/notifications.md", "exec"), namespace)  # the docs' code
+    verify = namespace["verify"]
+    delivery_id, header = got.headers["X-Delivery-Id"], got.headers["X-Signature"]
+    secret = django_settings.NOTIFY_HOOK_SECRET
+    assert verify(got.body, delivery_id, header, secret)
+    assert not verify(got.body.replace(b"500", b"900"), delivery_id, header, secret)
+    assert not verify(got.body, "another-id", header, secret)
+    assert not verify(got.body, delivery_id, header, "x" + secret)
 
 
 @pytest.mark.parametrize("status", [400, 403, 404, 301])
