@@ -429,7 +429,7 @@ class Notification(models.Model):
     reminded, escalated, expired or decided) for one channel. Unique per (request, asked,
     event, channel), so a fact notifies each channel once whatever retries, crashes or
     reconciling passes wrote it; delivered at least once, with backoff, by
-    ``notifications.outbox.deliver``. ``payload`` is what is sent, rendered when the row was
+    ``notifications.delivery.deliver``. ``payload`` is what is sent, rendered when the row was
     written; ``delivery_id`` names the row to the receiver, the same on every try."""
 
     PENDING, SENT, FAILED = "pending", "sent", "failed"

@@ -1,5 +1,6 @@
-"""The notification outbox: a row per (request, fact, channel), written where the fact is,
-delivered at least once by a pass on Celery beat, never in the run's way.
+"""The notification outbox's rows: one per (request, fact, channel), written where the fact
+is, repaired by a reconciling pass, tried again when staff ask. Delivering them is
+``notifications.delivery``.
 
 Writing. A fact of an approval request — it waits, was reminded, escalated, expired or
 decided — becomes one ``Notification`` row per channel that wants it, unique on (request,
@@ -13,30 +14,18 @@ pending (the newest ``NOTIFY["BATCH"]``) and those decided or expired in the las
 ``NOTIFY["WINDOW"]`` seconds (the newest ``BATCH``; index ``da_approval_decided``), and
 writes the rows missing for facts it can prove (a deadline step by its journal record,
 ``deadline:<call>:<step>``). Its cost depends on those bounds, not on the history.
-
-Delivering. ``deliver()`` claims a channel's due rows one at a time (``FOR UPDATE SKIP
-LOCKED``, moving the row's next try past a claim lease), sends each outside any
-transaction, and records the outcome: sent; tried again after ``BASE_DELAY`` * 2^(tries-1)
-(at most ``MAX_DELAY``); or failed (given up) when the channel says retrying cannot help
-or after ``MAX_ATTEMPTS`` tries. Channels are delivered side by side, each in a thread of
-its own, so a receiver that hangs holds up only its own rows; a channel whose receiver
-fails stops for this pass after that one try (one timeout per pass, not one per row).
-A worker that dies mid-send leaves the row claimed until the lease passes; it is sent
-again then (at least once). Nothing here promises order.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.models import Case, F, PositiveIntegerField, Q, Value, When
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -52,9 +41,7 @@ from ..engine.ports import (
     APPROVAL_PENDING,
     IMPORTED_INERT,
 )
-from ..engine.redact import redact_urls
 from ..models import ApprovalRequest, JournalEntry, Notification
-from .channels import Channel, DeliveryFailed, Notice, build
 from .payloads import decided_details, render
 
 log = logging.getLogger("durable_agents.notifications")
@@ -65,11 +52,6 @@ EVENT_OF_STEP = {
     "escalate": events.APPROVAL_ESCALATED,
     "expire": events.APPROVAL_EXPIRED,
 }
-# A claimed row is due again after this long if its sender never says how it went (the
-# worker died mid-send), or after twice the channel's timeout when that is longer: a send
-# still in flight is not sent again beside it.
-CLAIM_LEASE = 300.0
-ERROR_LIMIT = 2000  # characters of a failure kept on the row
 
 
 def asked_of(request: Any) -> str:
@@ -146,13 +128,11 @@ def waiting(using: str, request_pk: int) -> None:
             request = ApprovalRequest.objects.using(using).select_related("run").get(pk=request_pk)
             if request.run.imported == IMPORTED_INERT:
                 return
-            rule = _rule(using, request)
             write(
                 events.APPROVAL_REQUESTED,
                 request,
                 agent=request.run.agent,
                 using=using,
-                details={"rule": rule},
                 at=request.created_at,
             )
     except Exception:
@@ -160,26 +140,6 @@ def waiting(using: str, request_pk: int) -> None:
             "could not write the notifications of request %s; the next delivery pass will",
             request_pk,
         )
-
-
-def _rule(using: str, request: Any) -> Any:
-    """The name of the approval rule that asked about the call, from its ``rule:`` record
-    (None for a tool without rules)."""
-    name = names.rule(request.call_id, asked_of(request) or None)
-    data = (
-        JournalEntry.objects.using(using)
-        .filter(run_id=request.run_id, name=name)
-        .values_list("data", flat=True)
-        .first()
-    )
-    return _rule_name(_decoded(data))
-
-
-def _rule_name(record: Any) -> Any:
-    """A ``rule:`` record's rule name (its ``rule``, else its ``name``)."""
-    if not isinstance(record, Mapping):
-        return None
-    return record.get("rule") or record.get("name")
 
 
 def _decoded(data: Any) -> Any:
@@ -283,7 +243,6 @@ def reconcile(*, using: str | None = None) -> int:
     if not missing:
         return 0
     wanted = {(r.run_id, name) for r, _, name, _ in missing if name}
-    wanted |= {(r.run_id, _rule_record(r)) for r, _, _, _ in missing}
     records = _records(using, wanted)
     offered = 0
     for request, event, name, lacking in missing:
@@ -292,9 +251,6 @@ def reconcile(*, using: str | None = None) -> int:
             continue  # the step has not happened (yet): its record is the only proof
         data, written_at = found if found is not None else (None, None)
         details, at = _details(request, event, data, written_at)
-        if details.get("rule") is None:
-            rule = records.get((request.run_id, _rule_record(request)))
-            details["rule"] = _rule_name(rule[0]) if rule is not None else None
         offered += write(
             event,
             request,
@@ -327,10 +283,6 @@ def _details(request: Any, event: str, record: Any, written_at: Any) -> tuple[di
     details["step"] = step
     at = written_at or (request.decided_at if event == events.APPROVAL_EXPIRED else None)
     return details, at
-
-
-def _rule_record(request: Any) -> str:
-    return names.rule(request.call_id, asked_of(request) or None)
 
 
 def _facts(request: Any, now: Any) -> list[tuple[str, str | None]]:
@@ -378,171 +330,6 @@ def _records(using: str, wanted: set[tuple[str, str]]) -> dict[tuple[str, str], 
         for run_id, name, data, created_at in found
         if (run_id, name) in wanted
     }
-
-
-# -- delivering --------------------------------------------------------------------------
-
-
-@dataclass
-class Pass:
-    """What one delivery pass did."""
-
-    reconciled: int = 0  # rows the reconciling pass offered
-    sent: int = 0
-    retrying: int = 0  # failed this time, tried again later
-    failed: int = 0  # given up
-
-    def add(self, other: Pass) -> None:
-        self.sent += other.sent
-        self.retrying += other.retrying
-        self.failed += other.failed
-
-
-def deliver(*, using: str | None = None) -> Pass:
-    """One delivery pass: reconcile, then send every channel's due rows (at most
-    ``NOTIFY["BATCH"]`` each), the channels side by side."""
-    settings = get_settings()
-    notify = settings.notify
-    using = using or settings.database
-    done = Pass()
-    if not notify.channels:
-        return done
-    done.reconciled = reconcile(using=using)
-    if len(notify.channels) == 1:
-        done.add(_drain(notify.channels[0], notify, using))
-        return done
-    lock = threading.Lock()
-
-    def drain(config: ChannelConfig) -> None:
-        try:
-            result = _drain(config, notify, using)
-            with lock:
-                done.add(result)
-        except Exception:
-            log.exception("delivering channel %s failed", config.name)
-        finally:
-            connections.close_all()  # this thread's own
-
-    threads = [
-        threading.Thread(target=drain, args=(c,), name=f"notify-{c.name}", daemon=True)
-        for c in notify.channels
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return done
-
-
-def _drain(config: ChannelConfig, notify: Notify, using: str) -> Pass:
-    done = Pass()
-    try:
-        channel = build(config)
-    except Exception:
-        log.exception("the notification channel %s cannot be built; its rows wait", config.name)
-        return done
-    for _ in range(notify.batch):
-        claimed = _claim(config, using)
-        if claimed is None:
-            break
-        pk, notice = claimed
-        if not _send(channel, pk, notice, notify, using, done):
-            break  # the receiver is failing: one try a pass, not one per waiting row
-    return done
-
-
-def _claim(config: ChannelConfig, using: str) -> tuple[int, Notice] | None:
-    """The channel's longest-due row, claimed: its try counted and its next try moved past
-    the claim lease, so no other pass sends it meanwhile."""
-    lease = timedelta(seconds=max(CLAIM_LEASE, 2 * config.timeout))
-    rows = Notification.objects.using(using)
-    for _ in range(3):  # another pass took the row between our read and our claim
-        with transaction.atomic(using=using):
-            row = (
-                rows.select_for_update(skip_locked=True)
-                .filter(
-                    status=Notification.PENDING, channel=config.name, next_attempt_at__lte=Now()
-                )
-                .order_by("next_attempt_at", "id")
-                .only("pk", "attempts", "delivery_id", "event", "payload", "created_at")
-                .first()
-            )
-            if row is None:
-                return None
-            taken = rows.filter(
-                pk=row.pk, status=Notification.PENDING, attempts=row.attempts
-            ).update(attempts=F("attempts") + 1, next_attempt_at=Now() + lease)
-        if taken:
-            payload = row.payload if isinstance(row.payload, Mapping) else {}
-            return row.pk, Notice(
-                delivery_id=str(row.delivery_id),
-                event=row.event,
-                channel=config.name,
-                run_id=str(payload.get("run_id", "")),
-                call_id=str(payload.get("call_id", "")),
-                attempt=row.attempts + 1,
-                payload=payload,
-                created_at=row.created_at,
-            )
-    return None
-
-
-def _send(
-    channel: Channel, pk: int, notice: Notice, notify: Notify, using: str, done: Pass
-) -> bool:
-    """Send one claimed row and record how it went; False when the receiver is failing."""
-    failure: Exception | None = None
-    try:
-        channel.send(notice)
-    except Exception as exc:
-        failure = exc
-    # Only while it is still the try we claimed (a Retry in the admin may have reset it).
-    mine = Notification.objects.using(using).filter(
-        pk=pk, status=Notification.PENDING, attempts=notice.attempt
-    )
-    if failure is None:
-        mine.update(status=Notification.SENT, sent_at=Now(), next_attempt_at=None)
-        done.sent += 1
-        return True
-    said = _said(failure)
-    retry = getattr(failure, "retry", True) is not False
-    if not retry or notice.attempt >= notify.max_attempts:
-        why = said if not retry else f"given up after {notice.attempt} tries; the last: {said}"
-        mine.update(status=Notification.FAILED, next_attempt_at=None, last_error=why[:ERROR_LIMIT])
-        done.failed += 1
-        log.warning(
-            "notification %s (%s of run %s) to %s failed for good: %s",
-            notice.delivery_id,
-            notice.event,
-            notice.run_id,
-            notice.channel,
-            why,
-        )
-        return retry is False  # a refusal is this row's; a receiver down is every row's
-    delay = min(notify.max_delay, notify.base_delay * 2 ** (notice.attempt - 1))
-    asked_wait = getattr(failure, "retry_after", None)
-    if isinstance(asked_wait, int | float):
-        delay = min(notify.max_delay, max(delay, float(asked_wait)))
-    mine.update(
-        next_attempt_at=Now() + timedelta(seconds=delay),
-        last_error=f"try {notice.attempt}: {said}"[:ERROR_LIMIT],
-    )
-    done.retrying += 1
-    log.info(
-        "notification %s to %s failed (try %d), tried again in %.0f s: %s",
-        notice.delivery_id,
-        notice.channel,
-        notice.attempt,
-        delay,
-        said,
-    )
-    return False
-
-
-def _said(exc: BaseException) -> str:
-    if isinstance(exc, DeliveryFailed):
-        return str(exc)
-    return redact_urls(f"{type(exc).__name__}: {exc}")
 
 
 # -- handing a pass to a worker ------------------------------------------------------------

@@ -95,7 +95,8 @@ def render(
         "summary": summary_of(tool, request.arguments),
         "arguments": shown_arguments(tool, request.arguments),
         "policy": policy,
-        "rule": details.get("rule"),
+        # The rule that asked (``da.Rules``): the fact's, else the one the request names.
+        "rule": details.get("rule") or policy.get("rule"),
         "link": link_to(base_url, request.pk),
         "at": iso(at) or iso(datetime.now(UTC)),
     }

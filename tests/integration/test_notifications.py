@@ -470,9 +470,10 @@ def test_the_reconciling_pass_writes_the_rows_of_facts_whose_signal_was_lost(set
     request = ApprovalRequest.objects.get(run_id="lost-1")
     call = request.call_id
     deadline = {"remind": 60.0, "escalate": 120.0, "escalate_to": "oncall", "expire": 600.0}
+    # As a da.Rules request's policy reads: the rule that asked, and its deadline.
+    policy = {"kind": "single", "rule": "refund-lead", "deadline": deadline}
     ApprovalRequest.objects.filter(pk=request.pk).update(
-        policy={"kind": "single", "deadline": deadline},
-        created_at=timezone.now() - timedelta(seconds=150),
+        policy=policy, created_at=timezone.now() - timedelta(seconds=150)
     )
     # Due, but not journaled: the steps have not happened, nothing to tell.
     assert reconcile() == 0
@@ -480,7 +481,7 @@ def test_the_reconciling_pass_writes_the_rows_of_facts_whose_signal_was_lost(set
     _record("lost-1", names.deadline(call, "remind"), {"step": "remind"})
     assert reconcile() == 1
     assert reconcile() == 0  # idempotent
-    escalated = {"kind": "single", "deadline": deadline, "escalated_to": "oncall"}
+    escalated = {**policy, "escalated_to": "oncall"}
     _record("lost-1", names.deadline(call, "escalate"), {"step": "escalate", "policy": escalated})
     assert reconcile() == 1
     _record("lost-1", names.deadline(call, "expire"), {"step": "expire", "on_expiry": "deny"})
@@ -498,6 +499,7 @@ def test_the_reconciling_pass_writes_the_rows_of_facts_whose_signal_was_lost(set
         ("approval_expired", "expire"),
     ]
     assert events[2]["escalated_to"] == "oncall"
+    assert [p["rule"] for p in events[1:]] == ["refund-lead"] * 3
     assert events[3]["on_expiry"] == "deny"
 
 
