@@ -18,7 +18,7 @@ class DurableAgentsConfig(AppConfig):
         from .database.events import events
         from .database.store import site_store
         from .engine import runtime
-        from .notify import email_approvers
+        from .notifications import outbox
         from .people import approver_keys, eligible_approvers, resolve_actor
         from .registry import load_agents
 
@@ -39,8 +39,8 @@ class DurableAgentsConfig(AppConfig):
             model_rates=lambda: get_settings().model_rates,
             events=events,
         )
-        # The built-in notification; it does nothing unless NOTIFY["APPROVALS"] is on.
-        signals.approval_requested.connect(email_approvers, dispatch_uid="durable_agents.notify")
+        # The notification outbox's receivers; they do nothing unless NOTIFY has channels.
+        outbox.connect()
         # A Celery worker with a bad AGENTS setting exits before it consumes a message.
         worker_start.connect()
         _enable_telemetry()

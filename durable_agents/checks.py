@@ -16,7 +16,9 @@ Each kind of problem has its own id, so a deployment can silence one kind
   ``CELERY_BROKER_URL`` (it is not configured from the Django settings).
 * ``durable_agents.E008`` — a webhook cannot verify deliveries: ``WEBHOOK_SECRET`` (or the
   setting a view's ``secret_setting`` names) is missing, short or weak. The view answers 503
-  until it is fixed. While ``migrate`` runs (checks given a database) it is the warning
+  until it is fixed. Likewise a notification channel's ``secret_setting`` (an outbound
+  webhook cannot sign: its notifications wait, tried again, until it is fixed). While
+  ``migrate`` runs (checks given a database) it is the warning
   ``durable_agents.W008``: a deploy may migrate before its secrets are in place.
 * ``durable_agents.W003`` — runs have waited in the queue for several recovery intervals with
   no driver (``queue_health``): likely no worker consumes ``CELERY_QUEUE``. It reads the
@@ -66,7 +68,44 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     settings, problems = conf.parse(getattr(django_settings, "DURABLE_AGENTS", None))
     if problems:
         return [checks.Error(p, hint=SETTINGS_HINT, id="durable_agents.E001") for p in problems]
-    return [*_check_agents(settings.agents), *_check_celery(settings), *_check_pooler(settings)]
+    return [
+        *_check_agents(settings.agents),
+        *_check_channels(settings),
+        *_check_celery(settings),
+        *_check_pooler(settings),
+    ]
+
+
+def _check_channels(settings: conf.Settings) -> list[checks.CheckMessage]:
+    """A notification channel of the site's own (a dotted ``kind``) imports to something
+    that builds a channel: ``conf.parse`` cannot import it (settings.py builds the beat
+    schedule before the site's modules can be imported)."""
+    from django.utils.module_loading import import_string
+
+    out: list[checks.CheckMessage] = []
+    for i, channel in enumerate(settings.notify.channels):
+        if channel.kind in conf.CHANNEL_KINDS:
+            continue
+        where = f"DURABLE_AGENTS['NOTIFY']['CHANNELS'][{i}]['kind']"
+        try:
+            found = import_string(channel.kind)
+        except ImportError as exc:
+            problem = f"{where} is {channel.kind!r}, which cannot be imported: {exc}"
+        else:
+            if callable(found):
+                continue
+            problem = (
+                f"{where} is {channel.kind!r}, which is not a class or function building a "
+                "channel (called with the channel's config; its result has send(notice))"
+            )
+        out.append(
+            checks.Error(
+                problem,
+                hint=f"Channels of your own: {conf.DOCS_URL}notifications.md#a-channel-of-your-own",
+                id="durable_agents.E001",
+            )
+        )
+    return out
 
 
 @checks.register(checks.Tags.urls)
@@ -87,6 +126,16 @@ def check_webhooks(
         problem = secret_problem(view)
         if problem:
             found[problem] = found.get(problem) or path
+    for channel in settings.notify.channels:
+        if channel.kind == "webhook":
+            from .notifications.webhook import secrets_of
+
+            _, problem = secrets_of(channel)
+            if problem:
+                found[
+                    f"{problem} (notification channel {channel.name!r}: its notifications "
+                    "wait, tried again, until it is fixed)"
+                ] = ""
     # Under migrate a deploy may not have its secrets yet: said, not stopped.
     migrating = databases is not None
     level, ident = (checks.Warning, "W008") if migrating else (checks.Error, "E008")

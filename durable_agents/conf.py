@@ -9,10 +9,12 @@ from __future__ import annotations
 import base64
 import copy
 import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .engine import events
 from .engine.errors import ConfigError
 from .engine.limits import Rate, parse_rate
 from .engine.retry import RetryPolicy
@@ -31,6 +33,7 @@ MIN_WEBHOOK_SECRET = 32
 MIN_WEBHOOK_SECRET_DISTINCT = 8
 
 __all__ = [
+    "ChannelConfig",
     "Notify",
     "Retention",
     "RetryPolicy",
@@ -41,17 +44,58 @@ __all__ = [
 ]
 
 
+# The facts of an approval request a channel may be told (docs/notifications.md).
+NOTIFY_EVENTS = (
+    events.APPROVAL_REQUESTED,
+    events.APPROVAL_REMINDED,
+    events.APPROVAL_ESCALATED,
+    events.APPROVAL_EXPIRED,
+    events.APPROVAL_DECIDED,
+)
+CHANNEL_KINDS = ("email", "webhook")
+_CHANNEL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+@dataclass(frozen=True)
+class ChannelConfig:
+    """One entry of ``NOTIFY["CHANNELS"]``: where notifications of ``events`` go."""
+
+    name: str
+    kind: str  # "email", "webhook", or the dotted path of a channel of the site's own
+    events: tuple[str, ...] = NOTIFY_EVENTS
+    # Add a one-line human ``text`` field to the payload (Slack and Teams incoming
+    # webhooks show ``{"text": ...}``).
+    text: bool = False
+    url: str = ""  # webhook: where to POST
+    secret_setting: str = ""  # webhook: the Django setting holding the signing secret(s)
+    timeout: float = 10.0  # webhook: seconds to wait for the receiver's answer
+    # A channel of the site's own: every other key of its entry, as given.
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Notify:
-    """``NOTIFY``: who is told what by email (``durable_agents.notify``)."""
+    """``NOTIFY``: who is told what, through which channels (``durable_agents.notifications``,
+    docs/notifications.md)."""
 
-    # Email the eligible approvers of a call when it starts waiting for approval.
+    # The shorthand of 0.1: email the eligible approvers when a call starts waiting (an
+    # email channel for ``approval_requested``). Unused with ``CHANNELS``.
     approvals: bool = False
     # The sender; None: Django's DEFAULT_FROM_EMAIL.
     from_email: str | None = None
-    # The site's address as approvers reach it ("https://ops.example.com"): emails are sent
-    # by workers, which have no request to build a link from.
+    # The site's address as approvers reach it ("https://ops.example.com"): notifications
+    # are sent by workers, which have no request to build a link from.
     base_url: str = ""
+    channels: tuple[ChannelConfig, ...] = ()
+    interval: float = 10.0  # seconds between delivery passes (Celery beat)
+    max_attempts: int = 12  # tries of one notification before it is given up (failed)
+    base_delay: float = 30.0  # seconds before the second try; doubled each time after
+    max_delay: float = 3600.0  # the longest wait between two tries
+    # How far back the reconciling pass looks for decided or expired requests (seconds).
+    window: float = 86400.0
+    batch: int = 100  # requests of each kind a reconciling pass reads; rows a channel sends
 
 
 @dataclass(frozen=True)
@@ -170,7 +214,22 @@ _KEYS = {
     "TELEMETRY": "telemetry",
 }
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
-_NOTIFY_KEYS = {"APPROVALS": "approvals", "FROM_EMAIL": "from_email", "BASE_URL": "base_url"}
+_NOTIFY_KEYS = {
+    "APPROVALS": "approvals",
+    "FROM_EMAIL": "from_email",
+    "BASE_URL": "base_url",
+    "CHANNELS": "channels",
+    "INTERVAL": "interval",
+    "MAX_ATTEMPTS": "max_attempts",
+    "BASE_DELAY": "base_delay",
+    "MAX_DELAY": "max_delay",
+    "WINDOW": "window",
+    "BATCH": "batch",
+}
+_CHANNEL_KEYS = {
+    "email": ("kind", "name", "events", "text"),
+    "webhook": ("kind", "name", "events", "text", "url", "secret_setting", "timeout"),
+}
 _RETENTION_KEYS = {
     "FINISHED_FOR": "finished_for",
     "BY": "by",
@@ -491,47 +550,193 @@ def _parse_trusted_keys(raw: Any, problems: list[str]) -> tuple[str, ...]:
 
 
 def _parse_notify(raw: Any, problems: list[str]) -> Notify:
+    where = "DURABLE_AGENTS['NOTIFY']"
     if raw is None:
         return Notify()
     if not isinstance(raw, dict):
         problems.append(
-            "DURABLE_AGENTS['NOTIFY'] must be a dict, e.g. {'APPROVALS': True, "
-            "'BASE_URL': 'https://ops.example.com'}"
+            f"{where} must be a dict, e.g. {{'BASE_URL': 'https://ops.example.com', "
+            "'CHANNELS': [{'kind': 'email'}]}"
         )
         return Notify()
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in _NOTIFY_KEYS:
-            problems.append(
-                f"unknown key DURABLE_AGENTS['NOTIFY'][{key!r}]{_suggest(str(key), _NOTIFY_KEYS)}"
-            )
+            problems.append(f"unknown key {where}[{key!r}]{_suggest(str(key), _NOTIFY_KEYS)}")
             continue
         values[_NOTIFY_KEYS[key]] = value
     if not isinstance(values.get("approvals", False), bool):
-        problems.append("DURABLE_AGENTS['NOTIFY']['APPROVALS'] must be True or False")
+        problems.append(f"{where}['APPROVALS'] must be True or False")
         values.pop("approvals")
     sender = values.get("from_email")
     if sender is not None and (not isinstance(sender, str) or "@" not in sender):
         problems.append(
-            "DURABLE_AGENTS['NOTIFY']['FROM_EMAIL'] must be an email address (or None for "
+            f"{where}['FROM_EMAIL'] must be an email address (or None for "
             f"DEFAULT_FROM_EMAIL), not {sender!r}"
         )
         values.pop("from_email")
+    for key in ("interval", "base_delay", "max_delay", "window"):
+        if key in values:
+            values[key] = _positive(f"NOTIFY.{key.upper()}", values[key], problems)
+    for key, top in (("max_attempts", 100), ("batch", 10_000)):
+        number = values.get(key, 1)
+        if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= top:
+            problems.append(
+                f"{where}[{key.upper()!r}] must be an int from 1 to {top}, not {number!r}"
+            )
+            values.pop(key)
+    if values.get("base_delay", 0) > values.get("max_delay", Notify.max_delay):
+        problems.append(f"{where}['BASE_DELAY'] must not be longer than 'MAX_DELAY'")
+
+    channels = _parse_channels(values.pop("channels", None), f"{where}['CHANNELS']", problems)
+    if values.get("approvals") and channels:
+        problems.append(
+            f"{where} has both 'APPROVALS' and 'CHANNELS': APPROVALS is the shorthand for "
+            "CHANNELS [{'kind': 'email', 'events': ['approval_requested']}]; list the email "
+            "channel in CHANNELS and drop APPROVALS"
+        )
+    elif values.get("approvals"):
+        channels = (ChannelConfig("email", "email", (events.APPROVAL_REQUESTED,)),)
+    values["channels"] = channels
+
     base = values.get("base_url", "")
     absolute = isinstance(base, str) and base.startswith(("http://", "https://"))
     if base != "" and not (absolute and len(base) > len("https://") and " " not in base):
         problems.append(
-            "DURABLE_AGENTS['NOTIFY']['BASE_URL'] must be the site's absolute address, like "
+            f"{where}['BASE_URL'] must be the site's absolute address, like "
             f"'https://ops.example.com', not {base!r}"
         )
         values.pop("base_url")
-    elif values.get("approvals") and not base:
+    elif channels and not base:
+        what = "'APPROVALS'" if values.get("approvals") else "'CHANNELS'"
         problems.append(
-            "DURABLE_AGENTS['NOTIFY']['APPROVALS'] needs 'BASE_URL' (the site's absolute "
-            "address, like 'https://ops.example.com'): the emails link to the approval page"
+            f"{where}[{what}] needs 'BASE_URL' (the site's absolute address, like "
+            "'https://ops.example.com'): every notification links to the call's page"
         )
     notify = Notify(**values)
     return replace(notify, base_url=notify.base_url.rstrip("/"))
+
+
+def _parse_channels(raw: Any, where: str, problems: list[str]) -> tuple[ChannelConfig, ...]:
+    """``NOTIFY["CHANNELS"]``: a list of ``{"kind": ..., ...}``, each checked here but for
+    the importability of a dotted ``kind`` (the system check imports it: settings.py may
+    build the beat schedule before the site's modules can be imported)."""
+    if raw is None:
+        return ()
+    example = (
+        "[{'kind': 'email'}, {'kind': 'webhook', 'url': 'https://hooks.example.com/approvals', "
+        "'secret_setting': 'OPS_HOOK_SECRET'}]"
+    )
+    if not isinstance(raw, list | tuple):
+        problems.append(f"{where} must be a list of channels, like {example}")
+        return ()
+    channels: list[ChannelConfig] = []
+    for i, entry in enumerate(raw):
+        channel = _parse_channel(entry, f"{where}[{i}]", example, problems)
+        if channel is None:
+            continue
+        if any(c.name == channel.name for c in channels):
+            problems.append(
+                f"{where}[{i}] is named {channel.name!r} like an earlier channel: give each "
+                "channel of a kind after the first a distinct 'name' (a notification row "
+                "names its channel)"
+            )
+            continue
+        channels.append(channel)
+    return tuple(channels)
+
+
+def _parse_channel(
+    entry: Any, where: str, example: str, problems: list[str]
+) -> ChannelConfig | None:
+    if not isinstance(entry, dict):
+        problems.append(f"{where} must be a dict, like {example}")
+        return None
+    kind = entry.get("kind")
+    if not isinstance(kind, str) or not (kind in CHANNEL_KINDS or _DOTTED.fullmatch(kind)):
+        problems.append(
+            f"{where}['kind'] must be 'email', 'webhook' or the dotted path of a channel of "
+            f"your own ('myapp.notify.PagerChannel'), not {kind!r}"
+            f"{_suggest(kind, CHANNEL_KINDS) if isinstance(kind, str) else ''}"
+        )
+        return None
+    bad = len(problems)
+    known = _CHANNEL_KEYS.get(kind)
+    if known is not None:
+        for key in entry:
+            if key not in known:
+                problems.append(f"unknown key {where}[{key!r}]{_suggest(str(key), known)}")
+    name = entry.get("name", kind)
+    if not isinstance(name, str) or not _CHANNEL_NAME.fullmatch(name):
+        problems.append(f"{where}['name'] must be 1-64 characters of A-Za-z0-9_.:-, not {name!r}")
+    chosen = entry.get("events", NOTIFY_EVENTS)
+    if (
+        isinstance(chosen, str)
+        or not isinstance(chosen, list | tuple)
+        or not chosen
+        or not all(isinstance(e, str) for e in chosen)
+    ):
+        problems.append(
+            f"{where}['events'] must be a non-empty list of {', '.join(NOTIFY_EVENTS)}, "
+            f"not {chosen!r}"
+        )
+        chosen = ()
+    for event in chosen:
+        if event not in NOTIFY_EVENTS:
+            problems.append(
+                f"{where}['events'] holds {event!r}, which is not one of "
+                f"{', '.join(NOTIFY_EVENTS)}{_suggest(event, NOTIFY_EVENTS)}"
+            )
+    text = entry.get("text", False)
+    if not isinstance(text, bool):
+        problems.append(f"{where}['text'] must be True or False, not {text!r}")
+    url, secret_setting, timeout = "", "", 10.0
+    if kind == "webhook":
+        url = entry.get("url", "")
+        if (
+            not isinstance(url, str)
+            or not url.startswith(("http://", "https://"))
+            or len(url) <= len("https://")
+            or any(c.isspace() for c in url)
+        ):
+            problems.append(
+                f"{where} needs 'url', the receiver's absolute address "
+                f"('https://hooks.example.com/approvals'), not {url!r}"
+            )
+        secret_setting = entry.get("secret_setting", "")
+        if not isinstance(secret_setting, str) or not _SETTING_NAME.fullmatch(secret_setting):
+            problems.append(
+                f"{where} needs 'secret_setting', the name of the Django setting holding the "
+                "secret the receiver verifies signatures with (like 'OPS_HOOK_SECRET', read "
+                f"from the environment), not {secret_setting!r}"
+            )
+        timeout = entry.get("timeout", 10.0)
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout <= 120
+        ):
+            problems.append(
+                f"{where}['timeout'] must be a number of seconds from 0 to 120, not {timeout!r}"
+            )
+            timeout = 10.0
+    if len(problems) > bad:
+        return None
+    options = (
+        {}
+        if known is not None
+        else {k: v for k, v in entry.items() if k not in ("kind", "name", "events", "text")}
+    )
+    return ChannelConfig(
+        name=name,
+        kind=kind,
+        events=tuple(dict.fromkeys(chosen)),
+        text=text,
+        url=url,
+        secret_setting=secret_setting,
+        timeout=float(timeout),
+        options=options,
+    )
 
 
 def _parse_retention(raw: Any, problems: list[str]) -> Retention | None:

@@ -5,6 +5,8 @@ engine never sees a model instance.
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
@@ -356,6 +358,13 @@ class ApprovalRequest(models.Model):
                 name="da_approval_due",
                 condition=models.Q(status=ports.APPROVAL_PENDING, due_at__isnull=False),
             ),
+            # The notification outbox's reconciling pass reads requests decided (or
+            # expired) lately by it (``notifications.outbox``): never the whole history.
+            models.Index(
+                fields=["-decided_at"],
+                name="da_approval_decided",
+                condition=models.Q(decided_at__isnull=False),
+            ),
         ]
         verbose_name = "tool call awaiting approval"
         verbose_name_plural = "tool calls awaiting approval"
@@ -413,6 +422,58 @@ class Decision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.approver}: {'approve' if self.approved else 'deny'}"
+
+
+class Notification(models.Model):
+    """The outbox: one message about one fact of an approval request (it waits, was
+    reminded, escalated, expired or decided) for one channel. Unique per (request, asked,
+    event, channel), so a fact notifies each channel once whatever retries, crashes or
+    reconciling passes wrote it; delivered at least once, with backoff, by
+    ``notifications.delivery.deliver``. ``payload`` is what is sent, rendered when the row was
+    written; ``delivery_id`` names the row to the receiver, the same on every try."""
+
+    PENDING, SENT, FAILED = "pending", "sent", "failed"
+    STATUSES = [(PENDING, "pending"), (SENT, "sent"), (FAILED, "failed (given up)")]
+
+    delivery_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    request = models.ForeignKey(
+        ApprovalRequest, on_delete=models.CASCADE, related_name="notifications"
+    )
+    # "" the first time a call is asked; the arguments' tag (``approvals.arguments_tag``)
+    # when it is asked again about others: a new request, told again.
+    asked = models.CharField(max_length=32, blank=True, default="")
+    event = models.CharField(max_length=32)  # engine.events: approval_requested, …
+    channel = models.CharField(max_length=64)  # the channel's name in NOTIFY["CHANNELS"]
+    status = models.CharField(max_length=16, choices=STATUSES, default=PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    # When the delivery pass may try it next (by the database clock); null once it is sent
+    # or given up.
+    next_attempt_at = models.DateTimeField(null=True, blank=True, db_default=Now())
+    last_error = models.TextField(blank=True, default="")
+    payload = models.JSONField(default=dict)
+    created_at = models.DateTimeField(db_default=Now())
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["request", "asked", "event", "channel"], name="da_notification_once"
+            ),
+        ]
+        indexes = [
+            # The delivery pass: a channel's due rows, the longest due first.
+            models.Index(
+                fields=["channel", "next_attempt_at"],
+                name="da_notification_due",
+                condition=models.Q(status="pending"),
+            ),
+            # The admin's list of failed and pending notifications, newest first.
+            models.Index(fields=["status", "-created_at"], name="da_notification_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} to {self.channel} ({self.status})"
 
 
 class ActionLog(models.Model):

@@ -27,6 +27,9 @@ VIEW_APPROVALS = "durable_agents.view_approvalrequest"
 VIEW_HALTS = "durable_agents.view_halt"
 START_RUN = "durable_agents.add_run"
 DELETE_RUN = "durable_agents.delete_run"
+VIEW_NOTIFICATIONS = "durable_agents.view_notification"
+# Retrying a notification is the outbox's alone (``notifications.outbox.retry``).
+RETRY_NOTIFICATIONS = "durable_agents.change_notification"
 # Importing is the glue's alone (``durable_agents.transfer``): no engine command checks it.
 IMPORT_RUNS = "durable_agents.import_runs"
 
@@ -85,6 +88,10 @@ RULES: dict[str, Rule] = {
     "delete": Rule("delete a run", (DELETE_RUN,)),
     "import": Rule("import runs from an export", (IMPORT_RUNS,)),
     "delegate": Rule("record who decides for another approver", (DELEGATE_APPROVALS,)),
+    "view_notifications": Rule(
+        "read the notifications sent and not sent", (VIEW_NOTIFICATIONS, RETRY_NOTIFICATIONS)
+    ),
+    "retry_notifications": Rule("retry notifications", (RETRY_NOTIFICATIONS,)),
 }
 
 

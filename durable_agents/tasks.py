@@ -4,6 +4,6 @@ The tasks live in ``durable_agents.celery.tasks``; their names are ``durable_age
 whatever module holds them, so a message queued by an older release is still understood.
 """
 
-from .celery.tasks import drive_run, prune, recover_runs, wake_timers
+from .celery.tasks import deliver_notifications, drive_run, prune, recover_runs, wake_timers
 
-__all__ = ["drive_run", "prune", "recover_runs", "wake_timers"]
+__all__ = ["deliver_notifications", "drive_run", "prune", "recover_runs", "wake_timers"]

@@ -128,6 +128,21 @@ DURABLE_AGENTS = {
     "TELEMETRY": bool(os.environ.get("DA_OTEL_FILE")),
 }
 
+# The secret outbound notification webhooks are signed with in tests (docs/notifications.md).
+NOTIFY_HOOK_SECRET = "tests-notify-hook-secret-not-for-production"
+# Children of the notification crash test tell a webhook of the parent's (a real receiver).
+if os.environ.get("DA_NOTIFY_URL"):
+    DURABLE_AGENTS["NOTIFY"] = {
+        "BASE_URL": "https://ops.example.com",
+        "CHANNELS": [
+            {
+                "kind": "webhook",
+                "url": os.environ["DA_NOTIFY_URL"],
+                "secret_setting": "NOTIFY_HOOK_SECRET",
+            }
+        ],
+    }
+
 # Celery (tests/celery_app.py): a Redis database of its own, late acks, one message at a time.
 CELERY_BROKER_URL = os.environ.get("DA_BROKER_URL", "redis://127.0.0.1:6379/9")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

@@ -7,8 +7,10 @@ In ``settings.py``, after ``DURABLE_AGENTS``::
     CELERY_BEAT_SCHEDULE = {**beat_schedule(DURABLE_AGENTS)}
 
 The entries send to ``CELERY_QUEUE``: recovery every ``RECOVERY_INTERVAL`` seconds, the
-timer sweep every ``TIMER_SWEEP_INTERVAL`` seconds, and when ``RETENTION`` is set the prune
-every ``RETENTION["EVERY"]`` seconds (docs/retention.md), so the schedule
+timer sweep every ``TIMER_SWEEP_INTERVAL`` seconds, when ``RETENTION`` is set the prune
+every ``RETENTION["EVERY"]`` seconds (docs/retention.md), and when ``NOTIFY`` has channels
+the notification outbox's delivery pass every ``NOTIFY["INTERVAL"]`` seconds
+(docs/notifications.md), so the schedule
 cannot drift from the settings the workers use. (Django settings are not configured yet
 while ``settings.py`` runs, so the dict is passed in rather than read.)
 """
@@ -23,6 +25,7 @@ from ..engine.errors import ConfigError
 RECOVER_TASK = "durable_agents.tasks.recover_runs"
 WAKE_TASK = "durable_agents.tasks.wake_timers"
 PRUNE_TASK = "durable_agents.tasks.prune"
+NOTIFY_TASK = "durable_agents.tasks.deliver_notifications"
 
 
 def beat_schedule(durable_agents: Any = None) -> dict[str, dict[str, Any]]:
@@ -61,5 +64,14 @@ def beat_schedule(durable_agents: Any = None) -> dict[str, dict[str, Any]]:
             "task": PRUNE_TASK,
             "schedule": retention.every,
             "options": {"queue": settings.celery_queue, "expires": retention.every},
+        }
+    notify = settings.notify
+    if notify.channels:
+        # Reconciles, then sends what is due. A pass that waited longer than the interval
+        # is superseded by the next; two that overlap claim different rows.
+        entries["durable-agents-notify"] = {
+            "task": NOTIFY_TASK,
+            "schedule": notify.interval,
+            "options": {"queue": settings.celery_queue, "expires": notify.interval},
         }
     return entries

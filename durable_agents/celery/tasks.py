@@ -12,6 +12,8 @@
 * ``wake_timers()`` hands over paused runs whose timer or signal deadline is due, for Celery
   beat. A sleeping run also gets a ``drive_run`` with an ETA at its wake time; the sweep
   covers that message being lost.
+* ``deliver_notifications()`` is one pass of the notification outbox (docs/notifications.md),
+  for Celery beat and sent after a fact commits; nothing when ``NOTIFY`` has no channels.
 """
 
 from __future__ import annotations
@@ -137,5 +139,19 @@ def prune() -> int:
         if report.kept:
             log.info("prune kept %d finished tree(s)", len(report.kept))
         return len(report.pruned)
+    finally:
+        close_old_connections()
+
+
+@shared_task(name="durable_agents.tasks.deliver_notifications", ignore_result=True)  # type: ignore[untyped-decorator]
+def deliver_notifications() -> int:
+    from ..notifications import deliver
+
+    close_old_connections()
+    try:
+        done = deliver()
+        if done.failed:
+            log.warning("%d notification(s) given up this pass (see the admin)", done.failed)
+        return done.sent
     finally:
         close_old_connections()

@@ -89,6 +89,7 @@ from ..models import (
     SpentRunId,
     Throttle,
 )
+from ..notifications import outbox as notifications
 from .limits import Limits
 from .liveness import KEY, Liveness, liveness_for
 from .prepared import Prepared
@@ -1447,12 +1448,15 @@ class DjangoStore(Limits):
             if existing is not None:  # an earlier incarnation, other arguments, or decided
                 existing.decisions.all().delete()
                 rows.filter(pk=existing.pk).update(**values, created_at=Now())
+                notifications.waiting(self.using, existing.pk)
                 return True
             try:
                 with transaction.atomic(using=self.using):
-                    rows.create(run_id=request.run_id, call_id=request.call_id, **values)
+                    row = rows.create(run_id=request.run_id, call_id=request.call_id, **values)
             except IntegrityError:
                 return False
+            # In this transaction: a call that waits has its notifications' rows, or neither.
+            notifications.waiting(self.using, row.pk)
         return True
 
     def get_approval_request(self, run_id: str, call_id: str) -> ApprovalRequestInfo | None:

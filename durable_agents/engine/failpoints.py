@@ -23,7 +23,9 @@ obeying a cancel above it — or a person's ``saga:abort``; nothing below it is 
 ``after-compensate:<call>`` (an undo's outcome is journaled), ``after-subrun-abort:<child
 run>`` (a rolling-back parent journaled its sub-run's abort; the sub-run is not rolled back
 yet), ``after-compensated:<run>`` (a saga's ``run:compensated`` is journaled; its paused parent
-is not handed over yet), and ``prune`` (``durable_agents.database.retention``):
+is not handed over yet), ``before-notify:<call>`` (a decision or a deadline step of the call
+is committed and its signal is being received; its notification rows are not written yet:
+``durable_agents.notifications.outbox``), and ``prune`` (``durable_agents.database.retention``):
 ``prune-after-export``
 (a batch's export file is written and fsynced; nothing is deleted yet),
 ``prune-after-tombstones`` (the batch's tombstones are inserted, uncommitted; its rows are

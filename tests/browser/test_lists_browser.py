@@ -32,7 +32,14 @@ from playwright.sync_api import Page, expect
 import durable_agents as da
 from durable_agents.database.store import DjangoStore
 from durable_agents.engine.ports import THROTTLED, RunInfo, ThrottleInfo
-from durable_agents.models import ActionLog, ApiKey, ApprovalRequest, ApproverKey, Halt
+from durable_agents.models import (
+    ActionLog,
+    ApiKey,
+    ApprovalRequest,
+    ApproverKey,
+    Halt,
+    Notification,
+)
 from tests.support.agents import echo, gated, gated_tree, quorum
 from tests.support.browser import Browser, login, screenshot, staff_user
 from tests.support.celery_agents import napper
@@ -64,6 +71,7 @@ LISTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "throttled": (f"{ADMIN}/throttle/", ("run_link", "key", "retry_at")),
     "apikeys": (f"{ADMIN}/apikey/", ("name", "user", "state")),
     "approverkeys": (f"{ADMIN}/approverkey/", ("user", "key_preview", "state")),
+    "notifications": (f"{ADMIN}/notification/", ("about_cell", "status_cell", "error_cell")),
 }
 # Pages that are lists of their own making (cards, forms, tables).
 PAGES = {
@@ -146,6 +154,24 @@ def seed(tag: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         run_id=ids["halt"],
         target="call_1_1",
         payload={"evidence": {"provider_ref": "re_" + "9" * 60}, "note": "checked the gateway"},
+    )
+    # A notification given up, as the outbox leaves one (docs/notifications.md).
+    request = ApprovalRequest.objects.get(run_id=ids["gated"])
+    Notification.objects.create(
+        request=request,
+        event="approval_requested",
+        channel="payments-team-slack-webhook",
+        status=Notification.FAILED,
+        attempts=12,
+        next_attempt_at=None,
+        last_error="given up after 12 tries; the last: hooks.slack.com answered 503: "
+        + "upstream_connect_error_or_disconnect_before_headers " * 3,
+        payload={
+            "run_id": ids["gated"],
+            "call_id": "call_1_1",
+            "tool": "refund",
+            "summary": "Refund 5.00 to order 7",
+        },
     )
     return ids
 

@@ -1,5 +1,6 @@
 """Issue 14, tell people: ``DURABLE_AGENTS["NOTIFY"]`` emails the eligible approvers of a call
-that starts waiting, with a link to its approval page (Django's locmem mail backend)."""
+that starts waiting, with a link to its approval page (Django's locmem mail backend). Since
+issue 42 the email goes through the notification outbox: a delivery pass sends it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from django.core.checks import run_checks
 
 import durable_agents as da
 from durable_agents.conf import parse
-from durable_agents.models import ApprovalRequest
+from durable_agents.models import ApprovalRequest, Notification
+from durable_agents.notifications import deliver
 from tests.support.agents import gated, quorum
 from tests.support.people import make_user
 
@@ -58,6 +60,8 @@ def test_each_eligible_approver_gets_one_email_with_a_link_to_the_approval_page(
     _people()
     with pytest.raises(da.ApprovalPending):
         gated.run("mail-1", "refund order 7")
+    assert mail.outbox == []  # the run never waits for a mail server
+    assert deliver().sent == 1
     request = ApprovalRequest.objects.get(run_id="mail-1")
     link = f"{BASE}/admin/durable_agents/approvalrequest/{request.pk}/change/"
     assert sorted(m.to[0] for m in mail.outbox) == [
@@ -79,10 +83,12 @@ def test_each_eligible_approver_gets_one_email_with_a_link_to_the_approval_page(
     client.force_login(User.objects.get(username="ann"))
     assert client.get(link.removeprefix(BASE)).status_code == 200
 
-    # A resume asks nothing new: no email again.
+    # A resume asks nothing new, and a second pass has nothing to send: no email again.
     with pytest.raises(da.ApprovalPending):
         da.resume("mail-1")
+    assert deliver().sent == 0
     assert len(mail.outbox) == 3
+    assert Notification.objects.get().status == Notification.SENT
 
 
 def test_a_quorum_call_is_sent_to_its_groups_eligible_members_only(notify):
@@ -91,6 +97,7 @@ def test_a_quorum_call_is_sent_to_its_groups_eligible_members_only(notify):
     _with_email(make_user("ops1", "approve_toolcall"), "ops1@example.com")  # not in finance
     with pytest.raises(da.ApprovalPending):
         quorum.run("mail-q", "pay inv-1")
+    deliver()
     assert [m.to for m in mail.outbox] == [["fin1@example.com"]]
     assert "needs 2 approvals from group finance" in mail.outbox[0].body
 
@@ -107,7 +114,9 @@ def test_no_email_unless_approvals_are_turned_on(settings):
     }
     with pytest.raises(da.ApprovalPending):
         gated.run("mail-off-2", "refund order 7")
+    deliver()
     assert mail.outbox == []
+    assert not Notification.objects.exists()
 
 
 def test_the_default_sender_is_default_from_email(notify):
@@ -118,6 +127,7 @@ def test_the_default_sender_is_default_from_email(notify):
     _with_email(make_user("ann", "approve_toolcall"), "ann@example.com")
     with pytest.raises(da.ApprovalPending):
         gated.run("mail-from", "refund order 7")
+    deliver()
     assert [m.from_email for m in mail.outbox] == ["site@example.com"]
 
 

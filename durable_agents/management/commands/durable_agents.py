@@ -9,7 +9,8 @@ records the user and the ``command`` channel. ``import`` takes ``--by`` the same
 needs ``import_runs``) and keeps runs inert evidence unless ``--live`` (docs/replay.md).
 ``prune`` exports, then deletes, runs finished before a date, as ``--by`` (who needs
 ``delete_run``), leaving a tombstone each (``durable_agents.database.retention``,
-docs/retention.md).
+docs/retention.md). ``notify`` is one pass of the notification outbox, for cron without
+Celery beat (docs/notifications.md).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ _GLOBAL_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 class Command(BaseCommand):
     help = (
         "Operate durable agent runs: runs, approve, deny, cancel, resume, resolve, answer, "
-        "signal, send, wake, recover, session-channel, export, import, prune."
+        "signal, send, wake, recover, notify, session-channel, export, import, prune."
     )
     # ``import -`` reads this stream (call_command(..., stdin=...)), else the process's stdin.
     stealth_options = ("stdin",)
@@ -79,6 +80,11 @@ class Command(BaseCommand):
         )
 
         command("recover", "one recovery pass: hand runs nobody drives to a driver")
+        command(
+            "notify",
+            "one pass of the notification outbox: write the rows missing for facts, then send "
+            "what is due (what Celery beat runs every NOTIFY['INTERVAL'] seconds)",
+        )
 
         for verb, what in (("approve", "approve"), ("deny", "deny")):
             p = command(verb, f"{what} a gated call, as a user who may decide it")
@@ -299,6 +305,15 @@ class Command(BaseCommand):
         self.stdout.write(f"re-enqueued {len(sent)} run(s)")
         for run_id in sent:
             self.stdout.write(f"  {run_id}")
+
+    def _notify(self, options: dict[str, Any]) -> None:
+        from durable_agents.notifications import deliver
+
+        done = deliver()
+        self.stdout.write(
+            f"sent {done.sent}, to try again {done.retrying}, given up {done.failed}; "
+            f"{done.reconciled} missing row(s) written"
+        )
 
     def _export(self, options: dict[str, Any]) -> None:
         from durable_agents.transfer import export_lines
