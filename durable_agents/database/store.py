@@ -90,6 +90,7 @@ from ..models import (
     Throttle,
 )
 from ..notifications import outbox as notifications
+from .delegations import Delegations
 from .limits import Limits
 from .liveness import KEY, Liveness, liveness_for
 from .prepared import Prepared
@@ -300,7 +301,7 @@ def _forget_site_store(*, setting: str, **kwargs: Any) -> None:
         _site = None
 
 
-class DjangoStore(Limits):
+class DjangoStore(Delegations, Limits):
     """The Store port over a Django database alias."""
 
     def __init__(
@@ -1540,6 +1541,7 @@ class DjangoStore(Limits):
                         note=decision.note,
                         signature=decision.signature,
                         arguments=decision.arguments,
+                        deputy=decision.deputy,
                     )
         except IntegrityError:
             return False
@@ -1563,6 +1565,7 @@ class DjangoStore(Limits):
                 d.signature,
                 d.created_at,
                 d.arguments,
+                deputy=d.deputy,
             )
             for d in rows
         ]
