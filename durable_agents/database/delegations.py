@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Case, CharField, Q, QuerySet, Value, When
 from django.db.models.functions import Now
 
 from ..engine.ports import ActionInfo, DelegationInfo
@@ -40,6 +40,36 @@ def to_domain(row: Delegation) -> DelegationInfo:
 def in_force_now() -> Q:
     """Rows in force now, by the database's clock."""
     return Q(starts_at__lte=Now(), ends_at__gt=Now(), revoked_at__isnull=True)
+
+
+UPCOMING, IN_FORCE, ENDED, REVOKED = "upcoming", "in_force", "ended", "revoked"
+
+
+def with_state(rows: QuerySet[Delegation]) -> QuerySet[Delegation]:
+    """``rows`` each annotated with ``state`` (``upcoming``, ``in_force``, ``ended`` or
+    ``revoked``) by the database's clock, in the same query."""
+    return rows.annotate(
+        state=Case(
+            When(revoked_at__isnull=False, then=Value(REVOKED)),
+            When(ends_at__lte=Now(), then=Value(ENDED)),
+            When(starts_at__gt=Now(), then=Value(UPCOMING)),
+            default=Value(IN_FORCE),
+            output_field=CharField(),
+        )
+    )
+
+
+def in_state(state: str) -> Q:
+    """Rows in ``state`` (as ``with_state`` names them) by the database's clock; ``current``:
+    in force or still to come."""
+    live = Q(revoked_at__isnull=True)
+    return {
+        "current": live & Q(ends_at__gt=Now()),
+        IN_FORCE: in_force_now(),
+        UPCOMING: live & Q(starts_at__gt=Now()),
+        ENDED: live & Q(ends_at__lte=Now()),
+        REVOKED: ~live,
+    }[state]
 
 
 class Delegations:
