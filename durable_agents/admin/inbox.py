@@ -26,21 +26,22 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Prefetch, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
+from ..database.delegations import in_force_now
 from ..engine import names
 from ..engine.errors import DurableAgentsError
 from ..engine.ports import APPROVAL_PENDING, AWAITING_INPUT, HALT_OPEN, IMPORTED_INERT
 from ..engine.records import Record
 from ..engine.waits import INTERRUPT
 from ..keys import pending_for
-from ..models import ApprovalRequest, Decision, Halt, Inbox, JournalEntry, Run
+from ..models import ApprovalRequest, Decision, Delegation, Halt, Inbox, JournalEntry, Run
 from .base import AnyModelAdmin, ReadOnlyAdmin, admin_actor, allows, page, related_count
-from .deciding import refusal_by_row, shown_arguments
+from .deciding import shown_arguments, ways_by_row
 from .paging import CAP, counted
 from .queues import progress
 from .readable import stated_reason, summary_of, tool_of
@@ -187,7 +188,7 @@ def approval_cards(
     # which import this module
 
     may_decide = allows(request, "decide")
-    refused = refusal_by_row(request, page_rows) if may_decide else {}
+    ways = ways_by_row(request, page_rows) if may_decide else {}
     runs.read_turns(obj.run_id for obj in page_rows)
     username = admin_actor(request).username
     whole = set(request.GET.getlist("whole"))
@@ -202,8 +203,10 @@ def approval_cards(
             first=identifying_of(tool),
         )
         votes = list(obj.decisions.all())
-        voted = any(v.approver == username for v in votes)
-        eligible = may_decide and not voted and obj.pk not in refused
+        # Voted for themselves, or for someone as their deputy: a person counts once.
+        voted = any(username in (v.approver, v.deputy) for v in votes)
+        way = ways.get(obj.pk)
+        eligible = may_decide and not voted and way is not None and not way.refused
         if filters.mine and not eligible:
             continue
         call_url = reverse("admin:durable_agents_approvalrequest_change", args=[obj.pk])
@@ -229,6 +232,8 @@ def approval_cards(
                 "votes": votes,
                 "voted": voted,
                 "may_decide": eligible,
+                # Delegated to this person: whom they decide for (engine.delegation).
+                "deciding_for": list(way.for_approvers) if eligible and way else [],
                 "editable": eligible and tool is not None and tool.safety.editable,
                 "edit_url": f"{call_url}#da-decide"
                 if eligible and tool is not None and tool.safety.editable
@@ -448,8 +453,16 @@ def inbox_view(admin: AnyModelAdmin, request: HttpRequest) -> HttpResponse:
             "back": urlencode({"back": "inbox"}),
             # Approver keys a superuser registered for this person: inert until confirmed.
             "pending_keys": list(pending_for(request.user)[0][:20]),
+            # In force now, naming this person: whom they decide for, who decides for them.
+            "delegations": _delegations(request) if see_approvals else [],
         },
     )
+
+
+def _delegations(request: HttpRequest) -> list[Delegation]:
+    me = request.user.get_username()
+    rows = Delegation.objects.filter(in_force_now()).filter(Q(deputy=me) | Q(approver=me))
+    return list(rows.order_by("ends_at", "pk")[:20])
 
 
 @admin.register(Inbox)

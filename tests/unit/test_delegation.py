@@ -145,6 +145,28 @@ def test_a_deputy_of_two_approvers_casts_one_vote(store):
     assert FIRED == []
 
 
+def test_a_deputys_vote_whose_maker_died_is_finished_by_the_sweep_as_theirs(store, crash_at):
+    """Leo's vote for Finn completes the quorum; he dies after it is saved, before the
+    decision is recorded. The sweep finishes it as Leo for Finn, not as Finn."""
+    from durable_agents.engine.commands.timers import wake_timers
+    from tests.support.doubles import Crash
+
+    _ask(finance_agent, "r7", store)
+    now = store.now()
+    da.delegate("finn", "leo", now, now + timedelta(days=1), by="finn", store=store)
+    da.approve("r7", CALL, True, by="fay", store=store)
+    crash_at(f"after-vote:{CALL}")
+    with pytest.raises(Crash):
+        da.approve("r7", CALL, True, by="leo", store=store)
+    assert Journal(store).get("r7", f"approval:{CALL}") is None and FIRED == []
+    assert wake_timers(store=store) == ["r7"]
+    record = Journal(store).get("r7", f"approval:{CALL}")
+    assert (record.get("by"), record.get("decided_by")) == ("finn", "leo for finn")
+    assert FIRED == ["big 5"]
+    finished = [a for a in store.list_actions() if a.action == "finish-decision"]
+    assert [a.actor for a in finished] == ["leo"]
+
+
 def test_two_votes_of_one_person_recorded_at_once_count_once():
     votes = [
         DecisionInfo("r", CALL, "fay", True, deputy="leo"),
