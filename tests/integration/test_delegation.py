@@ -611,3 +611,36 @@ def test_a_deputys_signed_decision_imports_live_only_under_a_delegation_here(peo
     assert import_lines(lines, by=importer, live=True) == ["dl-live"]
     assert gated.run("dl-live", "refund order 7").answer == "refunded"
     assert count_effects("dl-live") == {request.call_id: 1}
+
+
+# -- telling people -------------------------------------------------------------------------
+
+
+def test_an_away_leads_deputy_is_emailed_and_a_decision_notice_names_both(people, settings):
+    from django.conf import settings as django_settings
+    from django.core import mail
+
+    from durable_agents.notifications import deliver
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.DURABLE_AGENTS = {
+        **django_settings.DURABLE_AGENTS,
+        "NOTIFY": {"BASE_URL": "https://ops.example.com/", "CHANNELS": [{"kind": "email"}]},
+    }
+    for name in ("lena", "leo", "dora", "fay"):
+        User.objects.filter(username=name).update(email=f"{name}@example.com")
+    _away("lena")
+    mail.outbox.clear()
+    run_id = _lead_call("dl-mail")
+    deliver()
+    # The leads, and lena's deputy in her place; finance is not asked.
+    assert sorted(m.to[0] for m in mail.outbox) == [
+        "dora@example.com",
+        "lena@example.com",
+        "leo@example.com",
+    ]
+    mail.outbox.clear()
+    da.approve(run_id, CALL, True, by="dora")
+    deliver()
+    assert mail.outbox  # to the leads (lena's deputy among them)
+    assert {m.subject.split(":")[0] for m in mail.outbox} == {"Approved by dora for lena"}
