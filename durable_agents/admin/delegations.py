@@ -45,9 +45,13 @@ class DelegationForm(forms.Form):
     approver = forms.ChoiceField(help_text="Who is away.")
     deputy = forms.ChoiceField(help_text="Who decides for them: a person who may decide calls.")
     starts_at = forms.DateTimeField(
-        required=False, widget=_when(), help_text="Empty, or in the past: from now."
+        required=False,
+        widget=_when(),
+        help_text="In the site's time zone; empty, or in the past: from now.",
     )
-    ends_at = forms.DateTimeField(widget=_when(required=True), help_text="Until when.")
+    ends_at = forms.DateTimeField(
+        widget=_when(required=True), help_text="Until when, in the site's time zone."
+    )
     groups = forms.CharField(
         required=False,
         help_text="Only calls asked of these groups (comma-separated); empty: any.",
@@ -106,7 +110,9 @@ class _StateFilter(admin.SimpleListFilter):
 
 @admin.register(Delegation)
 class DelegationAdmin(ReadOnlyAdmin):
-    list_display = ("who", "window", "scope", "state_shown", "created", "note")
+    # Few columns, so the list fits beside the admin's menus and filter at 1400 px: the note
+    # is under who, who recorded it under the state.
+    list_display = ("who", "window", "scope", "state_shown")
     list_display_links = None
     list_filter = (_StateFilter,)
     search_fields = ("approver", "deputy")
@@ -157,7 +163,10 @@ class DelegationAdmin(ReadOnlyAdmin):
     @admin.display(description="who", ordering="approver")
     def who(self, obj: Delegation) -> str:
         return format_html(
-            "<strong>{}</strong> decides for <strong>{}</strong>", obj.deputy, obj.approver
+            "<strong>{}</strong> decides for <strong>{}</strong>{}",
+            obj.deputy,
+            obj.approver,
+            format_html('<div class="da-cell-line">{}</div>', obj.note) if obj.note else "",
         )
 
     @admin.display(description="from, until", ordering="starts_at")
@@ -179,19 +188,23 @@ class DelegationAdmin(ReadOnlyAdmin):
 
     @admin.display(description="state")
     def state_shown(self, obj: Any) -> str:
+        """The state; under it, when it was revoked and by whom, and who recorded it."""
         words = {IN_FORCE: "in force", UPCOMING: "to come", "ended": "ended"}
-        if obj.revoked_at is not None:
-            return format_html(
-                'revoked<div class="da-cell-line">{} by {}</div>',
+        revoked = (
+            format_html(
+                '<div class="da-cell-line">{} by {}</div>',
                 short_time(obj.revoked_at),
                 obj.revoked_by,
             )
-        return words.get(obj.state, str(obj.state))
-
-    @admin.display(description="recorded", ordering="created_at")
-    def created(self, obj: Delegation) -> str:
+            if obj.revoked_at is not None
+            else ""
+        )
         return format_html(
-            '{}<div class="da-cell-line">by {}</div>', short_time(obj.created_at), obj.created_by
+            '{}{}<div class="da-cell-line">recorded {} by {}</div>',
+            "revoked" if obj.revoked_at is not None else words.get(obj.state, str(obj.state)),
+            revoked,
+            short_time(obj.created_at),
+            obj.created_by,
         )
 
     def _end_column(self, request: HttpRequest) -> Any:
