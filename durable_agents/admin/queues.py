@@ -23,6 +23,7 @@ from django.utils.http import urlencode
 
 from ..celery.dispatch import deferred
 from ..database.store import site_store
+from ..engine import names
 from ..engine.approvals import NOT_SHOWN, arguments_digest
 from ..engine.commands.halts import resolve_halt
 from ..engine.errors import ApprovalArgumentsChanged, ApprovalEditInvalid, DurableAgentsError
@@ -393,6 +394,7 @@ def approval_detail(
             "reason": stated_reason(records, obj.call_id),
             "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
             "decisions": obj.decisions.order_by("created_at"),
+            "decided_by": _decided_by(records, obj),
             "can_decide": can_decide,
             # A deputy decides for one of these (``engine.delegation``): the form says whom.
             "deciding_for": list(ways.for_approvers) if ways is not None and can_decide else [],
@@ -403,6 +405,24 @@ def approval_detail(
             "decide_url": admin_url(admin, "decide", obj.pk),
         },
     )
+
+
+def _decided_by(records: list[Any], obj: Any) -> str:
+    """Who the journal's decision on the call names ("dora for lena" when a deputy made it);
+    "" while it is undecided. The last decision on the call: a call asked again is decided
+    again."""
+    if obj.status == APPROVAL_PENDING:
+        return ""
+    first = names.decision(obj.call_id)
+    found = [
+        r
+        for r in records
+        if r.name == first
+        or (r.name.startswith(first + ":") and ":" not in r.name[len(first) + 1 :])
+    ]
+    if not found:
+        return ""
+    return str(found[-1].get("decided_by") or found[-1].get("by") or "")
 
 
 def approval_decide_view(

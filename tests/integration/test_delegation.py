@@ -111,8 +111,8 @@ def test_a_lead_away_this_week_has_their_deputy_decide(people):
     approve_row = [p for a, b, p in logged if (a, b) == ("dora", "approve")]
     assert approve_row and approve_row[0]["for"] == "lena"
     # The call's page and the run's timeline say who decided for whom.
-    page = text_of(client_for(people["lena"]).get(_call_url(run_id)))
-    assert "dora for lena" in page
+    page = plain(text_of(client_for(people["lena"]).get(_call_url(run_id))))
+    assert "decided by dora for lena" in page
     timeline = text_of(
         client_for(make_user("root", superuser=True)).get(
             reverse("admin:durable_agents_run_change", args=[run_id])
@@ -550,7 +550,9 @@ def test_the_card_and_the_call_page_decide_for_the_approver(people):
     decide = reverse("admin:durable_agents_approvalrequest_decide", args=[request.pk])
     dora.post(decide, {"decision": "approve", "shown": shown(request), "for_approver": "lena"})
     assert count_effects(run_id) == {CALL: 1}
-    assert "dora for lena" in text_of(client_for(people["lena"]).get(_call_url(run_id)))
+    assert "decided by dora for lena" in plain(
+        text_of(client_for(people["lena"]).get(_call_url(run_id)))
+    )
 
 
 # -- a deputy's signed decision, imported live ----------------------------------------------

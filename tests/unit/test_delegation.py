@@ -167,6 +167,21 @@ def test_a_deputys_vote_whose_maker_died_is_finished_by_the_sweep_as_theirs(stor
     assert [a.actor for a in finished] == ["leo"]
 
 
+def test_the_last_line_counts_no_approval_the_requester_made_as_a_deputy():
+    """The driver's last check before firing an edit (``approvals_short_of``): where duties
+    are separated, an approval the requester made for someone else counts for nothing."""
+    from durable_agents.engine.approvals import approvals_short_of
+
+    policy = {"kind": "quorum", "need": 2, "separate": True}
+    votes = [
+        DecisionInfo("r", CALL, "fay", True),
+        DecisionInfo("r", CALL, "finn", True, deputy="leo"),
+    ]
+    count = tally(policy, votes, ["fay", "finn"]).to_json()
+    assert approvals_short_of("ask", policy, count, "fred") is None
+    assert "has 1" in (approvals_short_of("ask", policy, count, "leo") or "")
+
+
 def test_two_votes_of_one_person_recorded_at_once_count_once():
     votes = [
         DecisionInfo("r", CALL, "fay", True, deputy="leo"),
