@@ -21,6 +21,7 @@ from ..approvals import (
 )
 from ..delegation import deciding_as, in_force_to, shown
 from ..errors import (
+    ActorError,
     ApprovalAlreadyDecided,
     ApprovalArgumentsChanged,
     ApprovalArgumentsDisagree,
@@ -28,6 +29,7 @@ from ..errors import (
     ApprovalError,
     ApprovalNotFound,
     ApprovalOrphaned,
+    ApproverNotEligible,
     ConfigError,
     ToolArgumentsError,
 )
@@ -122,9 +124,7 @@ def approve(
     if edit is not None:
         edit = _validated_edit(store, request, approved, edit)
     actor = resolve_approver(by)
-    principal = resolve_approver(for_approver) if for_approver not in (None, "") else None
-    if principal is not None and principal.username == actor.username:
-        principal = None
+    principal = _principal(for_approver, actor)
     if signature is not None:  # before anything is read as this approver's, or written
         incarnation = incarnation_of(store, run_id)
         verify_signature(
@@ -506,6 +506,20 @@ def _validated_edit(store: Store, request: ApprovalRequestInfo, approved: bool, 
             "(editable=False); approve or deny as asked"
         )
     return valid
+
+
+def _principal(for_approver: Any, actor: Actor) -> Actor | None:
+    """The approver ``for_approver`` names for a deputy's decision; None for none, or for
+    the actor themselves."""
+    if for_approver is None or for_approver == "":
+        return None
+    try:
+        principal = identity.resolve(for_approver)
+    except ActorError as exc:
+        raise ApproverNotEligible(
+            f"for_approver={for_approver!r} names no active user to decide for: {exc}"
+        ) from None
+    return None if principal.username == actor.username else principal
 
 
 def _refuse_second_hand(
