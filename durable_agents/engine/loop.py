@@ -530,6 +530,7 @@ class Driver:
         # A paused parent queued by a one-write finish that then stored nothing: the finish
         # written one by one must still hand it over (queueing it again finds it queued).
         self._queued_parent: str | None = None
+        self._fresh_calls: set[str] = set()  # calls of model turns this drive recorded
         self._tools_digest = tools_digest(agent.tool_specs())
         # Idempotency keys derive from the call's origin: the run a fork was taken from (and
         # its origin), so a run and all its forks give one call one key.
@@ -954,6 +955,10 @@ class Driver:
                 )
             raise
         self.state.add(rec)
+        if inserted:
+            # Calls nobody but this drive knows of: no request was asked, so no person (nor
+            # another driver: it would have fenced this one out) wrote a decision on them.
+            self._fresh_calls.update(c.id for c in self.state.calls(rec))
         billed = _billed(response.usage)
         if not inserted and billed:  # another driver's turn n stands; this one was billed too
             self._record_spend(n, billed, "lost_race")
@@ -1249,6 +1254,8 @@ class Driver:
         """The decision that lets ``call`` run with ``args``, or (None, the arguments it
         was approved with) when it was approved for others, or for an edit today's tool
         would run differently: it must be asked again."""
+        if call.id in self._fresh_calls:
+            return None, None  # nobody could have decided a call nobody was asked about
         first = self.log.reread(decision_name(call.id, args, again=False))
         if first is None:
             return None, None
@@ -1278,7 +1285,8 @@ class Driver:
         call, args = gate.call, gate.args
         again = gate.previous is not None
         tag = arguments_tag(args) if again else None
-        asked = self.log.reread(names.rule(call.id, tag))
+        fresh = call.id in self._fresh_calls
+        asked = (self.log.get if fresh else self.log.reread)(names.rule(call.id, tag))
         if asked is not None:
             return None, dict(asked.get("policy") or {})
         context = self._rule_context(gate.tool)
@@ -1393,6 +1401,8 @@ class Driver:
         too. A request about other arguments is withdrawn once the call has its result
         (``_record_result``), not before: a drive that loses the run before that must leave
         it to the driver that asked it."""
+        if call.id in self._fresh_calls:
+            return  # decided by a rule in this drive: no request was ever asked
         request = self.store.get_approval_request(self.run_id, call.id)
         if request is None or request.status != APPROVAL_PENDING:
             return
