@@ -11,6 +11,9 @@ from the inbox must carry the arguments its card showed whole, or it is refused 
 nothing is written. Deciding, answering and resolving go through the same views (and the
 same engine commands) as the queues' pages.
 
+Each call's card says which approval rule asked about it and why, who decides it, and its
+deadline (``rule_state``, read from the request row against the database's clock).
+
 Glue only: reads the queue tables and, for the cards shown, their runs' model turns and
 wait records, in a fixed number of queries (a card deep in a tree adds one per ancestor run
 to draw its path).
@@ -27,6 +30,7 @@ from django.contrib import admin
 from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Prefetch, QuerySet
+from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
@@ -39,11 +43,12 @@ from ..engine.records import Record
 from ..engine.waits import INTERRUPT
 from ..keys import pending_for
 from ..models import ApprovalRequest, Decision, Halt, Inbox, JournalEntry, Run
+from ..rule_state import rule_state
 from .base import AnyModelAdmin, ReadOnlyAdmin, admin_actor, allows, page, related_count
 from .deciding import refusal_by_row, shown_arguments
 from .paging import CAP, counted
 from .queues import progress
-from .readable import stated_reason, summary_of, tool_of
+from .readable import edit_changes, stated_reason, summary_of, tool_of
 from .rendered import identifying_of, render
 from .waits import question_slug, wait_records, waits_of_run
 
@@ -177,6 +182,7 @@ def approval_cards(
     rows = rows.annotate(
         n_approved=related_count(Decision, "request", approved=True),
         n_denied=related_count(Decision, "request", approved=False),
+        db_now=Now(),  # deadlines are counted on the database's clock, as the sweep does
     ).order_by("created_at", "pk")
     page_rows = list(
         rows.prefetch_related(Prefetch("decisions", Decision.objects.order_by("created_at")))[
@@ -206,6 +212,7 @@ def approval_cards(
         eligible = may_decide and not voted and obj.pk not in refused
         if filters.mine and not eligible:
             continue
+        state = rule_state(obj)
         call_url = reverse("admin:durable_agents_approvalrequest_change", args=[obj.pk])
         cards.append(
             {
@@ -226,6 +233,10 @@ def approval_cards(
                 "reason": runs.stated_reason(obj.run_id, obj.call_id),
                 **_where(runs, obj.run),
                 "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
+                "rule": state,
+                "changes": edit_changes(tool, obj.arguments, state.moved_arguments)
+                if state.moved
+                else [],
                 "votes": votes,
                 "voted": voted,
                 "may_decide": eligible,
