@@ -2,8 +2,8 @@
 through Django's test client: the card, the run page's banner, the call's page and the
 queue's row say which rule asked and why, with the values that decided it, who decides, an
 edit that moved the call under a stricter rule, the deadline and escalation state, and who
-decided for whom (the API says the same: test_api_rules.py). Pages keep a constant number
-of queries.
+decided for whom (the API says the same: test_api_rules.py); the inbox filters *escalated
+to me* and *delegated to me*. Pages keep a constant number of queries.
 
 The refund policy with its deadline is tests/support/rule_desk.py; a request is put where
 the timer sweep would leave it at a point of its deadline (``age``, ``escalate``)."""
@@ -11,15 +11,17 @@ the timer sweep would leave it at a point of its deadline (``age``, ``escalate``
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.contrib.admin.utils import quote
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 import durable_agents as da
-from durable_agents.models import ApprovalRequest, Decision
+from durable_agents.models import ApprovalRequest, Decision, Delegation
 from tests.support.admin_pages import client_for, text_of
 from tests.support.people import make_user
 from tests.support.rule_agents import FINANCE, LEADS, ONCALL
@@ -132,6 +134,75 @@ def test_an_escalated_call_says_so_everywhere_and_waits_on_the_escalation_group(
     assert "escalated to oncall" in plain(row)
 
 
+def test_the_inbox_filters_what_escalated_to_my_groups(people):
+    waits = ask("rs-f-wait", 250_000)
+    escalated = ask("rs-f-esc", 250_000)
+    age("rs-f-esc", hours=25)
+    escalate("rs-f-esc")
+    with pytest.raises(da.InterruptPending):
+        from tests.support.inbox_agents import asks_staff
+
+        asks_staff.run("rs-f-ask", "refund o-9")
+
+    def ids(user: str, **q: str) -> list[str]:
+        return card_ids(text_of(client_for(people[user]).get(INBOX, q)))
+
+    assert ids("olga", escalated="1") == [f"approval-{escalated.pk}"]  # no question, no halt
+    assert ids("fay", escalated="1") == []  # escalated to oncall, not to finance
+    everything = ids("olga")
+    assert f"approval-{waits.pk}" in everything and any(
+        i.startswith("question-") for i in everything
+    )
+    page = text_of(client_for(people["olga"]).get(INBOX, {"escalated": "1"}))
+    assert 'name="escalated" value="1" checked' in page
+
+
+def test_the_inbox_filters_what_was_delegated_to_me(people):
+    lead = ask("rs-d-lead", 50_000)
+    big = ask("rs-d-big", 250_000)
+    now = timezone.now()
+    week = {"starts_at": now - timedelta(hours=1), "ends_at": now + timedelta(days=7)}
+    Delegation.objects.create(approver="lena", deputy="dan", created_by="lena", **week)
+    # Not in force, or not for these calls: revoked, over, another tool, another group.
+    Delegation.objects.create(
+        approver="fay", deputy="dan", created_by="fay", revoked_at=now, **week
+    )
+    Delegation.objects.create(
+        approver="finn",
+        deputy="dan",
+        created_by="finn",
+        starts_at=now - timedelta(days=9),
+        ends_at=now - timedelta(days=2),
+    )
+    Delegation.objects.create(
+        approver="fred", deputy="dan", created_by="fred", tools=["wire_money"], **week
+    )
+
+    def page(**q: str) -> str:
+        return text_of(client_for(people["dan"]).get(INBOX, q))
+
+    delegated = page(delegated="1")
+    assert card_ids(delegated) == [f"approval-{lead.pk}"]
+    said = plain(card(delegated, lead.pk))
+    assert "Delegated to you by lena (until" in said and "you decide it for them" in said
+    # Without the filter, the card says it too; the call nobody delegated says nothing.
+    assert "Delegated to you by lena" in plain(card(page(), lead.pk))
+    assert "Delegated to you" not in card(page(), big.pk)
+    # Finance's delegation for every call: the quorum call of finance is delegated too.
+    Delegation.objects.create(approver="finn", deputy="dan", created_by="finn", **week)
+    assert card_ids(page(delegated="1")) == [f"approval-{lead.pk}", f"approval-{big.pk}"]
+    # Once the approver voted, there is nothing left to decide for them.
+    da.approve("rs-d-big", CALL, True, by="finn")
+    assert card_ids(page(delegated="1")) == [f"approval-{lead.pk}"]
+    # A delegation only for group finance does not cover the leads' call.
+    Delegation.objects.filter(approver="lena").update(groups=[FINANCE])
+    assert card_ids(page(delegated="1")) == []
+    # Someone who may decide a call themselves is not shown it as delegated.
+    Delegation.objects.create(approver="leo", deputy="lena", created_by="leo", **week)
+    make_user("leo", *DECIDES, groups=(LEADS,))
+    assert card_ids(text_of(client_for(people["lena"]).get(INBOX, {"delegated": "1"}))) == []
+
+
 def test_an_edit_that_moved_a_call_is_shown_with_what_it_changes_and_how_to_approve_it(people):
     request = ask("rs-moved", 40_000)
     raised = {"order_id": "7", "amount_cents": 400_000}
@@ -176,6 +247,15 @@ def test_the_call_page_says_who_decided_for_whom(people):
 
 
 def test_the_pages_read_rules_in_a_constant_number_of_queries(people):
+    now = timezone.now()
+    Delegation.objects.create(
+        approver="lena",
+        deputy="dan",
+        created_by="lena",
+        starts_at=now - timedelta(hours=1),
+        ends_at=now + timedelta(days=1),
+    )
+
     def many(n: int, start: int) -> None:
         for i in range(start, start + n):
             ask(f"rs-n-lead-{i}", 50_000)
@@ -192,6 +272,8 @@ def test_the_pages_read_rules_in_a_constant_number_of_queries(people):
 
     pages = {
         "inbox": (client_for(people["dan"]), INBOX, {}),
+        "inbox delegated": (client_for(people["dan"]), INBOX, {"delegated": "1"}),
+        "inbox escalated": (client_for(people["olga"]), INBOX, {"escalated": "1"}),
         "queue": (client_for(people["fay"]), QUEUE, {}),
     }
 
@@ -206,5 +288,5 @@ def test_the_pages_read_rules_in_a_constant_number_of_queries(people):
     many(1, 0)
     few = counts()
     many(4, 1)
-    assert len(card_ids(text_of(client_for(people["fay"]).get(INBOX)))) == 15
+    assert len(card_ids(text_of(client_for(people["dan"]).get(INBOX, {"delegated": "1"})))) == 5
     assert counts() == few
