@@ -3,7 +3,8 @@ through Django's test client: the card, the run page's banner, the call's page a
 queue's row say which rule asked and why, with the values that decided it, who decides, an
 edit that moved the call under a stricter rule, the deadline and escalation state, and who
 decided for whom (the API says the same: test_api_rules.py); the inbox filters *escalated
-to me* and *delegated to me*. Pages keep a constant number of queries.
+to me* and *delegated to me*; the timeline shows rule records, automatic decisions, edits
+that moved a call and deadline steps. Pages keep a constant number of queries.
 
 The refund policy with its deadline is tests/support/rule_desk.py; a request is put where
 the timer sweep would leave it at a point of its deadline (``age``, ``escalate``)."""
@@ -133,6 +134,12 @@ def test_an_escalated_call_says_so_everywhere_and_waits_on_the_escalation_group(
     assert "rule default: no other rule matched → 2 of finance or oncall" in plain(row)
     assert "escalated to oncall" in plain(row)
 
+    timeline = plain(run_page(oncall, "rs-esc"))
+    assert (
+        "Call call_1_1 asked under rule default: no other rule matched → 2 of finance" in timeline
+    )
+    assert "Call call_1_1 escalated to oncall: they may decide it too" in timeline
+
 
 def test_the_inbox_filters_what_escalated_to_my_groups(people):
     waits = ask("rs-f-wait", 250_000)
@@ -230,9 +237,32 @@ def test_an_edit_that_moved_a_call_is_shown_with_what_it_changes_and_how_to_appr
     row = next(r for r in rows if "rs-moved" in r)
     assert "da-row-approve" not in row and "Open to decide" in row
 
+    timeline = plain(run_page(fay, "rs-moved"))
+    assert (
+        "Call call_1_1 asked under rule lead: amount_cents 40000 <= 100000 → 1 of support-leads"
+        in timeline
+    )
+    assert (
+        "An edit moved call call_1_1 under rule default: no other rule matched → 2 of finance"
+        in timeline
+    )
+    assert "it was under rule lead" in timeline
+
     # Approved with the same edit by two of finance, it runs.
     da.approve("rs-moved", CALL, True, by="fay", edit=raised)
     assert da.approve("rs-moved", CALL, True, by="finn", edit=raised).status == "approved"
+
+
+def test_the_timeline_shows_automatic_decisions_with_their_rule(people):
+    desk.run("rs-small", "refund 4000")
+    desk.run("rs-big", "refund 600000")
+    client = client_for(people["fay"])
+    small = plain(run_page(client, "rs-small"))
+    assert "Call call_1_1 allowed by rule small: amount_cents 4000 <= 5000" in small
+    assert "automatic: nobody was asked" in small
+    big = plain(run_page(client, "rs-big"))
+    assert "Call call_1_1 refused by rule too-big: amount_cents 600000 > 500000" in big
+    assert "Refunds above 5,000 EUR are done by phone" in big
 
 
 def test_the_call_page_says_who_decided_for_whom(people):
