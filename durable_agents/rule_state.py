@@ -102,7 +102,7 @@ class RuleState:
         )
         if self.separate:
             text += (
-                f", not {self.requester} (who asked)" if self.requester else (", not whoever asked")
+                f", not {self.requester} (who asked)" if self.requester else ", not whoever asked"
             )
         return text
 
@@ -115,7 +115,7 @@ class RuleState:
 
     @property
     def text(self) -> str:
-        """``"lead: amount_cents 50000 <= 100000 → 1 of support-leads"``."""
+        """``"rule lead: amount_cents 50000 <= 100000 → 1 of support-leads"``."""
         if self.rule is None:
             return self.who
         return f"rule {self.rule}: {self.why} → {self.who}"
