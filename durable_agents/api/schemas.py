@@ -262,6 +262,11 @@ class DecisionOut(Schema):
     arguments: dict[str, Any] | None = Field(
         None, description="an edited approval: the arguments it approved running instead"
     )
+    deputy: str = Field(
+        "",
+        description="who made the decision for ``approver`` (a delegation); empty: the "
+        "approver themselves",
+    )
 
 
 class Progress(Schema):
@@ -273,6 +278,52 @@ class Progress(Schema):
         "approve_toolcall)"
     )
     pending: list[str] | None = Field(description="quorum: eligible approvers yet to decide")
+
+
+class MovedOut(Schema):
+    from_rule: str | None = Field(description="the rule the call was under before the edit")
+    arguments: Any = Field(
+        description="the edited arguments: the call's approvals are for these, not ``arguments``"
+    )
+
+
+class RuleOut(Schema):
+    name: str = Field(description="the approval rule that asked (``default``: none matched)")
+    explain: str | None = Field(
+        description='the values that decided it, as journaled: "amount_cents 125000 > 100000"'
+    )
+    need: int = Field(description="approvals needed")
+    groups: list[str] = Field(
+        description="whose members decide: the rule's group, then the one an escalation added; "
+        "empty: anyone holding approve_toolcall"
+    )
+    requester: str | None = Field(description="who started the run, when a person did")
+    requester_may_decide: bool = Field(
+        description="false: the requester may not decide the call (separation of duties)"
+    )
+    moved_by_edit: MovedOut | None = Field(
+        description="an approver's edit moved the call under this (stricter) rule"
+    )
+    text: str = Field(
+        description='for people: "rule lead: amount_cents 50000 <= 100000 → 1 of support-leads"'
+    )
+
+
+class DeadlineOut(Schema):
+    remind_at: datetime | None
+    escalate_at: datetime | None
+    escalate_to: str | None = Field(description="the group an escalation adds as approvers")
+    expire_at: datetime | None
+    on_expiry: str | None = Field(description='"deny", "cancel" or "halt"; null: no expiry')
+    escalated_to: str | None = Field(description="set once the call escalated")
+    next_step: str | None = Field(
+        description='"remind", "escalate" or "expire": the next step not taken yet; null: none'
+    )
+    next_at: datetime | None = Field(description="when the next step falls due")
+    text: str = Field(
+        description="for people, against the database's clock when the response was made: "
+        '"escalates to oncall in 3 h · expires in 2 d 21 h, then denied"'
+    )
 
 
 class ApprovalOut(Schema):
@@ -297,6 +348,12 @@ class ApprovalOut(Schema):
     )
     arguments_sha256: str = Field(
         description="hex SHA-256 of the arguments' canonical JSON, as signed decisions bind it"
+    )
+    rule: RuleOut | None = Field(
+        None, description="the approval rule that asked and why; null: a one-rule gate"
+    )
+    deadline: DeadlineOut | None = Field(
+        None, description="the call's deadline steps and where it stands; null: none"
     )
 
 
