@@ -39,7 +39,7 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from . import identity, names, runtime
+from . import identity, lifecycle, names, runtime
 from .errors import (
     ActorError,
     ApprovalBadSignature,
@@ -50,7 +50,6 @@ from .errors import (
 from .identity import APPROVE_TOOLCALL, Actor
 from .journal import Journal
 from .ports import (
-    APPROVAL_PENDING,
     APPROVAL_WITHDRAWN,
     ApprovalRequestInfo,
     DecisionInfo,
@@ -441,6 +440,4 @@ def withdraw_pending(store: Store, run_id: str) -> None:
     was cancelled, or its saga aborted): staff no longer see them, and a decision on one is
     refused as orphaned. Idempotent; a request decided meanwhile keeps its decision."""
     for request in store.list_approval_requests(run_id=run_id):
-        store.set_approval_status(
-            run_id, request.call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING]
-        )
+        lifecycle.move_request(store, run_id, request.call_id, APPROVAL_WITHDRAWN, lifecycle.PERSON)

@@ -74,8 +74,6 @@ from .model import (
     Usage,
 )
 from .ports import (
-    APPROVAL_APPROVED,
-    APPROVAL_DENIED,
     APPROVAL_PENDING,
     APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
@@ -727,8 +725,8 @@ class Driver:
                 # Pending for a call a person recorded the outcome of (asked about other
                 # arguments while a drive that lost the run was inside it): nobody runs the
                 # call again, so nobody may approve it (found by the simulator).
-                self.store.set_approval_status(
-                    self.run_id, request.call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING]
+                lifecycle.move_request(
+                    self.store, self.run_id, request.call_id, APPROVAL_WITHDRAWN, lifecycle.DRIVER
                 )
         for halt in self.store.list_halts(run_id=self.run_id):
             rec = self.state.results.get(halt.op_id)
@@ -1402,11 +1400,12 @@ class Driver:
             # journaled no drive asks about the call again, so the request is moot then.
             self._moot[call.id] = request.arguments
         else:
-            self.store.set_approval_status(
+            lifecycle.move_request(
+                self.store,
                 self.run_id,
                 call.id,
-                APPROVAL_APPROVED if decision.get("approved") else APPROVAL_DENIED,
-                if_status=[APPROVAL_PENDING],
+                lifecycle.decided(decision),
+                lifecycle.DRIVER,
                 if_arguments=args,
                 if_asked_again=decision.name != names.decision(call.id, None),
             )
@@ -1775,11 +1774,12 @@ class Driver:
         self.state.add(rec)
         moot = self._moot.pop(call.id, None)
         if moot is not None:  # the result is journaled (fenced): nobody runs the call again
-            self.store.set_approval_status(
+            lifecycle.move_request(
+                self.store,
                 self.run_id,
                 call.id,
                 APPROVAL_WITHDRAWN,
-                if_status=[APPROVAL_PENDING],
+                lifecycle.DRIVER,
                 if_arguments=moot,
             )
         failpoints.hit(f"after-result:{call.id}")

@@ -577,7 +577,7 @@ class Store(Protocol):
         ``if_asked_again``, only while it is (True) or is not (False) a request asked again:
         a decision marks decided only the request it was about — its journal name says
         both — never one a drive put in its place meanwhile, even about the same
-        arguments); True if set."""
+        arguments); True if set. Only ``engine.lifecycle.move_request`` calls it."""
 
     def list_approval_requests(
         self, *, status: str | None = APPROVAL_PENDING, run_id: str | None = None

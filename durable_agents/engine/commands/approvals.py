@@ -237,7 +237,7 @@ def approve(
     if _claimed_under_another(journal, run_id, call_id, runs_with if count.passed else None):
         # A worker on other code claimed the call under an earlier decision after the check
         # above: this one is journaled but can never take effect. Say so; nothing more.
-        store.set_approval_status(run_id, call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING])
+        lifecycle.move_request(store, run_id, call_id, APPROVAL_WITHDRAWN, lifecycle.PERSON)
         why = "the call is already being run under an earlier decision"
         store.log_action(identity.logged(actor, "withdraw", run_id, call_id, {"why": why}))
         raise ApprovalOrphaned(
@@ -253,11 +253,12 @@ def approve(
     # Never a run rolling back (a saga abort landed since the check): it must not be
     # queued forward, and its rollback withdraws the request.
     moved = lifecycle.hand_over(store, run_id, lifecycle.PERSON)
-    decided = store.set_approval_status(
+    decided = lifecycle.move_request(
+        store,
         run_id,
         call_id,
         status,
-        if_status=[APPROVAL_PENDING],
+        lifecycle.PERSON,
         if_arguments=request.arguments,
         if_asked_again=request.previous_arguments is not None,
     )
@@ -272,7 +273,7 @@ def approve(
     # Otherwise the run or the request had moved on already: another approver's repeated
     # decision, or a drive, carried this decision on from the journal. It stands.
     if cancelled:
-        store.set_approval_status(run_id, call_id, APPROVAL_WITHDRAWN)
+        lifecycle.move_request(store, run_id, call_id, APPROVAL_WITHDRAWN, lifecycle.PERSON)
         why = (
             "the run was cancelled, its saga aborted, or the call got its result under "
             "another decision, while the decision was being recorded"
@@ -495,22 +496,25 @@ def _edited(request: ApprovalRequestInfo, decisions: Any, count: Tally) -> dict[
     }
 
 
-def finish_decision(store: Store, run_id: str, call_id: str, decision: Any) -> bool:
+def finish_decision(
+    store: Store, run_id: str, call_id: str, decision: Any, *, by: str = lifecycle.PERSON
+) -> bool:
     """Bring the rows in step with a decision the journal holds: a run still awaiting
     approval queued again, then a request still pending marked decided. Idempotent; True
-    if the run was queued (hand it to a driver)."""
+    if the run was queued (hand it to a driver). ``by``: who finishes it (``lifecycle``'s
+    movers)."""
     run = store.get_run(run_id)
     if run is None or run.status in TERMINAL_STATUSES:
         return False  # a cancel closes its requests itself
     queued = False
     if run.status == AWAITING_APPROVAL:
-        queued = lifecycle.hand_over(store, run_id, lifecycle.PERSON, only_from=AWAITING_APPROVAL)
-    status = APPROVAL_APPROVED if decision.get("approved") else APPROVAL_DENIED
-    store.set_approval_status(
+        queued = lifecycle.hand_over(store, run_id, by, only_from=AWAITING_APPROVAL)
+    lifecycle.move_request(
+        store,
         run_id,
         call_id,
-        status,
-        if_status=[APPROVAL_PENDING],
+        lifecycle.decided(decision),
+        by,
         if_arguments=decision.get("arguments"),
         # Its name says whether it decided the first request or one asked again: never the
         # other, though it may ask about the same arguments (an edit that no longer fits
@@ -570,7 +574,9 @@ def _refuse_orphans(
     if why is None:
         return
     if run is not None:
-        store.set_approval_status(request.run_id, request.call_id, APPROVAL_WITHDRAWN)
+        lifecycle.move_request(
+            store, request.run_id, request.call_id, APPROVAL_WITHDRAWN, lifecycle.PERSON
+        )
         store.log_action(
             identity.logged(actor, "withdraw", request.run_id, request.call_id, {"why": why})
         )

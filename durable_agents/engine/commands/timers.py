@@ -230,7 +230,10 @@ def _finish_stopped_decisions(store: Store, run: RunInfo, records: list[Record])
         )
         decision = decisions.get(name)
         if decision is not None:
-            queued = finish_decision(store, run.run_id, request.call_id, decision) or queued
+            queued = (
+                finish_decision(store, run.run_id, request.call_id, decision, by=lifecycle.SWEEP)
+                or queued
+            )
     return queued
 
 
