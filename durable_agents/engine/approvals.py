@@ -81,12 +81,14 @@ class Quorum:
         return {"kind": "quorum", "need": self.need, "group": self.group}
 
 
-def policy_for(approval: Any) -> dict[str, Any]:
+def policy_for(approval: Any, *, deadline: Any = None) -> dict[str, Any]:
     """The request policy of a tool's one-rule approval (``requires_approval=True`` or a
-    ``Quorum``); a tool with ``Rules`` asks under the policy its matching rule journaled."""
-    if isinstance(approval, Quorum):
-        return approval.to_policy()
-    return {"kind": "single"}
+    ``Quorum``), with the tool's ``deadline`` (a ``rules.Deadline``); a tool with ``Rules``
+    asks under the policy its matching rule journaled."""
+    policy = approval.to_policy() if isinstance(approval, Quorum) else {"kind": "single"}
+    if deadline is not None:
+        policy["deadline"] = deadline.to_policy()
+    return policy
 
 
 def needs_group(policy: Mapping[str, Any]) -> str | None:

@@ -117,7 +117,12 @@ MOVES: tuple[Move, ...] = (
         DRIVER,
         "a gated call's request saved (a wake-up that queued the run meanwhile waits too)",
     ),
-    _m(HALTED, _NOT_TERMINAL, DRIVER, "a live attempt with no outcome (a halt row saved)"),
+    _m(
+        HALTED,
+        _NOT_TERMINAL,
+        DRIVER,
+        "a live attempt with no outcome, or a request expired to halt (a halt row saved)",
+    ),
     _m(AWAITING_INPUT, (RUNNING, FAILED), DRIVER, "a wait, a sub-run's pause (`wait:`, `child:`)"),
     _m(SLEEPING, (RUNNING, FAILED), DRIVER, "every wait is a timer"),
     _m(THROTTLED, (RUNNING,), DRIVER, "a limit is full: a slot or a rate permit (`Throttled`)"),

@@ -1,6 +1,6 @@
 """Approval deadlines on every store (InMemoryStore, PostgreSQL, SQLite): ``due_at`` stamped
 on the store's clock when a request is saved and moved after each step, the one indexed read
-of the requests due.
+of the requests due, and each step (remind, escalate, expire) taken once by the timer sweep.
 
 The database's clock cannot be moved, so the deadlines here are short (fractions of a
 second) and the tests poll, with a deadline, until a step is due."""
@@ -11,7 +11,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
+import durable_agents as da
+from durable_agents.engine import names
+from durable_agents.engine.commands.runs import drive_quietly
+from durable_agents.engine.commands.timers import wake_timers
+from durable_agents.engine.journal import Journal
 from durable_agents.engine.ports import ApprovalRequestInfo, DecisionInfo
+from durable_agents.providers import scripted
+from durable_agents.providers.scripted import ScriptedModel
+from tests.support import wiring
 from tests.support.stores import DB
 
 pytestmark = DB
@@ -107,3 +117,98 @@ def test_a_request_asked_again_is_due_again_from_its_new_asking(store, run_id):
     request = store.get_approval_request(run_id, "c1")
     assert request.status == "pending" and request.decided_at is None
     assert _seconds(request) == 3600.0
+
+
+# -- the steps, driven by the sweep --------------------------------------------------------
+
+
+@pytest.fixture
+def wired(store):
+    with wiring.wired(
+        dispatcher=lambda run_id: drive_quietly(run_id, store=store),
+        halt_min_age=lambda: 0.0,
+        eligible_approvers=lambda group: {"finance": ["ann"], "oncall": ["olga"]}.get(group, []),
+    ):
+        yield store
+
+
+FIRED: list[int] = []
+
+
+@da.tool(
+    approval=da.Quorum(1, "finance"),
+    deadline=da.Deadline(remind=0.3, escalate=(1.5, "oncall"), expire=3.0),
+)
+def pay(cents: int) -> str:
+    """Pay out."""
+    FIRED.append(cents)
+    return "paid"
+
+
+@da.tool(
+    name="pay",
+    approval=da.Quorum(1, "finance"),
+    deadline=da.Deadline(escalate=(0.2, "oncall"), expire=600),
+)
+def pay_slowly(cents: int) -> str:
+    """Pay out."""
+    FIRED.append(cents)
+    return "paid"
+
+
+def _agent(tool: Any) -> da.Agent:
+    script = [scripted.calls(scripted.call("pay", {"cents": 5})), scripted.text("ok")]
+    return da.Agent("deadlines-pay", ScriptedModel(script), "", [tool])
+
+
+def _asked(store, run_id: str, tool: Any = pay) -> str:
+    with pytest.raises(da.ApprovalPending):
+        _agent(tool).run(run_id, "pay", store=store)
+    [request] = store.list_approval_requests(run_id=run_id)
+    return request.call_id
+
+
+def test_each_step_is_taken_once_and_the_expiry_tells_the_model(wired):
+    store = wired
+    FIRED.clear()
+    call = _asked(store, "d1")
+    journal = Journal(store)
+
+    def step(name: str) -> Any:
+        wake_timers(store=store)
+        return journal.get("d1", names.deadline(call, name))
+
+    remind = until(lambda: step("remind"))
+    assert remind.get("step") == "remind"
+    escalate = until(lambda: step("escalate"))
+    assert escalate.get("escalated_to") == "oncall"
+    assert store.get_approval_request("d1", call).policy["escalated_to"] == "oncall"
+    until(lambda: step("expire"))
+    run = store.get_run("d1")
+    assert run.status == "finished" and FIRED == []
+    request = store.get_approval_request("d1", call)
+    assert request.status == "expired" and request.decided_at is not None
+    assert request.due_at is None
+    assert journal.get("d1", names.tool(call)).get("result")["error"] == "expired"
+    names_written = [r.name for r in journal.records("d1")]
+    for step_name in ("remind", "escalate", "expire"):
+        assert names_written.count(names.deadline(call, step_name)) == 1
+    with pytest.raises(da.ApprovalExpired):
+        da.approve("d1", call, True, by="ann", store=store)
+
+
+def test_an_escalated_request_may_be_decided_by_the_escalation_group(wired):
+    store = wired
+    FIRED.clear()
+    call = _asked(store, "d2", pay_slowly)
+    with pytest.raises(da.ApproverNotEligible):
+        da.approve("d2", call, True, by="olga", store=store)
+
+    def escalated() -> bool:
+        wake_timers(store=store)
+        return "escalated_to" in store.get_approval_request("d2", call).policy
+
+    until(escalated)
+    assert da.approve("d2", call, True, by="olga", store=store).status == "approved"
+    assert FIRED == [5] and store.get_run("d2").status == "finished"
+    assert store.get_approval_request("d2", call).due_at is None

@@ -6,7 +6,18 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, overload
 
-from .. import events, failpoints, identity, lifecycle, names, registry, rules, runtime, stops
+from .. import (
+    deadlines,
+    events,
+    failpoints,
+    identity,
+    lifecycle,
+    names,
+    registry,
+    rules,
+    runtime,
+    stops,
+)
 from ..approvals import (
     NOT_SHOWN,
     ApprovalOutcome,
@@ -26,6 +37,7 @@ from ..errors import (
     ApprovalArgumentsDisagree,
     ApprovalEditInvalid,
     ApprovalError,
+    ApprovalExpired,
     ApprovalNotFound,
     ApprovalOrphaned,
     ConfigError,
@@ -48,6 +60,7 @@ from ..ports import (
 )
 from ..records import encode, refuse_nul
 from ..rules import Outcome
+from .expiry import finish_expiry
 
 
 def approve(
@@ -126,6 +139,8 @@ def approve(
     name = decision_name(call_id, request.arguments, again=request.previous_arguments is not None)
     standing = journal.get(run_id, name) if store.get_run(run_id) is not None else None
     if standing is not None:
+        if deadlines.is_expiry(standing):
+            _refuse_expired(store, request, standing)
         if request.status == APPROVAL_WITHDRAWN:
             # Journaled, but its maker stopped before moving the run on, and the run ended
             # (cancelled, or its saga aborted) before anyone did: it never takes effect.
@@ -221,6 +236,8 @@ def approve(
         },
     )
     if not inserted:
+        if deadlines.is_expiry(final):
+            _refuse_expired(store, request, final)  # the deadline was first
         # Another approver's decision won the race; its maker may have died before moving
         # the rows on (``after-decision``): finish it, as a decision found standing is.
         if finish_decision(store, run_id, call_id, final):
@@ -500,9 +517,11 @@ def finish_decision(
     store: Store, run_id: str, call_id: str, decision: Any, *, by: str = lifecycle.PERSON
 ) -> bool:
     """Bring the rows in step with a decision the journal holds: a run still awaiting
-    approval queued again, then a request still pending marked decided. Idempotent; True
-    if the run was queued (hand it to a driver). ``by``: who finishes it (``lifecycle``'s
-    movers)."""
+    approval queued again, then a request still pending marked decided (an expiry:
+    ``deadlines.finish_expiry``). Idempotent; True if the run was queued (hand it to a
+    driver). ``by``: who finishes it (``lifecycle``'s movers)."""
+    if deadlines.is_expiry(decision):
+        return finish_expiry(store, run_id, call_id, decision, by=by)
     run = store.get_run(run_id)
     if run is None or run.status in TERMINAL_STATUSES:
         return False  # a cancel closes its requests itself
@@ -533,6 +552,29 @@ def _claimed_under_another(journal: Journal, run_id: str, call_id: str, runs_wit
     if marker is None:
         return False
     return runs_with is None or encode(marker.get("arguments")) != encode(runs_with)
+
+
+def _refuse_expired(store: Store, request: ApprovalRequestInfo, expiry: Any) -> None:
+    """Refuse a decision on a request its deadline expired (``approval.expired``), having
+    finished the expiry if its sweep stopped half-way: an expired request is never decided
+    afterwards, whatever the decision."""
+    if finish_decision(store, request.run_id, request.call_id, expiry):
+        runtime.dispatch(request.run_id)
+    then = {
+        deadlines.ON_EXPIRY_CANCEL: "the run was cancelled",
+        deadlines.ON_EXPIRY_HALT: "the run halted for a person to record the call's result",
+    }.get(str(expiry.get("on_expiry")), "the model was told it expired")
+    raise ApprovalExpired(
+        f"call {request.call_id!r} of run {request.run_id!r} expired: nobody decided it before "
+        f"its deadline, and {then}; it can no longer be decided",
+        standing={
+            "approved": False,
+            "by": deadlines.BY,
+            "expired": True,
+            "on_expiry": expiry.get("on_expiry"),
+            "note": expiry.get("note"),
+        },
+    )
 
 
 def _withdrawn(store: Store, run_id: str, call_id: str) -> bool:
