@@ -378,6 +378,36 @@ def test_a_run_busy_when_its_expiry_cancels_is_cancelled_by_its_driver_or_the_ne
     assert store.get_run("r1").status == CANCELLED and fired == []
 
 
+def test_an_edit_that_moves_a_request_to_a_stricter_rule_keeps_its_deadline(
+    store, clock, fired, groups
+):
+    rules = da.Rules(
+        [
+            da.Rule(
+                "lead",
+                da.arg("cents") <= 100,
+                da.ask("finance", deadline=da.Deadline(escalate=(60, "oncall"), expire=120)),
+            )
+        ],
+        default=da.ask(da.Quorum(2, "finance"), deadline=da.Deadline(expire="3d")),
+    )
+    agent = payer(fired, deadline=None, approval=rules)
+    request = asked(agent, store)
+    call = request.call_id
+    clock.advance(60)
+    wake_timers(store=store)  # escalated to oncall
+    outcome = da.approve("r1", call, True, by="ann", edit={"cents": 500}, store=store)
+    assert outcome.status == "pending"  # two of finance now
+    moved = store.get_approval_request("r1", call).policy
+    assert (moved["kind"], moved["rule"]) == ("quorum", "default")
+    assert moved["deadline"] == request.policy["deadline"]
+    assert moved["escalated_to"] == "oncall"
+    clock.advance(60)
+    wake_timers(store=store)
+    assert store.get_approval_request("r1", call).status == APPROVAL_EXPIRED
+    assert fired == []
+
+
 # -- what the card says, and a deploy ------------------------------------------------------
 
 

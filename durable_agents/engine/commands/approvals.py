@@ -428,6 +428,10 @@ def _policy_for_edit(
     if not wanted or not rules.demands_more(wanted, policy):
         return None
     moved = {**wanted, "moved_by_edit": {"from": policy.get("rule"), "arguments": edit}}
+    # The request keeps the deadline it was asked under (an edit neither restarts nor
+    # shortens its clock: ``due_at`` counts from the asking) and any escalation taken.
+    moved.pop("deadline", None)
+    moved.update({k: policy[k] for k in ("deadline", "escalated_to") if k in policy})
     store.update_approval_request(
         request.run_id, request.call_id, policy=moved, if_arguments=request.arguments
     )
