@@ -32,9 +32,15 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
-from ..engine import names
+from ..engine import deadlines, names
 from ..engine.errors import DurableAgentsError
-from ..engine.ports import APPROVAL_PENDING, AWAITING_INPUT, HALT_OPEN, IMPORTED_INERT
+from ..engine.ports import (
+    APPROVAL_PENDING,
+    AWAITING_INPUT,
+    HALT_EXPIRED,
+    HALT_OPEN,
+    IMPORTED_INERT,
+)
 from ..engine.records import Record
 from ..engine.waits import INTERRUPT
 from ..keys import pending_for
@@ -226,6 +232,8 @@ def approval_cards(
                 "reason": runs.stated_reason(obj.run_id, obj.call_id),
                 **_where(runs, obj.run),
                 "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
+                # When it reminds, escalates or expires next: "escalates to oncall in 3 h".
+                "deadline": deadlines.describe(obj.policy, obj.created_at, now),
                 "votes": votes,
                 "voted": voted,
                 "may_decide": eligible,
@@ -319,6 +327,7 @@ def halt_cards(
                 "call_id": halt.op_id,
                 "description": getattr(tool, "description", "") or "",
                 "cause": halt.get_cause_display(),
+                "expired": halt.cause == HALT_EXPIRED,
                 "reason": reason,
                 "shown": render(
                     getattr(tool, "parameters", None),

@@ -18,11 +18,13 @@ from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from ..celery.dispatch import deferred
 from ..database.store import site_store
+from ..engine import deadlines
 from ..engine.approvals import NOT_SHOWN, arguments_digest
 from ..engine.commands.halts import resolve_halt
 from ..engine.errors import ApprovalArgumentsChanged, ApprovalEditInvalid, DurableAgentsError
@@ -382,6 +384,11 @@ def approval_detail(
             "covers": [f for f in shown.fields if f.identifying],  # the decision bar names
             "reason": stated_reason(records, obj.call_id),
             "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
+            "deadline": (
+                deadlines.describe(obj.policy, obj.created_at, timezone.now())
+                if obj.status == APPROVAL_PENDING
+                else ""
+            ),
             "decisions": obj.decisions.order_by("created_at"),
             "can_decide": can_decide,
             "refused": refused,

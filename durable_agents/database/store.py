@@ -1497,7 +1497,7 @@ class DjangoStore(Limits):
         rows = ApprovalRequest.objects.using(self.using).filter(
             status=APPROVAL_PENDING, due_at__isnull=False, due_at__lte=Now()
         )
-        return [row.to_domain() for row in rows.order_by("due_at", "pk")[:limit]]
+        return [row.to_domain() for row in rows.order_by("due_at")[:limit]]
 
     def advance_deadline(
         self,
