@@ -322,7 +322,10 @@ class HaltOut(Schema):
     call_id: str = Field(description="the halted tool call (or step name)")
     tool_name: str
     arguments: Any
-    attempt: str = Field(description="the journal name of the attempt whose outcome is unknown")
+    attempt: str = Field(
+        description="the journal name of the attempt whose outcome is unknown (cause "
+        '"expired": of the expiry, approval:<call>)'
+    )
     attempted_at: datetime | None
     cause: str = Field(
         description='"crashed", "contended", "outcome_unknown", or "expired" (its approval '

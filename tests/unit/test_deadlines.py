@@ -311,6 +311,18 @@ def test_a_decision_landing_after_the_expiry_is_refused(store, clock, fired, at_
     assert store.get_run("r1").status == FINISHED
 
 
+def test_a_stopped_runs_request_never_expires_and_leaves_the_due_index(store, clock, fired):
+    request = asked(payer(fired, deadline=da.Deadline(expire=60)), store)
+    # A cancel that died right after its record: the request is still pending.
+    Journal(store).write("r1", names.RUN_CANCELLED, {"kind": "cancelled", "by": "ann"})
+    clock.advance(60)
+    wake_timers(store=store)
+    assert store.list_due_approval_requests() == []
+    assert Journal(store).get("r1", names.deadline(request.call_id, "expire")) is None
+    assert store.get_approval_request("r1", request.call_id).status == "withdrawn"
+    assert fired == []
+
+
 # -- crashes inside a step ------------------------------------------------------------------
 
 

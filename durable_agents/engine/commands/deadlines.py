@@ -78,19 +78,27 @@ def _step(store: Store, journal: Journal, request: ApprovalRequestInfo, now: Any
     """The step due for ``request``; True if its run was queued (hand it over)."""
     run = store.get_run(request.run_id)
     args = request.arguments
-    if run is None or run.inert or run.status in TERMINAL_STATUSES:
-        # Evidence, or a run that ended: nothing of it will be decided again. Its clock
-        # stops (the request leaves the due index); a cancel's sweep closes the request.
+    if (
+        run is None
+        or run.inert
+        or run.status in TERMINAL_STATUSES
+        or journal.get(run.run_id, names.RUN_CANCELLED) is not None
+        or journal.get(run.run_id, names.SAGA_ABORT) is not None
+    ):
+        # Evidence, or a run that ended or stopped: nothing of it will be decided again.
+        # Its clock stops (the request leaves the due index); the stop closes the request
+        # (``timers._finish_stopped_cancels``, a saga's rollback).
         store.advance_deadline(request.run_id, request.call_id, next_after=None, if_arguments=args)
         return False
-    if journal.get(run.run_id, names.RUN_CANCELLED) or journal.get(run.run_id, names.SAGA_ABORT):
-        return False  # its stop withdraws the request (``timers._finish_stopped_cancels``)
     again = request.previous_arguments is not None
     standing = journal.get(run.run_id, decision_name(request.call_id, args, again=again))
     if standing is not None:
         # Decided (or expired) before this step: its maker stopped before the rows caught
-        # up. Finish it as its maker's next try would; no step is taken after a decision.
-        return finish_decision(store, run.run_id, request.call_id, standing, by=lifecycle.SWEEP)
+        # up. Finish it as its maker's next try would; no step is taken after a decision,
+        # so the clock stops whatever the rows say.
+        queued = finish_decision(store, run.run_id, request.call_id, standing, by=lifecycle.SWEEP)
+        store.advance_deadline(run.run_id, request.call_id, next_after=None, if_arguments=args)
+        return queued
     policy = dict(request.policy)
     asked = request.created_at or now
     step = deadlines.due(policy, asked, now)
