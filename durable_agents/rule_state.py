@@ -24,6 +24,7 @@ from typing import Any
 from django.utils import timezone
 
 from .engine.approvals import deciding_groups
+from .engine.deadlines import duration
 from .engine.ports import APPROVAL_EXPIRED, APPROVAL_PENDING
 from .engine.rules import DEFAULT_RULE
 
@@ -34,21 +35,6 @@ ON_EXPIRY = {
     "halt": "the run halts for a person",
 }
 SOON = timedelta(hours=1)  # a next step closer than this is drawn as urgent
-
-
-def duration(seconds: float) -> str:
-    """``"2 d 21 h"``, ``"3 h 12 min"``, ``"40 min"``, ``"12 s"``: the two largest units."""
-    seconds = max(0, int(seconds))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if days:
-        return f"{days} d {hours} h" if hours else f"{days} d"
-    if hours:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    if minutes:
-        return f"{minutes} min"
-    return f"{seconds} s"
 
 
 def _seconds(value: Any) -> float | None:

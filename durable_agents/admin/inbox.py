@@ -40,7 +40,13 @@ from django.utils.http import urlencode
 
 from ..engine import names
 from ..engine.errors import DurableAgentsError
-from ..engine.ports import APPROVAL_PENDING, AWAITING_INPUT, HALT_OPEN, IMPORTED_INERT
+from ..engine.ports import (
+    APPROVAL_PENDING,
+    AWAITING_INPUT,
+    HALT_EXPIRED,
+    HALT_OPEN,
+    IMPORTED_INERT,
+)
 from ..engine.records import Record
 from ..engine.waits import INTERRUPT
 from ..keys import pending_for
@@ -357,6 +363,7 @@ def halt_cards(
                 "call_id": halt.op_id,
                 "description": getattr(tool, "description", "") or "",
                 "cause": halt.get_cause_display(),
+                "expired": halt.cause == HALT_EXPIRED,
                 "reason": reason,
                 "shown": render(
                     getattr(tool, "parameters", None),

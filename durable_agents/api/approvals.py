@@ -151,6 +151,7 @@ def approval_out(
         status=row.status,
         created_at=row.created_at,
         decided_at=row.decided_at,
+        due_at=row.due_at,
         progress=progress,
         decisions=[
             DecisionOut(

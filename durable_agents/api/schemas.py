@@ -69,7 +69,7 @@ RunStatus = Literal[
     "failed",
     "cancelled",
 ]
-ApprovalStatus = Literal["pending", "approved", "denied", "withdrawn", "all"]
+ApprovalStatus = Literal["pending", "approved", "denied", "withdrawn", "expired", "all"]
 HaltStatus = Literal["open", "resolved", "orphaned", "all"]
 
 Limit = Annotated[int, Field(ge=1, le=MAX_LIMIT, description="page size")]
@@ -340,6 +340,11 @@ class ApprovalOut(Schema):
     status: str
     created_at: datetime | None
     decided_at: datetime | None
+    due_at: datetime | None = Field(
+        None,
+        description="when its deadline's next step (remind, escalate, expire) falls due, by "
+        "the database's clock; null when it has none left (docs/approvals.md, Deadlines)",
+    )
     progress: Progress
     decisions: list[DecisionOut]
     incarnation: str | None = Field(
@@ -374,11 +379,18 @@ class HaltOut(Schema):
     call_id: str = Field(description="the halted tool call (or step name)")
     tool_name: str
     arguments: Any
-    attempt: str = Field(description="the journal name of the attempt whose outcome is unknown")
+    attempt: str = Field(
+        description="the journal name of the attempt whose outcome is unknown (cause "
+        '"expired": of the expiry, approval:<call>)'
+    )
     attempted_at: datetime | None
-    cause: str = Field(description='"crashed", "contended" or "outcome_unknown"')
+    cause: str = Field(
+        description='"crashed", "contended", "outcome_unknown", or "expired" (its approval '
+        "request expired and its deadline halts the run: nothing ran)"
+    )
     reason: dict[str, Any] | None = Field(
-        description='with cause "outcome_unknown": what the tool raised, {"type", "message"}'
+        description='with cause "outcome_unknown": what the tool raised, {"type", "message"}; '
+        'with "expired": {"type": "expired", "message"}'
     )
     status: str
     resolution: dict[str, Any] | None
