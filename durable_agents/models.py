@@ -256,12 +256,15 @@ class Follower(models.Model):
 
 class Halt(models.Model):
     """A run stopped on an operation whose outcome is unknown (a crash mid-effect, or a
-    contended claim). Staff record what really happened; the run then continues."""
+    contended claim), or on a call whose approval request expired with
+    ``on_expiry="halt"``. Staff record what really happened (or what the call's result is);
+    the run then continues."""
 
     CAUSES = [
         (ports.HALT_CRASHED, "crashed"),
         (ports.HALT_CONTENDED, "contended"),
         (ports.HALT_OUTCOME_UNKNOWN, "the tool could not tell"),
+        (ports.HALT_EXPIRED, "its approval request expired"),
     ]
     STATUSES = [
         (ports.HALT_OPEN, "open"),

@@ -18,11 +18,14 @@ Every signal is sent with ``sender=Run`` (the model class) and these keyword arg
     a pending request's deadline steps (``da.Deadline``), each once per request: ``run_id``,
     ``agent``, ``call_id``, ``tool``, ``arguments``, ``policy`` (as it stands after the step:
     an escalation adds ``escalated_to``), ``step`` (``"remind"``, ``"escalate"``,
-    ``"expire"``), ``rule`` (the rule that asked), and for an expiry ``on_expiry``.
+    ``"expire"``), ``rule`` (the rule that asked), and for an expiry ``on_expiry``. Sent by
+    the sweep whose write made the step true (docs/approvals.md, "Deadlines"); an expiry
+    that loses the race to a person's decision sends nothing (``approval_decided`` is sent).
 ``run_halted``
     ``run_id``, ``agent``, ``call_id`` (the tool call id, or ``step:<name>``), ``tool``,
-    ``cause`` (``"crashed"``, ``"contended"``, or ``"outcome_unknown"``: the tool raised
-    ``ToolOutcomeUnknown``). One per halted call.
+    ``cause`` (``"crashed"``, ``"contended"``, ``"outcome_unknown"``: the tool raised
+    ``ToolOutcomeUnknown``, or ``"expired"``: its approval request expired and its deadline
+    halts the run). One per halted call.
 ``run_finished``
     ``run_id``, ``agent``, ``answer``, ``turns``, ``usage``.
 ``run_failed``

@@ -132,6 +132,8 @@ class Ways:
 
     refused: str = ""
     for_approvers: tuple[str, ...] = ()
+    # The delegations in force that let them, in the same order (when each ends).
+    delegations: tuple[Any, ...] = ()
 
 
 def ways_by_row(request: HttpRequest, rows: Sequence[ApprovalRequest]) -> dict[int, Ways]:
@@ -179,7 +181,12 @@ def ways_by_row(request: HttpRequest, rows: Sequence[ApprovalRequest]) -> dict[i
             assert own is not None
             out[obj.pk] = Ways(f"{own} [{own.code}]")
         elif found[0].deputy:
-            out[obj.pk] = Ways(for_approvers=tuple(d.approver.username for d in found))
+            names = tuple(d.approver.username for d in found)
+            by_approver = {d.approver: d for d in in_force() if d.approver in names}
+            out[obj.pk] = Ways(
+                for_approvers=names,
+                delegations=tuple(by_approver[n] for n in names if n in by_approver),
+            )
         else:
             out[obj.pk] = Ways()
     return out

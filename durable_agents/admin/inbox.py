@@ -11,6 +11,12 @@ from the inbox must carry the arguments its card showed whole, or it is refused 
 nothing is written. Deciding, answering and resolving go through the same views (and the
 same engine commands) as the queues' pages.
 
+Each call's card says which approval rule asked about it and why, who decides it, and its
+deadline (``rule_state``, read from the request row against the database's clock). The
+filters *escalated to me* (``assigned``) and *delegated to me* (calls this person may decide
+only as the deputy of an approver who may: ``deciding.ways_by_row``, the engine's one rule)
+narrow the calls to those that wait on this person in particular.
+
 Glue only: reads the queue tables and, for the cards shown, their runs' model turns and
 wait records, in a fixed number of queries (a card deep in a tree adds one per ancestor run
 to draw its path).
@@ -27,6 +33,7 @@ from django.contrib import admin
 from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Prefetch, Q, QuerySet
+from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
@@ -35,16 +42,24 @@ from django.utils.http import urlencode
 from ..database.delegations import in_force_now
 from ..engine import names
 from ..engine.errors import DurableAgentsError
-from ..engine.ports import APPROVAL_PENDING, AWAITING_INPUT, HALT_OPEN, IMPORTED_INERT
+from ..engine.ports import (
+    APPROVAL_PENDING,
+    AWAITING_INPUT,
+    HALT_EXPIRED,
+    HALT_OPEN,
+    IMPORTED_INERT,
+)
 from ..engine.records import Record
 from ..engine.waits import INTERRUPT
 from ..keys import pending_for
 from ..models import ApprovalRequest, Decision, Delegation, Halt, Inbox, JournalEntry, Run
+from ..rule_state import rule_state
+from .assigned import escalated_to
 from .base import AnyModelAdmin, ReadOnlyAdmin, admin_actor, allows, page, related_count
 from .deciding import shown_arguments, ways_by_row
 from .paging import CAP, counted
 from .queues import progress
-from .readable import stated_reason, summary_of, tool_of
+from .readable import edit_changes, stated_reason, summary_of, tool_of
 from .rendered import identifying_of, render
 from .waits import question_slug, wait_records, waits_of_run
 
@@ -54,11 +69,15 @@ INBOX_SIZE = 100  # cards of each kind read; the page says how many more wait
 @dataclass(frozen=True)
 class Filters:
     """Which cards: the inbox's filters, or (the run page's banner) the runs of one subtree.
-    ``back``: where a decision made on a card returns (``inbox`` or ``run``)."""
+    ``back``: where a decision made on a card returns (``inbox`` or ``run``). ``escalated``
+    and ``delegated`` keep only calls (no questions, no halts): those escalated to a group
+    of mine, and those I may decide only for an approver who delegated to me."""
 
     agent: str = ""
     tool: str = ""
     mine: bool = False
+    escalated: bool = False
+    delegated: bool = False
     runs: frozenset[str] | None = None
     back: str = "inbox"
 
@@ -78,7 +97,17 @@ class Filters:
             agent=str(request.GET.get("agent") or ""),
             tool=str(request.GET.get("tool") or ""),
             mine=request.GET.get("mine") == "1",
+            escalated=request.GET.get("escalated") == "1",
+            delegated=request.GET.get("delegated") == "1",
         )
+
+    @property
+    def calls_only(self) -> bool:
+        return self.escalated or self.delegated
+
+    @property
+    def any(self) -> bool:
+        return bool(self.agent or self.tool or self.mine or self.calls_only)
 
 
 def waited(since: datetime | None, now: datetime) -> str:
@@ -174,10 +203,14 @@ def approval_cards(
         .exclude(run__imported=IMPORTED_INERT)
         .select_related("run")
     )
+    actor = admin_actor(request)
+    if filters.escalated:
+        rows = escalated_to(rows, actor.groups or ())
     total, _ = counted(rows)
     rows = rows.annotate(
         n_approved=related_count(Decision, "request", approved=True),
         n_denied=related_count(Decision, "request", approved=False),
+        db_now=Now(),  # deadlines are counted on the database's clock, as the sweep does
     ).order_by("created_at", "pk")
     page_rows = list(
         rows.prefetch_related(Prefetch("decisions", Decision.objects.order_by("created_at")))[
@@ -190,7 +223,7 @@ def approval_cards(
     may_decide = allows(request, "decide")
     ways = ways_by_row(request, page_rows) if may_decide else {}
     runs.read_turns(obj.run_id for obj in page_rows)
-    username = admin_actor(request).username
+    username = actor.username
     whole = set(request.GET.getlist("whole"))
     cards = []
     for obj in page_rows:
@@ -207,8 +240,14 @@ def approval_cards(
         voted = any(username in (v.approver, v.deputy) for v in votes)
         way = ways.get(obj.pk)
         eligible = may_decide and not voted and way is not None and not way.refused
+        # Whom they decide it for as a deputy (engine.delegation): nobody, when they may
+        # decide it in their own right.
+        delegated = list(way.delegations) if eligible and way is not None else []
         if filters.mine and not eligible:
             continue
+        if filters.delegated and not delegated:
+            continue
+        state = rule_state(obj)
         call_url = reverse("admin:durable_agents_approvalrequest_change", args=[obj.pk])
         cards.append(
             {
@@ -229,6 +268,11 @@ def approval_cards(
                 "reason": runs.stated_reason(obj.run_id, obj.call_id),
                 **_where(runs, obj.run),
                 "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
+                "rule": state,
+                "changes": edit_changes(tool, obj.arguments, state.moved_arguments)
+                if state.moved
+                else [],
+                "delegated": delegated,
                 "votes": votes,
                 "voted": voted,
                 "may_decide": eligible,
@@ -250,7 +294,7 @@ def approval_cards(
 def question_cards(
     admin: AnyModelAdmin, request: HttpRequest, filters: Filters, runs: _Runs, now: datetime
 ) -> tuple[list[dict[str, Any]], int]:
-    if filters.mine and not allows(request, "answer"):
+    if filters.calls_only or (filters.mine and not allows(request, "answer")):
         return [], 0
     run_admin = admin.admin_site.get_model_admin(Run)  # its answer URLs serve the cards
     rows = Run.objects.filter(status=AWAITING_INPUT).exclude(imported=IMPORTED_INERT)
@@ -299,7 +343,7 @@ def question_cards(
 def halt_cards(
     request: HttpRequest, filters: Filters, runs: _Runs, now: datetime
 ) -> tuple[list[dict[str, Any]], int]:
-    if filters.mine and not allows(request, "resolve"):
+    if filters.calls_only or (filters.mine and not allows(request, "resolve")):
         return [], 0
     rows = filters.apply(
         Halt.objects.filter(status=HALT_OPEN)
@@ -324,6 +368,7 @@ def halt_cards(
                 "call_id": halt.op_id,
                 "description": getattr(tool, "description", "") or "",
                 "cause": halt.get_cause_display(),
+                "expired": halt.cause == HALT_EXPIRED,
                 "reason": reason,
                 "shown": render(
                     getattr(tool, "parameters", None),
@@ -447,7 +492,7 @@ def inbox_view(admin: AnyModelAdmin, request: HttpRequest) -> HttpResponse:
             "filters": filters,
             "agents": _options(agents),
             "tools": _options(tools),
-            "filtered": bool(filters.agent or filters.tool or filters.mine),
+            "filtered": filters.any,
             "clear_url": request.path,
             "here": here,
             "back": urlencode({"back": "inbox"}),

@@ -30,6 +30,7 @@ from ..engine.errors import ApprovalArgumentsChanged, ApprovalEditInvalid, Durab
 from ..engine.journal import Journal
 from ..engine.ports import APPROVAL_PENDING, HALT_OPEN, IMPORTED_INERT
 from ..models import ApprovalRequest, Decision, Halt, Lease
+from ..rule_state import rule_state
 from . import counts, live
 from .base import (
     BY_RECOVERY,
@@ -52,7 +53,14 @@ from .base import (
     status_pill,
 )
 from .deciding import Decided, bulk_decide, decide_call, shown_arguments, tell, ways_by_row
-from .readable import conversation, policy_words, stated_reason, summary_of, tool_of
+from .readable import (
+    conversation,
+    edit_changes,
+    policy_words,
+    stated_reason,
+    summary_of,
+    tool_of,
+)
 from .rendered import identifying_of, in_schema_order, render
 from .timeline import pretty
 
@@ -237,6 +245,8 @@ class ApprovalRequestAdmin(_QueueAdmin):
             .annotate(
                 n_approved=related_count(Decision, "request", approved=True),
                 n_denied=related_count(Decision, "request", approved=False),
+                # Deadlines are counted on the database's clock, as the sweep takes them.
+                db_now=Now(),
             )
         )
         return rows
@@ -302,10 +312,12 @@ class ApprovalRequestAdmin(_QueueAdmin):
                 '<span class="da-row-refused" title="{}">You may not decide this call</span>',
                 refused or "open the call to decide",
             )
-        if json_cut(obj.arguments) or getattr(obj, "da_choose", False):
+        if json_cut(obj.arguments) or rule_state(obj).moved or getattr(obj, "da_choose", False):
             # The row shows only the start of the arguments: a decision here would be for
-            # more than the approver saw. The call's page shows them whole (and asks a
-            # deputy of several approvers for whom they decide).
+            # more than the approver saw. The call's page shows them whole. (An edit moved
+            # the call under a stricter rule: it is approved only with that edit, which the
+            # call's page holds; a plain approval from here would be refused. A deputy of
+            # several approvers says there for whom they decide.)
             return format_html(
                 '<a href="{}" class="button da-row-open">Open to decide</a>',
                 admin_url(self, "change", obj.pk),
@@ -347,9 +359,25 @@ class ApprovalRequestAdmin(_QueueAdmin):
             else cell
         )
 
-    @admin.display(description="quorum")
+    @admin.display(description="approval")
     def quorum(self, obj: Any) -> str:
-        return progress(obj.policy, obj.n_approved, obj.n_denied)
+        """How far its approval is, the rule that asked and why, and its deadline."""
+        state = rule_state(obj)
+        deadline = state.deadline.text if state.deadline else ""
+        return format_html(
+            "{}{}{}",
+            progress(obj.policy, obj.n_approved, obj.n_denied),
+            format_html('<div class="da-cell-line da-rule-cell">{}</div>', state.text)
+            if state.rule
+            else "",
+            format_html(
+                '<div class="da-cell-line da-deadline{}">{}</div>',
+                " da-rule-urgent" if state.deadline and state.deadline.urgent else "",
+                deadline,
+            )
+            if deadline
+            else "",
+        )
 
 
 def approval_detail(
@@ -372,6 +400,10 @@ def approval_detail(
     shown = render(
         getattr(tool, "parameters", None), obj.arguments, whole=True, first=identifying_of(tool)
     )
+    state = rule_state(obj)
+    # An edit moved the call under a stricter rule: only that edit may be approved, so
+    # the edit box starts from it.
+    prefill = state.moved_arguments if state.moved else obj.arguments
     return _detail(
         admin,
         request,
@@ -393,6 +425,10 @@ def approval_detail(
             "covers": [f for f in shown.fields if f.identifying],  # the decision bar names
             "reason": stated_reason(records, obj.call_id),
             "progress": progress(obj.policy, obj.n_approved, obj.n_denied),
+            "rule": state,
+            "changes": edit_changes(tool, obj.arguments, state.moved_arguments)
+            if state.moved
+            else [],
             "decisions": obj.decisions.order_by("created_at"),
             "decided_by": _decided_by(records, obj),
             "can_decide": can_decide,
@@ -401,7 +437,7 @@ def approval_detail(
             "refused": refused,
             "editable": can_decide and editable(obj),
             "form": form
-            or DecisionForm(initial={"edit": pretty(obj.arguments), "shown": shown_arguments(obj)}),
+            or DecisionForm(initial={"edit": pretty(prefill), "shown": shown_arguments(obj)}),
             "decide_url": admin_url(admin, "decide", obj.pk),
         },
     )

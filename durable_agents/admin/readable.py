@@ -9,8 +9,10 @@ import logging
 from typing import Any
 
 from ..engine.errors import DurableAgentsError
+from ..engine.records import encode
 from ..engine.registry import get_agent
 from ..engine.transcript import RunState
+from .rendered import identifying_of, render
 from .timeline import pretty_text
 
 log = logging.getLogger(__name__)
@@ -60,15 +62,35 @@ def fields_of(tool: Any, arguments: Any) -> list[tuple[str, str]]:
 
 
 def policy_words(policy: Any, approvals: int) -> str:
-    """``"needs 2 approvals from group finance: 1 of 2 so far"`` or ``"needs one approval"``."""
+    """``"needs 2 approvals from group finance: 1 of 2 so far"``, ``"needs one approval from
+    group support-leads: …"`` or ``"needs one approval: 0 of 1 so far"``."""
     policy = policy if isinstance(policy, dict) else {}
+    group = f" from group {policy.get('group')}" if policy.get("group") else ""
     if policy.get("kind") == "quorum":
         need = int(policy.get("need", 1))
         return (
-            f"needs {need} approval{'s' if need != 1 else ''} from group {policy.get('group')}: "
-            f"{approvals} of {need} so far"
+            f"needs {need} approval{'s' if need != 1 else ''}{group}: {approvals} of {need} so far"
         )
-    return f"needs one approval: {approvals} of 1 so far"
+    return f"needs one approval{group}: {approvals} of 1 so far"
+
+
+def edit_changes(tool: Any, arguments: Any, edited: Any) -> list[dict[str, Any]]:
+    """What an edit changes, argument by argument, each drawn as the fields are (whole) with
+    what it was: ``[{"field", "was"}]``, ``was`` None for an argument the edit added; an
+    argument it left out is listed with ``removed``."""
+    if not isinstance(arguments, dict) or not isinstance(edited, dict):
+        return []
+    changed = [k for k in edited if k not in arguments or encode(edited[k]) != encode(arguments[k])]
+    gone = [k for k in arguments if k not in edited]
+    schema, first = getattr(tool, "parameters", None), identifying_of(tool)
+    now = render(schema, {k: edited[k] for k in changed}, whole=True, first=first).fields
+    before = render(
+        schema, {k: arguments[k] for k in changed + gone if k in arguments}, whole=True, first=first
+    ).fields
+    was = {f.key: f for f in before}
+    return [{"field": f, "was": was.get(f.key), "removed": False} for f in now] + [
+        {"field": was[k], "was": None, "removed": True} for k in gone if k in was
+    ]
 
 
 def conversation(records: Any, call_id: str) -> list[dict[str, Any]]:

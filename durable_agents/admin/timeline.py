@@ -17,6 +17,7 @@ from ..engine.errors import DurableAgentsError
 from ..engine.ports import HALT_ORPHANED, HALT_RESOLVED
 from ..engine.records import Record
 from ..engine.transcript import RunState, ToolResult
+from .rule_records import RuleLog
 
 
 def pretty(value: Any) -> str:
@@ -71,8 +72,12 @@ def _usage(usage: Any) -> str:
     return f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out tokens"
 
 
-def _describe(rec: Record) -> dict[str, Any]:
+def _describe(rec: Record, rules: RuleLog | None = None) -> dict[str, Any]:
     name, body = rec.name, rec.body
+    ruled = (rules or RuleLog()).describe(rec)
+    if ruled is not None:  # which rule asked, a decision a rule made, a deadline step
+        kind, title, extra = ruled
+        return _entry(rec, kind, title, **extra)
     if name == names.HEADER:
         return _entry(rec, INTERNAL, f"Journal opened (format {body.get('format')})", internal=True)
     if name == names.FORK_DONE:
@@ -360,9 +365,10 @@ def build_timeline(records: Iterable[Record], halts: Iterable[Any] = ()) -> list
     numbered by its place in this run's journal (1, 2, 3…), and ``halts`` (Halt rows, already
     read) placed among them by time."""
     out = []
+    rules = RuleLog()  # what the rule records so far said of each call
     for number, rec in enumerate(records, start=1):
         try:
-            entry = _describe(rec)
+            entry = _describe(rec, rules)
         except (DurableAgentsError, AttributeError, KeyError, TypeError, ValueError) as exc:
             # An unreadable or oddly shaped record is shown as such; the page still renders.
             entry = _entry(rec, "tool-error", f"{rec.name}: unreadable", text=str(exc))

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from django.db.models import QuerySet
+from django.db.models.functions import Now
 from django.http import HttpRequest
 from ninja import Router
 
@@ -40,6 +42,7 @@ from ..engine.ports import IMPORTED_INERT, DecisionInfo
 from ..engine.records import decode
 from ..models import ApprovalRequest, Delegation, JournalEntry
 from ..people import eligible_approvers
+from ..rule_state import RuleState, rule_state
 from .auth import check, require
 from .schemas import (
     ERRORS,
@@ -47,12 +50,15 @@ from .schemas import (
     ApprovalPage,
     ApprovalStatus,
     Cursor,
+    DeadlineOut,
     DecideIn,
     DecisionOut,
     DecisionResult,
     Limit,
+    MovedOut,
     Offset,
     Progress,
+    RuleOut,
     SignedDecisionIn,
     checked_call_id,
     checked_run_id,
@@ -60,6 +66,12 @@ from .schemas import (
 )
 
 router = Router(tags=["approvals"])
+
+
+def approval_rows(rows: QuerySet[ApprovalRequest]) -> QuerySet[ApprovalRequest]:
+    """``rows`` as ``approvals_out`` reads them: with their decisions, and the database's
+    clock (deadlines are counted on it) in the same query."""
+    return rows.prefetch_related("decisions").annotate(db_now=Now())
 
 
 def _groups(row: ApprovalRequest) -> tuple[str, ...]:
@@ -143,6 +155,7 @@ def approval_out(
             pending=None,
         )
     start = starts.get(row.run_id)
+    rule, deadline = _rule(rule_state(row))
     return ApprovalOut(
         incarnation=start[1] if start is not None and start[0] == row.start_seq else None,
         arguments_sha256=arguments_digest(row.arguments).hex(),
@@ -155,6 +168,7 @@ def approval_out(
         status=row.status,
         created_at=row.created_at,
         decided_at=row.decided_at,
+        due_at=row.due_at,
         progress=progress,
         decisions=[
             DecisionOut(
@@ -168,7 +182,45 @@ def approval_out(
             )
             for d in decisions
         ],
+        rule=rule,
+        deadline=deadline,
     )
+
+
+def _rule(state: RuleState) -> tuple[RuleOut | None, DeadlineOut | None]:
+    """The request's rule and deadline as the API gives them (``rule_state``: the card's
+    reading)."""
+    rule = None
+    if state.rule is not None:
+        rule = RuleOut(
+            name=state.rule,
+            explain=state.explain,
+            need=state.need,
+            groups=list(state.groups),
+            requester=state.requester,
+            requester_may_decide=not state.separate,
+            moved_by_edit=MovedOut(from_rule=state.moved_from, arguments=state.moved_arguments)
+            if state.moved
+            else None,
+            text=state.text,
+        )
+    d = state.deadline
+    deadline = (
+        DeadlineOut(
+            remind_at=d.remind_at,
+            escalate_at=d.escalate_at,
+            escalate_to=d.escalate_to,
+            expire_at=d.expire_at,
+            on_expiry=d.on_expiry,
+            escalated_to=d.escalated_to,
+            next_step=d.next_step,
+            next_at=d.next_at,
+            text=d.text,
+        )
+        if d is not None
+        else None
+    )
+    return rule, deadline
 
 
 @router.get("/approvals", response={200: ApprovalPage, **ERRORS})
@@ -185,7 +237,7 @@ def list_approvals(
     with its decisions and quorum progress (needs ``view_approvalrequest`` or
     ``approve_toolcall``)."""
     check(request, "view_approvals")
-    rows = ApprovalRequest.objects.order_by("-created_at", "-id").prefetch_related("decisions")
+    rows = approval_rows(ApprovalRequest.objects.order_by("-created_at", "-id"))
     if status != "all":
         rows = rows.filter(status=status)
     if run_id is not None:

@@ -21,7 +21,7 @@ from ..engine.journal import Journal
 from ..engine.ports import HALT_OPEN, TERMINAL_STATUSES
 from ..engine.registry import get_agent
 from ..models import ApprovalRequest, Halt, Run
-from .approvals import approvals_out
+from .approvals import approval_rows, approvals_out
 from .auth import check, require
 from .errors import ApiError
 from .halts import halt_out
@@ -205,8 +205,6 @@ def run_detail(request: HttpRequest, run_id: str) -> RunDetail:
         answer=run.answer,
         usage=dict(run.usage),
         spend=dict(run.spend),
-        approvals=approvals_out(
-            list(requests.order_by("created_at", "id").prefetch_related("decisions"))
-        ),
+        approvals=approvals_out(list(approval_rows(requests.order_by("created_at", "id")))),
         halts=[halt_out(h) for h in halts],
     )

@@ -69,7 +69,7 @@ RunStatus = Literal[
     "failed",
     "cancelled",
 ]
-ApprovalStatus = Literal["pending", "approved", "denied", "withdrawn", "all"]
+ApprovalStatus = Literal["pending", "approved", "denied", "withdrawn", "expired", "all"]
 HaltStatus = Literal["open", "resolved", "orphaned", "all"]
 
 Limit = Annotated[int, Field(ge=1, le=MAX_LIMIT, description="page size")]
@@ -263,7 +263,9 @@ class DecisionOut(Schema):
         None, description="an edited approval: the arguments it approved running instead"
     )
     deputy: str = Field(
-        "", description="who made it for the approver, as their deputy; empty: the approver"
+        "",
+        description="who made the decision for ``approver`` (a delegation); empty: the "
+        "approver themselves",
     )
 
 
@@ -283,6 +285,52 @@ class Progress(Schema):
     )
 
 
+class MovedOut(Schema):
+    from_rule: str | None = Field(description="the rule the call was under before the edit")
+    arguments: Any = Field(
+        description="the edited arguments: the call's approvals are for these, not ``arguments``"
+    )
+
+
+class RuleOut(Schema):
+    name: str = Field(description="the approval rule that asked (``default``: none matched)")
+    explain: str | None = Field(
+        description='the values that decided it, as journaled: "amount_cents 125000 > 100000"'
+    )
+    need: int = Field(description="approvals needed")
+    groups: list[str] = Field(
+        description="whose members decide: the rule's group, then the one an escalation added; "
+        "empty: anyone holding approve_toolcall"
+    )
+    requester: str | None = Field(description="who started the run, when a person did")
+    requester_may_decide: bool = Field(
+        description="false: the requester may not decide the call (separation of duties)"
+    )
+    moved_by_edit: MovedOut | None = Field(
+        description="an approver's edit moved the call under this (stricter) rule"
+    )
+    text: str = Field(
+        description='for people: "rule lead: amount_cents 50000 <= 100000 → 1 of support-leads"'
+    )
+
+
+class DeadlineOut(Schema):
+    remind_at: datetime | None
+    escalate_at: datetime | None
+    escalate_to: str | None = Field(description="the group an escalation adds as approvers")
+    expire_at: datetime | None
+    on_expiry: str | None = Field(description='"deny", "cancel" or "halt"; null: no expiry')
+    escalated_to: str | None = Field(description="set once the call escalated")
+    next_step: str | None = Field(
+        description='"remind", "escalate" or "expire": the next step not taken yet; null: none'
+    )
+    next_at: datetime | None = Field(description="when the next step falls due")
+    text: str = Field(
+        description="for people, against the database's clock when the response was made: "
+        '"escalates to oncall in 3 h · expires in 2 d 21 h, then denied"'
+    )
+
+
 class ApprovalOut(Schema):
     run_id: str
     call_id: str
@@ -297,6 +345,11 @@ class ApprovalOut(Schema):
     status: str
     created_at: datetime | None
     decided_at: datetime | None
+    due_at: datetime | None = Field(
+        None,
+        description="when its deadline's next step (remind, escalate, expire) falls due, by "
+        "the database's clock; null when it has none left (docs/approvals.md, Deadlines)",
+    )
     progress: Progress
     decisions: list[DecisionOut]
     incarnation: str | None = Field(
@@ -305,6 +358,12 @@ class ApprovalOut(Schema):
     )
     arguments_sha256: str = Field(
         description="hex SHA-256 of the arguments' canonical JSON, as signed decisions bind it"
+    )
+    rule: RuleOut | None = Field(
+        None, description="the approval rule that asked and why; null: a one-rule gate"
+    )
+    deadline: DeadlineOut | None = Field(
+        None, description="the call's deadline steps and where it stands; null: none"
     )
 
 
@@ -325,11 +384,18 @@ class HaltOut(Schema):
     call_id: str = Field(description="the halted tool call (or step name)")
     tool_name: str
     arguments: Any
-    attempt: str = Field(description="the journal name of the attempt whose outcome is unknown")
+    attempt: str = Field(
+        description="the journal name of the attempt whose outcome is unknown (cause "
+        '"expired": of the expiry, approval:<call>)'
+    )
     attempted_at: datetime | None
-    cause: str = Field(description='"crashed", "contended" or "outcome_unknown"')
+    cause: str = Field(
+        description='"crashed", "contended", "outcome_unknown", or "expired" (its approval '
+        "request expired and its deadline halts the run: nothing ran)"
+    )
     reason: dict[str, Any] | None = Field(
-        description='with cause "outcome_unknown": what the tool raised, {"type", "message"}'
+        description='with cause "outcome_unknown": what the tool raised, {"type", "message"}; '
+        'with "expired": {"type": "expired", "message"}'
     )
     status: str
     resolution: dict[str, Any] | None

@@ -16,7 +16,7 @@ from ..engine.journal import Journal
 from ..engine.names import validate_session_id
 from ..engine.session_log import SessionLog
 from ..models import ApprovalRequest, Run
-from .approvals import approvals_out
+from .approvals import approval_rows, approvals_out
 from .auth import check, require
 from .errors import ApiError
 from .runs import _agent
@@ -121,7 +121,5 @@ def read_session(request: HttpRequest, session_id: str) -> SessionOut:
             TurnOut(run_id=run_id, status=runs[run_id].status if run_id in runs else "queued")
             for run_id in open_turns
         ],
-        approvals=approvals_out(
-            list(pending.order_by("created_at", "id").prefetch_related("decisions"))
-        ),
+        approvals=approvals_out(list(approval_rows(pending.order_by("created_at", "id")))),
     )

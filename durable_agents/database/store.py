@@ -31,7 +31,16 @@ import psycopg
 from django import db as django_db
 from django.core.signals import setting_changed
 from django.db import IntegrityError, connections, transaction
-from django.db.models import BooleanField, Exists, F, Func, OuterRef, Q
+from django.db.models import (
+    BooleanField,
+    DateTimeField,
+    Exists,
+    ExpressionWrapper,
+    F,
+    Func,
+    OuterRef,
+    Q,
+)
 from django.db.models.functions import Now
 from django.dispatch import receiver
 from django.utils.dateparse import parse_datetime
@@ -46,6 +55,7 @@ from ..engine.audit import (
     action_hash,
     chain_hash,
 )
+from ..engine.deadlines import first_after
 from ..engine.errors import (
     ApprovalNotFound,
     ConfigError,
@@ -1436,6 +1446,9 @@ class DjangoStore(Delegations, Limits):
             "status": request.status,
             "decided_at": None,
             "previous_arguments": request.previous_arguments,
+            # The deadline's first step, counted on the database's clock in the write that
+            # stamps ``created_at`` (one statement: one ``now``).
+            "due_at": _after(Now(), first_after(request.policy)),
         }
         with transaction.atomic(using=self.using):
             self._check_fence(request.run_id, fence)
@@ -1479,6 +1492,37 @@ class DjangoStore(Delegations, Limits):
                 return False
             return rows.filter(pk=row.pk).update(policy=dict(policy)) > 0
 
+    def list_due_approval_requests(self, *, limit: int = 100) -> Sequence[ApprovalRequestInfo]:
+        # The partial index ``da_approval_due`` holds exactly the pending rows with a step
+        # left: this reads only those due, however many requests were ever decided.
+        rows = ApprovalRequest.objects.using(self.using).filter(
+            status=APPROVAL_PENDING, due_at__isnull=False, due_at__lte=Now()
+        )
+        return [row.to_domain() for row in rows.order_by("due_at")[:limit]]
+
+    def advance_deadline(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        next_after: float | None,
+        merge: Mapping[str, Any] | None = None,
+        if_arguments: Any,
+    ) -> bool:
+        rows = ApprovalRequest.objects.using(self.using).filter(
+            run_id=run_id, call_id=call_id, status=APPROVAL_PENDING
+        )
+        with transaction.atomic(using=self.using):
+            # Locked, as an edit's move of the policy locks it: an escalation merges into
+            # the policy as it stands, never over a move made since it was read.
+            row = rows.select_for_update().only("pk", "arguments", "policy").first()
+            if row is None or encode(row.arguments) != encode(if_arguments):
+                return False
+            changes: dict[str, Any] = {"due_at": _after(F("created_at"), next_after)}
+            if merge:
+                changes["policy"] = {**(row.policy or {}), **merge}
+            return rows.filter(pk=row.pk).update(**changes) > 0
+
     def set_approval_status(
         self,
         run_id: str,
@@ -1494,7 +1538,9 @@ class DjangoStore(Delegations, Limits):
             rows = rows.filter(status__in=list(if_status))
         if if_asked_again is not None:
             rows = rows.filter(previous_arguments__isnull=not if_asked_again)
-        changes = {"status": status, "decided_at": None if status == APPROVAL_PENDING else Now()}
+        changes: dict[str, Any] = {"status": status}
+        if status != APPROVAL_PENDING:
+            changes.update(decided_at=Now(), due_at=None)  # no deadline step left
         if if_arguments is None:
             return rows.update(**changes) > 0
         with transaction.atomic(using=self.using):
@@ -1728,3 +1774,11 @@ for _name, _member in list(vars(DjangoStore).items()):
     if not _name.startswith("_") and inspect.isfunction(_member):
         setattr(DjangoStore, _name, _unavailable_as_storage_error(_member))
 del _name, _member
+
+
+def _after(moment: Any, seconds: float | None) -> Any:
+    """``moment`` (an expression on the database's clock) plus ``seconds``, as a
+    datetime the database computes; None for no seconds."""
+    if seconds is None:
+        return None
+    return ExpressionWrapper(moment + timedelta(seconds=seconds), output_field=DateTimeField())

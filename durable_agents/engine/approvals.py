@@ -39,7 +39,7 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from . import identity, names, runtime
+from . import identity, lifecycle, names, runtime
 from .errors import (
     ActorError,
     ApprovalBadSignature,
@@ -50,7 +50,6 @@ from .errors import (
 from .identity import APPROVE_TOOLCALL, Actor
 from .journal import Journal
 from .ports import (
-    APPROVAL_PENDING,
     APPROVAL_WITHDRAWN,
     ApprovalRequestInfo,
     DecisionInfo,
@@ -83,12 +82,14 @@ class Quorum:
         return {"kind": "quorum", "need": self.need, "group": self.group}
 
 
-def policy_for(approval: Any) -> dict[str, Any]:
+def policy_for(approval: Any, *, deadline: Any = None) -> dict[str, Any]:
     """The request policy of a tool's one-rule approval (``requires_approval=True`` or a
-    ``Quorum``); a tool with ``Rules`` asks under the policy its matching rule journaled."""
-    if isinstance(approval, Quorum):
-        return approval.to_policy()
-    return {"kind": "single"}
+    ``Quorum``), with the tool's ``deadline`` (a ``rules.Deadline``); a tool with ``Rules``
+    asks under the policy its matching rule journaled."""
+    policy = approval.to_policy() if isinstance(approval, Quorum) else {"kind": "single"}
+    if deadline is not None:
+        policy["deadline"] = deadline.to_policy()
+    return policy
 
 
 def needs_group(policy: Mapping[str, Any]) -> str | None:
@@ -537,6 +538,4 @@ def withdraw_pending(store: Store, run_id: str) -> None:
     was cancelled, or its saga aborted): staff no longer see them, and a decision on one is
     refused as orphaned. Idempotent; a request decided meanwhile keeps its decision."""
     for request in store.list_approval_requests(run_id=run_id):
-        store.set_approval_status(
-            run_id, request.call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING]
-        )
+        lifecycle.move_request(store, run_id, request.call_id, APPROVAL_WITHDRAWN, lifecycle.PERSON)

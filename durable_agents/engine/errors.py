@@ -287,6 +287,14 @@ class ApprovalAlreadyDecided(ApprovalError):
     http_status = 409
 
 
+class ApprovalExpired(ApprovalAlreadyDecided):
+    """Nobody decided the request before its deadline expired it (``da.Deadline``): it can
+    never be decided afterwards."""
+
+    code = "approval.expired"
+    http_status = 409
+
+
 class ApproverNotEligible(ApprovalError):
     code = "approval.not_eligible"
     http_status = 403

@@ -25,7 +25,11 @@ run>`` (a rolling-back parent journaled its sub-run's abort; the sub-run is not 
 yet), ``after-compensated:<run>`` (a saga's ``run:compensated`` is journaled; its paused parent
 is not handed over yet), ``before-notify:<call>`` (a decision or a deadline step of the call
 is committed and its signal is being received; its notification rows are not written yet:
-``durable_agents.notifications.outbox``), and ``prune`` (``durable_agents.database.retention``):
+``durable_agents.notifications.outbox``), ``after-deadline:<call>:<step>`` (a pending request's
+deadline step — ``remind``, ``escalate``, ``expire`` — is journaled; nothing of it is projected
+yet), ``after-expiry-decision:<call>`` (an expiry's denial is journaled; its request is still
+pending), ``after-expiry:<call>`` (the request is expired; its run is not handed over or
+cancelled yet), and ``prune`` (``durable_agents.database.retention``):
 ``prune-after-export``
 (a batch's export file is written and fsynced; nothing is deleted yet),
 ``prune-after-tombstones`` (the batch's tombstones are inserted, uncommitted; its rows are

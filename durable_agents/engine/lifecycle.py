@@ -23,6 +23,14 @@ can leave a run in is terminal or picked up by something that does not need a pe
   recorded in it yet, as it does the others, not at its retry (a day off for ``1/d``);
 * ``failed`` for good: a person's (``pending()`` says why); nothing drives it again on
   its own, and under a stopped ancestor nothing can (its drive stops first).
+
+An approval request's status has a table of its own (``APPROVAL_MOVES``), and
+``move_request`` is the one place that writes it (a test holds every other module to that):
+a request is asked ``pending``, and leaves it once — ``approved`` or ``denied`` by the
+decision the journal holds, ``expired`` by its deadline (``engine.deadlines``), or
+``withdrawn`` when its call will never run under it — until a drive asks the call again (a
+new start of the run, other arguments: the row is replaced, its votes dropped). Escalation is
+no status: the request stays pending, with more people who may decide it.
 """
 
 from __future__ import annotations
@@ -32,6 +40,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .ports import (
+    APPROVAL_APPROVED,
+    APPROVAL_DENIED,
+    APPROVAL_EXPIRED,
+    APPROVAL_PENDING,
+    APPROVAL_STATUSES,
+    APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
     AWAITING_INPUT,
     CANCELLED,
@@ -103,7 +117,12 @@ MOVES: tuple[Move, ...] = (
         DRIVER,
         "a gated call's request saved (a wake-up that queued the run meanwhile waits too)",
     ),
-    _m(HALTED, _NOT_TERMINAL, DRIVER, "a live attempt with no outcome (a halt row saved)"),
+    _m(
+        HALTED,
+        _NOT_TERMINAL,
+        DRIVER,
+        "a live attempt with no outcome, or a request expired to halt (a halt row saved)",
+    ),
     _m(AWAITING_INPUT, (RUNNING, FAILED), DRIVER, "a wait, a sub-run's pause (`wait:`, `child:`)"),
     _m(SLEEPING, (RUNNING, FAILED), DRIVER, "every wait is a timer"),
     _m(THROTTLED, (RUNNING,), DRIVER, "a limit is full: a slot or a rate permit (`Throttled`)"),
@@ -211,3 +230,171 @@ def hand_over(store: Store, run_id: str, by: str, *, only_from: Any = None) -> b
         changes={"attempts": 0, "last_error": None},
         only_from=only_from,
     )
+
+
+# -- approval requests -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestMove:
+    """Moving an approval request to ``to`` from any of ``from_`` (empty: asking it), by
+    ``by``."""
+
+    to: str
+    from_: frozenset[str]
+    by: str
+    on: str
+
+    def row(self) -> tuple[str, str, str, str]:
+        """The move as docs/guarantees.md lists it: from, to, who, on what."""
+        froms = (
+            "(new)"
+            if not self.from_
+            else ", ".join(s for s in APPROVAL_STATUSES if s in self.from_)
+        )
+        return froms, self.to, self.by, self.on
+
+
+def _r(to: str, from_: Any, by: str, on: str) -> RequestMove:
+    return RequestMove(to, frozenset(from_), by, on)
+
+
+_DECIDED = (APPROVAL_APPROVED, APPROVAL_DENIED)
+_ASKED_BEFORE = (APPROVAL_APPROVED, APPROVAL_DENIED, APPROVAL_WITHDRAWN, APPROVAL_EXPIRED)
+
+APPROVAL_MOVES: tuple[RequestMove, ...] = (
+    _r(APPROVAL_PENDING, (), DRIVER, "a gated call asked (its request saved, fenced)"),
+    _r(
+        APPROVAL_PENDING,
+        _ASKED_BEFORE,
+        DRIVER,
+        "asked again: a new start of the run, or other arguments (the row replaced, its "
+        "votes dropped)",
+    ),
+    _r(APPROVAL_APPROVED, (APPROVAL_PENDING,), PERSON, "a decision journaled (`approval:`)"),
+    _r(APPROVAL_DENIED, (APPROVAL_PENDING,), PERSON, "a decision journaled (`approval:`)"),
+    _r(
+        APPROVAL_EXPIRED,
+        (APPROVAL_PENDING,),
+        PERSON,
+        "a decision finding its deadline's expiry journaled first",
+    ),
+    _r(
+        APPROVAL_APPROVED,
+        (APPROVAL_PENDING,),
+        DRIVER,
+        "a drive carrying out a decision its maker stopped before marking",
+    ),
+    _r(
+        APPROVAL_DENIED,
+        (APPROVAL_PENDING,),
+        DRIVER,
+        "a drive carrying out a decision its maker stopped before marking",
+    ),
+    _r(
+        APPROVAL_EXPIRED,
+        (APPROVAL_PENDING,),
+        DRIVER,
+        "a drive carrying out an expiry its sweep stopped before marking",
+    ),
+    _r(
+        APPROVAL_APPROVED,
+        (APPROVAL_PENDING,),
+        SWEEP,
+        "a decision its maker stopped before marking",
+    ),
+    _r(
+        APPROVAL_DENIED,
+        (APPROVAL_PENDING,),
+        SWEEP,
+        "a decision its maker stopped before marking",
+    ),
+    _r(
+        APPROVAL_EXPIRED,
+        (APPROVAL_PENDING,),
+        SWEEP,
+        "its deadline: `deadline:<call>:expire`, then the expiry's `approval:` by the deadline",
+    ),
+    _r(
+        APPROVAL_WITHDRAWN,
+        (APPROVAL_PENDING,),
+        PERSON,
+        "the call never runs under it: its run cancelled or its saga aborted (by whoever "
+        "records or finishes the stop), deleted, or started again",
+    ),
+    _r(
+        APPROVAL_WITHDRAWN,
+        _DECIDED,
+        PERSON,
+        "a decision found orphaned as it was recorded (a cancel landed meanwhile)",
+    ),
+    _r(
+        APPROVAL_WITHDRAWN,
+        (APPROVAL_PENDING,),
+        DRIVER,
+        "the call got its result otherwise (another decision, a resolution)",
+    ),
+)
+
+
+def request_allowed(frm: str | None, to: str, by: str | None = None) -> bool:
+    """Whether the table holds a move of a request from ``frm`` (None: asking it) to
+    ``to`` (by ``by``, or anyone)."""
+    if frm is not None and frm == to:
+        return True
+    return any(
+        m.to == to
+        and (frm in m.from_ if frm is not None else not m.from_)
+        and (by is None or m.by == by)
+        for m in APPROVAL_MOVES
+    )
+
+
+def request_froms(to: str, by: str) -> tuple[str, ...]:
+    """The statuses ``by`` may move a request from to ``to``, in ``APPROVAL_STATUSES``
+    order."""
+    found: set[str] = set()
+    for m in APPROVAL_MOVES:
+        if m.to == to and m.by == by:
+            found |= m.from_
+    if not found:
+        raise ValueError(f"the lifecycle has no move of a request to {to!r} by {by!r}")
+    return tuple(s for s in APPROVAL_STATUSES if s in found)
+
+
+def move_request(
+    store: Store,
+    run_id: str,
+    call_id: str,
+    to: str,
+    by: str,
+    *,
+    only_from: Any = None,
+    if_arguments: Any = None,
+    if_asked_again: bool | None = None,
+) -> bool:
+    """Move the request of call ``call_id`` of run ``run_id`` to ``to`` if its status is one
+    ``by`` may move it from (narrowed to ``only_from``); with ``if_arguments`` and
+    ``if_asked_again``, only the request a decision is about (``Store.set_approval_status``).
+    True if it moved. The one writer of a request's status."""
+    statuses = request_froms(to, by)
+    if only_from is not None:
+        narrow = {only_from} if isinstance(only_from, str) else set(only_from)
+        statuses = tuple(s for s in statuses if s in narrow)
+        if not statuses:
+            return False
+    return store.set_approval_status(
+        run_id,
+        call_id,
+        to,
+        if_status=statuses,
+        if_arguments=if_arguments,
+        if_asked_again=if_asked_again,
+    )
+
+
+def decided(decision: Any) -> str:
+    """The status a request takes from the decision the journal holds for it."""
+    if decision.get("expired"):
+        return APPROVAL_EXPIRED
+    return APPROVAL_APPROVED if decision.get("approved") else APPROVAL_DENIED

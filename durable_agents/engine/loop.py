@@ -29,7 +29,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from . import durability, events, failpoints, lifecycle, names, runtime, sagas, stops, tree
+from . import (
+    deadlines,
+    durability,
+    events,
+    failpoints,
+    lifecycle,
+    names,
+    runtime,
+    sagas,
+    stops,
+    tree,
+)
 from .approvals import approvals_short_of, arguments_tag, decision_name, policy_for
 from .definition import AgentDefinition as Agent
 from .definition import RunResult
@@ -74,8 +85,6 @@ from .model import (
     Usage,
 )
 from .ports import (
-    APPROVAL_APPROVED,
-    APPROVAL_DENIED,
     APPROVAL_PENDING,
     APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
@@ -84,6 +93,7 @@ from .ports import (
     COMPENSATING,
     FAILED,
     FINISHED,
+    HALT_EXPIRED,
     HALT_OUTCOME_UNKNOWN,
     HALTED,
     IMPORTED_INERT,
@@ -530,6 +540,7 @@ class Driver:
         # A paused parent queued by a one-write finish that then stored nothing: the finish
         # written one by one must still hand it over (queueing it again finds it queued).
         self._queued_parent: str | None = None
+        self._fresh_calls: set[str] = set()  # calls of model turns this drive recorded
         self._tools_digest = tools_digest(agent.tool_specs())
         # Idempotency keys derive from the call's origin: the run a fork was taken from (and
         # its origin), so a run and all its forks give one call one key.
@@ -727,8 +738,8 @@ class Driver:
                 # Pending for a call a person recorded the outcome of (asked about other
                 # arguments while a drive that lost the run was inside it): nobody runs the
                 # call again, so nobody may approve it (found by the simulator).
-                self.store.set_approval_status(
-                    self.run_id, request.call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING]
+                lifecycle.move_request(
+                    self.store, self.run_id, request.call_id, APPROVAL_WITHDRAWN, lifecycle.DRIVER
                 )
         for halt in self.store.list_halts(run_id=self.run_id):
             rec = self.state.results.get(halt.op_id)
@@ -954,6 +965,10 @@ class Driver:
                 )
             raise
         self.state.add(rec)
+        if inserted:
+            # Calls nobody but this drive knows of: no request was asked, so no person (nor
+            # another driver: it would have fenced this one out) wrote a decision on them.
+            self._fresh_calls.update(c.id for c in self.state.calls(rec))
         billed = _billed(response.usage)
         if not inserted and billed:  # another driver's turn n stands; this one was billed too
             self._record_spend(n, billed, "lost_race")
@@ -1098,6 +1113,13 @@ class Driver:
                     gates.append(gate)
                     continue
                 self._mark_decided(call, args, decision)
+                if deadlines.is_expiry(decision):
+                    on_expiry = decision.get("on_expiry")
+                    if on_expiry == deadlines.ON_EXPIRY_HALT:
+                        halts.append(self._expired(gate, decision))
+                        continue
+                    if on_expiry == deadlines.ON_EXPIRY_CANCEL:
+                        self._cancel_expired(gate, decision)
                 if not decision.get("approved"):
                     self._record_result(call, _rejection(decision), is_error=True)
                     continue
@@ -1139,7 +1161,8 @@ class Driver:
                     call_id=g.call.id,
                     tool_name=g.tool.name,
                     arguments=g.args,
-                    policy=g.policy or policy_for(g.tool.safety.approval),
+                    policy=g.policy
+                    or policy_for(g.tool.safety.approval, deadline=g.tool.safety.deadline),
                     start_seq=self.state.start.seq,
                     previous_arguments=g.previous,
                 )
@@ -1249,6 +1272,8 @@ class Driver:
         """The decision that lets ``call`` run with ``args``, or (None, the arguments it
         was approved with) when it was approved for others, or for an edit today's tool
         would run differently: it must be asked again."""
+        if call.id in self._fresh_calls:
+            return None, None  # nobody could have decided a call nobody was asked about
         first = self.log.reread(decision_name(call.id, args, again=False))
         if first is None:
             return None, None
@@ -1278,7 +1303,8 @@ class Driver:
         call, args = gate.call, gate.args
         again = gate.previous is not None
         tag = arguments_tag(args) if again else None
-        asked = self.log.reread(names.rule(call.id, tag))
+        fresh = call.id in self._fresh_calls
+        asked = (self.log.get if fresh else self.log.reread)(names.rule(call.id, tag))
         if asked is not None:
             return None, dict(asked.get("policy") or {})
         context = self._rule_context(gate.tool)
@@ -1387,12 +1413,45 @@ class Driver:
         ]
         return denials[-1] if denials else None
 
+    def _expired(self, gate: _Gate, decision: Record) -> HaltInfo:
+        """The halt of a call whose request expired with ``on_expiry="halt"``: nothing ran,
+        and a person records what the call's result is (``resolve_halt``), as for a call
+        whose outcome is unknown. One per asking (the expiry's record names it)."""
+        return HaltInfo(
+            run_id=self.run_id,
+            op_id=gate.call.id,
+            tool_name=gate.tool.name,
+            arguments=gate.args,
+            attempt=decision.name,
+            attempted_at=decision.created_at,
+            cause=HALT_EXPIRED,
+            reason={"type": "expired", "message": str(decision.get("note") or "")},
+        )
+
+    def _cancel_expired(self, gate: _Gate, decision: Record) -> NoReturn:
+        """Cancel this run as its expired request asks (``on_expiry="cancel"``): the sweep's
+        cancel found it busy under this drive, or has not come yet. Recorded under this
+        drive's lease as the cancel command would record it, by the deadline."""
+        reason = f"nobody decided call {gate.call.id!r} in time: its approval request expired"
+        rec, _ = self.log.write(
+            names.RUN_CANCELLED,
+            {"kind": "cancelled", "by": deadlines.BY, "by_id": "", "reason": reason},
+            run_changes={"status": CANCELLED},
+        )
+        self.state.add(rec)
+        close_cancelled(self.store, self.run_id, self.fence)
+        failpoints.hit(f"after-cancel:{self.run_id}")
+        tree.hand_over_parent(self.store, self.state.start)
+        raise Conflict(f"run {self.run_id!r} was cancelled: {reason}", code="run.cancelled")
+
     def _mark_decided(self, call: ToolCall, args: dict[str, Any], decision: Any) -> None:
         """A request still pending for the arguments a journaled decision is about: its
         maker stopped before marking it. The journal is the truth, so the request says so
         too. A request about other arguments is withdrawn once the call has its result
         (``_record_result``), not before: a drive that loses the run before that must leave
         it to the driver that asked it."""
+        if call.id in self._fresh_calls:
+            return  # decided by a rule in this drive: no request was ever asked
         request = self.store.get_approval_request(self.run_id, call.id)
         if request is None or request.status != APPROVAL_PENDING:
             return
@@ -1402,11 +1461,12 @@ class Driver:
             # journaled no drive asks about the call again, so the request is moot then.
             self._moot[call.id] = request.arguments
         else:
-            self.store.set_approval_status(
+            lifecycle.move_request(
+                self.store,
                 self.run_id,
                 call.id,
-                APPROVAL_APPROVED if decision.get("approved") else APPROVAL_DENIED,
-                if_status=[APPROVAL_PENDING],
+                lifecycle.decided(decision),
+                lifecycle.DRIVER,
                 if_arguments=args,
                 if_asked_again=decision.name != names.decision(call.id, None),
             )
@@ -1434,7 +1494,7 @@ class Driver:
         new: list[HaltInfo] = []
         try:
             for halt in halts:
-                if halt.reason is not None and halt.attempt:
+                if halt.reason is not None and halt.attempt and halt.cause != HALT_EXPIRED:
                     # The journal keeps what the tool said, so a later drive that halts on
                     # this attempt again (its row lost, a fork) still says it.
                     said, _ = self.log.write(
@@ -1457,6 +1517,16 @@ class Driver:
             raise
         announce_halts(self.store, self.agent.name, new)
         first = halts[0]
+        if first.cause == HALT_EXPIRED:
+            raise OutcomeUnknown(
+                f"run {self.run_id!r} halted: nobody decided call {first.op_id!r} "
+                f"({first.tool_name}) before its approval request expired, and its deadline "
+                "says the run halts. Record the call's result with "
+                "durable_agents.resolve_halt(...) or in the admin, or cancel the run",
+                run_id=self.run_id,
+                halts=[h.op_id for h in halts],
+                cause=first.cause,
+            )
         raise OutcomeUnknown(
             f"run {self.run_id!r} halted: the outcome of call {first.op_id!r} "
             f"({first.tool_name}) is unknown ({first.cause}). Check what really happened, "
@@ -1775,11 +1845,12 @@ class Driver:
         self.state.add(rec)
         moot = self._moot.pop(call.id, None)
         if moot is not None:  # the result is journaled (fenced): nobody runs the call again
-            self.store.set_approval_status(
+            lifecycle.move_request(
+                self.store,
                 self.run_id,
                 call.id,
                 APPROVAL_WITHDRAWN,
-                if_status=[APPROVAL_PENDING],
+                lifecycle.DRIVER,
                 if_arguments=moot,
             )
         failpoints.hit(f"after-result:{call.id}")
@@ -1918,6 +1989,8 @@ def _still_fits(decision: Any, tool: Tool) -> bool:
 
 
 def _rejection(decision: Any) -> dict[str, Any]:
+    if deadlines.is_expiry(decision):
+        return deadlines.rejection(decision)
     note = str(decision.get("note") or "")
     if decision.get("automatic"):
         # Refused by a rule, nobody asked: its message says what to do instead.

@@ -11,10 +11,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .audit import ACTION_NAME, Link, action_content, action_hash, chain_hash
+from .deadlines import first_after
 from .errors import ConfigError, LeaseLost
 from .limits import continued
 from .ports import (
@@ -442,7 +443,14 @@ class InMemoryStore:
             existing = self._requests.get(key)
             if existing is not None and same_request(existing, request):
                 return False
-            self._requests[key] = replace(request, created_at=_dt(self._clock()))
+            now = self._clock()
+            first = first_after(request.policy)
+            self._requests[key] = replace(
+                request,
+                created_at=_dt(now),
+                decided_at=None,
+                due_at=_dt(now + first) if first is not None else None,
+            )
             self._decisions.pop(key, None)  # decisions belonged to the earlier incarnation
             return True
 
@@ -460,6 +468,37 @@ class InMemoryStore:
             if encode(request.arguments) != encode(if_arguments):
                 return False
             self._requests[(run_id, call_id)] = replace(request, policy=dict(policy))
+            return True
+
+    def list_due_approval_requests(self, *, limit: int = 100) -> Sequence[ApprovalRequestInfo]:
+        with self._lock:
+            now = _dt(self._clock())
+            due = [
+                r
+                for r in self._requests.values()
+                if r.status == APPROVAL_PENDING and r.due_at is not None and r.due_at <= now
+            ]
+            return sorted(due, key=lambda r: (r.due_at, r.run_id, r.call_id))[:limit]
+
+    def advance_deadline(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        next_after: float | None,
+        merge: Mapping[str, Any] | None = None,
+        if_arguments: Any,
+    ) -> bool:
+        with self._lock:
+            request = self._requests.get((run_id, call_id))
+            if request is None or request.status != APPROVAL_PENDING:
+                return False
+            if encode(request.arguments) != encode(if_arguments):
+                return False
+            asked = request.created_at or _dt(self._clock())
+            due = None if next_after is None else asked + timedelta(seconds=next_after)
+            policy = {**request.policy, **(merge or {})}
+            self._requests[(run_id, call_id)] = replace(request, policy=policy, due_at=due)
             return True
 
     def set_approval_status(
@@ -482,7 +521,10 @@ class InMemoryStore:
             if if_asked_again is not None and again != if_asked_again:
                 return False
             decided = None if status == APPROVAL_PENDING else _dt(self._clock())
-            self._requests[(run_id, call_id)] = replace(request, status=status, decided_at=decided)
+            due = request.due_at if status == APPROVAL_PENDING else None
+            self._requests[(run_id, call_id)] = replace(
+                request, status=status, decided_at=decided, due_at=due
+            )
             return True
 
     def list_approval_requests(

@@ -240,6 +240,9 @@ HALT_ORPHANED = "orphaned"  # its run was cancelled: nothing to resolve any more
 HALT_CRASHED = "crashed"
 HALT_CONTENDED = "contended"
 HALT_OUTCOME_UNKNOWN = "outcome_unknown"
+# Nobody decided the call's approval request before its deadline, which says the run halts
+# (``da.Deadline(on_expiry="halt")``): nothing ran, and a person records the call's result.
+HALT_EXPIRED = "expired"
 
 
 @dataclass(frozen=True)
@@ -252,7 +255,8 @@ class HaltInfo:
     arguments: Any = None
     attempt: str = ""  # the journal name of the live attempt marker: one halt per attempt
     attempted_at: datetime | None = None
-    cause: str = "crashed"  # or "contended", or "outcome_unknown" (the tool said so)
+    # or "contended", "outcome_unknown" (the tool said so), "expired" (its approval request)
+    cause: str = "crashed"
     status: str = HALT_OPEN
     resolution: Mapping[str, Any] | None = None
     resolved_by: str | None = None
@@ -598,6 +602,8 @@ class Store(Protocol):
         """Insert the request unless the same one is there, pending or decided
         (``same_request``); any other for ``(run_id, call_id)`` — from an earlier incarnation
         of the run, for other arguments, or withdrawn — is replaced, its decisions with it.
+        Its ``created_at`` is the store's clock, and its ``due_at`` the first step of its
+        policy's deadline after that (``engine.deadlines.first_after``), or None.
         True if written. Given ``fence``, fenced like ``insert``: a lost lease raises
         ``LeaseLost`` and writes nothing, so a stale driver never drops the live request's
         decisions."""
@@ -608,8 +614,28 @@ class Store(Protocol):
         self, run_id: str, call_id: str, *, policy: Mapping[str, Any], if_arguments: Any
     ) -> bool:
         """Replace a pending request's ``policy`` (an edit that moved it under a stricter
-        rule, a deadline's escalation), only while it is pending and asks about
-        ``if_arguments``; its votes stay. True if it changed."""
+        rule), only while it is pending and asks about ``if_arguments``; its votes stay.
+        True if it changed."""
+
+    def list_due_approval_requests(self, *, limit: int = 100) -> Sequence[ApprovalRequestInfo]:
+        """Pending requests whose ``due_at`` has come by the store's clock, soonest first, at
+        most ``limit``: one indexed read (``da_approval_due`` on the database stores), its
+        cost the same whatever the number of decided requests."""
+
+    def advance_deadline(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        next_after: float | None,
+        merge: Mapping[str, Any] | None = None,
+        if_arguments: Any,
+    ) -> bool:
+        """Move a pending request past a deadline step: its ``due_at`` to ``next_after``
+        seconds after it was asked (its ``created_at``; None: no step is left), and
+        ``merge`` into its policy (an escalation's ``escalated_to``) under the row's lock,
+        keeping what else the policy holds by then (an edit may have moved it). Only while
+        it is pending and asks about ``if_arguments``. True if it changed."""
 
     def set_approval_status(
         self,
@@ -626,7 +652,9 @@ class Store(Protocol):
         ``if_asked_again``, only while it is (True) or is not (False) a request asked again:
         a decision marks decided only the request it was about — its journal name says
         both — never one a drive put in its place meanwhile, even about the same
-        arguments); True if set."""
+        arguments); True if set. Any status but pending stamps ``decided_at`` and clears
+        ``due_at``: a request that is not pending has no deadline step left. Only
+        ``engine.lifecycle.move_request`` calls it."""
 
     def list_approval_requests(
         self, *, status: str | None = APPROVAL_PENDING, run_id: str | None = None

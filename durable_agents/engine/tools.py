@@ -25,7 +25,7 @@ import inspect
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, get_type_hints
 
@@ -53,6 +53,9 @@ class Safety:
     editable: bool = True
     # A saga's undo of this call's effect: ``compensate(args, result, ctx)``.
     compensate: Callable[[dict[str, Any], Any, ToolContext], Any] | None = None
+    # When a pending request of a plain gated call reminds, escalates and expires
+    # (``rules.Deadline``); a tool with ``Rules`` has it as its rules' default instead.
+    deadline: Any = None
 
     @property
     def retry_safe(self) -> bool:
@@ -372,6 +375,7 @@ def tool(
     compensate: Callable[[dict[str, Any], Any, ToolContext], Any] | None = None,
     rate: str | None = None,
     max_concurrent: int | None = None,
+    deadline: Any = None,
 ) -> Any:
     """Turn a typed function into a ``Tool``. Its JSON schema comes from the type hints,
     its description from the docstring. Use bare (``@tool``) or with options.
@@ -396,7 +400,13 @@ def tool(
 
     ``rate="10/s"`` (or ``"500/m"``, ``"3/10s"``) and ``max_concurrent=N`` limit how often and
     how many calls of this tool run at once, across every worker (docs/limits.md): a run
-    that would exceed either waits, ``throttled``, and tries again."""
+    that would exceed either waits, ``throttled``, and tries again.
+
+    ``deadline=da.Deadline(remind="4h", escalate=("24h", "oncall"), expire="3d")`` says when
+    a pending request of this gated tool reminds its approvers, escalates and expires
+    (docs/approvals.md, "Deadlines"): for ``requires_approval=True`` and ``Quorum`` its
+    requests', for ``da.Rules`` every ``ask`` outcome's that has no deadline of its own (as
+    ``Rules(deadline=...)``, which it may not repeat)."""
     what = f"tool {name or getattr(fn, '__name__', '?')!r}"
     parsed_rate = parse_rate(rate, what) if rate is not None else None
     concurrent = check_limit(max_concurrent, f"{what}: max_concurrent")
@@ -426,10 +436,19 @@ def tool(
                 f"not {approval!r}",
                 code="config.tool_safety",
             )
+    if deadline is not None:
+        approval = _with_deadline(what, deadline, requires_approval, approval)
     if summary is not None and not callable(summary):
         raise ConfigError("summary must be a function of the arguments", code="config.tool_summary")
     safety = Safety(
-        read_only, idempotent, idempotency_key, requires_approval, approval, editable, compensate
+        read_only,
+        idempotent,
+        idempotency_key,
+        requires_approval,
+        approval,
+        editable,
+        compensate,
+        deadline,
     )
 
     def wrap(f: Callable[..., Any]) -> Tool:
@@ -446,3 +465,31 @@ def tool(
         return made
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _with_deadline(what: str, deadline: Any, requires_approval: bool, approval: Any) -> Any:
+    """The tool's approval policy once its ``deadline=`` is checked: ``Rules`` gain it as
+    their default deadline (their fingerprint with it); a one-rule gate keeps it on
+    ``Safety.deadline``."""
+    from .rules import Deadline, Rules
+
+    if not isinstance(deadline, Deadline):
+        raise ConfigError(
+            f"{what}: deadline= takes a da.Deadline(remind=..., escalate=..., expire=...), "
+            f"not {deadline!r}",
+            code="config.tool_safety",
+        )
+    if not requires_approval and approval is None:
+        raise ConfigError(
+            f"{what}: deadline= is for a gated tool: add requires_approval=True or approval=",
+            code="config.tool_safety",
+        )
+    if isinstance(approval, Rules):
+        if approval.deadline is not None:
+            raise ConfigError(
+                f"{what}: its Rules have a deadline already; give it once, on the tool or on "
+                "the Rules",
+                code="config.tool_safety",
+            )
+        return replace(approval, deadline=deadline)
+    return approval

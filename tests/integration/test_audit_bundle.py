@@ -27,13 +27,11 @@ from django.test.utils import override_settings
 from django.utils import timezone
 
 import durable_agents as da
-from durable_agents.database.store import site_store
-from durable_agents.engine.approvals import decision_bytes, incarnation_of
 from durable_agents.models import ApprovalRequest, ApproverKey, Run
 from tests.support.agents import gated
 from tests.support.people import make_user
 from tests.support.procs import ROOT
-from tests.support.signing import keypair
+from tests.support.signing import keypair, signed_approval
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -88,17 +86,7 @@ def _signed_run(run_id: str) -> None:
     ops = make_user(f"ops-{run_id}", "approve_toolcall")
     private, public = keypair()
     ApproverKey.objects.create(user=ops, public_key=public, confirmed_at=timezone.now())
-    message = decision_bytes(
-        incarnation=incarnation_of(site_store(), run_id),
-        run_id=run_id,
-        call_id=request.call_id,
-        tool_name=request.tool_name,
-        arguments=request.arguments,
-        approver_id=str(ops.pk),
-        approved=True,
-        note="ok",
-    )
-    signature = base64.b64encode(private.sign(message)).decode()
+    signature = signed_approval(request, private, ops)
     da.approve(run_id, request.call_id, approved=True, by=ops, note="ok", signature=signature)
 
 

@@ -5,7 +5,6 @@ refused on import."""
 
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
 from io import StringIO
@@ -17,8 +16,6 @@ from django.test.utils import override_settings
 from django.utils import timezone
 
 import durable_agents as da
-from durable_agents.database.store import site_store
-from durable_agents.engine.approvals import decision_bytes, incarnation_of
 from durable_agents.engine.errors import ConfigError, ProtocolError
 from durable_agents.models import ApprovalRequest, ApproverKey
 from durable_agents.providers import scripted
@@ -26,7 +23,7 @@ from durable_agents.providers.scripted import ScriptedModel
 from durable_agents.transfer import import_lines
 from tests.integration.test_audit_bundle import _isolated, _sandbox, _script, _site_key
 from tests.support.people import make_user
-from tests.support.signing import keypair
+from tests.support.signing import keypair, signed_approval
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -60,17 +57,7 @@ def _signed_run(run_id: str) -> None:
     ops = make_user(f"ops-{run_id}", "approve_toolcall")
     private, public = keypair()
     ApproverKey.objects.create(user=ops, public_key=public, confirmed_at=timezone.now())
-    message = decision_bytes(
-        incarnation=incarnation_of(site_store(), run_id),
-        run_id=run_id,
-        call_id=request.call_id,
-        tool_name=request.tool_name,
-        arguments=request.arguments,
-        approver_id=str(ops.pk),
-        approved=True,
-        note="ok",
-    )
-    signature = base64.b64encode(private.sign(message)).decode()
+    signature = signed_approval(request, private, ops)
     da.approve(run_id, request.call_id, approved=True, by=ops, note="ok", signature=signature)
 
 

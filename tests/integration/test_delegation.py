@@ -541,7 +541,8 @@ def test_the_card_and_the_call_page_decide_for_the_approver(people):
     assert "You may not decide this call" in text_of(dora.get(inbox))
     _away("lena")
     card = text_of(dora.get(inbox))
-    assert "Delegated to you: you decide for lena" in plain(card)
+    said = plain(card)
+    assert "Delegated to you by lena (until" in said and "you decide it for them" in said
     assert 'name="for_approver" value="lena"' in card
     assert "dl-card" in text_of(dora.get(inbox, {"mine": "1"}))
     page = plain(text_of(dora.get(_call_url(run_id))))

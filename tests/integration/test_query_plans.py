@@ -282,3 +282,23 @@ def test_recovery_and_timer_sweep(site):
     assert_flat(lambda: wake_timers(store=store))
     assert_flat(lambda: wake_timers(store=store))  # a steady sweep
     assert_flat(recover)
+
+
+def test_the_deadline_sweep_reads_only_the_requests_due(site):
+    """Issue 42: the timer sweep's read of the approval requests whose deadline step is due
+    goes through the partial index ``da_approval_due`` (pending rows with a step left),
+    whatever the number of requests ever decided."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO durable_agents_approvalrequest (run_id, call_id, tool_name, "
+            "arguments, policy, start_seq, status, created_at, decided_at) "
+            "SELECT 'old-' || g, 'c1', 'pay', '{}', '{}', 1, 'approved', "
+            "now() - interval '2 days', now() - interval '1 day' "
+            "FROM generate_series(1, %s) g",
+            [FINISHED],
+        )
+        cursor.execute("ANALYZE durable_agents_approvalrequest")
+    [sql] = _selects(lambda: DjangoStore().list_due_approval_requests(limit=500))
+    nodes = list(_nodes(_plan(sql)))
+    assert "da_approval_due" in {n.get("Index Name") for n in nodes}, sql
+    assert not [n for n in nodes if n["Node Type"] in ("Seq Scan", "Sort")]

@@ -279,6 +279,8 @@ class SimStore:
             world._at_store(name, args)
             moved = _moved_run(name, args)
             before = self._raw.get_run(moved) if moved is not None else None
+            asked = _moved_request(name, args)
+            was = self._raw.get_approval_request(*asked) if asked is not None else None
             # Only records a drive is sure to come back for are split (see `_split_insert`):
             # a model turn, spend, `run:complete` (its row is left running, which recovery
             # hands over). `fork:done` makes a fork runnable and `run:cancelled` ends a run
@@ -305,6 +307,8 @@ class SimStore:
             world._after_store(name, args, kwargs, result)
             if moved is not None:
                 world.check_move(moved, before, self._raw.get_run(moved), name)
+            if asked is not None:
+                world.check_request_move(asked, was, self._raw.get_approval_request(*asked), name)
             if fault == "after":
                 raise StorageError(
                     f"the database connection dropped as {name} committed: the client never "
@@ -331,6 +335,15 @@ def started(name: str, result: Any) -> bool:
     if name == "start_run":
         return result is not None
     return name == "start_or_load" and result[0] is not None
+
+
+def _moved_request(name: str, args: tuple[Any, ...]) -> tuple[str, str] | None:
+    """The request a store call may change the status of: (run, call)."""
+    if name == "save_approval_request" and args:
+        return args[0].run_id, args[0].call_id
+    if name == "set_approval_status" and len(args) >= 2:
+        return str(args[0]), str(args[1])
+    return None
 
 
 def _moved_run(name: str, args: tuple[Any, ...]) -> str | None:
@@ -1107,6 +1120,25 @@ class World:
                 "lifecycle_moves",
                 f"run {run_id} moved {before.status if before else '(new)'} -> {after.status} "
                 f"({call} by {who}): not a move of the lifecycle table",
+                hole="new",
+            )
+
+    def check_request_move(
+        self, asked: tuple[str, str], before: Any, after: Any, call: str
+    ) -> None:
+        """An approval request's status change is a move of its table
+        (``lifecycle.APPROVAL_MOVES``): asked pending, left once, pending again only when a
+        drive asks the call anew (the row replaced)."""
+        if after is None or (before is not None and before.status == after.status):
+            return
+        if not lifecycle.request_allowed(before.status if before else None, after.status):
+            proc = self.current
+            who = f"{proc.actor.name} ({proc.label})" if proc is not None else "the world"
+            self.violate(
+                "lifecycle_moves",
+                f"the request of call {asked[1]} in run {asked[0]} moved "
+                f"{before.status if before else '(new)'} -> {after.status} "
+                f"({call} by {who}): not a move of the request lifecycle table",
                 hole="new",
             )
 

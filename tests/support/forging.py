@@ -4,17 +4,15 @@ function is public and unkeyed: anyone can)."""
 
 from __future__ import annotations
 
-import base64
 import json
 
 import pytest
 
 import durable_agents as da
-from durable_agents.database.store import site_store
-from durable_agents.engine.approvals import decision_bytes, incarnation_of
 from durable_agents.engine.audit import ACTION_NAME, action_content, chain_hash
 from durable_agents.models import ApprovalRequest, Run
 from tests.support.agents import count_effects, gated
+from tests.support.signing import signed_approval
 from tests.support.wiring import wired
 
 
@@ -27,17 +25,7 @@ def signed_approval_held(run_id: str, private, ops) -> str:
         with pytest.raises(da.Pause):
             da.resume(run_id)
         request = ApprovalRequest.objects.get(run_id=run_id)
-        message = decision_bytes(
-            incarnation=incarnation_of(site_store(), run_id),
-            run_id=run_id,
-            call_id=request.call_id,
-            tool_name=request.tool_name,
-            arguments=request.arguments,
-            approver_id=str(ops.pk),
-            approved=True,
-            note="ok",
-        )
-        signature = base64.b64encode(private.sign(message)).decode()
+        signature = signed_approval(request, private, ops)
         da.approve(run_id, request.call_id, approved=True, by=ops, note="ok", signature=signature)
     assert run_id in held and Run.objects.get(run_id=run_id).status == "queued"
     assert count_effects(run_id) == {}

@@ -53,6 +53,7 @@ MUTATING = frozenset(
         "orphan_halts",
         "save_approval_request",
         "set_approval_status",
+        "advance_deadline",
         "save_decision",
         "log_action",
         "mark_dispatched",

@@ -6,7 +6,18 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, overload
 
-from .. import events, failpoints, identity, lifecycle, names, registry, rules, runtime, stops
+from .. import (
+    deadlines,
+    events,
+    failpoints,
+    identity,
+    lifecycle,
+    names,
+    registry,
+    rules,
+    runtime,
+    stops,
+)
 from ..approvals import (
     NOT_SHOWN,
     ApprovalOutcome,
@@ -27,6 +38,7 @@ from ..errors import (
     ApprovalArgumentsDisagree,
     ApprovalEditInvalid,
     ApprovalError,
+    ApprovalExpired,
     ApprovalNotFound,
     ApprovalOrphaned,
     ApproverNotEligible,
@@ -50,6 +62,7 @@ from ..ports import (
 )
 from ..records import encode, refuse_nul
 from ..rules import Outcome
+from .expiry import finish_expiry
 
 
 def approve(
@@ -152,6 +165,8 @@ def approve(
     name = decision_name(call_id, request.arguments, again=request.previous_arguments is not None)
     standing = journal.get(run_id, name) if store.get_run(run_id) is not None else None
     if standing is not None:
+        if deadlines.is_expiry(standing):
+            _refuse_expired(store, request, standing)
         if request.status == APPROVAL_WITHDRAWN:
             # Journaled, but its maker stopped before moving the run on, and the run ended
             # (cancelled, or its saga aborted) before anyone did: it never takes effect.
@@ -274,6 +289,8 @@ def approve(
         },
     )
     if not inserted:
+        if deadlines.is_expiry(final):
+            _refuse_expired(store, request, final)  # the deadline was first
         # Another approver's decision won the race; its maker may have died before moving
         # the rows on (``after-decision``): finish it, as a decision found standing is.
         if finish_decision(store, run_id, call_id, final):
@@ -290,7 +307,7 @@ def approve(
     if _claimed_under_another(journal, run_id, call_id, runs_with if count.passed else None):
         # A worker on other code claimed the call under an earlier decision after the check
         # above: this one is journaled but can never take effect. Say so; nothing more.
-        store.set_approval_status(run_id, call_id, APPROVAL_WITHDRAWN, if_status=[APPROVAL_PENDING])
+        lifecycle.move_request(store, run_id, call_id, APPROVAL_WITHDRAWN, lifecycle.PERSON)
         why = "the call is already being run under an earlier decision"
         store.log_action(identity.logged(actor, "withdraw", run_id, call_id, {"why": why}))
         raise ApprovalOrphaned(
@@ -306,11 +323,12 @@ def approve(
     # Never a run rolling back (a saga abort landed since the check): it must not be
     # queued forward, and its rollback withdraws the request.
     moved = lifecycle.hand_over(store, run_id, lifecycle.PERSON)
-    decided = store.set_approval_status(
+    decided = lifecycle.move_request(
+        store,
         run_id,
         call_id,
         status,
-        if_status=[APPROVAL_PENDING],
+        lifecycle.PERSON,
         if_arguments=request.arguments,
         if_asked_again=request.previous_arguments is not None,
     )
@@ -325,7 +343,7 @@ def approve(
     # Otherwise the run or the request had moved on already: another approver's repeated
     # decision, or a drive, carried this decision on from the journal. It stands.
     if cancelled:
-        store.set_approval_status(run_id, call_id, APPROVAL_WITHDRAWN)
+        lifecycle.move_request(store, run_id, call_id, APPROVAL_WITHDRAWN, lifecycle.PERSON)
         why = (
             "the run was cancelled, its saga aborted, or the call got its result under "
             "another decision, while the decision was being recorded"
@@ -467,6 +485,10 @@ def _policy_for_edit(
     if not wanted or not rules.demands_more(wanted, policy):
         return None
     moved = {**wanted, "moved_by_edit": {"from": policy.get("rule"), "arguments": edit}}
+    # The request keeps the deadline it was asked under (an edit neither restarts nor
+    # shortens its clock: ``due_at`` counts from the asking) and any escalation taken.
+    moved.pop("deadline", None)
+    moved.update({k: policy[k] for k in ("deadline", "escalated_to") if k in policy})
     store.update_approval_request(
         request.run_id, request.call_id, policy=moved, if_arguments=request.arguments
     )
@@ -583,22 +605,27 @@ def _edited(request: ApprovalRequestInfo, decisions: Any, count: Tally) -> dict[
     }
 
 
-def finish_decision(store: Store, run_id: str, call_id: str, decision: Any) -> bool:
+def finish_decision(
+    store: Store, run_id: str, call_id: str, decision: Any, *, by: str = lifecycle.PERSON
+) -> bool:
     """Bring the rows in step with a decision the journal holds: a run still awaiting
-    approval queued again, then a request still pending marked decided. Idempotent; True
-    if the run was queued (hand it to a driver)."""
+    approval queued again, then a request still pending marked decided (an expiry:
+    ``deadlines.finish_expiry``). Idempotent; True if the run was queued (hand it to a
+    driver). ``by``: who finishes it (``lifecycle``'s movers)."""
+    if deadlines.is_expiry(decision):
+        return finish_expiry(store, run_id, call_id, decision, by=by)
     run = store.get_run(run_id)
     if run is None or run.status in TERMINAL_STATUSES:
         return False  # a cancel closes its requests itself
     queued = False
     if run.status == AWAITING_APPROVAL:
-        queued = lifecycle.hand_over(store, run_id, lifecycle.PERSON, only_from=AWAITING_APPROVAL)
-    status = APPROVAL_APPROVED if decision.get("approved") else APPROVAL_DENIED
-    store.set_approval_status(
+        queued = lifecycle.hand_over(store, run_id, by, only_from=AWAITING_APPROVAL)
+    lifecycle.move_request(
+        store,
         run_id,
         call_id,
-        status,
-        if_status=[APPROVAL_PENDING],
+        lifecycle.decided(decision),
+        by,
         if_arguments=decision.get("arguments"),
         # Its name says whether it decided the first request or one asked again: never the
         # other, though it may ask about the same arguments (an edit that no longer fits
@@ -617,6 +644,29 @@ def _claimed_under_another(journal: Journal, run_id: str, call_id: str, runs_wit
     if marker is None:
         return False
     return runs_with is None or encode(marker.get("arguments")) != encode(runs_with)
+
+
+def _refuse_expired(store: Store, request: ApprovalRequestInfo, expiry: Any) -> None:
+    """Refuse a decision on a request its deadline expired (``approval.expired``), having
+    finished the expiry if its sweep stopped half-way: an expired request is never decided
+    afterwards, whatever the decision."""
+    if finish_decision(store, request.run_id, request.call_id, expiry):
+        runtime.dispatch(request.run_id)
+    then = {
+        deadlines.ON_EXPIRY_CANCEL: "the run was cancelled",
+        deadlines.ON_EXPIRY_HALT: "the run halted for a person to record the call's result",
+    }.get(str(expiry.get("on_expiry")), "the model was told it expired")
+    raise ApprovalExpired(
+        f"call {request.call_id!r} of run {request.run_id!r} expired: nobody decided it before "
+        f"its deadline, and {then}; it can no longer be decided",
+        standing={
+            "approved": False,
+            "by": deadlines.BY,
+            "expired": True,
+            "on_expiry": expiry.get("on_expiry"),
+            "note": expiry.get("note"),
+        },
+    )
 
 
 def _withdrawn(store: Store, run_id: str, call_id: str) -> bool:
@@ -658,7 +708,9 @@ def _refuse_orphans(
     if why is None:
         return
     if run is not None:
-        store.set_approval_status(request.run_id, request.call_id, APPROVAL_WITHDRAWN)
+        lifecycle.move_request(
+            store, request.run_id, request.call_id, APPROVAL_WITHDRAWN, lifecycle.PERSON
+        )
         store.log_action(
             identity.logged(actor, "withdraw", request.run_id, request.call_id, {"why": why})
         )

@@ -42,14 +42,26 @@ from ..errors import (
 from ..imported import refuse_inert
 from ..journal import Journal
 from ..leases import HeldLease
-from ..ports import CANCELLED, COMPENSATING, HALTED, KIND_AGENT, QUEUED, RunInfo, Store
+from ..ports import (
+    CANCELLED,
+    COMPENSATING,
+    HALT_EXPIRED,
+    HALTED,
+    KIND_AGENT,
+    QUEUED,
+    RunInfo,
+    Store,
+)
 from ..records import Record, encode, refuse_nul
 from ..transcript import outcome_of
 
 
 @dataclass(frozen=True)
 class LiveAttempt:
-    marker: Record
+    """The attempt a resolution records the outcome of: ``marker`` None for a call that
+    never ran because its approval request expired (``number``: the attempts it has, 0)."""
+
+    marker: Record | None
     tool_name: str
     age_seconds: float
     number: int
@@ -72,6 +84,26 @@ def live_attempt(journal: Journal, run_id: str, call_id: str) -> LiveAttempt | N
     else:
         age = time.time() - (live.get("attempted_at") or 0) / 1000
     return LiveAttempt(live, str(live.get("tool") or ""), age, number)
+
+
+def _expired(store: Store, journal: Journal, run_id: str, call_id: str) -> LiveAttempt | None:
+    """An open halt of a call whose approval request expired (``on_expiry="halt"``): what a
+    resolution records its result over. Its next claim is the call's first attempt number
+    free (a call that never ran has none)."""
+    halt = next(
+        (
+            h
+            for h in store.list_halts(run_id=run_id)
+            if h.op_id == call_id and h.cause == HALT_EXPIRED
+        ),
+        None,
+    )
+    if halt is None:
+        return None
+    k = 0
+    while journal.get(run_id, names.attempt(call_id, k + 1)) is not None:
+        k += 1
+    return LiveAttempt(None, halt.tool_name, 0.0, k)
 
 
 def resolve_halt(
@@ -113,15 +145,18 @@ def resolve_halt(
             runtime.dispatch(run_id)
         return _same_or_refuse(standing, result, is_error)
     _refuse_if_cancelled(store, journal, run_id, call_id, run.status)
-    attempt = live_attempt(journal, run_id, call_id)
+    attempt = live_attempt(journal, run_id, call_id) or _expired(store, journal, run_id, call_id)
     if attempt is None:
         raise NoLiveAttempt(
             f"call {call_id!r} of run {run_id!r} has no attempt whose outcome is unknown; "
             "there is nothing to resolve"
         )
     required = max(runtime.halt_min_age(), float(min_age or 0))
-    # A resolution's own claim ran no effect (a resolution that stopped half-way): no wait.
-    if not attempt.marker.get("resolution") and attempt.age_seconds < required:
+    # A resolution's own claim ran no effect (a resolution that stopped half-way), nor did
+    # a call whose request expired: no wait.
+    if attempt.marker is not None and (
+        not attempt.marker.get("resolution") and attempt.age_seconds < required
+    ):
         claimed = attempt.marker.created_at
         if claimed is None:
             when = "in " + f"{required - attempt.age_seconds:.0f}s"

@@ -18,6 +18,9 @@ again would; and a run awaiting approval whose decision stopped the same way (th
 finishes the decision, as deciding again would), or whose quorum its votes decided before
 the voter who decided it died (``_finish_stopped_quorums``).
 
+It also takes the steps of approval requests' deadlines that are due (``commands.deadlines``:
+remind, escalate, expire), and finishes an expiry that stopped half-way.
+
 A person may also wake a timer before its time (``wake_timer``, the admin's "wake now"): that
 is a staff decision, journaled as such (``waited:<name>`` with ``early`` and who decided), not a
 change of the clock: the wake time stays what was journaled, and the record says it was cut
@@ -54,6 +57,7 @@ from ..records import Record
 from ..registry import get_agent
 from ..transcript import RunState
 from ..waits import OUTCOME_WOKE, TIMER, all_answered, next_wake
+from . import deadlines
 from .approvals import approve, finish_decision
 from .halts import finish_resolution
 
@@ -115,8 +119,9 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
     parent, its journal and a few reads per unsettled sub-run every time."""
     store = store or runtime.store()
     journal = Journal(store)
+    # Approval deadlines first: an expiry it hands over is not read again below.
+    woken: list[str] = deadlines.sweep(store, batch=batch)
     now = store.now()
-    woken: list[str] = []
     after: str | None = None
     heads_of = getattr(store, "journal_heads", None)
     quiet = _quiet_runs(store) if heads_of is not None else None
@@ -155,16 +160,21 @@ def wake_timers(*, store: Store | None = None, batch: int = 500) -> list[str]:
             timed = run.status in TIMED_STATUSES and (
                 (due is not None and now >= due) or all_answered(records)
             )
-            if _finish_stopped_resolutions(store, run, records) or _finish_stopped_decisions(
-                store, run, records
+            if (
+                _finish_stopped_resolutions(store, run, records)
+                or _finish_stopped_decisions(store, run, records)
+                or deadlines.finish_stopped_expiries(store, run, records)
             ):
                 runtime.dispatch(run.run_id)
                 woken.append(run.run_id)
                 continue
             if not timed and not paused_on_an_ended_sub_run(store, run, records):
-                if not RunState.of(records).children:
+                if not RunState.of(records).children and not deadlines.unfinished_expiries(
+                    run, records
+                ):
                     # Read and left alone; a parent is read every time (its sub-runs move
-                    # without its journal).
+                    # without its journal), and so is a run whose expiry is not carried
+                    # out yet (its cancel found the run busy).
                     still_quiet[run.run_id] = _Quiet(seen, due)
                 continue
             # Queued first (only from the status it was seen in): if the hand-over is lost,
@@ -230,7 +240,10 @@ def _finish_stopped_decisions(store: Store, run: RunInfo, records: list[Record])
         )
         decision = decisions.get(name)
         if decision is not None:
-            queued = finish_decision(store, run.run_id, request.call_id, decision) or queued
+            queued = (
+                finish_decision(store, run.run_id, request.call_id, decision, by=lifecycle.SWEEP)
+                or queued
+            )
     return queued
 
 
