@@ -97,7 +97,7 @@ def rejection(decision: Any) -> dict[str, Any]:
 def duration(seconds: float) -> str:
     """``"2 d 21 h"``, ``"3 h 12 min"``, ``"40 min"``, ``"12 s"``: the two largest units (no
     seconds once there are minutes), as an approver reads a deadline."""
-    seconds = max(0, round(seconds))
+    seconds = max(0, int(seconds))  # "in 2 h 59 min" until it is 3 h no more
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)
     minutes, seconds = divmod(rest, 60)
