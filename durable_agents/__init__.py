@@ -9,6 +9,8 @@ from ._moved import install as _install_moved_paths
 from .engine.agent import Agent
 from .engine.approvals import ApprovalOutcome, Quorum, decision_bytes
 from .engine.commands.approvals import approve, deny
+from .engine.commands.delegations import delegate
+from .engine.commands.delegations import revoke as revoke_delegation
 from .engine.commands.forks import Patch, fork
 from .engine.commands.halts import resolve_halt
 from .engine.commands.recovery import recover
@@ -24,6 +26,7 @@ from .engine.errors import (
     ApprovalBadSignature,
     ApprovalEditInvalid,
     ApprovalExpired,
+    ApprovalForWhom,
     ApprovalNotFound,
     ApprovalOrphaned,
     ApprovalPending,
@@ -33,6 +36,9 @@ from .engine.errors import (
     ChannelPending,
     ChildPending,
     ConfigError,
+    DelegationError,
+    DelegationNotFound,
+    DelegationOverlaps,
     DurableAgentsError,
     HaltAlreadyResolved,
     HaltInFlight,
@@ -65,6 +71,7 @@ from .engine.errors import (
 )
 from .engine.identity import Actor
 from .engine.journal import Journal
+from .engine.ports import DelegationInfo
 from .engine.replay import ReplayReport, replay
 from .engine.replay_model import ReplayModel
 from .engine.rules import Deadline, Rule, RuleContext, Rules, allow, arg, ask
@@ -82,6 +89,7 @@ __all__ = [
     "ApprovalBadSignature",
     "ApprovalEditInvalid",
     "ApprovalExpired",
+    "ApprovalForWhom",
     "ApprovalNotFound",
     "ApprovalOrphaned",
     "ApprovalOutcome",
@@ -95,6 +103,10 @@ __all__ = [
     "Comparison",
     "ConfigError",
     "Deadline",
+    "DelegationError",
+    "DelegationInfo",
+    "DelegationNotFound",
+    "DelegationOverlaps",
     "DurableAgentsError",
     "HaltAlreadyResolved",
     "HaltInFlight",
@@ -153,6 +165,7 @@ __all__ = [
     "cancel",
     "compare",
     "decision_bytes",
+    "delegate",
     "deny",
     "enqueue",
     "fork",
@@ -162,6 +175,7 @@ __all__ = [
     "replay",
     "resolve_halt",
     "resume",
+    "revoke_delegation",
     "signal",
     "tool",
     "wake_timer",

@@ -88,6 +88,11 @@ RULES: dict[str, Rule] = {
     "delete": Rule("delete a run", (DELETE_RUN,)),
     "import": Rule("import runs from an export", (IMPORT_RUNS,)),
     "delegate": Rule("record who decides for another approver", (DELEGATE_APPROVALS,)),
+    # Approvers record, read and end their own (and those naming them as deputy); the
+    # engine's delegation commands decide the rest.
+    "delegations": Rule(
+        "record or read delegations of approvals", (APPROVE_TOOLCALL, DELEGATE_APPROVALS)
+    ),
     "view_notifications": Rule(
         "read the notifications sent and not sent", (VIEW_NOTIFICATIONS, RETRY_NOTIFICATIONS)
     ),

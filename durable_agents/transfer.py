@@ -214,7 +214,7 @@ def import_bytes(data: bytes, *, by: Any, live: bool = False) -> list[str]:
     if live:
         _refuse_spent_decisions(using, export)
         for run in export.runs.values():
-            check_live(run)
+            check_live(run, DjangoStore(using))
     imported = IMPORTED_LIVE if live else IMPORTED_INERT
     try:
         with transaction.atomic(using=using):

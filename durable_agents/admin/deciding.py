@@ -8,6 +8,11 @@ decision first checks that the person may decide every selected call; if one is 
 nothing at all is decided. A call whose quorum is not met after this person's vote stays
 pending, and the result page says so on its row. (No policy requires a signature today; a
 signed decision is made through the API, never here.)
+
+A person who may not decide a call themselves but is the deputy of an approver who may
+(``engine.delegation``) decides it for them: the call's page and its card say for whom, and
+post it (``for_approver``); of several, the page lets them choose, and a bulk decision
+refuses the row.
 """
 
 from __future__ import annotations
@@ -18,14 +23,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 
 from ..celery.dispatch import deferred
+from ..database.store import site_store
 from ..engine import runtime
-from ..engine.approvals import NOT_SHOWN, check_may_decide, eligible_for, resolve_approver
+from ..engine.approvals import NOT_SHOWN, resolve_approver
 from ..engine.commands.approvals import approve
+from ..engine.delegation import choices, in_force_to
 from ..engine.errors import ApprovalEditInvalid, DurableAgentsError
 from ..engine.ports import APPROVAL_PENDING
 from ..models import ApprovalRequest, Decision
@@ -61,9 +68,11 @@ def decide_call(
     *,
     edit: Any = None,
     arguments: Any = NOT_SHOWN,
+    for_approver: str | None = None,
 ) -> Decided:
-    """Decide ``obj`` as the signed-in user through ``approve``. An invalid edit raises
-    ``ApprovalEditInvalid`` (a form error for the caller; nothing written)."""
+    """Decide ``obj`` as the signed-in user through ``approve`` (for ``for_approver``, as
+    their deputy). An invalid edit raises ``ApprovalEditInvalid`` (a form error for the
+    caller; nothing written)."""
     try:
         with deferred() as late:
             outcome = approve(
@@ -74,6 +83,7 @@ def decide_call(
                 note=note,
                 edit=edit,
                 arguments=arguments,
+                for_approver=for_approver or None,
             )
     except ApprovalEditInvalid:
         raise
@@ -91,7 +101,8 @@ def decide_call(
         tally = outcome.tally
         return Decided(
             "pending",
-            f"Your decision on call {obj.call_id} is recorded: "
+            f"Your decision{f' for {for_approver}' if for_approver else ''} on call "
+            f"{obj.call_id} is recorded: "
             f"{len(tally.get('approved_by') or ())} of {tally.get('need')} approved so far.",
         )
     return Decided(
@@ -114,49 +125,100 @@ def tell(request: HttpRequest, decided: Decided) -> None:
 # -- several at once ------------------------------------------------------------------------
 
 
-def refusal_by_row(request: HttpRequest, rows: Sequence[ApprovalRequest]) -> dict[int, str]:
-    """Why this person may not decide each of ``rows`` (the engine's one rule,
-    ``check_may_decide``), by primary key; a row that is absent may be decided. One query
-    per quorum group, whatever the number of rows."""
+@dataclass(frozen=True)
+class Ways:
+    """How this person may decide one call: not at all (``refused`` says why), as
+    themselves (``for_approvers`` empty), or for one of ``for_approvers`` as their deputy."""
+
+    refused: str = ""
+    for_approvers: tuple[str, ...] = ()
+    # The delegations in force that let them, in the same order (when each ends).
+    delegations: tuple[Any, ...] = ()
+
+
+def ways_by_row(request: HttpRequest, rows: Sequence[ApprovalRequest]) -> dict[int, Ways]:
+    """How this person may decide each of ``rows`` (the engine's one rule,
+    ``check_may_decide``, through ``engine.delegation.choices``), by primary key. One query
+    per deciding group on the page, one for the delegations in force to this person (only
+    if they may not decide some call themselves) and a few per approver they may decide
+    for, whatever the number of rows; the rows' decisions are read from their prefetch."""
     try:
         actor = resolve_approver(admin_actor(request))
     except DurableAgentsError as exc:
-        return {obj.pk: f"{exc} [{exc.code}]" for obj in rows}
-    return _check_rows(actor, rows)
-
-
-def _check_rows(actor: Any, rows: Sequence[ApprovalRequest]) -> dict[int, str]:
+        return {obj.pk: Ways(f"{exc} [{exc.code}]") for obj in rows}
     groups: dict[str, list[str]] = {}
+    delegations: list[Any] = []
+    people: dict[str, Any] = {}
+
+    def members(group: str) -> list[str]:  # once per group on the page
+        if group not in groups:
+            groups[group] = list(runtime.eligible_approvers(group))
+        return groups[group]
+
+    def in_force() -> list[Any]:  # once per page, when needed
+        if not delegations:
+            delegations.append(in_force_to(site_store(), actor.username))
+        return list(delegations[0])
+
+    def resolve(name: str) -> Any:  # once per approver on the page
+        if name not in people:
+            people[name] = resolve_approver(name)
+        return people[name]
+
     out = {}
     for obj in rows:
         policy = obj.policy if isinstance(obj.policy, dict) else {}
-
-        def members(group: str) -> list[str]:  # once per group on the page
-            if group not in groups:
-                groups[group] = list(runtime.eligible_approvers(group))
-            return groups[group]
-
-        eligible = eligible_for(policy, actor, members)
-        try:
-            check_may_decide(actor, policy, eligible)
-        except DurableAgentsError as exc:
-            out[obj.pk] = f"{exc} [{exc.code}]"
+        found, own = choices(
+            actor,
+            obj.to_domain(),
+            policy,
+            delegations=in_force,
+            voted=_voted(obj),
+            members=members,
+            resolve=resolve,
+        )
+        if not found:
+            assert own is not None
+            out[obj.pk] = Ways(f"{own} [{own.code}]")
+        elif found[0].deputy:
+            names = tuple(d.approver.username for d in found)
+            by_approver = {d.approver: d for d in in_force() if d.approver in names}
+            out[obj.pk] = Ways(
+                for_approvers=names,
+                delegations=tuple(by_approver[n] for n in names if n in by_approver),
+            )
+        else:
+            out[obj.pk] = Ways()
     return out
 
 
+def _voted(obj: ApprovalRequest) -> Any:
+    return lambda: {d.approver for d in obj.decisions.all()}
+
+
+def refusal_by_row(request: HttpRequest, rows: Sequence[ApprovalRequest]) -> dict[int, str]:
+    """Why this person may not decide each of ``rows`` (``ways_by_row``), by primary key; a
+    row that is absent may be decided."""
+    return {pk: w.refused for pk, w in ways_by_row(request, rows).items() if w.refused}
+
+
 def refusals(request: HttpRequest, rows: list[ApprovalRequest]) -> list[str]:
-    """Why this person may not decide some of ``rows`` (the engine's one rule,
-    ``check_may_decide``), or []: checked for all before any is decided."""
-    try:
-        actor = resolve_approver(admin_actor(request))
-    except DurableAgentsError as exc:
-        return [f"{exc} [{exc.code}]"]
-    refused = _check_rows(actor, rows)
-    return [
-        f"call {obj.call_id} of run {obj.run_id}: {refused[obj.pk]}"
-        for obj in rows
-        if obj.pk in refused
-    ]
+    """Why this person may not decide some of ``rows`` at once (``ways_by_row``), or []:
+    checked for all before any is decided. A call they could decide for several approvers
+    is refused here: its page asks for whom."""
+    ways = ways_by_row(request, rows)
+    out = []
+    for obj in rows:
+        w = ways.get(obj.pk) or Ways()
+        why = w.refused
+        if not why and len(w.for_approvers) > 1:
+            why = (
+                f"you are the deputy of {', '.join(w.for_approvers)}, who may decide it: "
+                "decide it on its page, saying for whom [approval.for_approver_needed]"
+            )
+        if why:
+            out.append(f"call {obj.call_id} of run {obj.run_id}: {why}")
+    return out
 
 
 def _row(admin: AnyModelAdmin, obj: Any, mine: dict[int, bool]) -> dict[str, Any]:
@@ -184,14 +246,17 @@ def bulk_decide(
     will run (and, for a denial, asking for the message the model reads); once confirmed,
     each pending call decided through ``approve`` and a page saying, row by row, what
     happened. Rows no longer pending are listed and left alone."""
-    selected = list(queryset.select_related("run").order_by("created_at", "pk"))
+    selected = list(
+        queryset.select_related("run").prefetch_related("decisions").order_by("created_at", "pk")
+    )
     pending = [o for o in selected if o.status == APPROVAL_PENDING]
     skipped = [o for o in selected if o.status != APPROVAL_PENDING]
     username = admin_actor(request).username
+    # A vote this person made, for themselves or as someone's deputy.
     mine = dict(
-        Decision.objects.filter(request__in=pending, approver=username).values_list(
-            "request_id", "approved"
-        )
+        Decision.objects.filter(
+            Q(approver=username) | Q(deputy=username), request__in=pending
+        ).values_list("request_id", "approved")
     )
     verb = "approve" if approved else "deny"
     refused = refusals(request, pending)

@@ -13,8 +13,9 @@ same engine commands) as the queues' pages.
 
 Each call's card says which approval rule asked about it and why, who decides it, and its
 deadline (``rule_state``, read from the request row against the database's clock). The
-filters *escalated to me* and *delegated to me* narrow the calls to those that wait on this
-person in particular (``assigned``).
+filters *escalated to me* (``assigned``) and *delegated to me* (calls this person may decide
+only as the deputy of an approver who may: ``deciding.ways_by_row``, the engine's one rule)
+narrow the calls to those that wait on this person in particular.
 
 Glue only: reads the queue tables and, for the cards shown, their runs' model turns and
 wait records, in a fixed number of queries (a card deep in a tree adds one per ancestor run
@@ -31,13 +32,14 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Prefetch, Q, QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
+from ..database.delegations import in_force_now
 from ..engine import names
 from ..engine.errors import DurableAgentsError
 from ..engine.ports import (
@@ -50,11 +52,11 @@ from ..engine.ports import (
 from ..engine.records import Record
 from ..engine.waits import INTERRUPT
 from ..keys import pending_for
-from ..models import ApprovalRequest, Decision, Halt, Inbox, JournalEntry, Run
+from ..models import ApprovalRequest, Decision, Delegation, Halt, Inbox, JournalEntry, Run
 from ..rule_state import rule_state
-from .assigned import Deputy, escalated_to
+from .assigned import escalated_to
 from .base import AnyModelAdmin, ReadOnlyAdmin, admin_actor, allows, page, related_count
-from .deciding import refusal_by_row, shown_arguments
+from .deciding import shown_arguments, ways_by_row
 from .paging import CAP, counted
 from .queues import progress
 from .readable import edit_changes, stated_reason, summary_of, tool_of
@@ -219,10 +221,9 @@ def approval_cards(
     # which import this module
 
     may_decide = allows(request, "decide")
-    refused = refusal_by_row(request, page_rows) if may_decide else {}
+    ways = ways_by_row(request, page_rows) if may_decide else {}
     runs.read_turns(obj.run_id for obj in page_rows)
     username = actor.username
-    deputy = Deputy(username)
     whole = set(request.GET.getlist("whole"))
     cards = []
     for obj in page_rows:
@@ -235,11 +236,13 @@ def approval_cards(
             first=identifying_of(tool),
         )
         votes = list(obj.decisions.all())
-        voted = any(v.approver == username for v in votes)
-        own_right = may_decide and obj.pk not in refused
-        eligible = own_right and not voted
-        # Someone who may decide a call in their own right decides it as themselves.
-        delegated = [] if own_right or voted else deputy.stands_in(obj, votes)
+        # Voted for themselves, or for someone as their deputy: a person counts once.
+        voted = any(username in (v.approver, v.deputy) for v in votes)
+        way = ways.get(obj.pk)
+        eligible = may_decide and not voted and way is not None and not way.refused
+        # Whom they decide it for as a deputy (engine.delegation): nobody, when they may
+        # decide it in their own right.
+        delegated = list(way.delegations) if eligible and way is not None else []
         if filters.mine and not eligible:
             continue
         if filters.delegated and not delegated:
@@ -273,6 +276,8 @@ def approval_cards(
                 "votes": votes,
                 "voted": voted,
                 "may_decide": eligible,
+                # Delegated to this person: whom they decide for (engine.delegation).
+                "deciding_for": list(way.for_approvers) if eligible and way else [],
                 "editable": eligible and tool is not None and tool.safety.editable,
                 "edit_url": f"{call_url}#da-decide"
                 if eligible and tool is not None and tool.safety.editable
@@ -493,8 +498,16 @@ def inbox_view(admin: AnyModelAdmin, request: HttpRequest) -> HttpResponse:
             "back": urlencode({"back": "inbox"}),
             # Approver keys a superuser registered for this person: inert until confirmed.
             "pending_keys": list(pending_for(request.user)[0][:20]),
+            # In force now, naming this person: whom they decide for, who decides for them.
+            "delegations": _delegations(request) if see_approvals else [],
         },
     )
+
+
+def _delegations(request: HttpRequest) -> list[Delegation]:
+    me = request.user.get_username()
+    rows = Delegation.objects.filter(in_force_now()).filter(Q(deputy=me) | Q(approver=me))
+    return list(rows.order_by("ends_at", "pk")[:20])
 
 
 @admin.register(Inbox)

@@ -13,7 +13,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, OuterRef, QuerySet, prefetch_related_objects
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -23,6 +23,7 @@ from django.utils.http import urlencode
 
 from ..celery.dispatch import deferred
 from ..database.store import site_store
+from ..engine import names
 from ..engine.approvals import NOT_SHOWN, arguments_digest
 from ..engine.commands.halts import resolve_halt
 from ..engine.errors import ApprovalArgumentsChanged, ApprovalEditInvalid, DurableAgentsError
@@ -51,7 +52,7 @@ from .base import (
     short_time,
     status_pill,
 )
-from .deciding import Decided, bulk_decide, decide_call, refusal_by_row, shown_arguments, tell
+from .deciding import Decided, bulk_decide, decide_call, shown_arguments, tell, ways_by_row
 from .readable import (
     conversation,
     edit_changes,
@@ -165,6 +166,8 @@ class DecisionForm(forms.Form):
     # the engine refuses it (``approval.arguments_changed``) if the call asks about others
     # by the time it is submitted (a deploy asked again meanwhile).
     shown = forms.CharField(required=False, widget=forms.HiddenInput)
+    # Whom a deputy decides for (``engine.delegation``); empty: the person deciding.
+    for_approver = forms.CharField(required=False, max_length=200)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -257,13 +260,19 @@ class ApprovalRequestAdmin(_QueueAdmin):
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         """The list, each row told whether this person may decide it: the inbox's one
-        eligibility check (``refusal_by_row``), asked once for the page's rows."""
+        eligibility check (``ways_by_row``), asked once for the page's rows."""
         changelist = super().get_changelist_instance(request)
         if allows(request, "decide"):
             rows = list(changelist.result_list)  # the page's rows, cached: these objects render
-            refused = refusal_by_row(request, [o for o in rows if o.status == APPROVAL_PENDING])
+            pending = [o for o in rows if o.status == APPROVAL_PENDING]
+            # Who voted, for a deputy's check (one query for the page).
+            prefetch_related_objects(pending, "decisions")
+            ways = ways_by_row(request, pending)
             for obj in rows:
-                obj.da_refused = refused.get(obj.pk, "")
+                way = ways.get(obj.pk)
+                obj.da_refused = way.refused if way is not None else ""
+                # Deputy of several approvers: the call's page asks for whom.
+                obj.da_choose = way is not None and len(way.for_approvers) > 1
         return changelist
 
     def get_list_display(self, request: HttpRequest) -> Any:
@@ -303,11 +312,12 @@ class ApprovalRequestAdmin(_QueueAdmin):
                 '<span class="da-row-refused" title="{}">You may not decide this call</span>',
                 refused or "open the call to decide",
             )
-        if json_cut(obj.arguments) or rule_state(obj).moved:
+        if json_cut(obj.arguments) or rule_state(obj).moved or getattr(obj, "da_choose", False):
             # The row shows only the start of the arguments: a decision here would be for
             # more than the approver saw. The call's page shows them whole. (An edit moved
             # the call under a stricter rule: it is approved only with that edit, which the
-            # call's page holds; a plain approval from here would be refused.)
+            # call's page holds; a plain approval from here would be refused. A deputy of
+            # several approvers says there for whom they decide.)
             return format_html(
                 '<a href="{}" class="button da-row-open">Open to decide</a>',
                 admin_url(self, "change", obj.pk),
@@ -375,7 +385,8 @@ def approval_detail(
 ) -> TemplateResponse:
     can_decide = allows(request, "decide") and obj.status == APPROVAL_PENDING
     # The inbox's eligibility check: no form for a call the engine would refuse this person.
-    refused = refusal_by_row(request, [obj]).get(obj.pk, "") if can_decide else ""
+    ways = ways_by_row(request, [obj]).get(obj.pk) if can_decide else None
+    refused = ways.refused if ways is not None else ""
     can_decide = can_decide and not refused
     tool = tool_of(obj)
     records: list[Any] = []
@@ -419,7 +430,10 @@ def approval_detail(
             if state.moved
             else [],
             "decisions": obj.decisions.order_by("created_at"),
+            "decided_by": _decided_by(records, obj),
             "can_decide": can_decide,
+            # A deputy decides for one of these (``engine.delegation``): the form says whom.
+            "deciding_for": list(ways.for_approvers) if ways is not None and can_decide else [],
             "refused": refused,
             "editable": can_decide and editable(obj),
             "form": form
@@ -427,6 +441,24 @@ def approval_detail(
             "decide_url": admin_url(admin, "decide", obj.pk),
         },
     )
+
+
+def _decided_by(records: list[Any], obj: Any) -> str:
+    """Who the journal's decision on the call names ("dora for lena" when a deputy made it);
+    "" while it is undecided. The last decision on the call: a call asked again is decided
+    again."""
+    if obj.status == APPROVAL_PENDING:
+        return ""
+    first = names.decision(obj.call_id)
+    found = [
+        r
+        for r in records
+        if r.name == first
+        or (r.name.startswith(first + ":") and ":" not in r.name[len(first) + 1 :])
+    ]
+    if not found:
+        return ""
+    return str(found[-1].get("decided_by") or found[-1].get("by") or "")
 
 
 def approval_decide_view(
@@ -484,6 +516,7 @@ def approval_decide_view(
             form.cleaned_data["note"],
             edit=form.cleaned_data["edited"],
             arguments=form.cleaned_data["shown"],
+            for_approver=form.cleaned_data["for_approver"] or None,
         )
     except ApprovalEditInvalid as exc:  # bad input: a form error, nothing written
         form.add_error("edit", str(exc))

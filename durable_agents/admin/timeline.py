@@ -211,11 +211,21 @@ def _describe(rec: Record, rules: RuleLog | None = None) -> dict[str, Any]:
     if name.startswith(names.APPROVAL):
         verdict = "approved" if body.get("approved") else "denied"
         tally = body.get("tally") or {}
+        # A deputy's vote reads "leo for lena" (engine.delegation).
+        made = {
+            str(d.get("approver")): d.get("deputy")
+            for d in tally.get("decisions") or ()
+            if isinstance(d, dict) and d.get("deputy")
+        }
+
+        def shown_as(names_: Any) -> str:
+            return ", ".join(f"{made[n]} for {n}" if n in made else str(n) for n in names_)
+
         meta = [f"need {tally.get('need', 1)}"]
         if tally.get("approved_by"):
-            meta.append("approved by " + ", ".join(tally["approved_by"]))
+            meta.append("approved by " + shown_as(tally["approved_by"]))
         if tally.get("denied_by"):
-            meta.append("denied by " + ", ".join(tally["denied_by"]))
+            meta.append("denied by " + shown_as(tally["denied_by"]))
         if tally.get("disagreed_by"):
             meta.append(
                 "not counted (approved other arguments) " + ", ".join(tally["disagreed_by"])
@@ -229,7 +239,8 @@ def _describe(rec: Record, rules: RuleLog | None = None) -> dict[str, Any]:
         return _entry(
             rec,
             "approval" if body.get("approved") else "denial",
-            f"Call {name[len(names.APPROVAL) :]} {verdict} by {body.get('by')}",
+            f"Call {name[len(names.APPROVAL) :]} {verdict} by "
+            + (body.get("decided_by") or str(body.get("by"))),
             text=body.get("note") or None,
             meta=meta,
             sections=sections,

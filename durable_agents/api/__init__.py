@@ -13,7 +13,7 @@ call it, each route behind the admin's permission table; every error is JSON ``{
 
 from ninja import Router
 
-from . import approvals, events, halts, history, limits, runs, sessions, waits
+from . import approvals, delegations, events, halts, history, limits, runs, sessions, waits
 from .auth import api_auth
 from .docs import staff_docs
 from .errors import ANY_PATH, map_errors, normalize, not_found
@@ -29,6 +29,7 @@ router.add_router("", history.router)
 router.add_router("", events.router)
 router.add_router("", sessions.router)
 router.add_router("", limits.router)
+router.add_router("", delegations.router)
 router.add_router("", runs.router)
 
 # Last: any other path under the router is a coded JSON 404, not the host's HTML page.

@@ -12,6 +12,10 @@ user holding ``approve_toolcall``, a member of the quorum's group where there is
   authority is the signature, by a key registered to ``approver`` (``ApproverKey``), over
   the format-2 decision bytes (this start of the run, the call, tool, arguments, approver,
   verdict and note). The history row names the approver, and the relay in its channel.
+
+Either may be a deputy's decision for an approver who is away (``for_approver``,
+``engine.delegation``); a signed one binds that approver. The list shows who decided for
+whom (``deputy``) and, for approvers yet to decide, the deputy who may decide for them.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from django.db.models.functions import Now
 from django.http import HttpRequest
 from ninja import Router
 
+from ..database.delegations import in_force_now, to_domain
 from ..engine import names
 from ..engine.approvals import (
     NOT_SHOWN,
@@ -35,7 +40,7 @@ from ..engine.approvals import (
 from ..engine.commands.approvals import approve
 from ..engine.ports import IMPORTED_INERT, DecisionInfo
 from ..engine.records import decode
-from ..models import ApprovalRequest, JournalEntry
+from ..models import ApprovalRequest, Delegation, JournalEntry
 from ..people import eligible_approvers
 from ..rule_state import RuleState, rule_state
 from .auth import check, require
@@ -79,7 +84,12 @@ def approvals_out(rows: Sequence[ApprovalRequest]) -> list[ApprovalOut]:
     groups = sorted({g for row in rows for g in _groups(row)})
     eligible = {group: eligible_approvers(group) for group in groups}
     starts = _incarnations(rows)
-    return [approval_out(row, eligible, starts) for row in rows]
+    members = {u for names in eligible.values() for u in names}
+    # One read of the delegations in force for the page's approvers (none without groups).
+    deputies = (
+        list(Delegation.objects.filter(in_force_now(), approver__in=members)) if members else []
+    )
+    return [approval_out(row, eligible, starts, deputies) for row in rows]
 
 
 def _incarnations(rows: Sequence[ApprovalRequest]) -> dict[str, tuple[int, str]]:
@@ -102,6 +112,7 @@ def approval_out(
     row: ApprovalRequest,
     eligible: Mapping[str, Sequence[str]],
     starts: Mapping[str, tuple[int, str]],
+    delegations: Sequence[Delegation] = (),
 ) -> ApprovalOut:
     decisions = list(row.decisions.all())
     infos = [
@@ -114,6 +125,7 @@ def approval_out(
             d.signature,
             d.created_at,
             d.arguments,
+            deputy=d.deputy,
         )
         for d in decisions
     ]
@@ -127,6 +139,11 @@ def approval_out(
             denied_by=list(count.denied_by),
             eligible=list(count.eligible),
             pending=list(count.pending),
+            deputies={
+                d.approver: d.deputy
+                for d in delegations
+                if d.approver in count.pending and to_domain(d).covers(row.tool_name, groups)
+            },
         )
     else:
         count = tally({"need": 1}, infos, [d.approver for d in decisions])
@@ -257,7 +274,8 @@ def decide_signed(
     registered to ``approver``, over exactly this start of the run, call, tool, arguments,
     verdict and note (400 ``approval.bad_signature``, or ``approval.signature_format`` for
     the retired format 1; nothing recorded); the approver must be an active user who may
-    decide (403 ``approval.not_eligible``)."""
+    decide (403 ``approval.not_eligible``). A deputy's decision names the approver it is for
+    (``for_approver``), and its signature is the deputy's over bytes binding them."""
     relay = require(request, "relay")
     run_id, call_id = checked_run_id(run_id), checked_call_id(call_id)
     approver = resolve_approver(payload.approver).via(
@@ -272,6 +290,7 @@ def decide_signed(
             payload.note,
             signature=payload.signature,
             edit=payload.edit,
+            for_approver=payload.for_approver,
         )
     )
 
@@ -287,12 +306,24 @@ def decide(request: HttpRequest, run_id: str, call_id: str, payload: DecideIn) -
     Three kinds: approve; deny (``note`` is the message the model reads as the call's
     result); edit and approve (``edit``: the arguments that run instead, validated against
     the tool's schema — 400 ``approval.edit_invalid``, nothing recorded).
+
+    ``for_approver``: decide as their deputy (a delegation in force); without it, a caller
+    who may not decide the call but is the deputy of exactly one approver who may decides
+    for them, and of several is answered 400 ``approval.for_approver_needed``
+    (``details.candidates``).
     """
     by = require(request, "decide")
     run_id, call_id = checked_run_id(run_id), checked_call_id(call_id)
     shown = payload.arguments if payload.arguments is not None else NOT_SHOWN
     return _result(
         approve(
-            run_id, call_id, payload.approved, by, payload.note, edit=payload.edit, arguments=shown
+            run_id,
+            call_id,
+            payload.approved,
+            by,
+            payload.note,
+            edit=payload.edit,
+            arguments=shown,
+            for_approver=payload.for_approver,
         )
     )

@@ -254,7 +254,7 @@ class RunPage(Schema):
 
 
 class DecisionOut(Schema):
-    approver: str
+    approver: str = Field(description="whose decision it is (counted once for them)")
     approved: bool
     note: str
     signed: bool
@@ -278,6 +278,11 @@ class Progress(Schema):
         "approve_toolcall)"
     )
     pending: list[str] | None = Field(description="quorum: eligible approvers yet to decide")
+    deputies: dict[str, str] = Field(
+        default_factory=dict,
+        description="approvers yet to decide whose deputy may decide for them now (a "
+        "delegation in force covering the call): approver -> deputy",
+    )
 
 
 class MovedOut(Schema):
@@ -443,8 +448,16 @@ _EDIT = (
 )
 
 
+_FOR = (
+    "decide as the deputy of this approver (a delegation in force): the decision is "
+    "theirs, made by you. Omitted: your own decision, or, if you may not decide the call "
+    "yourself, for the one approver you are the deputy of who may"
+)
+
+
 class DecideIn(Body):
     approved: StrictBool
+    for_approver: Name | None = Field(None, description=_FOR)
     note: Note = Field("", description="a denial's note is the message the model reads")
     edit: dict[Text, JsonValue] | None = Field(None, description=_EDIT)
     arguments: dict[Text, JsonValue] | None = Field(
@@ -469,6 +482,11 @@ class SignedDecisionIn(Body):
     edit: dict[Text, JsonValue] | None = Field(
         None, description=_EDIT + "; signed too (decision_bytes(edited=...))"
     )
+    for_approver: Name | None = Field(
+        None,
+        description="the approver whose deputy ``approver`` is, deciding for them; signed too "
+        "(decision_bytes(for_approver_id=...)). Omitted: the approver's own decision",
+    )
 
 
 class DecisionResult(Schema):
@@ -476,6 +494,57 @@ class DecisionResult(Schema):
     call_id: str
     status: str = Field(description="approved, denied, or pending (a quorum still counting)")
     tally: dict[str, Any]
+
+
+# -- delegations ----------------------------------------------------------------------
+
+DelegationState = Literal["current", "in_force", "upcoming", "ended", "revoked", "all"]
+
+
+class DelegationIn(Body):
+    approver: Name | None = Field(
+        None,
+        description="who is away; omitted: you. For someone else it takes the "
+        "delegate_approvals permission",
+    )
+    deputy: Name = Field(description="who decides for them (holds approve_toolcall)")
+    starts_at: datetime | None = Field(
+        None, description="timezone-aware; omitted or in the past: now"
+    )
+    ends_at: datetime = Field(description="timezone-aware, after the start")
+    groups: list[Name] = Field(
+        default_factory=list, description="only calls asked of these groups; empty: any"
+    )
+    tools: list[Name] = Field(default_factory=list, description="only these tools; empty: any")
+    note: Note = ""
+
+
+class RevokeDelegationIn(Body):
+    note: Note = ""
+
+
+class DelegationOut(Schema):
+    id: int
+    approver: str
+    deputy: str
+    starts_at: datetime
+    ends_at: datetime
+    groups: list[str]
+    tools: list[str]
+    note: str
+    state: str = Field(description="upcoming, in_force, ended or revoked (the database's clock)")
+    created_by: str
+    created_at: datetime | None
+    revoked_at: datetime | None
+    revoked_by: str
+
+
+class DelegationPage(Schema):
+    count: int | None
+    limit: int
+    offset: int
+    next_cursor: str | None = None
+    items: list[DelegationOut]
 
 
 # -- halts ----------------------------------------------------------------------------

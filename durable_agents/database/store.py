@@ -100,6 +100,7 @@ from ..models import (
     Throttle,
 )
 from ..notifications import outbox as notifications
+from .delegations import Delegations
 from .limits import Limits
 from .liveness import KEY, Liveness, liveness_for
 from .prepared import Prepared
@@ -310,7 +311,7 @@ def _forget_site_store(*, setting: str, **kwargs: Any) -> None:
         _site = None
 
 
-class DjangoStore(Limits):
+class DjangoStore(Delegations, Limits):
     """The Store port over a Django database alias."""
 
     def __init__(
@@ -1586,6 +1587,7 @@ class DjangoStore(Limits):
                         note=decision.note,
                         signature=decision.signature,
                         arguments=decision.arguments,
+                        deputy=decision.deputy,
                     )
         except IntegrityError:
             return False
@@ -1609,6 +1611,7 @@ class DjangoStore(Limits):
                 d.signature,
                 d.created_at,
                 d.arguments,
+                deputy=d.deputy,
             )
             for d in rows
         ]

@@ -53,6 +53,7 @@ from .ports import (
     APPROVAL_WITHDRAWN,
     ApprovalRequestInfo,
     DecisionInfo,
+    DelegationInfo,
     Store,
 )
 from .records import encode
@@ -159,10 +160,13 @@ class Tally:
     disagreed_by: tuple[str, ...] = ()
     # What the counted approvals approve running: their edit, or None for as asked.
     arguments: Any = None
+    # Approvers whose decision a person made who had decided already (for themselves or for
+    # another approver, ``engine.delegation``): one person counts once, so it never counts.
+    uncounted: tuple[str, ...] = ()
 
     @property
     def pending(self) -> tuple[str, ...]:
-        decided = set(self.approved_by) | set(self.denied_by) | set(self.disagreed_by)
+        decided = {*self.approved_by, *self.denied_by, *self.disagreed_by, *self.uncounted}
         return tuple(a for a in self.eligible if a not in decided)
 
     @property
@@ -182,6 +186,7 @@ class Tally:
             "pending": list(self.pending),
             "decisions": [dict(d) for d in self.decisions],
             **({"disagreed_by": list(self.disagreed_by)} if self.disagreed_by else {}),
+            **({"uncounted": list(self.uncounted)} if self.uncounted else {}),
         }
 
 
@@ -217,6 +222,7 @@ def decision_bytes(
     approved: bool,
     note: str = "",
     edited: Any = None,
+    for_approver_id: str | None = None,
 ) -> bytes:
     """What an external approver signs (format 2): this start of this run (its
     ``incarnation``, a random nonce recorded at ``run:start``), this call, this tool, these
@@ -231,6 +237,11 @@ def decision_bytes(
     instead, as the tool's schema validates them) appends ``b"\\x01" + sha256(edited)``; an
     unedited decision's bytes are unchanged (the note's length prefix ends them, so the two
     never coincide). ``arguments`` stays what the call asked about.
+
+    A deputy deciding for another approver (``engine.delegation``) signs with their own key:
+    ``approver_id`` is the deputy's, and the bytes end with ``b"\\x02" +
+    f(for_approver_id)``, the approver they decide for (after the edit's part, if any). A
+    signature for oneself never verifies as one for someone else, nor the other way.
     """
     return (
         SIGNATURE_DOMAIN
@@ -243,6 +254,7 @@ def decision_bytes(
         + (b"\x01" if approved else b"\x00")
         + _field(note)
         + (b"" if edited is None else b"\x01" + arguments_digest(edited))
+        + (b"" if for_approver_id is None else b"\x02" + _field(for_approver_id))
     )
 
 
@@ -285,14 +297,20 @@ def verify_signature(
     incarnation: str,
     edited: Any = None,
     signed_as: str | None = None,
+    for_approver: Actor | None = None,
+    for_signed_as: str | None = None,
 ) -> None:
     """Refuse (``approval.bad_signature``) unless ``signature`` is the approver's, by one of
     the keys registered to them, over ``decision_bytes`` of exactly this decision; a
     signature over the retired format 1 is ``approval.signature_format``.
 
-    ``signed_as``: the approver id the signed bytes name, when the decision was made on
-    another site (an import), where the same person's user had another primary key; the
-    keys are still those registered *here* to ``approver``."""
+    ``for_approver``: the approver a deputy (``approver``, whose keys sign) decides for;
+    the bytes bind their id too.
+
+    ``signed_as`` (``for_signed_as``): the id the signed bytes name for the signer (the
+    approver decided for), when the decision was made on another site (an import), where
+    the same person's user had another primary key; the keys are still those registered
+    *here* to ``approver``."""
     try:
         sig = base64.b64decode(signature, validate=True)
     except (ValueError, TypeError):
@@ -313,6 +331,9 @@ def verify_signature(
         approved=approved,
         note=note,
         edited=edited,
+        for_approver_id=None
+        if for_approver is None
+        else (for_approver.id if for_signed_as is None else for_signed_as),
     )
     if _verifies(keys, sig, message):
         return
@@ -322,8 +343,9 @@ def verify_signature(
             f"run's start nor the note and is no longer accepted; sign format "
             f"{SIGNATURE_FORMAT} (see docs/api.md, 'Signed decisions')"
         )
+    deciding = f" deciding for {for_approver.username!r}" if for_approver is not None else ""
     raise ApprovalBadSignature(
-        f"the signature does not verify for {approver.username!r} on call "
+        f"the signature does not verify for {approver.username!r}{deciding} on call "
         f"{request.call_id!r} of this start of run {request.run_id!r} with these arguments, "
         "this verdict, this note" + (" and these edited arguments" if edited is not None else "")
     )
@@ -342,7 +364,8 @@ def approvals_short_of(
 ) -> str | None:
     """Why the approvals a decision's ``tally`` counted do not meet a rule's ``outcome`` and
     ``policy`` (None when they do): a denial, too few approvers, approvers outside the
-    policy's groups, or the requester counted where duties are separated."""
+    policy's groups, or the requester counted (or deciding as a deputy) where duties are
+    separated."""
     if outcome == "deny":
         return "the rule denies these arguments"
     if outcome != "ask":
@@ -352,20 +375,39 @@ def approvals_short_of(
         members = set(members_of(policy))
         approvers = [a for a in approvers if a in members]
     if policy.get("separate") and requester:
-        approvers = [a for a in approvers if a != requester]
+        # Nor an approval its requester made as someone's deputy.
+        deputies = {str(d.get("approver")): d.get("deputy") for d in tally.get("decisions") or ()}
+        approvers = [a for a in approvers if requester not in (a, deputies.get(a))]
     need = int(policy.get("need", 1))
     if len(set(approvers)) < need:
         return f"it needs {need} approval(s) under it, and has {len(set(approvers))}"
     return None
 
 
-def check_may_decide(actor: Actor, policy: Mapping[str, Any], eligible: Sequence[str]) -> None:
+def check_may_decide(
+    actor: Actor,
+    policy: Mapping[str, Any],
+    eligible: Sequence[str],
+    *,
+    for_approver: Actor | None = None,
+    delegations: Sequence[DelegationInfo] = (),
+    tool: str = "",
+) -> None:
     """The one rule for who decides a gated call, on every path (admin, API key, session,
     signature, command, Python): an active user holding ``approve_toolcall``; when the
     policy names a group (a quorum, or ``ask("group")``), also an eligible member of it
     (``eligible``: the group's usernames from the ``eligible_approvers`` port, which applies
     the same conditions); and never the run's requester when the rule separates duties
-    (``ask(..., requester_may_decide=False)``)."""
+    (``ask(..., requester_may_decide=False)``).
+
+    A deputy (``actor``) deciding ``for_approver`` (``engine.delegation``): the actor holds
+    ``approve_toolcall`` and is named by one of ``delegations`` — those in force now, by
+    the store's clock — from that approver covering this call (its ``tool``, the policy's
+    groups); the approver may decide it by the rule above (``eligible``: theirs); and where
+    duties are separated, neither of them is the run's requester."""
+    if for_approver is not None and for_approver.username != actor.username:
+        _check_deputy(actor, policy, eligible, for_approver, delegations, tool)
+        return
     if not actor.has(APPROVE_TOOLCALL):
         raise ApproverNotEligible(
             f"{actor.username!r} may not decide tool calls: it needs the "
@@ -389,6 +431,49 @@ def check_may_decide(actor: Actor, policy: Mapping[str, Any], eligible: Sequence
         )
 
 
+def _check_deputy(
+    actor: Actor,
+    policy: Mapping[str, Any],
+    eligible: Sequence[str],
+    approver: Actor,
+    delegations: Sequence[DelegationInfo],
+    tool: str,
+) -> None:
+    if not actor.has(APPROVE_TOOLCALL):
+        raise ApproverNotEligible(
+            f"{actor.username!r} may not decide tool calls, for themselves or as a deputy: it "
+            f"needs the {APPROVE_TOOLCALL!r} permission"
+        )
+    groups = deciding_groups(policy)
+    if not any(
+        d.deputy == actor.username and d.approver == approver.username and d.covers(tool, groups)
+        for d in delegations
+    ):
+        raise ApproverNotEligible(
+            f"{actor.username!r} may not decide for {approver.username!r}: no delegation from "
+            f"{approver.username!r} to {actor.username!r} covering this call ({tool!r}"
+            + (f", group {' or '.join(groups)}" if groups else "")
+            + ") is in force now; it is recorded in the admin (Delegations) or with "
+            "durable_agents.delegate(...)"
+        )
+    requester = policy.get("requester")
+    if policy.get("separate") and requester in (actor.username, approver.username):
+        who = "you" if requester == actor.username else repr(approver.username)
+        raise ApproverNotEligible(
+            f"{actor.username!r} may not decide this call for {approver.username!r}: {who} "
+            "started this run, and the rule that asked says the person who asked for a call "
+            "may not decide it (separation of duties), nor through a deputy: someone else "
+            "decides"
+        )
+    try:
+        check_may_decide(approver, policy, eligible)
+    except ApproverNotEligible as exc:
+        raise ApproverNotEligible(
+            f"{actor.username!r} decides for {approver.username!r} only what they may "
+            f"decide, and this they may not: {exc}"
+        ) from None
+
+
 def tally(
     policy: Mapping[str, Any], decisions: Sequence[DecisionInfo], eligible: Sequence[str]
 ) -> Tally:
@@ -396,14 +481,23 @@ def tally(
     approved: list[str] = []
     denied: list[str] = []
     disagreed: list[str] = []
+    uncounted: list[str] = []
     counted: list[dict[str, Any]] = []
     seen: set[str] = set()
+    hands: set[str] = set()  # who made the decisions counted: approvers, or their deputies
     agreed: str | None = None  # the first approval's arguments, encoded
     arguments: Any = None
     for d in decisions:
         if d.approver in seen or d.approver not in eligible_set:
             continue  # a user counts once; an ineligible user never
+        maker = d.deputy or d.approver
+        if maker in hands:
+            # A person who decided already, for themselves or for another approver: two
+            # decisions recorded at one moment both pass the command's check; one counts.
+            uncounted.append(d.approver)
+            continue
         seen.add(d.approver)
+        hands.add(maker)
         if not d.approved:
             denied.append(d.approver)
         elif agreed is None or encode(d.arguments) == agreed:
@@ -424,6 +518,7 @@ def tally(
                 "at": d.created_at.isoformat() if d.created_at else None,
                 "signed": bool(d.signature),
                 **({"arguments": d.arguments} if d.arguments is not None else {}),
+                **({"deputy": d.deputy} if d.deputy else {}),
             }
         )
     return Tally(
@@ -434,6 +529,7 @@ def tally(
         decisions=tuple(counted),
         disagreed_by=tuple(disagreed),
         arguments=arguments,
+        uncounted=tuple(uncounted),
     )
 
 

@@ -330,6 +330,33 @@ class ApprovalArgumentsDisagree(ApprovalError):
     http_status = 409
 
 
+class ApprovalForWhom(ApprovalError):
+    """A deputy of several approvers must say whom they decide for (``for_approver=``)."""
+
+    code = "approval.for_approver_needed"
+
+
+# -- delegations -------------------------------------------------------------------------
+
+
+class DelegationError(ConfigError):
+    """A delegation that cannot be recorded as asked (its window, scope or people)."""
+
+    code = "delegation.invalid"
+
+
+class DelegationNotFound(DelegationError):
+    code = "delegation.not_found"
+    http_status = 404
+
+
+class DelegationOverlaps(DelegationError):
+    """Another delegation of the same approver covers part of the same time and calls."""
+
+    code = "delegation.overlaps"
+    http_status = 409
+
+
 # -- halts -------------------------------------------------------------------------------
 
 

@@ -17,10 +17,9 @@ ran here).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
-from . import names, registry
+from . import names, registry, runtime
 from .approvals import (
     check_may_decide,
     eligible_for,
@@ -28,9 +27,10 @@ from .approvals import (
     resolve_approver,
     verify_signature,
 )
+from .delegation import in_force_to
 from .errors import ApprovalError, ConfigError, ImportRefused, RunImported
 from .export import RunExport
-from .ports import IMPORTED_LIVE, NOT_IMPORTED, ApprovalRequestInfo, RunInfo
+from .ports import IMPORTED_LIVE, NOT_IMPORTED, ApprovalRequestInfo, RunInfo, Store
 from .records import Record, encode
 
 _CARRY_ON = (
@@ -91,7 +91,7 @@ def refuse_sub_run(child: RunInfo | None, parent: RunInfo | None, call_id: str) 
     )
 
 
-def check_live(run: RunExport) -> None:
+def check_live(run: RunExport, store: Store | None = None) -> None:
     """Refuse (``ImportRefused``, naming the decision) to import ``run`` live unless every
     decision in it is verified here, as a signed decision relayed to this site would be
     (``approvals.verify_signature``): each ``decision`` row carries a signature by a key
@@ -100,6 +100,11 @@ def check_live(run: RunExport) -> None:
     user here who may decide the call under the tool's policy *here*. And each decision
     the journal records is backed by enough such rows: its decider's for one approver, the
     quorum's ``need`` for a quorum. The run's agent must be loaded here: it is driven here.
+
+    A decision a deputy made for an approver (``engine.delegation``) verifies as one
+    relayed here now would: signed by the deputy's key here, over bytes binding the approver
+    it is for, by a deputy whom a delegation here (``store``'s, in force now) lets decide
+    this call for an approver who may decide it here. A quorum counts a person once.
 
     Only decisions are verified: the file's model turns, tool results, answers and signals
     are taken as they are (docs/replay.md, "Imports")."""
@@ -117,12 +122,12 @@ def check_live(run: RunExport) -> None:
     incarnation = str(start.get("incarnation") or "") if start is not None else ""
     requests = {str(r.get("call_id")): r for r in run.rows.get("approval_request", ())}
     signed_as = _origin_ids(run)
-    verified: dict[str, list[tuple[str, bool, Any]]] = {}
+    verified: dict[str, list[tuple[str, bool, Any, str]]] = {}
     for row in run.rows.get("decision", ()):
         call_id = str(row.get("call_id"))
         request = _request(run, requests, call_id, agent)
         verified.setdefault(call_id, []).append(
-            _verified(request, row, incarnation, signed_as.get(str(row.get("approver")), ()))
+            _verified(request, row, incarnation, signed_as, store)
         )
     for rec in run.records:
         if rec.name.startswith(names.APPROVAL):
@@ -148,6 +153,8 @@ def _origin_ids(run: RunExport) -> dict[str, set[str]]:
     for rec in run.records:
         if rec.name.startswith(names.APPROVAL) and rec.get("by") and rec.get("by_id"):
             found.setdefault(str(rec.get("by")), set()).add(str(rec.get("by_id")))
+        if rec.name.startswith(names.APPROVAL) and rec.get("deputy") and rec.get("deputy_id"):
+            found.setdefault(str(rec.get("deputy")), set()).add(str(rec.get("deputy_id")))
     return found
 
 
@@ -180,45 +187,68 @@ def _verified(
     request: ApprovalRequestInfo,
     row: dict[str, Any],
     incarnation: str,
-    origin_ids: Iterable[str],
-) -> tuple[str, bool, Any]:
-    """The decision ``row`` as (approver, approved, edited arguments), verified; refused
-    otherwise."""
+    origin_ids: dict[str, set[str]],
+    store: Store | None,
+) -> tuple[str, bool, Any, str]:
+    """The decision ``row`` as (approver, approved, edited arguments, who made it),
+    verified; refused otherwise."""
     approver, approved, note = row.get("approver"), row.get("approved"), row.get("note") or ""
+    deputy = row.get("deputy") or ""
     what = f"the decision of {approver!r} on call {request.call_id!r}"
-    if not isinstance(approver, str) or not isinstance(approved, bool) or not isinstance(note, str):
+    if deputy:
+        what = f"the decision of {deputy!r} for {approver!r} on call {request.call_id!r}"
+    if (
+        not isinstance(approver, str)
+        or not isinstance(approved, bool)
+        or not isinstance(note, str)
+        or not isinstance(deputy, str)
+    ):
         raise _unverified(request.run_id, what, "it is malformed")
     signature = row.get("signature")
     if not isinstance(signature, str) or not signature:
         raise _unverified(request.run_id, what, "it carries no signature")
     try:
-        actor = resolve_approver(approver)
+        principal = resolve_approver(approver)
+        signer = resolve_approver(deputy) if deputy else principal
         policy = dict(request.policy)
-        check_may_decide(actor, policy, eligible_for(policy, actor))
+        check_may_decide(
+            signer,
+            policy,
+            eligible_for(policy, principal),
+            for_approver=principal if deputy else None,
+            delegations=in_force_to(store or runtime.store(), signer.username) if deputy else (),
+            tool=request.tool_name,
+        )
     except ApprovalError as exc:
         raise _unverified(request.run_id, what, str(exc)) from None
     edited = row.get("arguments")
     first: ApprovalError | None = None
-    for signer in (None, *sorted(set(origin_ids) - {actor.id})):
-        try:
-            verify_signature(
-                request,
-                actor,
-                approved,
-                note,
-                signature,
-                incarnation=incarnation,
-                edited=edited,
-                signed_as=signer,
-            )
-            return approver, approved, edited
-        except ApprovalError as exc:
-            first = first or exc
+    # The ids the signed bytes may name: here, or on the site that exported it.
+    as_signer = (None, *sorted(origin_ids.get(signer.username, set()) - {signer.id}))
+    as_principal = (None, *sorted(origin_ids.get(approver, set()) - {principal.id}))
+    for signed_as in as_signer:
+        for for_signed_as in as_principal if deputy else (None,):
+            try:
+                verify_signature(
+                    request,
+                    signer,
+                    approved,
+                    note,
+                    signature,
+                    incarnation=incarnation,
+                    edited=edited,
+                    signed_as=signed_as,
+                    for_approver=principal if deputy else None,
+                    for_signed_as=for_signed_as,
+                )
+                return approver, approved, edited, signer.username
+            except ApprovalError as exc:
+                first = first or exc
     raise _unverified(request.run_id, what, str(first))
 
 
 def _backed(
-    request: ApprovalRequestInfo, rec: Record, verified: list[tuple[str, bool, Any]]
+    request: ApprovalRequestInfo, rec: Record, verified: list[tuple[str, bool, Any, str]]
 ) -> None:
     """Refuse a journaled decision that the verified rows do not make."""
     what = f"the recorded decision {rec.name!r}"
@@ -228,11 +258,13 @@ def _backed(
             request.run_id, what, "it is about other arguments than its request asks about"
         )
     edited = (rec.get("edited") or {}).get("arguments") if approved else None
-    makers = [
-        who
-        for who, said, args in verified
+    agreeing = [
+        (who, hands)
+        for who, said, args, hands in verified
         if said == approved and (not approved or encode(args) == encode(edited))
     ]
+    # A person counts once: for themselves, or for one approver as a deputy.
+    makers = list({hands: who for who, hands in reversed(agreeing)}.values())
     policy = dict(request.policy)
     need = int(policy.get("need", 1)) if policy.get("kind") == "quorum" else 1
     if approved and len(makers) < need:

@@ -31,6 +31,7 @@ from .ports import (
     ActionInfo,
     ApprovalRequestInfo,
     DecisionInfo,
+    DelegationInfo,
     Entry,
     Existing,
     HaltInfo,
@@ -77,6 +78,7 @@ class InMemoryStore:
         self._requests: dict[tuple[str, str], ApprovalRequestInfo] = {}
         self._decisions: dict[tuple[str, str], list[DecisionInfo]] = {}
         self._actions: list[ActionInfo] = []
+        self._delegations: list[DelegationInfo] = []  # in the order they were recorded
         # The audit chains (engine/audit.py): each record's hash by (run, name), each run's
         # head, and the action log's hashes beside its rows.
         self._hashes: dict[tuple[str, str], str] = {}
@@ -560,6 +562,55 @@ class InMemoryStore:
     def list_actions(self, *, run_id: str | None = None) -> Sequence[ActionInfo]:
         with self._lock:
             return [a for a in self._actions if run_id is None or a.run_id == run_id]
+
+    # -- delegations ------------------------------------------------------------------
+
+    def save_delegation(
+        self, delegation: DelegationInfo, *, log: ActionInfo
+    ) -> tuple[DelegationInfo, bool]:
+        with self._lock:
+            for standing in self._delegations:
+                if standing.overlaps(delegation):
+                    return standing, False
+            number = len(self._delegations) + 1
+            stored = replace(delegation, id=number, created_at=_dt(self._clock()))
+            self._delegations.append(stored)
+            payload = {**log.payload, "delegation": number}
+            self.log_action(replace(log, target=f"delegation:{number}", payload=payload))
+            return stored, True
+
+    def get_delegation(self, delegation_id: int) -> DelegationInfo | None:
+        with self._lock:
+            found = [d for d in self._delegations if d.id == delegation_id]
+            return found[0] if found else None
+
+    def revoke_delegation(self, delegation_id: int, by: str, *, log: ActionInfo) -> bool:
+        with self._lock:
+            for i, d in enumerate(self._delegations):
+                if d.id == delegation_id and d.revoked_at is None:
+                    now = _dt(self._clock())
+                    self._delegations[i] = replace(d, revoked_at=now, revoked_by=by)
+                    self.log_action(log)
+                    return True
+            return False
+
+    def list_delegations(
+        self,
+        *,
+        approver: str | None = None,
+        deputy: str | None = None,
+        in_force: bool = False,
+    ) -> Sequence[DelegationInfo]:
+        with self._lock:
+            now = _dt(self._clock())
+            found = [
+                d
+                for d in self._delegations
+                if (approver is None or d.approver == approver)
+                and (deputy is None or d.deputy == deputy)
+                and (not in_force or d.in_force(now))
+            ]
+        return sorted(found, key=lambda d: (d.starts_at, d.id or 0), reverse=True)
 
     # -- audit chains (engine/audit.py) -------------------------------------------------
 

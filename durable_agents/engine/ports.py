@@ -372,6 +372,55 @@ class DecisionInfo:
 
 
 @dataclass(frozen=True)
+class DelegationInfo:
+    """``deputy`` decides for ``approver`` from ``starts_at`` until ``ends_at`` (the store's
+    clock) — or until it was revoked — the calls of ``tools`` asked of members of
+    ``groups`` (empty: any). People by username, as decisions name them
+    (``engine.delegation``)."""
+
+    approver: str
+    deputy: str
+    starts_at: datetime
+    ends_at: datetime
+    groups: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    note: str = ""
+    created_by: str = ""
+    id: int | None = None
+    created_at: datetime | None = None
+    revoked_at: datetime | None = None
+    revoked_by: str = ""
+
+    def in_force(self, at: datetime) -> bool:
+        return self.starts_at <= at < self.ends_at and (
+            self.revoked_at is None or at < self.revoked_at
+        )
+
+    def covers(self, tool: str, groups: Sequence[str]) -> bool:
+        """Whether it covers a call of ``tool`` decided by the members of ``groups``."""
+        if self.tools and tool not in self.tools:
+            return False
+        return not self.groups or any(g in self.groups for g in groups)
+
+    def overlaps(self, other: DelegationInfo) -> bool:
+        """Whether both stand for the same approver over some of the same time and calls
+        (a revoked one stands for nothing)."""
+
+        def meet(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+            return not a or not b or bool(set(a) & set(b))
+
+        return (
+            self.approver == other.approver
+            and self.revoked_at is None
+            and other.revoked_at is None
+            and self.starts_at < other.ends_at
+            and other.starts_at < self.ends_at
+            and meet(self.groups, other.groups)
+            and meet(self.tools, other.tools)
+        )
+
+
+@dataclass(frozen=True)
 class ActionInfo:
     """A history row: who did what to which run."""
 
@@ -624,6 +673,38 @@ class Store(Protocol):
     def log_action(self, action: ActionInfo) -> None: ...
 
     def list_actions(self, *, run_id: str | None = None) -> Sequence[ActionInfo]: ...
+
+    # -- delegations (``engine.delegation``) -----------------------------------------------
+
+    def save_delegation(
+        self, delegation: DelegationInfo, *, log: ActionInfo
+    ) -> tuple[DelegationInfo, bool]:
+        """Record ``delegation`` (the store gives its ``id`` and ``created_at``) with its
+        action-log row ``log``, whose ``target`` becomes ``delegation:<id>`` and whose
+        payload gains ``"delegation": <id>``: both or neither. Unless a delegation of the
+        same approver overlaps it (``DelegationInfo.overlaps``), checked atomically with the
+        insert: then nothing is written. Returns the stored delegation, or the one in the
+        way, and whether this call stored it."""
+        ...
+
+    def get_delegation(self, delegation_id: int) -> DelegationInfo | None: ...
+
+    def revoke_delegation(self, delegation_id: int, by: str, *, log: ActionInfo) -> bool:
+        """Mark the delegation revoked by ``by`` at the store's clock, with the action-log
+        row ``log``, both or neither; only while it is not revoked. True if this call did."""
+        ...
+
+    def list_delegations(
+        self,
+        *,
+        approver: str | None = None,
+        deputy: str | None = None,
+        in_force: bool = False,
+    ) -> Sequence[DelegationInfo]:
+        """The delegations of ``approver`` and/or to ``deputy``, newest start first; with
+        ``in_force``, only those in force now by the store's clock (started, not ended, not
+        revoked)."""
+        ...
 
     def list_unfinished(
         self,

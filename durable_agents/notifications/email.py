@@ -22,7 +22,7 @@ from ..conf import ChannelConfig, get_settings
 from ..engine import events
 from ..engine.approvals import deciding_groups
 from .channels import DeliveryFailed, Notice
-from .payloads import tool_of
+from .payloads import decided_by, tool_of
 
 
 class EmailChannel:
@@ -65,7 +65,28 @@ def recipients(notice: Notice) -> tuple[list[str], int]:
         for approver, approved in votes:
             users.pop(approver, None)
             approvals += approved
+    users.update(_deputies(users, str(notice.payload.get("tool") or ""), policy))
     return sorted({email for email in users.values() if email}), approvals
+
+
+def _deputies(users: dict[str, str], tool: str, policy: Any) -> dict[str, str]:
+    """The addresses of the deputies in force now for ``users`` on this call: an approver
+    who is away is told through the person deciding for them (``engine.delegation``)."""
+    from django.contrib.auth import get_user_model
+
+    from ..database.delegations import in_force_now, to_domain
+    from ..models import Delegation
+
+    groups = deciding_groups(policy)
+    rows = Delegation.objects.filter(in_force_now(), approver__in=list(users))
+    wanted = {d.deputy for d in rows if to_domain(d).covers(tool, groups)} - set(users)
+    if not wanted:
+        return {}
+    User = get_user_model()
+    found = User._default_manager.filter(
+        **{f"{User.USERNAME_FIELD}__in": wanted}, is_active=True
+    ).exclude(email="")
+    return {u.get_username(): u.email for u in found}
 
 
 _SUBJECTS = {
@@ -86,7 +107,7 @@ def message(payload: Any, approvals: int = 0) -> tuple[str, str]:
     agent = payload.get("agent") or "unknown agent"
     if event == events.APPROVAL_DECIDED:
         verb = {"approve": "Approved", "edit": "Approved with edits", "deny": "Denied"}
-        head = f"{verb.get(payload.get('decision'), 'Decided')} by {payload.get('by')}"
+        head = f"{verb.get(payload.get('decision'), 'Decided')} by {decided_by(payload)}"
     else:
         head = _SUBJECTS.get(event, "Approval")
     # A header cannot hold a line break: the summary is the tool's own text.

@@ -119,6 +119,8 @@ def render(
             by=details.get("by") or "",
             note=details.get("note") or "",
         )
+        if details.get("deputy"):  # a deputy decided for ``by`` (engine.delegation)
+            payload["deputy"] = details["deputy"]
         if details.get("decision") == "edit":
             payload["arguments"] = shown_arguments(tool, details.get("arguments"))
             payload["original_arguments"] = shown_arguments(tool, request.arguments)
@@ -138,9 +140,17 @@ def decided_details(record: Mapping[str, Any]) -> dict[str, Any]:
         "by": record.get("by") or "",
         "note": record.get("note") or "",
     }
+    if record.get("deputy"):
+        out["deputy"] = record.get("deputy")
     if edited is not None:
         out["arguments"] = edited
     return out
+
+
+def decided_by(payload: Mapping[str, Any]) -> str:
+    """Who decided, as people read it: ``"leo for lena"`` when a deputy did."""
+    deputy = payload.get("deputy")
+    return f"{deputy} for {payload.get('by')}" if deputy else str(payload.get("by") or "")
 
 
 def text_of(payload: Mapping[str, Any]) -> str:
@@ -158,7 +168,8 @@ def text_of(payload: Mapping[str, Any]) -> str:
         head = f"Expired, nobody decided in time: {what}"
     else:
         verb = {"approve": "Approved", "edit": "Approved with edits", "deny": "Denied"}
-        head = f"{verb.get(str(payload.get('decision')), 'Decided')} by {payload.get('by')}: {what}"
+        said = verb.get(str(payload.get("decision")), "Decided")
+        head = f"{said} by {decided_by(payload)}: {what}"
         if payload.get("note"):
             head += f" ({payload['note']})"
     line = " ".join(f"{head} [{where}]".split())  # one line, whatever the summary held

@@ -72,12 +72,14 @@ LISTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "apikeys": (f"{ADMIN}/apikey/", ("name", "user", "state")),
     "approverkeys": (f"{ADMIN}/approverkey/", ("user", "key_preview", "state")),
     "notifications": (f"{ADMIN}/notification/", ("about_cell", "status_cell", "error_cell")),
+    "delegations": (f"{ADMIN}/delegation/", ("who", "window", "state_shown", "end")),
 }
 # Pages that are lists of their own making (cards, forms, tables).
 PAGES = {
     "inbox": f"{ADMIN}/inbox/",
     "waiting": f"{ADMIN}/run/waiting/",
     "sessions": f"{ADMIN}/run/sessions/",
+    "delegation-add": f"{ADMIN}/delegation/add/",
 }
 
 
@@ -172,6 +174,20 @@ def seed(tag: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
             "tool": "refund",
             "summary": "Refund 5.00 to order 7",
         },
+    )
+    # A lead away for a week, a deputy with a long name deciding some of her calls.
+    for name in ("lena-lead", "a-rather-long-deputy-name@support.example.com"):
+        make_user(name, "approve_toolcall")
+    now = timezone.now()
+    da.delegate(
+        "lena-lead",
+        "a-rather-long-deputy-name@support.example.com",
+        now,
+        now + timedelta(days=7),
+        groups=["support-leads", "refunds-over-1000-eur"],
+        tools=["refund", "send_goodwill_voucher"],
+        by="lena-lead",
+        note="On holiday; call me only if the building is on fire.",
     )
     return ids
 

@@ -386,6 +386,7 @@ def test_approve_then_the_same_decision_again_then_a_different_one():
         "denied_by": [],
         "eligible": None,
         "pending": None,
+        "deputies": {},
     }
     detail = caller.get("/runs/ap-1").json()
     assert [a["call_id"] for a in detail["approvals"]] == ["call_1_1"]
@@ -536,6 +537,7 @@ def test_quorum_counts_each_approver_once_and_passes_at_need(finance):
         "denied_by": [],
         "eligible": ["ann", "bob", "cat"],
         "pending": ["bob", "cat"],
+        "deputies": {},
     }
     assert count_effects("q-1") == {}
     done = finance["bob"].post(path, {"approved": True})

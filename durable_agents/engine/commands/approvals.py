@@ -23,7 +23,6 @@ from ..approvals import (
     ApprovalOutcome,
     Tally,
     arguments_tag,
-    check_may_decide,
     decision_name,
     eligible_for,
     incarnation_of,
@@ -31,7 +30,9 @@ from ..approvals import (
     tally,
     verify_signature,
 )
+from ..delegation import deciding_as, in_force_to, shown
 from ..errors import (
+    ActorError,
     ApprovalAlreadyDecided,
     ApprovalArgumentsChanged,
     ApprovalArgumentsDisagree,
@@ -40,6 +41,7 @@ from ..errors import (
     ApprovalExpired,
     ApprovalNotFound,
     ApprovalOrphaned,
+    ApproverNotEligible,
     ConfigError,
     ToolArgumentsError,
 )
@@ -73,6 +75,7 @@ def approve(
     signature: str | None = None,
     arguments: Any = NOT_SHOWN,
     edit: Any = None,
+    for_approver: Any = None,
     store: Store | None = None,
 ) -> ApprovalOutcome:
     """Record ``by``'s decision on call ``call_id`` of run ``run_id``.
@@ -99,6 +102,13 @@ def approve(
     approval for other arguments is refused (``approval.arguments_disagree``).
 
     A denial's ``note`` is the message the model reads as the call's result.
+
+    ``for_approver`` (a user object or a username): decide as their deputy
+    (``engine.delegation``): the decision is theirs, made by ``by``, and counts once for
+    them. Without it, a person who may not decide the call themselves but is the deputy of
+    exactly one approver who may, and has not, decides for that approver; of several, the
+    decision is refused (``approval.for_approver_needed``). A signed decision is for
+    someone else only when it names them (the signature binds them).
 
     The journal is the truth: a decision that stopped after its record (a crash before the
     request and the run were updated) is finished by the next decision on the call, and by
@@ -127,15 +137,31 @@ def approve(
     if edit is not None:
         edit = _validated_edit(store, request, approved, edit)
     actor = resolve_approver(by)
+    principal = _principal(for_approver, actor)
     if signature is not None:  # before anything is read as this approver's, or written
         incarnation = incarnation_of(store, run_id)
         verify_signature(
-            request, actor, approved, note, signature, incarnation=incarnation, edited=edit
+            request,
+            actor,
+            approved,
+            note,
+            signature,
+            incarnation=incarnation,
+            edited=edit,
+            for_approver=principal,
         )
     policy = dict(request.policy)
-    eligible = eligible_for(policy, actor)
-    check_may_decide(actor, policy, eligible)
-    by_name = actor.username
+    deciding = deciding_as(
+        actor,
+        request,
+        policy,
+        for_approver=principal,
+        delegations=lambda: in_force_to(store, actor.username),
+        voted=lambda: {d.approver for d in store.list_decisions(run_id, call_id)},
+        own_only=signature is not None,
+    )
+    approver, eligible, deputy = deciding.approver, deciding.eligible, deciding.deputy
+    by_name = approver.username
     name = decision_name(call_id, request.arguments, again=request.previous_arguments is not None)
     standing = journal.get(run_id, name) if store.get_run(run_id) is not None else None
     if standing is not None:
@@ -157,6 +183,8 @@ def approve(
             f"{encode(moved_to)}; approve those (edit=...) or deny",
             approved_arguments=moved_to,
         )
+    if policy.get("kind") == "quorum":
+        _refuse_second_hand(store, request, actor, by_name)
     if approved and policy.get("kind") == "quorum":
         _refuse_disagreeing(store, request, by_name, edit, eligible)
     if edit is not None:
@@ -165,7 +193,7 @@ def approve(
         stricter = _policy_for_edit(store, journal, request, edit, policy)
         if stricter is not None:
             policy, request = stricter, replace(request, policy=stricter)
-            eligible = eligible_for(policy, actor)
+            eligible = eligible_for(policy, approver)
     # A quorum's votes are counted from the request's rows: one must never land on a request
     # asked again under it (the store checks). A single decision is journaled for exactly
     # the arguments its maker was shown, whatever the row says by then: it stands.
@@ -178,6 +206,7 @@ def approve(
         note,
         signature,
         arguments=edit,
+        deputy=deputy,
         request=request if quorum else None,
     )
     failpoints.hit(f"before-decision:{call_id}")
@@ -191,6 +220,16 @@ def approve(
             # Asked again between the two reads, which clears the votes: nothing written.
             current = store.get_approval_request(run_id, call_id)
             raise asked_again(replace(decision, request=request), current)
+        if mine.deputy != deputy:
+            # The approver's own vote and their deputy's for them are one vote: whoever
+            # made it first made it.
+            verb = "approved" if mine.approved else "denied"
+            raise ApprovalAlreadyDecided(
+                f"{shown(by_name, mine.deputy)} already {verb} this call"
+                + (f" for {by_name!r}" if mine.deputy else "")
+                + f"; {by_name!r} counts once, whoever decides for them",
+                standing={"approved": mine.approved, "by": by_name, "deputy": mine.deputy},
+            )
         if mine.approved != approved or encode(mine.arguments) != encode(edit):
             raise ApprovalAlreadyDecided(
                 f"{by_name!r} already {'approved' if mine.approved else 'denied'} this call; a "
@@ -212,6 +251,7 @@ def approve(
                     "note": note,
                     "signed": signature is not None,
                     **({"edited": edit} if edit is not None else {}),
+                    **({"for": by_name} if deputy else {}),
                 },
             )
         )
@@ -219,6 +259,8 @@ def approve(
         return ApprovalOutcome(run_id, call_id, APPROVAL_PENDING, count.to_json())
     note = _final_note(policy, count, note)
     decider = _decider(policy, count, by_name)
+    # Who made the decider's vote, when a deputy did (``engine.delegation``).
+    decider_deputy = next((d.deputy for d in decisions if d.approver == decider), "")
     final, inserted = journal.write(
         run_id,
         name,
@@ -226,8 +268,19 @@ def approve(
             "kind": "approval",
             "approved": count.passed,
             "by": decider,
-            "by_id": actor.id if decider == by_name else None,
-            **({"recorded_by": by_name, "recorded_by_id": actor.id} if decider != by_name else {}),
+            "by_id": approver.id if decider == by_name else None,
+            **(
+                {"deputy": decider_deputy, "decided_by": shown(decider, decider_deputy)}
+                if decider_deputy
+                else {}
+            ),
+            **({"deputy_id": actor.id} if decider == by_name and deputy else {}),
+            **(
+                {"recorded_by": by_name, "recorded_by_id": approver.id}
+                if decider != by_name
+                else {}
+            ),
+            **({"recorded_by_deputy": deputy} if decider != by_name and deputy else {}),
             "note": note,
             "tally": count.to_json(),
             "at": now_ms(),
@@ -313,6 +366,7 @@ def approve(
         decision=("edit" if edited else "approve") if count.passed else "deny",
         approved=count.passed,
         by=decider,
+        **({"deputy": decider_deputy} if decider_deputy else {}),
         note=note,
         arguments=edited["arguments"] if edited else request.arguments,
         original_arguments=request.arguments if edited else None,
@@ -338,6 +392,7 @@ def deny(
     *,
     signature: str | None = None,
     arguments: Any = NOT_SHOWN,
+    for_approver: Any = None,
     store: Store | None = None,
 ) -> ApprovalOutcome: ...
 
@@ -350,6 +405,7 @@ def deny(
     *,
     signature: str | None = None,
     arguments: Any = NOT_SHOWN,
+    for_approver: Any = None,
     store: Store | None = None,
 ) -> ApprovalOutcome | Outcome:
     """Deny call ``call_id`` of run ``run_id`` as ``by``; ``message`` is what the model reads
@@ -370,6 +426,7 @@ def deny(
         message,
         signature=signature,
         arguments=arguments,
+        for_approver=for_approver,
         store=store,
     )
 
@@ -471,6 +528,37 @@ def _validated_edit(store: Store, request: ApprovalRequestInfo, approved: bool, 
             "(editable=False); approve or deny as asked"
         )
     return valid
+
+
+def _principal(for_approver: Any, actor: Actor) -> Actor | None:
+    """The approver ``for_approver`` names for a deputy's decision; None for none, or for
+    the actor themselves."""
+    if for_approver is None or for_approver == "":
+        return None
+    try:
+        principal = identity.resolve(for_approver)
+    except ActorError as exc:
+        raise ApproverNotEligible(
+            f"for_approver={for_approver!r} names no active user to decide for: {exc}"
+        ) from None
+    return None if principal.username == actor.username else principal
+
+
+def _refuse_second_hand(
+    store: Store, request: ApprovalRequestInfo, actor: Actor, by_name: str
+) -> None:
+    """One person counts once in a quorum: refuse a second vote by someone who voted
+    already, for themselves or as a deputy (``tally`` counts only the first, should two
+    land at once)."""
+    for d in store.list_decisions(request.run_id, request.call_id):
+        if d.approver != by_name and (d.deputy or d.approver) == actor.username:
+            raise ApprovalAlreadyDecided(
+                f"{actor.username!r} already {'approved' if d.approved else 'denied'} call "
+                f"{request.call_id!r}"
+                + (f" for {d.approver!r}" if d.deputy else "")
+                + "; a person counts once in a quorum, for themselves or for someone else",
+                standing={"approved": d.approved, "by": d.approver, "deputy": d.deputy},
+            )
 
 
 def _refuse_disagreeing(

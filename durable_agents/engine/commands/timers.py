@@ -277,7 +277,8 @@ def _finish_stopped_quorums(store: Store) -> list[str]:
         for vote in reversed(votes):
             if vote.approver not in counted:
                 continue
-            maker = vote.approver
+            # A deputy's vote is repeated by the deputy, for the approver it was made for.
+            maker = vote.deputy or vote.approver
             try:
                 outcome = approve(
                     request.run_id,
@@ -286,6 +287,7 @@ def _finish_stopped_quorums(store: Store) -> list[str]:
                     by=maker,
                     note=vote.note,
                     edit=vote.arguments,
+                    for_approver=vote.approver if vote.deputy else None,
                     store=store,
                 )
             except DurableAgentsError as exc:  # refused for this maker: try the next

@@ -94,6 +94,14 @@ class Command(BaseCommand):
                 "--by", required=True, help=f"the username deciding; needs {needs('decide')}"
             )
             p.add_argument("--note", default="", help="why (shown to the model on a denial)")
+            p.add_argument(
+                "--for",
+                dest="for_approver",
+                default=None,
+                metavar="USER",
+                help="decide as USER's deputy (a delegation in force): the decision is "
+                "USER's, made by --by",
+            )
             if verb == "approve":
                 p.add_argument(
                     "--edit",
@@ -448,6 +456,7 @@ class Command(BaseCommand):
             by=actor_for(options["by"]),
             note=options["note"],
             edit=edit,
+            for_approver=options.get("for_approver"),
         )
         self.stdout.write(
             f"call {options['call_id']} of run {options['run_id']}: {outcome.status}"
