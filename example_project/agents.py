@@ -3,7 +3,9 @@
 * ``lookup_order`` — read-only: safe to re-run after a crash.
 * ``send_receipt`` — idempotent: passes ``ctx.idempotency_key`` to the mailer, which drops
   repeats, so re-running it is harmless.
-* ``refund`` — requires approval: staff decide in the admin before it runs, once.
+* ``refund`` — under the support desk's refund policy (``REFUND_POLICY``, docs/approvals.md):
+  up to 50 EUR it goes through, up to 1,000 EUR a support lead decides, above that two of
+  finance, never above 5,000 EUR; a deadline reminds, escalates to on-call and expires.
 * ``update_crm`` — a side effect, not gated: at most once; a crash mid-call halts the run
   for a person to check the CRM.
 * ``ship_replacement`` — idempotent, and it waits: it asks staff which warehouse ships the
@@ -28,14 +30,38 @@ import pydantic
 from django.conf import settings
 
 import durable_agents as da
-from durable_agents.engine.model import ModelRequest, ModelResponse
+from durable_agents.engine.model import Message, ModelRequest, ModelResponse
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 
 ORDERS = {
-    "7": {"order_id": "7", "customer": "ada@example.com", "total_cents": 4200, "status": "late"},
+    "7": {"order_id": "7", "customer": "ada@example.com", "total_cents": 42000, "status": "late"},
     "8": {"order_id": "8", "customer": "bob@example.com", "total_cents": 1500, "status": "ok"},
 }
+
+# The support desk's refund policy, as docs/approvals.md writes it out: up to 50 EUR goes
+# through; up to 1,000 EUR one support lead decides; above that two people from finance;
+# never above 5,000 EUR (the customer calls); if nobody decides within 4 hours remind them,
+# within 24 hours on-call may decide too, after 3 days it is refused; nobody approves a
+# refund they asked for themselves. (Who stands in for a lead who is away is a delegation,
+# recorded in the admin: not code.)
+REFUND_POLICY = da.Rules(
+    [
+        da.Rule("small", da.arg("amount_cents") <= 5_000, da.allow),
+        da.Rule(
+            "too-big",
+            da.arg("amount_cents") > 500_000,
+            da.deny("Refunds above 5,000 EUR are done by phone: ask the customer to call."),
+        ),
+        da.Rule(
+            "lead",
+            da.arg("amount_cents") <= 100_000,
+            da.ask("support-leads", requester_may_decide=False),
+        ),
+    ],
+    default=da.ask(da.Quorum(2, "finance"), requester_may_decide=False),
+    deadline=da.Deadline(remind="4h", escalate=("24h", "oncall"), expire="3d"),
+)
 
 
 def effects_path() -> Path:
@@ -78,9 +104,10 @@ def send_receipt(order_id: str, ctx: da.ToolContext) -> str:
     return f"receipt for order {order_id} sent"
 
 
-@da.tool(requires_approval=True)
+@da.tool(approval=REFUND_POLICY, identifying=["order_id", "amount_cents"])
 def refund(order_id: str, amount_cents: int) -> dict[str, Any]:
-    """Refund part or all of an order. A staff member approves every refund."""
+    """Refund part or all of an order, under the refund policy (staff approve the larger
+    ones)."""
     record_effect("refund", order_id=order_id, amount_cents=amount_cents)
     return {"refund_id": f"re_{order_id}_{amount_cents}", "amount_cents": amount_cents}
 
@@ -128,10 +155,10 @@ SCRIPT = [
     scripted.calls(scripted.call("lookup_order", {"order_id": "7"})),
     scripted.calls(
         scripted.call("update_crm", {"order_id": "7", "note": "late delivery, refund asked"}),
-        scripted.call("refund", {"order_id": "7", "amount_cents": 4200}),
+        scripted.call("refund", {"order_id": "7", "amount_cents": 42000}),
     ),
     scripted.calls(scripted.call("send_receipt", {"order_id": "7"})),
-    scripted.text("I refunded order 7 in full (42.00) and emailed you a receipt."),
+    scripted.text("I refunded order 7 in full (420.00) and emailed you a receipt."),
 ]
 # The customer's next message in the same chat: the parcel never came at all.
 REPLACEMENT_SCRIPT = [
@@ -171,3 +198,34 @@ def _model() -> Any:
 
 
 support = da.Agent("support", _model(), INSTRUCTIONS, TOOLS, max_turns=12)
+
+
+class RefundDeskModel:
+    """The refund desk's scripted model (when no provider key is set): it asks to refund
+    the order and amount its message names (``"refund order 8: 1500"``), then says what the
+    call returned."""
+
+    model_id = "scripted-refund-desk"
+
+    def generate(self, request: ModelRequest) -> ModelResponse:
+        said = [m for m in request.messages if m.role == "assistant"]
+        if not said:
+            text = next(m.content for m in request.messages if m.role == "user")
+            order, _, cents = text.removeprefix("refund order ").partition(": ")
+            ask = scripted.call("refund", {"order_id": order, "amount_cents": int(cents)})
+            return ScriptedModel([scripted.calls(ask)], model_id=self.model_id).generate(request)
+        result = next(m.content for m in reversed(request.messages) if m.role == "tool")
+        return ModelResponse(
+            message=Message("assistant", f"The refund desk says: {result}"),
+            model=self.model_id,
+        )
+
+
+# Refund requests from the desk's own form, one refund each: the policy decides who is asked.
+refund_desk = da.Agent(
+    "refund-desk",
+    RefundDeskModel(),
+    "You refund orders as staff ask.",
+    [refund],
+    max_turns=4,
+)

@@ -171,7 +171,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DURABLE_AGENTS = {
     # Dotted paths to Agent objects (or lists of them); imported when the app is ready and
     # in every worker process, so a worker can find an agent by name.
-    "AGENTS": ["example_project.agents.support", "example_project.trips.trip"],
+    "AGENTS": [
+        "example_project.agents.support",
+        "example_project.agents.refund_desk",
+        "example_project.trips.trip",
+    ],
     # "inline" drives runs in the calling process (embedded demo); "celery" hands them to
     # a worker after the transaction commits.
     "DISPATCH": env.str(

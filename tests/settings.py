@@ -20,6 +20,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 _sqlite_dir = Path(os.environ.get("DA_SQLITE_DIR", tempfile.gettempdir()))
 
+# Where the example site's tools write their side-effect ledger (example_project.agents). A
+# test that counts those effects gives itself a folder of its own (DA_DEMO_DIR for the child
+# processes it starts: tests/integration/test_webhook.py); the rest write here.
+DEMO_DIR = Path(os.environ.get("DA_DEMO_DIR") or Path(tempfile.gettempdir()) / "da-demo")
+
 DATABASES: dict[str, dict[str, Any]] = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",
@@ -96,6 +101,7 @@ DEMO_DIR = Path(os.environ.get("DA_DEMO_DIR", tempfile.gettempdir())) / "da-test
 DURABLE_AGENTS = {
     "AGENTS": [
         "example_project.agents.support",
+        "example_project.agents.refund_desk",
         "tests.support.agents",
         "tests.support.celery_agents",
         "tests.support.holes",

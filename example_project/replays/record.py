@@ -17,6 +17,7 @@ import django
 
 django.setup()
 from django.contrib.auth import get_user_model  # noqa: E402
+from django.contrib.auth.models import Group  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 import durable_agents as da  # noqa: E402
@@ -25,6 +26,8 @@ from example_project import agents  # noqa: E402
 call_command("migrate", verbosity=0)
 User = get_user_model()
 sam = User.objects.create(username="sam", is_staff=True, is_superuser=True)
+# The refund policy asks a support lead about this refund (docs/approvals.md).
+sam.groups.add(Group.objects.get_or_create(name="support-leads")[0])
 text = "My order 7 arrived two weeks late. I want my money back."
 for run_id, approved, note in [
     ("support-refund-approved", True, "late delivery confirmed"),

@@ -34,6 +34,14 @@ def _demo(env):
     assert "'PAR' is refused (interrupt.invalid_answer)" in text
     assert "A replacement for order 7 is on its way" in text
     assert "shipments 1, from HAM (exactly once)" in text
+    # The refund policy (issue 42): one refund allowed by a rule, one escalated to on-call
+    # and decided by a lead's deputy, one that expired, one refused by a rule.
+    assert "allowed by rule small (amount_cents 1500 <= 5000), nobody asked" in text
+    assert "step(s) escalate: on-call (oncall) may decide too" in text
+    assert "her deputy dora decides for her: approved by dora for lena" in text
+    assert "request expired" in text and "refused (approval.expired)" in text
+    assert "refused by rule too-big, nobody asked" in text
+    assert "refunds made by the desk: 2" in text
 
 
 def _rows(db):
@@ -55,6 +63,6 @@ def test_demo_runs_end_to_end_and_again_from_a_clean_slate(tmp_path):
     _demo(env)
     db = tmp_path / "db.sqlite3"
     first = _rows(db)
-    assert first["run"] >= 3 and first["approvalrequest"] == 1
+    assert first["run"] >= 7 and first["approvalrequest"] == 3
     _demo(env)  # the admin shows one story, not two
     assert _rows(db) == first

@@ -21,10 +21,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
-def fresh_effects():
-    agents.effects_path().unlink(missing_ok=True)
-    yield
-    agents.effects_path().unlink(missing_ok=True)
+def fresh_effects(settings, tmp_path, monkeypatch):
+    """A side-effect ledger of this test's own: other tests drive the example agent too."""
+    settings.DEMO_DIR = tmp_path
+    monkeypatch.setenv("DA_DEMO_DIR", str(tmp_path))  # for the child processes it starts
 
 
 def test_bad_signature_or_body_records_nothing():
@@ -82,11 +82,13 @@ def test_redelivery_after_the_driver_was_killed_resumes_the_same_turn():
     turns = Run.objects.filter(session_id="s-crash").exclude(run_id__endswith=">session")
     assert turns.count() == 1
     # Staff approve the refund; the same turn finishes and the redelivery gets its answer.
-    from django.contrib.auth.models import User
+    from django.contrib.auth.models import Group, User
 
     import durable_agents as da
 
-    da.approve(run_id, "call_2_2", True, by=User.objects.create_superuser("staff"))
+    staff = User.objects.create_superuser("staff")
+    staff.groups.add(Group.objects.get_or_create(name="support-leads")[0])  # the policy's lead
+    da.approve(run_id, "call_2_2", True, by=staff)
     assert Run.objects.get(run_id=run_id).status == "finished"
     final = post("s-crash", "d-9", "Order 7?")
     assert final.status_code == 200 and "refunded order 7" in json.loads(final.content)["answer"]

@@ -5,7 +5,11 @@ CRM and asks to refund it; the refund waits for staff approval; a worker approvi
 killed (SIGKILL) right after the refund; recovery finishes the run without refunding twice;
 the answer goes out; a redelivered webhook is harmless. Then the customer writes again: the
 parcel never arrived; the agent ships a replacement, and its tool asks staff which warehouse
-ships it (the run waits ``awaiting_input``); staff answer, and the run finishes.
+ships it (the run waits ``awaiting_input``); staff answer, and the run finishes. Last, the
+refund policy (docs/approvals.md) decides four refunds of the refund desk: one allowed by a
+rule, one escalated to on-call and decided by a lead's deputy, one that expired, one refused
+by a rule. (Deadlines count hours and days: the demo moves a request's clock back, as if the
+time had passed, then runs the timer sweep beat would run.)
 
 Each run of the story starts clean: the previous story's runs, action log and side-effect
 ledger are removed first, so the admin shows one story (``--keep`` keeps them).
@@ -63,6 +67,7 @@ class Command(BaseCommand):
         User = get_user_model()
         if not User.objects.filter(username="demo").exists():
             User.objects.create_superuser("demo", "demo@example.com", "demo")
+        self.staff()
         chat = SESSION
         if reset:
             self.reset(chat)
@@ -125,6 +130,7 @@ class Command(BaseCommand):
             f"{json.loads(third.content)['answer']!r}"
         )
         self.ask_staff(chat, store)
+        self.rulebook(store, reset)
         self.say()
         self.say(
             "See the same run in the admin: python manage.py runserver, then open "
@@ -157,14 +163,127 @@ class Command(BaseCommand):
             f"{', '.join(s['warehouse'] for s in shipments)} (exactly once)"
         )
 
+    def staff(self) -> None:
+        """The support desk's people: demo and lena lead support, fay and finn are finance,
+        olaf is on call, dora stands in for leads who are away. Each may decide calls."""
+        from django.contrib.auth.models import Group, Permission
+
+        User = get_user_model()
+        decide = Permission.objects.get(codename="approve_toolcall")
+        for name, group in (
+            ("demo", "support-leads"),
+            ("lena", "support-leads"),
+            ("fay", "finance"),
+            ("finn", "finance"),
+            ("olaf", "oncall"),
+            ("dora", None),
+        ):
+            user, _ = User.objects.get_or_create(username=name, defaults={"is_staff": True})
+            user.user_permissions.add(decide)
+            if group is not None:
+                user.groups.add(Group.objects.get_or_create(name=group)[0])
+
+    def rulebook(self, store: Any, reset: bool) -> None:
+        from datetime import timedelta
+
+        from django.db.models import F
+        from django.utils import timezone
+
+        from durable_agents.engine.commands.timers import wake_timers
+        from durable_agents.models import ApprovalRequest
+
+        def age(run_id: str, hours: float) -> None:
+            ago = timedelta(hours=hours)
+            ApprovalRequest.objects.filter(run_id=run_id).update(
+                created_at=F("created_at") - ago, due_at=F("due_at") - ago
+            )
+
+        def ask(run_id: str, order: str, cents: int) -> Any:
+            try:
+                agents.refund_desk.run(run_id, f"refund order {order}: {cents}")
+            except da.Pause:
+                pass
+            return store.get_run(run_id)
+
+        suffix = "" if reset else f"-{int(time.time())}"
+        small, escalated, expired, big = (
+            f"desk-{name}{suffix}" for name in ("small", "escalated", "expired", "big")
+        )
+        refunds = len(agents.effects("refund"))
+        self.say(
+            "8. The refund policy decides four refunds of the refund desk (docs/approvals.md)."
+        )
+        run = ask(small, "8", 1_500)
+        self.say(
+            f"   15.00 EUR: allowed by rule small (amount_cents 1500 <= 5000), nobody asked; "
+            f"run is {run.status}, refunds {len(agents.effects('refund')) - refunds}"
+        )
+        run = ask(escalated, "9", 80_000)
+        [request] = store.list_approval_requests(run_id=escalated)
+        self.say(
+            f"   800.00 EUR: rule {request.policy['rule']} asks one of support-leads; run is "
+            f"{run.status}"
+        )
+        age(escalated, 24)
+        wake_timers()
+        request = store.get_approval_request(escalated, request.call_id)
+        steps = [
+            r.name.rsplit(":", 1)[-1]
+            for r in da.Journal(store).records(escalated)
+            if r.name.startswith("deadline:")
+        ]
+        self.say(
+            "   a day later (the demo moves the request back 24 h; the timer sweep runs): "
+            f"deadline step(s) {', '.join(steps)}: on-call ({request.policy.get('escalated_to')}) "
+            "may decide too"
+        )
+        now = timezone.now()
+        delegation = da.delegate(
+            "lena", "dora", starts_at=now, ends_at=now + timedelta(days=7), by="lena",
+            note="away this week",
+        )  # fmt: skip
+        outcome = da.approve(escalated, request.call_id, True, by="dora", note="checked")
+        decided = da.Journal(store).get(escalated, f"approval:{request.call_id}")
+        self.say(
+            "   lena is away this week; her deputy dora decides for her: "
+            f"{outcome.status} by {decided.get('decided_by') if decided else '?'}; "
+            f"run is {store.get_run(escalated).status}"
+        )
+        da.revoke_delegation(delegation.id, by="lena")
+        run = ask(expired, "10", 60_000)
+        [request] = store.list_approval_requests(run_id=expired)
+        age(expired, 72)
+        wake_timers()
+        request = store.get_approval_request(expired, request.call_id)
+        self.say(
+            f"   600.00 EUR: nobody decided in 3 days (moved back): request {request.status}; "
+            f"run is {store.get_run(expired).status}"
+        )
+        try:
+            da.approve(expired, request.call_id, True, by="lena")
+        except da.DurableAgentsError as exc:
+            self.say(f"   approving it now is refused ({exc.code})")
+        run = ask(big, "11", 600_000)
+        self.say(
+            f"   6,000.00 EUR: refused by rule too-big, nobody asked; run is {run.status}: "
+            f"{run.answer!r}"
+        )
+        self.say(
+            f"   refunds made by the desk: {len(agents.effects('refund')) - refunds} (15.00 and "
+            "800.00, each exactly once)"
+        )
+
     def reset(self, chat: str) -> None:
         """Remove the previous story: its runs (journal, approvals, halts go with them), their
         action log rows and the side-effect ledger."""
-        from durable_agents.models import ActionLog, Run
+        from durable_agents.models import ActionLog, Delegation, Run
 
-        prefix = f"{chat}>"
-        Run.objects.filter(run_id__startswith=prefix).delete()
-        ActionLog.objects.filter(run_id__startswith=prefix).delete()
+        for prefix in (f"{chat}>", "desk-"):
+            Run.objects.filter(run_id__startswith=prefix).delete()
+            ActionLog.objects.filter(run_id__startswith=prefix).delete()
+        # The refund desk's deputy, recorded and ended by the last story.
+        Delegation.objects.filter(approver="lena", deputy="dora").delete()
+        ActionLog.objects.filter(action__in=("delegate", "revoke-delegation")).delete()
         agents.effects_path().unlink(missing_ok=True)
 
     def post_webhook(self, body: str, delivery_id: str) -> Any:
