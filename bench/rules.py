@@ -6,8 +6,9 @@ Method (the project's one method): interleaved rounds; in each round the raw INS
 in a tight loop of its own (never right after agent work), then a batch of ungated runs and
 a batch of rule-allowed runs, their order swapped every round; each figure is the round's
 median per run divided by the round's median raw INSERT; printed as the median and range
-over the rounds. "extra" is what the rule adds to a run, in raw INSERTs: the target is about
-one (the automatic decision record; nothing else is written or read).
+over the rounds. "What the rule adds" is the difference per run, in raw INSERTs and in fenced
+journal records timed in the same round: the target is one record (the automatic decision;
+nothing else is written or read).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def main() -> None:
         """Look an order up."""
         return "ok"
 
-    @da.tool(name="lookup_ruled", approval=da.Rules([], default=da.allow))
+    @da.tool(name="lookup_ruled", idempotent=True, approval=da.Rules([], default=da.allow))
     def ruled_tool(order_id: str) -> str:
         """Look an order up."""
         return "ok"
@@ -52,6 +53,21 @@ def main() -> None:
         return da.Agent(f"bench-{name}-{tag}", ScriptedModel(script), "", [tool])
 
     plain, ruled = agent("plain", plain_tool), agent("ruled", ruled_tool)
+
+    # One journal record, fenced, as a driver writes it: what the rule is meant to add.
+    from durable_agents.engine.ports import RunInfo
+
+    leased = f"bench-rules-{tag}-records"
+    store.create_run(RunInfo(leased, agent="bench"))
+    token = f"tok-{uuid.uuid4().hex}"
+    store.acquire_lease(leased, "bench", token, 3600)
+
+    def records_round() -> float:
+        samples = [
+            timed(lambda: store.insert(leased, f"step:{uuid.uuid4().hex}", data, fence=token))
+            for _ in range(args.inserts // 3)
+        ]
+        return statistics.median(samples)
 
     def raw_round() -> float:
         samples = [
@@ -77,9 +93,16 @@ def main() -> None:
     runs_round(plain, "warm-plain", -1)
     runs_round(ruled, "warm-ruled", -1)
 
-    ratios: dict[str, list[float]] = {"ungated": [], "allowed": [], "extra": []}
+    ratios: dict[str, list[float]] = {
+        "ungated": [],
+        "allowed": [],
+        "extra": [],
+        "record": [],
+        "extra_records": [],
+    }
     for r in range(args.rounds):
         base = raw_round()
+        record = records_round()
         order = [("plain", plain), ("ruled", ruled)]
         if r % 2:
             order.reverse()
@@ -87,6 +110,8 @@ def main() -> None:
         ratios["ungated"].append(took["plain"] / base)
         ratios["allowed"].append(took["ruled"] / base)
         ratios["extra"].append((took["ruled"] - took["plain"]) / base)
+        ratios["record"].append(record / base)
+        ratios["extra_records"].append((took["ruled"] - took["plain"]) / record)
 
     def show(values: list[float]) -> str:
         return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
@@ -95,7 +120,9 @@ def main() -> None:
     print(f"  run, tool ungated:        {show(ratios['ungated'])}")
     print(f"  run, tool allowed by rule: {show(ratios['allowed'])}")
     print(f"  what the rule adds:       {show(ratios['extra'])} raw INSERTs")
-    print(f"RESULT rules_extra_inserts={statistics.median(ratios['extra']):.2f}")
+    print(f"  one journal record:       {show(ratios['record'])}")
+    print(f"  what the rule adds:       {show(ratios['extra_records'])} journal records")
+    print(f"RESULT rules_extra_records={statistics.median(ratios['extra_records']):.2f}")
 
 
 if __name__ == "__main__":
