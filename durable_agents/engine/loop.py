@@ -1154,6 +1154,7 @@ class Driver:
         if gates:
             assert self.state.start is not None
             self._check_tree()  # no new request under a stopped tree
+            self._withdraw_moot_requests()
             asked = []
             for g in gates:
                 request = ApprovalRequestInfo(
@@ -1854,6 +1855,25 @@ class Driver:
                 if_arguments=moot,
             )
         failpoints.hit(f"after-result:{call.id}")
+
+    def _withdraw_moot_requests(self) -> None:
+        """Withdraw the requests still pending for calls the journal holds a result for,
+        before the run waits on its new ones. ``_record_result`` withdraws a moot request
+        right after the result, but a drive that died there (or heard a store error as the
+        result committed) leaves it pending, and no later drive comes back to a call with a
+        result: the run would wait on a request nobody may decide, and every sweep would
+        hand it over again (found by the simulator). Read once per pause on approval, which
+        is rare next to the steps."""
+        for request in self.store.list_approval_requests(run_id=self.run_id):
+            if request.call_id in self.state.results:
+                lifecycle.move_request(
+                    self.store,
+                    self.run_id,
+                    request.call_id,
+                    APPROVAL_WITHDRAWN,
+                    lifecycle.DRIVER,
+                    if_arguments=request.arguments,
+                )
 
     def _check_continue(self) -> None:
         """Between steps: stop if the lease was lost or this process is shutting down."""

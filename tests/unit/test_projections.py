@@ -14,6 +14,7 @@ from durable_agents.engine import failpoints
 from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.commands.timers import wake_timers
+from durable_agents.engine.errors import StorageError
 from durable_agents.engine.journal import Journal
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
@@ -588,3 +589,43 @@ def test_a_request_pending_for_a_call_a_person_resolved_is_withdrawn(store):
     assert store.get_run("r5").status == "finished"
     assert store.get_approval_request("r5", "call_1_1").status == "withdrawn"
     assert paid == []
+
+
+def test_a_request_left_pending_by_a_drive_that_died_after_the_result_is_withdrawn(
+    store, at_point, monkeypatch
+):
+    """As above, ann's denial of ``{cents: 5}`` and a request for ``{cents: 5, memo: ""}``;
+    but the drive that records her denial as the call's result hears a store error as the
+    record commits, so it never withdraws that request. No drive comes back to a call with a
+    result: the run would wait on the second payment beside a request nobody may decide,
+    and every sweep would hand it over again. The next drive that pauses on approval
+    withdraws it (found by the simulator: seed 751 with faults aimed after a process's last
+    write, ``recovery_settles``)."""
+    paid: list[dict] = []
+    with pytest.raises(da.ApprovalPending):
+        payer(paid, twice=True).run("r7", "pay me", store=store)
+
+    def deploy_and_drive():
+        payer(paid, memo=True, twice=True)  # the deploy lands; a worker under it drives
+        assert drive_quietly("r7", store=store) == "paused"
+        payer(paid, twice=True)  # the worker that drives it next still runs the old code
+
+    at_point("before-decision:call_1_1", deploy_and_drive)
+    insert = store.insert
+
+    def error_as_the_result_commits(run_id, name, *args, **kwargs):
+        written = insert(run_id, name, *args, **kwargs)
+        if name == "tool:call_1_1":
+            monkeypatch.setattr(store, "insert", insert)
+            raise StorageError("the connection dropped as it committed", code="storage.unavailable")
+        return written
+
+    monkeypatch.setattr(store, "insert", error_as_the_result_commits)
+    da.approve("r7", "call_1_1", False, by="ann", note="no", store=store)
+    assert Journal(store).get("r7", "tool:call_1_1") is not None
+    assert store.get_approval_request("r7", "call_1_1").status == "pending"  # left behind
+    assert drive_quietly("r7", store=store) == "paused"  # on the second payment
+    assert store.get_approval_request("r7", "call_1_1").status == "withdrawn"
+    assert [r.call_id for r in store.list_approval_requests(run_id="r7")] == ["call_2_1"]
+    assert store.get_run("r7").status == "awaiting_approval"
+    assert recover(store=store) == [] and paid == []
