@@ -64,6 +64,7 @@ from ..engine.ports import (
 )
 from ..engine.records import Record
 from ..engine.registry import get_agent
+from ..engine.tree import runs_below
 from ..engine.waits import CHANNEL, INTERRUPT, TIMER, OpenWait, open_waits
 from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run, RunImport, Throttle
 from ..transfer import export_lines
@@ -430,8 +431,16 @@ class RunAdmin(ReadOnlyAdmin):
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         who = admin_actor(request)
-        for run_id in list(queryset.values_list("run_id", flat=True)):
-            delete(run_id, by=who, via="admin")
+        gone: set[str] = set()
+        # Runs above their sub-runs, so that each sub-run selected with its root goes with it
+        # (and is logged there) rather than alone.
+        rows = sorted(
+            queryset.values_list("run_id", "parent_run_id"),
+            key=lambda row: (row[1] is not None, len(row[0])),
+        )
+        for run_id, _ in rows:
+            if run_id not in gone:
+                gone.update(delete(run_id, by=who, via="admin"))
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
         """A summary instead of every journal entry; and only ``delete_run`` is needed, since
@@ -456,7 +465,12 @@ class RunAdmin(ReadOnlyAdmin):
             f"Run: {run.run_id} ({', '.join(f'{c.get(run.pk, 0)} {k}' for k, c in counts.items())})"
             for run in runs
         ]
-        model_count = {str(Run._meta.verbose_name_plural): len(runs)}
+        # The sub-runs below each go with it (``commands.runs.delete``): say so before.
+        store = site_store()
+        below = {rid for run in runs for rid in runs_below(store, run.run_id)} - set(ids)
+        if below:
+            summary.append(f"Sub-runs below them, which go with them: {', '.join(sorted(below))}")
+        model_count = {str(Run._meta.verbose_name_plural): len(runs) + len(below)}
         model_count.update({k: sum(c.values()) for k, c in counts.items()})
         return summary, model_count, set(), []
 

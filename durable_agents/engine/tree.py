@@ -172,6 +172,23 @@ def children_of(store: Store, run_id: str) -> list[str]:
     ]
 
 
+def runs_below(store: Store, run_id: str) -> list[str]:
+    """Every run below ``run_id`` that is its tree's own: its sub-runs, theirs, and so on,
+    parents before their children. A ``child:`` record naming a run that is not this one's
+    (a fork's reference to its source's sub-run, an inert import at the id) is left out, as
+    is a sub-run whose row is gone."""
+    found: list[str] = []
+    here = store.get_run(run_id)
+    imported = here.imported if here is not None else NOT_IMPORTED
+    for child in children_of(store, run_id):
+        row = store.get_run(child)
+        if row is None or row.parent_run_id != run_id or foreign_sub_run(row, imported):
+            continue
+        found.append(child)
+        found += runs_below(store, child)
+    return found
+
+
 def ancestor_budgets(store: Store, run_id: str, parent: str | None) -> list[tuple[str, int, Usage]]:
     """For each ancestor of a sub-run (from its ``parent`` up) whose agent has a
     ``token_budget``: the ancestor's id, its budget, and what its tree spent *outside* the

@@ -169,3 +169,27 @@ def gated_agent(fired: list) -> da.Agent:
 
     script = [scripted.calls(scripted.call("refund", {"order": "o-7"})), scripted.text("done")]
     return da.Agent("spent-gated", ScriptedModel(script), "", [refund])
+
+
+def test_a_deleted_run_takes_the_runs_below_it_with_it(wired):
+    """Deleting a root deletes its sub-runs and theirs, deepest first, and spends their ids:
+    left behind, the leaf would wait for a decision for a parent that is gone, and fire its
+    effect for nobody once approved (found by the simulator: a fork's tree deleted while its
+    copied leaf waited). The log row names what went with it."""
+    store, fired = wired, []
+    root, _, _ = fork_tree(new_id("gone-tree"), fired)
+    run = new_id("tree")
+    with pytest.raises(da.ApprovalPending):
+        root.run(run, "go", store=store)
+    [request] = store.list_approval_requests(run_id=leaf_of(run))
+    assert delete(run, by="ann", store=store) == [middle_of(run), leaf_of(run)]
+    for gone in (run, middle_of(run), leaf_of(run)):
+        assert store.get_run(gone) is None
+        with pytest.raises(RunIdSpent):
+            store.create_run(RunInfo(run_id=gone, agent="a"))
+    assert store.list_approval_requests(run_id=leaf_of(run)) == []
+    with pytest.raises(da.DurableAgentsError):
+        da.approve(leaf_of(run), request.call_id, True, by="bob", store=store)
+    assert fired == [("charge", leaf_of(run))]
+    [logged] = [a for a in store.list_actions(run_id=run) if a.action == "delete"]
+    assert logged.payload["sub_runs"] == [middle_of(run), leaf_of(run)]

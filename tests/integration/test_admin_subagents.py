@@ -13,7 +13,7 @@ from django.contrib.admin.utils import quote
 from django.test import Client
 from django.urls import reverse
 
-from durable_agents.models import ApprovalRequest, Run
+from durable_agents.models import ActionLog, ApprovalRequest, Run
 from tests.support.admin_pages import shown
 from tests.support.agents import count_effects, gated_tree
 from tests.support.people import make_user
@@ -108,3 +108,23 @@ def test_forks_of_a_tree_in_the_admin_show_their_own_and_their_referenced_sub_ru
     assert "not started" not in page
     assert not Run.objects.filter(run_id__startswith=f"{again}/").exists()
     assert count_effects(leaf) == {"call_1_1": 1}
+
+
+def test_deleting_a_root_in_the_admin_deletes_its_tree_and_says_so_first():
+    """The delete page names the sub-runs that go with the root; deleting it leaves no sub-run
+    waiting on a person for a parent that is gone (its request went with it); selecting the
+    root and a sub-run of it together deletes each once."""
+    gated_tree[0].start("go", run_id=ROOT)  # paused at the bottom, the leaf's call pending
+    client = staff()
+    delete_url = reverse("admin:durable_agents_run_delete", args=[quote(ROOT)])
+    confirm = text(client.get(delete_url))
+    assert f"Sub-runs below them, which go with them: {MIDDLE}, {LEAF}" in confirm
+    response = client.post(
+        reverse("admin:durable_agents_run_changelist"),
+        {"action": "delete_selected", "_selected_action": [ROOT, LEAF], "post": "yes"},
+    )
+    assert response.status_code == 302
+    assert not Run.objects.exists() and not ApprovalRequest.objects.exists()
+    logged = ActionLog.objects.get(action="delete", run_id=ROOT)
+    assert logged.payload["sub_runs"] == [MIDDLE, LEAF]
+    assert count_effects(LEAF) == {}

@@ -279,18 +279,34 @@ def record_answer(store: Store, run_id: str, text: str, answer: str) -> None:
     )
 
 
-def delete(run_id: str, *, by: Any, via: str | None = None, store: Store | None = None) -> None:
-    """Delete a run, its journal, lease, approval requests and halts: the one exception to
-    an append-only journal, logged as ``by``'s ``delete`` (the log row is keyed by run id
-    only, so it stays). Inside a transaction, the log and the delete commit together."""
+def delete(
+    run_id: str, *, by: Any, via: str | None = None, store: Store | None = None
+) -> list[str]:
+    """Delete a run and the runs below it (its sub-runs, theirs...), each with its journal,
+    lease, approval requests and halts: the one exception to an append-only journal, logged
+    as ``by``'s ``delete`` (the log row is keyed by run id only, so it stays; it names the
+    sub-runs that went with it). Inside a transaction, the log and the deletes commit
+    together. Returns the sub-runs deleted.
+
+    A sub-run belongs to its tree: left behind, it would wait on a person for a parent that
+    is gone, and run its effects for nobody (found by the simulator). The deepest go first,
+    so a delete that stops half-way (outside a transaction) leaves no run without its parent:
+    a parent whose sub-run is gone finds its id spent and fails the call, saying so. Deleting
+    a sub-run alone is allowed, to the same effect on its parent."""
     actor = identity.resolve(by)
     store = store or runtime.store()
     run = get_run(run_id, store=store)
+    below = tree.runs_below(store, run_id)
     payload: dict[str, Any] = {"agent": run.agent, "status": run.status}
     if via:
         payload["via"] = via
+    if below:
+        payload["sub_runs"] = below
     store.log_action(identity.logged(actor, "delete", run_id, "", payload))
+    for sub_run in reversed(below):
+        store.delete_run(sub_run)
     store.delete_run(run_id)
+    return below
 
 
 def _fail_undriven(store: Store, run: RunInfo, exc: ConfigError) -> None:
