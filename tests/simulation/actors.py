@@ -1376,8 +1376,8 @@ class Operator(Actor):
             kept.append((entry.name, entry.data))
             if entry.name.startswith("approval:"):
                 break
-        commands.delete(run_id, by=self.name, store=w.store)
-        w.forget(run_id)
+        for gone in [run_id, *commands.delete(run_id, by=self.name, store=w.store)]:
+            w.forget(gone)
         self.deleted[run_id] = (row.input, kept)
         w.count("runs deleted by the operator")
         return "deleted"

@@ -86,6 +86,10 @@ def _inherited_from(w: W.World, run_id: str, call_id: str) -> str | None:
     if n is None or "fork" not in names:
         return None
     done = names.get("fork:done")
+    if row.forked_from in w.forgotten:
+        # Copied from a run the operator deleted meanwhile: its journal went with it, so only
+        # the fork's own turns (after its copy was done) can be told apart.
+        return row.forked_from if done is None or names[f"model:{n}"].seq < done.seq else None
     if done is not None and names[f"model:{n}"].seq > done.seq:
         # The fork generated this turn itself (after its copy was done): a fork taken before
         # the turn may well be answered the same by a deterministic model, call ids and all.
@@ -314,6 +318,10 @@ def _copied(w: W.World, ix: Index, run_id: str, call_id: str, rec: Record) -> bo
     source = _inherited_from(w, run_id, call_id)
     if source is None:
         return False
+    if source in w.forgotten:
+        # A fork copied it from a run the operator deleted meanwhile: the evidence it would
+        # be checked against went with the run (``World.forget``).
+        return True
     theirs = ix.names.get(source, {}).get(f"tool:{call_id}")
     return theirs is not None and theirs.data == rec.data
 

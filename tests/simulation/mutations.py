@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,9 +24,11 @@ from typing import Any
 from durable_agents.engine import imported, lifecycle, loop, names, runtime, steps, stops
 from durable_agents.engine.commands import approvals as approval_commands
 from durable_agents.engine.commands import forks, timers
+from durable_agents.engine.errors import DurableAgentsError
 from durable_agents.engine.loop import Driver
 from durable_agents.engine.memstore import InMemoryStore
 from durable_agents.engine.ports import THROTTLED, RunInfo
+from durable_agents.engine.tools import ToolArgumentsError
 from durable_agents.engine.transcript import RunState
 
 
@@ -178,6 +181,24 @@ def _has_limits(seed: int) -> bool:
     return draw_limits(seed, Config(seed).limits) is not None
 
 
+def _halt_unless_drifted(self: Driver) -> None:
+    """``Driver._halt_on_unknown_outcomes`` that looks at the tool first: a live claim whose
+    tool a deploy removed, or whose arguments its new schema refuses, is left to the call's
+    own handling (an unknown tool, bad arguments) instead of halting the run."""
+    halts = []
+    for halt in loop.unknown_outcomes(self.state, self.run_id):
+        tool = self.agent.tools.get(halt.tool_name)
+        if tool is None:
+            continue
+        try:
+            tool.validate(json.dumps(halt.arguments or {}))
+        except (DurableAgentsError, ToolArgumentsError):
+            continue
+        halts.append(halt)
+    if halts:
+        self._halt_run(halts)
+
+
 @dataclass(frozen=True)
 class Mutation:
     name: str
@@ -263,6 +284,13 @@ MUTATIONS: dict[str, Mutation] = {
             "every create goes through)",
             lambda: _swapped((InMemoryStore, "create_run", _create_ignoring_spent)),
             reaches=_has_operator,
+        ),
+        Mutation(
+            "drift-at-a-live-claim",
+            "a live claim is judged by the tool as deployed now: one whose tool was removed "
+            "or whose schema changed gets an error result instead of a halt (the drive looks "
+            "at the tool before the claim)",
+            lambda: _swapped((Driver, "_halt_on_unknown_outcomes", _halt_unless_drifted)),
         ),
         Mutation(
             "slots-ignore-limit",

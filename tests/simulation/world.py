@@ -45,6 +45,7 @@ from durable_agents.engine.ports import THROTTLED
 from durable_agents.engine.retry import RetryPolicy
 from tests.support.signing import public_text
 
+from . import coverage as cover
 from . import mutations
 
 EPOCH = 1_700_000_000.0
@@ -128,6 +129,7 @@ class Config:
             "long",
             "skew",
             "sigterm",
+            "cover",
         }
     )
     drivers: int = 2
@@ -254,6 +256,15 @@ class Proc:
         self.permits: dict[str, list[float]] = {}  # a rate's key -> when it was granted one
         # A failpoint this process dies at, aimed by its actor (``World.move``).
         self.die_at: str | None = None
+        # The kinds of the records the store call it stands at writes, and of those its last
+        # write wrote (until its next store call returns): where a fault lands relative to
+        # a journal write (``coverage.py``).
+        self.writing: tuple[str, ...] = ()
+        self.wrote: tuple[str, ...] = ()
+        # An aimed fault waiting for its moment: a store failure at this write ("before" or
+        # "after" its commit), a crash at the point after it.
+        self.aimed_store = ""
+        self.crash_after = False
 
     def ready(self, now: float) -> bool:
         return not self.dead and self.stalled_until <= now and self.sleep_until <= now
@@ -276,6 +287,10 @@ class SimStore:
         world = self._world
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            proc = world.current
+            kinds = cover.written(name, args, kwargs)
+            if proc is not None:
+                proc.writing = kinds
             world._at_store(name, args)
             moved = _moved_run(name, args)
             before = self._raw.get_run(moved) if moved is not None else None
@@ -292,7 +307,7 @@ class SimStore:
                 and bool(kwargs.get("run_changes"))
                 and args[1] not in SPLIT_NEVER
             )
-            fault = world.store_fault(name)
+            fault = world.store_fault(name, kinds)
             if fault == "before":
                 raise StorageError(
                     f"the database connection dropped before {name} committed (simulated)",
@@ -304,6 +319,10 @@ class SimStore:
                 result = world._split_finish(self._raw, args, kwargs)
             else:
                 result = attr(*args, **kwargs)
+            if proc is not None:
+                proc.writing = ()
+                proc.wrote = kinds if cover.took(name, result) else ()
+                world.kinds_written.update(proc.wrote)
             world._after_store(name, args, kwargs, result)
             if moved is not None:
                 world.check_move(moved, before, self._raw.get_run(moved), name)
@@ -587,6 +606,11 @@ class World:
         aims = [self.aim_rng.random() for _ in range(2)]
         self.intercepts = "replayer" in config.actors and aims[0] < 0.5
         self.aims_forks = "forker" in config.actors and aims[1] < 0.6
+        # Where faults landed next to journal writes, and the seed's aim at a (record kind,
+        # fault) pair (issue 43; ``coverage.py``), from streams of their own.
+        self.reached: set[str] = set()
+        self.kinds_written: set[str] = set()
+        self.aim = cover.draw(seed, config.faults)
         self.leases_taken: list[str] = []  # every run leased, in order
         self.intercepted: list[Signed] = []  # signed decisions captured, never delivered
         self.signed_taken: list[Signed] = []  # signed decisions the engine took
@@ -816,6 +840,11 @@ class World:
         self.count("signed decisions")
         return signature
 
+    def reach(self, fault: str, kinds: tuple[str, ...]) -> None:
+        """A fault landed next to writes of these kinds (``coverage.py``)."""
+        for k in kinds:
+            self.reached.add(cover.pair(k, fault))
+
     def count(self, event: str) -> None:
         self.events[event] = self.events.get(event, 0) + 1
 
@@ -831,6 +860,8 @@ class World:
             if any(d.arguments is not None for d in self.raw.list_decisions(run_id, call_id))
         )
         found["forks"] = len(self.forks)
+        found.update(dict.fromkeys(self.reached, 1))  # seeds, not faults, per pair
+        found.update(dict.fromkeys((cover.WRITTEN + k for k in self.kinds_written), 1))
         found["answers recorded"] = sum(
             1 for sent in self.answers.values() for _, did, _ in sent if did == "recorded"
         )
@@ -922,23 +953,30 @@ class World:
         self.dispatches.append((kind, run_id))
         self.queue.append(run_id)
 
-    def store_fault(self, name: str) -> str:
+    def store_fault(self, name: str, kinds: tuple[str, ...] = ()) -> str:
         """Whether this store call fails: "" (no), "before" it commits (nothing written) or
         "after" (written, and the caller hears an error: the commit's outcome unknown to it).
-        Only in seeds with a failing store, in the main phase, a few times at most."""
+        Only in seeds with a failing store, in the main phase, a few times at most; and where
+        the seed's aim (``coverage.Aim``) is a store failure at a write of this kind."""
         hunt, proc = self.hunt, self.current
-        if not hunt.store or self.phase != "main" or proc is None or proc.exclusive:
+        if self.phase != "main" or proc is None or proc.exclusive:
             return ""
-        if hunt.store_faults >= 3 or hunt.rng.random() >= 0.02:
-            return ""
-        hunt.store_faults += 1
-        where = (
-            "before" if name in ("get", "load", "get_run") else hunt.rng.choice(("before", "after"))
-        )
+        where = proc.aimed_store
+        proc.aimed_store = ""
+        if not where:
+            if not hunt.store or hunt.store_faults >= 3 or hunt.rng.random() >= 0.02:
+                return ""
+            hunt.store_faults += 1
+            where = (
+                "before"
+                if name in ("get", "load", "get_run")
+                else hunt.rng.choice(("before", "after"))
+            )
         for bill in self.bills:
             if bill.pid == proc.pid:
                 bill.lost = True  # the spend it would have recorded may be what failed
         self.count(f"store fails {where} commit")
+        self.reach(f"store {where}", kinds)
         self.log(proc.actor.name, f"STORE ERROR {where} commit at {name}")
         return where
 
@@ -1272,6 +1310,11 @@ class World:
     def _op_main(self, proc: Proc, fn: Callable[[], Any]) -> None:
         try:
             proc.result = fn()
+            if self.aim is not None and proc.wrote:
+                # A process may die after its last write, before its caller hears back (a
+                # worker before its ack, a view before its answer): a point, so a crash there
+                # is one of the crashes after that write (``coverage.py``).
+                self.point("returns")
             proc.outcome = f"-> {_short(proc.result)}"
         except Killed:
             raise
@@ -1320,6 +1363,22 @@ class World:
         if faults and self.kill_after_effect(proc):
             self.crash(proc)
             return
+        if faults and self.aim is not None and self.phase == "main" and not proc.exclusive:
+            if proc.crash_after:
+                proc.crash_after = False
+                if proc.wrote:
+                    self.crash(proc)
+                    return
+            fault = self.aim.at_write(proc.writing)
+            if fault:
+                self.count("faults aimed by coverage")
+                if fault == "crash before":
+                    self.crash(proc)
+                    return
+                if fault == "crash after":
+                    proc.crash_after = True
+                else:
+                    proc.aimed_store = fault.split()[1]
         if faults and proc.die_at is not None and proc.point == f"fp {proc.die_at}":
             self.count(f"crashes aimed at {proc.die_at.split(':')[0]}")
             self.crash(proc)
@@ -1353,6 +1412,8 @@ class World:
         self.resume(proc)
 
     def crash(self, proc: Proc) -> None:
+        self.reach("crash before", proc.writing)
+        self.reach("crash after", proc.wrote)
         self.crashes += 1
         self.last_crash = self.step
         self.count(f"crash at a {proc.point.split()[0].rstrip(':')} point")
