@@ -114,17 +114,19 @@ def test_deleting_a_root_in_the_admin_deletes_its_tree_and_says_so_first():
     """The delete page names the sub-runs that go with the root; deleting it leaves no sub-run
     waiting on a person for a parent that is gone (its request went with it); selecting the
     root and a sub-run of it together deletes each once."""
-    gated_tree[0].start("go", run_id=ROOT)  # paused at the bottom, the leaf's call pending
+    # Ids of its own: the effects ledger outlives each test, and the first test here fires at LEAF.
+    root, middle, leaf = "adm-del", "adm-del/call_1_1", "adm-del/call_1_1/call_1_1"
+    gated_tree[0].start("go", run_id=root)  # paused at the bottom, the leaf's call pending
     client = staff()
-    delete_url = reverse("admin:durable_agents_run_delete", args=[quote(ROOT)])
+    delete_url = reverse("admin:durable_agents_run_delete", args=[quote(root)])
     confirm = text(client.get(delete_url))
-    assert f"Sub-runs below them, which go with them: {MIDDLE}, {LEAF}" in confirm
+    assert f"Sub-runs below them, which go with them: {middle}, {leaf}" in confirm
     response = client.post(
         reverse("admin:durable_agents_run_changelist"),
-        {"action": "delete_selected", "_selected_action": [ROOT, LEAF], "post": "yes"},
+        {"action": "delete_selected", "_selected_action": [root, leaf], "post": "yes"},
     )
     assert response.status_code == 302
     assert not Run.objects.exists() and not ApprovalRequest.objects.exists()
-    logged = ActionLog.objects.get(action="delete", run_id=ROOT)
-    assert logged.payload["sub_runs"] == [MIDDLE, LEAF]
-    assert count_effects(LEAF) == {}
+    logged = ActionLog.objects.get(action="delete", run_id=root)
+    assert logged.payload["sub_runs"] == [middle, leaf]
+    assert count_effects(leaf) == {}
