@@ -35,9 +35,10 @@ from django.utils import timezone
 
 from ..conf import get_settings
 from ..engine import failpoints, identity
+from ..engine import retention as rules
 from ..engine.audit import tombstone_message
 from ..engine.errors import ConfigError
-from ..engine.ports import KIND_AGENT, NOT_IMPORTED, TERMINAL_STATUSES
+from ..engine.ports import KIND_AGENT, TERMINAL_STATUSES
 from ..engine.spent import PRUNED
 from ..models import (
     ApprovalRequest,
@@ -62,14 +63,14 @@ BATCH = 500
 # of the run is being hashed by someone else's uncommitted transaction.
 _CHAIN_LOCK = 1684107620
 
-# Why a tree is kept, as the report and the dry run say it.
-KEPT_UNFINISHED = "a run in its tree is not finished"
-KEPT_RECENT = "a run in its tree finished after the cutoff"
-KEPT_IMPORTED = "imported (an import is evidence; prune never deletes it)"
-KEPT_SESSION = "part of a session"
-KEPT_FORKED = "a run outside its tree was forked from it"
-KEPT_BUSY = "busy (locked by someone else)"
-KEPT_CHANGED = "changed since it was exported"
+# Why a tree is kept: the engine's words (``engine.retention``), kept importable from here.
+KEPT_UNFINISHED = rules.KEPT_UNFINISHED
+KEPT_RECENT = rules.KEPT_RECENT
+KEPT_IMPORTED = rules.KEPT_IMPORTED
+KEPT_SESSION = rules.KEPT_SESSION
+KEPT_FORKED = rules.KEPT_FORKED
+KEPT_BUSY = rules.KEPT_BUSY
+KEPT_CHANGED = rules.KEPT_CHANGED
 
 
 @dataclass
@@ -99,10 +100,12 @@ def prune(
     export_dir: str | os.PathLike[str] | None,
     batch: int = BATCH,
     dry_run: bool = False,
+    using: str | None = None,
 ) -> PruneReport:
     """Export, then delete, the trees of runs finished before ``finished_before``, as
     ``by`` (who needs ``delete_run``). ``export_dir`` None: no export, tombstones only.
-    Refuses bad input (``ConfigError``) before reading or deleting anything."""
+    Refuses bad input (``ConfigError``) before reading or deleting anything. ``using``: the
+    database alias (default: the ``DATABASE`` setting's)."""
     actor = identity.resolve(by)
     identity.require(actor, DELETE_RUN, "prune runs")
     if timezone.is_naive(finished_before):
@@ -116,7 +119,7 @@ def prune(
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 10_000:
         raise ConfigError(f"the batch size must be 1 to 10000, not {batch!r}", code="prune.batch")
     folder = check_export_dir(export_dir) if export_dir is not None else None
-    using = get_settings().database
+    using = get_settings().database if using is None else using
     report = PruneReport(finished_before, dry_run)
     after: tuple[datetime, str] | None = None
     while True:
@@ -148,18 +151,7 @@ def check_export_dir(export_dir: str | os.PathLike[str]) -> Path:
     return folder
 
 
-_FIELDS = (
-    "run_id",
-    "status",
-    "finished_at",
-    "updated_at",
-    "kind",
-    "imported",
-    "session_id",
-    "agent",
-    "root_run_id",
-    "parent_run_id",
-)
+_FIELDS = rules.FIELDS
 
 
 def _roots(
@@ -215,20 +207,7 @@ def _referrers(using: str, run_ids: Iterable[str]) -> dict[str, str]:
 
 
 def _why_kept(tree: _Tree, cutoff: datetime, referrers: dict[str, str]) -> str:
-    mine = set(tree.run_ids)
-    for m in tree.members:
-        if m["status"] not in TERMINAL_STATUSES:
-            return KEPT_UNFINISHED
-        if m["finished_at"] is None or m["finished_at"] >= cutoff:
-            return KEPT_RECENT
-        if m["imported"] != NOT_IMPORTED:
-            return KEPT_IMPORTED
-        if m["session_id"] is not None or m["kind"] != KIND_AGENT:
-            return KEPT_SESSION
-        referrer = referrers.get(m["run_id"])
-        if referrer is not None and referrer not in mine:
-            return KEPT_FORKED
-    return ""
+    return rules.why_kept(tree.members, cutoff, referrers)
 
 
 def _chains(using: str, run_ids: list[str]) -> dict[str, tuple[int, str | None, int]]:

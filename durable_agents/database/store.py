@@ -685,6 +685,14 @@ class DjangoStore(Delegations, Limits):
             Throttle.objects.using(self.using).filter(run_id=run_id).delete()
             Slot.objects.using(self.using).filter(run_id=run_id).delete()
 
+    def prune(self, *, finished_before: datetime, by: Any) -> Any:
+        """``retention.prune`` on this store's database, without an export (tombstones
+        only): the same call as ``InMemoryStore.prune``, so code written against either
+        store prunes both (the simulator's operator, the conformance suite)."""
+        from .retention import prune
+
+        return prune(finished_before=finished_before, by=by, export_dir=None, using=self.using)
+
     # -- journal ----------------------------------------------------------------------
 
     def insert(

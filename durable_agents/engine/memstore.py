@@ -14,6 +14,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from . import retention
 from .audit import ACTION_NAME, Link, action_content, action_hash, chain_hash
 from .deadlines import first_after
 from .errors import ConfigError, LeaseLost
@@ -43,7 +44,7 @@ from .ports import (
     same_request,
 )
 from .records import encode
-from .spent import DELETED, refusal
+from .spent import DELETED, PRUNED, refusal
 
 
 def _dt(ts: float) -> datetime:
@@ -70,6 +71,7 @@ class InMemoryStore:
         self._lock = threading.RLock()
         self._runs: dict[str, RunInfo] = {}
         self._spent: dict[str, str] = {}  # run id -> why (engine.spent)
+        self._tombstones: dict[str, dict[str, Any]] = {}  # a pruned run -> what it was
         self._entries: dict[str, dict[str, Entry]] = {}
         self._ordered: dict[str, list[Entry]] = {}
         self._leases: dict[str, tuple[str, str, float, float]] = {}  # holder, token, exp, renewed
@@ -154,6 +156,89 @@ class InMemoryStore:
         with self._lock:
             if run_id in self._runs:
                 self._spent.setdefault(run_id, DELETED)
+            self._drop(run_id)
+
+    def prune(self, *, finished_before: datetime, by: str) -> retention.Pruned:
+        """Delete, in one write, every tree of runs ``engine.retention`` lets go (each run of
+        it ended before ``finished_before``, by this store's clock), as ``retention.prune``
+        does on the database: ids spent as pruned, a tombstone each (``tombstone``), one
+        action-log row. Nothing is exported here: export the runs first to keep them. A
+        tree with a lease row on any of its runs is busy, as there."""
+        if finished_before.tzinfo is None:
+            raise ConfigError("the cutoff must carry a time zone", code="prune.cutoff")
+        with self._lock:
+            now = _dt(self._clock())
+            if finished_before > now:
+                raise ConfigError(
+                    f"the cutoff {finished_before.isoformat()} is in the future: prune "
+                    "deletes runs finished before it, so it would delete runs that have not "
+                    "aged at all",
+                    code="prune.cutoff",
+                )
+            report = retention.Pruned(finished_before)
+            # Judged against the runs as they stood before this prune deleted any, as one
+            # batch of the database's prune is: a fork's source goes the next time.
+            runs = list(self._runs.values())
+            candidates = [
+                r for r in runs if retention.is_candidate(retention.fields_of(r), finished_before)
+            ]
+            roots = sorted(candidates, key=lambda r: (r.finished_at or now, r.run_id))
+            for root in roots:
+                tree = [root, *(r for r in runs if r.root_run_id == root.run_id and r is not root)]
+                ids = [r.run_id for r in tree]
+                why = retention.why_kept(
+                    [retention.fields_of(r) for r in tree],
+                    finished_before,
+                    retention.referrers(runs, ids),
+                )
+                if not why and any(rid in self._leases for rid in ids):
+                    why = retention.KEPT_BUSY
+                if why:
+                    report.kept[root.run_id] = why
+                    continue
+                for run in tree:
+                    records = self._ordered.get(run.run_id, [])
+                    self._tombstones[run.run_id] = {
+                        "agent": run.agent,
+                        "status": run.status,
+                        "root_run_id": run.root_run_id,
+                        "finished_at": run.finished_at,
+                        "head": self._heads.get(run.run_id),
+                        "records": len(records),
+                        "unchained": sum(
+                            1 for e in records if (run.run_id, e.name) not in self._hashes
+                        ),
+                        "pruned_at": now,
+                        "pruned_by": by,
+                    }
+                    self._spent.setdefault(run.run_id, PRUNED)
+                    self._drop(run.run_id)
+                report.pruned.extend(ids)
+            if report.pruned:
+                self.log_action(
+                    ActionInfo(
+                        by,
+                        "prune",
+                        "",
+                        payload={
+                            "finished_before": finished_before.isoformat(),
+                            "runs": list(report.pruned),
+                            "trees": len(roots) - len(report.kept),
+                        },
+                        channel="python",
+                    )
+                )
+            return report
+
+    def tombstone(self, run_id: str) -> dict[str, Any] | None:
+        """What a pruned run was (its agent, status, head, record count, who pruned it
+        when), or None if ``prune`` never deleted it."""
+        with self._lock:
+            stone = self._tombstones.get(run_id)
+            return dict(stone) if stone is not None else None
+
+    def _drop(self, run_id: str) -> None:
+        with self._lock:
             self._runs.pop(run_id, None)
             self._entries.pop(run_id, None)
             for entry in self._ordered.pop(run_id, ()):

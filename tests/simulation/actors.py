@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import durable_agents as da
-from durable_agents.engine import runtime
+from durable_agents.engine import runtime, tree
 from durable_agents.engine.agent import get_agent
 from durable_agents.engine.approvals import decision_name, incarnation_of
 from durable_agents.engine.commands import runs as commands
@@ -1376,7 +1376,20 @@ class Operator(Actor):
             kept.append((entry.name, entry.data))
             if entry.name.startswith("approval:"):
                 break
-        for gone in [run_id, *commands.delete(run_id, by=self.name, store=w.store)]:
+        below = tree.runs_below(w.raw, run_id)
+        try:
+            commands.delete(run_id, by=self.name, store=w.store)
+        except StorageError:
+            # Maybe after its commit (the hunter's ``store`` fault): what is gone is gone,
+            # and the world must forget it with the runs below it (fresh seed 9200861: its
+            # bills were still held against a journal that no longer existed).
+            if w.raw.get_run(run_id) is not None:
+                raise
+            for gone in [run_id, *below]:
+                w.forget(gone)
+            self.deleted[run_id] = (row.input, kept)
+            raise
+        for gone in [run_id, *below]:
             w.forget(gone)
         self.deleted[run_id] = (row.input, kept)
         w.count("runs deleted by the operator")

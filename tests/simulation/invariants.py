@@ -232,6 +232,7 @@ def check_all(w: W.World) -> None:
     check_chains(w)
     check_imports(w, ix)
     check_spent(w)
+    check_pruning(w)
     check_adoptions(w, ix)
     check_takeovers(w, ix)
     check_limits(w, ix)
@@ -1015,6 +1016,14 @@ def check_spent(w: W.World) -> None:
                 )
 
 
+def check_pruning(w: W.World) -> None:
+    """Retention's invariants at the end (``pruning.py``; ``prune_whole_trees`` is checked
+    as each prune returns)."""
+    from .pruning import check_pruned
+
+    check_pruned(w)
+
+
 def check_chains(w: W.World) -> None:
     """Every run's journal and the action log are one unbroken hash chain (docs/audit.md),
     whatever crashes, races and concurrent writers (decisions, signals) the schedule had."""
@@ -1045,6 +1054,8 @@ INVARIANTS = (
     "imports_stay_inert",
     "imports_not_adopted",
     "spent_stay_spent",
+    "pruned_stay_pruned",
+    "prune_whole_trees",
     "cancels_reach_down",
     "sagas_undo_once",
     "saga_trees_close",

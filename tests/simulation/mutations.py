@@ -21,13 +21,22 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from durable_agents.engine import imported, lifecycle, loop, names, runtime, steps, stops
+from durable_agents.engine import (
+    imported,
+    lifecycle,
+    loop,
+    names,
+    retention,
+    runtime,
+    steps,
+    stops,
+)
 from durable_agents.engine.commands import approvals as approval_commands
 from durable_agents.engine.commands import forks, timers
 from durable_agents.engine.errors import DurableAgentsError
 from durable_agents.engine.loop import Driver
 from durable_agents.engine.memstore import InMemoryStore
-from durable_agents.engine.ports import THROTTLED, RunInfo
+from durable_agents.engine.ports import THROTTLED, RunInfo, asked_again, changed_under
 from durable_agents.engine.tools import ToolArgumentsError
 from durable_agents.engine.transcript import RunState
 
@@ -199,6 +208,75 @@ def _halt_unless_drifted(self: Driver) -> None:
         self._halt_run(halts)
 
 
+_why_kept = retention.why_kept
+
+
+def _judge_root_only(members: Any, cutoff: Any, referrers: Any) -> str:
+    """``retention.why_kept`` that looks at the tree's root alone, as a prune written before
+    trees were its unit would: a root that ended in time takes its sub-runs with it."""
+    mine = {m["run_id"] for m in members}
+    outside = {named: ref for named, ref in referrers.items() if ref not in mine}
+    return _why_kept(members[:1], cutoff, outside)
+
+
+def _has_pruner(seed: int) -> bool:
+    """Whether a seed's cast has the pruner (``scenario.build``, ``pruning.takes_part``)."""
+    from .pruning import takes_part
+
+    return takes_part(seed)
+
+
+# -- stale-slot-release (issue 43, part 3) ----------------------------------------------------
+
+
+def _release_ignoring_token(self: InMemoryStore, key: str, holder: str, token: str) -> str | None:
+    """``InMemoryStore.release_slot`` as before seed 321's fix: a slot is given back to
+    whoever names its holder, whatever lease token it was taken with, so a stale driver
+    ending its drive gives back the slot its successor took for the same run."""
+    with self._lock:
+        self._slots.get(key, {}).pop(holder, None)
+        waiting = self.list_throttled(key=key, limit=1)
+        return waiting[0].run_id if waiting else None
+
+
+# ---------------------------------------------------------------------------------------------
+
+_tally = approval_commands.tally
+_save_decision = InMemoryStore.save_decision
+
+
+def _tally_every_vote(policy: Any, decisions: Any, eligible: Any) -> Any:
+    """``approvals.tally`` that counts every vote recorded, a person's second one too (each
+    repeat is counted as someone else: ``ann#2``)."""
+    seen: dict[str, int] = {}
+    votes, voters = [], list(eligible)
+    for d in decisions:
+        seen[d.approver] = seen.get(d.approver, 0) + 1
+        if seen[d.approver] > 1:
+            d = dataclasses.replace(d, approver=f"{d.approver}#{seen[d.approver]}")
+            voters.append(d.approver)
+        votes.append(d)
+    return _tally(policy, votes, voters)
+
+
+def _save_every_vote(self: InMemoryStore, decision: Any) -> bool:
+    """``InMemoryStore.save_decision`` without its one row per approver: a repeat is kept."""
+    with self._lock:
+        current = self._requests.get((decision.run_id, decision.call_id))
+        if changed_under(decision, current):
+            raise asked_again(decision, current)
+        decisions = self._decisions.setdefault((decision.run_id, decision.call_id), [])
+        decisions.append(dataclasses.replace(decision, created_at=self.now()))
+        return True
+
+
+def _has_quorum(seed: int) -> bool:
+    """Whether a seed's cast can have a quorum with people (``scenario.build``)."""
+    from .world import Config
+
+    return random.Random(f"quorum:{seed}").random() < Config(seed).quorum
+
+
 @dataclass(frozen=True)
 class Mutation:
     name: str
@@ -311,6 +389,35 @@ MUTATIONS: dict[str, Mutation] = {
             "a rate grants every permit (InMemoryStore.take_permit always says 0)",
             lambda: _swapped((InMemoryStore, "take_permit", _permit_always)),
             reaches=_has_limits,
+        ),
+        # Issue 43: retention in the world.
+        Mutation(
+            "prune-judges-root-only",
+            "a prune judges a tree by its root alone: a tree whose root ended before the "
+            "cutoff goes whole, with a sub-run still going or ended since (retention.why_kept "
+            "reads the root only)",
+            lambda: _swapped((retention, "why_kept", _judge_root_only)),
+            reaches=_has_pruner,
+        ),
+        # -- stale-slot-release (issue 43, part 3) ------------------------------------------
+        Mutation(
+            "stale-slot-release",
+            "a stale driver gives back the slot its successor took: release_slot ignores the "
+            "lease token the slot was taken with (InMemoryStore.release_slot before seed 321)",
+            lambda: _swapped((InMemoryStore, "release_slot", _release_ignoring_token)),
+            reaches=_has_limits,
+        ),
+        # -------------------------------------------------------------------------------------
+        Mutation(
+            "repeat-voters",
+            "a quorum counts one person's two votes: a vote repeated at once is kept as a second "
+            "row (InMemoryStore.save_decision) and counted (approvals.tally)",
+            lambda: _swapped(
+                (InMemoryStore, "save_decision", _save_every_vote),
+                (approval_commands, "tally", _tally_every_vote),
+                (timers, "tally", _tally_every_vote),
+            ),
+            reaches=_has_quorum,
         ),
     )
 }

@@ -18,6 +18,7 @@ from durable_agents.engine.journal import Journal
 from durable_agents.engine.limits import parse_rate, tool_key
 from durable_agents.engine.ports import CANCELLED, FAILED
 
+from . import pruning, slots, votes
 from . import world as W
 from .actors import (
     Actor,
@@ -136,6 +137,19 @@ def build(w: W.World) -> None:
     # deletes finished runs, and every way back to a deleted id is tried.
     if "operator" in cfg.actors and random.Random(f"operator:{cfg.seed}").random() < 0.3:
         actors.append(Operator("olga", 3, 5))
+    # Prunes (issue 43) came after deletes, drawn from a stream of their own, in the
+    # answerer's casts (errands make trees there): an operator cancels stale trees, prunes,
+    # keeps the export, and comes back to what it pruned.
+    if "operator" in cfg.actors and "answerer" in cfg.actors and pruning.takes_part(cfg.seed):
+        actors.append(pruning.Pruner("pam", cfg.seed, 3, 2, 4))
+    # A stale driver giving a slot back after a takeover (issue 43) came after prunes, in
+    # the casts whose agent has a limit on runs, drawn from a stream of its own.
+    if limits is not None and limits.runs and "driver" in cfg.actors and slots.takes_part(cfg.seed):
+        actors.append(slots.SlotStaller("sid", cfg.seed, 2))
+    # A person voting twice before anyone else has (issue 43) came after the staller, in
+    # the quorum casts, drawn from a stream of its own: the first member's two tabs.
+    if quorum and w.eligible and votes.takes_part(cfg.seed):
+        actors += [votes.Tab(w.eligible[0], 1), votes.Tab(w.eligible[0], 2)]
     # The targeted adversaries act only where their marks are: captured signatures with a
     # replayer, forks with people.
     w.intercepts = w.intercepts and any(isinstance(a, Replayer) for a in actors)
@@ -332,6 +346,7 @@ def simulate(config: W.Config) -> W.World:
             drain_phase(w)
             quiet_phase(w)
             check_all(w)
+            pruning.at_rest(w)
         finally:
             w.teardown()
     return w

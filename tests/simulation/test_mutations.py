@@ -45,6 +45,11 @@ LEAST = {
     "slots-ignore-limit": 50,
     "slots-outlive-leases": 7,
     "rates-never-refuse": 23,
+    # Issue 43: retention in the world, and the rare paths aimed at (``Mutation.reaches``).
+    "prune-judges-root-only": 5,
+    "repeat-voters": 5,
+    # -- stale-slot-release (issue 43, part 3) --
+    "stale-slot-release": 3,
 }
 
 

@@ -91,6 +91,21 @@ def test_seeds_keep_the_promise():
         "throttled runs moved to queued": config.limits > 0,
         "crashes between a throttle row and its status": "crash" in config.faults
         and config.limits > 0,
+        # Issue 43: retention in the world; the rare paths aimed at.
+        "runs pruned": "operator" in config.actors and "answerer" in config.actors,
+        "trees pruned with their sub-runs": "operator" in config.actors
+        and "answerer" in config.actors,
+        "prunes aimed at a tree with a run that ended after its root": "operator" in config.actors
+        and "answerer" in config.actors,
+        "pruned ids refused (retry, run.pruned)": "operator" in config.actors
+        and "answerer" in config.actors,
+        "pruned ids refused (import live, run.pruned)": "operator" in config.actors
+        and "answerer" in config.actors,
+        "pruned runs imported as evidence": "operator" in config.actors
+        and "answerer" in config.actors,
+        "drivers frozen holding a slot": config.limits > 0 and "driver" in config.actors,
+        "quorum calls approved from a second tab (tab 2)": "person" in config.actors
+        and config.quorum > 0,
     }
     if len(seeds) >= 500:
         missed = [
