@@ -32,6 +32,8 @@ def pgbouncer(django_db_setup):
 # the suite, here in the main process, so every worker explores the same range and the
 # summary can name it.
 FRESH_SEEDS = 150
+# And the PostgreSQL lane's, right after them (about 3 s a seed there).
+PG_FRESH_SEEDS = 6
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -46,9 +48,16 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     import os
 
     base = os.environ.get("SIM_FRESH")
-    if base and not hasattr(config, "workerinput"):
+    # (Not for a sweep's range of its own, ``scripts/sim-sweep``: these did not run.)
+    if base and not hasattr(config, "workerinput") and not os.environ.get("SIM_PG_FRESH"):
         last = int(base) + FRESH_SEEDS - 1
+        pg_last = last + PG_FRESH_SEEDS
         terminalreporter.write_line(
             f"simulator: fresh seeds {base}-{last} this run; again: SIM_FRESH={base} "
             ".venv/bin/python -m pytest tests/simulation/test_simulation.py -k fresh"
+        )
+        terminalreporter.write_line(
+            f"simulator: fresh seeds {last + 1}-{pg_last} on PostgreSQL; again: "
+            f"SIM_FRESH={base} .venv/bin/python -m pytest "
+            "tests/simulation/test_postgres_lane.py -k fresh"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
@@ -107,11 +108,21 @@ class Finding:
 
 
 def run_seeds(
-    seeds: range, env: dict[str, str] | None = None, *, store: str = "memory"
+    seeds: range,
+    env: dict[str, str] | None = None,
+    *,
+    store: str = "memory",
+    until: float | None = None,
 ) -> tuple[list[Finding], dict[str, int]]:
+    """Run each seed, collecting findings and coverage; with ``until`` (a ``time.monotonic``
+    reading), stop before the first seed that would start after it. ``coverage["seeds run"]``
+    says how many ran."""
     findings: list[Finding] = []
     coverage: dict[str, int] = defaultdict(int)
     for seed in seeds:
+        if until is not None and time.monotonic() >= until:
+            break
+        coverage["seeds run"] += 1
         config = replace(config_for(seed, env), store=store)
         world = simulate(config)
         for key, n in world.coverage().items():

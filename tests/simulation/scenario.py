@@ -263,7 +263,14 @@ def quiet_phase(w: W.World) -> None:
             )
             w.last_drive[run_id] = w.run_to_end(proc).outcome
 
+    # The first drain's workers may meet one of the aim's targets (a crash or a store failure
+    # at a write the main phase seldom makes: recovery's compensations); the leases of a
+    # worker that crashed expire before the passes begin, as the main phase's did above.
+    w.quiet_aim = w.aim is not None
     drain()
+    w.quiet_aim = False
+    if w.quiet_faults:
+        w.advance_by(2 * w.config.ttl + 1)
     session_liveness(w, worker)
     # Limits slow the settling down (a run waits for its rate or its slot, again and again
     # while others go first): a seed with them gets more passes; one whose errands book at

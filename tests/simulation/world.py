@@ -611,6 +611,10 @@ class World:
         self.reached: set[str] = set()
         self.kinds_written: set[str] = set()
         self.aim = cover.draw(seed, config.faults)
+        # The quiet phase's first drain may take one of the aim's targets (recovery's
+        # workers write what the main phase seldom does: a cancelled saga's compensations).
+        self.quiet_aim = False
+        self.quiet_faults = 0
         self.leases_taken: list[str] = []  # every run leased, in order
         self.intercepted: list[Signed] = []  # signed decisions captured, never delivered
         self.signed_taken: list[Signed] = []  # signed decisions the engine took
@@ -959,10 +963,12 @@ class World:
         Only in seeds with a failing store, in the main phase, a few times at most; and where
         the seed's aim (``coverage.Aim``) is a store failure at a write of this kind."""
         hunt, proc = self.hunt, self.current
-        if self.phase != "main" or proc is None or proc.exclusive:
+        if (self.phase != "main" and not self.quiet_aim) or proc is None or proc.exclusive:
             return ""
         where = proc.aimed_store
         proc.aimed_store = ""
+        if not where and self.phase != "main":
+            return ""
         if not where:
             if not hunt.store or hunt.store_faults >= 3 or hunt.rng.random() >= 0.02:
                 return ""
@@ -1363,15 +1369,27 @@ class World:
         if faults and self.kill_after_effect(proc):
             self.crash(proc)
             return
-        if faults and self.aim is not None and self.phase == "main" and not proc.exclusive:
+        if (
+            self.aim is not None
+            and not proc.exclusive
+            and ((faults and self.phase == "main") or self.quiet_aim)
+        ):
             if proc.crash_after:
                 proc.crash_after = False
                 if proc.wrote:
                     self.crash(proc)
                     return
-            fault = self.aim.at_write(proc.writing)
+            quiet = self.phase != "main"  # one target at most, ``quiet_aim``
+            fault = (
+                ""
+                if quiet and self.quiet_faults
+                else self.aim.at_write(proc.writing, targets_only=quiet)
+            )
             if fault:
                 self.count("faults aimed by coverage")
+                if quiet:
+                    self.quiet_faults += 1
+                    self.count("faults aimed in the quiet phase")
                 if fault == "crash before":
                     self.crash(proc)
                     return
@@ -1496,7 +1514,7 @@ class World:
 
     def run_to_end(self, proc: Proc, guard: int = 5000) -> Proc:
         """Run one process to its end with no faults (the quiet phases)."""
-        while not proc.glet.dead:
+        while not proc.glet.dead and not proc.dead:  # (dead: an aimed crash, ``quiet_aim``)
             guard -= 1
             if guard < 0:
                 self.violate("terminates", f"{proc.label} did not finish", hole="new")
