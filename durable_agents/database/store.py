@@ -82,6 +82,8 @@ from ..engine.ports import (
     RunInfo,
     asked_again,
     changed_under,
+    closed_request,
+    closed_under,
     same_request,
 )
 from ..engine.records import encode
@@ -1587,6 +1589,14 @@ class DjangoStore(Delegations, Limits):
                 current = request.to_domain()
                 if changed_under(decision, current):
                     raise asked_again(decision, current)
+                if closed_under(decision, current):
+                    if (
+                        Decision.objects.using(self.using)
+                        .filter(request=request, approver=decision.approver)
+                        .exists()
+                    ):
+                        return False  # a repeat: what it repeats is read back
+                    raise closed_request(decision, current)
                 with transaction.atomic(using=self.using):
                     Decision.objects.using(self.using).create(
                         request=request,

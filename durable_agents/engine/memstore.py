@@ -41,6 +41,8 @@ from .ports import (
     ThrottleInfo,
     asked_again,
     changed_under,
+    closed_request,
+    closed_under,
     same_request,
 )
 from .records import encode
@@ -631,6 +633,8 @@ class InMemoryStore:
             decisions = self._decisions.setdefault((decision.run_id, decision.call_id), [])
             if any(d.approver == decision.approver for d in decisions):
                 return False
+            if current is not None and closed_under(decision, current):
+                raise closed_request(decision, current)
             decisions.append(replace(decision, created_at=_dt(self._clock())))
             return True
 

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from .errors import ApprovalArgumentsChanged
+from .errors import ApprovalArgumentsChanged, ApprovalOrphaned
 from .records import encode
 
 # Statuses a run can be in. The journal is the truth; the run row is a projection of it.
@@ -345,6 +345,22 @@ def changed_under(decision: DecisionInfo, current: ApprovalRequestInfo | None) -
     never shown."""
     return decision.request is not None and (
         current is None or not same_question(current, decision.request)
+    )
+
+
+def closed_under(decision: DecisionInfo, current: ApprovalRequestInfo | None) -> bool:
+    """Whether the request ``decision`` is about was closed (decided, withdrawn, expired)
+    before the decision was written: a vote saved then would be counted by a decision on a
+    request nobody may decide any more (the run cancelled or rolled back meanwhile, found by
+    the simulator)."""
+    return current is not None and current.status != APPROVAL_PENDING
+
+
+def closed_request(decision: DecisionInfo, current: ApprovalRequestInfo) -> ApprovalOrphaned:
+    """What a store raises for a decision on a request ``closed_under`` it."""
+    return ApprovalOrphaned(
+        f"the request of call {decision.call_id!r} in run {decision.run_id!r} was closed "
+        f"({current.status}) while the decision was being recorded; nothing was recorded"
     )
 
 
@@ -665,8 +681,9 @@ class Store(Protocol):
     def save_decision(self, decision: DecisionInfo) -> bool:
         """Insert unless this approver already decided this request; True if written.
         ``ApprovalArgumentsChanged`` (nothing written) when the request was asked again
-        since ``decision.request`` was read (``changed_under``), checked atomically with
-        the insert."""
+        since ``decision.request`` was read (``changed_under``), and ``ApprovalOrphaned``
+        (nothing written) when it is no longer pending (``closed_under``), both checked
+        atomically with the insert."""
 
     def list_decisions(self, run_id: str, call_id: str) -> Sequence[DecisionInfo]: ...
 

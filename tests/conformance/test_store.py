@@ -472,6 +472,23 @@ def test_a_conditional_approval_status_changes_nothing_unless_it_matches(store, 
     assert store.get_approval_request(run_id, "c1").status == "withdrawn"
 
 
+def test_a_decision_is_never_saved_on_a_closed_request(store, run_id):
+    """A vote on a request decided, withdrawn or expired is refused (issue 43): a decision
+    counting it would be journaled after the request closed. A repeat of a vote saved while
+    it was open is no new vote: it is found standing."""
+    from durable_agents.engine.errors import ApprovalOrphaned
+    from durable_agents.engine.ports import ApprovalRequestInfo, DecisionInfo
+
+    request = ApprovalRequestInfo(run_id, "c1", "pay", {"cents": 5}, {"kind": "quorum"}, 7)
+    assert store.save_approval_request(request)
+    assert store.save_decision(DecisionInfo(run_id, "c1", "ann", True, request=request))
+    assert store.set_approval_status(run_id, "c1", "withdrawn", if_status=["pending"])
+    with pytest.raises(ApprovalOrphaned):
+        store.save_decision(DecisionInfo(run_id, "c1", "bob", True, request=request))
+    assert not store.save_decision(DecisionInfo(run_id, "c1", "ann", True, request=request))
+    assert [d.approver for d in store.list_decisions(run_id, "c1")] == ["ann"]
+
+
 def test_a_decision_keeps_its_edited_arguments(store, run_id):
     from durable_agents.engine.ports import ApprovalRequestInfo, DecisionInfo
 

@@ -60,6 +60,7 @@ def _act(tool: str, args: dict[str, Any], ctx: ToolContext) -> Any:
     w = W.CURRENT
     assert w is not None
     entered = w.entry_seq()  # before the scheduler may run anyone else
+    w.step_begins(ctx.run_id, f"{tool} call {ctx.call_id}", ctx.call_id)
     w.slow_tool(tool)
     w.point(f"tool {tool} {ctx.call_id} start")
     w.begins(ctx.call_id)
@@ -220,6 +221,7 @@ confirm = _confirm(0)
 def _undo(tool: str, args: dict[str, Any], result: Any, ctx: ToolContext) -> Any:
     w = W.CURRENT
     assert w is not None
+    w.step_begins(ctx.run_id, f"{tool} (an undo) {ctx.call_id}", ctx.call_id)
     w.point(f"tool {tool} {ctx.call_id} start")
     entry = w.record(tool, ctx.run_id, ctx.call_id, args, ctx.idempotency_key, result, effect=True)
     w.count("undos run")
@@ -320,9 +322,11 @@ class SimModel:
     def generate(self, request: ModelRequest) -> ModelResponse:
         w = W.CURRENT
         assert w is not None
-        w.point("model start")
         proc = w.current
-        w.work_begins(proc.leased[-1] if proc is not None and proc.leased else None)
+        run_id = proc.leased[-1] if proc is not None and proc.leased else None
+        w.step_begins(run_id, "a model call")
+        w.point("model start")
+        w.work_begins(run_id)
         msgs = list(request.messages)
         usage = Usage(10 + 2 * len(msgs), 5)
         roll = w.model_rng.random()

@@ -1549,6 +1549,21 @@ def _stops_at_and_above(w: W.World, ix: Index, run_id: str | None) -> list[tuple
     return out
 
 
+def stop_at_or_above(w: W.World, run_id: str) -> tuple[str, str] | None:
+    """A stop recorded in ``run_id`` or a run above it, read now: (that run, the record's
+    name), or None."""
+    seen: set[str] = set()
+    current: str | None = run_id
+    while current and current not in seen:
+        seen.add(current)
+        for name in STOPS:
+            if w.raw.get(current, name) is not None:
+                return current, name
+        row = w.raw.get_run(current)
+        current = row.parent_run_id if row is not None else None
+    return None
+
+
 # Every status a run waits in with nobody driving it: throttled too (issue 41).
 PAUSED_STATUSES = (AWAITING_APPROVAL, AWAITING_INPUT, SLEEPING, HALTED, THROTTLED)
 

@@ -32,11 +32,11 @@ from durable_agents.engine import (
     stops,
 )
 from durable_agents.engine.commands import approvals as approval_commands
-from durable_agents.engine.commands import forks, timers
+from durable_agents.engine.commands import forks, recovery, timers
 from durable_agents.engine.errors import DurableAgentsError
 from durable_agents.engine.loop import Driver
 from durable_agents.engine.memstore import InMemoryStore
-from durable_agents.engine.ports import THROTTLED, RunInfo, asked_again, changed_under
+from durable_agents.engine.ports import HALTED, THROTTLED, RunInfo, asked_again, changed_under
 from durable_agents.engine.tools import ToolArgumentsError
 from durable_agents.engine.transcript import RunState
 
@@ -270,6 +270,44 @@ def _save_every_vote(self: InMemoryStore, decision: Any) -> bool:
         return True
 
 
+# -- safety of what was only liveness (issue 43) -----------------------------------------------
+
+_hand_over = recovery._hand_over
+
+
+def _hand_over_halted_too(store: Any, run: Any, policy: Any, now: Any) -> bool:
+    """``recovery._hand_over`` that hands a halted run over as it does a queued one."""
+    return run.status == HALTED or _hand_over(store, run, policy, now)
+
+
+def _save_on_closed_requests(self: InMemoryStore, decision: Any) -> bool:
+    """``InMemoryStore.save_decision`` before issue 43: a vote is saved whatever its request's
+    status (only a request asked again under it is refused)."""
+    with self._lock:
+        current = self._requests.get((decision.run_id, decision.call_id))
+        if changed_under(decision, current):
+            raise asked_again(decision, current)
+        decisions = self._decisions.setdefault((decision.run_id, decision.call_id), [])
+        if any(d.approver == decision.approver for d in decisions):
+            return False
+        decisions.append(dataclasses.replace(decision, created_at=self.now()))
+        return True
+
+
+def _renew_ignoring_token(self: InMemoryStore, run_id: str, token: str, ttl: float) -> bool:
+    """``InMemoryStore.renew_lease`` that looks for a live lease on the run, not for the
+    renewer's: a stale driver's heartbeat extends its successor's lease and is told it
+    holds the run (``UPDATE … WHERE run_id = %s AND expires_at > now()``, the token left
+    out)."""
+    with self._lock:
+        lease = self._leases.get(run_id)
+        now = self._clock()
+        if lease is None or lease[2] <= now:
+            return False
+        self._leases[run_id] = (lease[0], lease[1], now + ttl, now)
+        return True
+
+
 def _has_quorum(seed: int) -> bool:
     """Whether a seed's cast can have a quorum with people (``scenario.build``)."""
     from .world import Config
@@ -408,6 +446,33 @@ MUTATIONS: dict[str, Mutation] = {
             reaches=_has_limits,
         ),
         # -------------------------------------------------------------------------------------
+        # Issue 43: safety of what was only liveness.
+        Mutation(
+            "halted-runs-re-driven",
+            "recovery hands a halted run to a driver as it does a queued one (RECOVERABLE "
+            "lists halted, recovery._hand_over sends it)",
+            lambda: _swapped(
+                (recovery, "RECOVERABLE", (*recovery.RECOVERABLE, HALTED)),
+                (recovery, "_hand_over", _hand_over_halted_too),
+            ),
+        ),
+        Mutation(
+            "votes-after-close",
+            "a vote is saved and counted after its request closed: the store saves it "
+            "whatever the request's status, and approve no longer refuses a withdrawn "
+            "request or a stopped run (approvals._refuse_orphans does nothing)",
+            lambda: _swapped(
+                (InMemoryStore, "save_decision", _save_on_closed_requests),
+                (approval_commands, "_refuse_orphans", _refuse_nothing),
+            ),
+        ),
+        Mutation(
+            "token-blind-renewal",
+            "a lease renewal ignores the token: a stale driver's heartbeat extends its "
+            "successor's lease and is told it still holds the run "
+            "(InMemoryStore.renew_lease looks for any live lease)",
+            lambda: _swapped((InMemoryStore, "renew_lease", _renew_ignoring_token)),
+        ),
         Mutation(
             "repeat-voters",
             "a quorum counts one person's two votes: a vote repeated at once is kept as a second "

@@ -57,6 +57,10 @@ LEAST = {
     "repeat-voters": 5,
     # -- stale-slot-release (issue 43, part 3) --
     "stale-slot-release": 3,
+    # Issue 43: safety of what was only liveness.
+    "halted-runs-re-driven": 1,
+    "votes-after-close": 1,
+    "token-blind-renewal": 1,
 }
 
 

@@ -52,3 +52,88 @@ class Tab(Person):
         self.voted.add((run_id, call_id))
         w.count(f"quorum calls approved from a second tab (tab {self.tab})")
         return self._decide(w, run_id, call_id, True)
+
+
+# -- a page left open (issue 43, ``decisions_after_close``) ------------------------------------
+
+STALE_ODDS = 0.6
+
+
+def stale_pages(seed: int) -> bool:
+    """Whether a cast with people has a person deciding from pages left open (``scenario.build``),
+    from a stream of its own."""
+    return random.Random(f"stale-page:{seed}").random() < STALE_ODDS
+
+
+class StalePage(Person):
+    """A person who opened requests' pages while they were pending and decides from them
+    after the request closed (its run cancelled or rolled back, the call settled otherwise,
+    the request decided by someone else): up to ``left`` times, approving or denying what
+    the page shows. Twice at most, they cancel the run of a request whose page they keep
+    open (two tabs). The engine must refuse each decision, or give back the standing one;
+    no vote may be saved on a closed request, nor a decision count one
+    (``decisions_after_close``)."""
+
+    def __init__(self, name: str, seed: int, left: int) -> None:
+        super().__init__(name, 0, 0)
+        self.rng = random.Random(f"stale-page-ops:{seed}")
+        self.left = left
+        self.cancels = 2
+        self.pages: dict[tuple[str, str], str] = {}  # (run, call) -> the request's start seq
+
+    def _closed(self, w: W.World) -> list[tuple[str, str]]:
+        for r in w.raw.list_approval_requests():
+            self.pages.setdefault((r.run_id, r.call_id), r.status)
+        withdrawn, decided = [], []
+        for run_id, call_id in self.pages:
+            now = w.raw.get_approval_request(run_id, call_id)
+            if now is not None and now.status != "pending":
+                # A withdrawn request (its run stopped, its call settled otherwise) first:
+                # nothing stands on it that a repeat could be answered with.
+                (withdrawn if now.status == "withdrawn" else decided).append((run_id, call_id))
+        return withdrawn or decided
+
+    def _open(self, w: W.World) -> list[tuple[str, str]]:
+        """Pages of pending requests whose run waits on them, nobody driving it."""
+        out = []
+        for r in w.raw.list_approval_requests():
+            self.pages.setdefault((r.run_id, r.call_id), r.status)
+            row = w.raw.get_run(r.run_id)
+            lease = w.raw.get_lease(r.run_id)
+            if row is not None and row.status == "awaiting_approval" and not (lease and lease.live):
+                out.append((r.run_id, r.call_id))
+        return out
+
+    def weight(self, w: W.World) -> int:
+        if not self.left:
+            return 0
+        if self.cancels and self._open(w):
+            return 8
+        closed = self._closed(w)
+        if not closed:
+            return 0
+        first = w.raw.get_approval_request(*closed[0])
+        return 8 if first is not None and first.status == "withdrawn" else 1
+
+    def choose(self, w: W.World) -> Op | None:
+        closed = self._closed(w)
+        pending = self._open(w)
+        if self.cancels and pending and (not closed or self.rng.random() < 0.5):
+            # One tab cancels the run (the admin's cancel); the page of its request stays
+            # open in the other.
+            from .actors import cancel_tree
+
+            self.cancels -= 1
+            run_id = pending[self.rng.randrange(len(pending))][0]
+            w.count("runs cancelled with a request's page left open")
+            return f"cancel {run_id} (a page of its request left open)", lambda: cancel_tree(
+                w, run_id, self.name, "sim", False
+            )
+        if not self.left or not closed:
+            return None
+        self.left -= 1
+        run_id, call_id = closed[self.rng.randrange(len(closed))]
+        del self.pages[(run_id, call_id)]
+        request = w.raw.get_approval_request(run_id, call_id)
+        w.count(f"decisions from a page left open ({request.status if request else 'gone'})")
+        return self._decide(w, run_id, call_id, self.rng.random() < 0.7)

@@ -41,7 +41,7 @@ from durable_agents.engine.approvals import decision_bytes
 from durable_agents.engine.errors import DurableAgentsError, LeaseLost, Pause, StorageError
 from durable_agents.engine.limits import parse_rate
 from durable_agents.engine.memstore import InMemoryStore
-from durable_agents.engine.ports import THROTTLED
+from durable_agents.engine.ports import HALTED, THROTTLED
 from durable_agents.engine.retry import RetryPolicy
 from tests.support.signing import public_text
 
@@ -396,6 +396,10 @@ class SimHeartbeat:
                 continue
             lease.renew()
             entry[2] = now + lease.ttl / 3
+            if not lease.lost.is_set() and lease.last_renewed == now:
+                # The store said yes: by the world's record, ``proc`` holds the run's lease
+                # until a ttl from now (``leases_exclusive``).
+                self.world.holds_lease(lease.run_id, lease.token, proc, lease.ttl)
 
 
 class SimPool:
@@ -717,6 +721,12 @@ class World:
         # gives it back; a limited tool's call from its body's start until its drive gives
         # it back), and a rate's key -> when each call that ran was let through.
         self.holding: dict[str, dict[str, Proc]] = {}
+        # Who holds each run's lease, by the world's record of what the store granted
+        # (issue 43, ``leases_exclusive``): run -> token -> (the process, until when).
+        self.lease_holders: dict[str, dict[str, tuple[Proc, float]]] = {}
+        # Every vote saved (issue 43, ``decisions_after_close``): (run, call, approver) ->
+        # whether its request was still pending when it was saved.
+        self.votes_saved: dict[tuple[str, str, str], bool] = {}
         self.admitted: dict[str, list[float]] = {}
         self._model_rates: dict[str, Any] | None = None
 
@@ -791,6 +801,79 @@ class World:
         if tool and tool == limits.tool and limits.tool_concurrent:
             holder = f"{run_id}#{call}"
             self._hold(f"tool/{tool}", holder, proc, limits.tool_concurrent, f"{tool} calls")
+
+    # -- safety of what is otherwise liveness (issue 43) -------------------------------------
+
+    def holds_lease(self, run_id: str, token: str, proc: Proc | None, ttl: float) -> None:
+        """The store granted (or renewed) ``token``'s lease on ``run_id`` to ``proc`` for
+        ``ttl``: no other holder's grant may still run (``leases_exclusive``). A process that
+        died keeps its grant until it expires, except on PostgreSQL, where the store may see
+        that its session is gone and let another take the lease at once."""
+        if proc is None:
+            return
+        held = self.lease_holders.setdefault(run_id, {})
+        for other, (p, until) in list(held.items()):
+            if other == token:
+                continue
+            if until <= self.now or (self.lane is not None and p.dead):
+                del held[other]
+                continue
+            self.violate(
+                "leases_exclusive",
+                f"run {run_id}: the store gave its lease to {proc.actor.name} ({proc.label}) "
+                f"while {p.actor.name} ({p.label}) held it until t={until - EPOCH:.1f} "
+                f"(now t={self.now - EPOCH:.1f})",
+                hole="new",
+            )
+        held[token] = (proc, self.now + ttl)
+
+    def lets_go_of_lease(self, run_id: str, token: str | None) -> None:
+        held = self.lease_holders.get(run_id)
+        if held is not None and token is not None:
+            held.pop(token, None)
+
+    def halted_on(self, run_id: str) -> str | None:
+        """The call ``run_id`` is halted on, by its row and an open halt whose call has no
+        outcome in the journal, or None."""
+        row = self.raw.get_run(run_id)
+        if row is None or row.status != HALTED:
+            return None
+        for halt in self.raw.list_halts(run_id=run_id):
+            if self.raw.get(run_id, f"tool:{halt.op_id}") is None:
+                return halt.op_id
+        return None
+
+    def step_begins(self, run_id: str | None, what: str, call: str = "") -> None:
+        """A model call or a tool's body begins for ``run_id`` in the current process, as
+        its driver decided it (before its first point): a run halted on an unknown outcome
+        starts no step until a person resolves it (``halted_never_driven``), and no model
+        call begins under a stop recorded at or above the run (``stops_hold``; tool calls
+        are held to it with their claims, ``invariants.check_stops``). A call handed to the
+        tool pool earlier, or claimed by this process before, began then."""
+        proc = self.current
+        if proc is None or run_id is None or self._entered is not None:
+            return
+        if call and call in proc.claims:
+            return
+        halted = self.halted_on(run_id)
+        if halted is not None:
+            self.violate(
+                "halted_never_driven",
+                f"run {run_id}: {what} began ({proc.actor.name}, {proc.label}) while the run "
+                f"is halted on the unknown outcome of {halted}",
+                hole="new",
+            )
+        if not call:
+            from .invariants import stop_at_or_above
+
+            stop = stop_at_or_above(self, run_id)
+            if stop is not None:
+                self.violate(
+                    "stops_hold",
+                    f"run {run_id}: a model call began ({proc.actor.name}, {proc.label}) "
+                    f"after {stop[0]}'s {stop[1]} was recorded",
+                    hole="29",
+                )
 
     def _hold(self, key: str, holder: str, proc: Proc, limit: int, what: str) -> None:
         held = self.holding.setdefault(key, {})
@@ -935,6 +1018,24 @@ class World:
             return
         proc.sleep_until = self.now + max(0.0, float(seconds))
         self.point(f"sleep {seconds:g}s")
+
+    def engine_dispatch(self, run_id: str) -> None:
+        """``runtime.dispatch``: the engine hands ``run_id`` to a driver. Never a run halted
+        on an unknown outcome (``halted_never_driven``): whoever hands one over moves it on
+        first (a resolution queues it); one handed over as it is would be driven into its
+        halt again and again. (An actor's own hand-over, the admin's enqueue of a fork it
+        just made, is not the engine's.)"""
+        halted = self.halted_on(run_id)
+        if halted is not None:
+            proc = self.current
+            who = f"{proc.actor.name} ({proc.label})" if proc is not None else "the world"
+            self.violate(
+                "halted_never_driven",
+                f"{who} handed {run_id} to a driver while it is halted on the unknown "
+                f"outcome of {halted}",
+                hole="new",
+            )
+        self.dispatch(run_id)
 
     def dispatch(self, run_id: str) -> None:
         proc = self.current
@@ -1145,6 +1246,26 @@ class World:
         finally:
             self._entered = saved
 
+    def decision_counts(self, run_id: str, entry: Any) -> None:
+        """A decision was journaled (``entry``): none of the votes it counts was saved after
+        its request closed — decided, withdrawn (its run cancelled or rolled back, its call
+        settled otherwise), expired (``decisions_after_close``)."""
+        from durable_agents.engine.records import decode
+
+        body = decode(entry.data)
+        tally = body.get("tally") if isinstance(body, dict) else None
+        if not isinstance(tally, dict):
+            return  # an expiry, or a decision with no votes behind it
+        call = entry.name.removeprefix("approval:").split(":")[0]
+        for voter in [*tally.get("approved_by", ()), *tally.get("denied_by", ())]:
+            if self.votes_saved.get((run_id, call, str(voter))) is False:
+                self.violate(
+                    "decisions_after_close",
+                    f"run {run_id}: the decision on {call} ({entry.name}) counts {voter}'s "
+                    "vote, saved after its request was closed",
+                    hole="new",
+                )
+
     def check_move(self, run_id: str, before: Any, after: Any, call: str) -> None:
         """A run's status change is a move of the lifecycle table (``lifecycle.MOVES``)."""
         if after is None or (before is not None and before.status == after.status):
@@ -1279,6 +1400,30 @@ class World:
                     f"{proc.actor.name} ({proc.label}) wrote {name} on {run_id} unfenced",
                     hole="new",
                 )
+        if name == "acquire_lease" and result:
+            self.holds_lease(args[0], args[2], proc, float(args[3]))
+        elif started(name, result) and kwargs.get("token"):
+            self.holds_lease(args[0].run_id, kwargs["token"], proc, float(kwargs["ttl"]))
+        elif name == "release_lease":
+            self.lets_go_of_lease(args[0], args[1] if len(args) > 1 else kwargs.get("token"))
+        elif name in ("finish_run", "finish_run_with") and result is not None:
+            if name == "finish_run_with" or result[1]:
+                self.lets_go_of_lease(args[0], kwargs.get("fence"))
+        elif name == "save_decision" and result:
+            decision = args[0]
+            request = self.raw.get_approval_request(decision.run_id, decision.call_id)
+            pending = request is not None and request.status == "pending"
+            self.votes_saved[(decision.run_id, decision.call_id, decision.approver)] = pending
+            if not pending:
+                self.violate(
+                    "decisions_after_close",
+                    f"run {decision.run_id}: {decision.approver}'s vote on {decision.call_id} "
+                    f"was saved after its request was closed "
+                    f"({request.status if request is not None else 'gone'})",
+                    hole="new",
+                )
+        elif name == "insert" and result[1] and str(args[1]).startswith("approval:"):
+            self.decision_counts(str(args[0]), result[0])
         if name == "acquire_lease" and result:
             proc.leased.append(args[0])
             self.leases_taken.append(args[0])
@@ -1622,7 +1767,7 @@ def patched(world: World) -> Iterator[None]:
         agent_loader=None,
         lease_ttl=lambda: ttl,
         on_drift=lambda: "warn",
-        dispatcher=world.dispatch,
+        dispatcher=world.engine_dispatch,
         should_stop=world.should_stop,
         # The engine as plain Python: no user system, so a person's name is a trusted
         # caller (`identity.plain_actor`). Who may decide is tested against real users in

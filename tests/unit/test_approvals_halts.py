@@ -489,3 +489,40 @@ def test_a_repeated_vote_whose_request_is_asked_again_meanwhile_is_refused(
     assert info.value.code == "approval.arguments_changed" and info.value.http_status == 409
     assert store.list_decisions("r1", "call_1_2") == []
     assert Journal(store).get("r1", "approval:call_1_2") is None and 5 not in fired
+
+
+def test_a_decision_whose_request_is_withdrawn_before_its_vote_is_never_journaled(
+    store, wiring, fired, at_point
+):
+    """Ann approves; after her checks and before her vote is saved, the run is cancelled
+    (its request withdrawn). Her vote must not be saved, and no decision may count it: it
+    is orphaned, with nothing recorded (issue 43, found by the simulator:
+    ``decisions_after_close``; before, the vote was saved and a decision counting it
+    journaled after the cancel)."""
+    a = gated_agent(fired, "unit-closed-under")
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+    at_point("before-decision:call_1_2", lambda: da.cancel("r1", by="bob", store=store))
+    with pytest.raises(da.ConfigError) as info:
+        da.approve("r1", "call_1_2", True, by="ann", store=store)
+    assert info.value.code == "approval.orphaned"
+    assert store.list_decisions("r1", "call_1_2") == []
+    assert Journal(store).get("r1", "approval:call_1_2") is None
+    assert 5 not in fired
+
+
+def test_a_decision_whose_request_another_decided_before_its_vote_gets_the_standing_one(
+    store, wiring, fired, at_point
+):
+    """Ann approves; after her checks and before her vote is saved, Bob approves the same
+    call: the request is closed, so Ann's vote is not saved, and she gets Bob's decision."""
+    a = gated_agent(fired, "unit-decided-under")
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+    at_point(
+        "before-decision:call_1_2",
+        lambda: da.approve("r1", "call_1_2", True, by="bob", store=store),
+    )
+    assert da.approve("r1", "call_1_2", True, by="ann", store=store).status == "approved"
+    assert [d.approver for d in store.list_decisions("r1", "call_1_2")] == ["bob"]
+    assert Journal(store).get("r1", "approval:call_1_2").get("by") == "bob"

@@ -119,3 +119,25 @@ def test_the_interval_is_the_configured_one(store, clock, agent):
     assert recover(store=store) == []
     clock.t += 60 - INTERVAL
     assert recover(store=store) == ["r1"]
+
+
+def test_a_run_halted_between_recoverys_move_and_its_hand_over_is_not_handed_over(
+    store, clock, agent
+):
+    """Recovery lists a run its driver left running, moves it, and marks its hand-over; in
+    between, a driver took the run and halted it on an unknown outcome. Handed over anyway,
+    the drive would only halt again: a halted run is a person's (issue 43, found by the
+    simulator: ``halted_never_driven``)."""
+    agent.start("go", run_id="r1", store=store)
+    store.update_run("r1", {"status": "running"})
+    clock.t += INTERVAL
+    mark = store.mark_dispatched
+
+    def halted_first(run_id, **kwargs):
+        store.update_run(run_id, {"status": "halted"})  # what the other driver wrote
+        return mark(run_id, **kwargs)
+
+    store.mark_dispatched = halted_first
+    assert recover(store=store) == []
+    assert store.sent == ["r1"], "only the start's hand-over"
+    assert store.get_run("r1").status == "halted"

@@ -210,7 +210,13 @@ def approve(
         request=request if quorum else None,
     )
     failpoints.hit(f"before-decision:{call_id}")
-    recorded = store.save_decision(decision)
+    try:
+        recorded = store.save_decision(decision)
+    except ApprovalOrphaned:
+        # The request closed between the checks above and the vote (the store refuses a
+        # vote on a closed request, so that no decision counts it): decided by someone
+        # else meanwhile, that decision stands; withdrawn or expired, this one is orphaned.
+        return _closed_meanwhile(store, journal, run_id, call_id, name, actor, approved, edit)
     failpoints.hit(f"after-vote:{call_id}")
     if not recorded:
         mine = next(
@@ -666,6 +672,33 @@ def _refuse_expired(store: Store, request: ApprovalRequestInfo, expiry: Any) -> 
             "on_expiry": expiry.get("on_expiry"),
             "note": expiry.get("note"),
         },
+    )
+
+
+def _closed_meanwhile(
+    store: Store,
+    journal: Journal,
+    run_id: str,
+    call_id: str,
+    name: str,
+    actor: Actor,
+    approved: bool,
+    edit: Any,
+) -> ApprovalOutcome:
+    """What a decision whose request closed under it comes to: the standing decision, if
+    one was journaled (a refusal if it is an expiry), else orphaned (nothing recorded)."""
+    request = store.get_approval_request(run_id, call_id)
+    standing = journal.get(run_id, name)
+    if request is not None and standing is not None:
+        if deadlines.is_expiry(standing):
+            _refuse_expired(store, request, standing)
+        if request.status != APPROVAL_WITHDRAWN:
+            return _standing(request, standing, approved, edit)
+    if request is not None:
+        _refuse_orphans(store, journal, request, actor)
+    raise ApprovalOrphaned(
+        f"the approval of call {call_id!r} in run {run_id!r} is orphaned (its request was "
+        "closed while the decision was being recorded); nothing was recorded"
     )
 
 

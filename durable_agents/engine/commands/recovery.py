@@ -87,8 +87,10 @@ def recover(
             again = resend_at(run, interval) if interval > 0 else None
             if again is not None and now < again:
                 continue  # handed over less than an interval ago: maybe still in the queue
-            if _hand_over(store, run, policy, now) and store.mark_dispatched(
-                run.run_id, seen=run.dispatched_at
+            if (
+                _hand_over(store, run, policy, now)
+                and store.mark_dispatched(run.run_id, seen=run.dispatched_at)
+                and _still_ours(store, run.run_id)
             ):
                 runtime.dispatch(run.run_id)
                 sent.append(run.run_id)
@@ -98,6 +100,15 @@ def recover(
     if sent:
         log.info("recovery re-enqueued %d run(s)", len(sent))
     return sent
+
+
+def _still_ours(store: Store, run_id: str) -> bool:
+    """Whether ``run_id`` is still a run recovery hands over, read after its hand-over was
+    marked: a driver may have taken the run between the pass's list and its move, and paused
+    it since (halted on an unknown outcome, say). A paused run is a person's: handing it to a
+    driver would only drive it into its pause again (found by the simulator)."""
+    run = store.get_run(run_id)
+    return run is not None and run.status in RECOVERABLE
 
 
 def _hand_over(store: Store, run: RunInfo, policy: RetryPolicy, now: datetime) -> bool:
