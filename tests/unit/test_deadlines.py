@@ -448,3 +448,41 @@ def test_a_drive_that_meets_an_expiry_that_cancels_cancels_its_run(store, clock,
     assert store.get_run("r1").status == CANCELLED and fired == []
     assert Journal(store).get("r1", names.RUN_CANCELLED).get("by") == "deadline"
     assert store.get_approval_request("r1", request.call_id).status == APPROVAL_EXPIRED
+
+
+def test_an_edit_under_a_rule_of_another_group_never_lowers_what_the_request_needs(
+    store, clock, fired
+):
+    # Found by the simulator's rules cast (``rules_hold``): an approver lowered a refund
+    # asked of two of finance into the range of one lead. The leads' rule names another
+    # group, so the request moved to it, and one lead's approval fired a call that had
+    # needed two approvals while it waited. A pending request's needs only grow.
+    rules = da.Rules(
+        [da.Rule("lead", da.arg("cents") <= 100, da.ask("leads"))],
+        default=da.ask(da.Quorum(2, "finance")),
+    )
+    with wired(
+        eligible_approvers=lambda group: {"finance": ["ann", "bob"], "leads": ["ann", "bob"]}.get(
+            group, []
+        )
+    ):
+
+        @da.tool(approval=rules)
+        def pay(cents: int) -> str:
+            """Pay out."""
+            fired.append(cents)
+            return f"paid {cents}"
+
+        script = [scripted.calls(scripted.call("pay", {"cents": 500})), scripted.text("done")]
+        agent = da.Agent("unit-deadlines-groups", ScriptedModel(script), "", [pay])
+        request = asked(agent, store)
+        assert (request.policy["need"], request.policy["group"]) == (2, "finance")
+        outcome = da.approve("r1", request.call_id, True, by="ann", edit={"cents": 50}, store=store)
+        assert outcome.status == "pending"  # still two approvals, now of the edit
+        moved = store.get_approval_request("r1", request.call_id).policy
+        assert (moved["kind"], moved["need"], moved["group"]) == ("quorum", 2, "leads")
+        outcome = da.approve("r1", request.call_id, True, by="bob", edit={"cents": 50}, store=store)
+        assert outcome.status == "approved"
+        with wired(dispatcher=lambda run_id: agent.run(run_id, store=store)):
+            da.resume("r1", store=store)
+    assert fired == [50]
