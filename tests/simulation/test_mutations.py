@@ -50,6 +50,13 @@ LEAST = {
     "repeat-voters": 5,
     # -- stale-slot-release (issue 43, part 3) --
     "stale-slot-release": 3,
+    # Issue 42: approval rules; only the rules casts are run (``Mutation.reaches``).
+    "edits-not-reevaluated": 1,
+    "edit-lowers-need": 1,
+    "deploy-lowers-pending": 1,
+    "expiry-on-the-row": 1,
+    "deputy-counted-twice": 1,
+    "reminders-every-sweep": 1,
 }
 
 
