@@ -387,8 +387,10 @@ class Person(Actor):
                 if w.rules_rng is not None and (
                     seen["amount"] <= 30 if self.name == "edith" else w.rules_rng.random() < 0.5
                 ):
-                    # A rules cast: across a threshold upwards too (issue 42).
-                    edited = {**seen, "amount": seen["amount"] * 2}
+                    # A rules cast: across a threshold upwards too (issue 42); the editor
+                    # into the quorum's range under either version of the rules.
+                    more = seen["amount"] + 30 if self.name == "edith" else seen["amount"] * 2
+                    edited = {**seen, "amount": more}
                     w.count("rules: edits raising the amount")
             note = "" if approve else W.deny_message(call_id)
             signed, signature = None, None

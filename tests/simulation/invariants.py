@@ -444,12 +444,13 @@ def check_approvals(w: W.World, ix: Index) -> None:
             continue
         if decisions and all(
             not r.get("approved")
-            and (r.get("tally") or {}).get("uncounted")
+            and isinstance(r.get("tally"), dict)
             and not (r.get("tally") or {}).get("denied_by")
             for r in decisions
         ):
-            # The denier's vote was not counted: they had voted already, as a deputy for
-            # someone else, at the same moment (one person counts once; issue 42).
+            # No denial was counted: the quorum failed on approvals of different arguments,
+            # and the denier's vote did not count (they had voted already, as a deputy for
+            # someone else; or an edit moved the call to a group they are not in: issue 42).
             continue
         result = ix.names.get(run_id, {}).get(f"tool:{call_id}")
         message = W.deny_message(call_id)
@@ -1865,35 +1866,43 @@ def _evaluated_need(policy: Any, args: Any) -> int | None:
 
 def check_expiries(w: W.World, ix: Index) -> None:
     """``expired_stays_expired``: a request that expired (its row seen ``expired``, or its
-    expiry journaled as the call's decision) is never approved afterwards — no approval of
-    the call about those arguments in the journal, nor a person told their approval stands
-    — and its call never fires with them."""
-    expired: dict[tuple[str, str], Any] = dict(w.expired_rows)
+    expiry journaled as the call's decision) is never approved afterwards — its decision
+    (the one name a decision on that asking has) is no approval — and its call never fires
+    with its arguments unless another asking of the call was approved for them."""
+    expired: dict[tuple[str, str, str], Any] = dict(w.expired_rows)
     for run_id, names in ix.names.items():
         for name, rec in names.items():
             if name.startswith("approval:") and rec.get("expired"):
-                expired.setdefault((run_id, str(rec.get("call_id"))), rec.get("arguments"))
-    for (run_id, call_id), args in sorted(expired.items(), key=lambda kv: kv[0]):
+                expired.setdefault((run_id, str(rec.get("call_id")), name), rec.get("arguments"))
+    for (run_id, call_id, name), args in sorted(expired.items(), key=lambda kv: kv[0]):
         names = ix.names.get(run_id)
         if names is None:
             continue
         w.count("rules: requests expired")
-        for name, rec in _named(names, "approval", call_id).items():
-            if rec.get("approved") and encode(rec.get("arguments")) == encode(args):
-                w.violate(
-                    "expired_stays_expired",
-                    f"run {run_id}: the request of {call_id} expired, and {name} approves it "
-                    f"(by {rec.get('by')!r})",
-                    hole="new",
-                )
+        rec = names.get(name)
+        if rec is not None and rec.get("approved"):
+            w.violate(
+                "expired_stays_expired",
+                f"run {run_id}: the request of {call_id} expired, and {name} approves it "
+                f"(by {rec.get('by')!r})",
+                hole="new",
+            )
+        approved = [
+            r
+            for n, r in _named(names, "approval", call_id).items()
+            if n != name and r.get("approved")
+        ]
         for e in ix.by_call.get((run_id, call_id), ()):
-            if e.tool == "refund" and _runs_as(args, e.args):
-                w.violate(
-                    "expired_stays_expired",
-                    f"run {run_id}: the request of {call_id} expired, and the call fired as "
-                    f"{encode(e.args)}",
-                    hole="new",
-                )
+            if e.tool != "refund" or not _runs_as(args, e.args):
+                continue
+            if any(_runs_as(_runs_with(r), e.args) for r in approved):
+                continue  # another asking of the call was approved for these arguments
+            w.violate(
+                "expired_stays_expired",
+                f"run {run_id}: the request of {call_id} expired, and the call fired as "
+                f"{encode(e.args)}",
+                hole="new",
+            )
     for said in w.after_expiry:
         w.violate("expired_stays_expired", said, hole="new")
 

@@ -63,7 +63,7 @@ def cast(w: W.World, people: list[str]) -> list[Actor]:
     # Refunds are most of what these casts are about: more of them in the plans.
     w.plans.tools += ["refund", "refund", "refund"]
     actors: list[Actor] = [
-        Editor("edith", 3),
+        Editor("edith", 5),
         OnCall("otto"),
         Sweeper("sweep1"),
         Sweeper("sweep2"),
@@ -74,7 +74,7 @@ def cast(w: W.World, people: list[str]) -> list[Actor]:
         actors += [
             Delegations("lena", [(people[1], people[0]), (people[0], "dee")]),
             Deputy("dee", people[0]),
-            Deputy(people[0], people[1]),
+            Deputy(people[0], people[1], own=True),
         ]
     return actors
 
@@ -119,10 +119,13 @@ class Editor(Person):
         self.done: set[tuple[str, str]] = set()
 
     def _targets(self, w: W.World) -> list[Any]:
-        return [r for r in _pending(w) if (r.run_id, r.call_id) not in self.done]
+        found = [r for r in _pending(w) if (r.run_id, r.call_id) not in self.done]
+        # Before anyone voted: an edit disagreeing with a vote already cast is refused.
+        fresh = [r for r in found if not w.raw.list_decisions(r.run_id, r.call_id)]
+        return fresh or found
 
     def weight(self, w: W.World) -> int:
-        return 5 if self.left and self._targets(w) else 0
+        return 8 if self.left and self._targets(w) else 0
 
     def choose(self, w: W.World) -> Op | None:
         targets = self._targets(w)
@@ -235,7 +238,7 @@ class Delegations(Actor):
     def choose(self, w: W.World) -> Op | None:
         if self.todo and (not self.standing or w.rules_rng.random() < 0.7):
             approver, deputy = self.todo.pop(0)
-            ends = w.raw.now() + timedelta(seconds=w.rules_rng.choice((90, 200, 600)))
+            ends = w.raw.now() + timedelta(seconds=w.rules_rng.choice((90, 300, 600, 900)))
 
             def record() -> str:
                 info = delegate(approver, deputy, None, ends, by=self.name, store=w.store)
@@ -262,10 +265,11 @@ class Deputy(Actor):
 
     kind = "deputy"
 
-    def __init__(self, name: str, approver: str) -> None:
+    def __init__(self, name: str, approver: str, own: bool = False) -> None:
         super().__init__(name)
         self.approver = approver
-        self.left = 4
+        self.own = own  # an approver too, voting from another tab as well
+        self.left = 5
         self.tried: set[tuple[str, str]] = set()
 
     def _targets(self, w: W.World) -> list[Any]:
@@ -312,6 +316,19 @@ class Deputy(Actor):
                 store=w.store,
             )
             w.count("rules: decisions by a deputy taken")
+            if (
+                self.own
+                and outcome.status == "pending"
+                and request.policy.get("kind") == "quorum"
+                and not any(d.approver == self.name for d in w.raw.list_decisions(run_id, call_id))
+            ):
+                # Their other tab: the deputy, an approver too, votes for themselves as well
+                # (refused: one person counts once, whoever they decide for).
+                w.count("rules: deputies voting for themselves too")
+                w.submitted.append((run_id, call_id, self.name, seen))
+                outcome = da.approve(
+                    run_id, call_id, True, by=self.name, arguments=seen, store=w.store
+                )
             if outcome.status == "approved":
                 again = request.previous_arguments is not None
                 from durable_agents.engine.approvals import decision_name

@@ -37,7 +37,7 @@ import greenlet
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from durable_agents.engine import failpoints, leases, lifecycle, loop, runtime, throttle
-from durable_agents.engine.approvals import decision_bytes
+from durable_agents.engine.approvals import decision_bytes, decision_name
 from durable_agents.engine.errors import DurableAgentsError, LeaseLost, Pause, StorageError
 from durable_agents.engine.limits import parse_rate
 from durable_agents.engine.memstore import InMemoryStore
@@ -705,8 +705,9 @@ class World:
         # What the engine announced (``events.announce``: the host's signals, which the
         # notification outbox projects): (event, details, the process that announced it).
         self.announced: list[tuple[str, dict[str, Any], int]] = []
-        # Requests seen expired (a row moved to ``expired``): (run, call) -> the arguments.
-        self.expired_rows: dict[tuple[str, str], Any] = {}
+        # Requests seen expired (a row moved to ``expired``): (run, call, the name of the
+        # decision on that asking) -> its arguments.
+        self.expired_rows: dict[tuple[str, str, str], Any] = {}
         # Approvals a person got back as taking effect on a request seen expired before.
         self.after_expiry: list[str] = []
         self.forks: list[dict[str, Any]] = []
@@ -1204,7 +1205,9 @@ class World:
         if after is None or (before is not None and before.status == after.status):
             return
         if after.status == "expired":
-            self.expired_rows.setdefault(asked, after.arguments)
+            again = after.previous_arguments is not None
+            name = decision_name(asked[1], after.arguments, again=again)
+            self.expired_rows.setdefault((asked[0], asked[1], name), after.arguments)
         if not lifecycle.request_allowed(before.status if before else None, after.status):
             proc = self.current
             who = f"{proc.actor.name} ({proc.label})" if proc is not None else "the world"
