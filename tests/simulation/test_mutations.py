@@ -51,12 +51,12 @@ LEAST = {
     # -- stale-slot-release (issue 43, part 3) --
     "stale-slot-release": 3,
     # Issue 42: approval rules; only the rules casts are run (``Mutation.reaches``).
-    "edits-not-reevaluated": 1,
-    "edit-lowers-need": 1,
-    "deploy-lowers-pending": 1,
-    "expiry-on-the-row": 1,
-    "deputy-counted-twice": 1,
-    "reminders-every-sweep": 1,
+    "edits-not-reevaluated": 10,
+    "edit-lowers-need": 2,
+    "deploy-lowers-pending": 16,
+    "expiry-on-the-row": 24,
+    "deputy-counted-twice": 3,
+    "reminders-every-sweep": 24,
 }
 
 
