@@ -319,9 +319,10 @@ class SimStore:
             was = self._raw.get_approval_request(*asked) if asked is not None else None
             # Only records a drive is sure to come back for are split (see `_split_insert`):
             # a model turn, spend, `run:complete` (its row is left running, which recovery
-            # hands over). `fork:done` makes a fork runnable and `run:cancelled` ends a run
-            # that may be failed for good: no drive is owed to either, so for them the
-            # atomic write is the whole rule, and no store breaks it.
+            # hands over). `fork:done` makes a fork runnable, `run:cancelled` ends a run
+            # that may be failed for good, and a person's `saga:abort` moves a paused run to
+            # compensating: no drive is owed to any of them, so for them the atomic write is
+            # the whole rule, and no store breaks it.
             split = (
                 name in ("insert", "finish_run")
                 and world.split_writes
@@ -554,7 +555,7 @@ def _store_label(name: str, args: tuple[Any, ...]) -> str:
 
 
 FENCED_ROWS = frozenset({"save_halt", "save_approval_request"})
-SPLIT_NEVER = frozenset({"fork:done", "run:cancelled"})
+SPLIT_NEVER = frozenset({"fork:done", "run:cancelled", "saga:abort"})
 HOT_PREFIXES = ("tool ", "fp ", "model ", "store:save_halt")
 STORE_POINT = "store:"
 WRITES = tuple(
