@@ -232,7 +232,7 @@ class Delegations(Actor):
 
     def weight(self, w: W.World) -> int:
         if self.todo and _pending(w):
-            return 3
+            return 5
         return 1 if self.standing and self.revokes else 0
 
     def choose(self, w: W.World) -> Op | None:
@@ -280,16 +280,18 @@ class Deputy(Actor):
         ):
             return []
         found = [r for r in _pending(w) if (r.run_id, r.call_id) not in self.tried]
-        # A deputy who is an approver too looks first at what they voted on themselves.
+        # A deputy who is an approver too looks first at what they voted on themselves, then
+        # at what needs more than one vote.
         own = [
             r
             for r in found
             if any(d.approver == self.name for d in w.raw.list_decisions(r.run_id, r.call_id))
         ]
-        return own or found
+        many = [r for r in found if r.policy.get("kind") == "quorum"]
+        return own or many or found
 
     def weight(self, w: W.World) -> int:
-        return 6 if self.left and self._targets(w) else 0
+        return 8 if self.left and self._targets(w) else 0
 
     def choose(self, w: W.World) -> Op | None:
         targets = self._targets(w)
