@@ -125,7 +125,7 @@ class Editor(Person):
         return fresh or found
 
     def weight(self, w: W.World) -> int:
-        return 8 if self.left and self._targets(w) else 0
+        return 12 if self.left and self._targets(w) else 0
 
     def choose(self, w: W.World) -> Op | None:
         targets = self._targets(w)
@@ -281,14 +281,19 @@ class Deputy(Actor):
             return []
         found = [r for r in _pending(w) if (r.run_id, r.call_id) not in self.tried]
         # A deputy who is an approver too looks first at what they voted on themselves, then
-        # at what needs more than one vote.
+        # at what needs more than one vote and has one.
         own = [
             r
             for r in found
             if any(d.approver == self.name for d in w.raw.list_decisions(r.run_id, r.call_id))
         ]
         many = [r for r in found if r.policy.get("kind") == "quorum"]
-        return own or many or found
+        if self.own:  # votes for the approver and for themselves, from two tabs
+            return own or many or found
+        # Another deputy leaves a quorum nobody voted on yet to its members first (the
+        # editor's edits).
+        voted = [r for r in many if w.raw.list_decisions(r.run_id, r.call_id)]
+        return voted or [r for r in found if r.policy.get("kind") != "quorum"]
 
     def weight(self, w: W.World) -> int:
         return 8 if self.left and self._targets(w) else 0
