@@ -51,12 +51,12 @@ LEAST = {
     # -- stale-slot-release (issue 43, part 3) --
     "stale-slot-release": 3,
     # Issue 42: approval rules; only the rules casts are run (``Mutation.reaches``).
-    "edits-not-reevaluated": 10,
+    "edits-not-reevaluated": 8,
     "edit-lowers-need": 2,
-    "deploy-lowers-pending": 16,
-    "expiry-on-the-row": 24,
+    "deploy-lowers-pending": 11,
+    "expiry-on-the-row": 26,
     "deputy-counted-twice": 3,
-    "reminders-every-sweep": 24,
+    "reminders-every-sweep": 21,
 }
 
 
