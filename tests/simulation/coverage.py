@@ -19,7 +19,8 @@ Luck reaches a common kind's pairs and misses a rare one's: a record written in 
 next to. So each seed also **aims** (the ``cover`` fault, drawn from a stream of its own,
 ``cover:<seed>``): at each write a process of the main phase comes to, with odds that grow
 with the rarity of the kinds it writes (``SHARES``), one of the four faults lands next to it,
-up to twice a seed. A seed without the ``cover`` fault draws nothing else differently.
+up to three times a seed (and twice more at the rules casts' kinds, ``RULES_KINDS``). A
+seed without the ``cover`` fault draws nothing else differently.
 
 The sweep's table (``table``) says in how many seeds each pair was reached; docs/simulation.md
 gives it for CI's seeds.
