@@ -1903,8 +1903,6 @@ def check_expiries(w: W.World, ix: Index) -> None:
                 f"{encode(e.args)}",
                 hole="new",
             )
-    for said in w.after_expiry:
-        w.violate("expired_stays_expired", said, hole="new")
 
 
 def check_votes(w: W.World, ix: Index) -> None:

@@ -709,8 +709,6 @@ class World:
         # Requests seen expired (a row moved to ``expired``): (run, call, the name of the
         # decision on that asking) -> its arguments.
         self.expired_rows: dict[tuple[str, str, str], Any] = {}
-        # Approvals a person got back as taking effect on a request seen expired before.
-        self.after_expiry: list[str] = []
         self.forks: list[dict[str, Any]] = []
         # Answers and signals sent from outside: (run, wait name) -> [(value, what it did)].
         self.answers: dict[tuple[str, str], list[tuple[Any, str]]] = {}
