@@ -16,7 +16,7 @@ from typing import Any
 
 from ..engine import names
 from ..engine.records import Record
-from ..engine.rules import demands_more
+from ..engine.rules import at_least, demands_more
 from ..rule_state import ON_EXPIRY, from_policy
 
 # ``<call>:<tag>``: a record for arguments other than the first (an edit, a deploy's change).
@@ -89,7 +89,7 @@ class RuleLog:
             and before is not None
             and demands_more(policy, before)
         ):
-            self.policy[call] = policy
+            self.policy[call] = at_least(policy, before)
             was = before.get("rule")
             return (
                 "rule-moved",

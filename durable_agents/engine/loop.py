@@ -1461,16 +1461,21 @@ class Driver:
             # settles the call by the decision the journal holds; once its result is
             # journaled no drive asks about the call again, so the request is moot then.
             self._moot[call.id] = request.arguments
-        else:
-            lifecycle.move_request(
-                self.store,
-                self.run_id,
-                call.id,
-                lifecycle.decided(decision),
-                lifecycle.DRIVER,
-                if_arguments=args,
-                if_asked_again=decision.name != names.decision(call.id, None),
-            )
+        elif not lifecycle.move_request(
+            self.store,
+            self.run_id,
+            call.id,
+            lifecycle.decided(decision),
+            lifecycle.DRIVER,
+            if_arguments=args,
+            if_asked_again=decision.name != names.decision(call.id, None),
+        ):
+            # The same arguments, another asking: the decision is about the call asked
+            # again (an automatic one of the rules, say), the row still about its first
+            # asking (a drive under new code replaced it with these arguments while a
+            # person's decision on the old ones was being recorded). Moot once the call
+            # has its result, as a request about other arguments is.
+            self._moot[call.id] = request.arguments
 
     def _attempt_state(self, call_id: str) -> tuple[int, Any]:
         """The next attempt number for a call, and its live attempt marker if it has one (a

@@ -508,6 +508,22 @@ def demands_more(wanted: Mapping[str, Any], given: Mapping[str, Any]) -> bool:
     return bool(wanted.get("separate")) and not given.get("separate")
 
 
+def at_least(wanted: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """The policy a request asked under ``given`` moves to when ``wanted`` demands more
+    (``demands_more``): ``wanted``'s group, and never fewer approvals or laxer duties than
+    ``given`` held. A rule of another group can need fewer approvals than the request was
+    asked under (one lead where two of finance were asked): the request keeps its count."""
+    out = dict(wanted)
+    need = max(int(wanted.get("need", 1)), int(given.get("need", 1)))
+    if need > 1:
+        out.update(kind="quorum", need=need)
+    if given.get("separate"):
+        out["separate"] = True
+        if given.get("requester") and not out.get("requester"):
+            out["requester"] = given["requester"]
+    return out
+
+
 def as_rules(approval: Any) -> Rules:
     """The tool's approval policy as ``Rules``: itself, or the one-rule policy that
     ``requires_approval=True`` (``ask()``) and ``approval=Quorum(...)`` (``ask(quorum)``) are."""

@@ -20,6 +20,7 @@ from durable_agents.engine.commands import runs as commands
 from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.errors import (
     ApprovalBadSignature,
+    ApprovalExpired,
     ApproverNotEligible,
     DriveStopped,
     DurableAgentsError,
@@ -383,6 +384,14 @@ class Person(Actor):
             edited = None
             if edit and isinstance(seen, dict) and isinstance(seen.get("amount"), int):
                 edited = {**seen, "amount": max(1, seen["amount"] // 2)}
+                if w.rules_rng is not None and (
+                    seen["amount"] <= 30 if self.name == "edith" else w.rules_rng.random() < 0.5
+                ):
+                    # A rules cast: across a threshold upwards too (issue 42); the editor
+                    # into the quorum's range under either version of the rules.
+                    more = seen["amount"] + 30 if self.name == "edith" else seen["amount"] * 2
+                    edited = {**seen, "amount": more}
+                    w.count("rules: edits raising the amount")
             note = "" if approve else W.deny_message(call_id)
             signed, signature = None, None
             # Some decisions are signed with the person's key (an unedited one: the bytes
@@ -400,6 +409,8 @@ class Person(Actor):
                     w.count("signed decisions intercepted")
                     w.intercepted.append(signed)
                     return "intercepted"
+            if w.deploy.rules:  # the rules an edit is judged under (``rules_hold``)
+                w.rule_versions.setdefault((run_id, call_id), set()).add(w.deploy.rules)
             if approve:
                 w.submitted.append((run_id, call_id, self.name, seen if edited is None else edited))
                 if edited is not None:
@@ -416,6 +427,9 @@ class Person(Actor):
                     signature=signature,
                     store=w.store,
                 )
+            except ApprovalExpired:
+                w.count("rules: decisions refused as expired")  # racing the expiry, or late
+                raise
             except ApprovalBadSignature:
                 now = w.raw.get_approval_request(run_id, call_id)
                 if (

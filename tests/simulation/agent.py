@@ -258,6 +258,47 @@ TOOLS = {
     "confirm_ask1": da.tool(_confirm(1), name="confirm", read_only=True),
 }
 
+# -- approval rules (issue 42: ``rulecast.py``) -------------------------------------------
+# A rules cast's refunds are gated by a company's policy on the amount: small ones go
+# through, middling ones one lead decides, larger ones two of finance, and the largest are
+# refused. Version 2 (a deploy) moves every threshold up, so a request waiting under version
+# 1 would need less under it. Every request has a deadline: reminded, escalated to the
+# on-call group, and expired (``on_expiry`` drawn per cast).
+LEADS, FINANCE, ONCALL = "leads", "finance", "oncall"
+REMIND, ESCALATE, EXPIRE = 60.0, 120.0, 240.0
+RULE_THRESHOLDS = {1: (15, 30, 70), 2: (25, 45, 60)}  # allow <=, one lead <=, deny >
+
+
+def rules_policy(version: int, on_expiry: str) -> da.Rules:
+    allow, lead, deny = RULE_THRESHOLDS[version]
+    return da.Rules(
+        [
+            da.Rule("small", da.arg("amount") <= allow, da.allow),
+            da.Rule(
+                "too-big",
+                da.arg("amount") > deny,
+                da.deny(f"Refunds above {deny} are done by phone: ask the customer to call."),
+            ),
+            da.Rule("lead", da.arg("amount") <= lead, da.ask(LEADS)),
+        ],
+        default=da.ask(da.Quorum(2, FINANCE)),
+        deadline=da.Deadline(
+            remind=REMIND, escalate=(ESCALATE, ONCALL), expire=EXPIRE, on_expiry=on_expiry
+        ),
+    )
+
+
+RULES = {
+    (version, on_expiry): rules_policy(version, on_expiry)
+    for version in RULE_THRESHOLDS
+    for on_expiry in ("deny", "cancel", "halt")
+}
+for (_version, _expiry), _policy in RULES.items():
+    for _reason, _fn in (("", refund_v1), ("_reason", refund_v2)):
+        TOOLS[f"refund{_reason}_rules{_version}_{_expiry}"] = da.tool(
+            _fn, name="refund", approval=_policy
+        )
+
 # -- the model ----------------------------------------------------------------------------
 
 
@@ -550,6 +591,11 @@ class Deploy:
     # The errands book under a spent daily rate (``DIGEST_RATE``): set by the cast from a
     # stream of its own, kept by every deploy.
     digest: bool = False
+    # Refunds are gated by approval rules (``RULES``): their version (0: no rules), and what
+    # an expired request does to its run. Set by the cast (``rulecast.py``), the version
+    # changed by the rules deployer only: the seed's drawn deploys keep them.
+    rules: int = 0
+    expiry: str = "deny"
 
     @property
     def durability(self) -> str:
@@ -579,6 +625,8 @@ class Deploy:
         ]
         if self.limits is not None:
             parts.append(self.limits.describe())
+        if self.rules:
+            parts.append(f"rules v{self.rules} (on expiry: {self.expiry})")
         return ", ".join(parts)
 
     def activate(self) -> da.Agent:
@@ -587,7 +635,11 @@ class Deploy:
         if not self.no_charge:
             tools.append(TOOLS[("charge_v2" if self.currency else "charge_v1") + saga])
         quorum = "_quorum" if self.quorum else ""
-        tools.append(TOOLS[("refund_v2" if self.reason else "refund_v1") + quorum])
+        if self.rules:
+            reason = "_reason" if self.reason else ""
+            tools.append(TOOLS[f"refund{reason}_rules{self.rules}_{self.expiry}"])
+        else:
+            tools.append(TOOLS[("refund_v2" if self.reason else "refund_v1") + quorum])
         if not self.no_notify:
             tools.append(TOOLS["notify"])
         tools.append(TOOLS["book"])

@@ -19,7 +19,7 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
-from durable_agents.engine.approvals import decision_name, tally
+from durable_agents.engine.approvals import arguments_tag, decision_name, tally
 from durable_agents.engine.audit import verify_actions, verify_run
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.limits import parse_rate
@@ -236,6 +236,10 @@ def check_all(w: W.World) -> None:
     check_adoptions(w, ix)
     check_takeovers(w, ix)
     check_limits(w, ix)
+    check_rules(w, ix)
+    check_expiries(w, ix)
+    check_votes(w, ix)
+    check_notifications(w)
     check_as_we_go(w)
 
 
@@ -407,6 +411,13 @@ def check_approvals(w: W.World, ix: Index) -> None:
         if decision is None or not decision.get("approved"):
             w.violate("approvals_kept", f"run {e.run}: gated call {e.call} ran unapproved")
             continue
+        if any(
+            rec.get("automatic") and rec.get("approved") and _runs_as(rec.get("arguments"), e.args)
+            for rec in _named(ix.names.get(e.run, {}), "approval", e.call).values()
+        ):
+            # Asked again about these arguments (a deploy), and the approval rules of the
+            # day allowed them (issue 42): nobody's approval of the earlier ones is what ran.
+            continue
         seen = [*w.approved.get((e.run, e.call), ()), *_stood_unseen(w, ix, e.run, e.call)]
         if seen and all(encode(args) != encode(e.args) for args in seen):
             w.violate(
@@ -430,6 +441,16 @@ def check_approvals(w: W.World, ix: Index) -> None:
         # The denier's message is the result the model reads (a quorum whose approvers
         # disagreed fails with nobody's denial).
         if (run_id, call_id) not in w.denials:
+            continue
+        if decisions and all(
+            not r.get("approved")
+            and isinstance(r.get("tally"), dict)
+            and not (r.get("tally") or {}).get("denied_by")
+            for r in decisions
+        ):
+            # No denial was counted: the quorum failed on approvals of different arguments,
+            # and the denier's vote did not count (they had voted already, as a deputy for
+            # someone else; or an edit moved the call to a group they are not in: issue 42).
             continue
         result = ix.names.get(run_id, {}).get(f"tool:{call_id}")
         message = W.deny_message(call_id)
@@ -1065,6 +1086,10 @@ INVARIANTS = (
     "lifecycle_moves",
     "limits_hold",
     "throttles_settle",
+    "rules_hold",
+    "expired_stays_expired",
+    "one_person_one_vote",
+    "notified_once_per_step",
     "webhooks_never_busy",
     "sessions_stay_open",
     "terminates",
@@ -1747,3 +1772,219 @@ def check_stops(w: W.World, ix: Index) -> None:
                 "stop of its own",
                 hole="29",
             )
+
+
+# -- approval rules (issue 42: ``rulecast.py``) ---------------------------------------------
+
+
+def _need(outcome: str, policy: Any) -> int | None:
+    """Approvals a rule's outcome needs: 0 (allow), ``need`` (ask), None (deny)."""
+    if outcome == "deny":
+        return None
+    if outcome == "allow":
+        return 0
+    return int((policy or {}).get("need", 1))
+
+
+def _runs_with(rec: Record) -> Any:
+    return (rec.get("edited") or {}).get("arguments") or rec.get("arguments")
+
+
+def _named(names: dict[str, Record], prefix: str, call_id: str) -> dict[str, Record]:
+    head = f"{prefix}:{call_id}"
+    return {n: r for n, r in names.items() if n == head or n.startswith(head + ":")}
+
+
+def check_rules(w: W.World, ix: Index) -> None:
+    """``rules_hold``: no refund gated by rules fires with fewer distinct approvers than the
+    rule of the arguments it fires with needs, nor with fewer than its request needed when
+    it was asked (a pending request's needs only grow: an edit or a deploy never lowers
+    them), nor with arguments its rule denies. Judged from the ledger (what fired, with what)
+    and the journal (which rule asked, who approved what); a rule the journal does not hold
+    for the fired arguments is evaluated under each version of the rules deployed when a
+    person decided the call (the laxest, so a deploy is never held against the engine)."""
+    if not w.groups:
+        return
+    from .agent import RULES
+
+    versions = {p.fingerprint: p for p in RULES.values()}
+    for e in w.ledger:
+        if e.tool != "refund" or e.run not in ix.names:
+            continue
+        names = ix.names[e.run]
+        asked = _named(names, "rule", e.call)
+        if not asked:
+            continue  # not gated by rules (an errand's refund)
+        approvals = [r for r in _named(names, "approval", e.call).values() if r.get("approved")]
+        if not approvals:
+            continue  # ``approvals_kept`` says so
+        fitting = [r for r in approvals if _runs_as(_runs_with(r), e.args)] or approvals
+        before = [r for r in fitting if r.seq <= e.entered] or fitting
+        decision = max(before, key=lambda r: r.seq)
+        suffix = decision.name[len(f"approval:{e.call}") :]
+        asking = names.get(f"rule:{e.call}{suffix}")
+        floor = _need(str(asking.get("outcome")), asking.get("policy")) if asking else 0
+        own = asked.get(f"rule:{e.call}:{arguments_tag(e.args)}")
+        if own is None and asking is not None and _runs_as(asking.get("arguments"), e.args):
+            own = asking
+        if own is not None:
+            needed = _need(str(own.get("outcome")), own.get("policy"))
+        else:
+            tried = w.rule_versions.get((e.run, e.call)) or {w.deploy.rules}
+            policies = [
+                p
+                for p in RULES.values()
+                if any(p is RULES.get((v, w.deploy.expiry)) for v in tried)
+            ] or list(versions.values())
+            if decision.get("fingerprint") in versions:  # the rules that decided it
+                policies = [versions[str(decision.get("fingerprint"))]]
+            got = [_evaluated_need(p, e.args) for p in policies]
+            needed = None if all(g is None for g in got) else min(g for g in got if g is not None)
+        if needed is None or floor is None:
+            w.violate(
+                "rules_hold",
+                f"run {e.run}: refund {e.call} fired as {encode(e.args)}, which its rules deny",
+                hole="new",
+            )
+            continue
+        required = max(needed, floor)
+        if decision.get("automatic"):
+            approvers: set[str] = set()
+        else:
+            entries = list((decision.get("tally") or {}).get("decisions") or ())
+            approvers = {
+                str(d.get("approver"))
+                for d in entries
+                if d.get("approved")
+                and _runs_as(d.get("arguments", decision.get("arguments")), e.args)
+            }
+            if not entries:
+                approvers = {str(decision.get("by"))}
+        if len(approvers) < required:
+            w.violate(
+                "rules_hold",
+                f"run {e.run}: refund {e.call} fired as {encode(e.args)} approved by "
+                f"{sorted(approvers) or 'nobody'} ({decision.name}); it needed {required} "
+                f"(the rule of those arguments {needed}, the request when asked {floor})",
+                hole="new",
+            )
+        else:
+            w.count(f"rules: refunds fired under rules with {required} approvals needed")
+
+
+def _evaluated_need(policy: Any, args: Any) -> int | None:
+    from durable_agents.engine.rules import RuleContext
+
+    match = policy.evaluate(args, RuleContext(agent="", run_id="", tool="refund"))
+    return _need(match.outcome.kind, match.policy)
+
+
+def check_expiries(w: W.World, ix: Index) -> None:
+    """``expired_stays_expired``: a request that expired (its row seen ``expired``, or its
+    expiry journaled as the call's decision) is never approved afterwards — its decision
+    (the one name a decision on that asking has) is no approval — and its call never fires
+    with its arguments unless another asking of the call was approved for them."""
+    expired: dict[tuple[str, str, str], Any] = dict(w.expired_rows)
+    for run_id, names in ix.names.items():
+        for name, rec in names.items():
+            if name.startswith("approval:") and rec.get("expired"):
+                expired.setdefault((run_id, str(rec.get("call_id")), name), rec.get("arguments"))
+    for (run_id, call_id, name), args in sorted(expired.items(), key=lambda kv: kv[0]):
+        names = ix.names.get(run_id)
+        if names is None:
+            continue
+        w.count("rules: requests expired")
+        rec = names.get(name)
+        if rec is not None and rec.get("approved"):
+            w.violate(
+                "expired_stays_expired",
+                f"run {run_id}: the request of {call_id} expired, and {name} approves it "
+                f"(by {rec.get('by')!r})",
+                hole="new",
+            )
+        approved = [
+            r
+            for n, r in _named(names, "approval", call_id).items()
+            if n != name and r.get("approved")
+        ]
+        for e in ix.by_call.get((run_id, call_id), ()):
+            if e.tool != "refund" or not _runs_as(args, e.args):
+                continue
+            if any(_runs_as(_runs_with(r), e.args) for r in approved):
+                continue  # another asking of the call was approved for these arguments
+            w.violate(
+                "expired_stays_expired",
+                f"run {run_id}: the request of {call_id} expired, and the call fired as "
+                f"{encode(e.args)}",
+                hole="new",
+            )
+
+
+def check_votes(w: W.World, ix: Index) -> None:
+    """``one_person_one_vote``: in every decision journaled, one person counts once, whatever
+    the path — for themselves, as a deputy for one or more approvers, from a second tab: the
+    counted votes' makers (the deputy, or the approver) are distinct, and a passed quorum
+    rests on as many distinct makers as it needs."""
+    for run_id, names in ix.names.items():
+        for name, rec in names.items():
+            tally_ = rec.get("tally") if rec.get("kind") == "approval" else None
+            if not isinstance(tally_, dict):
+                continue
+            entries = list(tally_.get("decisions") or ())
+            makers = [str(d.get("deputy") or d.get("approver")) for d in entries]
+            twice = sorted({m for m in makers if makers.count(m) > 1})
+            if twice:
+                w.violate(
+                    "one_person_one_vote",
+                    f"run {run_id}: {name} counts {', '.join(twice)} more than once "
+                    f"({[(d.get('approver'), d.get('deputy')) for d in entries]})",
+                    hole="new",
+                )
+            if rec.get("approved") and not rec.get("automatic"):
+                need = int(tally_.get("need") or 1)
+                hands = {
+                    str(d.get("deputy") or d.get("approver"))
+                    for d in entries
+                    if d.get("approved") and d.get("approver") in (tally_.get("approved_by") or ())
+                }
+                if entries and len(hands) < need:
+                    w.violate(
+                        "one_person_one_vote",
+                        f"run {run_id}: {name} passed a quorum of {need} on the votes of "
+                        f"{sorted(hands)}",
+                        hole="new",
+                    )
+                if any(d.get("deputy") for d in entries):
+                    w.count("rules: decisions counting a deputy's vote")
+
+
+STEP_EVENTS = ("approval_reminded", "approval_escalated", "approval_expired")
+
+
+def check_notifications(w: W.World) -> None:
+    """``notified_once_per_step``: each deadline step of a request (remind, escalate,
+    expire) is announced once — by the process whose write made it true — whatever
+    sweeps raced, crashed and came again (the host's signals, and the notification outbox
+    rows they project, are one per request, step and kind)."""
+    seen: dict[tuple[str, ...], int] = {}
+    for event, details, pid in w.announced:
+        if event not in STEP_EVENTS:
+            continue
+        key = (
+            event,
+            str(details.get("run_id")),
+            str(details.get("call_id")),
+            encode(details.get("arguments")),
+            str(details.get("step")),
+            encode(details.get("_asked")),
+        )
+        if key in seen:
+            w.violate(
+                "notified_once_per_step",
+                f"run {key[1]}: {event} of call {key[2]} ({key[4]}) announced again (processes "
+                f"{seen[key]} and {pid})",
+                hole="new",
+            )
+        else:
+            seen[key] = pid
+            w.count(f"rules: {event} announced")

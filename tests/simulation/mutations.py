@@ -22,21 +22,34 @@ from dataclasses import dataclass
 from typing import Any
 
 from durable_agents.engine import (
+    approvals,
+    deadlines,
     imported,
     lifecycle,
     loop,
     names,
     retention,
+    rules,
     runtime,
     steps,
     stops,
 )
 from durable_agents.engine.commands import approvals as approval_commands
+from durable_agents.engine.commands import deadlines as deadline_commands
 from durable_agents.engine.commands import forks, recovery, timers
 from durable_agents.engine.errors import DurableAgentsError
+from durable_agents.engine.journal import Journal
 from durable_agents.engine.loop import Driver
 from durable_agents.engine.memstore import InMemoryStore
-from durable_agents.engine.ports import HALTED, THROTTLED, RunInfo, asked_again, changed_under
+from durable_agents.engine.ports import (
+    APPROVAL_EXPIRED,
+    AWAITING_APPROVAL,
+    HALTED,
+    THROTTLED,
+    RunInfo,
+    asked_again,
+    changed_under,
+)
 from durable_agents.engine.tools import ToolArgumentsError
 from durable_agents.engine.transcript import RunState
 
@@ -315,6 +328,115 @@ def _has_quorum(seed: int) -> bool:
     return random.Random(f"quorum:{seed}").random() < Config(seed).quorum
 
 
+# -- approval rules (issue 42) ----------------------------------------------------------------
+
+
+def _has_rules(seed: int) -> bool:
+    """Whether a seed's cast gates refunds by approval rules (``rulecast.takes_part``)."""
+    from .world import Config
+
+    return random.Random(f"rules:{seed}").random() < Config(seed).rules
+
+
+def _no_rule_for_edits(*args: Any, **kwargs: Any) -> None:
+    """Neither the approve command nor the drive looks at the rule of an edit."""
+    return None
+
+
+def _moved_as_wanted(wanted: Any, given: Any) -> dict[str, Any]:
+    """``rules.at_least`` before the fix: the request takes the edit's rule as it is."""
+    return dict(wanted)
+
+
+_by_rule = Driver._by_rule
+
+
+def _by_rule_as_deployed(self: Driver, gate: Any) -> tuple[Any, Any]:
+    """``Driver._by_rule`` that lets today's rules allow a call asked under other rules: a
+    deploy that lowered the threshold lets a waiting call through unasked."""
+    decision, policy = _by_rule(self, gate)
+    approval = gate.tool.safety.approval
+    if decision is not None or not isinstance(approval, rules.Rules):
+        return decision, policy
+    again = gate.previous is not None
+    tag = approvals.arguments_tag(gate.args) if again else None
+    asked = self.log.reread(names.rule(gate.call.id, tag))
+    if asked is None or asked.get("fingerprint") == approval.fingerprint:
+        return decision, policy
+    match = approval.evaluate(gate.args, self._rule_context(gate.tool))
+    if match.outcome.kind != rules.ALLOW:
+        return decision, policy
+    rec, _ = self.log.write(
+        approvals.decision_name(gate.call.id, gate.args, again=again),
+        {
+            "kind": "approval",
+            "approved": True,
+            "by": f"rule:{match.rule}",
+            "automatic": True,
+            "rule": match.rule,
+            "fingerprint": match.fingerprint,
+            "explain": match.explain,
+            "note": "",
+            "arguments": gate.args,
+        },
+    )
+    return rec, None
+
+
+def _expire_on_the_row(
+    store: Any, journal: Any, run: Any, request: Any, name: str, policy: dict[str, Any]
+) -> bool:
+    """``commands.deadlines._expire`` that journals the step and marks the request's row
+    expired, but leaves the decision's slot (``approval:<call>``) free: the expiry is the
+    row's, and a person's approval racing it (or coming later) takes the slot."""
+    journal.write(
+        run.run_id,
+        name,
+        {
+            "kind": "deadline",
+            "step": deadlines.EXPIRE,
+            "call_id": request.call_id,
+            "tool": request.tool_name,
+            "policy": policy,
+            "on_expiry": deadlines.on_expiry(policy),
+            "arguments": request.arguments,
+        },
+    )
+    lifecycle.move_request(
+        store,
+        run.run_id,
+        request.call_id,
+        APPROVAL_EXPIRED,
+        lifecycle.SWEEP,
+        if_arguments=request.arguments,
+    )
+    return lifecycle.hand_over(store, run.run_id, lifecycle.SWEEP, only_from=AWAITING_APPROVAL)
+
+
+def _tally_every_hand(policy: Any, decisions: Any, eligible: Any) -> Any:
+    """``approvals.tally`` that counts a person once per approver they decide for: their
+    own vote and their vote as a deputy for someone else both count."""
+    marked = [
+        dataclasses.replace(d, deputy=f"{d.deputy}\x00{d.approver}") if d.deputy else d
+        for d in decisions
+    ]
+    count = approvals.tally(policy, marked, eligible)
+    entries = tuple(
+        {**e, "deputy": str(e["deputy"]).split("\x00")[0]} if e.get("deputy") else e
+        for e in count.decisions
+    )
+    return dataclasses.replace(count, decisions=entries)
+
+
+class _EveryStepNew(Journal):
+    """The sweep's journal, hearing every deadline step it takes as its own new write: the
+    step is announced whenever a sweep takes it, not only by the write that made it true."""
+
+    def write(self, run_id: str, name: str, body: Any, **kwargs: Any) -> Any:
+        record, inserted = super().write(run_id, name, body, **kwargs)
+        return record, inserted or name.startswith(names.DEADLINE)
+
+
 @dataclass(frozen=True)
 class Mutation:
     name: str
@@ -444,6 +566,56 @@ MUTATIONS: dict[str, Mutation] = {
             "lease token the slot was taken with (InMemoryStore.release_slot before seed 321)",
             lambda: _swapped((InMemoryStore, "release_slot", _release_ignoring_token)),
             reaches=_has_limits,
+        ),
+        # Issue 42: approval rules (``rulecast.py``); only the rules casts are run.
+        Mutation(
+            "edits-not-reevaluated",
+            "an approver's edit is decided under the rule the call was asked under: neither "
+            "the approve command nor the drive looks at the rule of the edited arguments",
+            lambda: _swapped(
+                (approval_commands, "_policy_for_edit", _no_rule_for_edits),
+                (Driver, "_edit_short_of_rules", _no_rule_for_edits),
+            ),
+            reaches=_has_rules,
+        ),
+        Mutation(
+            "edit-lowers-need",
+            "an edit that moves a request under another group's rule takes that rule's "
+            "count: two of finance become one lead (rules.at_least before its fix)",
+            lambda: _swapped((rules, "at_least", _moved_as_wanted)),
+            reaches=_has_rules,
+        ),
+        Mutation(
+            "deploy-lowers-pending",
+            "a drive evaluates today's rules again for a call asked under others: a deploy "
+            "that lowered a threshold lets a waiting call through unasked",
+            lambda: _swapped((Driver, "_by_rule", _by_rule_as_deployed)),
+            reaches=_has_rules,
+        ),
+        Mutation(
+            "expiry-on-the-row",
+            "an expiry marks the request's row and leaves the decision's record free: an "
+            "approval racing it, or coming later, takes the call",
+            lambda: _swapped((deadline_commands, "_expire", _expire_on_the_row)),
+            reaches=_has_rules,
+        ),
+        Mutation(
+            "deputy-counted-twice",
+            "a person's own vote and their vote as a deputy for another approver both count "
+            "(the command's one-hand check and the tally's)",
+            lambda: _swapped(
+                (approval_commands, "_refuse_second_hand", _refuse_nothing),
+                (approval_commands, "tally", _tally_every_hand),
+                (timers, "tally", _tally_every_hand),
+            ),
+            reaches=_has_rules,
+        ),
+        Mutation(
+            "reminders-every-sweep",
+            "a deadline step is announced by every sweep that takes it, not only by the "
+            "write that made it true (two sweeps racing, or one after a crash, tell twice)",
+            lambda: _swapped((deadline_commands, "Journal", _EveryStepNew)),
+            reaches=_has_rules,
         ),
         # -------------------------------------------------------------------------------------
         # Issue 43: safety of what was only liveness.

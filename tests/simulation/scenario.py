@@ -18,7 +18,7 @@ from durable_agents.engine.journal import Journal
 from durable_agents.engine.limits import parse_rate, tool_key
 from durable_agents.engine.ports import CANCELLED, FAILED
 
-from . import pruning, slots, votes
+from . import pruning, rulecast, slots, votes
 from . import world as W
 from .actors import (
     Actor,
@@ -66,12 +66,18 @@ def build(w: W.World) -> None:
         and random.Random(f"digest:{cfg.seed}").random() < cfg.digest
         and (limits is None or limits.tool != "book")
     )
+    # Approval rules (issue 42) came after the second tab, drawn from a stream of their own
+    # in the casts with people and the answerer: a rules cast gates refunds by rules, not
+    # by a quorum.
+    rules = rulecast.takes_part(cfg)
     w.deploy = Deploy(
         saga="answerer" in cfg.actors,
-        quorum=quorum,
+        quorum=quorum and not rules,
         concurrent=concurrent,
         limits=limits,
         digest=digest,
+        rules=1 if rules else 0,
+        expiry=rulecast.expiry_of(cfg.seed) if rules else "deny",
     )
     w.deploy.activate()
     if digest:  # today's booking was made before the seed began: the next waits a day
@@ -97,6 +103,8 @@ def build(w: W.World) -> None:
             Person(n, rng.randint(0, 2), rng.choice([0, 0, 1]))
             for n in ("ann", "bob")[: cfg.persons]
         ]
+    if rules:
+        quorum = False  # refunds are gated by the rules: their quorum is finance's
     if quorum and any(isinstance(a, Person) for a in actors):
         # Half the quorum casts with the answerer have a third member (cat), drawn from the
         # quorum's stream: two of three can pass it, and a vote can come after the quorum
@@ -155,6 +163,9 @@ def build(w: W.World) -> None:
     people = [a.name for a in actors if isinstance(a, Person)]
     if people and votes.stale_pages(cfg.seed):
         actors.append(votes.StalePage(people[0], cfg.seed, 3))
+    if rules and any(isinstance(a, Person) for a in actors):
+        people = [a.name for a in actors if type(a) is Person]
+        actors += rulecast.cast(w, people)
     # The targeted adversaries act only where their marks are: captured signatures with a
     # replayer, forks with people.
     w.intercepts = w.intercepts and any(isinstance(a, Replayer) for a in actors)

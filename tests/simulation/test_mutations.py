@@ -61,6 +61,13 @@ LEAST = {
     "halted-runs-re-driven": 1,
     "votes-after-close": 1,
     "token-blind-renewal": 1,
+    # Issue 42: approval rules; only the rules casts are run (``Mutation.reaches``).
+    "edits-not-reevaluated": 8,
+    "edit-lowers-need": 2,
+    "deploy-lowers-pending": 11,
+    "expiry-on-the-row": 26,
+    "deputy-counted-twice": 3,
+    "reminders-every-sweep": 21,
 }
 
 

@@ -107,6 +107,29 @@ def test_seeds_keep_the_promise():
         "quorum calls approved from a second tab (tab 2)": "person" in config.actors
         and config.quorum > 0,
     }
+    # Issue 42: approval rules (``rulecast.py``), in the casts with people and the answerer.
+    rules = "person" in config.actors and "answerer" in config.actors and config.rules > 0
+    for what in (
+        "rules: edits across a threshold",
+        "rules: edits raising the amount",
+        "rules: deploys of other rules while a refund waits",
+        "rules: delegations recorded",
+        "rules: delegations revoked",
+        "rules: decisions by a deputy taken",
+        "rules: decisions counting a deputy's vote",
+        "rules: clock jumps to a deadline step",
+        "rules: approval_reminded announced",
+        "rules: approval_escalated announced",
+        "rules: approval_expired announced",
+        "rules: requests expired",
+        "rules: refunds decided by the on-call after escalation",
+        "rules: decisions refused as expired",
+        "rules: timer sweeps crashed",
+        "rules: refunds fired under rules with 0 approvals needed",
+        "rules: refunds fired under rules with 1 approvals needed",
+        "rules: refunds fired under rules with 2 approvals needed",
+    ):
+        wanted[what] = rules
     if len(seeds) >= 500:
         missed = [
             what for what, reachable in wanted.items() if reachable and not coverage.get(what)

@@ -37,11 +37,12 @@ import greenlet
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from durable_agents.engine import failpoints, leases, lifecycle, loop, runtime, throttle
-from durable_agents.engine.approvals import decision_bytes
+from durable_agents.engine.approvals import decision_bytes, decision_name
 from durable_agents.engine.errors import DurableAgentsError, LeaseLost, Pause, StorageError
 from durable_agents.engine.limits import parse_rate
 from durable_agents.engine.memstore import InMemoryStore
 from durable_agents.engine.ports import HALTED, THROTTLED
+from durable_agents.engine.records import encode
 from durable_agents.engine.retry import RetryPolicy
 from tests.support.signing import public_text
 
@@ -150,6 +151,10 @@ class Config:
     # already spent (``agent.Deploy.digest``: their sub-runs wait, throttled, a day), drawn
     # the same way (``digest:<seed>``).
     digest: float = 0.3
+    # The odds that a cast with people and the answerer gates refunds by approval rules
+    # (issue 42: ``rulecast.py``: thresholds on the amount, deadlines, deputies), drawn
+    # the same way (``rules:<seed>``).
+    rules: float = 0.4
     # A deliberate break of the engine for the length of the seed (``mutations.py``), to show
     # the invariants catch it: "" runs the engine as it is.
     mutation: str = ""
@@ -280,6 +285,22 @@ class SimStore:
         self._raw = raw
         self._world = world
 
+    def announce(self, event: str, details: dict[str, Any]) -> None:
+        """The host's hook (``events.announce``): what a site's signals and its notification
+        outbox hear. Not a store call: no scheduling point."""
+        proc = self._world.current
+        said = dict(details)
+        if details.get("call_id"):
+            # Which asking of the call it is about: a request asked again (other arguments,
+            # a new start) is a new one, whose deadline starts afresh.
+            request = self._raw.get_approval_request(details.get("run_id"), details["call_id"])
+            if request is not None:
+                said["_asked"] = (request.start_seq, encode(request.previous_arguments))
+        self._world.announced.append((event, said, proc.pid if proc else 0))
+        hook = getattr(self._raw, "announce", None)
+        if hook is not None:  # the Django store's signals (the PostgreSQL lane)
+            hook(event, details)
+
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._raw, name)
         if name.startswith("_") or not callable(attr):
@@ -298,9 +319,10 @@ class SimStore:
             was = self._raw.get_approval_request(*asked) if asked is not None else None
             # Only records a drive is sure to come back for are split (see `_split_insert`):
             # a model turn, spend, `run:complete` (its row is left running, which recovery
-            # hands over). `fork:done` makes a fork runnable and `run:cancelled` ends a run
-            # that may be failed for good: no drive is owed to either, so for them the
-            # atomic write is the whole rule, and no store breaks it.
+            # hands over). `fork:done` makes a fork runnable, `run:cancelled` ends a run
+            # that may be failed for good, and a person's `saga:abort` moves a paused run to
+            # compensating: no drive is owed to any of them, so for them the atomic write is
+            # the whole rule, and no store breaks it.
             split = (
                 name in ("insert", "finish_run")
                 and world.split_writes
@@ -537,7 +559,7 @@ def _store_label(name: str, args: tuple[Any, ...]) -> str:
 
 
 FENCED_ROWS = frozenset({"save_halt", "save_approval_request"})
-SPLIT_NEVER = frozenset({"fork:done", "run:cancelled"})
+SPLIT_NEVER = frozenset({"fork:done", "run:cancelled", "saga:abort"})
 HOT_PREFIXES = ("tool ", "fp ", "model ", "store:save_halt")
 STORE_POINT = "store:"
 WRITES = tuple(
@@ -683,6 +705,18 @@ class World:
         self.denials: set[tuple[str, str]] = set()  # calls a denial of was taken for
         # The members of the quorum's group: the cast's people (set by the scenario).
         self.eligible: list[str] = []
+        # The rules cast's groups (issue 42: ``rulecast.py``): group -> its members; empty
+        # elsewhere (the quorum's group is ``eligible``).
+        self.groups: dict[str, list[str]] = {}
+        self.rules_rng: random.Random | None = None  # the rules cast's choices
+        # The rules' versions deployed when people decided each call: (run, call) -> them.
+        self.rule_versions: dict[tuple[str, str], set[int]] = {}
+        # What the engine announced (``events.announce``: the host's signals, which the
+        # notification outbox projects): (event, details, the process that announced it).
+        self.announced: list[tuple[str, dict[str, Any], int]] = []
+        # Requests seen expired (a row moved to ``expired``): (run, call, the name of the
+        # decision on that asking) -> its arguments.
+        self.expired_rows: dict[tuple[str, str, str], Any] = {}
         self.forks: list[dict[str, Any]] = []
         # Answers and signals sent from outside: (run, wait name) -> [(value, what it did)].
         self.answers: dict[tuple[str, str], list[tuple[Any, str]]] = {}
@@ -1296,6 +1330,10 @@ class World:
         drive asks the call anew (the row replaced)."""
         if after is None or (before is not None and before.status == after.status):
             return
+        if after.status == "expired":
+            again = after.previous_arguments is not None
+            name = decision_name(asked[1], after.arguments, again=again)
+            self.expired_rows.setdefault((asked[0], asked[1], name), after.arguments)
         if not lifecycle.request_allowed(before.status if before else None, after.status):
             proc = self.current
             who = f"{proc.actor.name} ({proc.label})" if proc is not None else "the world"
@@ -1580,6 +1618,8 @@ class World:
         self.crashes += 1
         self.last_crash = self.step
         self.count(f"crash at a {proc.point.split()[0].rstrip(':')} point")
+        if proc.actor is not None and getattr(proc.actor, "kind", "") == "sweeper":
+            self.count("rules: timer sweeps crashed")
         if proc.point.startswith("fp before-throttle"):
             self.count("crashes between a throttle row and its status")
         proc.dead = True
@@ -1773,7 +1813,9 @@ def patched(world: World) -> Iterator[None]:
         # caller (`identity.plain_actor`). Who may decide is tested against real users in
         # tests/integration; here the question is what the engine does with a decision.
         resolve_actor=None,
-        eligible_approvers=lambda group: list(world.eligible) if group == PAYOUTS else [],
+        eligible_approvers=lambda group: list(
+            world.groups.get(group, world.eligible if group == PAYOUTS else [])
+        ),
         approver_keys=world.public_keys,
         halt_min_age=lambda: 2 * ttl,
         retry_policy=lambda: RetryPolicy(),

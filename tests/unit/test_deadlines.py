@@ -448,3 +448,91 @@ def test_a_drive_that_meets_an_expiry_that_cancels_cancels_its_run(store, clock,
     assert store.get_run("r1").status == CANCELLED and fired == []
     assert Journal(store).get("r1", names.RUN_CANCELLED).get("by") == "deadline"
     assert store.get_approval_request("r1", request.call_id).status == APPROVAL_EXPIRED
+
+
+def test_an_edit_under_a_rule_of_another_group_never_lowers_what_the_request_needs(
+    store, clock, fired
+):
+    # Found by the simulator's rules cast (``rules_hold``): an approver lowered a refund
+    # asked of two of finance into the range of one lead. The leads' rule names another
+    # group, so the request moved to it, and one lead's approval fired a call that had
+    # needed two approvals while it waited. A pending request's needs only grow.
+    rules = da.Rules(
+        [da.Rule("lead", da.arg("cents") <= 100, da.ask("leads"))],
+        default=da.ask(da.Quorum(2, "finance")),
+    )
+    with wired(
+        eligible_approvers=lambda group: {"finance": ["ann", "bob"], "leads": ["ann", "bob"]}.get(
+            group, []
+        )
+    ):
+
+        @da.tool(approval=rules)
+        def pay(cents: int) -> str:
+            """Pay out."""
+            fired.append(cents)
+            return f"paid {cents}"
+
+        script = [scripted.calls(scripted.call("pay", {"cents": 500})), scripted.text("done")]
+        agent = da.Agent("unit-deadlines-groups", ScriptedModel(script), "", [pay])
+        request = asked(agent, store)
+        assert (request.policy["need"], request.policy["group"]) == (2, "finance")
+        outcome = da.approve("r1", request.call_id, True, by="ann", edit={"cents": 50}, store=store)
+        assert outcome.status == "pending"  # still two approvals, now of the edit
+        moved = store.get_approval_request("r1", request.call_id).policy
+        assert (moved["kind"], moved["need"], moved["group"]) == ("quorum", 2, "leads")
+        outcome = da.approve("r1", request.call_id, True, by="bob", edit={"cents": 50}, store=store)
+        assert outcome.status == "approved"
+        with wired(dispatcher=lambda run_id: agent.run(run_id, store=store)):
+            da.resume("r1", store=store)
+    assert fired == [50]
+
+
+def test_a_call_asked_again_and_allowed_by_the_rules_leaves_no_request_pending(
+    store, fired, at_point
+):
+    # Found by the simulator's rules cast (``rows_agree``): while an approver's edit was
+    # being recorded, a drive under new code (a defaulted field) replaced the request with
+    # one about the new arguments. The edit no longer fitted, so the call was asked again,
+    # and today's rules allowed it: it ran under the rule's automatic decision, and the
+    # request about exactly those arguments stayed pending on a finished run.
+    def tool(rules, with_reason):
+        if with_reason:
+
+            @da.tool(approval=rules)
+            def pay(cents: int, reason: str = "goodwill") -> str:
+                """Pay out."""
+                fired.append(cents)
+                return f"paid {cents}"
+
+            return pay
+
+        @da.tool(approval=rules)
+        def pay(cents: int) -> str:  # type: ignore[no-redef]
+            """Pay out."""
+            fired.append(cents)
+            return f"paid {cents}"
+
+        return pay
+
+    def agent(limit, with_reason):
+        rules = da.Rules([da.Rule("small", da.arg("cents") <= limit, da.allow)], default=da.ask())
+        script = [scripted.calls(scripted.call("pay", {"cents": 50})), scripted.text("done")]
+        return da.Agent(
+            "unit-asked-again-allowed", ScriptedModel(script), "", [tool(rules, with_reason)]
+        )
+
+    first = agent(10, False)
+    request = asked(first, store)
+    later = agent(60, True)  # the deploy: a defaulted reason, and a higher threshold
+    call = request.call_id
+
+    def drive_under_new_code():
+        with pytest.raises(da.ApprovalPending):
+            da.resume("r1", store=store)
+
+    at_point(f"before-decision:{call}", drive_under_new_code)
+    with wired(dispatcher=lambda run_id: later.run(run_id, store=store)):
+        da.approve("r1", call, True, by="ann", edit={"cents": 80}, store=store)
+    assert store.get_run("r1").status == FINISHED and fired == [50]
+    assert store.get_approval_request("r1", call).status != "pending"

@@ -490,7 +490,12 @@ def _policy_for_edit(
     wanted = dict(asked.get("policy") or {})
     if not wanted or not rules.demands_more(wanted, policy):
         return None
-    moved = {**wanted, "moved_by_edit": {"from": policy.get("rule"), "arguments": edit}}
+    # Another group's rule may need fewer approvals than the request was asked under: it
+    # moves to that group, keeping the count (a pending request's needs only grow).
+    moved = {
+        **rules.at_least(wanted, policy),
+        "moved_by_edit": {"from": policy.get("rule"), "arguments": edit},
+    }
     # The request keeps the deadline it was asked under (an edit neither restarts nor
     # shortens its clock: ``due_at`` counts from the asking) and any escalation taken.
     moved.pop("deadline", None)
