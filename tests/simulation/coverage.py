@@ -63,24 +63,24 @@ SHARES: Mapping[str, float] = {
     "ack": 0.12,
     "step": 0.16,
     "signal": 0.17,
-    "waited": 0.17,
+    "waited": 0.1,  # 0.17 measured; aimed at harder (issue 43)
     "message": 0.17,
     "@late": 0.20,
     "run:compensated": 0.21,
     "saga:abort": 0.24,
-    "turn": 0.24,
-    "answer": 0.26,
-    "approval": 0.27,
-    "@unknown": 0.29,
+    "turn": 0.15,  # 0.24 measured; aimed at harder (issue 43)
+    "answer": 0.12,  # 0.26 measured; aimed at harder (issue 43)
+    "approval": 0.12,  # 0.27 measured; aimed at harder (issue 43)
+    "@unknown": 0.15,  # 0.29, aimed at harder: its crash after was missed by chance
     "user": 0.30,
     "event": 0.48,
     "@spend": 0.49,
-    "wait": 0.54,
+    "wait": 0.2,  # 0.54 measured; aimed at harder (issue 43)
     "child": 0.54,
     "fork:done": 0.58,
     "@drift": 0.58,
     "fork": 0.61,
-    "run:complete": 0.72,
+    "run:complete": 0.25,  # 0.72 measured; aimed at harder (issue 43)
     "attempt": 0.79,
     "@takeover": 0.80,
     "tool": 0.91,
@@ -94,6 +94,9 @@ SHARES: Mapping[str, float] = {
 BUDGET = 2
 BASE = 0.008
 MOST = 0.8
+# The odds from which a kind counts as rare (``Aim.rare_left``): written in about one seed
+# in six or fewer.
+RARE = 0.3
 
 
 def kind(name: str) -> str:
@@ -145,14 +148,25 @@ class Aim:
     rng: random.Random
     faults: tuple[str, ...]
     left: int = BUDGET
+    # One more for the rarest kinds (aimed at with the most odds), so that a seed that
+    # spent its budget on commoner ones still lands a fault next to them (issue 43: CI's
+    # sweep missed a pair or two of them by chance once the world changed).
+    rare_left: int = 1
 
     def at_write(self, kinds: tuple[str, ...]) -> str:
         """The fault aimed at this write ("" for none)."""
-        if not self.left or not kinds or not self.faults:
+        if not kinds or not self.faults:
             return ""
-        if self.rng.random() >= odds(kinds):
+        p = odds(kinds)
+        rare = p >= RARE
+        if not (self.left or (rare and self.rare_left)):
             return ""
-        self.left -= 1
+        if self.rng.random() >= p:
+            return ""
+        if rare and self.rare_left:
+            self.rare_left -= 1
+        else:
+            self.left -= 1
         return self.rng.choice(self.faults)
 
 

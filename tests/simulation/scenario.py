@@ -145,7 +145,12 @@ def build(w: W.World) -> None:
     # A stale driver giving a slot back after a takeover (issue 43) came after prunes, in
     # the casts whose agent has a limit on runs, drawn from a stream of its own.
     if limits is not None and limits.runs and "driver" in cfg.actors and slots.takes_part(cfg.seed):
-        actors.append(slots.SlotStaller("sid", cfg.seed, 2))
+        actors.append(slots.SlotStaller("sid", cfg.seed, 3))
+        drivers = [a for a in actors if isinstance(a, Driver)]
+        if len(drivers) < 3:
+            # A worker more: one frozen, one driving its successor, one for the run that
+            # waits for the slot (else it waits in the queue, not for the slot).
+            actors.append(Driver(f"driver{len(drivers) + 1}"))
     # A person voting twice before anyone else has (issue 43) came after the staller, in
     # the quorum casts, drawn from a stream of its own: the first member's two tabs.
     if quorum and w.eligible and votes.takes_part(cfg.seed):

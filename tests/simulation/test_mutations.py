@@ -49,11 +49,11 @@ LEAST = {
     "prune-judges-root-only": 5,
     "repeat-voters": 5,
     # -- stale-slot-release (issue 43, part 3) --
-    "stale-slot-release": 3,
+    "stale-slot-release": 2,
     # Issue 43: safety of what was only liveness.
-    "halted-runs-re-driven": 1,
-    "votes-after-close": 1,
-    "token-blind-renewal": 1,
+    "halted-runs-re-driven": 130,
+    "votes-after-close": 7,
+    "token-blind-renewal": 47,
 }
 
 
