@@ -296,6 +296,8 @@ class Person(Actor):
         self.cancels_left = cancels
         self.resumes_left = 1
         self.aimed_resumes_left = 1
+        # Issue 43: one fork at a call whose outcome is unknown, beside the drawn ones.
+        self.unknown_forks_left = 1
 
     def weight(self, w: W.World) -> int:
         if w.raw.list_approval_requests() or w.raw.list_halts():
@@ -327,6 +329,11 @@ class Person(Actor):
             options.append((12, "resume-aimed"))
         if started and self.forks_left:
             options.append((2, "fork"))
+        # Issue 43: a fork at a call whose outcome the tool said it could not tell (an
+        # ``@unknown`` record, no result yet), once, beside the drawn ones.
+        unknown = _unknown_outcomes(w, started) if self.unknown_forks_left else []
+        if unknown:
+            options.append((6, "fork-unknown"))
         if not options:
             return None
         what = w.pick(options)
@@ -359,6 +366,11 @@ class Person(Actor):
             return f"cancel{' and compensate' if compensate else ''} {run_id}", lambda: cancel_tree(
                 w, run_id, self.name, "sim", compensate
             )
+        if what == "fork-unknown":
+            self.unknown_forks_left -= 1
+            run_id, step = unknown[w.rng.randrange(len(unknown))]
+            w.count("forks aimed at a call whose outcome is unknown")
+            return self._fork(w, run_id, step=step, patch=da.Patch())
         self.forks_left -= 1
         if w.aims_forks and w.aim_rng.random() < 0.6:
             in_flight = _calls_in_flight(w, started)
@@ -610,6 +622,27 @@ def _calls_in_flight(w: W.World, runs: list[str]) -> list[tuple[str, int]]:
         for turn in (r for r in records if r.name.startswith("model:")):
             for call in (turn.get("message") or {}).get("tool_calls") or ():
                 if _in_flight(records, str(call["id"])):
+                    found.append((run_id, int(turn.name[6:])))
+    return found
+
+
+def _unknown_outcomes(w: W.World, runs: list[str]) -> list[tuple[str, int]]:
+    """(run, the step that asked for it) of each call whose tool said it could not tell
+    whether its effect happened (``@unknown/attempt:<call>:<k>``) and that has no result: a
+    fork keeping that step halts on it, saying why (``halts_say_why``)."""
+    found = []
+    for run_id in runs:
+        records = Journal(w.raw).records(run_id)
+        names = {r.name for r in records}
+        unknown = {
+            n.removeprefix("@unknown/attempt:").rpartition(":")[0]
+            for n in names
+            if n.startswith("@unknown/attempt:")
+        }
+        for turn in (r for r in records if r.name.startswith("model:")):
+            for call in (turn.get("message") or {}).get("tool_calls") or ():
+                call_id = str(call["id"])
+                if call_id in unknown and f"tool:{call_id}" not in names:
                     found.append((run_id, int(turn.name[6:])))
     return found
 

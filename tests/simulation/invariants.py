@@ -551,9 +551,21 @@ def check_halt_reasons(ix: Index) -> None:
     journal) says so, in the tool's words; a halt says so only then. The row is a projection
     of the journal whichever drive wrote it: the one the tool raised in, or a later one (a
     crash between the two writes, a fork that copied the attempt)."""
+    w = ix.world
     for halt in ix.halts:
         said = ix.names.get(halt.run_id, {}).get(f"@unknown/{halt.attempt}")
         if said is None:
+            source = _inherited_from(w, halt.run_id, halt.op_id)
+            if source is not None and any(
+                e.name == f"@unknown/{halt.attempt}" for e in _snapshot(w, halt.run_id, source)
+            ):
+                # Issue 43: the fork copied the claim from a source whose tool had said it
+                # could not tell; the fork must carry that word, not only the claim.
+                w.violate(
+                    "halts_say_why",
+                    f"fork {halt.run_id} halts on {halt.op_id} ({halt.cause}) without the "
+                    f"tool's word its source {source} journaled (@unknown/{halt.attempt})",
+                )
             if halt.cause == HALT_OUTCOME_UNKNOWN:
                 ix.world.violate(
                     "halts_say_why",

@@ -54,6 +54,7 @@ LEAST = {
     "halted-runs-re-driven": 130,
     "votes-after-close": 7,
     "token-blind-renewal": 47,
+    "forks-at-unknown": 23,
 }
 
 
