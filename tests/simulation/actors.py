@@ -298,6 +298,8 @@ class Person(Actor):
         self.aimed_resumes_left = 1
         # Issue 43: one fork at a call whose outcome is unknown, beside the drawn ones.
         self.unknown_forks_left = 1
+        # And one rollback of a run whose edited refund ran (a saga deploy undoing refunds).
+        self.undo_edits_left = 1
 
     def weight(self, w: W.World) -> int:
         if w.raw.list_approval_requests() or w.raw.list_halts():
@@ -331,15 +333,27 @@ class Person(Actor):
             options.append((2, "fork"))
         # Issue 43: a fork at a call whose outcome the tool said it could not tell (an
         # ``@unknown`` record, no result yet), once, beside the drawn ones.
-        unknown = _unknown_outcomes(w, started) if self.unknown_forks_left else []
+        # (An unknown outcome halts its run: only halted runs are read.)
+        halted = {h.run_id for h in halts}
+        unknown = (
+            _unknown_outcomes(w, [r for r in started if r in halted])
+            if self.unknown_forks_left and halted
+            else []
+        )
         if unknown:
             options.append((6, "fork-unknown"))
+        # Issue 43: a saga run whose refund ran as an approver edited it, rolled back.
+        edited = _edited_and_run(w, unfinished) if self.undo_edits_left else []
+        if edited:
+            options.append((6, "compensate-edited"))
         if not options:
             return None
         what = w.pick(options)
         if what == "decide":
             req = requests[w.rng.randrange(len(requests))]
             approve, edit = w.rng.random() < 0.7, w.rng.random() < (0.1 if w.intercepts else 0.3)
+            if w.deploy.undo_refunds and req.tool_name == "refund" and w.rng.random() < 0.5:
+                edit = True  # issue 43: edits of refunds that are undone as they ran
             return self._decide(w, req.run_id, req.call_id, approve, edit=approve and edit)
         if what == "resolve":
             halt = halts[w.rng.randrange(len(halts))]
@@ -365,6 +379,13 @@ class Person(Actor):
             compensate = bool(w.deploy.saga) and self.cancels_left % 2 == 0
             return f"cancel{' and compensate' if compensate else ''} {run_id}", lambda: cancel_tree(
                 w, run_id, self.name, "sim", compensate
+            )
+        if what == "compensate-edited":
+            self.undo_edits_left -= 1
+            run_id = edited[w.rng.randrange(len(edited))]
+            w.count("runs rolled back after an edited refund ran")
+            return f"cancel and compensate {run_id} (an edited refund ran)", lambda: cancel_tree(
+                w, run_id, self.name, "sim", True
             )
         if what == "fork-unknown":
             self.unknown_forks_left -= 1
@@ -623,6 +644,26 @@ def _calls_in_flight(w: W.World, runs: list[str]) -> list[tuple[str, int]]:
             for call in (turn.get("message") or {}).get("tool_calls") or ():
                 if _in_flight(records, str(call["id"])):
                     found.append((run_id, int(turn.name[6:])))
+    return found
+
+
+def _edited_and_run(w: W.World, runs: list[str]) -> list[str]:
+    """Unfinished runs of a saga deploy that undoes refunds, whose refund ran as an approver
+    edited it (its decision holds ``edited``, its result is no error)."""
+    if not (w.deploy.saga and w.deploy.undo_refunds):
+        return []
+    found = []
+    for run_id in runs:
+        names = {r.name: r for r in Journal(w.raw).records(run_id)}
+        if "saga:abort" in names or "run:cancelled" in names:
+            continue
+        for name, rec in names.items():
+            if not name.startswith("approval:") or not rec.get("edited"):
+                continue
+            result = names.get(f"tool:{name.removeprefix('approval:').split(':')[0]}")
+            if result is not None and not result.get("is_error"):
+                found.append(run_id)
+                break
     return found
 
 

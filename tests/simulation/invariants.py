@@ -1512,6 +1512,18 @@ def check_sagas(w: W.World, ix: Index) -> None:
         # A run undoes only what it invoked itself: a fork's copied calls are its source's.
         if (e.run, e.call.removeprefix("compensate:")) not in made:
             w.violate("sagas_undo_once", f"{e.run}: {e.call} undid a call this run never made")
+    # Issue 43: an undo is given the arguments its call ran with (an approver's edit
+    # included), never the ones the model asked for.
+    ran = {(e.run, e.call): e.args for e in w.ledger if e.tool not in UNDOS}
+    for e in w.ledger:
+        if e.tool not in UNDOS or not e.effect:
+            continue
+        fired = ran.get((e.run, e.call.removeprefix("compensate:")))
+        if fired is not None and encode(fired) != encode(e.args):
+            w.violate(
+                "sagas_undo_once",
+                f"{e.run}: {e.call} undid {_short(e.args)}, but the call ran with {_short(fired)}",
+            )
     for (run_id, call), n in undone.items():
         if n > 1:
             w.violate("sagas_undo_once", f"{run_id}: {call} took effect {n} times")

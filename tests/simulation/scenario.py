@@ -37,7 +37,7 @@ from .actors import (
     Webhook,
     drive_like_a_worker,
 )
-from .agent import AGENT, DIGEST_RATE, SESSION, Deploy, Plans, draw_limits
+from .agent import AGENT, DIGEST_RATE, SESSION, Deploy, Plans, draw_limits, undo_refunds
 
 # -- one seed -----------------------------------------------------------------------------
 
@@ -72,6 +72,9 @@ def build(w: W.World) -> None:
         concurrent=concurrent,
         limits=limits,
         digest=digest,
+        # Gated and compensable refunds (issue 43) came after prunes, in saga deploys, drawn
+        # from a stream of their own.
+        undo_refunds="answerer" in cfg.actors and undo_refunds(cfg.seed),
     )
     w.deploy.activate()
     if digest:  # today's booking was made before the seed began: the next waits a day
