@@ -23,7 +23,12 @@ from . import world as W
 from .actors import Actor, Op
 from .agent import AGENT
 
-ODDS = 1.0
+ODDS = 0.7
+
+
+# Seven casts in ten, not all: in the others a slot holder that dies is nobody's to wake,
+# which is what ``slots-outlive-leases`` needs (with the staller in every cast, CI's 600
+# seeds caught it once).
 
 
 def takes_part(seed: int) -> bool:
