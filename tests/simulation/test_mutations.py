@@ -53,7 +53,7 @@ LEAST = {
     # Issue 43: safety of what was only liveness.
     "halted-runs-re-driven": 118,
     "votes-after-close": 7,
-    "token-blind-renewal": 60,
+    "token-blind-renewal": 52,
     "forks-at-unknown": 15,
 }
 
