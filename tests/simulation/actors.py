@@ -335,9 +335,12 @@ class Person(Actor):
         # ``@unknown`` record, no result yet), once, beside the drawn ones.
         # (An unknown outcome halts its run: only halted runs are read.)
         halted = {h.run_id for h in halts}
+        # (In the answerer's casts only, as every later aim: the known-hole seeds keep their
+        # schedules.)
+        aims = "answerer" in w.config.actors
         unknown = (
             _unknown_outcomes(w, [r for r in started if r in halted])
-            if self.unknown_forks_left and halted
+            if aims and self.unknown_forks_left and halted
             else []
         )
         if unknown:

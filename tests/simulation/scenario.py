@@ -159,9 +159,10 @@ def build(w: W.World) -> None:
     if quorum and w.eligible and votes.takes_part(cfg.seed):
         actors += [votes.Tab(w.eligible[0], 1), votes.Tab(w.eligible[0], 2)]
     # A person deciding from pages left open, after their requests closed (issue 43), came
-    # after the second tab, in the casts with people, drawn from a stream of its own.
+    # after the second tab, in the casts with people and the answerer (so the known-hole
+    # seeds keep their schedules), drawn from a stream of its own.
     people = [a.name for a in actors if isinstance(a, Person)]
-    if people and votes.stale_pages(cfg.seed):
+    if people and "answerer" in cfg.actors and votes.stale_pages(cfg.seed):
         actors.append(votes.StalePage(people[0], cfg.seed, 3))
     # The targeted adversaries act only where their marks are: captured signatures with a
     # replayer, forks with people.
