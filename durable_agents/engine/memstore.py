@@ -17,7 +17,7 @@ from typing import Any
 from . import retention
 from .audit import ACTION_NAME, Link, action_content, action_hash, chain_hash
 from .deadlines import first_after
-from .errors import ConfigError, LeaseLost
+from .errors import ApprovalNotFound, ConfigError, LeaseLost
 from .limits import continued
 from .ports import (
     APPROVAL_PENDING,
@@ -628,12 +628,18 @@ class InMemoryStore:
     def save_decision(self, decision: DecisionInfo) -> bool:
         with self._lock:
             current = self._requests.get((decision.run_id, decision.call_id))
+            if current is None:
+                # As the database store: a vote is a row of its request (its run deleted or
+                # pruned meanwhile, there is none).
+                raise ApprovalNotFound(
+                    f"no approval request for call {decision.call_id!r} of run {decision.run_id!r}"
+                )
             if changed_under(decision, current):
                 raise asked_again(decision, current)
             decisions = self._decisions.setdefault((decision.run_id, decision.call_id), [])
             if any(d.approver == decision.approver for d in decisions):
                 return False
-            if current is not None and closed_under(decision, current):
+            if closed_under(decision, current):
                 raise closed_request(decision, current)
             decisions.append(replace(decision, created_at=_dt(self._clock())))
             return True

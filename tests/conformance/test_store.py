@@ -489,6 +489,17 @@ def test_a_decision_is_never_saved_on_a_closed_request(store, run_id):
     assert [d.approver for d in store.list_decisions(run_id, "c1")] == ["ann"]
 
 
+def test_a_decision_on_no_request_is_refused(store, run_id):
+    """A vote is a row of its request: none (its run deleted or pruned meanwhile), none
+    is saved. (The in-memory store saved it, found by the simulator.)"""
+    from durable_agents.engine.errors import ApprovalNotFound
+    from durable_agents.engine.ports import DecisionInfo
+
+    with pytest.raises(ApprovalNotFound):
+        store.save_decision(DecisionInfo(run_id, "c9", "ann", True))
+    assert store.list_decisions(run_id, "c9") == []
+
+
 def test_a_decision_keeps_its_edited_arguments(store, run_id):
     from durable_agents.engine.ports import ApprovalRequestInfo, DecisionInfo
 

@@ -297,6 +297,10 @@ class Person(Actor):
         self.cancels_left = cancels
         self.resumes_left = 1
         self.aimed_resumes_left = 1
+        # Issue 43: one fork at a call whose outcome is unknown, beside the drawn ones.
+        self.unknown_forks_left = 1
+        # And one rollback of a run whose edited refund ran (a saga deploy undoing refunds).
+        self.undo_edits_left = 1
 
     def weight(self, w: W.World) -> int:
         if w.raw.list_approval_requests() or w.raw.list_halts():
@@ -328,12 +332,32 @@ class Person(Actor):
             options.append((12, "resume-aimed"))
         if started and self.forks_left:
             options.append((2, "fork"))
+        # Issue 43: a fork at a call whose outcome the tool said it could not tell (an
+        # ``@unknown`` record, no result yet), once, beside the drawn ones.
+        # (An unknown outcome halts its run: only halted runs are read.)
+        halted = {h.run_id for h in halts}
+        # (In the answerer's casts only, as every later aim: the known-hole seeds keep their
+        # schedules.)
+        aims = "answerer" in w.config.actors
+        unknown = (
+            _unknown_outcomes(w, [r for r in started if r in halted])
+            if aims and self.unknown_forks_left and halted
+            else []
+        )
+        if unknown:
+            options.append((6, "fork-unknown"))
+        # Issue 43: a saga run whose refund ran as an approver edited it, rolled back.
+        edited = _edited_and_run(w, unfinished) if self.undo_edits_left else []
+        if edited:
+            options.append((6, "compensate-edited"))
         if not options:
             return None
         what = w.pick(options)
         if what == "decide":
             req = requests[w.rng.randrange(len(requests))]
             approve, edit = w.rng.random() < 0.7, w.rng.random() < (0.1 if w.intercepts else 0.3)
+            if w.deploy.undo_refunds and req.tool_name == "refund" and w.rng.random() < 0.5:
+                edit = True  # issue 43: edits of refunds that are undone as they ran
             return self._decide(w, req.run_id, req.call_id, approve, edit=approve and edit)
         if what == "resolve":
             halt = halts[w.rng.randrange(len(halts))]
@@ -360,6 +384,18 @@ class Person(Actor):
             return f"cancel{' and compensate' if compensate else ''} {run_id}", lambda: cancel_tree(
                 w, run_id, self.name, "sim", compensate
             )
+        if what == "compensate-edited":
+            self.undo_edits_left -= 1
+            run_id = edited[w.rng.randrange(len(edited))]
+            w.count("runs rolled back after an edited refund ran")
+            return f"cancel and compensate {run_id} (an edited refund ran)", lambda: cancel_tree(
+                w, run_id, self.name, "sim", True
+            )
+        if what == "fork-unknown":
+            self.unknown_forks_left -= 1
+            run_id, step = unknown[w.rng.randrange(len(unknown))]
+            w.count("forks aimed at a call whose outcome is unknown")
+            return self._fork(w, run_id, step=step, patch=da.Patch())
         self.forks_left -= 1
         if w.aims_forks and w.aim_rng.random() < 0.6:
             in_flight = _calls_in_flight(w, started)
@@ -624,6 +660,47 @@ def _calls_in_flight(w: W.World, runs: list[str]) -> list[tuple[str, int]]:
         for turn in (r for r in records if r.name.startswith("model:")):
             for call in (turn.get("message") or {}).get("tool_calls") or ():
                 if _in_flight(records, str(call["id"])):
+                    found.append((run_id, int(turn.name[6:])))
+    return found
+
+
+def _edited_and_run(w: W.World, runs: list[str]) -> list[str]:
+    """Unfinished runs of a saga deploy that undoes refunds, whose refund ran as an approver
+    edited it (its decision holds ``edited``, its result is no error)."""
+    if not (w.deploy.saga and w.deploy.undo_refunds):
+        return []
+    found = []
+    for run_id in runs:
+        names = {r.name: r for r in Journal(w.raw).records(run_id)}
+        if "saga:abort" in names or "run:cancelled" in names:
+            continue
+        for name, rec in names.items():
+            if not name.startswith("approval:") or not rec.get("edited"):
+                continue
+            result = names.get(f"tool:{name.removeprefix('approval:').split(':')[0]}")
+            if result is not None and not result.get("is_error"):
+                found.append(run_id)
+                break
+    return found
+
+
+def _unknown_outcomes(w: W.World, runs: list[str]) -> list[tuple[str, int]]:
+    """(run, the step that asked for it) of each call whose tool said it could not tell
+    whether its effect happened (``@unknown/attempt:<call>:<k>``) and that has no result: a
+    fork keeping that step halts on it, saying why (``halts_say_why``)."""
+    found = []
+    for run_id in runs:
+        records = Journal(w.raw).records(run_id)
+        names = {r.name for r in records}
+        unknown = {
+            n.removeprefix("@unknown/attempt:").rpartition(":")[0]
+            for n in names
+            if n.startswith("@unknown/attempt:")
+        }
+        for turn in (r for r in records if r.name.startswith("model:")):
+            for call in (turn.get("message") or {}).get("tool_calls") or ():
+                call_id = str(call["id"])
+                if call_id in unknown and f"tool:{call_id}" not in names:
                     found.append((run_id, int(turn.name[6:])))
     return found
 

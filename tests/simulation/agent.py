@@ -237,7 +237,11 @@ def unbook(args: dict[str, Any], result: Any, ctx: ToolContext) -> Any:
     return _undo("unbook", args, result, ctx)
 
 
-UNDOS = frozenset({"uncharge", "unbook"})
+def unrefund(args: dict[str, Any], result: Any, ctx: ToolContext) -> Any:
+    return _undo("unrefund", args, result, ctx)
+
+
+UNDOS = frozenset({"uncharge", "unbook", "unrefund"})
 
 TOOLS = {
     "lookup": da.tool(lookup, name="lookup", read_only=True),
@@ -252,6 +256,20 @@ TOOLS = {
     "refund_v2": da.tool(refund_v2, name="refund", requires_approval=True),
     "refund_v1_quorum": da.tool(refund_v1, name="refund", approval=QUORUM),
     "refund_v2_quorum": da.tool(refund_v2, name="refund", approval=QUORUM),
+    # Issue 43: gated and compensable (a saga deploy's ``undo_refunds``): an approver's edit
+    # is what ran, and what its undo must be given.
+    "refund_v1_undo": da.tool(
+        refund_v1, name="refund", requires_approval=True, compensate=unrefund
+    ),
+    "refund_v2_undo": da.tool(
+        refund_v2, name="refund", requires_approval=True, compensate=unrefund
+    ),
+    "refund_v1_quorum_undo": da.tool(
+        refund_v1, name="refund", approval=QUORUM, compensate=unrefund
+    ),
+    "refund_v2_quorum_undo": da.tool(
+        refund_v2, name="refund", approval=QUORUM, compensate=unrefund
+    ),
     "notify": da.tool(notify, name="notify", idempotent=True),
     "book": da.tool(book, name="book", idempotency_key=lambda a: f"book-{a['order']}"),
     "confirm": da.tool(confirm, name="confirm", read_only=True),
@@ -596,6 +614,10 @@ class Deploy:
     # changed by the rules deployer only: the seed's drawn deploys keep them.
     rules: int = 0
     expiry: str = "deny"
+    # A saga's refunds have an undo too (issue 43): gated and compensable, so an approver's
+    # edit is undone as it ran. Set by the cast from a stream of its own, kept by every
+    # deploy.
+    undo_refunds: bool = False
 
     @property
     def durability(self) -> str:
@@ -620,6 +642,7 @@ class Deploy:
                 "concurrent",
                 "ask",
                 "digest",
+                "undo_refunds",
             )
             if getattr(self, name)
         ]
@@ -639,7 +662,8 @@ class Deploy:
             reason = "_reason" if self.reason else ""
             tools.append(TOOLS[f"refund{reason}_rules{self.rules}_{self.expiry}"])
         else:
-            tools.append(TOOLS[("refund_v2" if self.reason else "refund_v1") + quorum])
+            undo = "_undo" if self.saga and self.undo_refunds else ""
+            tools.append(TOOLS[("refund_v2" if self.reason else "refund_v1") + quorum + undo])
         if not self.no_notify:
             tools.append(TOOLS["notify"])
         tools.append(TOOLS["book"])
@@ -689,6 +713,12 @@ class Deploy:
         return replace(self, **{what: not getattr(self, what)})
 
 
+def undo_refunds(seed: int) -> bool:
+    """Whether a cast with the answerer (a saga deploy) undoes its refunds (issue 43): from a
+    stream of its own."""
+    return random.Random(f"undo-refunds:{seed}").random() < 0.5
+
+
 # -- the plans of one seed ----------------------------------------------------------------
 
 
@@ -702,6 +732,9 @@ class Plans:
         if "answerer" in w.config.actors:
             self.tools.append("confirm")
             self.tools.append(ERRAND)  # sub-agents came after waits: the same seeds draw them
+            if undo_refunds(w.config.seed):
+                # Issue 43: refunds that are undone as they ran, asked for more often.
+                self.tools += ["refund", "refund"]
 
     def make(self) -> str:
         rng = self.w.rng

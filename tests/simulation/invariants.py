@@ -21,6 +21,7 @@ from typing import Any
 
 from durable_agents.engine.approvals import arguments_tag, decision_name, tally
 from durable_agents.engine.audit import verify_actions, verify_run
+from durable_agents.engine.errors import JournalVersionError
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.limits import parse_rate
 from durable_agents.engine.names import is_compensation
@@ -165,11 +166,22 @@ def check_as_we_go(w: W.World) -> None:
             )
 
 
+def _records(w: W.World, run_id: str) -> list[Record]:
+    """A run's journal; one whose first record is not the header (a write that landed on the
+    id of a run deleted meanwhile, with nothing to hold it back) is a finding, not a crash of
+    the checks."""
+    try:
+        return Journal(w.raw).records(run_id)
+    except JournalVersionError as exc:
+        w.violate("rows_agree", f"run {run_id}: {exc}", hole="new")
+        return []
+
+
 class Index:
     """The store read once, for the end-of-schedule checks."""
 
     def __init__(self, w: W.World) -> None:
-        self.records = {r: Journal(w.raw).records(r) for r in w.runs}
+        self.records = {r: _records(w, r) for r in w.runs}
         self.names = {r: {rec.name: rec for rec in recs} for r, recs in self.records.items()}
         self.rows = {r: w.raw.get_run(r) for r in w.runs}
         self.world = w
@@ -572,9 +584,21 @@ def check_halt_reasons(ix: Index) -> None:
     journal) says so, in the tool's words; a halt says so only then. The row is a projection
     of the journal whichever drive wrote it: the one the tool raised in, or a later one (a
     crash between the two writes, a fork that copied the attempt)."""
+    w = ix.world
     for halt in ix.halts:
         said = ix.names.get(halt.run_id, {}).get(f"@unknown/{halt.attempt}")
         if said is None:
+            source = _inherited_from(w, halt.run_id, halt.op_id)
+            if source is not None and any(
+                e.name == f"@unknown/{halt.attempt}" for e in _snapshot(w, halt.run_id, source)
+            ):
+                # Issue 43: the fork copied the claim from a source whose tool had said it
+                # could not tell; the fork must carry that word, not only the claim.
+                w.violate(
+                    "halts_say_why",
+                    f"fork {halt.run_id} halts on {halt.op_id} ({halt.cause}) without the "
+                    f"tool's word its source {source} journaled (@unknown/{halt.attempt})",
+                )
             if halt.cause == HALT_OUTCOME_UNKNOWN:
                 ix.world.violate(
                     "halts_say_why",
@@ -1525,6 +1549,18 @@ def check_sagas(w: W.World, ix: Index) -> None:
         # A run undoes only what it invoked itself: a fork's copied calls are its source's.
         if (e.run, e.call.removeprefix("compensate:")) not in made:
             w.violate("sagas_undo_once", f"{e.run}: {e.call} undid a call this run never made")
+    # Issue 43: an undo is given the arguments its call ran with (an approver's edit
+    # included), never the ones the model asked for.
+    ran = {(e.run, e.call): e.args for e in w.ledger if e.tool not in UNDOS}
+    for e in w.ledger:
+        if e.tool not in UNDOS or not e.effect:
+            continue
+        fired = ran.get((e.run, e.call.removeprefix("compensate:")))
+        if fired is not None and encode(fired) != encode(e.args):
+            w.violate(
+                "sagas_undo_once",
+                f"{e.run}: {e.call} undid {_short(e.args)}, but the call ran with {_short(fired)}",
+            )
     for (run_id, call), n in undone.items():
         if n > 1:
             w.violate("sagas_undo_once", f"{run_id}: {call} took effect {n} times")

@@ -79,6 +79,13 @@ def _prefix_without_attempts(records: Any, step: int) -> list[Any]:
     ]
 
 
+def _prefix_without_unknowns(records: Any, step: int) -> list[Any]:
+    """``steps.prefix`` that keeps a step's claims but not what their tools said when they
+    could not tell whether their effect happened (``@unknown/``): a fork halts on the claim
+    without knowing why."""
+    return [r for r in steps.prefix(records, step) if not r.name.startswith(names.UNKNOWN)]
+
+
 _verify = approval_commands.verify_signature
 
 
@@ -644,6 +651,12 @@ MUTATIONS: dict[str, Mutation] = {
             "successor's lease and is told it still holds the run "
             "(InMemoryStore.renew_lease looks for any live lease)",
             lambda: _swapped((InMemoryStore, "renew_lease", _renew_ignoring_token)),
+        ),
+        Mutation(
+            "forks-at-unknown",
+            "a fork at a call whose outcome is unknown keeps its claim but drops the tool's "
+            "word that it could not tell (steps.prefix leaves @unknown records out)",
+            lambda: _swapped((forks, "prefix", _prefix_without_unknowns)),
         ),
         Mutation(
             "repeat-voters",

@@ -37,7 +37,7 @@ from .actors import (
     Webhook,
     drive_like_a_worker,
 )
-from .agent import AGENT, DIGEST_RATE, SESSION, Deploy, Plans, draw_limits
+from .agent import AGENT, DIGEST_RATE, SESSION, Deploy, Plans, draw_limits, undo_refunds
 
 # -- one seed -----------------------------------------------------------------------------
 
@@ -78,6 +78,9 @@ def build(w: W.World) -> None:
         digest=digest,
         rules=1 if rules else 0,
         expiry=rulecast.expiry_of(cfg.seed) if rules else "deny",
+        # Gated and compensable refunds (issue 43) came after prunes, in saga deploys, drawn
+        # from a stream of their own.
+        undo_refunds="answerer" in cfg.actors and undo_refunds(cfg.seed),
     )
     w.deploy.activate()
     if digest:  # today's booking was made before the seed began: the next waits a day
@@ -153,15 +156,21 @@ def build(w: W.World) -> None:
     # A stale driver giving a slot back after a takeover (issue 43) came after prunes, in
     # the casts whose agent has a limit on runs, drawn from a stream of its own.
     if limits is not None and limits.runs and "driver" in cfg.actors and slots.takes_part(cfg.seed):
-        actors.append(slots.SlotStaller("sid", cfg.seed, 2))
+        actors.append(slots.SlotStaller("sid", cfg.seed, 3))
+        drivers = [a for a in actors if isinstance(a, Driver)]
+        if len(drivers) < 3:
+            # A worker more: one frozen, one driving its successor, one for the run that
+            # waits for the slot (else it waits in the queue, not for the slot).
+            actors.append(Driver(f"driver{len(drivers) + 1}"))
     # A person voting twice before anyone else has (issue 43) came after the staller, in
     # the quorum casts, drawn from a stream of its own: the first member's two tabs.
     if quorum and w.eligible and votes.takes_part(cfg.seed):
         actors += [votes.Tab(w.eligible[0], 1), votes.Tab(w.eligible[0], 2)]
     # A person deciding from pages left open, after their requests closed (issue 43), came
-    # after the second tab, in the casts with people, drawn from a stream of its own.
+    # after the second tab, in the casts with people and the answerer (so the known-hole
+    # seeds keep their schedules), drawn from a stream of its own.
     people = [a.name for a in actors if isinstance(a, Person)]
-    if people and votes.stale_pages(cfg.seed):
+    if people and "answerer" in cfg.actors and votes.stale_pages(cfg.seed):
         actors.append(votes.StalePage(people[0], cfg.seed, 3))
     if rules and any(isinstance(a, Person) for a in actors):
         people = [a.name for a in actors if type(a) is Person]

@@ -106,6 +106,14 @@ def test_seeds_keep_the_promise():
         "drivers frozen holding a slot": config.limits > 0 and "driver" in config.actors,
         "quorum calls approved from a second tab (tab 2)": "person" in config.actors
         and config.quorum > 0,
+        # Issue 43: safety of what was only liveness, aimed at.
+        "runs cancelled with a request's page left open": "person" in config.actors,
+        "decisions from a page left open (withdrawn)": "person" in config.actors,
+        "runs started while a slot's stale holder is frozen": config.limits > 0
+        and "driver" in config.actors,
+        "frozen slot holders woken while a run waits for a slot": config.limits > 0
+        and "driver" in config.actors,
+        "forks aimed at a call whose outcome is unknown": "person" in config.actors,
     }
     # Issue 42: approval rules (``rulecast.py``), in the casts with people and the answerer.
     rules = "person" in config.actors and "answerer" in config.actors and config.rules > 0

@@ -181,3 +181,28 @@ def test_concurrent_deliveries_with_wait_all_get_the_first_ones_answer(store):
     assert {(r.status, r.answer) for r in results} == {("answered", "slow answer")}
     waited = session.send_once("d-2", "go slow", wait=True, timeout=0.01)
     assert waited.status in ("answered", "running")
+
+
+def test_a_redelivery_never_hands_over_a_turn_halted_while_it_read(store):
+    """A delivery redelivered while its turn is being driven: between the redelivery's read
+    of the turn's row and its hand-over, the driver halts the turn on an unknown outcome.
+    The redelivery says "paused" and hands nothing over: a halted turn is a person's (issue
+    43, found by the simulator: ``halted_never_driven``)."""
+    from tests.support.wiring import wired
+
+    sent: list[str] = []
+    session = chat_agent("unit-once-halted").session("c", store=store)
+    with wired(dispatcher=sent.append):
+        first = session.send_once("delivery-1", "book for 2")
+        assert first.status == "queued" and sent == [first.run_id]
+        get = store.get
+
+        def halted_meanwhile(run_id, name):
+            if name == "run:start" and run_id == first.run_id:
+                store.update_run(run_id, {"status": "halted"})  # the driver's pause
+            return get(run_id, name)
+
+        store.get = halted_meanwhile
+        again = session.send_once("delivery-1", "book for 2")
+    assert again.status == "paused"
+    assert sent == [first.run_id], "the halted turn was not handed over again"

@@ -371,12 +371,16 @@ class Session:
         if done is not None:
             record_answer(self.store, run_id, text, str(done.get("answer") or ""))
             return SendResult(self.session_id, key, run_id, "answered", done.get("answer"))
+        if turn is None or journal.get(run_id, names.RUN_START) is None:
+            run = self.store.get_run(run_id)
+            if run is None or run.status not in HUMAN_WAIT_STATUSES:
+                self._start_turn(run_id, text, requester)
+        # Read last, right before the hand-over: a driver may have paused the turn while
+        # the reads above ran (found by the simulator: a halted turn handed over again).
         run = self.store.get_run(run_id)
         if run is not None and run.status in HUMAN_WAIT_STATUSES:
             # Waiting on a person: driving it again would only pause again.
             return SendResult(self.session_id, key, run_id, "paused")
-        if run is None or journal.get(run_id, names.RUN_START) is None:
-            self._start_turn(run_id, text, requester)
         if wait:
             return self._wait_for_turn(key, run_id, text, timeout)
         runtime.dispatch(run_id)
