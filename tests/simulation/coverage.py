@@ -20,7 +20,7 @@ next to. So each seed also **aims** (the ``cover`` fault, drawn from a stream of
 ``cover:<seed>``): at each write a process of the main phase comes to, with odds that grow
 with the rarity of the kinds it writes (``SHARES``), one of the four faults lands next to it,
 up to three times a seed (and three more at the rules casts' kinds, ``RULES_KINDS``); and
-four (kind, fault) pairs the seed targets, rare kinds more often, land at a write of their
+two (kind, fault) pairs the seed targets, rare kinds more often, land at a write of their
 kind when one comes (in the main phase, or the first drain of the quiet phase, where
 recovery's workers write what the main phase seldom does). A seed without the ``cover``
 fault draws nothing else differently.
@@ -107,7 +107,7 @@ MOST = 0.8
 # and a fault from the four, and lands that fault at a write of that kind with odds
 # ``TARGET_ODDS`` each time one comes (not always at the first). Luck alone left pairs of
 # common kinds at a handful of seeds in 1,200, a few at none when the world changed.
-TARGETS = 4
+TARGETS = 2
 TARGET_ODDS = 0.7
 
 
