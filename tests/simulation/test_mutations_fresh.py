@@ -16,7 +16,7 @@ from .runner import config_for, replay_command
 from .scenario import simulate
 from .test_mutations import LEAST, MORE_SEEDS, SEEDS
 
-FRESH = 150
+FRESH = 80
 # A fresh count this unlikely, were the mutation caught at the rate its floor stands for,
 # says the fixed seeds' catches were luck: the test fails.
 UNLIKELY = 1e-4
