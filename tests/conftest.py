@@ -41,7 +41,7 @@ PG_FRESH_SEEDS = 6
 # other is done. Their order here is their order in the run; every other file keeps its own.
 LONGEST_FIRST = (
     "tests/simulation/test_mutations.py",
-    "tests/simulation/test_mutations_fresh.py",
+    "tests/simulation/test_mutations_second_half.py",
     "tests/simulation/test_simulation.py",
     "tests/simulation/test_postgres_lane.py",
 )
