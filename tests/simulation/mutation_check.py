@@ -41,33 +41,33 @@ BUDGET = {
 # (docs/simulation.md), so that an engine change moving schedules does not fail it by
 # chance, while a simulator that stopped reaching the break does.
 LEAST = {
-    "no-halt-on-unknown-outcome": 9,
-    "fork-drops-attempt-markers": 13,
+    "no-halt-on-unknown-outcome": 12,
+    "fork-drops-attempt-markers": 11,
     "signature-over-earlier-arguments": 2,
     "halt-min-age-zero": 1,
     "no-cancel-cascade": 7,
     "sub-run-ignores-stopped-root": 5,
-    "imports-not-inert": 100,
+    "imports-not-inert": 14,
     # Issue 43: a deploy's change meets a claim in flight.
     "drift-at-a-live-claim": 9,
     # Issue 41: only the seeds whose cast can reach the break are run (``Mutation.reaches``).
-    "parent-adopts-imported-sub-run": 38,
+    "parent-adopts-imported-sub-run": 20,
     "sweep-skips-throttled": 3,
     "delete-does-not-spend": 16,
     "create-ignores-spent": 20,
     # Limits: only the seeds whose agent has limits are run (``Mutation.reaches``).
-    "slots-ignore-limit": 47,
+    "slots-ignore-limit": 17,
     "slots-outlive-leases": 4,
-    "rates-never-refuse": 23,
+    "rates-never-refuse": 12,
     # Issue 43: retention in the world, and the rare paths aimed at (``Mutation.reaches``).
     "prune-judges-root-only": 4,
     "repeat-voters": 10,
     # -- stale-slot-release (issue 43, part 3) --
     "stale-slot-release": 2,
     # Issue 43: safety of what was only liveness.
-    "halted-runs-re-driven": 118,
+    "halted-runs-re-driven": 16,
     "votes-after-close": 15,
-    "token-blind-renewal": 52,
+    "token-blind-renewal": 15,
     "forks-at-unknown": 15,
     # Issue 42: approval rules; only the rules casts are run (``Mutation.reaches``).
     "edits-not-reevaluated": 7,
