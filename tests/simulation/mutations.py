@@ -444,6 +444,26 @@ class _EveryStepNew(Journal):
         return record, inserted or name.startswith(names.DEADLINE)
 
 
+_check_tree = Driver._check_tree
+
+
+def _check_tree_unless_new(self: Driver) -> None:
+    """``Driver._check_tree`` skipped in the drive that creates the sub-run: its parent
+    looked at the tree right before the call, so the new sub-run takes it as looked at. A
+    stop recorded between the parent's look and the sub-run's row is missed for the whole of
+    that first drive."""
+    if not self.started:
+        _check_tree(self)
+
+
+def _has_deep_trees(seed: int) -> bool:
+    """Whether a seed may build trees three deep (``trees.takes_part``; the cast's other
+    conditions are read when it is built)."""
+    from .trees import takes_part
+
+    return takes_part(seed)
+
+
 @dataclass(frozen=True)
 class Mutation:
     name: str
@@ -497,6 +517,14 @@ MUTATIONS: dict[str, Mutation] = {
             "a sub-run drives on under a cancelled or aborted ancestor (Driver._check_tree "
             "does nothing)",
             lambda: _swapped((Driver, "_check_tree", lambda self: None)),
+        ),
+        Mutation(
+            "late-sub-run-under-cancel",
+            "a sub-run created after its root was cancelled drives on: the drive that creates "
+            "it skips its look at the stops above it (Driver._check_tree in a drive that "
+            "started the run), taking its parent's look before the call for its own",
+            lambda: _swapped((Driver, "_check_tree", _check_tree_unless_new)),
+            reaches=_has_deep_trees,
         ),
         Mutation(
             "parent-adopts-imported-sub-run",
