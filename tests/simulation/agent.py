@@ -750,6 +750,14 @@ class Plans:
             if undo_refunds(w.config.seed):
                 # Issue 43: refunds that are undone as they ran, asked for more often.
                 self.tools += ["refund", "refund"]
+        # Issue 43: in half the casts that undo refunds (a stream of their own), a plan with a
+        # refund ends with a question or a wait, so a run whose edited refund ran pauses
+        # before it finishes: the moment a person can roll it back.
+        self.wait_last = (
+            "answerer" in w.config.actors
+            and undo_refunds(w.config.seed)
+            and random.Random(f"undo-wait:{w.config.seed}").random() < 0.5
+        )
         # Plans that open with an errand (issue 43: ``trees.py`` sets it in its casts).
         self.errand_first = 0
 
@@ -768,6 +776,9 @@ class Plans:
             steps.append("|".join(ops))
         if rng.random() < 0.3:
             steps[0] = f"lookup.{self.next_order}.0|" + steps[0]
+            self.next_order += 1
+        if self.wait_last and any(op.startswith("refund.") for op in "|".join(steps).split("|")):
+            steps.append(f"confirm.{self.next_order}.0")
             self.next_order += 1
         if self.errand_first:
             self.errand_first -= 1

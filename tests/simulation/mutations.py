@@ -31,6 +31,7 @@ from durable_agents.engine import (
     retention,
     rules,
     runtime,
+    sagas,
     steps,
     stops,
 )
@@ -464,6 +465,30 @@ def _has_deep_trees(seed: int) -> bool:
     return takes_part(seed)
 
 
+_undo_arguments = sagas._arguments
+
+
+def _undo_as_asked(driver: Any, call_id: str, tool: Any, rec: Any) -> dict[str, Any]:
+    """``sagas._arguments`` that gives an undo what the model asked for (the call in its
+    turn), not what the call ran with: an approver's edit is undone as the model had it."""
+    ran = _undo_arguments(driver, call_id, tool, rec)
+    for turn in driver.state.turns:
+        for call in driver.state.calls(turn):
+            if call.id == call_id:
+                try:
+                    return dict(tool.validate(call.arguments))
+                except (DurableAgentsError, ToolArgumentsError):
+                    return ran  # (what the model asked is no longer valid: as it ran)
+    return ran
+
+
+def _undoes_refunds(seed: int) -> bool:
+    """Whether a seed's saga deploys undo their refunds (``agent.undo_refunds``)."""
+    from .agent import undo_refunds
+
+    return undo_refunds(seed)
+
+
 @dataclass(frozen=True)
 class Mutation:
     name: str
@@ -525,6 +550,14 @@ MUTATIONS: dict[str, Mutation] = {
             "started the run), taking its parent's look before the call for its own",
             lambda: _swapped((Driver, "_check_tree", _check_tree_unless_new)),
             reaches=_has_deep_trees,
+        ),
+        Mutation(
+            "undo-with-model-arguments",
+            "a rollback undoes a call with the arguments the model asked for, not the ones it "
+            "ran with: an approver's edit is undone as the model had it (sagas._arguments "
+            "reads the model's turn)",
+            lambda: _swapped((sagas, "_arguments", _undo_as_asked)),
+            reaches=_undoes_refunds,
         ),
         Mutation(
             "parent-adopts-imported-sub-run",

@@ -18,7 +18,7 @@ from durable_agents.engine.journal import Journal
 from durable_agents.engine.limits import parse_rate, tool_key
 from durable_agents.engine.ports import CANCELLED, FAILED
 
-from . import pruning, rulecast, slots, trees, votes
+from . import pruning, rollbacks, rulecast, slots, trees, votes
 from . import world as W
 from .actors import (
     Actor,
@@ -194,6 +194,10 @@ def build(w: W.World) -> None:
     # casts, in the casts whose trees are three deep.
     if deep and any(isinstance(a, Person) for a in actors):
         actors.append(trees.LateCanceller(w, "lee", cfg.seed, 2))
+    # A run rolled back as soon as an approver's edit of its refund ran (issue 43) came after
+    # the late canceller, in the casts that undo refunds, with people.
+    if w.deploy.undo_refunds and any(isinstance(a, Person) for a in actors):
+        actors.append(rollbacks.EditUndoer(w, "rita", cfg.seed, 2))
     # The targeted adversaries act only where their marks are: captured signatures with a
     # replayer, forks with people.
     w.intercepts = w.intercepts and any(isinstance(a, Replayer) for a in actors)
