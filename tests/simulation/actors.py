@@ -305,7 +305,12 @@ class Person(Actor):
     def weight(self, w: W.World) -> int:
         if w.raw.list_approval_requests() or w.raw.list_halts():
             return 3
-        return 1 if self.forks_left or self.cancels_left or self.resumes_left else 0
+        if self.forks_left or self.cancels_left or self.resumes_left:
+            return 1
+        if not (self.undo_edits_left and w.deploy.undo_refunds and w.edits):
+            return 0
+        unfinished = [r.run_id for r in w.raw.list_unfinished() if is_agent_run(r.run_id)]
+        return 1 if _edited_and_run(w, unfinished) else 0
 
     def choose(self, w: W.World) -> Op | None:
         raw = w.raw
@@ -388,9 +393,15 @@ class Person(Actor):
             self.undo_edits_left -= 1
             run_id = edited[w.rng.randrange(len(edited))]
             w.count("runs rolled back after an edited refund ran")
-            return f"cancel and compensate {run_id} (an edited refund ran)", lambda: cancel_tree(
-                w, run_id, self.name, "sim", True
-            )
+
+            def rollback() -> Any:
+                try:
+                    return cancel_tree(w, run_id, self.name, "sim", True)
+                except RunBusy:
+                    self.undo_edits_left += 1  # taken meanwhile: another try later
+                    raise
+
+            return f"cancel and compensate {run_id} (an edited refund ran)", rollback
         if what == "fork-unknown":
             self.unknown_forks_left -= 1
             run_id, step = unknown[w.rng.randrange(len(unknown))]
@@ -671,6 +682,9 @@ def _edited_and_run(w: W.World, runs: list[str]) -> list[str]:
         return []
     found = []
     for run_id in runs:
+        lease = w.raw.get_lease(run_id)
+        if lease is not None and lease.live:
+            continue  # a cancel is refused while a driver holds the run (``RunBusy``)
         names = {r.name: r for r in Journal(w.raw).records(run_id)}
         if "saga:abort" in names or "run:cancelled" in names:
             continue

@@ -342,11 +342,17 @@ def _op_of(call: ToolCall) -> tuple[str, int] | None:
         return None
 
 
-def errand_plan(order: int) -> str:
+def errand_plan(order: int, about: str = "") -> str:
     """An errand's own plan: mail the customer and book a slot; then, for one order in three,
     refund it (a call staff approve: the sub-run pauses, and a decision drives it on its own
     while its parent waits), or for another, ask staff to confirm it (a question). So a
-    parent is cancelled or aborted while its sub-run is paused, or busy in another worker."""
+    parent is cancelled or aborted while its sub-run is paused, or busy in another worker.
+    ``about``: the errand tool's description, which names a deep errand's agent or a chore's
+    (``trees.py``): a three-deep tree's plans."""
+    if DEEP_TAG in about or CHORE_TAG in about:
+        from .trees import plan_for
+
+        return plan_for(order, chore=CHORE_TAG in about)
     plan = f"plan:notify.{order}.0|book.{order}.0"
     if order % 3 == 0:
         plan += f";refund.{order}.20"
@@ -357,7 +363,7 @@ def errand_plan(order: int) -> str:
 
 def _arguments(tool: str, order: int, amount: int, spec: Any) -> str:
     if tool == ERRAND:  # the sub-run mails the customer and books a slot
-        return json.dumps({"input": errand_plan(order)})
+        return json.dumps({"input": errand_plan(order, spec.description if spec else "")})
     args: dict[str, Any] = {"order": order}
     if tool in ("charge", "refund"):
         args["amount"] = amount
@@ -469,6 +475,9 @@ MODEL = SimModel()
 # -- a sub-agent (issue 16) ---------------------------------------------------------------
 
 ERRAND = "errand"
+# The agents of a three-deep tree's errands (``trees.py``), as their tools' descriptions name
+# them: the model reads which plan to give.
+DEEP_TAG, CHORE_TAG = "sim-errand-deep", "sim-chore"
 # Runs the errand its parent's call gives it (a plan of its own) with keyed side effects;
 # the parent calls it as a tool, so each call is a sub-run ``<parent>/<call>``.
 ERRAND_AGENT = da.Agent(
@@ -618,6 +627,9 @@ class Deploy:
     # edit is undone as it ran. Set by the cast from a stream of its own, kept by every
     # deploy.
     undo_refunds: bool = False
+    # The errand's sub-agent has a sub-agent of its own: trees three deep (issue 43,
+    # ``trees.py``). Set by the cast from a stream of its own, kept by every deploy.
+    deep: bool = False
 
     @property
     def durability(self) -> str:
@@ -643,6 +655,7 @@ class Deploy:
                 "ask",
                 "digest",
                 "undo_refunds",
+                "deep",
             )
             if getattr(self, name)
         ]
@@ -668,7 +681,9 @@ class Deploy:
             tools.append(TOOLS["notify"])
         tools.append(TOOLS["book"])
         tools.append(TOOLS["confirm_ask1" if self.ask else "confirm"])
-        tools.append(TOOLS["errand" + saga + ("_digest" if self.digest else "")])
+        tools.append(
+            TOOLS["errand" + saga + ("_digest" if self.digest else "_deep" if self.deep else "")]
+        )
         limits = self.limits
         if limits is not None and limits.tool:
             tools = [
@@ -735,6 +750,16 @@ class Plans:
             if undo_refunds(w.config.seed):
                 # Issue 43: refunds that are undone as they ran, asked for more often.
                 self.tools += ["refund", "refund"]
+        # Issue 43: in half the casts that undo refunds (a stream of their own), a plan with a
+        # refund ends with a question or a wait, so a run whose edited refund ran pauses
+        # before it finishes: the moment a person can roll it back.
+        self.wait_last = (
+            "answerer" in w.config.actors
+            and undo_refunds(w.config.seed)
+            and random.Random(f"undo-wait:{w.config.seed}").random() < 0.5
+        )
+        # Plans that open with an errand (issue 43: ``trees.py`` sets it in its casts).
+        self.errand_first = 0
 
     def make(self) -> str:
         rng = self.w.rng
@@ -751,5 +776,12 @@ class Plans:
             steps.append("|".join(ops))
         if rng.random() < 0.3:
             steps[0] = f"lookup.{self.next_order}.0|" + steps[0]
+            self.next_order += 1
+        if self.wait_last and any(op.startswith("refund.") for op in "|".join(steps).split("|")):
+            steps.append(f"confirm.{self.next_order}.0")
+            self.next_order += 1
+        if self.errand_first:
+            self.errand_first -= 1
+            steps.insert(0, f"{ERRAND}.{self.next_order}.0")
             self.next_order += 1
         return "plan:" + ";".join(steps)

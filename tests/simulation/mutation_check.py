@@ -69,6 +69,10 @@ LEAST = {
     "votes-after-close": 15,
     "token-blind-renewal": 15,
     "forks-at-unknown": 15,
+    # Issue 43: trees three deep, a root cancelled as a sub-run starts its own (``trees.py``).
+    "late-sub-run-under-cancel": 48,
+    # Issue 43: an approver's edit of a compensable refund, rolled back (``rollbacks.py``).
+    "undo-with-model-arguments": 4,
     # Issue 42: approval rules; only the rules casts are run (``Mutation.reaches``).
     "edits-not-reevaluated": 7,
     "edit-lowers-need": 3,

@@ -31,6 +31,7 @@ from durable_agents.engine import (
     retention,
     rules,
     runtime,
+    sagas,
     steps,
     stops,
 )
@@ -444,6 +445,50 @@ class _EveryStepNew(Journal):
         return record, inserted or name.startswith(names.DEADLINE)
 
 
+_check_tree = Driver._check_tree
+
+
+def _check_tree_unless_new(self: Driver) -> None:
+    """``Driver._check_tree`` skipped in the drive that creates the sub-run: its parent
+    looked at the tree right before the call, so the new sub-run takes it as looked at. A
+    stop recorded between the parent's look and the sub-run's row is missed for the whole of
+    that first drive."""
+    if not self.started:
+        _check_tree(self)
+
+
+def _has_deep_trees(seed: int) -> bool:
+    """Whether a seed may build trees three deep (``trees.takes_part``; the cast's other
+    conditions are read when it is built)."""
+    from .trees import takes_part
+
+    return takes_part(seed)
+
+
+_undo_arguments = sagas._arguments
+
+
+def _undo_as_asked(driver: Any, call_id: str, tool: Any, rec: Any) -> dict[str, Any]:
+    """``sagas._arguments`` that gives an undo what the model asked for (the call in its
+    turn), not what the call ran with: an approver's edit is undone as the model had it."""
+    ran = _undo_arguments(driver, call_id, tool, rec)
+    for turn in driver.state.turns:
+        for call in driver.state.calls(turn):
+            if call.id == call_id:
+                try:
+                    return dict(tool.validate(call.arguments))
+                except (DurableAgentsError, ToolArgumentsError):
+                    return ran  # (what the model asked is no longer valid: as it ran)
+    return ran
+
+
+def _undoes_refunds(seed: int) -> bool:
+    """Whether a seed's saga deploys undo their refunds (``agent.undo_refunds``)."""
+    from .agent import undo_refunds
+
+    return undo_refunds(seed)
+
+
 @dataclass(frozen=True)
 class Mutation:
     name: str
@@ -497,6 +542,22 @@ MUTATIONS: dict[str, Mutation] = {
             "a sub-run drives on under a cancelled or aborted ancestor (Driver._check_tree "
             "does nothing)",
             lambda: _swapped((Driver, "_check_tree", lambda self: None)),
+        ),
+        Mutation(
+            "late-sub-run-under-cancel",
+            "a sub-run created after its root was cancelled drives on: the drive that creates "
+            "it skips its look at the stops above it (Driver._check_tree in a drive that "
+            "started the run), taking its parent's look before the call for its own",
+            lambda: _swapped((Driver, "_check_tree", _check_tree_unless_new)),
+            reaches=_has_deep_trees,
+        ),
+        Mutation(
+            "undo-with-model-arguments",
+            "a rollback undoes a call with the arguments the model asked for, not the ones it "
+            "ran with: an approver's edit is undone as the model had it (sagas._arguments "
+            "reads the model's turn)",
+            lambda: _swapped((sagas, "_arguments", _undo_as_asked)),
+            reaches=_undoes_refunds,
         ),
         Mutation(
             "parent-adopts-imported-sub-run",

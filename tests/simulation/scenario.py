@@ -18,7 +18,7 @@ from durable_agents.engine.journal import Journal
 from durable_agents.engine.limits import parse_rate, tool_key
 from durable_agents.engine.ports import CANCELLED, FAILED
 
-from . import pruning, rulecast, slots, votes
+from . import pruning, rollbacks, rulecast, slots, trees, votes
 from . import world as W
 from .actors import (
     Actor,
@@ -37,7 +37,7 @@ from .actors import (
     Webhook,
     drive_like_a_worker,
 )
-from .agent import AGENT, DIGEST_RATE, SESSION, Deploy, Plans, draw_limits, undo_refunds
+from .agent import AGENT, DIGEST_RATE, ERRAND, SESSION, Deploy, Plans, draw_limits, undo_refunds
 
 # -- one seed -----------------------------------------------------------------------------
 
@@ -70,6 +70,16 @@ def build(w: W.World) -> None:
     # in the casts with people and the answerer: a rules cast gates refunds by rules, not
     # by a quorum.
     rules = rulecast.takes_part(cfg)
+    # Trees three deep (issue 43) came after gated compensable refunds, in the casts with
+    # people and the answerer whose errands are not the digest's, drawn from a stream of
+    # their own.
+    deep = (
+        "person" in cfg.actors
+        and "answerer" in cfg.actors
+        and not digest
+        and (limits is None or limits.tool != "book")  # (a rate's key is the tool's name)
+        and trees.takes_part(cfg.seed)
+    )
     w.deploy = Deploy(
         saga="answerer" in cfg.actors,
         quorum=quorum and not rules,
@@ -81,13 +91,18 @@ def build(w: W.World) -> None:
         # Gated and compensable refunds (issue 43) came after prunes, in saga deploys, drawn
         # from a stream of their own.
         undo_refunds="answerer" in cfg.actors and undo_refunds(cfg.seed),
+        deep=deep,
     )
     w.deploy.activate()
+    if deep:  # (the seed's own draws pick errands more often: its schedule is its own)
+        w.plans.tools += [ERRAND, ERRAND]
     if digest:  # today's booking was made before the seed began: the next waits a day
         rate = parse_rate(DIGEST_RATE, "the errands' booking")
         w.raw.take_permit(tool_key("book"), rate.count, rate.period)
     w.deliveries = {f"d{i}": w.plans.make() for i in range(1, 3)}
     w.chat = [w.plans.make() for _ in range(2)]
+    if deep:
+        w.plans.errand_first = 2  # the client's first two plans open with an errand
 
     def on(kind: str, p: float = 0.75) -> bool:
         # Every draw happens whatever the config, so narrowing it keeps the other choices.
@@ -175,6 +190,14 @@ def build(w: W.World) -> None:
     if rules and any(isinstance(a, Person) for a in actors):
         people = [a.name for a in actors if type(a) is Person]
         actors += rulecast.cast(w, people)
+    # A root cancelled as a sub-run below it starts its own (issue 43) came after the rules
+    # casts, in the casts whose trees are three deep.
+    if deep and any(isinstance(a, Person) for a in actors):
+        actors.append(trees.LateCanceller(w, "lee", cfg.seed, 2))
+    # A run rolled back as soon as an approver's edit of its refund ran (issue 43) came after
+    # the late canceller, in the casts that undo refunds, with people.
+    if w.deploy.undo_refunds and any(isinstance(a, Person) for a in actors):
+        actors.append(rollbacks.EditUndoer(w, "rita", cfg.seed, 2))
     # The targeted adversaries act only where their marks are: captured signatures with a
     # replayer, forks with people.
     w.intercepts = w.intercepts and any(isinstance(a, Replayer) for a in actors)
@@ -300,7 +323,8 @@ def quiet_phase(w: W.World) -> None:
     # Limits slow the settling down (a run waits for its rate or its slot, again and again
     # while others go first): a seed with them gets more passes; one whose errands book at
     # one a day (and a fork books again) lets a day pass for each of them.
-    passes = 40 if w.deploy.digest else 10 if w.limits() is None else 20
+    # (A three-deep tree's errands book at one in 90 s, each after the other: 40 too.)
+    passes = 40 if w.deploy.digest or w.deploy.deep else 10 if w.limits() is None else 20
     for round_ in range(passes):
         w.step = round_
         proc = w.run_to_end(w.start(beat, "recovery pass", recover))

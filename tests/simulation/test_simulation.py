@@ -114,6 +114,12 @@ def test_seeds_keep_the_promise():
         "frozen slot holders woken while a run waits for a slot": config.limits > 0
         and "driver" in config.actors,
         "forks aimed at a call whose outcome is unknown": "person" in config.actors,
+        # Issue 43: trees three deep, and rollbacks of an approver's edit (``trees.py``,
+        # ``rollbacks.py``).
+        "roots cancelled as a sub-run starts its own": "person" in config.actors
+        and "answerer" in config.actors,
+        "runs rolled back the moment an edited refund ran": "person" in config.actors
+        and "answerer" in config.actors,
     }
     # Issue 42: approval rules (``rulecast.py``), in the casts with people and the answerer.
     rules = "person" in config.actors and "answerer" in config.actors and config.rules > 0

@@ -737,6 +737,9 @@ class World:
         # A tree's sub-runs wait on a spent daily rate (issue 41; ``agent.Deploy.digest``):
         # cancels aimed at them, from a stream of their own.
         self.digest_rng = random.Random(f"digest-ops:{config.seed}")
+        # Actors that act, each as a process of its own run to its end, the moment another
+        # process reaches a point (in any phase; ``trees.LateCanceller``).
+        self.point_aims: list[Callable[[Proc], None]] = []
         self.recovery_rounds: list[list[str]] = []
         self.last_drive: dict[str, str] = {}
         self.progress = 0  # the last step that wrote anything to a journal
@@ -1609,6 +1612,8 @@ class World:
         if faults:
             self.stop_heart(proc)
             self.warm_shutdown(proc)
+        for aim in self.point_aims:  # an actor acting the moment a process reaches a point
+            aim(proc)
         self.log(proc.actor.name, proc.point)
         self.resume(proc)
 

@@ -526,3 +526,28 @@ def test_a_decision_whose_request_another_decided_before_its_vote_gets_the_stand
     assert da.approve("r1", "call_1_2", True, by="ann", store=store).status == "approved"
     assert [d.approver for d in store.list_decisions("r1", "call_1_2")] == ["bob"]
     assert Journal(store).get("r1", "approval:call_1_2").get("by") == "bob"
+
+
+def test_an_approval_never_hands_over_a_run_halted_after_it_queued_it(store, fired):
+    """``approve`` queues the run, records the decision, then hands the run to a driver; in
+    between, another driver (a *resume* pressed meanwhile) took the queued run and halted it
+    on an unknown outcome. Handed over anyway, its drive would only halt again: a halted
+    run is a person's (issue 43, found by the simulator's three-deep casts, fresh seed
+    968357724: ``halted_never_driven``)."""
+    a = gated_agent(fired)
+    with pytest.raises(da.ApprovalPending):
+        a.run("r1", "pay me", store=store)
+    sent: list[str] = []
+    decide = store.set_approval_status
+
+    def halted_meanwhile(run_id, *args, **kwargs):
+        done = decide(run_id, *args, **kwargs)
+        store.update_run(run_id, {"status": "halted"})  # what the other driver wrote
+        return done
+
+    with wired(dispatcher=sent.append):
+        store.set_approval_status = halted_meanwhile
+        da.approve("r1", "call_1_2", True, by="ann", store=store)
+    assert sent == [], "a halted run was handed to a driver"
+    assert store.get_run("r1").status == "halted"
+    assert fired == [("peek", 1)]

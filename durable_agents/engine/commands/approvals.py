@@ -54,6 +54,7 @@ from ..ports import (
     APPROVAL_PENDING,
     APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
+    QUEUED,
     TERMINAL_STATUSES,
     ApprovalRequestInfo,
     DecisionInfo,
@@ -378,7 +379,7 @@ def approve(
         original_arguments=request.arguments if edited else None,
         tally=count.to_json(),
     )
-    if moved:
+    if moved and _still_queued(store, run_id):
         runtime.dispatch(run_id)
     return ApprovalOutcome(
         run_id, call_id, APPROVAL_APPROVED if count.passed else APPROVAL_DENIED, count.to_json()
@@ -644,6 +645,15 @@ def finish_decision(
         if_asked_again=decision.name != names.decision(call_id, None),
     )
     return queued
+
+
+def _still_queued(store: Store, run_id: str) -> bool:
+    """Whether the run this decision queued is still queued, read right before its hand-over:
+    a driver (a *resume* pressed meanwhile) may have taken it since and paused it (halted on
+    an unknown outcome, say), or be driving it. A paused run is a person's: handing it to a
+    driver would only drive it into its pause again (found by the simulator)."""
+    run = store.get_run(run_id)
+    return run is not None and run.status == QUEUED
 
 
 def _claimed_under_another(journal: Journal, run_id: str, call_id: str, runs_with: Any) -> bool:
