@@ -18,7 +18,7 @@ from durable_agents.engine.journal import Journal
 from durable_agents.engine.limits import parse_rate, tool_key
 from durable_agents.engine.ports import CANCELLED, FAILED
 
-from . import pruning, rulecast, slots, votes
+from . import halts, pruning, rulecast, slots, votes
 from . import world as W
 from .actors import (
     Actor,
@@ -179,6 +179,20 @@ def build(w: W.World) -> None:
     # replayer, forks with people.
     w.intercepts = w.intercepts and any(isinstance(a, Replayer) for a in actors)
     w.aims_forks = w.aims_forks and any(isinstance(a, Person) for a in actors)
+    # A halt on a stalled driver's call resolved at once (issue 43) came after the rules
+    # cast, in the casts with drivers, recovery and people (and the answerer, so the
+    # known-hole seeds keep their schedules), drawn from a stream of its own.
+    if (
+        "answerer" in cfg.actors
+        and any(isinstance(a, Driver) for a in actors)
+        and any(isinstance(a, Recovery) for a in actors)
+        and "person" in cfg.actors
+        and halts.takes_part(cfg.seed)
+    ):
+        w.halt_aim = halts.HaltResolver("nora", cfg.seed, 2)
+        # A worker more, free to take the frozen driver's run over when recovery hands it.
+        drivers = [a for a in actors if isinstance(a, Driver)]
+        actors += [w.halt_aim, Driver(f"driver{len(drivers) + 1}")]
     w.actors = actors
     w.log(
         "-",
