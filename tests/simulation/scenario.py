@@ -18,7 +18,7 @@ from durable_agents.engine.journal import Journal
 from durable_agents.engine.limits import parse_rate, tool_key
 from durable_agents.engine.ports import CANCELLED, FAILED
 
-from . import halts, pruning, rulecast, slots, votes
+from . import halts, pruning, rollout, rulecast, slots, votes
 from . import world as W
 from .actors import (
     Actor,
@@ -193,6 +193,13 @@ def build(w: W.World) -> None:
         # A worker more, free to take the frozen driver's run over when recovery hands it.
         drivers = [a for a in actors if isinstance(a, Driver)]
         actors += [w.halt_aim, Driver(f"driver{len(drivers) + 1}")]
+    # A deploy timed to a signed approval, and its signature replayed on the call asked again
+    # (issue 43), came after the halt aim, in the casts whose people hold keys, drawn from a
+    # stream of its own.
+    if w.keys and not w.intercepts and "replayer" in cfg.actors and rollout.takes_part(cfg.seed):
+        w.sign_odds = 1.0
+        people = [a.name for a in actors if type(a) is Person]
+        actors += [rollout.PromptApprover(people[0], 2), rollout.Rollout("oscar", cfg.seed, 2, 2)]
     w.actors = actors
     w.log(
         "-",

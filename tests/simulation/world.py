@@ -643,6 +643,8 @@ class World:
         self.quiet_faults = 0
         self.leases_taken: list[str] = []  # every run leased, in order
         self.intercepted: list[Signed] = []  # signed decisions captured, never delivered
+        # The least share of unedited decisions people sign (``rollout.py``: all of them).
+        self.sign_odds = 0.0
         self.signed_taken: list[Signed] = []  # signed decisions the engine took
         # Processes stalled inside a claimed call for longer than HALT_MIN_AGE: an effect of
         # theirs landing after "did not happen" is beyond the promise (docs/simulation.md).
