@@ -17,11 +17,10 @@ from .mutations import MUTATIONS
 from .runner import config_for, parse_seeds, replay_command
 from .scenario import simulate
 
-# CI's budget: every mutation over the same seeds, but for the rare ones, which need a
-# schedule to line up (a request asked again after a signed approval) and would otherwise
-# hang on a handful of seeds that any change of the engine's store calls moves.
+# CI's budget: every mutation over the same seeds. (A rare one would need more seeds, or
+# a cast aimed at it: issue 43 aimed the last two, ``halts.py`` and ``rollout.py``.)
 SEEDS = 600
-MORE_SEEDS = {"signature-over-earlier-arguments": 2000}
+MORE_SEEDS: dict[str, int] = {}
 
 # The fewest seeds of CI's budget that must catch each: about half of what was measured
 # (docs/simulation.md), so that an engine change moving schedules does not fail it by
@@ -29,8 +28,8 @@ MORE_SEEDS = {"signature-over-earlier-arguments": 2000}
 LEAST = {
     "no-halt-on-unknown-outcome": 9,
     "fork-drops-attempt-markers": 13,
-    "signature-over-earlier-arguments": 2,  # of 2,000 seeds
-    "halt-min-age-zero": 1,
+    "signature-over-earlier-arguments": 9,
+    "halt-min-age-zero": 8,
     "no-cancel-cascade": 7,
     "sub-run-ignores-stopped-root": 5,
     "imports-not-inert": 100,
