@@ -28,7 +28,7 @@ MORE_SEEDS: dict[str, int] = {}
 LEAST = {
     "no-halt-on-unknown-outcome": 9,
     "fork-drops-attempt-markers": 13,
-    "signature-over-earlier-arguments": 9,
+    "signature-over-earlier-arguments": 6,
     "halt-min-age-zero": 8,
     "no-cancel-cascade": 7,
     "sub-run-ignores-stopped-root": 5,
