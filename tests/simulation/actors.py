@@ -444,7 +444,11 @@ class Person(Actor):
             # Some decisions are signed with the person's key (an unedited one: the bytes
             # are the arguments they saw), over the run's start they read: what the
             # replayer captures. Drawn from the signing stream (``World.sign_rng``).
-            if w.keys and edited is None and w.sign_rng.random() < (0.8 if w.intercepts else 0.3):
+            if (
+                w.keys
+                and edited is None
+                and w.sign_rng.random() < max(0.8 if w.intercepts else 0.3, w.sign_odds)
+            ):
                 incarnation = incarnation_of(w.store, run_id)
                 signed = W.Signed(
                     run_id, call_id, request.tool_name, seen, incarnation, self.name, approve, note
@@ -975,60 +979,67 @@ class Replayer(Actor):
             self.tries_left -= 1
             signed = w.signatures[w.sign_rng.randrange(len(w.signatures))]
             req = requests[w.sign_rng.randrange(len(requests))]
-        run_id, call_id = req.run_id, req.call_id
+        return replay(w, signed, req.run_id, req.call_id)
 
-        def op() -> str:
-            request = w.store.get_approval_request(run_id, call_id)
-            if request is None:
-                return "gone"
-            if self.proc is not None:
-                self.proc.requests_read = []  # what the engine reads from here on
-            here = (run_id, call_id, request.tool_name, encode(request.arguments))
-            there = (signed.run_id, signed.call_id, signed.tool_name, encode(signed.arguments))
-            if here == there and incarnation_of(w.raw, run_id) == signed.incarnation:
-                return "its own request: the signer's decision, not a replay"
-            try:
-                outcome = da.approve(
-                    run_id,
-                    call_id,
-                    signed.approved,
-                    by=signed.by,
-                    note=signed.note,
-                    signature=w.signatures_made[signed],
-                    store=w.store,
-                )
-            except ApprovalBadSignature:
-                w.count("replayed signatures refused")
-                return "refused"
-            except StorageError:
-                # The store failed the request (maybe after it committed): the journal says
-                # what was taken, and the invariants read it there.
-                return "the store failed"
-            except DurableAgentsError as exc:
-                if exc.code in self.BEFORE_THE_SIGNATURE:
-                    return f"refused ({exc.code})"
-                result = f"!! {exc.code}"
-            else:
-                result = outcome.status
-            read = self.proc.requests_read if self.proc is not None else []
-            if incarnation_of(w.raw, run_id) == signed.incarnation and any(
-                r is not None and (run_id, call_id, r.tool_name, encode(r.arguments)) == there
-                for r in read
-            ):
-                # The request the engine read asked about exactly what was signed (a deploy,
-                # then its rollback, while the replay was under way): the signer's own
-                # decision after all.
-                return f"{result}: its own request again"
-            w.violate(
-                "signatures_bind",
-                f"run {run_id}: {signed.by}'s signature over call {signed.call_id} of run "
-                f"{signed.run_id} ({there[3]}) was accepted for call {call_id} "
-                f"({here[3]}): {result}",
-                hole="new",
+
+def replay(w: W.World, signed: W.Signed, run_id: str, call_id: str) -> Op:
+    """Submit ``signed``'s captured signature on the request of ``call_id`` in ``run_id``:
+    it must be refused (``approval.bad_signature``), or refused before the signature is
+    looked at (the request is gone), unless the request asks exactly what was signed."""
+
+    def op() -> str:
+        proc = w.current
+        request = w.store.get_approval_request(run_id, call_id)
+        if request is None:
+            return "gone"
+        if proc is not None:
+            proc.requests_read = []  # what the engine reads from here on
+        here = (run_id, call_id, request.tool_name, encode(request.arguments))
+        there = (signed.run_id, signed.call_id, signed.tool_name, encode(signed.arguments))
+        if here == there and incarnation_of(w.raw, run_id) == signed.incarnation:
+            return "its own request: the signer's decision, not a replay"
+        try:
+            outcome = da.approve(
+                run_id,
+                call_id,
+                signed.approved,
+                by=signed.by,
+                note=signed.note,
+                signature=w.signatures_made[signed],
+                store=w.store,
             )
-            return result
+        except ApprovalBadSignature:
+            w.count("replayed signatures refused")
+            return "refused"
+        except StorageError:
+            # The store failed the request (maybe after it committed): the journal says
+            # what was taken, and the invariants read it there.
+            return "the store failed"
+        except DurableAgentsError as exc:
+            if exc.code in Replayer.BEFORE_THE_SIGNATURE:
+                return f"refused ({exc.code})"
+            result = f"!! {exc.code}"
+        else:
+            result = outcome.status
+        read = proc.requests_read if proc is not None else []
+        if incarnation_of(w.raw, run_id) == signed.incarnation and any(
+            r is not None and (run_id, call_id, r.tool_name, encode(r.arguments)) == there
+            for r in read
+        ):
+            # The request the engine read asked about exactly what was signed (a deploy,
+            # then its rollback, while the replay was under way): the signer's own
+            # decision after all.
+            return f"{result}: its own request again"
+        w.violate(
+            "signatures_bind",
+            f"run {run_id}: {signed.by}'s signature over call {signed.call_id} of run "
+            f"{signed.run_id} ({there[3]}) was accepted for call {call_id} "
+            f"({here[3]}): {result}",
+            hole="new",
+        )
+        return result
 
-        return f"replay {signed.by}'s signature on {run_id} {call_id}", op
+    return f"replay {signed.by}'s signature on {run_id} {call_id}", op
 
 
 def _asleep(w: W.World) -> tuple[str, str] | None:

@@ -61,7 +61,7 @@ def _act(tool: str, args: dict[str, Any], ctx: ToolContext) -> Any:
     assert w is not None
     entered = w.entry_seq()  # before the scheduler may run anyone else
     w.step_begins(ctx.run_id, f"{tool} call {ctx.call_id}", ctx.call_id)
-    w.slow_tool(tool)
+    w.slow_tool(tool, ctx.run_id, ctx.call_id)
     w.point(f"tool {tool} {ctx.call_id} start")
     w.begins(ctx.call_id)
     w.work_begins(ctx.run_id, tool, ctx.call_id)

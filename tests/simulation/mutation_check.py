@@ -43,8 +43,8 @@ BUDGET = {
 LEAST = {
     "no-halt-on-unknown-outcome": 12,
     "fork-drops-attempt-markers": 11,
-    "signature-over-earlier-arguments": 2,
-    "halt-min-age-zero": 1,
+    "signature-over-earlier-arguments": 6,
+    "halt-min-age-zero": 8,
     "no-cancel-cascade": 7,
     "sub-run-ignores-stopped-root": 5,
     "imports-not-inert": 14,

@@ -18,7 +18,7 @@ from durable_agents.engine.journal import Journal
 from durable_agents.engine.limits import parse_rate, tool_key
 from durable_agents.engine.ports import CANCELLED, FAILED
 
-from . import pruning, rollbacks, rulecast, slots, trees, votes
+from . import halts, pruning, rollbacks, rollout, rulecast, slots, trees, votes
 from . import world as W
 from .actors import (
     Actor,
@@ -202,6 +202,34 @@ def build(w: W.World) -> None:
     # replayer, forks with people.
     w.intercepts = w.intercepts and any(isinstance(a, Replayer) for a in actors)
     w.aims_forks = w.aims_forks and any(isinstance(a, Person) for a in actors)
+    # A halt on a stalled driver's call resolved at once (issue 43) came after the rules
+    # cast, in the casts with drivers, recovery and people (and the answerer, so the
+    # known-hole seeds keep their schedules), drawn from a stream of its own.
+    if (
+        "answerer" in cfg.actors
+        and any(isinstance(a, Driver) for a in actors)
+        and any(isinstance(a, Recovery) for a in actors)
+        and "person" in cfg.actors
+        and halts.takes_part(cfg.seed)
+    ):
+        w.halt_aim = halts.HaltResolver("nora", cfg.seed, 2)
+        # A worker more, free to take the frozen driver's run over when recovery hands it.
+        drivers = [a for a in actors if isinstance(a, Driver)]
+        actors += [w.halt_aim, Driver(f"driver{len(drivers) + 1}")]
+    # A deploy timed to a signed approval, and its signature replayed on the call asked again
+    # (issue 43), came after the halt aim, in the casts whose people hold keys, drawn from a
+    # stream of its own; not in the rules casts (its prompt approver would decide the refunds
+    # their editor halves first: ``edit-lowers-need`` went from 7 of CI's 600 to 2).
+    if (
+        w.keys
+        and not w.intercepts
+        and not rules
+        and "replayer" in cfg.actors
+        and rollout.takes_part(cfg.seed)
+    ):
+        w.sign_odds = 1.0
+        people = [a.name for a in actors if type(a) is Person]
+        actors += [rollout.PromptApprover(people[0], 2), rollout.Rollout("oscar", cfg.seed, 2, 2)]
     w.actors = actors
     w.log(
         "-",

@@ -643,10 +643,14 @@ class World:
         self.quiet_faults = 0
         self.leases_taken: list[str] = []  # every run leased, in order
         self.intercepted: list[Signed] = []  # signed decisions captured, never delivered
+        # The least share of unedited decisions people sign (``rollout.py``: all of them).
+        self.sign_odds = 0.0
         self.signed_taken: list[Signed] = []  # signed decisions the engine took
         # Processes stalled inside a claimed call for longer than HALT_MIN_AGE: an effect of
         # theirs landing after "did not happen" is beyond the promise (docs/simulation.md).
         self.beyond: set[int] = set()
+        # The halt aim's resolver (``halts.py``), asked by ``slow_tool``: None outside its casts.
+        self.halt_aim: Any = None
         self.pools: dict[Future[Any], SimPool] = {}
         # Signed decisions (the answerer's casts): the people's keys, derived from the seed
         # (set by the cast), what they signed, and a stream of its own for whether they sign
@@ -1201,12 +1205,19 @@ class World:
             self.beyond.add(proc.pid)
             self.count("calls begun later than HALT_MIN_AGE after their claim")
 
-    def slow_tool(self, tool: str) -> None:
+    def slow_tool(self, tool: str, run_id: str = "", call_id: str = "") -> None:
         """Inside an at-most-once tool, before its effect: in some seeds one call freezes
         for most of the time a halt on it must wait before a person may resolve it
         (HALT_MIN_AGE, two leases). A driver that takes the run over halts on the claim; the
-        effect lands before the halt is old enough to resolve."""
+        effect lands before the halt is old enough to resolve. (In the halt aim's casts,
+        ``halts.py``, its resolver freezes the driver instead, and resolves the halt.)"""
         proc, hunt = self.current, self.hunt
+        if (
+            proc is not None
+            and self.halt_aim is not None
+            and self.halt_aim.freeze(self, proc, tool, run_id, call_id)
+        ):
+            return
         if proc is None or not hunt.slow or self.phase != "main" or proc.attempt_at is None:
             return
         if self.step > 0.6 * self.config.steps:

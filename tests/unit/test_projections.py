@@ -310,6 +310,48 @@ def test_the_sweep_finishes_a_stopped_decision_nobody_makes_again(store, crash_a
     assert wake_timers(store=store) == []
 
 
+def test_the_sweep_hands_over_a_run_left_awaiting_a_decision_already_made(
+    store, clock, monkeypatch
+):
+    """The drive pausing on a request has written it; ann's approval lands before the drive
+    moves the row (her hand-over finds the run running and its drive busy). The drive
+    pauses, looks again, finds the decision, takes the run again, and dies before it moves
+    the row on (a crash, or a freeze longer than its lease). The run awaits approval with
+    nothing left to decide: recovery leaves runs paused on a person alone, and the request
+    is decided, so the sweep hands the run over (the simulator's seed 165, issue 43)."""
+    paid: list[dict] = []
+    real_acquire = store.acquire_lease
+    armed: list[int] = []
+
+    def acquire(*args, **kwargs):
+        got = real_acquire(*args, **kwargs)
+        if armed and got:
+            armed.clear()
+            raise Crash("after taking the run again")
+        return got
+
+    real_save = store.save_approval_request
+
+    def save(request, **kwargs):
+        saved = real_save(request, **kwargs)
+        if saved and not armed:  # before the drive moves the row: ann approves
+            assert da.approve("r1", "call_1_1", True, by="ann", store=store).status == "approved"
+            armed.append(1)
+        return saved
+
+    monkeypatch.setattr(store, "acquire_lease", acquire)
+    monkeypatch.setattr(store, "save_approval_request", save)
+    with pytest.raises(Crash):
+        payer(paid).run("r1", "pay me", store=store)
+    assert store.get_run("r1").status == "awaiting_approval"
+    assert store.get_approval_request("r1", "call_1_1").status == "approved"
+    clock.advance(31.0)  # the dead driver's lease lapses
+    assert recover(store=store) == []  # recovery leaves runs paused on a person alone
+    assert wake_timers(store=store) == ["r1"]
+    assert store.get_run("r1").status == "finished" and paid == [{"cents": 5}]
+    assert wake_timers(store=store) == []
+
+
 def test_the_sweep_leaves_a_request_nobody_decided_pending(store):
     paid: list[dict] = []
     with pytest.raises(da.ApprovalPending):

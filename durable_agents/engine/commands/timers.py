@@ -227,14 +227,31 @@ def _finish_stopped_resolutions(store: Store, run: RunInfo, records: list[Record
 def _finish_stopped_decisions(store: Store, run: RunInfo, records: list[Record]) -> bool:
     """A run awaiting approval whose pending request has its decision in the journal: the
     decision stopped between its record and its rows (its maker died). Bring the rows in
-    step, as deciding again would (``finish_decision``); True if the run was queued."""
+    step, as deciding again would (``finish_decision``); True if the run was queued. A run
+    awaiting approval with no request pending and a decision journaled is queued too."""
     if run.status != AWAITING_APPROVAL:
         return False
     decisions = {rec.name: rec for rec in records if rec.name.startswith(names.APPROVAL)}
     if not decisions:
         return False  # only a decision can have stopped after its record
+    pending = store.list_approval_requests(run_id=run.run_id)
+    settled = {rec.name for rec in records if rec.name.startswith(names.TOOL)}
+    # A decision's name is ``approval:<call>``, or ``approval:<call>:<tag>`` asked again.
+    unused = [
+        rest
+        for rest in (name[len(names.APPROVAL) :] for name in decisions)
+        if names.tool(rest) not in settled and names.tool(rest.rpartition(":")[0]) not in settled
+    ]
+    if not pending and unused and not deadlines.unfinished_expiries(run, records):
+        # Nothing left to decide, and a decision on a call without its result: it landed
+        # while the drive pausing on it still held the run (its hand-over found the drive
+        # busy), and that drive, taking the run again for it, died before it moved the row
+        # on. Hand it over, as the drive would. (A parent paused as its sub-run is has no
+        # request of its own; an expiry whose cancel is not carried out yet is the
+        # expiries' to finish.)
+        return lifecycle.hand_over(store, run.run_id, lifecycle.SWEEP, only_from=AWAITING_APPROVAL)
     queued = False
-    for request in store.list_approval_requests(run_id=run.run_id):
+    for request in pending:
         name = decision_name(
             request.call_id, request.arguments, again=request.previous_arguments is not None
         )
