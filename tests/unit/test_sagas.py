@@ -395,6 +395,37 @@ def test_cancel_and_compensate_of_a_halted_run_waits_for_the_person(store):
     assert store.get_run("c3").status == "compensated"
 
 
+@pytest.mark.parametrize("again", [False, True])
+def test_cancel_and_compensate_never_hands_over_a_run_halted_meanwhile(store, again):
+    """A person's cancel-and-compensate journals the abort, then hands the run to a driver
+    for the rollback; in between, a driver (recovery's, taking the abort over) met a live
+    claim and halted the run on it. Handed over anyway, its drive would only halt again: a
+    halted run is a person's (issue 43, the simulator's on-call cast, fresh seed 50000173:
+    ``halted_never_driven``). Asked to compensate again while halted, the same."""
+    from tests.support.wiring import wired
+
+    trip = _gated_trip()
+    with pytest.raises(da.ApprovalPending):
+        trip.agent.run("c5", "go", store=store)
+    sent: list[str] = []
+    withdraw = store.list_approval_requests
+
+    def halted_meanwhile(*args, **kwargs):
+        store.update_run("c5", {"status": "halted"})  # what the other driver wrote
+        return withdraw(*args, **kwargs)
+
+    with wired(dispatcher=sent.append):
+        if again:
+            da.cancel("c5", compensate=True, by="ann", store=store)
+            sent.clear()
+            store.update_run("c5", {"status": "halted"})
+        else:
+            store.list_approval_requests = halted_meanwhile
+        da.cancel("c5", compensate=True, by="ann", store=store)
+    assert sent == [], "a halted run was handed to a driver"
+    assert store.get_run("c5").status == "halted"
+
+
 def test_a_cancelled_run_cannot_then_be_compensated(store):
     trip = _gated_trip()
     with pytest.raises(da.ApprovalPending):

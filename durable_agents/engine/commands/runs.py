@@ -440,7 +440,7 @@ def cancel(
     if not cancelled and journal.get(run_id, names.SAGA_ABORT) is not None:
         if compensate:  # asked again: the rollback is under way, hand it to a driver
             stops.stop_below(store, run_id)
-            runtime.dispatch(run_id)
+            _hand_over_rollback(store, run_id)
             return
         raise Conflict(
             f"run {run_id!r} is undoing its completed calls (a saga that aborted); it cannot "
@@ -456,7 +456,7 @@ def cancel(
         _abort_saga(store, journal, run_id, actor, reason)
         failpoints.hit(f"after-cancel:{run_id}")
         stops.stop_below(store, run_id)
-        runtime.dispatch(run_id)
+        _hand_over_rollback(store, run_id)
         return
     if not cancelled:
         inserted = _write_under_lease(
@@ -482,6 +482,16 @@ def cancel(
             run_id,
             ", ".join(busy),
         )
+
+
+def _hand_over_rollback(store: Store, run_id: str) -> None:
+    """Hand a rolling-back run to a driver, unless it is halted, read right before: a driver
+    (recovery's, taking the abort over) may have met a live claim since the abort and halted
+    the run on it. A halted run is a person's: a driver would only halt it again; the
+    resolution hands it over (found by the simulator)."""
+    run = store.get_run(run_id)
+    if run is not None and run.status != HALTED:
+        runtime.dispatch(run_id)
 
 
 def _loaded(agent_name: str) -> AgentDefinition | None:
