@@ -13,6 +13,7 @@ Vocabulary:
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import defaultdict
 from datetime import datetime
@@ -55,6 +56,7 @@ from .agent import (
     UNFLAGGED,
     UNKNOWN_MESSAGE,
     is_agent_run,
+    refund_v2,
 )
 
 
@@ -1551,11 +1553,16 @@ def check_sagas(w: W.World, ix: Index) -> None:
             w.violate("sagas_undo_once", f"{e.run}: {e.call} undid a call this run never made")
     # Issue 43: an undo is given the arguments its call ran with (an approver's edit
     # included), never the ones the model asked for.
+    # (An undo deployed after its call ran gets the arguments with its own code's defaults
+    # filled in, as a call of that code would: a refund run before ``reason`` existed is
+    # undone with the default reason; fresh seed 50000217.)
     ran = {(e.run, e.call): e.args for e in w.ledger if e.tool not in UNDOS}
     for e in w.ledger:
         if e.tool not in UNDOS or not e.effect:
             continue
         fired = ran.get((e.run, e.call.removeprefix("compensate:")))
+        if fired is not None:
+            fired = {**_UNDO_DEFAULTS, **fired} if set(e.args) - set(fired) else fired
         if fired is not None and encode(fired) != encode(e.args):
             w.violate(
                 "sagas_undo_once",
@@ -1565,6 +1572,15 @@ def check_sagas(w: W.World, ix: Index) -> None:
         if n > 1:
             w.violate("sagas_undo_once", f"{run_id}: {call} took effect {n} times")
     check_saga_trees_closed(w, ix)
+
+
+# The defaults a deploy's refund declares (``agent.refund_v2``): what its undo is given for an
+# argument the call ran without.
+_UNDO_DEFAULTS = {
+    name: p.default
+    for name, p in inspect.signature(refund_v2).parameters.items()
+    if p.default is not inspect.Parameter.empty
+}
 
 
 def check_saga_trees_closed(w: W.World, ix: Index) -> None:
