@@ -74,8 +74,8 @@ def refund_and_kill_caller(order_id: str) -> str:
     is SIGKILLed before the answer reaches it."""
     _effect("refund_and_kill_caller", order_id=order_id)
     os.kill(os.getppid(), signal.SIGKILL)
-    time.sleep(5)
-    return "never"
+    time.sleep(0.5)  # the caller is gone before any answer could be written
+    os._exit(0)
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
