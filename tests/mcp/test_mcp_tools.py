@@ -11,6 +11,7 @@ import time
 import pytest
 
 import durable_agents as da
+from durable_agents.admin.readable import origin_of
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.tools import call_key
 from durable_agents.providers import scripted
@@ -68,6 +69,13 @@ def test_trusted_annotations_choose_the_class_and_options_override_them(
     assert classes["crm-trusted__send_receipt"] == "idempotent"  # idempotent, not destructive
     assert classes["crm-trusted__refund"] == "side_effect"  # destructive: no hint counts
     assert tools["crm-trusted__lookup"].safety.read_only
+    # What the admin's cards (inbox, run page) say about where the tool comes from.
+    assert origin_of(tools["crm-trusted__refund"]) == (
+        "MCP server crm-trusted (stdio), tool refund; declares destructiveHint=True (trusted); "
+        "runs as a side effect (at most once; a crash mid-call halts), the default for a "
+        "server's tools"
+    )
+    assert "read-only" in origin_of(tools["crm-trusted__lookup"])
     assert tools["crm-trusted__send_receipt"].safety.idempotent
     # The engine's key fills the server's idempotency_key argument; the model never sees it.
     receipt = tools["crm-trusted__send_receipt"]
