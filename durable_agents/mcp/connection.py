@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# JSON-RPC errors that say the request was refused before anything ran.
-_REFUSED_CODES = (-32601, -32602)
 # Extra seconds a caller waits beyond a deadline the event loop enforces itself.
 _GRACE = 2.0
 
@@ -105,6 +103,19 @@ def _leaf(exc: BaseException) -> BaseException:
     return exc
 
 
+def _connection_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` says the connection itself is gone (then it is opened again), not
+    that one answer was bad (an error the server sent, a result that did not parse)."""
+    import pydantic
+    from mcp import MCPError
+    from mcp.types import CONNECTION_CLOSED
+
+    leaf = _leaf(exc)
+    if isinstance(leaf, MCPError):
+        return bool(leaf.code == CONNECTION_CLOSED)
+    return not isinstance(leaf, pydantic.ValidationError)
+
+
 def _describe(exc: BaseException) -> str:
     leaf = _leaf(exc)
     return f"{type(leaf).__name__}: {leaf}" if str(leaf) else type(leaf).__name__
@@ -129,6 +140,7 @@ class Connection:
     def _connected(self) -> Any:
         """The open client, opened now if there is none (``McpUnavailable``/``McpTimeout``
         if the server cannot be reached in the connect timeout)."""
+        _event_loop()  # in a forked child, forgets the parent's connections first
         with self._open_lock:
             if self._client is not None and self._task is not None and not self._task.done():
                 return self._client
@@ -243,7 +255,8 @@ class Connection:
         try:
             return _run(self._call(client, remote, arguments, timeout), timeout + _GRACE)
         except TimeoutError:
-            self.close()  # the answer may still come; this connection is not trusted again
+            # The connection stays: other calls on it are fine, and the next call's probe
+            # reconnects if the server hangs altogether.
             raise McpOutcomeUnknown(
                 f"MCP server {self.server.name!r} did not answer the call of {remote!r} in "
                 f"{timeout:g}s after it was sent; whether it ran is unknown",
@@ -253,7 +266,8 @@ class Connection:
         except McpRefused:
             raise
         except Exception as exc:
-            self.close()
+            if _connection_failed(exc):
+                self.close()
             raise McpOutcomeUnknown(
                 f"the connection to MCP server {self.server.name!r} failed after the call of "
                 f"{remote!r} was sent ({_describe(exc)}); whether it ran is unknown",
@@ -264,12 +278,14 @@ class Connection:
         self, client: Any, remote: str, arguments: dict[str, Any], timeout: float
     ) -> Any:
         from mcp import MCPError
+        from mcp.types import INVALID_PARAMS, METHOD_NOT_FOUND
 
         async with asyncio.timeout(timeout):
             try:
                 return await client.call_tool(remote, arguments)
             except MCPError as exc:
-                if exc.code in _REFUSED_CODES:
+                # JSON-RPC's own refusals: the request was turned down before anything ran.
+                if exc.code in (METHOD_NOT_FOUND, INVALID_PARAMS):
                     raise McpRefused(
                         f"MCP server {self.server.name!r} refused the call of {remote!r} "
                         f"before running it: {exc.message}",
