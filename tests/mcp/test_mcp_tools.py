@@ -5,6 +5,8 @@ die mid-call or restart between turns. Effects are counted by the server, in a f
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 
@@ -268,3 +270,32 @@ def test_a_server_restarted_between_turns_is_reconnected(store, http_server):
         assert pids == [first_pid, http_server.proc.pid] and pids[0] != pids[1]
     finally:
         tickets.close()
+
+
+def test_a_stdio_server_that_died_between_turns_is_started_again(store, effects_file):
+    server = stdio(effects_file, name="crm-restart", trust_annotations=True)
+    requests: list = []
+
+    def kill_the_server_before_turn_two(request):
+        requests.append(request)
+        if len(requests) == 2:
+            [first] = [m for m in request.messages if m.role == "tool"]
+            pid = json.loads(json.loads(first.content)["content"][0]["text"])["pid"]
+            os.kill(pid, signal.SIGKILL)
+
+    try:
+        a = agent(
+            "mcp-stdio-restart",
+            [server],
+            scripted.calls(scripted.call("crm-restart__whoami", {})),
+            scripted.calls(scripted.call("crm-restart__whoami", {})),
+        )
+        a.model.on_request = kill_the_server_before_turn_two
+        assert a.run("r-run", "who", store=store).answer == "done"
+        pids = [
+            json.loads(result_of(store, "r-run", c).get("result")["content"][0]["text"])["pid"]
+            for c in ("call_1_1", "call_2_1")
+        ]
+        assert pids[0] != pids[1]
+    finally:
+        server.close()
