@@ -44,6 +44,9 @@ def test_a_driver_killed_after_the_request_reached_the_server_halts_and_nothing_
     from tests.support import mcp_agents  # noqa: F401  (registers mcp-crash here too)
 
     User.objects.create_superuser("ann", "ann@example.com", "pw")
-    da.resolve_halt(run_id, "call_1_1", {"refunded": True}, evidence={"ledger": "c1"}, by="ann")
+    try:
+        da.resolve_halt(run_id, "call_1_1", {"refunded": True}, evidence={"ledger": "c1"}, by="ann")
+    finally:
+        da.mcp.close_all()  # the server this process started to list the tools
     assert Run.objects.get(run_id=run_id).status == "finished"
     assert len(effects(path)) == 1

@@ -299,3 +299,19 @@ def test_a_stdio_server_that_died_between_turns_is_started_again(store, effects_
         assert pids[0] != pids[1]
     finally:
         server.close()
+
+
+def test_close_all_ends_the_stdio_servers_of_this_process(effects_file):
+    server = stdio(effects_file, name="crm-close", trust_annotations=True)
+    [whoami] = [t for t in server.load_tools() if t.remote == "whoami"]
+    pid = json.loads(whoami()["content"][0]["text"])["pid"]
+    da.mcp.close_all()  # what Celery's worker_shutdown and interpreter exit call
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the stdio server {pid} outlived close_all")
