@@ -96,3 +96,24 @@ def test_mcp_timeouts_are_checked_settings():
     _, problems = parse({"MCP_TIMEOUTS": {"CALL": -1, "CONECT": 5}})
     assert any("MCP_TIMEOUTS.CALL" in p for p in problems)
     assert any("'CONECT'" in p and "CONNECT" in p for p in problems)
+
+
+def test_the_core_imports_no_mcp_and_a_server_without_it_says_how_to_install_it():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import durable_agents as da\n"
+        "assert 'mcp' not in sys.modules, 'the mcp package was imported with the core'\n"
+        "sys.modules['mcp'] = None  # as if the extra were not installed\n"
+        "server = da.mcp.Server('crm', command=['crm-mcp'])\n"
+        "try:\n"
+        "    server.load_tools()\n"
+        "except da.mcp.McpNotInstalled as exc:\n"
+        "    print(exc.code, exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert out.startswith("mcp.not_installed") and "durable-agents[mcp]" in out
