@@ -315,3 +315,31 @@ def test_close_all_ends_the_stdio_servers_of_this_process(effects_file):
         time.sleep(0.05)
     else:
         raise AssertionError(f"the stdio server {pid} outlived close_all")
+
+
+def test_calls_run_side_by_side_on_one_connection(store, http_server):
+    tickets = http_server.server(name="tickets-par", trust_annotations=True)
+    try:
+        a = da.Agent(
+            "mcp-parallel",
+            ScriptedModel(
+                [
+                    scripted.calls(
+                        scripted.call("tickets-par__slow", {"seconds": 2}),
+                        scripted.call("tickets-par__slow", {"seconds": 2}),
+                    ),
+                    scripted.text("done"),
+                ]
+            ),
+            "",
+            [tickets],
+            tool_concurrency=2,
+        )
+        _ = a.tools  # connected and listed first: the timing is the calls'
+        started = time.monotonic()
+        assert a.run("p-run", "both", store=store).answer == "done"
+        assert time.monotonic() - started < 3.5  # both slept at once (one after the other: 4 s)
+        for call in ("call_1_1", "call_1_2"):
+            assert not result_of(store, "p-run", call).get("is_error")
+    finally:
+        tickets.close()

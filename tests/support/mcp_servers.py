@@ -28,6 +28,9 @@ def server_env(effects: Path) -> dict[str, str]:
 
 
 def stdio(effects: Path, name: str = "crm", **options: Any) -> da.mcp.Server:
+    # Starting the server imports the mcp package: seconds on a loaded machine, so more
+    # than the default connect timeout is allowed here.
+    options.setdefault("connect_timeout", 30)
     return da.mcp.Server(
         name,
         command=[sys.executable, "-m", "tests.support.mcp_server", "stdio"],
