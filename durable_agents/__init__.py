@@ -5,6 +5,8 @@ The public API is what ``__all__`` lists; everything else may change.
 
 __version__ = "0.2.0.dev0"
 
+# ``da.mcp.Server(...)``: tools from MCP servers; the mcp package is imported only when used.
+from . import mcp
 from ._moved import install as _install_moved_paths
 from .engine.agent import Agent
 from .engine.approvals import ApprovalOutcome, Quorum, decision_bytes
@@ -65,6 +67,7 @@ from .engine.errors import (
     TimerPending,
     ToolError,
     ToolOutcomeUnknown,
+    ToolResultError,
     WaitError,
     WaitNameTaken,
     WaitNotRetrySafe,
@@ -150,6 +153,7 @@ __all__ = [
     "ToolContext",
     "ToolError",
     "ToolOutcomeUnknown",
+    "ToolResultError",
     "WaitError",
     "WaitNameTaken",
     "WaitNotRetrySafe",
@@ -170,6 +174,7 @@ __all__ = [
     "enqueue",
     "fork",
     "history",
+    "mcp",
     "pending",
     "recover",
     "replay",

@@ -110,6 +110,16 @@ class Retention:
 
 
 @dataclass(frozen=True)
+class McpTimeouts:
+    """``MCP_TIMEOUTS``: seconds an MCP server gets to connect, to list its tools and to
+    answer one call (``durable_agents.mcp``; a ``Server`` may set its own)."""
+
+    connect: float = 10.0
+    list: float = 10.0
+    call: float = 60.0
+
+
+@dataclass(frozen=True)
 class Settings:
     agents: tuple[str, ...] = ()
     dispatch: str = "celery"
@@ -162,6 +172,8 @@ class Settings:
     # Spans and metrics through OpenTelemetry (``durable_agents.telemetry``); off: nothing
     # of OpenTelemetry is imported.
     telemetry: bool = False
+    # Tools from MCP servers: how long a server gets before it is an error (docs/mcp.md).
+    mcp_timeouts: McpTimeouts = field(default_factory=McpTimeouts)
 
     @property
     def use_prepared(self) -> bool:
@@ -212,7 +224,9 @@ _KEYS = {
     "RETENTION": "retention",
     "MODEL_RATES": "model_rates",
     "TELEMETRY": "telemetry",
+    "MCP_TIMEOUTS": "mcp_timeouts",
 }
+_MCP_TIMEOUT_KEYS = {"CONNECT": "connect", "LIST": "list", "CALL": "call"}
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
 _NOTIFY_KEYS = {
     "APPROVALS": "approvals",
@@ -393,6 +407,7 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
         else:
             retry_values[_RETRY_KEYS[key]] = _positive(f"RETRY.{key}", value, problems)
     values["retry"] = RetryPolicy(**retry_values)
+    values["mcp_timeouts"] = _parse_mcp_timeouts(values.pop("mcp_timeouts", None), problems)
     values["notify"] = _parse_notify(values.pop("notify", None), problems)
     values["retention"] = _parse_retention(values.pop("retention", None), problems)
     values["model_rates"] = _parse_model_rates(values.pop("model_rates", None), problems)
@@ -815,3 +830,22 @@ def get_settings() -> Settings:
     except Exception:  # a value that cannot be copied: parse each time
         _parsed = None
     return settings
+
+
+def _parse_mcp_timeouts(raw: Any, problems: list[str]) -> McpTimeouts:
+    """``MCP_TIMEOUTS``: {"CONNECT": s, "LIST": s, "CALL": s}, each a positive number."""
+    if raw is None:
+        return McpTimeouts()
+    if not isinstance(raw, dict):
+        problems.append("DURABLE_AGENTS['MCP_TIMEOUTS'] must be a dict")
+        return McpTimeouts()
+    found: dict[str, float] = {}
+    for key, value in raw.items():
+        if key not in _MCP_TIMEOUT_KEYS:
+            problems.append(
+                f"unknown key DURABLE_AGENTS['MCP_TIMEOUTS'][{key!r}]"
+                f"{_suggest(str(key), _MCP_TIMEOUT_KEYS)}"
+            )
+            continue
+        found[_MCP_TIMEOUT_KEYS[key]] = _positive(f"MCP_TIMEOUTS.{key}", value, problems)
+    return McpTimeouts(**found)

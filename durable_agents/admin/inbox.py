@@ -59,7 +59,7 @@ from .base import AnyModelAdmin, ReadOnlyAdmin, admin_actor, allows, page, relat
 from .deciding import shown_arguments, ways_by_row
 from .paging import CAP, counted
 from .queues import progress
-from .readable import edit_changes, stated_reason, summary_of, tool_of
+from .readable import edit_changes, origin_of, stated_reason, summary_of, tool_of
 from .rendered import identifying_of, render
 from .waits import question_slug, wait_records, waits_of_run
 
@@ -259,6 +259,7 @@ def approval_cards(
                 "tool": obj.tool_name,
                 "call_id": obj.call_id,
                 "description": getattr(tool, "description", "") or "",
+                "origin": origin_of(tool),
                 "tool_missing": tool is None,
                 "summary": summary_of(tool, obj.arguments),
                 "shown": shown,
@@ -367,6 +368,7 @@ def halt_cards(
                 "tool": halt.tool_name,
                 "call_id": halt.op_id,
                 "description": getattr(tool, "description", "") or "",
+                "origin": origin_of(tool),
                 "cause": halt.get_cause_display(),
                 "expired": halt.cause == HALT_EXPIRED,
                 "reason": reason,

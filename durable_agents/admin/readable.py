@@ -27,6 +27,36 @@ def tool_of(obj: Any) -> Any:
         return None
 
 
+_CLASS_WORDS = {
+    "read_only": "read-only (re-run after a crash)",
+    "idempotent": "idempotent (re-run after a crash, with its idempotency key)",
+    "side_effect": "a side effect (at most once; a crash mid-call halts)",
+}
+_CLASS_FROM = {
+    "override": "set by this site",
+    "annotations": "from the server's trusted annotations",
+    "default": "the default for a server's tools",
+}
+
+
+def origin_of(tool: Any) -> str:
+    """Where a tool comes from when it is not this site's Python (an MCP server's), in
+    words: the server, the remote tool, what it declares and the class this site runs it
+    as; "" for a Python tool."""
+    origin = getattr(tool, "origin", None)
+    if not isinstance(origin, dict) or origin.get("kind") != "mcp":
+        return ""
+    declared = origin.get("annotations") or {}
+    hints = ", ".join(f"{k}={v}" for k, v in declared.items() if k.endswith("Hint")) or "none"
+    trusted = "trusted" if origin.get("trusted") else "not trusted"
+    return (
+        f"MCP server {origin.get('server')} ({origin.get('transport')}), tool "
+        f"{origin.get('remote_tool')}; declares {hints} ({trusted}); runs as "
+        f"{_CLASS_WORDS.get(origin.get('class', ''), origin.get('class'))}, "
+        f"{_CLASS_FROM.get(origin.get('class_from', ''), '')}"
+    )
+
+
 def summary_of(tool: Any, arguments: Any) -> str | None:
     """The tool's ``summary=`` reading of the call, or None (no summary, or one that failed
     or did not return a non-empty string: the page falls back to the fields, never a 500)."""

@@ -22,7 +22,7 @@ from .ports import Store
 from .records import Record
 from .registry import get_agent
 from .subagents import as_tool
-from .tools import Tool
+from .tools import Tool, ToolSource
 
 __all__ = ["Agent", "ModelRetry", "RunResult", "get_agent"]
 
@@ -36,7 +36,7 @@ class Agent(AgentDefinition):
         name: str,
         model: Model,
         instructions: str = "",
-        tools: Sequence[Tool] = (),
+        tools: Sequence[Tool | ToolSource] = (),
         *,
         max_turns: int = 20,
         token_budget: int | None = None,

@@ -7,6 +7,7 @@ The loop and the commands depend on this definition only. What you *do* with an 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,7 @@ from .errors import ConfigError
 from .fingerprint import fingerprint
 from .limits import check_limit
 from .model import Model, Usage
-from .tools import Tool
+from .tools import Tool, ToolSource, is_tool_source
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class AgentDefinition:
         name: str,
         model: Model,
         instructions: str = "",
-        tools: Sequence[Tool] = (),
+        tools: Sequence[Tool | ToolSource] = (),
         *,
         max_turns: int = 20,
         token_budget: int | None = None,
@@ -71,18 +72,25 @@ class AgentDefinition:
                 f"agent {name!r}: model must have a generate(request) method",
                 code="config.agent",
             )
-        names = [t.name for t in tools]
+        # A tool source (an MCP server) lists its tools when the agent first needs them.
+        sources: list[ToolSource] = []
+        direct: list[Tool] = []
+        for t in tools:
+            if isinstance(t, Tool):
+                direct.append(t)
+            elif is_tool_source(t):
+                sources.append(t)
+            else:
+                raise ConfigError(
+                    f"agent {name!r}: {t!r} is not a tool; decorate it with @durable_agents.tool",
+                    code="config.agent",
+                )
+        names = [t.name for t in direct]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ConfigError(
                 f"agent {name!r} has two tools named {duplicates}", code="config.agent"
             )
-        for t in tools:
-            if not isinstance(t, Tool):
-                raise ConfigError(
-                    f"agent {name!r}: {t!r} is not a tool; decorate it with @durable_agents.tool",
-                    code="config.agent",
-                )
         if max_turns < 1 or tool_concurrency < 1:
             raise ConfigError(
                 "max_turns and tool_concurrency must be at least 1", code="config.agent"
@@ -100,7 +108,10 @@ class AgentDefinition:
         self.saga = saga
         self.model = model
         self.instructions = instructions
-        self.tools = {t.name: t for t in tools}
+        self._sources: list[ToolSource] = sources
+        self._tools: dict[str, Tool] | None = None if sources else {t.name: t for t in direct}
+        self._direct = direct
+        self._tools_lock = threading.Lock()
         self.max_turns = max_turns
         self.token_budget = token_budget
         self.tool_concurrency = tool_concurrency
@@ -114,6 +125,36 @@ class AgentDefinition:
         )
         self._specs: list[Any] | None = None
         self._fingerprint: dict[str, Any] | None = None
+
+    @property
+    def tools(self) -> dict[str, Tool]:
+        """The agent's tools by name. Those of a tool source (``durable_agents.mcp.Server``)
+        are listed the first time this is read in a process, not when the agent is made:
+        a source that cannot list them raises its own error, and the next read tries again."""
+        if self._tools is None:
+            with self._tools_lock:
+                if self._tools is None:
+                    self._tools = self._load_tools()
+        return self._tools
+
+    def _load_tools(self) -> dict[str, Tool]:
+        found: dict[str, tuple[Tool, str]] = {t.name: (t, "a Python tool") for t in self._direct}
+        for source in self._sources:
+            for t in source.load_tools():
+                if not isinstance(t, Tool):
+                    raise ConfigError(
+                        f"agent {self.name!r}: {source!r} listed {t!r}, which is not a tool",
+                        code="config.agent",
+                    )
+                if t.name in found:
+                    raise ConfigError(
+                        f"agent {self.name!r}: the tool name {t.name!r} of {source!r} is also "
+                        f"the name of {found[t.name][1]}; rename one (an MCP server's "
+                        "names={...})",
+                        code="config.tool_name",
+                    )
+                found[t.name] = (t, repr(source))
+        return {n: t for n, (t, _) in found.items()}
 
     @property
     def model_id(self) -> str:

@@ -149,6 +149,18 @@ class ToolOutcomeUnknown(ToolError):
     code = "tool.outcome_unknown"
 
 
+class ToolResultError(ToolError):
+    """Raised by a tool whose call ran and answered with an error that has a shape of its
+    own (an MCP server's ``isError`` result): ``result`` (JSON) is journaled whole as the
+    call's error result, and the model reads it as it reads a tool's exception."""
+
+    code = "tool.error_result"
+
+    def __init__(self, message: str, result: Any, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.result = result
+
+
 class SagaAborted(ToolError):
     """A saga run (``Agent(saga=True)``) aborted: its completed compensable calls were undone
     in reverse order and it ended ``compensated``. ``details["cause"]`` is the failure that

@@ -69,6 +69,7 @@ from .errors import (
     TimerPending,
     ToolArgumentsError,
     ToolOutcomeUnknown,
+    ToolResultError,
     WaitError,
 )
 from .fingerprint import diff, tools_digest
@@ -1719,6 +1720,8 @@ class Driver:
         except SagaAborted as exc:
             self._abort = self._abort or exc
             return "error", error_text(exc)
+        except ToolResultError as exc:
+            return "error", _error_result(exc)
         except Pause:
             raise
         except Exception as exc:
@@ -2011,6 +2014,14 @@ def _still_fits(decision: Any, tool: Tool) -> bool:
     except ToolArgumentsError:
         return False
     return encode(valid) == encode(edited.get("arguments"))
+
+
+def _error_result(exc: ToolResultError) -> Any:
+    """The error result a tool raised, journaled whole; as its text when JSON cannot hold it."""
+    try:
+        return json_result(exc.result)
+    except ProtocolError:
+        return error_text(exc)
 
 
 def _rejection(decision: Any) -> dict[str, Any]:

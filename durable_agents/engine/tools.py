@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, get_type_hints
+from typing import Any, Protocol, get_type_hints, runtime_checkable
 
 import pydantic
 
@@ -136,6 +136,18 @@ class ToolContext:
         return self._waits
 
 
+@runtime_checkable
+class ToolSource(Protocol):
+    """Tools known only at run time, e.g. an MCP server's (``durable_agents.mcp.Server``):
+    an agent lists them when it first needs its tools in a process."""
+
+    def load_tools(self) -> Sequence[Tool]: ...
+
+
+def is_tool_source(value: Any) -> bool:
+    return isinstance(value, ToolSource)
+
+
 def call_key(run_id: str, call_id: str) -> str:
     """A stable key for one tool call of one run."""
     return hashlib.sha256(f"{run_id}\x00{call_id}".encode()).hexdigest()[:32]
@@ -153,6 +165,9 @@ class Tool:
     # Limits across every worker (``engine.limits``): calls per period, calls at once.
     rate: Rate | None = None
     max_concurrent: int | None = None
+    # Where a tool comes from when it is not a Python function of this site: e.g. an MCP
+    # server's (server, remote name, declared annotations, the class chosen), for people.
+    origin: Mapping[str, Any] | None = None
     subagent_rollback: Callable[..., tuple[Any, bool]] | None = None
 
     def __init__(
@@ -408,6 +423,55 @@ def tool(
     requests', for ``da.Rules`` every ``ask`` outcome's that has no deadline of its own (as
     ``Rules(deadline=...)``, which it may not repeat)."""
     what = f"tool {name or getattr(fn, '__name__', '?')!r}"
+    safety, parsed_rate, concurrent = checked_options(
+        what,
+        read_only=read_only,
+        idempotent=idempotent,
+        idempotency_key=idempotency_key,
+        requires_approval=requires_approval,
+        approval=approval,
+        editable=editable,
+        summary=summary,
+        compensate=compensate,
+        rate=rate,
+        max_concurrent=max_concurrent,
+        deadline=deadline,
+    )
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        made = Tool(
+            f,
+            name=name,
+            description=description,
+            safety=safety,
+            summary=summary,
+            sensitive=sensitive,
+            identifying=identifying,
+        )
+        made.rate, made.max_concurrent = parsed_rate, concurrent
+        return made
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def checked_options(
+    what: str,
+    *,
+    read_only: bool = False,
+    idempotent: bool = False,
+    idempotency_key: Callable[[dict[str, Any]], str] | None = None,
+    requires_approval: bool = False,
+    approval: Any = None,
+    editable: bool = True,
+    summary: Callable[[dict[str, Any]], str] | None = None,
+    compensate: Callable[[dict[str, Any], Any, ToolContext], Any] | None = None,
+    rate: str | None = None,
+    max_concurrent: int | None = None,
+    deadline: Any = None,
+) -> tuple[Safety, Rate | None, int | None]:
+    """A tool's options, checked (``ConfigError`` naming ``what``): its safety class and
+    approval policy, its rate and its concurrency limit. ``@tool`` and tools from other
+    sources (``durable_agents.mcp``) go through this one check."""
     parsed_rate = parse_rate(rate, what) if rate is not None else None
     concurrent = check_limit(max_concurrent, f"{what}: max_concurrent")
     if compensate is not None and not callable(compensate):
@@ -450,21 +514,7 @@ def tool(
         compensate,
         deadline,
     )
-
-    def wrap(f: Callable[..., Any]) -> Tool:
-        made = Tool(
-            f,
-            name=name,
-            description=description,
-            safety=safety,
-            summary=summary,
-            sensitive=sensitive,
-            identifying=identifying,
-        )
-        made.rate, made.max_concurrent = parsed_rate, concurrent
-        return made
-
-    return wrap(fn) if fn is not None else wrap
+    return safety, parsed_rate, concurrent
 
 
 def _with_deadline(what: str, deadline: Any, requires_approval: bool, approval: Any) -> Any:

@@ -106,12 +106,15 @@ def test_the_wheel_carries_the_package_data(dist: dict[str, Path]) -> None:
         wanted = {n for n in _repo_files(folder) if not n.endswith(".pyc")}
         assert wanted and wanted <= names, sorted(wanted - names)
     assert "durable_agents/py.typed" in names
+    # Tools from MCP servers: the module ships in every wheel, its SDK only with [mcp].
+    assert {"durable_agents/mcp/__init__.py", "durable_agents/mcp/server.py"} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert not [n for n in names if n.startswith(("tests/", "example_project/", "bench/"))]
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     metadata = zipfile.ZipFile(dist["wheel"]).read(meta).decode()
     assert "License-Expression: Apache-2.0" in metadata
     assert "Requires-Dist: celery[redis]" in metadata
+    assert "Provides-Extra: mcp" in metadata and 'extra == "mcp"' in metadata
     assert "django-environ" not in metadata.split("Provides-Extra: example")[0]
     assert "Project-URL: Documentation" in metadata
 
