@@ -35,6 +35,9 @@ BUDGET = {
     "rates-never-refuse": 300,
     "halted-runs-re-driven": 100,
     "token-blind-renewal": 150,
+    "no-cancel-cascade": 300,
+    "sub-run-ignores-stopped-root": 300,
+    "late-sub-run-under-cancel": 300,
 }
 
 # The fewest of its budget's seeds that must catch each: about half of what was measured
@@ -45,8 +48,8 @@ LEAST = {
     "fork-drops-attempt-markers": 11,
     "signature-over-earlier-arguments": 6,
     "halt-min-age-zero": 8,
-    "no-cancel-cascade": 7,
-    "sub-run-ignores-stopped-root": 5,
+    "no-cancel-cascade": 15,
+    "sub-run-ignores-stopped-root": 27,
     "imports-not-inert": 14,
     # Issue 43: a deploy's change meets a claim in flight.
     "drift-at-a-live-claim": 9,
@@ -70,7 +73,7 @@ LEAST = {
     "token-blind-renewal": 15,
     "forks-at-unknown": 15,
     # Issue 43: trees three deep, a root cancelled as a sub-run starts its own (``trees.py``).
-    "late-sub-run-under-cancel": 48,
+    "late-sub-run-under-cancel": 21,
     # Issue 43: an approver's edit of a compensable refund, rolled back (``rollbacks.py``).
     "undo-with-model-arguments": 4,
     # Issue 42: approval rules; only the rules casts are run (``Mutation.reaches``).
