@@ -411,6 +411,11 @@ def _finish(driver: Driver, abort_rec: Record) -> NoReturn:
         changes = {"status": FAILED, "last_error": error, "attempts": 0}
     else:
         changes = {"status": COMPENSATED, "last_error": cause, "attempts": 0}
+    # What is still open on the run is moot once it is rolled back, as a cancel makes it: a
+    # halt an expiry left for a person (an unknown outcome never gets here: the rollback
+    # halts on it first). Before the end is written, so a crash in between leaves the
+    # rollback to finish, not a halt open on an ended run (found by the simulator).
+    driver.store.orphan_halts(driver.run_id)
     rec, inserted = driver.log.write(
         names.RUN_COMPENSATED,
         {"kind": "compensated", "cause": cause, "undone": done, "failed": failed, "kept": kept},

@@ -536,3 +536,37 @@ def test_a_call_asked_again_and_allowed_by_the_rules_leaves_no_request_pending(
         da.approve("r1", call, True, by="ann", edit={"cents": 80}, store=store)
     assert store.get_run("r1").status == FINISHED and fired == [50]
     assert store.get_approval_request("r1", call).status != "pending"
+
+
+def test_a_rollback_of_a_run_halted_by_an_expiry_ends_with_no_halt_open(store, clock, fired):
+    """An expiry that halts leaves a halt for a person; staff then cancel the run and
+    compensate it. The rollback undoes what ran and ends the run ``compensated``: the
+    expiry's halt is moot and is orphaned with it, as a cancel orphans it (issue 43, the
+    simulator's late canceller in a rules cast, fresh seed 533895470: ``rows_agree``)."""
+    undone: list[str] = []
+
+    @da.tool(compensate=lambda args, result, ctx: undone.append(result))
+    def hold(seat: str) -> str:
+        """Hold a seat."""
+        return f"held {seat}"
+
+    @da.tool(requires_approval=True, deadline=da.Deadline(expire=60, on_expiry="halt"))
+    def pay(cents: int) -> str:
+        """Pay out."""
+        fired.append(cents)
+        return f"paid {cents}"
+
+    script = [
+        scripted.calls(scripted.call("hold", {"seat": "4A"})),
+        scripted.calls(scripted.call("pay", {"cents": 5})),
+        scripted.text("done"),
+    ]
+    agent = da.Agent("unit-deadline-saga", ScriptedModel(script), "", [hold, pay], saga=True)
+    with pytest.raises(da.ApprovalPending):
+        agent.run("r1", "pay", store=store)
+    clock.advance(60)
+    wake_timers(store=store)
+    assert store.get_run("r1").status == HALTED
+    da.cancel("r1", compensate=True, by="ann", store=store)
+    assert store.get_run("r1").status == "compensated" and undone == ["held 4A"]
+    assert fired == [] and store.list_halts(run_id="r1") == []
