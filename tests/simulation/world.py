@@ -848,15 +848,17 @@ class World:
     def holds_lease(self, run_id: str, token: str, proc: Proc | None, ttl: float) -> None:
         """The store granted (or renewed) ``token``'s lease on ``run_id`` to ``proc`` for
         ``ttl``: no other holder's grant may still run (``leases_exclusive``). A process that
-        died keeps its grant until it expires, except on PostgreSQL, where the store may see
-        that its session is gone and let another take the lease at once."""
+        died or ended keeps its grant until it expires, except on PostgreSQL, where the store
+        may see that its session is gone and let another take the lease at once (a drive that
+        ended on an error after its grant was committed never learnt it held the lease; its
+        connection closed with it, ``PostgresLane.ended``)."""
         if proc is None:
             return
         held = self.lease_holders.setdefault(run_id, {})
         for other, (p, until) in list(held.items()):
             if other == token:
                 continue
-            if until <= self.now or (self.lane is not None and p.dead):
+            if until <= self.now or (self.lane is not None and (p.dead or p.glet.dead)):
                 del held[other]
                 continue
             self.violate(
