@@ -899,7 +899,10 @@ class World:
         if call and call in proc.claims:
             return
         halted = self.halted_on(run_id)
-        if halted is not None:
+        # A process whose lease lapsed under it (a stall between its check before the step
+        # and the step) was handed the run before the halt; what it writes is fenced, and
+        # no check can close the gap between a check and the next instruction.
+        if halted is not None and not proc.lapsed:
             self.violate(
                 "halted_never_driven",
                 f"run {run_id}: {what} began ({proc.actor.name}, {proc.label}) while the run "
