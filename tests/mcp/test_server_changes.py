@@ -20,10 +20,8 @@ GATED = {"refund": da.mcp.ToolOptions(approval=True)}
 
 def worker(name, server):
     """The agent as a worker process loads it: its tools listed from ``server`` now."""
-    model = ScriptedModel(
-        [scripted.calls(scripted.call("crm-deploy__refund", {"order_id": name, "cents": 900}))]
-        + [scripted.text("done")]
-    )
+    ask = scripted.call("crm-deploy__refund", {"order_id": name, "cents": 900})
+    model = ScriptedModel([scripted.calls(ask), scripted.text("done")])
     agent = da.Agent(name, model, "Use the tools.", [server])
     assert "crm-deploy__refund" in agent.tools  # listed by this "process"
     return agent
