@@ -749,6 +749,8 @@ class World:
         self.progress = 0  # the last step that wrote anything to a journal
         self.events: dict[str, int] = {}
         self.receipts = 0
+        # The MCP server's service (``remote.py``), in the casts that have one.
+        self.remote: Any = None
         # Set by the scenario: the plans, the deployed agent version, webhook deliveries.
         self.plans: Any = None
         self.deploy: Any = None
