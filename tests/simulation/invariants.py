@@ -287,9 +287,13 @@ def check_effects(w: W.World, ix: Index) -> None:
     for (run_id, tool, order), found in per_op.items():
         if len(found) < 2:
             continue
-        if tool in KEYED and all(e.outcome == "unknown" for e in found[:-1]):
-            # An idempotent call whose answer was lost reads as an error (outcome unknown,
-            # truly): the model asking again makes a new call, under a new key (remote.py).
+        if tool in KEYED and all(
+            any(o.outcome == "unknown" for o in w.ledger if (o.run, o.call) == (run_id, e.call))
+            for e in found[:-1]
+        ):
+            # An idempotent call whose answer was lost (any of its runs) reads as an error
+            # (outcome unknown, truly): the model asking again makes a new call, under a new
+            # key (remote.py).
             continue
         calls = [e.call for e in found]
         if any(e.pid in w.beyond for e in found) and any(

@@ -90,7 +90,7 @@ LEAST = {
     "reminders-every-sweep": 22,
     # Issue 45: an MCP server's calls, their answers lost (``remote.py``); only the casts
     # with the server are run (``Mutation.reaches``).
-    "mcp-lost-answer-as-not-sent": 5,
+    "mcp-lost-answer-as-not-sent": 4,
     "mcp-transport-error-as-result": 6,
 }
 

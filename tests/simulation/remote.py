@@ -247,11 +247,13 @@ def _with_points(service: Service, tool: Any, invoke: Any) -> Any:
         service.fate = service.draw(w)
         service.context = (ctx.run_id, ctx.call_id, name)
         before = len(service.requests)
+        acted = False
         try:
             return invoke(args, ctx)
         finally:
             service.context = None
             for r in service.requests[before:]:
+                acted = acted or r.fate in SENT
                 if r.fate in SENT:
                     w.record(
                         name,
@@ -265,7 +267,8 @@ def _with_points(service: Service, tool: Any, invoke: Any) -> Any:
                         dedupe=name == MAIL,
                         entered=entered,
                     )
-            w.point(f"tool {name} {ctx.call_id} done")
+            # "done" once the service acted (where the kill fault aims), else "failed".
+            w.point(f"tool {name} {ctx.call_id} {'done' if acted else 'failed'}")
 
     return call
 
