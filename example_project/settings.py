@@ -21,6 +21,7 @@ development (the demo, runserver) set ``DJANGO_DEBUG=true``.
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from pathlib import Path
 
 import environ
@@ -175,6 +176,9 @@ DURABLE_AGENTS = {
         "example_project.agents.support",
         "example_project.agents.refund_desk",
         "example_project.trips.trip",
+        # Its tools are an MCP server's, listed when first needed: with the mcp extra only
+        # (scripts/demo installs it).
+        *(["example_project.stock.stock_desk"] if find_spec("mcp") else []),
     ],
     # "inline" drives runs in the calling process (embedded demo); "celery" hands them to
     # a worker after the transaction commits.

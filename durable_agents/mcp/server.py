@@ -8,6 +8,7 @@ safety class: a side effect unless its options or trusted annotations say otherw
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import threading
@@ -371,6 +372,13 @@ class McpTool(Tool):
             raise ToolArgumentsError(
                 f"invalid arguments for {self.name}: arguments: must be a JSON object"
             )
+        # An argument left out is the schema's default, filled here as a Python tool's
+        # signature fills it: what is journaled and approved is what the server will run
+        # with, so a server whose next version adds a defaulted argument asks a pending
+        # approval again instead of running what nobody saw.
+        for key, prop in (self.parameters.get("properties") or {}).items():
+            if key not in data and isinstance(prop, dict) and "default" in prop:
+                data[key] = copy.deepcopy(prop["default"])
         errors = sorted(self._validator.iter_errors(data), key=lambda e: [str(p) for p in e.path])
         if errors:
             problems = "; ".join(

@@ -38,8 +38,10 @@ from . import world as W
 AGENT = "sim-agent"
 SESSION = "chat"
 NOT_HAPPENED = {"error": "did not happen", "checked": "ledger"}
-UNFLAGGED = frozenset({"charge", "refund"})  # at most once, under an attempt claim
-KEYED = frozenset({"notify", "book"})  # retry-safe side effects: downstream dedupes by key
+# The MCP server's tools (``remote.py``): ``crm__pay`` at most once, ``crm__mail`` keyed.
+REMOTE_PAY, REMOTE_MAIL = "crm__pay", "crm__mail"
+UNFLAGGED = frozenset({"charge", "refund", REMOTE_PAY})  # at most once, under an attempt claim
+KEYED = frozenset({"notify", "book", REMOTE_MAIL})  # retry-safe: downstream dedupes by key
 GATED = frozenset({"refund"})
 # A quorum cast's refunds need two approvals from the payouts group: its members are the
 # cast's people (``World.eligible``), never the outsider who tries to decide too.
@@ -365,9 +367,9 @@ def _arguments(tool: str, order: int, amount: int, spec: Any) -> str:
     if tool == ERRAND:  # the sub-run mails the customer and books a slot
         return json.dumps({"input": errand_plan(order, spec.description if spec else "")})
     args: dict[str, Any] = {"order": order}
-    if tool in ("charge", "refund"):
+    if tool in ("charge", "refund", REMOTE_PAY):
         args["amount"] = amount
-    elif tool == "notify":
+    elif tool in ("notify", REMOTE_MAIL):
         args["text"] = f"about order {order}"
     elif tool == "book":
         args["slot"] = order % 3
@@ -630,6 +632,9 @@ class Deploy:
     # The errand's sub-agent has a sub-agent of its own: trees three deep (issue 43,
     # ``trees.py``). Set by the cast from a stream of its own, kept by every deploy.
     deep: bool = False
+    # The agent calls an MCP server's tools too (issue 45, ``remote.py``). Set by the cast
+    # from a stream of its own, kept by every deploy.
+    remote: bool = False
 
     @property
     def durability(self) -> str:
@@ -656,6 +661,7 @@ class Deploy:
                 "digest",
                 "undo_refunds",
                 "deep",
+                "remote",
             )
             if getattr(self, name)
         ]
@@ -684,6 +690,11 @@ class Deploy:
         tools.append(
             TOOLS["errand" + saga + ("_digest" if self.digest else "_deep" if self.deep else "")]
         )
+        if self.remote:
+            from .remote import activate
+
+            assert W.CURRENT is not None
+            tools.append(activate(W.CURRENT))
         limits = self.limits
         if limits is not None and limits.tool:
             tools = [

@@ -45,6 +45,7 @@ from durable_agents.engine.records import Record, encode
 from durable_agents.engine.transcript import RunState
 from durable_agents.engine.waits import all_answered, open_waits
 
+from . import remote
 from . import world as W
 from .agent import (
     ERRAND,
@@ -254,6 +255,7 @@ def check_all(w: W.World) -> None:
     check_expiries(w, ix)
     check_votes(w, ix)
     check_notifications(w)
+    remote.check(w, ix)
     check_as_we_go(w)
 
 
@@ -284,6 +286,14 @@ def check_effects(w: W.World, ix: Index) -> None:
         per_op[(e.run, e.tool, e.args.get("order"))].append(e)
     for (run_id, tool, order), found in per_op.items():
         if len(found) < 2:
+            continue
+        if tool in KEYED and all(
+            any(o.outcome == "unknown" for o in w.ledger if (o.run, o.call) == (run_id, e.call))
+            for e in found[:-1]
+        ):
+            # An idempotent call whose answer was lost (any of its runs) reads as an error
+            # (outcome unknown, truly): the model asking again makes a new call, under a new
+            # key (remote.py).
             continue
         calls = [e.call for e in found]
         if any(e.pid in w.beyond for e in found) and any(
@@ -608,7 +618,17 @@ def check_halt_reasons(ix: Index) -> None:
                 )
             continue
         reason = said.get("reason") or {}
-        if reason.get("message") != UNKNOWN_MESSAGE or reason.get("type") != "ToolOutcomeUnknown":
+        if halt.tool_name in (remote.PAY, remote.MAIL, remote.PEEK):
+            # The MCP connection's word: the connection failed after (or, as far as it can
+            # tell, before) the request was sent (``mcp/connection.py``).
+            told = str(reason.get("message") or "").startswith(
+                f"the connection to MCP server {remote.SERVER!r} failed after the call of "
+            )
+            if not told or reason.get("type") != "McpOutcomeUnknown":
+                ix.world.violate(
+                    "halts_say_why", f"run {halt.run_id} journaled {reason!r} for {halt.op_id}"
+                )
+        elif reason.get("message") != UNKNOWN_MESSAGE or reason.get("type") != "ToolOutcomeUnknown":
             ix.world.violate(
                 "halts_say_why", f"run {halt.run_id} journaled {reason!r} for {halt.op_id}"
             )

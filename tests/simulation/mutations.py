@@ -489,6 +489,51 @@ def _undoes_refunds(seed: int) -> bool:
     return undo_refunds(seed)
 
 
+# -- issue 45: an MCP server's calls (``remote.py``) --------------------------------------
+
+
+def _has_remote(seed: int) -> bool:
+    """Whether a seed's agent calls the MCP server's tools (``remote.takes_part``)."""
+    from .remote import takes_part
+    from .world import Config
+
+    return takes_part(Config(seed))
+
+
+def _lost_answer_as_not_sent() -> contextlib.AbstractContextManager[None]:
+    """``Connection.call`` that takes a connection failing after the request was sent for
+    one that failed before it: ``McpUnavailable`` (the call never ran: an error result the
+    model may retry), not ``McpOutcomeUnknown``."""
+    from durable_agents.mcp import connection
+    from durable_agents.mcp.errors import McpOutcomeUnknown, McpUnavailable
+
+    call = connection.Connection.call
+
+    def call_as_not_sent(self: Any, remote: str, arguments: dict[str, Any]) -> Any:
+        try:
+            return call(self, remote, arguments)
+        except McpOutcomeUnknown as exc:
+            raise McpUnavailable(str(exc), server=self.server.name) from None
+
+    return _swapped((connection.Connection, "call", call_as_not_sent))
+
+
+def _transport_error_as_result() -> contextlib.AbstractContextManager[None]:
+    """``McpTool.invoke`` that returns a failed call's error as the tool's result."""
+    from durable_agents.mcp.errors import McpOutcomeUnknown
+    from durable_agents.mcp.server import McpTool
+
+    invoke = McpTool.invoke
+
+    def invoke_as_result(self: Any, args: Any, ctx: Any) -> Any:
+        try:
+            return invoke(self, args, ctx)
+        except McpOutcomeUnknown as exc:
+            return {"content": [{"type": "text", "text": str(exc)}], "isError": False}
+
+    return _swapped((McpTool, "invoke", invoke_as_result))
+
+
 @dataclass(frozen=True)
 class Mutation:
     name: str
@@ -718,6 +763,22 @@ MUTATIONS: dict[str, Mutation] = {
             "a fork at a call whose outcome is unknown keeps its claim but drops the tool's "
             "word that it could not tell (steps.prefix leaves @unknown records out)",
             lambda: _swapped((forks, "prefix", _prefix_without_unknowns)),
+        ),
+        # Issue 45: an MCP server's calls, their answers lost (``remote.py``).
+        Mutation(
+            "mcp-lost-answer-as-not-sent",
+            "a connection that failed after an MCP call was sent is taken for one that failed "
+            "before: the call is an error result the model retries (McpUnavailable), not an "
+            "unknown outcome that halts a side effect",
+            _lost_answer_as_not_sent,
+            reaches=_has_remote,
+        ),
+        Mutation(
+            "mcp-transport-error-as-result",
+            "an MCP call whose connection failed after it was sent returns the failure as the "
+            "tool's result (McpTool.invoke), as if the server had answered it",
+            _transport_error_as_result,
+            reaches=_has_remote,
         ),
         Mutation(
             "repeat-voters",

@@ -18,7 +18,7 @@ from durable_agents.engine.journal import Journal
 from durable_agents.engine.limits import parse_rate, tool_key
 from durable_agents.engine.ports import CANCELLED, FAILED
 
-from . import halts, pruning, rollbacks, rollout, rulecast, slots, trees, votes
+from . import halts, pruning, remote, rollbacks, rollout, rulecast, slots, trees, votes
 from . import world as W
 from .actors import (
     Actor,
@@ -92,8 +92,13 @@ def build(w: W.World) -> None:
         # from a stream of their own.
         undo_refunds="answerer" in cfg.actors and undo_refunds(cfg.seed),
         deep=deep,
+        # An MCP server's tools (issue 45) came after trees three deep, drawn from a stream
+        # of their own in the answerer's casts.
+        remote=remote.takes_part(cfg),
     )
     w.deploy.activate()
+    if w.deploy.remote:  # (the seed's own draws pick the server's tools: its schedule is its own)
+        w.plans.tools += list(remote.PICKS)
     if deep:  # (the seed's own draws pick errands more often: its schedule is its own)
         w.plans.tools += [ERRAND, ERRAND]
     if digest:  # today's booking was made before the seed began: the next waits a day
@@ -433,4 +438,5 @@ def simulate(config: W.Config) -> W.World:
             pruning.at_rest(w)
         finally:
             w.teardown()
+            remote.close(w)
     return w

@@ -749,6 +749,8 @@ class World:
         self.progress = 0  # the last step that wrote anything to a journal
         self.events: dict[str, int] = {}
         self.receipts = 0
+        # The MCP server's service (``remote.py``), in the casts that have one.
+        self.remote: Any = None
         # Set by the scenario: the plans, the deployed agent version, webhook deliveries.
         self.plans: Any = None
         self.deploy: Any = None
@@ -1134,13 +1136,15 @@ class World:
         return where
 
     def kill_after_effect(self, proc: Proc) -> bool:
-        """Whether ``proc`` dies here: right after the effect of a charge or refund (once a
-        seed, in the seeds drawn for it, early enough for the run to be taken over)."""
+        """Whether ``proc`` dies here: right after the effect of a charge or refund, or of the
+        MCP server's payment (``remote.py``: once the service acted) (once a seed, in the
+        seeds drawn for it, early enough for the run to be taken over)."""
         hunt = self.hunt
         if not hunt.kill or self.phase != "main" or self.step > 0.6 * self.config.steps:
             return False
         point = proc.point
-        if not (point.startswith(("tool charge ", "tool refund ")) and point.endswith(" done")):
+        aimed = ("tool charge ", "tool refund ", "tool crm__pay ")
+        if not (point.startswith(aimed) and point.endswith(" done")):
             return False
         if hunt.rng.random() >= 0.8:
             return False

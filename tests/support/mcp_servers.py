@@ -27,14 +27,18 @@ def server_env(effects: Path) -> dict[str, str]:
     return {"PYTHONPATH": str(ROOT), "DA_MCP_EFFECTS": str(effects)}
 
 
-def stdio(effects: Path, name: str = "crm", **options: Any) -> da.mcp.Server:
+def stdio(effects: Path, name: str = "crm", variant: str = "", **options: Any) -> da.mcp.Server:
+    """``variant``: the server's next version (``DA_MCP_VARIANT``, tests.support.mcp_server)."""
     # Starting the server imports the mcp package: seconds on a loaded machine, so more
     # than the default connect timeout is allowed here.
     options.setdefault("connect_timeout", 30)
+    env = server_env(effects)
+    if variant:
+        env["DA_MCP_VARIANT"] = variant
     return da.mcp.Server(
         name,
         command=[sys.executable, "-m", "tests.support.mcp_server", "stdio"],
-        env=server_env(effects),
+        env=env,
         cwd=str(ROOT),
         **options,
     )

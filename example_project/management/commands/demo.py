@@ -5,10 +5,12 @@ CRM and asks to refund it; the refund waits for staff approval; a worker approvi
 killed (SIGKILL) right after the refund; recovery finishes the run without refunding twice;
 the answer goes out; a redelivered webhook is harmless. Then the customer writes again: the
 parcel never arrived; the agent ships a replacement, and its tool asks staff which warehouse
-ships it (the run waits ``awaiting_input``); staff answer, and the run finishes. Last, the
+ships it (the run waits ``awaiting_input``); staff answer, and the run finishes. Then the
 refund policy (docs/approvals.md) decides four refunds of the refund desk: one allowed by a
 rule, one escalated to on-call and decided by a lead's deputy, one that expired, one refused
-by a rule. (Deadlines count hours and days: the demo moves a request's clock back, as if the
+by a rule. Last, the stock desk, whose tools are a small MCP server's (stdio), reserves stock
+once staff approved it: exactly once, counted by the server.
+(Deadlines count hours and days: the demo moves a request's clock back, as if the
 time had passed, then runs the timer sweep beat would run.)
 
 Each run of the story starts clean: the previous story's runs, action log and side-effect
@@ -131,6 +133,7 @@ class Command(BaseCommand):
         )
         self.ask_staff(chat, store)
         self.rulebook(store, reset)
+        self.stock(store, reset)
         self.say()
         self.say(
             "See the same run in the admin: python manage.py runserver, then open "
@@ -272,6 +275,36 @@ class Command(BaseCommand):
             f"   refunds made by the desk: {len(agents.effects('refund')) - refunds} (15.00 and "
             "800.00, each exactly once)"
         )
+
+    def stock(self, store: Any, reset: bool) -> None:
+        """The stock desk's tools are an MCP server's (``example_project/stock.py``): its
+        gated reservation waits in the inbox like any gated call, and fires once."""
+        from example_project.stock import mcp_installed, stock_desk, warehouse
+
+        if not mcp_installed():
+            self.say("9. (The stock desk's MCP server needs: pip install 'durable-agents[mcp]')")
+            return
+        run_id = "desk-stock" if reset else f"desk-stock-{int(time.time())}"
+        self.say(
+            "9. The stock desk's tools come from an MCP server (the warehouse, over stdio): "
+            + ", ".join(sorted(stock_desk.tools))
+        )
+        try:
+            stock_desk.run(run_id, "Reserve two mugs for order 7.")
+        except da.ApprovalPending:
+            pass
+        [request] = store.list_approval_requests(run_id=run_id)
+        self.say(f"   staff see the gated call: {request.tool_name}({request.arguments})")
+        before = len(agents.effects("reservation"))
+        da.approve(run_id, request.call_id, True, by="demo", note="in stock")
+        run = store.get_run(run_id)
+        self.say(f"   approved; run is {run.status}: {run.answer!r}")
+        da.resume(run_id)
+        self.say(
+            f"   reservations made by the server: {len(agents.effects('reservation')) - before}"
+            " (exactly once, counted by the server)"
+        )
+        warehouse.close()
 
     def reset(self, chat: str) -> None:
         """Remove the previous story: its runs (journal, approvals, halts go with them), their
