@@ -15,6 +15,7 @@ from ..errors import (
     Conflict,
     InterruptAlreadyAnswered,
     InterruptAnswerInvalid,
+    InterruptExpired,
     InterruptNotFound,
     InterruptQuestionChanged,
     NotFound,
@@ -101,6 +102,9 @@ def answer_interrupt(
             prompt=request.get("prompt"),
             shown=prompt,
         )
+    live = bool(request.get("live"))
+    if live:
+        _check_live(store, journal, run_id, name, request, standing)
     _check_json(value, f"the answer to {name!r}")
     wrong = answers.problems(request.get("schema"), value)
     if wrong:
@@ -135,7 +139,39 @@ def answer_interrupt(
         return WaitOutcome(run_id, name, rec.get("value"), False, woke)
     store.log_action(identity.logged(actor, "answer", run_id, name, {"value": value}))
     failpoints.hit(f"after-answer:{name}")
-    return WaitOutcome(run_id, name, value, True, _wake(store, run_id))
+    # A live question's asker reads the journal itself: nothing to hand over (were it gone,
+    # its run is ``running`` with a lease that expires, and recovery takes it over).
+    return WaitOutcome(run_id, name, value, True, False if live else _wake(store, run_id))
+
+
+def _check_live(
+    store: Store,
+    journal: Journal,
+    run_id: str,
+    name: str,
+    request: Any,
+    standing: Any,
+) -> None:
+    """Refuse an answer to a live question the call no longer waits for: given up by the
+    call (its own ``input:`` record, first writer wins), past its deadline by the store's
+    clock, or of a call that has its result."""
+    if standing is not None and standing.get("outcome") == "cancel":
+        why = standing.get("reason") or "given up"
+    elif standing is not None:
+        return  # answered: a repeat of that answer is fine, another value is refused below
+    elif journal.get(run_id, names.tool(str(request.get("call_id")))) is not None:
+        why = "the call has its result"
+    elif request.get("deadline_ms") is not None and store.now().timestamp() * 1000 >= request.get(
+        "deadline_ms"
+    ):
+        why = "its deadline passed"
+    else:
+        return
+    raise InterruptExpired(
+        f"{name!r} of run {run_id!r} was asked by an MCP server during a call that no longer "
+        f"waits for it ({why}); nothing was recorded: an answer now would reach nobody",
+        reason=why,
+    )
 
 
 def signal(
