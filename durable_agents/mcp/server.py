@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -187,13 +188,15 @@ class Server:
         """A new, unopened ``mcp.Client`` for this server."""
         require_sdk()
         from mcp import Client, StdioServerParameters
+        from mcp.client.stdio import stdio_client
 
         t = self.timeouts()
         target: Any
         if self.command is not None:
-            target = StdioServerParameters(
+            params = StdioServerParameters(
                 command=self.command[0], args=self.command[1:], env=self.env, cwd=self.cwd
             )
+            target = stdio_client(params, errlog=_server_stderr())
         else:
             assert self.url is not None
             target = http_transport(self.url, self.headers, t.connect, t.call + t.connect)
@@ -230,6 +233,17 @@ class Server:
                 )
             made[local] = McpTool(self, remote, local)
         return list(made.values())
+
+
+def _server_stderr() -> Any:
+    """Where a stdio server's stderr goes: this process's, unless it is no file (a Celery
+    worker replaces ``sys.stderr`` with a logging proxy, which a subprocess cannot write
+    to): then the stderr the process started with."""
+    try:
+        sys.stderr.fileno()
+        return sys.stderr
+    except (AttributeError, OSError, ValueError):
+        return sys.__stderr__
 
 
 def _options_safety(
