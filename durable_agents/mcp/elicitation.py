@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..engine import answers, names
+from ..engine.commands.waits import lease_digest
 from ..engine.errors import ConfigError, DurableAgentsError, ProtocolError, WaitError
 from ..engine.journal import Journal, now_ms
 from ..engine.records import Record, refuse_nul
@@ -253,6 +254,8 @@ class Asker:
             "deadline_ms": int(waits.store.now().timestamp() * 1000 + remaining * 1000),
             "mcp": {"via": self.what},
         }
+        if waits.fence is not None:
+            body["holder"] = lease_digest(waits.fence)
         try:
             refuse_nul(body, f"elicitation {ask.name!r}")
         except ProtocolError:

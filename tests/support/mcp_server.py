@@ -103,6 +103,8 @@ class Confirm(BaseModel):
 
 
 def _ask_refund(order_id: str, cents: int) -> Elicit[Confirm]:
+    # Runs on every round of the call (each tools/call the client sends for it).
+    _effect("confirmed_refund_round", order_id=order_id)
     return Elicit(f"Refund {cents} cents on order {order_id}?", Confirm)
 
 

@@ -7,6 +7,7 @@ The rules of the waits themselves (names, records, retry safety) are ``engine.wa
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,17 +155,20 @@ def _check_live(
 ) -> None:
     """Refuse an answer to a live question the call no longer waits for: given up by the
     call (its own ``input:`` record, first writer wins), past its deadline by the store's
-    clock, or of a call that has its result."""
+    clock, of a call that has its result, or asked by a driver whose lease is gone (it
+    died, or another driver took the run over: nobody reads the answer)."""
+    holder = request.get("holder")
+    deadline = request.get("deadline_ms")
     if standing is not None and standing.get("outcome") == "cancel":
         why = standing.get("reason") or "given up"
     elif standing is not None:
         return  # answered: a repeat of that answer is fine, another value is refused below
     elif journal.get(run_id, names.tool(str(request.get("call_id")))) is not None:
         why = "the call has its result"
-    elif request.get("deadline_ms") is not None and store.now().timestamp() * 1000 >= request.get(
-        "deadline_ms"
-    ):
+    elif deadline is not None and store.now().timestamp() * 1000 >= deadline:
         why = "its deadline passed"
+    elif holder is not None and not _holds(store, run_id, holder):
+        why = "the process that asked no longer holds the run"
     else:
         return
     raise InterruptExpired(
@@ -172,6 +176,19 @@ def _check_live(
         f"waits for it ({why}); nothing was recorded: an answer now would reach nobody",
         reason=why,
     )
+
+
+def lease_digest(token: str) -> str:
+    """What a live question keeps of its driver's lease token (``holder``): enough to tell
+    that driver's lease from another's, not the token itself."""
+    return hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+def _holds(store: Store, run_id: str, holder: str) -> bool:
+    """Whether the driver whose token digest is ``holder`` holds run ``run_id``'s lease now
+    (by the store's clock)."""
+    lease = store.get_lease(run_id)
+    return lease is not None and lease.live and lease_digest(lease.token) == holder
 
 
 def signal(
