@@ -216,3 +216,33 @@ def test_the_answer_schema_is_the_requested_schema_checked_as_an_interrupts():
     odd = elicitation.question_prefix("toolu_01.A/B")
     assert odd.startswith("mcp.") and len(odd) == len("mcp.") + 32 + 1
     assert elicitation.answer_window(60) == 50 and elicitation.answer_window(5) == 4
+
+
+def test_an_answer_after_the_questions_deadline_by_the_stores_clock_is_refused(store, effects_file):
+    server = stdio(effects_file, name="crm-clock", elicitation=True, call_timeout=3)
+    refused: list[str] = []
+
+    def staff() -> None:
+        deadline = time.monotonic() + 60
+        while Journal(store).get("el-clock", names.wait(QUESTION)) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        store._clock.advance(5)  # the database's clock is past the question's deadline
+        try:
+            da.answer_interrupt("el-clock", QUESTION, {"approve": True}, by="ann", store=store)
+        except WaitError as exc:
+            refused.append(exc.code)
+
+    thread = threading.Thread(target=staff, daemon=True)
+    thread.start()
+    try:
+        a = agent("el-clock", [server], "crm-clock__confirmed_refund", order_id="clk1", cents=1)
+        assert a.run("el-clock", "refund", store=store).answer == "done"
+        thread.join(10)
+    finally:
+        server.close()
+    assert refused == ["interrupt.expired"]
+    assert result_of(store, "el-clock")["action"] == "cancel"
+    gave_up = Journal(store).get("el-clock", names.interrupt_answer(QUESTION))
+    assert gave_up.get("outcome") == "cancel" and gave_up.get("by") is None
+    assert not [e for e in effects(effects_file, "confirmed_refund") if e["order_id"] == "clk1"]
