@@ -246,3 +246,32 @@ def test_an_answer_after_the_questions_deadline_by_the_stores_clock_is_refused(s
     gave_up = Journal(store).get("el-clock", names.interrupt_answer(QUESTION))
     assert gave_up.get("outcome") == "cancel" and gave_up.get("by") is None
     assert not [e for e in effects(effects_file, "confirmed_refund") if e["order_id"] == "clk1"]
+
+
+def test_a_live_question_whose_call_has_its_result_is_no_open_wait():
+    from durable_agents.engine.records import Record, encode
+    from durable_agents.engine.waits import open_waits
+
+    asked = {"kind": "interrupt", "name": QUESTION, "call_id": "call_1_1", "tool": "t"}
+    records = [
+        Record("r", names.wait(QUESTION), 1, encode({**asked, "prompt": "?", "live": True})),
+        Record("r", names.wait("plain"), 2, encode({**asked, "name": "plain", "prompt": "?"})),
+    ]
+    assert [w.name for w in open_waits(records)] == [QUESTION, "plain"]
+    settled = [*records, Record("r", names.tool("call_1_1"), 3, encode({"result": 1}))]
+    # The server's question went with its call; a tool's own interrupt stays until answered.
+    assert [w.name for w in open_waits(settled)] == ["plain"]
+
+
+def test_over_streamable_http_too(store, effects_file, http_server):
+    server = http_server.server("tickets-ask", elicitation=True)
+    try:
+        a = agent("el-http", [server], "tickets-ask__confirmed_refund", order_id="h1", cents=4)
+        thread, seen = answer_when_asked(store, "el-http", {"approve": True})
+        assert a.run("el-http", "refund", store=store).answer == "done"
+        thread.join(10)
+    finally:
+        server.close()
+    assert seen["outcome"].recorded
+    assert result_of(store, "el-http") == {"refunded": 4, "order": "h1", "note": ""}
+    assert len([e for e in effects(effects_file, "confirmed_refund") if e["order_id"] == "h1"]) == 1

@@ -120,6 +120,8 @@ def test_staff_answer_in_the_admin_reaches_the_server_and_it_refunds_once(worker
         shown = text_of(boss.get(reverse(page)))
         assert "Refund 42 cents on order e1?" in shown and 'name="a-approve"' in shown, page
     assert "The call waits for this answer until" in text_of(boss.get(answer_url(run_id)))
+    run_page = reverse("admin:durable_agents_run_change", args=[quote(run_id)])
+    assert "A person is needed" in text_of(boss.get(run_page))
 
     # Someone without the permission is refused, in the admin and in the API.
     viewer = client_for(make_user("viewer", "view_run"))
