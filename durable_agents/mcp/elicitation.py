@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from ..engine import answers, names
 from ..engine.commands.waits import lease_digest
-from ..engine.errors import ConfigError, DurableAgentsError, ProtocolError, WaitError
+from ..engine.errors import ConfigError, ProtocolError, WaitError
 from ..engine.journal import Journal, now_ms
 from ..engine.records import Record, refuse_nul
 from ..engine.waits import INTERRUPT
@@ -78,11 +78,6 @@ def check_option(what: str, value: Any) -> None:
             f"questions during a call), not {value!r}",
             code="config.mcp_elicitation",
         )
-
-
-def is_live(request: Record | None) -> bool:
-    """Whether a question's ``wait:`` record is a live elicitation (asked mid-call)."""
-    return request is not None and bool(request.get("live"))
 
 
 def form_schema(requested: Any) -> dict[str, Any]:
@@ -170,7 +165,11 @@ class Asker:
             self._new.append(ask)
         self._wake.set()
         action, content = await ask.future
-        return ElicitResult(action=action, content=content if action == ACCEPT else None)
+        try:
+            return ElicitResult(action=action, content=content if action == ACCEPT else None)
+        except ValueError:  # pydantic's: an answer the server's schema allowed, MCP does not
+            log.warning("%s: an answer MCP cannot carry (not flat): cancelled", self.what)
+            return ElicitResult(action=CANCEL)
 
     # -- on the thread that sent the call ---------------------------------------------------
 
@@ -362,9 +361,6 @@ def callback(connection: Any) -> Any:
             asker = calls[0] if len(calls) == 1 else None
         if asker is None:
             return ElicitResult(action=DECLINE)
-        try:
-            return await asker.elicit(params)
-        except DurableAgentsError:  # pragma: no cover - settled on the serving thread
-            return ElicitResult(action=CANCEL)
+        return await asker.elicit(params)
 
     return elicitation
