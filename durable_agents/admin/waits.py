@@ -322,7 +322,12 @@ def answer_view(
     if outcome.recorded:
         messages.success(
             request,
-            f"Answered {name!r} of run {run.run_id}; the run was handed to a driver.",
+            f"Answered {name!r} of run {run.run_id}; "
+            + (
+                "the run was handed to a driver."
+                if outcome.woke or not wait.deadline
+                else "the call waiting for it sends it to the MCP server."
+            ),
         )
     else:
         messages.info(request, f"{name!r} was already answered the same way; nothing changed.")

@@ -22,7 +22,7 @@ import durable_agents.tasks  # (registers drive_run with the test's Celery app)
 from durable_agents.engine import names
 from durable_agents.models import ActionLog, JournalEntry, Run
 from tests.support import mcp_elicit_agents
-from tests.support.admin_pages import client_for, text_of
+from tests.support.admin_pages import client_for, messages_of, text_of
 from tests.support.api import error, staff_with
 from tests.support.mcp_servers import effects
 from tests.support.people import make_user
@@ -148,6 +148,7 @@ def test_staff_answer_in_the_admin_reaches_the_server_and_it_refunds_once(worker
 
     good = boss.post(answer_url(run_id), {"a-approve": "true", "a-note": "ok by boss"})
     assert good.status_code == 302
+    assert any("the call waiting for it sends it" in m for m in messages_of(good))
     run = finished(run_id)
     assert run.answer == "asked"
     tool = json.loads(JournalEntry.objects.get(run_id=run_id, name=names.tool("call_1_1")).data)
