@@ -264,9 +264,15 @@ def test_a_live_question_whose_call_has_its_result_is_no_open_wait():
 
 
 def test_over_streamable_http_too(store, effects_file, http_server):
-    server = http_server.server("tickets-ask", elicitation=True)
+    server = http_server.server(
+        "tickets-ask",
+        elicitation=True,
+        tools={"refund": da.mcp.ToolOptions(elicitation=False)},  # a tool's own wins
+    )
     try:
         a = agent("el-http", [server], "tickets-ask__confirmed_refund", order_id="h1", cents=4)
+        assert a.tools["tickets-ask__confirmed_refund"].elicitation is True
+        assert a.tools["tickets-ask__refund"].elicitation is False
         thread, seen = answer_when_asked(store, "el-http", {"approve": True})
         assert a.run("el-http", "refund", store=store).answer == "done"
         thread.join(10)
