@@ -61,7 +61,7 @@ from .paging import CAP, counted
 from .queues import progress
 from .readable import edit_changes, origin_of, stated_reason, summary_of, tool_of
 from .rendered import identifying_of, render
-from .waits import question_slug, wait_records, waits_of_run
+from .waits import asking_live, question_slug, wait_records, waits_of_run
 
 INBOX_SIZE = 100  # cards of each kind read; the page says how many more wait
 
@@ -298,7 +298,9 @@ def question_cards(
     if filters.calls_only or (filters.mine and not allows(request, "answer")):
         return [], 0
     run_admin = admin.admin_site.get_model_admin(Run)  # its answer URLs serve the cards
-    rows = Run.objects.filter(status=AWAITING_INPUT).exclude(imported=IMPORTED_INERT)
+    rows = Run.objects.filter(Q(status=AWAITING_INPUT) | asking_live()).exclude(
+        imported=IMPORTED_INERT
+    )
     if filters.runs is not None:
         rows = rows.filter(run_id__in=filters.runs)
     if filters.agent:
@@ -467,7 +469,7 @@ def inbox_view(admin: AnyModelAdmin, request: HttpRequest) -> HttpResponse:
         cards += got
         more += max(0, total - INBOX_SIZE)
         agents += (
-            Run.objects.filter(status=AWAITING_INPUT)
+            Run.objects.filter(Q(status=AWAITING_INPUT) | asking_live())
             .exclude(imported=IMPORTED_INERT)
             .values_list("agent", flat=True)
         )

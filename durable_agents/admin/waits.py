@@ -18,7 +18,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -29,7 +29,7 @@ from ..engine import names
 from ..engine.commands.timers import wake_timer
 from ..engine.commands.waits import answer_interrupt
 from ..engine.errors import DurableAgentsError, InterruptAnswerInvalid
-from ..engine.ports import AWAITING_INPUT, SLEEPING
+from ..engine.ports import AWAITING_INPUT, RUNNING, SLEEPING
 from ..engine.records import Record
 from ..engine.waits import (
     CHANNEL,
@@ -41,6 +41,7 @@ from ..engine.waits import (
     kept_signals,
     open_waits,
 )
+from ..mcp.elicitation import PREFIX as LIVE_PREFIX
 from ..models import JournalEntry, Run
 from .answerform import AnswerForm
 from .base import (
@@ -84,6 +85,15 @@ def wait_records(run_ids: Sequence[str]) -> dict[str, list[Record]]:
     for run_id, name, seq, data, at in rows:
         out[run_id].append(Record(run_id, name, seq, data, at))
     return out
+
+
+def asking_live() -> Q:
+    """Running runs whose MCP call asked staff a question (an elicitation: a live question,
+    answered while the call waits; docs/mcp.md). An index probe per running run."""
+    asked = JournalEntry.objects.filter(
+        run_id=OuterRef("run_id"), name__startswith=names.wait(LIVE_PREFIX)
+    )
+    return Q(status=RUNNING) & Q(Exists(asked))
 
 
 def question_slug(run_id: str, name: str) -> str:
@@ -178,11 +188,14 @@ def _may_see(request: HttpRequest) -> None:
 
 
 def waiting_view(admin: AnyModelAdmin, request: HttpRequest) -> TemplateResponse:
-    """Runs awaiting input (questions, signals, channels) and sleeping runs, oldest first. Three
+    """Runs awaiting input (questions, signals, channels), running runs whose MCP call asks
+    staff (elicitation), and sleeping runs, oldest first. Three
     queries whatever the number of runs: the count (up to ``paging.CAP``), the runs, their
     wait records."""
     _may_see(request)
-    rows = Run.objects.filter(status__in=[AWAITING_INPUT, SLEEPING]).order_by("updated_at")
+    rows = Run.objects.filter(Q(status__in=[AWAITING_INPUT, SLEEPING]) | asking_live()).order_by(
+        "updated_at"
+    )
     total, capped = counted(rows)
     runs = list(rows.only("run_id", "agent", "status", "updated_at")[:QUEUE_SIZE])
     records = wait_records([r.run_id for r in runs])
@@ -309,7 +322,12 @@ def answer_view(
     if outcome.recorded:
         messages.success(
             request,
-            f"Answered {name!r} of run {run.run_id}; the run was handed to a driver.",
+            f"Answered {name!r} of run {run.run_id}; "
+            + (
+                "the run was handed to a driver."
+                if outcome.woke or not wait.deadline
+                else "the call waiting for it sends it to the MCP server."
+            ),
         )
     else:
         messages.info(request, f"{name!r} was already answered the same way; nothing changed.")

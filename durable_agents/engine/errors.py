@@ -444,6 +444,15 @@ class InterruptQuestionChanged(WaitError):
     http_status = 409
 
 
+class InterruptExpired(WaitError):
+    """A live question (an MCP server's elicitation, asked while its call was open) is no
+    longer waited for: the call gave up on it (its deadline passed, it ended, or the process
+    that asked is gone). Nothing was recorded: an answer now would reach nobody."""
+
+    code = "interrupt.expired"
+    http_status = 409
+
+
 # -- pauses ------------------------------------------------------------------------------
 
 

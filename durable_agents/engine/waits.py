@@ -433,6 +433,8 @@ def open_waits(records: list[Record]) -> list[OpenWait]:
             ask = int(rec.get("ask") or 1)
             if ask < asked[name] or names.interrupt_answer(name, ask) in by_name:
                 continue  # asked again since with another question, or answered
+            if rec.get("live") and names.tool(str(rec.get("call_id"))) in by_name:
+                continue  # an MCP server's question whose call has its result: nobody asks
         elif names.waited(name) in by_name:
             continue
         deadline = rec.get("wake_ms") if rec.get("kind") == TIMER else rec.get("deadline_ms")

@@ -29,9 +29,11 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import elicitation
 from .errors import McpOutcomeUnknown, McpRefused, McpTimeout, McpUnavailable, require_sdk
 
 if TYPE_CHECKING:
+    from .elicitation import Asker
     from .server import Server
 
 T = TypeVar("T")
@@ -82,11 +84,12 @@ def close_all(timeout: float = 5.0) -> None:
         conn.close(timeout)
 
 
-def _run(coro: Awaitable[T], wait: float) -> T:
-    """Run ``coro`` on the MCP loop and wait for it at most ``wait`` seconds."""
+def _run(coro: Awaitable[T], wait: float, asker: Asker | None = None) -> T:
+    """Run ``coro`` on the MCP loop and wait for it at most ``wait`` seconds (answering its
+    elicitations meanwhile, with ``asker``)."""
     future = asyncio.run_coroutine_threadsafe(_as_coroutine(coro), _event_loop())
     try:
-        return future.result(wait)
+        return asker.serve(future, wait) if asker is not None else future.result(wait)
     except concurrent.futures.TimeoutError:
         future.cancel()
         raise TimeoutError from None
@@ -247,13 +250,16 @@ class Connection:
                 if not cursor:
                     return tools
 
-    def call(self, remote: str, arguments: dict[str, Any]) -> Any:
-        """``tools/call`` on the server; its ``CallToolResult``."""
+    def call(self, remote: str, arguments: dict[str, Any], asker: Asker | None = None) -> Any:
+        """``tools/call`` on the server; its ``CallToolResult``. The server's elicitations
+        during the call go to ``asker`` (None: declined)."""
         self._probe()
         client = self._connected()
         timeout = self.server.timeouts().call
         try:
-            return _run(self._call(client, remote, arguments, timeout), timeout + _GRACE)
+            return _run(
+                self._call(client, remote, arguments, timeout, asker), timeout + _GRACE, asker
+            )
         except TimeoutError:
             # The connection stays: other calls on it are fine, and the next call's probe
             # reconnects if the server hangs altogether.
@@ -275,14 +281,20 @@ class Connection:
             ) from None
 
     async def _call(
-        self, client: Any, remote: str, arguments: dict[str, Any], timeout: float
+        self,
+        client: Any,
+        remote: str,
+        arguments: dict[str, Any],
+        timeout: float,
+        asker: Asker | None = None,
     ) -> Any:
         from mcp import MCPError
         from mcp.types import INVALID_PARAMS, METHOD_NOT_FOUND
 
         async with asyncio.timeout(timeout):
             try:
-                return await client.call_tool(remote, arguments)
+                with elicitation.calling(self.server, asker):
+                    return await client.call_tool(remote, arguments)
             except MCPError as exc:
                 # JSON-RPC's own refusals: the request was turned down before anything ran.
                 if exc.code in (METHOD_NOT_FOUND, INVALID_PARAMS):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from ..engine.errors import ConfigError, ToolArgumentsError, ToolResultError
 from ..engine.records import encode
 from ..engine.tools import Safety, Tool, ToolContext, checked_options
 from .connection import Connection, http_transport
+from .elicitation import Asker, callback, check_option
 from .errors import require_sdk
 
 _SERVER_NAME = re.compile(r"[A-Za-z0-9-]{1,32}")
@@ -34,8 +36,9 @@ class ToolOptions:
 
     ``safety``: ``"read_only"``, ``"idempotent"`` or ``"side_effect"`` (None: the server's
     annotations if trusted, else a side effect). ``approval``: True for one staff decision,
-    or a ``da.Quorum`` / ``da.Rules`` policy. The rest are ``@da.tool``'s options, checked
-    the same way."""
+    or a ``da.Quorum`` / ``da.Rules`` policy. ``elicitation``: whether the server's
+    questions during a call go to staff (None: the server's ``elicitation=``). The rest are
+    ``@da.tool``'s options, checked the same way."""
 
     safety: str | None = None
     approval: Any = None
@@ -46,6 +49,7 @@ class ToolOptions:
     rate: str | None = None
     max_concurrent: int | None = None
     deadline: Any = None
+    elicitation: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,8 @@ class Server:
     talks streamable HTTP. Tools are named ``<server>__<tool>`` unless ``names=`` maps a
     remote name to another; ``tools={"refund": ToolOptions(...)}`` sets a tool's class,
     approval and limits; ``trust_annotations=True`` takes the server's read-only and
-    idempotent hints as the class (docs/mcp.md)."""
+    idempotent hints as the class; ``elicitation=True`` lets staff answer the server's
+    questions during a call (docs/mcp.md)."""
 
     def __init__(
         self,
@@ -79,6 +84,7 @@ class Server:
         connect_timeout: float | None = None,
         list_timeout: float | None = None,
         call_timeout: float | None = None,
+        elicitation: bool = False,
     ) -> None:
         what = f"MCP server {name!r}"
         if not isinstance(name, str) or not _SERVER_NAME.fullmatch(name):
@@ -117,6 +123,10 @@ class Server:
                     f"{what}: tools[{remote!r}] must be a durable_agents.mcp.ToolOptions(...)",
                     code="config.mcp_server",
                 )
+        check_option(what, elicitation)
+        for remote, opts in (tools or {}).items():
+            if opts.elicitation is not None:
+                check_option(f"tool {remote!r} of {what}", opts.elicitation)
         if not isinstance(trust_annotations, bool):
             raise ConfigError(
                 f"{what}: trust_annotations must be True or False", code="config.mcp_server"
@@ -128,6 +138,7 @@ class Server:
         self.url = url
         self.headers = dict(headers or {})
         self.trust_annotations = trust_annotations
+        self.elicitation = elicitation
         self.options = dict(tools or {})
         self.names = dict(names or {})
         self.key_argument = idempotency_key_argument
@@ -178,17 +189,19 @@ class Server:
         """A new, unopened ``mcp.Client`` for this server."""
         require_sdk()
         from mcp import Client, StdioServerParameters
+        from mcp.client.stdio import stdio_client
 
         t = self.timeouts()
         target: Any
         if self.command is not None:
-            target = StdioServerParameters(
+            params = StdioServerParameters(
                 command=self.command[0], args=self.command[1:], env=self.env, cwd=self.cwd
             )
+            target = stdio_client(params, errlog=_server_stderr())
         else:
             assert self.url is not None
             target = http_transport(self.url, self.headers, t.connect, t.call + t.connect)
-        return Client(target, cache=None)
+        return Client(target, cache=None, elicitation_callback=callback(self))
 
     def load_tools(self) -> list[Tool]:
         """The server's tools as durable tools (connecting if needed)."""
@@ -221,6 +234,17 @@ class Server:
                 )
             made[local] = McpTool(self, remote, local)
         return list(made.values())
+
+
+def _server_stderr() -> Any:
+    """Where a stdio server's stderr goes: this process's, unless it is no file (a Celery
+    worker replaces ``sys.stderr`` with a logging proxy, which a subprocess cannot write
+    to): then the stderr the process started with."""
+    try:
+        sys.stderr.fileno()
+        return sys.stderr
+    except (AttributeError, OSError, ValueError):
+        return sys.__stderr__
 
 
 def _options_safety(
@@ -293,6 +317,11 @@ class McpTool(Tool):
         self.safety, self.rate, self.max_concurrent, chosen, source = _options_safety(
             what, opts, declared
         )
+        self.elicitation = (
+            opts.elicitation
+            if opts is not None and opts.elicitation is not None
+            else server.elicitation
+        )
         schema = dict(remote.input_schema or {"type": "object"})
         properties = dict(schema.get("properties") or {})
         # The engine's per-call key goes in this argument: the model never sees or fills it.
@@ -344,6 +373,7 @@ class McpTool(Tool):
             "class": chosen,
             "class_from": source,
             "idempotency_key_argument": self.key_argument,
+            "elicitation": self.elicitation,
         }
 
     def _argument_names(self, option: str, names: Sequence[str], code: str) -> tuple[str, ...]:
@@ -400,7 +430,13 @@ class McpTool(Tool):
         sent = dict(args)
         if self.key_argument is not None:
             sent[self.key_argument] = ctx.idempotency_key
-        result = self.server.connection().call(self.remote, sent)
+        asker = Asker(
+            allowed=self.elicitation,
+            what=f"MCP server {self.server.name!r}, tool {self.remote!r}",
+            waits=ctx._waits,
+            call_timeout=self.server.timeouts().call,
+        )
+        result = self.server.connection().call(self.remote, sent, asker)
         data = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         if result.is_error:
             raise ToolResultError(

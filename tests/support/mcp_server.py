@@ -15,10 +15,14 @@ import os
 import signal
 import sys
 import time
+from typing import Annotated
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.elicitation import ElicitationResult
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.resolve import Elicit, Resolve
 from mcp.types import ToolAnnotations
+from pydantic import BaseModel
 
 server = MCPServer("da-test")
 
@@ -108,6 +112,46 @@ def slow(seconds: float) -> str:
 def whoami() -> dict:
     """This server process's id (a restarted server has another)."""
     return {"pid": os.getpid()}
+
+
+class Confirm(BaseModel):
+    """What the refund tools ask before refunding."""
+
+    approve: bool
+    note: str = ""
+
+
+def _ask_refund(order_id: str, cents: int) -> Elicit[Confirm]:
+    # Runs on every round of the call (each tools/call the client sends for it).
+    _effect("confirmed_refund_round", order_id=order_id)
+    return Elicit(f"Refund {cents} cents on order {order_id}?", Confirm)
+
+
+@server.tool()
+def confirmed_refund(
+    order_id: str,
+    cents: int,
+    answer: Annotated[ElicitationResult[Confirm], Resolve(_ask_refund)],
+) -> dict:
+    """Refund after a person confirms: the server asks (on 2026-07-28 an InputRequiredResult,
+    the SDK's default; on older protocols an elicitation/create mid-call). The refund is
+    the only effect, after the answer."""
+    _effect("confirmed_refund_asked", order_id=order_id, action=answer.action)
+    if answer.action != "accept" or not answer.data.approve:
+        return {"refunded": 0, "order": order_id, "action": answer.action}
+    _effect("confirmed_refund", order_id=order_id, cents=cents, note=answer.data.note)
+    return {"refunded": cents, "order": order_id, "note": answer.data.note}
+
+
+@server.tool()
+async def classic_refund(order_id: str, cents: int, ctx: Context) -> dict:
+    """The same with ``ctx.elicit`` in the body (an elicitation/create request while the
+    call is open: only on protocols before 2026-07-28)."""
+    answer = await ctx.elicit(f"Refund {cents} cents on order {order_id}?", Confirm)
+    if answer.action != "accept" or not answer.data.approve:
+        return {"refunded": 0, "order": order_id, "action": answer.action}
+    _effect("classic_refund", order_id=order_id, cents=cents, note=answer.data.note)
+    return {"refunded": cents, "order": order_id, "note": answer.data.note}
 
 
 def main() -> None:

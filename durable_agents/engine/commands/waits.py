@@ -7,6 +7,7 @@ The rules of the waits themselves (names, records, retry safety) are ``engine.wa
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from ..errors import (
     Conflict,
     InterruptAlreadyAnswered,
     InterruptAnswerInvalid,
+    InterruptExpired,
     InterruptNotFound,
     InterruptQuestionChanged,
     NotFound,
@@ -101,6 +103,9 @@ def answer_interrupt(
             prompt=request.get("prompt"),
             shown=prompt,
         )
+    live = bool(request.get("live"))
+    if live:
+        _check_live(store, journal, run_id, name, request, standing)
     _check_json(value, f"the answer to {name!r}")
     wrong = answers.problems(request.get("schema"), value)
     if wrong:
@@ -135,7 +140,55 @@ def answer_interrupt(
         return WaitOutcome(run_id, name, rec.get("value"), False, woke)
     store.log_action(identity.logged(actor, "answer", run_id, name, {"value": value}))
     failpoints.hit(f"after-answer:{name}")
-    return WaitOutcome(run_id, name, value, True, _wake(store, run_id))
+    # A live question's asker reads the journal itself: nothing to hand over (were it gone,
+    # its run is ``running`` with a lease that expires, and recovery takes it over).
+    return WaitOutcome(run_id, name, value, True, False if live else _wake(store, run_id))
+
+
+def _check_live(
+    store: Store,
+    journal: Journal,
+    run_id: str,
+    name: str,
+    request: Any,
+    standing: Any,
+) -> None:
+    """Refuse an answer to a live question the call no longer waits for: given up by the
+    call (its own ``input:`` record, first writer wins), past its deadline by the store's
+    clock, of a call that has its result, or asked by a driver whose lease is gone (it
+    died, or another driver took the run over: nobody reads the answer)."""
+    holder = request.get("holder")
+    deadline = request.get("deadline_ms")
+    if standing is not None and standing.get("outcome") == "cancel":
+        why = standing.get("reason") or "given up"
+    elif standing is not None:
+        return  # answered: a repeat of that answer is fine, another value is refused below
+    elif journal.get(run_id, names.tool(str(request.get("call_id")))) is not None:
+        why = "the call has its result"
+    elif deadline is not None and store.now().timestamp() * 1000 >= deadline:
+        why = "its deadline passed"
+    elif holder is not None and not _holds(store, run_id, holder):
+        why = "the process that asked no longer holds the run"
+    else:
+        return
+    raise InterruptExpired(
+        f"{name!r} of run {run_id!r} was asked by an MCP server during a call that no longer "
+        f"waits for it ({why}); nothing was recorded: an answer now would reach nobody",
+        reason=why,
+    )
+
+
+def lease_digest(token: str) -> str:
+    """What a live question keeps of its driver's lease token (``holder``): enough to tell
+    that driver's lease from another's, not the token itself."""
+    return hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+def _holds(store: Store, run_id: str, holder: str) -> bool:
+    """Whether the driver whose token digest is ``holder`` holds run ``run_id``'s lease now
+    (by the store's clock)."""
+    lease = store.get_lease(run_id)
+    return lease is not None and lease.live and lease_digest(lease.token) == holder
 
 
 def signal(
