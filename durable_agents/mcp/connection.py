@@ -25,13 +25,15 @@ import concurrent.futures
 import contextlib
 import os
 import threading
+import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import McpOutcomeUnknown, McpRefused, McpTimeout, McpUnavailable, require_sdk
 
 if TYPE_CHECKING:
+    from .progress import ProgressNotes
     from .server import Server
 
 T = TypeVar("T")
@@ -82,11 +84,21 @@ def close_all(timeout: float = 5.0) -> None:
         conn.close(timeout)
 
 
-def _run(coro: Awaitable[T], wait: float) -> T:
-    """Run ``coro`` on the MCP loop and wait for it at most ``wait`` seconds."""
+def _run(coro: Awaitable[T], wait: float, tick: Callable[[], None] | None = None) -> T:
+    """Run ``coro`` on the MCP loop and wait for it at most ``wait`` seconds; with
+    ``tick``, call it about once a second while waiting (in this thread)."""
     future = asyncio.run_coroutine_threadsafe(_as_coroutine(coro), _event_loop())
+    deadline = time.monotonic() + wait
     try:
-        return future.result(wait)
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return future.result(max(0.0, min(left, 1.0)) if tick is not None else wait)
+            except concurrent.futures.TimeoutError:
+                # The builtin TimeoutError too: the coroutine's own timeout ends the wait.
+                if tick is None or future.done() or time.monotonic() >= deadline:
+                    raise
+                tick()
     except concurrent.futures.TimeoutError:
         future.cancel()
         raise TimeoutError from None
@@ -216,6 +228,10 @@ class Connection:
 
     # -- listing and calling ------------------------------------------------------------
 
+    def capabilities(self) -> Any:
+        """The capabilities the server declared when this connection opened."""
+        return getattr(self._connected(), "server_capabilities", None)
+
     def list_tools(self) -> list[Any]:
         """Every tool the server lists (all pages)."""
         timeout = self.server.timeouts().list
@@ -247,13 +263,20 @@ class Connection:
                 if not cursor:
                     return tools
 
-    def call(self, remote: str, arguments: dict[str, Any]) -> Any:
-        """``tools/call`` on the server; its ``CallToolResult``."""
+    def call(
+        self, remote: str, arguments: dict[str, Any], progress: ProgressNotes | None = None
+    ) -> Any:
+        """``tools/call`` on the server; its ``CallToolResult``. With ``progress``, the
+        server's progress reports are offered to it and written while the call runs."""
         self._probe()
         client = self._connected()
         timeout = self.server.timeouts().call
         try:
-            return _run(self._call(client, remote, arguments, timeout), timeout + _GRACE)
+            return _run(
+                self._call(client, remote, arguments, timeout, progress),
+                timeout + _GRACE,
+                progress.flush if progress is not None else None,
+            )
         except TimeoutError:
             # The connection stays: other calls on it are fine, and the next call's probe
             # reconnects if the server hangs altogether.
@@ -275,14 +298,23 @@ class Connection:
             ) from None
 
     async def _call(
-        self, client: Any, remote: str, arguments: dict[str, Any], timeout: float
+        self,
+        client: Any,
+        remote: str,
+        arguments: dict[str, Any],
+        timeout: float,
+        progress: ProgressNotes | None = None,
     ) -> Any:
         from mcp import MCPError
         from mcp.types import INVALID_PARAMS, METHOD_NOT_FOUND
 
         async with asyncio.timeout(timeout):
             try:
-                return await client.call_tool(remote, arguments)
+                return await client.call_tool(
+                    remote,
+                    arguments,
+                    progress_callback=progress.callback if progress is not None else None,
+                )
             except MCPError as exc:
                 # JSON-RPC's own refusals: the request was turned down before anything ran.
                 if exc.code in (METHOD_NOT_FOUND, INVALID_PARAMS):
