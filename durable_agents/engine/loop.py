@@ -727,7 +727,9 @@ class Driver:
 
     def _halt_on_unknown_outcomes(self) -> None:
         """Halt on every op whose attempt is live: claimed, with no outcome recorded and no
-        record that it never started. Its effect may have happened; only a person may say."""
+        record that it never started. Its effect may have happened; only a person may say.
+        Except a call that handed its work off and journaled where it is (``_resumable``):
+        its tool waits on that work again when the call is settled."""
         halts = [
             h
             for h in unknown_outcomes(self.state, self.run_id)

@@ -420,7 +420,11 @@ class McpTool(Tool):
         return data
 
     def _direct(self, **kwargs: Any) -> Any:
-        """Calling the tool outside a run (tests, a shell): no journal, no key."""
+        """Calling the tool outside a run (tests, a shell): no journal, no key; a task is
+        polled to its end, its id kept nowhere."""
+        if self.as_task:
+            ctx = ToolContext(run_id="", call_id="", tool_name=self.name, idempotency_key="")
+            return tasks.call(self.server.connection(), self.remote, kwargs, ctx)
         return (
             self.server.connection()
             .call(self.remote, kwargs)

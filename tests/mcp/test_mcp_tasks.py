@@ -264,3 +264,14 @@ def test_a_slow_call_reports_progress_as_notes_never_replayed(store, task_server
         assert da.replay("c-run", a, store=store).diverged_at is None
     finally:
         ledger.close()
+
+
+def test_a_task_tool_called_outside_a_run_is_polled_to_its_end(task_server, task_effects):
+    ledger = task_server.server("ledger-direct")
+    try:
+        [audit] = [t for t in ledger.load_tools() if t.remote == "audit"]
+        result = audit(account="d1")
+        assert result["structuredContent"]["account"] == "d1"
+        assert len([e for e in effects(task_effects, "audit") if e["account"] == "d1"]) == 1
+    finally:
+        ledger.close()
