@@ -220,6 +220,38 @@ def test_polls_that_fail_are_tried_again_within_the_task_timeout(
         ledger.close()
 
 
+def test_polls_go_on_through_a_server_that_went_away_and_came_back(
+    store, task_server, task_effects
+):
+    ledger = task_server.server("ledger-restart")
+
+    def restart():
+        task_server.kill()  # the connection drops, polls are refused...
+        time.sleep(1.0)
+        task_server.start()  # ...until it is back, knowing its tasks
+
+    try:
+        a = agent(
+            "mcp-task-restart",
+            [ledger],
+            scripted.calls(
+                scripted.call("ledger-restart__transfer", {"account": "x1", "cents": 2})
+            ),
+        )
+        _ = a.tools
+        first_pid = task_server.proc.pid
+        bounce = threading.Timer(0.3, restart)
+        bounce.start()
+        assert a.run("x-run", "move", store=store).answer == "done"
+        bounce.join()
+        assert task_server.proc.pid != first_pid
+        result = Journal(store).get("x-run", names.tool("call_1_1"))
+        assert not result.get("is_error"), result.get("result")
+        assert len([e for e in effects(task_effects, "transfer") if e["account"] == "x1"]) == 1
+    finally:
+        ledger.close()
+
+
 def test_a_task_past_its_timeout_halts_a_side_effect(store, task_server, flaky_file):
     ledger = task_server.server("ledger-late", task_timeout=1.5)
     flaky_file.touch()  # every poll fails: the task never looks finished

@@ -11,8 +11,10 @@ handshake, a ``tools/call`` with a ``task`` parameter answered at once with a
 ``CreateTaskResult``, and ``tasks/get``, ``tasks/result`` and ``tasks/cancel``. It speaks
 only the handshake era (``server/discover`` is refused), as servers with tasks do.
 
-Tasks live in this process, not per connection: a client that died and a new one polling
-the same id find the same task. Every side effect is appended to the file
+Tasks live in this process, not per connection — in the file ``DA_MCP_TASK_STORE`` names
+when it is set, so a server restarted on it knows them: a client that died and a new one
+polling the same id find the same task. A task's work is its time: it works for
+``DA_MCP_TASK_SECONDS``, then it is done. Every side effect is appended to the file
 ``DA_MCP_EFFECTS`` names, when the work starts (outside any journal). Environment:
 ``DA_MCP_TASK_SECONDS`` (how long a task works, default 2), ``DA_MCP_POLL_MS`` (the
 ``pollInterval`` it advertises, default 200), ``DA_MCP_FLAKY`` (a file: while it exists,
@@ -36,9 +38,10 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import INVALID_PARAMS, METHOD_NOT_FOUND
 
 TASK_TOOLS = {"transfer", "audit", "doomed", "forgetful"}
+STEPS = 4
 
-_tasks: dict[str, dict[str, Any]] = {}
 _lock = threading.Lock()
+_memory: dict[str, dict[str, Any]] = {}
 
 
 def _effect(tool: str, **args: object) -> None:
@@ -51,70 +54,96 @@ def _effect(tool: str, **args: object) -> None:
         os.fsync(f.fileno())
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 def _text(value: str, *, error: bool = False) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": value}], "isError": error}
 
 
-def _work(task_id: str, tool: str, arguments: dict[str, Any]) -> None:
-    """The task's work, on a thread of its own (it outlives the request that started it)."""
-    seconds = float(os.environ.get("DA_MCP_TASK_SECONDS", "2"))
-    _effect(tool, task_id=task_id, **arguments)
-    steps = 4
-    for i in range(steps):
-        time.sleep(seconds / steps)
-        with _lock:
-            _tasks[task_id]["statusMessage"] = f"{i + 1} of {steps} done"
-            _tasks[task_id]["lastUpdatedAt"] = _now()
-    with _lock:
-        task = _tasks[task_id]
-        if task["status"] == "cancelled":
-            return
-        if tool == "doomed":
-            task["status"], task["statusMessage"] = "failed", "the ledger refused it"
-            task["result"] = _text("ledger refused the transfer", error=True)
-        else:
-            task["status"] = "completed"
-            done = {"tool": tool, "task": task_id, **arguments}
-            task["result"] = {
-                "content": [{"type": "text", "text": json.dumps(done)}],
-                "structuredContent": done,
-                "isError": False,
-            }
-        task["lastUpdatedAt"] = _now()
+# Tasks are kept in the file DA_MCP_TASK_STORE when it is set (else in memory): a server
+# restarted on it knows the tasks of the one before, as a server with a database would. A
+# task's work is its time: it is working until ``finish_at``, then done.
+def _load() -> dict[str, dict[str, Any]]:
+    path = os.environ.get("DA_MCP_TASK_STORE")
+    if not path:
+        return _memory
+    try:
+        with open(path) as f:
+            return dict(json.load(f))
+    except FileNotFoundError:
+        return {}
+
+
+def _save(tasks: dict[str, dict[str, Any]]) -> None:
+    path = os.environ.get("DA_MCP_TASK_STORE")
+    if not path:
+        return
+    with open(path + ".tmp", "w") as f:
+        json.dump(tasks, f)
+    os.replace(path + ".tmp", path)
+
+
+def _view(record: dict[str, Any]) -> dict[str, Any]:
+    """The task as the protocol shows it, and its result once it has one."""
+    now = time.time()
+    task: dict[str, Any] = {
+        "taskId": record["taskId"],
+        "status": "working",
+        "createdAt": _iso(record["created"]),
+        "lastUpdatedAt": _iso(min(now, record["finish_at"])),
+        "ttl": record["ttl"],
+        "pollInterval": record["pollInterval"],
+    }
+    if record.get("cancelled"):
+        task["status"] = "cancelled"
+    elif now < record["finish_at"]:
+        done = int(STEPS * (now - record["created"]) / (record["finish_at"] - record["created"]))
+        if done:
+            task["statusMessage"] = f"{done} of {STEPS} done"
+    elif record["tool"] == "doomed":
+        task["status"], task["statusMessage"] = "failed", "the ledger refused it"
+        task["result"] = _text("ledger refused the transfer", error=True)
+    else:
+        task["status"] = "completed"
+        done_with = {"tool": record["tool"], "task": record["taskId"], **record["arguments"]}
+        task["result"] = {
+            "content": [{"type": "text", "text": json.dumps(done_with)}],
+            "structuredContent": done_with,
+            "isError": False,
+        }
+    return task
 
 
 def _start(params: dict[str, Any]) -> dict[str, Any]:
     tool, arguments = params["name"], dict(params.get("arguments") or {})
-    task_id = uuid.uuid4().hex
-    ttl = (params.get("task") or {}).get("ttl") or 60_000
-    task = {
-        "taskId": task_id,
-        "status": "working",
-        "createdAt": _now(),
-        "lastUpdatedAt": _now(),
-        "ttl": ttl,
+    now = time.time()
+    record = {
+        "taskId": uuid.uuid4().hex,
+        "tool": tool,
+        "arguments": arguments,
+        "created": now,
+        "finish_at": now + float(os.environ.get("DA_MCP_TASK_SECONDS", "2")),
+        "ttl": (params.get("task") or {}).get("ttl") or 60_000,
         "pollInterval": int(os.environ.get("DA_MCP_POLL_MS", "200")),
     }
-    with _lock:
-        _tasks[task_id] = task
-    threading.Thread(target=_work, args=(task_id, tool, arguments), daemon=True).start()
-    if tool == "forgetful":  # a server that restarted, or whose ttl ran out, at once
+    _effect(tool, task_id=record["taskId"], **arguments)  # the work starts: its effect
+    if tool != "forgetful":  # forgetful: a server that lost the task at once
         with _lock:
-            _tasks.pop(task_id)
-    return {"task": {k: v for k, v in task.items() if k != "result"}}
+            tasks = _load()
+            tasks[record["taskId"]] = record
+            _save(tasks)
+    return {"task": {k: v for k, v in _view(record).items() if k != "result"}}
 
 
 def _find(params: Any) -> dict[str, Any]:
     task_id = (params or {}).get("taskId")
     with _lock:
-        task = _tasks.get(task_id) if isinstance(task_id, str) else None
-        if task is None:
-            raise MCPError(code=INVALID_PARAMS, message=f"Failed to retrieve task: {task_id}")
-        return dict(task)
+        record = _load().get(task_id) if isinstance(task_id, str) else None
+    if record is None:
+        raise MCPError(code=INVALID_PARAMS, message=f"Failed to retrieve task: {task_id}")
+    return _view(record)
 
 
 def _public(task: dict[str, Any]) -> dict[str, Any]:
@@ -158,12 +187,14 @@ async def tasks_middleware(ctx: Any, call_next: Any) -> Any:
         return task["result"]
     if method == "tasks/cancel":
         with _lock:
-            task = _tasks.get((params or {}).get("taskId"))
-            if task is None:
+            tasks = _load()
+            record = tasks.get((params or {}).get("taskId"))
+            if record is None:
                 raise MCPError(code=INVALID_PARAMS, message="no such task")
-            if task["status"] == "working":
-                task["status"] = "cancelled"
-            return _public(task)
+            if _view(record)["status"] == "working":
+                record["cancelled"] = True
+                _save(tasks)
+        return _public(_view(record))
     return await call_next(ctx)
 
 

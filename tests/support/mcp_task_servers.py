@@ -1,6 +1,7 @@
 """Starting the task-running test MCP server (``tests.support.mcp_task_server``) over
 streamable HTTP, as a process of its own that outlives the processes calling it (a task
-must outlive a driver that is killed while polling it)."""
+must outlive a driver that is killed while polling it). Its tasks are kept in a file next
+to the effects file, so the server can be killed and started again on the same port."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ class TaskServer(HttpServer):
     def start(self, timeout: float = 20.0) -> None:
         import socket
 
-        env = {**os.environ, **server_env(self.effects), **self.extra}
+        # Tasks kept in a file: a restarted server knows the tasks of the one before.
+        store = str(self.effects.with_suffix(".tasks.json"))
+        env = {**os.environ, **server_env(self.effects), "DA_MCP_TASK_STORE": store, **self.extra}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.support.mcp_task_server", "http", str(self.port)],
             cwd=ROOT,
