@@ -218,3 +218,17 @@ def test_progress_is_written_at_most_once_an_interval_the_latest_winning():
     failing.offer({"progress": 1})
     failing.flush()  # a note that cannot be written is dropped; the call goes on
     assert failing.written == 0
+
+
+def test_the_task_timeout_is_a_checked_setting_and_a_servers_own():
+    from durable_agents.conf import parse
+
+    settings, problems = parse({"MCP_TIMEOUTS": {"TASK": 7200}})
+    assert not problems and settings.mcp_timeouts.task == 7200.0
+    assert parse({})[0].mcp_timeouts.task == 3600.0
+    _, problems = parse({"MCP_TIMEOUTS": {"TASK": 0}})
+    assert any("MCP_TIMEOUTS.TASK" in p for p in problems)
+    server = da.mcp.Server("ledger", url="http://127.0.0.1:9/mcp", task_timeout=90)
+    assert server.timeouts().task == 90.0
+    with pytest.raises(da.ConfigError, match="task_timeout"):
+        da.mcp.Server("ledger", url="http://127.0.0.1:9/mcp", task_timeout=-1)
