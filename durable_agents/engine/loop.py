@@ -730,11 +730,10 @@ class Driver:
         record that it never started. Its effect may have happened; only a person may say.
         Except a call that handed its work off and journaled where it is (``_resumable``):
         its tool waits on that work again when the call is settled."""
-        halts = [
-            h
-            for h in unknown_outcomes(self.state, self.run_id)
-            if not self._resumable(h.op_id, self.state.live_attempts().get(h.op_id))
-        ]
+        halts = unknown_outcomes(self.state, self.run_id)
+        if halts and self.state.handles:
+            live = self.state.live_attempts()
+            halts = [h for h in halts if not self._resumable(h.op_id, live.get(h.op_id))]
         if halts:
             self._halt_run(halts)
 
