@@ -358,6 +358,7 @@ class McpTool(Tool):
         }
         # Called as a task when the server runs tool calls as tasks and the tool allows it.
         self.as_task = runs_tasks and tasks.task_support(remote) is not None
+        self.origin["as_task"] = self.as_task
 
     def _argument_names(self, option: str, names: Sequence[str], code: str) -> tuple[str, ...]:
         known = list((self.parameters.get("properties") or {}).keys())

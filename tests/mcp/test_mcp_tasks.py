@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import durable_agents as da
+from durable_agents.admin.readable import origin_of
 from durable_agents.engine import names
 from durable_agents.engine.journal import Journal
 from durable_agents.mcp import tasks
@@ -71,6 +72,10 @@ def test_a_task_tool_runs_as_a_task_its_id_journaled_before_its_result(
         assert tool.as_task and tool.origin["task_support"] == "required"
         assert not tool.safety.retry_safe  # untrusted: a side effect
         assert not a.tools["ledger__crunch"].as_task
+        assert origin_of(tool).endswith(
+            "; the server runs it as a task (its id is journaled; a resume polls it)"
+        )
+        assert "as a task" not in origin_of(a.tools["ledger__crunch"])
         assert a.run("t-run", "move", store=store).answer == "done"
         journal = Journal(store)
         handle = journal.get("t-run", names.handle("call_1_1"))
