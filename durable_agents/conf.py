@@ -111,12 +111,14 @@ class Retention:
 
 @dataclass(frozen=True)
 class McpTimeouts:
-    """``MCP_TIMEOUTS``: seconds an MCP server gets to connect, to list its tools and to
-    answer one call (``durable_agents.mcp``; a ``Server`` may set its own)."""
+    """``MCP_TIMEOUTS``: seconds an MCP server gets to connect, to list its tools, to
+    answer one call, and to finish a call it runs as a task, counted from when the task was
+    created, across crashes (``durable_agents.mcp``; a ``Server`` may set its own)."""
 
     connect: float = 10.0
     list: float = 10.0
     call: float = 60.0
+    task: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -226,7 +228,7 @@ _KEYS = {
     "TELEMETRY": "telemetry",
     "MCP_TIMEOUTS": "mcp_timeouts",
 }
-_MCP_TIMEOUT_KEYS = {"CONNECT": "connect", "LIST": "list", "CALL": "call"}
+_MCP_TIMEOUT_KEYS = {"CONNECT": "connect", "LIST": "list", "CALL": "call", "TASK": "task"}
 _RETRY_KEYS = {"MAX_ATTEMPTS": "max_attempts", "BASE_DELAY": "base_delay", "MAX_DELAY": "max_delay"}
 _NOTIFY_KEYS = {
     "APPROVALS": "approvals",
@@ -833,7 +835,8 @@ def get_settings() -> Settings:
 
 
 def _parse_mcp_timeouts(raw: Any, problems: list[str]) -> McpTimeouts:
-    """``MCP_TIMEOUTS``: {"CONNECT": s, "LIST": s, "CALL": s}, each a positive number."""
+    """``MCP_TIMEOUTS``: {"CONNECT": s, "LIST": s, "CALL": s, "TASK": s}, each a positive
+    number."""
     if raw is None:
         return McpTimeouts()
     if not isinstance(raw, dict):

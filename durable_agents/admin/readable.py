@@ -54,6 +54,11 @@ def origin_of(tool: Any) -> str:
         f"{origin.get('remote_tool')}; declares {hints} ({trusted}); runs as "
         f"{_CLASS_WORDS.get(origin.get('class', ''), origin.get('class'))}, "
         f"{_CLASS_FROM.get(origin.get('class_from', ''), '')}"
+        + (
+            "; the server runs it as a task (its id is journaled; a resume polls it)"
+            if origin.get("as_task")
+            else ""
+        )
     )
 
 

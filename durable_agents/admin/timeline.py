@@ -107,6 +107,32 @@ def _describe(rec: Record, rules: RuleLog | None = None) -> dict[str, Any]:
             meta=[f"agent {body.get('agent')}"] if body.get("agent") else [],
             run_link=child if isinstance(child, str) and child else None,
         )
+    if name.startswith(names.HANDLE):
+        held = body.get("handle") or {}
+        where = (
+            f"MCP task {held.get('task_id')} on server {held.get('server')}"
+            if held.get("kind") == "mcp-task"
+            else "its work"
+        )
+        return _entry(
+            rec,
+            "child",
+            f"Call {body.get('call_id')} ({body.get('tool')}) handed off {where}",
+            meta=["a resume waits on it again, never calls again"],
+        )
+    if name.startswith(names.PROGRESS):
+        said = body.get("message") or body.get("status") or ""
+        done = body.get("progress")
+        total = body.get("total")
+        count = f"{done:g} of {total:g}" if isinstance(done, int | float) and total else ""
+        return _entry(
+            rec,
+            INTERNAL,
+            f"Call {body.get('call_id')} ({body.get('tool')}) in progress"
+            + (f": {count}" if count else "")
+            + (f" — {said}" if said else ""),
+            internal=True,
+        )
     if name.startswith(names.UNKNOWN):
         reason = body.get("reason") or {}
         return _entry(

@@ -16,7 +16,8 @@ Promises (see docs/guarantees.md):
   discarded (rejected, truncated, or its write lost to another driver).
 * The run row is a projection of the journal; a drive puts a row that disagrees back in step.
 
-Scope: this resumes around tool calls, not inside one.
+Scope: this resumes around tool calls, not inside one — except a call whose tool handed its
+work off and journaled where it is (``engine.handles``): a resume waits on that work again.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from .errors import (
     WaitError,
 )
 from .fingerprint import diff, tools_digest
+from .handles import CallRecords
 from .imported import NEW_REQUEST_FIX, SUB_RUN_FIX, refuse_inert
 from .journal import Journal, RunLog, header, now_ms
 from .leases import HeldLease
@@ -487,6 +489,8 @@ class _Gate:
     approval: Record | None = None
     # The policy a person decides it under: the one its rule journaled (``rule:<call>``).
     policy: dict[str, Any] | None = None
+    # A call whose live attempt waits on a journaled handle: run again without a new claim.
+    resuming: bool = False
 
 
 class _DeniedMeanwhile(Exception):
@@ -723,10 +727,24 @@ class Driver:
 
     def _halt_on_unknown_outcomes(self) -> None:
         """Halt on every op whose attempt is live: claimed, with no outcome recorded and no
-        record that it never started. Its effect may have happened; only a person may say."""
+        record that it never started. Its effect may have happened; only a person may say.
+        Except a call that handed its work off and journaled where it is (``_resumable``):
+        its tool waits on that work again when the call is settled."""
         halts = unknown_outcomes(self.state, self.run_id)
+        if halts and self.state.handles:
+            live = self.state.live_attempts()
+            halts = [h for h in halts if not self._resumable(h.op_id, live.get(h.op_id))]
         if halts:
             self._halt_run(halts)
+
+    def _resumable(self, op: str, marker: Any) -> bool:
+        """Whether the live attempt ``marker`` of call ``op`` is resumed instead of halted:
+        its tool journaled a handle (``engine.handles``), has not said the outcome is
+        unknown since, and is still a tool that resumes from a handle."""
+        if marker is None or op not in self.state.handles or marker.name in self.state.unknown:
+            return False
+        tool = self.agent.tools.get(str(marker.get("tool") or ""))
+        return tool is not None and tool.resumes
 
     def _close_settled_halts(self) -> None:
         """Close the open halts of calls the journal holds an outcome for: a resolution that
@@ -1135,7 +1153,9 @@ class Driver:
             attempt = 0
             if not tool.safety.retry_safe:
                 attempt, live = self._attempt_state(call.id)
-                if live is not None:  # claimed since this drive began: another driver's
+                if live is not None and self._resumable(call.id, live):
+                    gate.resuming = True  # its tool waits on the work it handed off
+                elif live is not None:  # claimed since this drive began: another driver's
                     halts.append(self._halt(gate, live, "contended"))
                     continue
             runnable.append((gate, attempt))
@@ -1652,7 +1672,9 @@ class Driver:
         self._check_continue()
         # Before the claim: a call throttled here was provably never started.
         self._tool_slots[gate.call.id] = self.limits.before_tool(gate.tool, gate.call.id)
-        if gate.tool.safety.retry_safe:
+        if gate.tool.safety.retry_safe or gate.resuming:
+            # A resumed call's claim is the one its handle was kept under: nothing is sent
+            # again, the tool only waits on the work it handed off.
             self._check_tree()
             return None
         name = names.attempt(gate.call.id, attempt)
@@ -1705,6 +1727,9 @@ class Driver:
                 gate.tool.name,
                 retry_safe=gate.tool.safety.retry_safe,
                 fence=self.fence,
+            ),
+            _records=CallRecords(
+                self.store, self.run_id, gate.call.id, gate.tool.name, fence=self.fence
             ),
         )
         try:

@@ -51,17 +51,30 @@ ACK = "ack:"  # a channel's message consumed, by which call (once)
 RECEIVING = "receiving:"  # a receive found its channel empty: the run waits for a message
 COMPENSATE = "compensate:"  # a saga undid a call (``undo``'s outcome), at most once
 CHILD = "child:"  # a call started a sub-run (``agent.as_tool()``): its id and agent
+HANDLE = "handle:"  # a call's work is held elsewhere (an MCP task id): resume waits on it
 # "@..." records are evidence beside the run's steps, never replayed into its transcript.
 SPEND = "@spend/"
 LATE = "@late/"
 DRIFT = "@drift/"
 TAKEOVER = "@takeover/"  # a driver took the run's lease over from another holder
 UNKNOWN = "@unknown/"  # what a tool said when it could not tell whether its effect happened
+PROGRESS = "@progress/"  # how far a call in flight had got, for people following the run
 
 
 def child(call_id: str) -> str:
     """The sub-run a call started."""
     return f"{CHILD}{call_id}"
+
+
+def handle(call_id: str) -> str:
+    """Where a call's work is held while it runs elsewhere (``engine.handles``)."""
+    return f"{HANDLE}{call_id}"
+
+
+def progress(call_id: str, nonce: str, n: int) -> str:
+    """The ``n``-th progress note of one run of a call (``nonce``: that run's, so a call
+    run again after a crash writes notes of its own)."""
+    return f"{PROGRESS}{call_id}/{nonce}/{n}"
 
 
 def model(n: int) -> str:

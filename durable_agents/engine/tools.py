@@ -83,6 +83,9 @@ class ToolContext:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # The call's waits (``engine.waits.CallWaits``), set by the driver.
     _waits: Any = field(default=None, repr=False)
+    # The records the call may write about itself (``engine.handles.CallRecords``), set by
+    # the driver; None outside a run.
+    _records: Any = field(default=None, repr=False)
 
     def once_key(self) -> str:
         with self._lock:
@@ -126,6 +129,28 @@ class ToolContext:
         """Like ``sleep``, until ``when`` (a timezone-aware datetime)."""
         return self._run_waits().wait_until(name, when)  # type: ignore[no-any-return]
 
+    def handle(self) -> dict[str, Any] | None:
+        """The handle this call journaled with ``keep_handle`` (in this drive or one before
+        a crash), or None: the tool resumes waiting on it instead of starting its work again
+        (``engine.handles``; the tool must set ``resumes = True``). None outside a run."""
+        if self._records is None:
+            return None
+        return self._records.handle()  # type: ignore[no-any-return]
+
+    def keep_handle(self, value: dict[str, Any]) -> dict[str, Any]:
+        """Journal where this call's work is held (a remote task's id) before waiting on it;
+        returns the handle the journal holds. Outside a run it is not kept anywhere."""
+        if self._records is None:
+            return value
+        return self._records.keep_handle(value)  # type: ignore[no-any-return]
+
+    def note_progress(self, note: dict[str, Any]) -> bool:
+        """Journal how far this call has got, for people following the run live (never
+        replayed; best effort). Call it sparingly: each note is a journal write."""
+        if self._records is None:
+            return False
+        return self._records.note_progress(note)  # type: ignore[no-any-return]
+
     def _run_waits(self) -> Any:
         if self._waits is None:
             raise ConfigError(
@@ -168,6 +193,10 @@ class Tool:
     # Where a tool comes from when it is not a Python function of this site: e.g. an MCP
     # server's (server, remote name, declared annotations, the class chosen), for people.
     origin: Mapping[str, Any] | None = None
+    # Whether a call with a journaled handle (``ToolContext.keep_handle``) and no result is
+    # resumed by calling ``invoke`` again, which waits on the handle (``engine.handles``),
+    # instead of halting a side effect on its live attempt.
+    resumes: bool = False
     subagent_rollback: Callable[..., tuple[Any, bool]] | None = None
 
     def __init__(

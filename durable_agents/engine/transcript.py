@@ -49,6 +49,7 @@ _STEP = names.STEP[:_P]
 _COMPENSATE = names.COMPENSATE[:_P]
 _CHILD = names.CHILD[:_P]
 _UNKNOWN = names.UNKNOWN[:_P]
+_HANDLE = names.HANDLE[:_P]
 
 
 @dataclass
@@ -77,6 +78,9 @@ class RunState:
     step_values: set[str] = field(default_factory=set)
     # What a tool said of an attempt it could not tell the outcome of, by attempt name.
     unknown: dict[str, Record] = field(default_factory=dict)
+    # Where a call's work is held while it runs elsewhere (``handle:<call>``), by call id: a
+    # live attempt with one is resumed by waiting on it, not halted (``engine.handles``).
+    handles: dict[str, Record] = field(default_factory=dict)
     # The sub-run each call started (``child:<call>``), by call id: ``<run>/<call>``, or, in a
     # fork, a child of its source that had ended before the fork point (a reference).
     children: dict[str, str] = field(default_factory=dict)
@@ -122,6 +126,8 @@ class RunState:
                 state.children[name[len(names.CHILD) :]] = str(rec.get("run_id"))
             elif prefix == _UNKNOWN:
                 state.unknown[name[len(names.UNKNOWN) :]] = rec
+            elif prefix == _HANDLE:
+                state.handles[name[len(names.HANDLE) :]] = rec
             elif name == names.SAGA_ABORT:
                 state.saga_abort = rec
             elif name == names.RUN_COMPENSATED:
@@ -174,6 +180,8 @@ class RunState:
             self.cancelled = rec
         elif name.startswith(names.UNKNOWN):
             self.unknown[name[len(names.UNKNOWN) :]] = rec
+        elif name.startswith(names.HANDLE):
+            self.handles[name[len(names.HANDLE) :]] = rec
 
     def has_outcome(self, op: str) -> bool:
         """Whether ``op`` (a call id, ``step:<name>`` or ``compensate:<call>``) has a

@@ -25,15 +25,17 @@ import concurrent.futures
 import contextlib
 import os
 import threading
+import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from . import elicitation
 from .errors import McpOutcomeUnknown, McpRefused, McpTimeout, McpUnavailable, require_sdk
 
 if TYPE_CHECKING:
     from .elicitation import Asker
+    from .progress import ProgressNotes
     from .server import Server
 
 T = TypeVar("T")
@@ -84,12 +86,29 @@ def close_all(timeout: float = 5.0) -> None:
         conn.close(timeout)
 
 
-def _run(coro: Awaitable[T], wait: float, asker: Asker | None = None) -> T:
-    """Run ``coro`` on the MCP loop and wait for it at most ``wait`` seconds (answering its
-    elicitations meanwhile, with ``asker``)."""
+def _run(
+    coro: Awaitable[T],
+    wait: float,
+    tick: Callable[[], None] | None = None,
+    asker: Asker | None = None,
+) -> T:
+    """Run ``coro`` on the MCP loop and wait for it at most ``wait`` seconds; with
+    ``tick``, call it about once a second while waiting (in this thread); with ``asker``,
+    answer the server's elicitations meanwhile."""
     future = asyncio.run_coroutine_threadsafe(_as_coroutine(coro), _event_loop())
+    deadline = time.monotonic() + wait
     try:
-        return asker.serve(future, wait) if asker is not None else future.result(wait)
+        if asker is not None:
+            return cast(T, asker.serve(future, wait, tick))
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return future.result(max(0.0, min(left, 1.0)) if tick is not None else wait)
+            except concurrent.futures.TimeoutError:
+                # The builtin TimeoutError too: the coroutine's own timeout ends the wait.
+                if tick is None or future.done() or time.monotonic() >= deadline:
+                    raise
+                tick()
     except concurrent.futures.TimeoutError:
         future.cancel()
         raise TimeoutError from None
@@ -219,6 +238,10 @@ class Connection:
 
     # -- listing and calling ------------------------------------------------------------
 
+    def capabilities(self) -> Any:
+        """The capabilities the server declared when this connection opened."""
+        return getattr(self._connected(), "server_capabilities", None)
+
     def list_tools(self) -> list[Any]:
         """Every tool the server lists (all pages)."""
         timeout = self.server.timeouts().list
@@ -250,15 +273,25 @@ class Connection:
                 if not cursor:
                     return tools
 
-    def call(self, remote: str, arguments: dict[str, Any], asker: Asker | None = None) -> Any:
-        """``tools/call`` on the server; its ``CallToolResult``. The server's elicitations
-        during the call go to ``asker`` (None: declined)."""
+    def call(
+        self,
+        remote: str,
+        arguments: dict[str, Any],
+        progress: ProgressNotes | None = None,
+        asker: Asker | None = None,
+    ) -> Any:
+        """``tools/call`` on the server; its ``CallToolResult``. With ``progress``, the
+        server's progress reports are offered to it and written while the call runs; the
+        server's elicitations during the call go to ``asker`` (None: declined)."""
         self._probe()
         client = self._connected()
         timeout = self.server.timeouts().call
         try:
             return _run(
-                self._call(client, remote, arguments, timeout, asker), timeout + _GRACE, asker
+                self._call(client, remote, arguments, timeout, progress, asker),
+                timeout + _GRACE,
+                progress.flush if progress is not None else None,
+                asker,
             )
         except TimeoutError:
             # The connection stays: other calls on it are fine, and the next call's probe
@@ -286,6 +319,7 @@ class Connection:
         remote: str,
         arguments: dict[str, Any],
         timeout: float,
+        progress: ProgressNotes | None = None,
         asker: Asker | None = None,
     ) -> Any:
         from mcp import MCPError
@@ -294,7 +328,11 @@ class Connection:
         async with asyncio.timeout(timeout):
             try:
                 with elicitation.calling(self.server, asker):
-                    return await client.call_tool(remote, arguments)
+                    return await client.call_tool(
+                        remote,
+                        arguments,
+                        progress_callback=progress.callback if progress is not None else None,
+                    )
             except MCPError as exc:
                 # JSON-RPC's own refusals: the request was turned down before anything ran.
                 if exc.code in (METHOD_NOT_FOUND, INVALID_PARAMS):

@@ -33,7 +33,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -173,8 +173,14 @@ class Asker:
 
     # -- on the thread that sent the call ---------------------------------------------------
 
-    def serve(self, call: concurrent.futures.Future[Any], wait: float) -> Any:
-        """The call's result, as ``call.result(wait)`` — answering its questions meanwhile.
+    def serve(
+        self,
+        call: concurrent.futures.Future[Any],
+        wait: float,
+        tick: Callable[[], None] | None = None,
+    ) -> Any:
+        """The call's result, as ``call.result(wait)`` — answering its questions meanwhile,
+        and with ``tick`` calling it about once a second (in this thread).
         Whatever ends the wait (the result, an error, the timeout, this thread's own
         error), every question still open is given up first."""
         call.add_done_callback(lambda _: self._wake.set())
@@ -187,8 +193,11 @@ class Asker:
                 now = time.monotonic()
                 if now >= end:
                     raise concurrent.futures.TimeoutError
-                self._wake.wait(min(self.poll, end - now) if open_ else end - now)
+                pause = min(self.poll, end - now) if open_ else end - now
+                self._wake.wait(min(pause, 1.0) if tick is not None else pause)
                 self._wake.clear()
+                if tick is not None:
+                    tick()
                 with self._lock:
                     new, self._new = self._new, []
                 for ask in new:

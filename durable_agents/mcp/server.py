@@ -20,9 +20,11 @@ from typing import Any
 from ..engine.errors import ConfigError, ToolArgumentsError, ToolResultError
 from ..engine.records import encode
 from ..engine.tools import Safety, Tool, ToolContext, checked_options
+from . import tasks
 from .connection import Connection, http_transport
 from .elicitation import Asker, callback, check_option
 from .errors import require_sdk
+from .progress import ProgressNotes
 
 _SERVER_NAME = re.compile(r"[A-Za-z0-9-]{1,32}")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -57,6 +59,7 @@ class Timeouts:
     connect: float
     list: float
     call: float
+    task: float
 
 
 class Server:
@@ -84,6 +87,7 @@ class Server:
         connect_timeout: float | None = None,
         list_timeout: float | None = None,
         call_timeout: float | None = None,
+        task_timeout: float | None = None,
         elicitation: bool = False,
     ) -> None:
         what = f"MCP server {name!r}"
@@ -142,8 +146,8 @@ class Server:
         self.options = dict(tools or {})
         self.names = dict(names or {})
         self.key_argument = idempotency_key_argument
-        self._timeouts = (connect_timeout, list_timeout, call_timeout)
-        for label, value in zip(("connect", "list", "call"), self._timeouts, strict=True):
+        self._timeouts = (connect_timeout, list_timeout, call_timeout, task_timeout)
+        for label, value in zip(("connect", "list", "call", "task"), self._timeouts, strict=True):
             if value is not None and (isinstance(value, bool) or not value > 0):
                 raise ConfigError(
                     f"{what}: {label}_timeout must be a positive number of seconds",
@@ -168,9 +172,9 @@ class Server:
             from ..conf import get_settings
 
             defaults = get_settings().mcp_timeouts
-            base = (defaults.connect, defaults.list, defaults.call)
+            base = (defaults.connect, defaults.list, defaults.call, defaults.task)
         except Exception:  # Django not configured: the documented defaults
-            base = (10.0, 10.0, 60.0)
+            base = (10.0, 10.0, 60.0, 3600.0)
         own = self._timeouts
         return Timeouts(*(float(o if o is not None else b) for o, b in zip(own, base, strict=True)))
 
@@ -206,7 +210,9 @@ class Server:
     def load_tools(self) -> list[Tool]:
         """The server's tools as durable tools (connecting if needed)."""
         require_sdk()
-        listed = self.connection().list_tools()
+        connection = self.connection()
+        listed = connection.list_tools()
+        runs_tasks = tasks.server_runs_tasks(connection.capabilities())
         remote_names = [t.name for t in listed]
         for label, keys in (("tools", self.options), ("names", self.names)):
             unknown = sorted(set(keys) - set(remote_names))
@@ -232,7 +238,7 @@ class Server:
                     "tell them apart with names={...}",
                     code="config.tool_name",
                 )
-            made[local] = McpTool(self, remote, local)
+            made[local] = McpTool(self, remote, local, runs_tasks=runs_tasks)
         return list(made.values())
 
 
@@ -304,7 +310,12 @@ class McpTool(Tool):
     """One tool of an MCP server: the server's schema, validated here before any call
     (a call with bad arguments never reaches the server), its result journaled whole."""
 
-    def __init__(self, server: Server, remote: Any, local: str) -> None:
+    # A call with a journaled task id is resumed by polling that task (``mcp.tasks``).
+    resumes = True
+
+    def __init__(
+        self, server: Server, remote: Any, local: str, *, runs_tasks: bool = False
+    ) -> None:
         import jsonschema
 
         self.server = server
@@ -374,7 +385,11 @@ class McpTool(Tool):
             "class_from": source,
             "idempotency_key_argument": self.key_argument,
             "elicitation": self.elicitation,
+            "task_support": tasks.task_support(remote),
         }
+        # Called as a task when the server runs tool calls as tasks and the tool allows it.
+        self.as_task = runs_tasks and tasks.task_support(remote) is not None
+        self.origin["as_task"] = self.as_task
 
     def _argument_names(self, option: str, names: Sequence[str], code: str) -> tuple[str, ...]:
         known = list((self.parameters.get("properties") or {}).keys())
@@ -436,7 +451,13 @@ class McpTool(Tool):
             waits=ctx._waits,
             call_timeout=self.server.timeouts().call,
         )
-        result = self.server.connection().call(self.remote, sent, asker)
+        notes = ProgressNotes(ctx)
+        if self.as_task or ctx.handle() is not None:
+            # A task journaled before a crash is polled again whatever the server lists now.
+            # (Its elicitations are not served: a task's questions come through tasks/get,
+            # which this client does not answer.)
+            return tasks.call(self.server.connection(), self.remote, sent, ctx, notes)
+        result = self.server.connection().call(self.remote, sent, notes, asker)
         data = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         if result.is_error:
             raise ToolResultError(
@@ -446,7 +467,11 @@ class McpTool(Tool):
         return data
 
     def _direct(self, **kwargs: Any) -> Any:
-        """Calling the tool outside a run (tests, a shell): no journal, no key."""
+        """Calling the tool outside a run (tests, a shell): no journal, no key; a task is
+        polled to its end, its id kept nowhere."""
+        if self.as_task:
+            ctx = ToolContext(run_id="", call_id="", tool_name=self.name, idempotency_key="")
+            return tasks.call(self.server.connection(), self.remote, kwargs, ctx)
         return (
             self.server.connection()
             .call(self.remote, kwargs)

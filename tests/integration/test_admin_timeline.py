@@ -163,3 +163,21 @@ def test_a_quorum_vote_that_approved_other_arguments_shows_as_not_counted(monkey
     decision = next(e for e in _entries(_page("tl-quorum")) if "approved by alice" in e)
     visible = decision.split('<details class="da-raw">')[0]
     assert "not counted (approved other arguments) bob" in visible
+
+
+def test_a_handed_off_call_and_its_progress_notes_have_entries_of_their_own():
+    from durable_agents.engine.handles import handle_body, progress_body
+
+    echo.start("where is order 7?", run_id="tl-task")
+    journal = Journal(DjangoStore())
+    task = {"kind": "mcp-task", "task_id": "t-42", "server": "ledger"}
+    journal.write(
+        "tl-task", names.handle("call_1_1"), handle_body("call_1_1", "ledger__transfer", task)
+    )
+    note = progress_body("call_1_1", "ledger__transfer", {"progress": 3, "total": 10})
+    journal.write("tl-task", names.progress("call_1_1", "ab", 1), note)
+    entries = _entries(_page("tl-task"))
+    handed = next(e for e in entries if "handle:call_1_1" in e)
+    assert "handed off MCP task t-42 on server ledger" in handed
+    progress = next(e for e in entries if "@progress/" in e)
+    assert "da-internal" in progress and "in progress: 3 of 10" in progress
