@@ -10,8 +10,6 @@ retry-safe tools re-run; every run ends finished or halted; the transcript is va
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -20,7 +18,7 @@ from durable_agents.engine.journal import Journal
 from durable_agents.engine.transcript import RunState
 from tests.support.agents import count_effects
 from tests.support.chains import check_chain
-from tests.support.procs import ROOT, subprocess_env
+from tests.support.procs import run_python
 
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "sqlite"]),
@@ -48,14 +46,7 @@ def drive(agent: str, run_id: str, crash: str | None) -> tuple[int, dict | None]
         env["DA_CRASH_INSIDE"] = crash.split(":", 1)[1]
     elif crash:
         env["DURABLE_AGENTS_CRASH_AT"] = crash
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.support.drive", f"crash-{agent}", run_id, "go"],
-        cwd=ROOT,
-        env=subprocess_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_python("tests.support.drive", [f"crash-{agent}", run_id, "go"], **env)
     if proc.returncode == -9:
         return -9, None
     assert proc.returncode == 0, proc.stderr

@@ -42,6 +42,9 @@ def _demo(env):
     assert "request expired" in text and "refused (approval.expired)" in text
     assert "refused by rule too-big, nobody asked" in text
     assert "refunds made by the desk: 2" in text
+    # The stock desk's tools are an MCP server's: its gated reservation, approved, made once.
+    assert "The stock desk's tools come from an MCP server" in text
+    assert "reservations made by the server: 1 (exactly once" in text
 
 
 def _rows(db):
@@ -63,6 +66,7 @@ def test_demo_runs_end_to_end_and_again_from_a_clean_slate(tmp_path):
     _demo(env)
     db = tmp_path / "db.sqlite3"
     first = _rows(db)
-    assert first["run"] >= 7 and first["approvalrequest"] == 3
+    # Approvals: the refund desk's three requests and the stock desk's reservation.
+    assert first["run"] >= 7 and first["approvalrequest"] == 4
     _demo(env)  # the admin shows one story, not two
     assert _rows(db) == first

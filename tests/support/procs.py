@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -40,6 +41,95 @@ def start(args: Sequence[str], **extra_env: str) -> subprocess.Popen[str]:
     )
 
 
+class _Zygote:
+    """The pytest process's handle on its warm parent (``tests/support/zygote.py``)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.zygote"],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        ready = self._read()
+        assert "ready" in ready, ready
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the crash tests' warm parent died")
+        return json.loads(line)
+
+    def run(self, module: str, args: Sequence[str], late: dict[str, str], timeout: float) -> Any:
+        assert self.proc.stdin is not None
+        request = {"module": module, "args": list(args), "env": late, "timeout": timeout}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        answer = self._read()
+        if answer["timed_out"]:
+            raise subprocess.TimeoutExpired([module, *args], timeout, answer["stdout"])
+        return subprocess.CompletedProcess(
+            [module, *args], answer["code"], answer["stdout"], answer["stderr"]
+        )
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()  # its loop ends
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
+_zygote: _Zygote | None = None
+_zygote_lock = threading.Lock()
+
+
+def _close_zygote() -> None:
+    if _zygote is not None:
+        _zygote.close()
+
+
+atexit.register(_close_zygote)
+
+
+def run_python(
+    module: str, args: Sequence[str], timeout: float = 60, **extra_env: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m <module> <args>`` on the test databases, its output captured: forked from
+    the warm parent when only variables read at use differ (``zygote.LATE``), else in a
+    fresh interpreter."""
+    from . import zygote
+
+    global _zygote
+    base = {k: v for k, v in extra_env.items() if k not in zygote.LATE}
+    late = {k: v for k, v in extra_env.items() if k in zygote.LATE}
+    if module in zygote.MODULES and base == {"DA_LEASE_TTL": "1"}:
+        env = subprocess_env(**base)
+        env.pop("PYTEST_CURRENT_TEST", None)  # (changes with every test)
+        with _zygote_lock:
+            if _zygote is None or _zygote.env != env or _zygote.proc.poll() is not None:
+                if _zygote is not None:
+                    _zygote.close()
+                _zygote = _Zygote(env)
+            return _zygote.run(module, args, late, timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=subprocess_env(**extra_env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def in_threads(n: int, fn: Callable[[int], Any]) -> list[Any]:
     """Run ``fn(i)`` in ``n`` threads released together; return results (or raise the first
     error). Each thread closes its own database connections."""
@@ -74,14 +164,7 @@ def drive_in_child(
     env = {"DA_LEASE_TTL": "1"}
     if crash_inside:
         env["DA_CRASH_INSIDE"] = crash_inside
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.support.drive", agent, run_id, "go"],
-        cwd=ROOT,
-        env=subprocess_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_python("tests.support.drive", [agent, run_id, "go"], **env)
     return proc.returncode, proc.stdout
 
 
@@ -89,14 +172,7 @@ def run_module(module: str, *args: str, **env: str) -> tuple[int, str]:
     """Run ``python -m <module> <args>`` on the test databases with a 1 s lease (so the next
     driver takes over a killed one quickly): ``(-9, "")`` if it was SIGKILLed at a failpoint,
     else ``(0, its last line of output)``; any other exit fails the test with its stderr."""
-    proc = subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        env=subprocess_env(DA_LEASE_TTL="1", **env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_python(module, args, DA_LEASE_TTL="1", **env)
     if proc.returncode == -9:
         return -9, ""
     assert proc.returncode == 0, proc.stderr
