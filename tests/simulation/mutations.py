@@ -509,9 +509,9 @@ def _lost_answer_as_not_sent() -> contextlib.AbstractContextManager[None]:
 
     call = connection.Connection.call
 
-    def call_as_not_sent(self: Any, remote: str, arguments: dict[str, Any]) -> Any:
+    def call_as_not_sent(self: Any, remote: str, arguments: dict[str, Any], *rest: Any) -> Any:
         try:
-            return call(self, remote, arguments)
+            return call(self, remote, arguments, *rest)
         except McpOutcomeUnknown as exc:
             raise McpUnavailable(str(exc), server=self.server.name) from None
 

@@ -151,7 +151,10 @@ class _Client:
             raise MCPError(CONNECTION_CLOSED, "Connection closed")
         return ListToolsResult(tools=listed())
 
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], progress_callback: Any = None
+    ) -> Any:
+        """(The service reports no progress of a plain call.)"""
         from mcp import MCPError
         from mcp.types import CONNECTION_CLOSED
 
