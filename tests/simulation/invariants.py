@@ -628,6 +628,15 @@ def check_halt_reasons(ix: Index) -> None:
                 ix.world.violate(
                     "halts_say_why", f"run {halt.run_id} journaled {reason!r} for {halt.op_id}"
                 )
+        elif halt.tool_name == remote.SHIP:
+            # The task's word (``mcp/tasks.py``): its call's answer lost, the server no
+            # longer knowing the task, or the task not done in its time.
+            message = str(reason.get("message") or "")
+            told = message.startswith(remote.TASK_REASONS) or " did not finish in " in message
+            if not told or reason.get("type") != "McpOutcomeUnknown":
+                ix.world.violate(
+                    "halts_say_why", f"run {halt.run_id} journaled {reason!r} for {halt.op_id}"
+                )
         elif reason.get("message") != UNKNOWN_MESSAGE or reason.get("type") != "ToolOutcomeUnknown":
             ix.world.violate(
                 "halts_say_why", f"run {halt.run_id} journaled {reason!r} for {halt.op_id}"
