@@ -44,6 +44,7 @@ BUDGET = {
     "mcp-lost-answer-as-not-sent": 300,
     "mcp-transport-error-as-result": 300,
     "mcp-task-sent-again": 300,
+    "mcp-task-handle-after-polls": 300,
     "mcp-unknown-task-as-failed": 300,
 }
 
@@ -97,6 +98,7 @@ LEAST = {
     "mcp-transport-error-as-result": 6,
     # Issue 45: an MCP server's tasks, polled across crashes (``remote.py``).
     "mcp-task-sent-again": 2,
+    "mcp-task-handle-after-polls": 2,
     "mcp-unknown-task-as-failed": 3,
 }
 

@@ -555,6 +555,31 @@ def _task_sent_again() -> contextlib.AbstractContextManager[None]:
     return _swapped((tasks, "call", call_again))
 
 
+def _handle_after_polls() -> contextlib.AbstractContextManager[None]:
+    """``mcp.tasks.call`` that journals a new task's handle once it has waited on it, not
+    before: a crash while polling leaves a claim without a handle (a halt, not a poll)."""
+    from durable_agents.mcp import tasks
+
+    def call_late(
+        connection: Any, remote: str, arguments: dict[str, Any], ctx: Any, notes: Any = None
+    ) -> Any:
+        run = tasks.TaskCall(connection, remote, ctx)
+        handle = ctx.handle()
+        if handle is not None:
+            return run.wait(handle, notes)
+        answer = run.start(arguments)
+        task = answer.get("task")
+        if not isinstance(task, dict) or not isinstance(task.get("taskId"), str):
+            return tasks._direct_result(run, answer)
+        handle = tasks.handle_for(connection.server.name, remote, task)
+        try:
+            return run.wait(handle, notes)
+        finally:
+            ctx.keep_handle(handle)
+
+    return _swapped((tasks, "call", call_late))
+
+
 def _unknown_task_as_failed() -> contextlib.AbstractContextManager[None]:
     """``TaskCall.wait`` that takes a task the server no longer knows for a failed one: an
     error result the model reads, not an unknown outcome that halts a side effect."""
@@ -827,6 +852,13 @@ MUTATIONS: dict[str, Mutation] = {
             "a resumed call whose handle names an MCP task sends tools/call again (a second "
             "task) instead of polling the one it handed off (mcp.tasks.call)",
             _task_sent_again,
+            reaches=_has_remote,
+        ),
+        Mutation(
+            "mcp-task-handle-after-polls",
+            "a new MCP task's handle is journaled once the call has waited on it, not before "
+            "(mcp.tasks.call): a crash while polling leaves a claim without a handle",
+            _handle_after_polls,
             reaches=_has_remote,
         ),
         Mutation(

@@ -108,6 +108,7 @@ class Task:
     forgotten: bool = False
     statuses: list[str] = field(default_factory=list)  # every status a poll answered
     results: int = 0  # ``tasks/result`` answers given
+    polls: int = 0  # ``tasks/get`` requests that reached the service
 
 
 @dataclass
@@ -278,6 +279,20 @@ class Service:
             raise MCPError(CONNECTION_CLOSED, "Connection closed")
         return {"task": self._status(self.tasks[task_id], "working")}
 
+    def kept_before_polls(self, w: W.World, run_id: str, call_id: str) -> None:
+        """After a call of ``crm__ship`` in a process (however it ended): a task of the
+        call that was polled has its id journaled (``handle:<call>``) — kept before any
+        wait, so a crash while polling leaves a handle to poll again, not a halt."""
+        polled = [
+            t for t in self.tasks.values() if (t.run, t.call) == (run_id, call_id) and t.polls
+        ]
+        if polled and Journal(w.raw).get(run_id, f"handle:{call_id}") is None:
+            w.violate(
+                "remote_tasks_kept",
+                f"run {run_id}: {SHIP} call {call_id} polled {polled[0].id} "
+                f"{polled[0].polls} times, and its handle is not journaled",
+            )
+
     def _status(self, task: Task, status: str) -> dict[str, Any]:
         return {
             "taskId": task.id,
@@ -304,6 +319,7 @@ class Service:
         from mcp.types import CONNECTION_CLOSED
 
         task = self._known(task_id)
+        task.polls += 1
         fate = self.task_rng.choices([f for f, _ in POLL_FATES], [n for _, n in POLL_FATES])[0]
         w.count(f"remote task polls {fate}")
         if fate == "dropped":
@@ -525,6 +541,8 @@ def _with_points(service: Service, tool: Any, invoke: Any) -> Any:
                         dedupe=name == MAIL,
                         entered=entered,
                     )
+            if name == SHIP:
+                service.kept_before_polls(w, ctx.run_id, ctx.call_id)
             # "done" once the service acted (where the kill fault aims), else "failed".
             w.point(f"tool {name} {ctx.call_id} {'done' if acted else 'failed'}")
 
