@@ -198,6 +198,8 @@ class Service:
 
         assert self.context is not None, "the MCP service was called outside a tool call"
         run, call, _ = self.context
+        if W.CURRENT is not None:
+            W.CURRENT.begins(call)  # (as ``create`` says)
         order = args.get("order")
         if tool == "pay":
             self.receipts += 1
@@ -236,6 +238,9 @@ class Service:
         if fate == "lost-before":
             self.requests.append(Request(run, call, name, dict(args), fate, pid=self._pid()))
             raise MCPError(CONNECTION_CLOSED, "Connection closed")
+        # Held up past HALT_MIN_AGE since its claim (a store read inside the call comes
+        # after the body's start): beyond the promise, as ``World.begins`` says.
+        w.begins(call)
         rng = self.task_rng
         task_id = f"task-{len(self.tasks) + 1}"
         ending = "failed" if rng.random() < TASK_FAILS else "completed"
@@ -286,6 +291,8 @@ class Service:
         polled = [
             t for t in self.tasks.values() if (t.run, t.call) == (run_id, call_id) and t.polls
         ]
+        if run_id in w.forgotten:
+            return  # deleted while the call was in flight: its journal went with it
         if polled and Journal(w.raw).get(run_id, f"handle:{call_id}") is None:
             w.violate(
                 "remote_tasks_kept",
@@ -320,6 +327,13 @@ class Service:
 
         task = self._known(task_id)
         task.polls += 1
+        me = self._pid()
+        if any(
+            pid != me and sending[1] is not None and sending[1][:2] == (task.run, task.call)
+            for pid, sending in self.sending.items()
+        ):
+            # A stale driver polls on while its successor resumes the call from its handle.
+            w.count("remote tasks polled by two drivers at once")
         fate = self.task_rng.choices([f for f, _ in POLL_FATES], [n for _, n in POLL_FATES])[0]
         w.count(f"remote task polls {fate}")
         if fate == "dropped":

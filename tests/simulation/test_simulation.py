@@ -134,6 +134,9 @@ def test_seeds_keep_the_promise():
         "remote task polls dropped": "answerer" in config.actors,
         "remote tasks forgotten": "answerer" in config.actors,
         "faults aimed at a task's done": "answerer" in config.actors,
+        "remote tasks polled by two drivers at once": "answerer" in config.actors,
+        "forks of a call handed off to a task": "answerer" in config.actors
+        and "forker" in config.actors,
     }
     # Issue 42: approval rules (``rulecast.py``), in the casts with people and the answerer.
     rules = "person" in config.actors and "answerer" in config.actors and config.rules > 0
