@@ -38,9 +38,11 @@ from . import world as W
 AGENT = "sim-agent"
 SESSION = "chat"
 NOT_HAPPENED = {"error": "did not happen", "checked": "ledger"}
-# The MCP server's tools (``remote.py``): ``crm__pay`` at most once, ``crm__mail`` keyed.
-REMOTE_PAY, REMOTE_MAIL = "crm__pay", "crm__mail"
-UNFLAGGED = frozenset({"charge", "refund", REMOTE_PAY})  # at most once, under an attempt claim
+# The MCP server's tools (``remote.py``): ``crm__pay`` at most once, ``crm__mail`` keyed,
+# ``crm__ship`` at most once, run as a task the server keeps.
+REMOTE_PAY, REMOTE_MAIL, REMOTE_SHIP = "crm__pay", "crm__mail", "crm__ship"
+# At most once, under an attempt claim.
+UNFLAGGED = frozenset({"charge", "refund", REMOTE_PAY, REMOTE_SHIP})
 KEYED = frozenset({"notify", "book", REMOTE_MAIL})  # retry-safe: downstream dedupes by key
 GATED = frozenset({"refund"})
 # A quorum cast's refunds need two approvals from the payouts group: its members are the
@@ -367,7 +369,7 @@ def _arguments(tool: str, order: int, amount: int, spec: Any) -> str:
     if tool == ERRAND:  # the sub-run mails the customer and books a slot
         return json.dumps({"input": errand_plan(order, spec.description if spec else "")})
     args: dict[str, Any] = {"order": order}
-    if tool in ("charge", "refund", REMOTE_PAY):
+    if tool in ("charge", "refund", REMOTE_PAY, REMOTE_SHIP):
         args["amount"] = amount
     elif tool in ("notify", REMOTE_MAIL):
         args["text"] = f"about order {order}"

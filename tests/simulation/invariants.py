@@ -275,6 +275,26 @@ def _raised(e: W.Effect) -> bool:
     return e.outcome == "raised" or (e.outcome == "unknown" and e.tool not in UNFLAGGED)
 
 
+def _run_failed_at_the_server(ix: Index, run_id: str, call_id: str) -> bool:
+    """A keyed MCP call (retry-safe) whose journaled outcome is the error of a run whose
+    request failed at the connection (the server down: ``McpUnavailable``; the request
+    lost before it left, taken conservatively for an unknown outcome): true of that run,
+    though an earlier run of the call, whose driver died before journaling it, took
+    effect. The engine cannot know; the key dedupes the call's runs, not the model's next
+    call."""
+    rec = ix.names.get(run_id, {}).get(f"tool:{call_id}")
+    if rec is None or rec.get("name") != remote.MAIL or not rec.get("is_error"):
+        return False
+    result = rec.get("result")
+    error = str(result.get("error") if isinstance(result, dict) else result)
+    return error.startswith(
+        (
+            f"McpUnavailable: MCP server {remote.SERVER!r} does not answer",
+            f"McpOutcomeUnknown: the connection to MCP server {remote.SERVER!r} failed after",
+        )
+    )
+
+
 def check_effects(w: W.World, ix: Index) -> None:
     """Each at-most-once operation takes effect at most once per run (a model asks again
     only after an error result, so a second effect means the error was false), and a fork
@@ -289,11 +309,13 @@ def check_effects(w: W.World, ix: Index) -> None:
             continue
         if tool in KEYED and all(
             any(o.outcome == "unknown" for o in w.ledger if (o.run, o.call) == (run_id, e.call))
+            or _run_failed_at_the_server(ix, run_id, e.call)
             for e in found[:-1]
         ):
             # An idempotent call whose answer was lost (any of its runs) reads as an error
             # (outcome unknown, truly): the model asking again makes a new call, under a new
-            # key (remote.py).
+            # key (remote.py). So does one whose driver died after the server answered, when
+            # its re-run failed at the connection.
             continue
         calls = [e.call for e in found]
         if any(e.pid in w.beyond for e in found) and any(
@@ -412,6 +434,9 @@ def check_results(w: W.World, ix: Index) -> None:
                 continue
             err = _engine_error(ix, run_id, call_id)
             if err is None or err == "denied":
+                continue
+            if _run_failed_at_the_server(ix, run_id, call_id):
+                w.count("keyed MCP calls whose re-run failed at the connection")
                 continue
             seen = effects_seen_by(w, run_id, call_id)
             if seen:
@@ -624,6 +649,15 @@ def check_halt_reasons(ix: Index) -> None:
             told = str(reason.get("message") or "").startswith(
                 f"the connection to MCP server {remote.SERVER!r} failed after the call of "
             )
+            if not told or reason.get("type") != "McpOutcomeUnknown":
+                ix.world.violate(
+                    "halts_say_why", f"run {halt.run_id} journaled {reason!r} for {halt.op_id}"
+                )
+        elif halt.tool_name == remote.SHIP:
+            # The task's word (``mcp/tasks.py``): its call's answer lost, the server no
+            # longer knowing the task, or the task not done in its time.
+            message = str(reason.get("message") or "")
+            told = message.startswith(remote.TASK_REASONS) or " did not finish in " in message
             if not told or reason.get("type") != "McpOutcomeUnknown":
                 ix.world.violate(
                     "halts_say_why", f"run {halt.run_id} journaled {reason!r} for {halt.op_id}"

@@ -509,9 +509,9 @@ def _lost_answer_as_not_sent() -> contextlib.AbstractContextManager[None]:
 
     call = connection.Connection.call
 
-    def call_as_not_sent(self: Any, remote: str, arguments: dict[str, Any]) -> Any:
+    def call_as_not_sent(self: Any, remote: str, arguments: dict[str, Any], *rest: Any) -> Any:
         try:
-            return call(self, remote, arguments)
+            return call(self, remote, arguments, *rest)
         except McpOutcomeUnknown as exc:
             raise McpUnavailable(str(exc), server=self.server.name) from None
 
@@ -532,6 +532,72 @@ def _transport_error_as_result() -> contextlib.AbstractContextManager[None]:
             return {"content": [{"type": "text", "text": str(exc)}], "isError": False}
 
     return _swapped((McpTool, "invoke", invoke_as_result))
+
+
+def _task_sent_again() -> contextlib.AbstractContextManager[None]:
+    """``mcp.tasks.call`` that sends ``tools/call`` again on a resume instead of polling
+    the task the call's handle names (the journal keeps the first handle; the new task
+    is waited on)."""
+    from durable_agents.mcp import tasks
+
+    def call_again(
+        connection: Any, remote: str, arguments: dict[str, Any], ctx: Any, notes: Any = None
+    ) -> Any:
+        run = tasks.TaskCall(connection, remote, ctx)
+        answer = run.start(arguments)
+        task = answer.get("task")
+        if not isinstance(task, dict) or not isinstance(task.get("taskId"), str):
+            return tasks._direct_result(run, answer)
+        handle = tasks.handle_for(connection.server.name, remote, task)
+        ctx.keep_handle(handle)
+        return run.wait(handle, notes)
+
+    return _swapped((tasks, "call", call_again))
+
+
+def _handle_after_polls() -> contextlib.AbstractContextManager[None]:
+    """``mcp.tasks.call`` that journals a new task's handle once it has waited on it, not
+    before: a crash while polling leaves a claim without a handle (a halt, not a poll)."""
+    from durable_agents.mcp import tasks
+
+    def call_late(
+        connection: Any, remote: str, arguments: dict[str, Any], ctx: Any, notes: Any = None
+    ) -> Any:
+        run = tasks.TaskCall(connection, remote, ctx)
+        handle = ctx.handle()
+        if handle is not None:
+            return run.wait(handle, notes)
+        answer = run.start(arguments)
+        task = answer.get("task")
+        if not isinstance(task, dict) or not isinstance(task.get("taskId"), str):
+            return tasks._direct_result(run, answer)
+        handle = tasks.handle_for(connection.server.name, remote, task)
+        try:
+            return run.wait(handle, notes)
+        finally:
+            ctx.keep_handle(handle)
+
+    return _swapped((tasks, "call", call_late))
+
+
+def _unknown_task_as_failed() -> contextlib.AbstractContextManager[None]:
+    """``TaskCall.wait`` that takes a task the server no longer knows for a failed one: an
+    error result the model reads, not an unknown outcome that halts a side effect."""
+    from durable_agents.engine.errors import ToolResultError
+    from durable_agents.mcp import tasks
+    from durable_agents.mcp.errors import McpOutcomeUnknown
+
+    wait = tasks.TaskCall.wait
+
+    def wait_as_failed(self: Any, handle: dict[str, Any], notes: Any = None) -> Any:
+        try:
+            return wait(self, handle, notes)
+        except McpOutcomeUnknown as exc:
+            if exc.code != "mcp.task_unknown":
+                raise
+            raise ToolResultError(str(exc), tasks.error_result(str(exc))) from None
+
+    return _swapped((tasks.TaskCall, "wait", wait_as_failed))
 
 
 @dataclass(frozen=True)
@@ -778,6 +844,29 @@ MUTATIONS: dict[str, Mutation] = {
             "an MCP call whose connection failed after it was sent returns the failure as the "
             "tool's result (McpTool.invoke), as if the server had answered it",
             _transport_error_as_result,
+            reaches=_has_remote,
+        ),
+        # An MCP server's tasks, polled across crashes (``remote.py``, ``handle:<call>``).
+        Mutation(
+            "mcp-task-sent-again",
+            "a resumed call whose handle names an MCP task sends tools/call again (a second "
+            "task) instead of polling the one it handed off (mcp.tasks.call)",
+            _task_sent_again,
+            reaches=_has_remote,
+        ),
+        Mutation(
+            "mcp-task-handle-after-polls",
+            "a new MCP task's handle is journaled once the call has waited on it, not before "
+            "(mcp.tasks.call): a crash while polling leaves a claim without a handle",
+            _handle_after_polls,
+            reaches=_has_remote,
+        ),
+        Mutation(
+            "mcp-unknown-task-as-failed",
+            "a task the MCP server no longer knows is taken for a failed one: an error result "
+            "the model retries on, not an unknown outcome that halts a side effect "
+            "(TaskCall.wait)",
+            _unknown_task_as_failed,
             reaches=_has_remote,
         ),
         Mutation(

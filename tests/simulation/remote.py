@@ -28,12 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import durable_agents as da
+from durable_agents.engine.journal import Journal
 from durable_agents.engine.records import encode
 
 from . import world as W
+from .coverage import FAULTS
 
 SERVER = "crm"
 PAY, PEEK, MAIL = f"{SERVER}__pay", f"{SERVER}__peek", f"{SERVER}__mail"
+# A side effect the server runs as a task (MCP 2025-11-25 "Tasks", ``mcp/tasks.py``).
+SHIP = f"{SERVER}__ship"
 ODDS = 0.1
 # What may happen to one call (the service's own stream): the weights of each fate.
 FATES = (
@@ -44,8 +48,27 @@ FATES = (
     ("lost-after", 20),  # the server acted, then the connection dropped: no answer
 )
 # How often the seed's plans pick each of the server's tools (besides the agent's own).
-PICKS = (PAY, PAY, PAY, PAY, PEEK, MAIL)
+PICKS = (PAY, PAY, PAY, PAY, PEEK, MAIL, SHIP, SHIP, SHIP)
 SENT = ("answered", "lost-after")  # the request reached the service
+# What may happen at one poll of a task (``tasks/get``), from a stream of its own: the
+# connection drops (the poll is tried again).
+POLL_FATES = (("answered", 92), ("dropped", 8))
+TASK_FAILS = 0.1  # a task that ends ``failed`` (nothing shipped)
+# A task the service forgets at one of its polls (it expired, or the service restarted
+# without keeping its tasks: "invalid params" for its id from then on), drawn when it is
+# created: often, so that the seeds with the server meet it (a call that must halt).
+FORGETS = 0.4
+POLL_MS = 1000
+# A target of the seed's own in the seeds with the coverage aim (``coverage.py``; drawn
+# from ``remote-aim:<seed>``): a fault lands next to a task's handle (the task created,
+# its id not kept yet), its progress note (the handle kept, polling), or a crash right
+# after the task's result came back (before the result is journaled). Most tasks are run
+# by the first drain's workers, where the coverage aim lands one fault too.
+AIMS = (
+    tuple((k, f) for k in ("handle", "@progress", "@progress") for f in FAULTS)
+    + (("done", "crash before"),) * 3
+)
+AIM_ODDS = 0.9
 
 
 def takes_part(cfg: W.Config) -> bool:
@@ -64,6 +87,28 @@ class Request:
     args: dict[str, Any]
     fate: str
     answer: Any = None  # the CallToolResult (dumped as the journal keeps it) it gave or lost
+    task: str | None = None  # the task a task-augmented call created
+    pid: int = 0  # the process that sent it
+
+
+@dataclass
+class Task:
+    """A task the service runs (``crm__ship``): what it will end as is drawn when it is
+    created; ``gets`` polls see it working first."""
+
+    id: str
+    run: str
+    call: str
+    args: dict[str, Any]
+    working: int  # polls still to answer "working"
+    ending: str  # "completed" | "failed"
+    answer: Any  # what ``tasks/result`` gives (a completed task's result; a failed one's error)
+    handled: bool  # the journal held a handle for the call when this task was created
+    forget_at: int = 0  # the poll at which the service forgets it (0: never)
+    forgotten: bool = False
+    statuses: list[str] = field(default_factory=list)  # every status a poll answered
+    results: int = 0  # ``tasks/result`` answers given
+    polls: int = 0  # ``tasks/get`` requests that reached the service
 
 
 @dataclass
@@ -74,15 +119,65 @@ class Service:
     rng: random.Random = field(init=False)
     generation: int = 0  # bumped by a restart: a connection to an older one is gone
     failing_pings: int = 0  # probes still to fail (the server is down for a call)
-    fate: str = "answered"  # of the call being sent now
-    context: tuple[str, str, str] | None = None  # (run, call, tool) of the call being sent
+    # Per process (a store read inside the call gives the baton to another one): the fate
+    # of the call it is sending, its (run, call, tool), the journal seq it came after, and
+    # whether the journal held the call's handle when it began.
+    sending: dict[int, tuple[str, tuple[str, str, str] | None, int, bool]] = field(
+        default_factory=dict
+    )
     requests: list[Request] = field(default_factory=list)
     mailed: dict[str, Any] = field(default_factory=dict)  # idempotency key -> first answer
     receipts: int = 0
     server: Any = None
+    tasks: dict[str, Task] = field(default_factory=dict)
+    task_rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"remote-faults:{self.seed}")
+        self.task_rng = random.Random(f"remote-tasks:{self.seed}")
+        aim = random.Random(f"remote-aim:{self.seed}")
+        self.aim: tuple[str, str] | None = aim.choice(AIMS) if aim.random() < AIM_ODDS else None
+        self.aim_rng = aim
+
+    def aims_at(self, w: W.World, proc: Any) -> str:
+        """The fault the seed's task target lands here ("" for none; ``AIMS``): once a
+        seed, where the coverage aim's faults may land (``World.move``)."""
+        if not self.aim:
+            return ""
+        where, fault = self.aim
+        if where == "done":
+            at = proc.point.startswith(f"tool {SHIP} ") and proc.point.endswith(" done")
+        else:
+            at = where in proc.writing
+        if not at:
+            return ""
+        w.count(f"faults aimed at a task's {where}")
+        self.aim = None
+        return fault
+
+    def _pid(self) -> int:
+        proc = W.CURRENT.current if W.CURRENT is not None else None
+        return proc.pid if proc is not None else 0
+
+    def _sending(self) -> tuple[str, tuple[str, str, str] | None, int, bool]:
+        return self.sending.get(self._pid(), ("answered", None, 0, False))
+
+    @property
+    def fate(self) -> str:
+        return self._sending()[0]
+
+    @property
+    def context(self) -> tuple[str, str, str] | None:
+        return self._sending()[1]
+
+    def send(
+        self, fate: str, context: tuple[str, str, str] | None, entered: int, held: bool
+    ) -> None:
+        """The current process is sending a call (``context`` None: it is done)."""
+        if context is None:
+            self.sending.pop(self._pid(), None)
+        else:
+            self.sending[self._pid()] = (fate, context, entered, held)
 
     def draw(self, w: W.World) -> str:
         """The fate of the call about to be sent (the same stream whatever else happens)."""
@@ -103,6 +198,8 @@ class Service:
 
         assert self.context is not None, "the MCP service was called outside a tool call"
         run, call, _ = self.context
+        if W.CURRENT is not None:
+            W.CURRENT.begins(call)  # (as ``create`` says)
         order = args.get("order")
         if tool == "pay":
             self.receipts += 1
@@ -121,8 +218,170 @@ class Service:
             structured_content=body,
         )
         answer = result.model_dump(mode="json", by_alias=True, exclude_none=True)
-        self.requests.append(Request(run, call, tool, dict(args), self.fate, answer))
+        # (A call sent once the server is back from being down reached it: answered.)
+        fate = "lost-after" if self.fate == "lost-after" else "answered"
+        self.requests.append(Request(run, call, tool, dict(args), fate, answer, pid=self._pid()))
         return result
+
+    # -- tasks (``crm__ship``): created by a task-augmented ``tools/call``, polled ----------
+
+    def create(self, w: W.World, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        """A task-augmented ``tools/call``: the task is created (and the order shipped, the
+        effect written to the ledger now: a driver killed before it hears of it leaves the
+        effect behind), unless the request was lost before it left."""
+        from mcp import MCPError
+        from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent
+
+        assert self.context is not None, "the MCP service was called outside a tool call"
+        run, call, local = self.context
+        fate = self.fate
+        if fate == "lost-before":
+            self.requests.append(Request(run, call, name, dict(args), fate, pid=self._pid()))
+            raise MCPError(CONNECTION_CLOSED, "Connection closed")
+        # Held up past HALT_MIN_AGE since its claim (a store read inside the call comes
+        # after the body's start): beyond the promise, as ``World.begins`` says.
+        w.begins(call)
+        rng = self.task_rng
+        task_id = f"task-{len(self.tasks) + 1}"
+        ending = "failed" if rng.random() < TASK_FAILS else "completed"
+        if ending == "completed":
+            self.receipts += 1
+            body: dict[str, Any] = {"shipped": args.get("order"), "r": self.receipts}
+            result = CallToolResult(
+                content=[TextContent(type="text", text=json.dumps(body, sort_keys=True))],
+                structured_content=body,
+            )
+        else:
+            result = CallToolResult(
+                content=[TextContent(type="text", text="out of stock")], is_error=True
+            )
+        answer = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+        # (Read before the call began, in the process: not from the connection's loop.)
+        handled = self._sending()[3]
+        working = rng.randint(0, 3)
+        forget_at = rng.randint(1, working + 1) if rng.random() < FORGETS else 0
+        self.tasks[task_id] = Task(
+            task_id, run, call, dict(args), working, ending, answer, handled, forget_at
+        )
+        fate = "lost-after" if fate == "lost-after" else "answered"
+        self.requests.append(
+            Request(run, call, name, dict(args), fate, answer, task_id, self._pid())
+        )
+        done = ending == "completed"
+        w.record(
+            local,
+            run,
+            call,
+            dict(args),
+            str(args.get("idempotency_key") or ""),
+            answer if done else None,
+            effect=done,
+            outcome="returned" if done else "raised",
+            entered=self._sending()[2],
+        )
+        w.count("remote tasks created")
+        if fate == "lost-after":
+            raise MCPError(CONNECTION_CLOSED, "Connection closed")
+        return {"task": self._status(self.tasks[task_id], "working")}
+
+    def kept_before_polls(self, w: W.World, run_id: str, call_id: str) -> None:
+        """After a call of ``crm__ship`` in a process (however it ended): a task of the
+        call that was polled has its id journaled (``handle:<call>``) — kept before any
+        wait, so a crash while polling leaves a handle to poll again, not a halt."""
+        polled = [
+            t for t in self.tasks.values() if (t.run, t.call) == (run_id, call_id) and t.polls
+        ]
+        if run_id in w.forgotten:
+            return  # deleted while the call was in flight: its journal went with it
+        if polled and Journal(w.raw).get(run_id, f"handle:{call_id}") is None:
+            w.violate(
+                "remote_tasks_kept",
+                f"run {run_id}: {SHIP} call {call_id} polled {polled[0].id} "
+                f"{polled[0].polls} times, and its handle is not journaled",
+            )
+
+    def _status(self, task: Task, status: str) -> dict[str, Any]:
+        return {
+            "taskId": task.id,
+            "status": status,
+            "createdAt": "2026-01-01T00:00:00Z",
+            "ttl": 3_600_000,
+            "pollInterval": POLL_MS,
+            "statusMessage": f"shipping order {task.args.get('order')}",
+        }
+
+    def _known(self, task_id: str) -> Task:
+        from mcp import MCPError
+        from mcp.types import INVALID_PARAMS
+
+        task = self.tasks.get(task_id)
+        if task is None or task.forgotten:
+            raise MCPError(INVALID_PARAMS, f"unknown task {task_id}")
+        return task
+
+    def get(self, w: W.World, task_id: str) -> dict[str, Any]:
+        """``tasks/get``: the task's status (working, then its ending), unless the
+        connection drops or the service forgets the task (from then on, for good)."""
+        from mcp import MCPError
+        from mcp.types import CONNECTION_CLOSED
+
+        task = self._known(task_id)
+        task.polls += 1
+        me = self._pid()
+        if any(
+            pid != me and sending[1] is not None and sending[1][:2] == (task.run, task.call)
+            for pid, sending in self.sending.items()
+        ):
+            # A stale driver polls on while its successor resumes the call from its handle.
+            w.count("remote tasks polled by two drivers at once")
+        fate = self.task_rng.choices([f for f, _ in POLL_FATES], [n for _, n in POLL_FATES])[0]
+        w.count(f"remote task polls {fate}")
+        if fate == "dropped":
+            self.generation += 1
+            raise MCPError(CONNECTION_CLOSED, "Connection closed")
+        if len(task.statuses) + 1 == task.forget_at:
+            task.forgotten = True
+            w.count("remote tasks forgotten")
+            task = self._known(task_id)
+        status = "working" if task.working > 0 else task.ending
+        task.working = max(0, task.working - 1)
+        task.statuses.append(status)
+        return self._status(task, status)
+
+    def result(self, task_id: str) -> dict[str, Any]:
+        """``tasks/result``: a terminal task's result (its error, for a failed one)."""
+        task = self._known(task_id)
+        task.results += 1
+        return dict(task.answer)
+
+
+class _Session:
+    """The narrowest seam ``mcp/tasks.py`` uses: the session's request stamp and its
+    dispatcher's ``send_raw_request`` (the SDK leaves ``tasks/*`` out of its tables)."""
+
+    def __init__(self, client: _Client) -> None:
+        self.client = client
+        self._dispatcher = self
+
+    def _stamp(self, data: dict[str, Any], opts: dict[str, Any]) -> None:
+        pass
+
+    async def send_raw_request(self, method: str, params: Any, opts: Any) -> Any:
+        from mcp import MCPError
+        from mcp.types import METHOD_NOT_FOUND
+
+        w = W.CURRENT
+        assert w is not None
+        self.client._alive()
+        service = self.client.service
+        params = dict(params or {})
+        if method == "tools/call" and "task" in params and params.get("name") == "ship":
+            return service.create(w, "ship", dict(params.get("arguments") or {}))
+        if method == "tasks/get":
+            return service.get(w, str(params.get("taskId")))
+        if method == "tasks/result":
+            return service.result(str(params.get("taskId")))
+        raise MCPError(METHOD_NOT_FOUND, f"method {method} is not served here")
 
 
 class _Client:
@@ -130,8 +389,15 @@ class _Client:
     the simulated service; a restart of the service makes it fail as a dropped one does."""
 
     def __init__(self, service: Service) -> None:
+        from types import SimpleNamespace
+
         self.service = service
         self.generation = service.generation
+        self.session = _Session(self)
+        # Runs tool calls as tasks (``tasks.requests.tools.call``): ``crm__ship`` is one.
+        self.server_capabilities = SimpleNamespace(
+            tasks=SimpleNamespace(requests=SimpleNamespace(tools=SimpleNamespace(call={})))
+        )
 
     def _alive(self) -> None:
         from mcp import MCPError
@@ -151,7 +417,10 @@ class _Client:
             raise MCPError(CONNECTION_CLOSED, "Connection closed")
         return ListToolsResult(tools=listed())
 
-    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], progress_callback: Any = None
+    ) -> Any:
+        """(The service reports no progress of a plain call: a task's is its status.)"""
         from mcp import MCPError
         from mcp.types import CONNECTION_CLOSED
 
@@ -159,7 +428,9 @@ class _Client:
         fate = self.service.fate
         if fate == "lost-before":
             run, call, _ = self.service.context or ("", "", "")
-            self.service.requests.append(Request(run, call, name, dict(arguments), fate))
+            self.service.requests.append(
+                Request(run, call, name, dict(arguments), fate, pid=self.service._pid())
+            )
             raise MCPError(CONNECTION_CLOSED, "Connection closed")
         result = self.service.act(name, arguments)
         if fate == "lost-after":
@@ -168,7 +439,7 @@ class _Client:
 
 
 def listed() -> list[Any]:
-    from mcp.types import Tool, ToolAnnotations
+    from mcp.types import Tool, ToolAnnotations, ToolExecution
 
     order = {"type": "integer"}
     return [
@@ -205,6 +476,17 @@ def listed() -> list[Any]:
                 "required": ["order", "text", "idempotency_key"],
             },
             annotations=ToolAnnotations(idempotent_hint=True, destructive_hint=False),
+        ),
+        Tool(
+            name="ship",
+            description="Ship an order (the server runs it as a task: it takes a while).",
+            inputSchema={
+                "type": "object",
+                "properties": {"order": order, "amount": {"type": "integer"}},
+                "required": ["order", "amount"],
+            },
+            annotations=ToolAnnotations(destructive_hint=True),
+            execution=ToolExecution(task_support="required"),
         ),
     ]
 
@@ -244,17 +526,23 @@ def _with_points(service: Service, tool: Any, invoke: Any) -> Any:
         w.point(f"tool {name} {ctx.call_id} start")
         w.begins(ctx.call_id)
         w.work_begins(ctx.run_id, name, ctx.call_id)
-        service.fate = service.draw(w)
-        service.context = (ctx.run_id, ctx.call_id, name)
+        held = name == SHIP and Journal(w.raw).get(ctx.run_id, f"handle:{ctx.call_id}") is not None
+        if held:
+            w.count("remote tasks polled again by a later drive")
+        service.send(service.draw(w), (ctx.run_id, ctx.call_id, name), entered, held)
         before = len(service.requests)
         acted = False
         try:
             return invoke(args, ctx)
         finally:
-            service.context = None
+            service.send("", None, 0, False)
+            # (Only this process's: another's call may have been sent meanwhile, a store
+            # read inside this one giving it the baton.)
             for r in service.requests[before:]:
+                if r.pid != service._pid():
+                    continue
                 acted = acted or r.fate in SENT
-                if r.fate in SENT:
+                if r.fate in SENT and r.task is None:  # (a task's effect: ``Service.create``)
                     w.record(
                         name,
                         r.run,
@@ -267,6 +555,8 @@ def _with_points(service: Service, tool: Any, invoke: Any) -> Any:
                         dedupe=name == MAIL,
                         entered=entered,
                     )
+            if name == SHIP:
+                service.kept_before_polls(w, ctx.run_id, ctx.call_id)
             # "done" once the service acted (where the kill fault aims), else "failed".
             w.point(f"tool {name} {ctx.call_id} {'done' if acted else 'failed'}")
 
@@ -307,6 +597,8 @@ def check(w: W.World, ix: Any) -> None:
     for (run_id, call_id), found in sent.items():
         if run_id in w.forgotten or run_id not in ix.names:
             continue
+        if found[0].tool == "ship":
+            continue  # ``check_tasks``
         if found[0].tool == "pay" and len(found) > 1:
             w.violate(
                 "remote_calls_kept",
@@ -338,3 +630,112 @@ def check(w: W.World, ix: Any) -> None:
             )
     if any(r.fate == "lost-after" and r.tool == "pay" for r in service.requests):
         w.count("remote side effects whose answer was lost")
+    check_tasks(w, ix)
+
+
+# The reasons a task's call halts on (``mcp/tasks.py``), besides its time running out.
+TASK_REASONS = (
+    f"the connection to MCP server {SERVER!r} failed after the task call of ",
+    f"MCP server {SERVER!r} no longer knows task ",
+)
+
+
+def check_tasks(w: W.World, ix: Any) -> None:
+    """``remote_tasks_kept``: the server's tasks (``crm__ship``). ``tools/call`` creates a
+    task at most once per call of a run, and never for a call whose handle the journal
+    holds (a resume polls the task it names); the call's result is the one its task gave
+    (``tasks/result``: a completed task's result, a failed one's error), or a person's —
+    so a call whose task was forgotten before anyone read its result, or whose task call's
+    answer was lost, ends halted, never an error the model retries on; and a progress note
+    (``@progress/<call>/…``) is the service's word on that call's own task, as its handle
+    names it."""
+    from .invariants import _copied
+
+    service: Service = w.remote
+    by_call: dict[tuple[str, str], list[Task]] = {}
+    for task in service.tasks.values():
+        by_call.setdefault((task.run, task.call), []).append(task)
+        if task.handled:
+            w.violate(
+                "remote_tasks_kept",
+                f"run {task.run}: {SHIP} call {task.call} sent tools/call again ({task.id}) "
+                "while the journal held its handle: a resume must poll the task it names",
+            )
+    lost: dict[tuple[str, str], str] = {}
+    for r in service.requests:
+        if r.tool == "ship" and r.fate != "answered":
+            lost.setdefault((r.run, r.call), r.fate)
+    for key in set(by_call) | set(lost):
+        run_id, call_id = key
+        if run_id in w.forgotten or run_id not in ix.names:
+            continue
+        tasks = by_call.get(key, [])
+        if len(tasks) > 1:
+            w.violate(
+                "remote_tasks_kept",
+                f"run {run_id}: {SHIP} call {call_id} created {len(tasks)} tasks "
+                f"({', '.join(t.id for t in tasks)})",
+            )
+        rec = ix.names[run_id].get(f"tool:{call_id}")
+        if rec is None or rec.get("patched") or rec.get("reconciled"):
+            continue
+        if _copied(w, ix, run_id, call_id, rec):
+            continue
+        given = [t for t in tasks if t.results]
+        if key in lost and not given:
+            w.violate(
+                "remote_tasks_kept",
+                f"run {run_id}: the task call of {SHIP} call {call_id} was lost "
+                f"({lost[key]}), yet the journal records {W._short(rec.get('result'))} "
+                "that no person did: it must halt",
+            )
+            continue
+        if not tasks:
+            continue  # never sent (the server down): an error the model reads
+        if not given:
+            forgot = any(t.forgotten for t in tasks)
+            w.violate(
+                "remote_tasks_kept",
+                f"run {run_id}: {SHIP} call {call_id} records "
+                f"{W._short(rec.get('result'))}, yet nobody read its task's result"
+                + (" (the server forgot the task): it must halt" if forgot else ""),
+            )
+            continue
+        if encode(rec.get("result")) not in {encode(t.answer) for t in given}:
+            w.violate(
+                "remote_tasks_kept",
+                f"run {run_id}: {SHIP} call {call_id} records {W._short(rec.get('result'))}, "
+                f"which is not what its task {given[0].id} gave",
+            )
+    tasks_by_id = service.tasks
+    for run_id, recs in ix.records.items():
+        if run_id in w.forgotten:
+            continue
+        for rec in recs:
+            if not rec.name.startswith("@progress/"):
+                continue
+            call_id = rec.name.split("/")[1]
+            handle = ix.names[run_id].get(f"handle:{call_id}")
+            said = (handle.get("handle") or {}) if handle is not None else {}
+            task = tasks_by_id.get(str(rec.get("task")))
+            if (
+                task is None
+                or said.get("task_id") != task.id
+                or rec.get("status") not in task.statuses
+            ):
+                w.violate(
+                    "remote_tasks_kept",
+                    f"run {run_id}: progress note {rec.name} ({W._short(rec.data)}) is not the "
+                    f"service's word on the task the call's handle names ({said.get('task_id')})",
+                )
+    for run_id, row in ix.rows.items():
+        # A fork copies a call's claim, not its handle (``steps.prefix``): its copy of a
+        # call in flight halts, and never sends tools/call (``handled``, ``effects_once``).
+        source = getattr(row, "forked_from", None)
+        if not source or source not in ix.names or run_id in w.forgotten:
+            continue
+        if any(
+            n.startswith("attempt:") and f"handle:{n.split(':')[1]}" in ix.names[source]
+            for n in ix.names[run_id]
+        ):
+            w.count("forks of a call handed off to a task")

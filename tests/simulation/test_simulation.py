@@ -127,6 +127,16 @@ def test_seeds_keep_the_promise():
         "remote calls lost-before": "answerer" in config.actors,
         "remote calls down": "answerer" in config.actors,
         "remote calls restarted": "answerer" in config.actors,
+        # The server's tasks (``crm__ship``): polled again by a later drive after a crash or
+        # a takeover, the connection dropped at a poll, a task the server forgot.
+        "remote tasks created": "answerer" in config.actors,
+        "remote tasks polled again by a later drive": "answerer" in config.actors,
+        "remote task polls dropped": "answerer" in config.actors,
+        "remote tasks forgotten": "answerer" in config.actors,
+        "faults aimed at a task's done": "answerer" in config.actors,
+        "remote tasks polled by two drivers at once": "answerer" in config.actors,
+        "forks of a call handed off to a task": "answerer" in config.actors
+        and "forker" in config.actors,
     }
     # Issue 42: approval rules (``rulecast.py``), in the casts with people and the answerer.
     rules = "person" in config.actors and "answerer" in config.actors and config.rules > 0

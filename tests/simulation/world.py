@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import logging
 import random
@@ -485,6 +486,20 @@ def sim_wait(fs: Any, timeout: Any = None, return_when: Any = None) -> Any:
     for pool in dict.fromkeys(world.pools[f] for f in futures if not f.done()):
         pool.run_waiting()
     return [f for f in futures if f.done()], [f for f in futures if not f.done()]
+
+
+class _PollTime:
+    """The ``time`` module as an MCP task's poller sees it: the process's wall clock, and
+    a sleep that gives the baton back until the virtual clock reaches its end."""
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+
+    def time(self) -> float:
+        return self._world.wall_time()
+
+    def sleep(self, seconds: float) -> None:
+        self._world.sleep(seconds)
 
 
 class _Time:
@@ -1589,7 +1604,9 @@ class World:
             fault = (
                 ""
                 if quiet and self.quiet_faults
-                else self.aim.at_write(proc.writing, targets_only=quiet)
+                # An MCP task's windows first (``remote.py``: a target of its own).
+                else (self.remote is not None and self.remote.aims_at(self, proc))
+                or self.aim.at_write(proc.writing, targets_only=quiet)
             )
             if fault:
                 self.count("faults aimed by coverage")
@@ -1809,6 +1826,17 @@ def patched(world: World) -> Iterator[None]:
         module.time = clock_shim  # type: ignore[assignment]
     swapped.append((failpoints, "hit", failpoints.hit))
     failpoints.hit = world.failpoint  # type: ignore[assignment]
+    # An MCP task's polls (``remote.py``): spaced and timed by the virtual clock, a pause
+    # between two polls the process giving the baton back; progress notes by it too.
+    from durable_agents.mcp import server as mcp_server
+    from durable_agents.mcp import tasks as mcp_tasks
+
+    swapped.append((mcp_tasks, "time", mcp_tasks.time))
+    mcp_tasks.time = _PollTime(world)  # type: ignore[assignment]
+    swapped.append((mcp_server, "ProgressNotes", mcp_server.ProgressNotes))
+    mcp_server.ProgressNotes = functools.partial(  # type: ignore[misc]
+        mcp_server.ProgressNotes, clock=world.clock
+    )
     swapped.append((leases, "_heartbeat", leases._heartbeat))
     # A lease's last renewal and its lapse (``HeldLease.lapsed``) by the virtual clock: the
     # heartbeat thread, the other reader of ``leases.time``, is ``SimHeartbeat`` here.
