@@ -197,6 +197,9 @@ FOUND_SEEDS = (
     # another driver took the run over and halted it on an unknown outcome; the stalled one
     # then called the model (its writes refused by the fence): not a halted run handed over.
     846947082,
+    # A fork of a three-deep tree under limits settled its last sub-run on the quiet phase's
+    # 40th and last recovery pass, its parent left queued: the phase now has 60 such passes.
+    9101403,
 )
 
 
