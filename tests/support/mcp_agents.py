@@ -14,7 +14,13 @@ from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support.mcp_servers import stdio
 
-EFFECTS = Path(os.environ.get("DA_MCP_EFFECTS") or Path(tempfile.gettempdir()) / "da-mcp.jsonl")
+# One file per test worker (children inherit the variable): another worker's servers must
+# not write where a test counts.
+EFFECTS = Path(
+    os.environ.get("DA_MCP_EFFECTS")
+    or Path(tempfile.gettempdir())
+    / f"da-mcp-{os.getuid()}-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.jsonl"
+)
 
 mcp_crash = da.Agent(
     "mcp-crash",

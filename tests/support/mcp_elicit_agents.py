@@ -16,7 +16,10 @@ from tests.support.mcp_servers import stdio
 
 EFFECTS = Path(
     os.environ.get("DA_MCP_EFFECTS")
-    or Path(tempfile.gettempdir()) / f"da-mcp-elicit-{os.getuid()}.jsonl"
+    # One file per test worker (children inherit the variable): tests count rounds in it,
+    # and another worker's servers must not write there meanwhile.
+    or Path(tempfile.gettempdir())
+    / f"da-mcp-elicit-{os.getuid()}-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.jsonl"
 )
 
 
