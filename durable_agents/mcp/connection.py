@@ -336,11 +336,7 @@ class Connection:
             except MCPError as exc:
                 # JSON-RPC's own refusals: the request was turned down before anything ran.
                 if exc.code in (METHOD_NOT_FOUND, INVALID_PARAMS):
-                    raise McpRefused(
-                        f"MCP server {self.server.name!r} refused the call of {remote!r} "
-                        f"before running it: {exc.message}",
-                        server=self.server.name,
-                    ) from None
+                    raise McpRefused.of(self.server.name, remote, exc.message) from None
                 raise
 
     def _probe(self) -> None:

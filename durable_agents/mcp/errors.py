@@ -32,6 +32,14 @@ class McpRefused(ToolError):
 
     code = "mcp.refused"
 
+    @classmethod
+    def of(cls, server: str, remote: str, message: str) -> McpRefused:
+        """The refusal of ``server``'s call of ``remote`` (a plain call's or a task's)."""
+        return cls(
+            f"MCP server {server!r} refused the call of {remote!r} before running it: {message}",
+            server=server,
+        )
+
 
 class McpOutcomeUnknown(ToolOutcomeUnknown):
     """The connection failed or timed out after a call was sent: a side-effect tool halts

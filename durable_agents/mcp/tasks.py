@@ -156,11 +156,7 @@ class TaskCall:
             ) from None
         except MCPError as exc:
             if exc.code in (METHOD_NOT_FOUND, INVALID_PARAMS):
-                raise McpRefused(
-                    f"MCP server {self.server.name!r} refused the call of {self.remote!r} "
-                    f"before running it: {exc.message}",
-                    server=self.server.name,
-                ) from None
+                raise McpRefused.of(self.server.name, self.remote, exc.message) from None
             raise self._unknown(exc) from None
         except Exception as exc:
             raise self._unknown(exc) from None
