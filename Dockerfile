@@ -10,11 +10,11 @@ WORKDIR /app
 
 RUN useradd --create-home --uid 1000 app
 
-# Install the library (and the provider SDKs) first so editing the example does not
-# reinstall dependencies.
+# Install the library (with the provider SDKs, and the mcp SDK the stock desk's server needs)
+# first so editing the example does not reinstall dependencies.
 COPY pyproject.toml README.md LICENSE MANIFEST.in ./
 COPY durable_agents ./durable_agents
-RUN pip install ".[openai,anthropic,example]"
+RUN pip install ".[openai,anthropic,mcp,example]"
 
 COPY --chown=app:app manage.py ./
 COPY --chown=app:app example_project ./example_project

@@ -342,6 +342,12 @@ class ApprovalRequest(models.Model):
         blank=True,
         help_text="arguments approved earlier that today's code would run differently",
     )
+    tool_digest = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        help_text="for an MCP server's tool, its definition when the call was asked",
+    )
     created_at = models.DateTimeField(db_default=Now())
     decided_at = models.DateTimeField(null=True, blank=True)
     # When the request's next deadline step falls due (remind, escalate, expire: the
@@ -388,6 +394,7 @@ class ApprovalRequest(models.Model):
             decided_at=self.decided_at,
             previous_arguments=self.previous_arguments,
             due_at=self.due_at,
+            tool_digest=self.tool_digest,
         )
 
 

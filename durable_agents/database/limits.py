@@ -274,14 +274,14 @@ def declared_limits() -> dict[str, tuple[str, int | None]]:
         if agent.max_concurrent_runs is not None:
             n = agent.max_concurrent_runs
             found[agent_key(agent.name)] = (f"{n} at once", n)
-        for tool in agent.tools.values():
+        # Without listing an MCP server's tools: the page never starts or waits on one.
+        for name, rate, concurrent in agent.limited_tools():
             texts = []
-            if tool.max_concurrent is not None:
-                texts.append(f"{tool.max_concurrent} at once")
-            if tool.rate is not None:
-                texts.append(tool.rate.text)
-            if texts:
-                found[tool_key(tool.name)] = (", ".join(texts), tool.max_concurrent)
+            if concurrent is not None:
+                texts.append(f"{concurrent} at once")
+            if rate is not None:
+                texts.append(rate.text)
+            found[tool_key(name)] = (", ".join(texts), concurrent)
     for name, rate in settings.model_rates.items():
         found[model_key(name)] = (rate.text, None)
     return found

@@ -1456,6 +1456,7 @@ class DjangoStore(Delegations, Limits):
             "status": request.status,
             "decided_at": None,
             "previous_arguments": request.previous_arguments,
+            "tool_digest": request.tool_digest,
             # The deadline's first step, counted on the database's clock in the write that
             # stamps ``created_at`` (one statement: one ``now``).
             "due_at": _after(Now(), first_after(request.policy)),
@@ -1542,10 +1543,13 @@ class DjangoStore(Delegations, Limits):
         if_status: Sequence[str] | None = None,
         if_arguments: Any = None,
         if_asked_again: bool | None = None,
+        if_tool_digest: str | None = None,
     ) -> bool:
         rows = ApprovalRequest.objects.using(self.using).filter(run_id=run_id, call_id=call_id)
         if if_status is not None:
             rows = rows.filter(status__in=list(if_status))
+        if if_tool_digest is not None:
+            rows = rows.filter(tool_digest=if_tool_digest)
         if if_asked_again is not None:
             rows = rows.filter(previous_arguments__isnull=not if_asked_again)
         changes: dict[str, Any] = {"status": status}

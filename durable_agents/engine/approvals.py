@@ -136,15 +136,23 @@ class _NotShown:
 NOT_SHOWN: Any = _NotShown()
 
 
-def arguments_tag(arguments: Any) -> str:
-    """A short name for one argument set, to tell apart decisions on one call."""
-    return arguments_digest(arguments).hex()[:16]
+def arguments_tag(arguments: Any, tool_digest: str = "") -> str:
+    """A short name for one argument set, to tell apart decisions on one call. For a tool
+    the site did not write (an MCP server's), the question is the arguments *and* the
+    tool's definition as its server declared it (``Tool.definition_digest``): a call asked
+    again because the server changed the tool is another question, with a name of its own,
+    even about the same arguments. A Python tool's tag is its arguments' alone."""
+    if not tool_digest:
+        return arguments_digest(arguments).hex()[:16]
+    both = encode({"arguments": arguments, "tool": tool_digest})
+    return hashlib.sha256(both.encode()).hexdigest()[:16]
 
 
-def decision_name(call_id: str, arguments: Any, *, again: bool) -> str:
+def decision_name(call_id: str, arguments: Any, *, again: bool, tool_digest: str = "") -> str:
     """The journal name of the decision on a call: ``approval:<call>`` the first time it is
-    asked; when it is asked again for other arguments, one name per argument set."""
-    return names.decision(call_id, arguments_tag(arguments) if again else None)
+    asked; when it is asked again for other arguments (or about a tool its server changed),
+    one name per question (``arguments_tag``)."""
+    return names.decision(call_id, arguments_tag(arguments, tool_digest) if again else None)
 
 
 @dataclass(frozen=True)

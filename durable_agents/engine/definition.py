@@ -137,6 +137,32 @@ class AgentDefinition:
                     self._tools = self._load_tools()
         return self._tools
 
+    def limited_tools(self) -> list[tuple[str, Any, int | None]]:
+        """Each tool with a limit: (its name, its rate, its ``max_concurrent``). A tool
+        source that can say its tools' limits without listing them (an MCP server: the
+        site's ``ToolOptions``) is not connected to for this, so a page of limits never
+        starts a server, nor fails because one is down; another source is listed."""
+        if self._tools is not None:
+            tools: list[Any] = list(self._tools.values())
+            declared: list[tuple[str, Any, int | None]] = []
+        else:
+            tools, declared = list(self._direct), []
+            for source in self._sources:
+                limits = getattr(source, "declared_limits", None)
+                if limits is None:
+                    return [
+                        (t.name, t.rate, t.max_concurrent)
+                        for t in self.tools.values()
+                        if t.rate is not None or t.max_concurrent is not None
+                    ]
+                declared += limits()
+        own = [
+            (t.name, t.rate, t.max_concurrent)
+            for t in tools
+            if t.rate is not None or t.max_concurrent is not None
+        ]
+        return own + declared
+
     def _load_tools(self) -> dict[str, Tool]:
         found: dict[str, tuple[Tool, str]] = {t.name: (t, "a Python tool") for t in self._direct}
         for source in self._sources:
@@ -167,7 +193,14 @@ class AgentDefinition:
 
     def fingerprint(self) -> dict[str, Any]:
         if self._fingerprint is None:
-            self._fingerprint = fingerprint(self.model_id, self.instructions, self.tool_specs())
+            definitions = {
+                name: (str((t.origin or {}).get("server") or ""), t.definition_digest)
+                for name, t in self.tools.items()
+                if t.definition_digest
+            }
+            self._fingerprint = fingerprint(
+                self.model_id, self.instructions, self.tool_specs(), definitions
+            )
         return dict(self._fingerprint)
 
     def __repr__(self) -> str:

@@ -1,6 +1,11 @@
 """What an agent was when a run started: model id, each tool's schema hash, a hash of the
 instructions, and one short hash over all of them. Code (a tool's body) is not part of it,
-so changing only code never counts as a change."""
+so changing only code never counts as a change.
+
+A tool the site did not write (an MCP server's) is fingerprinted whole, as its source
+declared it (``Tool.definition_digest``: its schema, description and annotations), and each
+such source gets an entry of its own (``sources``: one digest over its tools), so that a
+server whose tool list changed shows as drift naming the server."""
 
 from __future__ import annotations
 
@@ -16,8 +21,13 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def tool_hash(spec: ToolSpec) -> str:
-    return _sha(encode({"description": spec.description, "parameters": dict(spec.parameters)}))[:16]
+def tool_hash(spec: ToolSpec, definition: str | None = None) -> str:
+    """The hash of what the model is shown of a tool; for a tool the site did not write,
+    of its source's whole ``definition`` too (a Python tool's hash is unchanged by it)."""
+    shown: dict[str, Any] = {"description": spec.description, "parameters": dict(spec.parameters)}
+    if definition:
+        shown["definition"] = definition
+    return _sha(encode(shown))[:16]
 
 
 def instructions_digest(instructions: str) -> str:
@@ -36,9 +46,29 @@ def digest_of_hashes(hashes: Mapping[str, str]) -> str:
     return _sha("durable_agents.tools\n" + "\n".join(parts))[:16]
 
 
-def fingerprint(model_id: str, instructions: str, specs: Sequence[ToolSpec]) -> dict[str, Any]:
-    tools = {s.name: tool_hash(s) for s in specs}
-    parts = {"model": model_id, "tools": tools, "instructions": instructions_digest(instructions)}
+def fingerprint(
+    model_id: str,
+    instructions: str,
+    specs: Sequence[ToolSpec],
+    definitions: Mapping[str, tuple[str, str]] | None = None,
+) -> dict[str, Any]:
+    """``definitions``: for each tool the site did not write, by name, its source (an MCP
+    server's name) and its ``definition_digest``."""
+    definitions = definitions or {}
+    tools = {
+        s.name: tool_hash(s, definitions[s.name][1] if s.name in definitions else None)
+        for s in specs
+    }
+    parts: dict[str, Any] = {
+        "model": model_id,
+        "tools": tools,
+        "instructions": instructions_digest(instructions),
+    }
+    by_source: dict[str, dict[str, str]] = {}
+    for name, (source, digest) in definitions.items():
+        by_source.setdefault(source, {})[name] = digest
+    if by_source:
+        parts["sources"] = {src: digest_of_hashes(hs) for src, hs in sorted(by_source.items())}
     return {**parts, "hash": _sha(encode(parts))[:12]}
 
 
@@ -61,6 +91,12 @@ def diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         changes["tools_changed"] = changed
     if old.get("instructions") != new.get("instructions"):
         changes["instructions"] = True
+    old_sources, new_sources = dict(old.get("sources") or {}), dict(new.get("sources") or {})
+    sources = sorted(
+        s for s in set(old_sources) | set(new_sources) if old_sources.get(s) != new_sources.get(s)
+    )
+    if sources:
+        changes["sources_changed"] = sources
     return changes
 
 

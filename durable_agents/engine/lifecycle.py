@@ -372,10 +372,12 @@ def move_request(
     only_from: Any = None,
     if_arguments: Any = None,
     if_asked_again: bool | None = None,
+    if_tool_digest: str | None = None,
 ) -> bool:
     """Move the request of call ``call_id`` of run ``run_id`` to ``to`` if its status is one
-    ``by`` may move it from (narrowed to ``only_from``); with ``if_arguments`` and
-    ``if_asked_again``, only the request a decision is about (``Store.set_approval_status``).
+    ``by`` may move it from (narrowed to ``only_from``); with ``if_arguments``,
+    ``if_asked_again`` and ``if_tool_digest``, only the request a decision is about
+    (``Store.set_approval_status``).
     True if it moved. The one writer of a request's status."""
     statuses = request_froms(to, by)
     if only_from is not None:
@@ -390,6 +392,7 @@ def move_request(
         if_status=statuses,
         if_arguments=if_arguments,
         if_asked_again=if_asked_again,
+        if_tool_digest=if_tool_digest,
     )
 
 

@@ -1187,6 +1187,7 @@ class Driver:
                     or policy_for(g.tool.safety.approval, deadline=g.tool.safety.deadline),
                     start_seq=self.state.start.seq,
                     previous_arguments=g.previous,
+                    tool_digest=g.tool.definition_digest or "",
                 )
                 if self.store.save_approval_request(request, fence=self.fence):  # not asked yet
                     asked.append(request)
@@ -1208,8 +1209,8 @@ class Driver:
             listed = ", ".join(f"{g.call.id!r} ({g.tool.name})" for g in gates)
             again = [g for g in gates if g.previous is not None]
             note = (
-                " (approved before with other arguments than the call would now run with; "
-                "it is asked about again, showing both)"
+                " (approved before with other arguments than the call would now run with, or "
+                "for a tool its server has changed since; it is asked about again, showing both)"
                 if again
                 else ""
             )
@@ -1220,7 +1221,13 @@ class Driver:
                 run_id=self.run_id,
                 calls=[g.call.id for g in gates],
                 decisions=[
-                    decision_name(g.call.id, g.args, again=g.previous is not None) for g in gates
+                    decision_name(
+                        g.call.id,
+                        g.args,
+                        again=g.previous is not None,
+                        tool_digest=g.tool.definition_digest or "",
+                    )
+                    for g in gates
                 ],
                 requests=[
                     {
@@ -1293,24 +1300,29 @@ class Driver:
     ) -> tuple[Record | None, Any]:
         """The decision that lets ``call`` run with ``args``, or (None, the arguments it
         was approved with) when it was approved for others, or for an edit today's tool
-        would run differently: it must be asked again."""
+        would run differently, or for a tool its server has changed since: it must be asked
+        again."""
         if call.id in self._fresh_calls:
             return None, None  # nobody could have decided a call nobody was asked about
         first = self.log.reread(decision_name(call.id, args, again=False))
         if first is None:
             return None, None
         approved = first.get("arguments")
+        # A call sent under its decision (its live attempt resumes: a task polled again) is
+        # never asked about again because its tool changed since: the decision was acted on.
+        sent = not tool.safety.retry_safe and self._attempt_state(call.id)[1] is not None
         # A decision recorded without its arguments predates this rule: it stands.
         if not first.get("approved") or approved is None or encode(approved) == encode(args):
-            if _still_fits(first, tool):
+            if _still_fits(first, tool, sent=sent):
                 if first.get("approved"):
                     denial = self._later_denial(call, first)
                     if denial is not None:
                         return denial, None
                 return first, None
-            approved = (first.get("edited") or {}).get("arguments")
-        again = self.log.reread(decision_name(call.id, args, again=True))
-        if again is not None and _still_fits(again, tool):
+            approved = (first.get("edited") or {}).get("arguments") or approved
+        digest = tool.definition_digest or ""
+        again = self.log.reread(decision_name(call.id, args, again=True, tool_digest=digest))
+        if again is not None and _still_fits(again, tool, sent=sent):
             return again, None
         return None, approved
 
@@ -1324,7 +1336,7 @@ class Driver:
             return None, None  # a one-rule gate asks under its tool's policy, as it always did
         call, args = gate.call, gate.args
         again = gate.previous is not None
-        tag = arguments_tag(args) if again else None
+        tag = arguments_tag(args, gate.tool.definition_digest or "") if again else None
         fresh = call.id in self._fresh_calls
         asked = (self.log.get if fresh else self.log.reread)(names.rule(call.id, tag))
         if asked is not None:
@@ -1344,7 +1356,9 @@ class Driver:
             return None, dict(rec.get("policy") or {})
         allowed = match.outcome.kind == ALLOW
         rec, _ = self.log.write(
-            decision_name(call.id, args, again=again),
+            decision_name(
+                call.id, args, again=again, tool_digest=gate.tool.definition_digest or ""
+            ),
             {
                 "kind": "approval",
                 "approved": allowed,
@@ -1490,6 +1504,7 @@ class Driver:
             lifecycle.DRIVER,
             if_arguments=args,
             if_asked_again=decision.name != names.decision(call.id, None),
+            if_tool_digest=decision.get("tool_digest") or None,
         ):
             # The same arguments, another asking: the decision is about the call asked
             # again (an automatic one of the rules, say), the row still about its first
@@ -2020,6 +2035,8 @@ def _describe(changes: dict[str, Any]) -> str:
             parts.append(f"{key.replace('_', ' ')}: {', '.join(changes[key])}")
     if changes.get("instructions"):
         parts.append("instructions changed")
+    if "sources_changed" in changes:
+        parts.append(f"tool servers changed: {', '.join(changes['sources_changed'])}")
     return "; ".join(parts) or "changed"
 
 
@@ -2028,11 +2045,20 @@ def _unknown_tool(call: ToolCall, agent: Agent) -> dict[str, Any]:
     return {"error": f"unknown tool {call.name!r}; available tools: {available}"}
 
 
-def _still_fits(decision: Any, tool: Tool) -> bool:
+def _still_fits(decision: Any, tool: Tool, *, sent: bool = False) -> bool:
     """False for an approval whose edited arguments today's tool would not run exactly as
-    approved (its schema changed since: a new field, a default): it is asked again."""
+    approved (its schema changed since: a new field, a default), or of a tool the site did
+    not write whose definition changed since it was asked (an MCP server's new schema,
+    description or annotations): it is asked again. A denial always stands, and so does an
+    approval recorded before decisions named their tool's definition, and one ``sent`` (its
+    call went out under it)."""
+    if not decision.get("approved"):
+        return True
+    asked_about = decision.get("tool_digest")
+    if asked_about and not sent and asked_about != (tool.definition_digest or ""):
+        return False
     edited = decision.get("edited")
-    if not decision.get("approved") or not edited:
+    if not edited:
         return True
     try:
         valid = tool.validate(encode(edited.get("arguments")))

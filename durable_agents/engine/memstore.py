@@ -597,10 +597,13 @@ class InMemoryStore:
         if_status: Sequence[str] | None = None,
         if_arguments: Any = None,
         if_asked_again: bool | None = None,
+        if_tool_digest: str | None = None,
     ) -> bool:
         with self._lock:
             request = self._requests.get((run_id, call_id))
             if request is None or (if_status is not None and request.status not in if_status):
+                return False
+            if if_tool_digest is not None and request.tool_digest != if_tool_digest:
                 return False
             if if_arguments is not None and encode(request.arguments) != encode(if_arguments):
                 return False

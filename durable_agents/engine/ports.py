@@ -301,6 +301,10 @@ class ApprovalRequestInfo:
     previous_arguments: Any = None
     # When its next deadline step falls due (``engine.deadlines``); None: none is left.
     due_at: datetime | None = None
+    # For a tool the site did not write (an MCP server's), the digest of its definition as
+    # the server declared it when the call was asked (``Tool.definition_digest``): what a
+    # decision is about besides the arguments. "" for a Python tool.
+    tool_digest: str = ""
 
 
 def same_request(existing: ApprovalRequestInfo, request: ApprovalRequestInfo) -> bool:
@@ -316,11 +320,12 @@ def same_request(existing: ApprovalRequestInfo, request: ApprovalRequestInfo) ->
 
 def same_question(a: ApprovalRequestInfo, b: ApprovalRequestInfo) -> bool:
     """Whether two requests ask the same question, whatever became of it: one run start, the
-    same arguments, the same earlier ones."""
+    same arguments, the same earlier ones, about the same tool (its server's definition)."""
     return (
         a.start_seq == b.start_seq
         and encode(a.arguments) == encode(b.arguments)
         and encode(a.previous_arguments) == encode(b.previous_arguments)
+        and a.tool_digest == b.tool_digest
     )
 
 
@@ -662,12 +667,14 @@ class Store(Protocol):
         if_status: Sequence[str] | None = None,
         if_arguments: Any = None,
         if_asked_again: bool | None = None,
+        if_tool_digest: str | None = None,
     ) -> bool:
         """Set the request's status (with ``if_status``, only from those; with
-        ``if_arguments``, only while the request asks about those arguments, and with
-        ``if_asked_again``, only while it is (True) or is not (False) a request asked again:
-        a decision marks decided only the request it was about — its journal name says
-        both — never one a drive put in its place meanwhile, even about the same
+        ``if_arguments``, only while the request asks about those arguments, with
+        ``if_asked_again``, only while it is (True) or is not (False) a request asked again,
+        and with ``if_tool_digest`` only while it is about that definition of its tool: a
+        decision marks decided only the request it was about — its journal name says all
+        three — never one a drive put in its place meanwhile, even about the same
         arguments); True if set. Any status but pending stamps ``decided_at`` and clears
         ``due_at``: a request that is not pending has no deadline step left. Only
         ``engine.lifecycle.move_request`` calls it."""

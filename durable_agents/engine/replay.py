@@ -190,7 +190,9 @@ def _settle(
         d
         for d in (
             by_name.get(decision_name(call.id, args, again=False)),
-            by_name.get(decision_name(call.id, args, again=True)),
+            by_name.get(
+                decision_name(call.id, args, again=True, tool_digest=tool.definition_digest or "")
+            ),
         )
         if d is not None
     ]

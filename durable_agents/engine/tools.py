@@ -193,6 +193,11 @@ class Tool:
     # Where a tool comes from when it is not a Python function of this site: e.g. an MCP
     # server's (server, remote name, declared annotations, the class chosen), for people.
     origin: Mapping[str, Any] | None = None
+    # For a tool the site did not write, a digest of its definition as its source declared
+    # it (an MCP server's name, description, input schema and annotations). A decision on a
+    # gated call is bound to it: a call whose tool changed between asking and deciding (or
+    # running) is asked again. None for a Python tool, whose changes are the site's deploys.
+    definition_digest: str | None = None
     # Whether a call with a journaled handle (``ToolContext.keep_handle``) and no result is
     # resumed by calling ``invoke`` again, which waits on the handle (``engine.handles``),
     # instead of halting a side effect on its live attempt.

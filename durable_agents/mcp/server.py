@@ -9,6 +9,7 @@ safety class: a side effect unless its options or trusted annotations say otherw
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
 import sys
@@ -207,6 +208,19 @@ class Server:
             target = http_transport(self.url, self.headers, t.connect, t.call + t.connect)
         return Client(target, cache=None, elicitation_callback=callback(self))
 
+    def declared_limits(self) -> list[tuple[str, Any, int | None]]:
+        """The limits this site sets on the server's tools (``tools={...: ToolOptions(rate=,
+        max_concurrent=)}``), by the agent-side name, without connecting: what the limits
+        page lists, whether the server is up or not (a tool ``tools=`` names that the server
+        does not list is refused when the tools are listed)."""
+        found = []
+        for remote, opts in sorted(self.options.items()):
+            _, rate, concurrent, _, _ = _options_safety(f"tool {remote!r}", opts, None)
+            if rate is not None or concurrent is not None:
+                local = self.names.get(remote, f"{self.name}{SEPARATOR}{remote}")
+                found.append((local, rate, concurrent))
+        return found
+
     def load_tools(self) -> list[Tool]:
         """The server's tools as durable tools (connecting if needed)."""
         require_sdk()
@@ -370,22 +384,38 @@ class McpTool(Tool):
         self.identifying = self._argument_names(
             "identifying", opts.identifying if opts else (), "config.tool_identifying"
         )
+        declared_annotations = (
+            annotations.model_dump(mode="json", by_alias=True, exclude_none=True)
+            if annotations is not None
+            else None
+        )
+        # What the server says the tool is; the site's own choices (its options, trusting the
+        # annotations) are its deploys, as a Python tool's flags are, and are not in it.
+        self.definition_digest = hashlib.sha256(
+            encode(
+                {
+                    "server": server.name,
+                    "tool": remote.name,
+                    "title": remote.title,
+                    "description": remote.description,
+                    "input_schema": remote.input_schema,
+                    "annotations": declared_annotations,
+                }
+            ).encode()
+        ).hexdigest()[:16]
         self.origin = {
             "kind": "mcp",
             "server": server.name,
             "transport": "stdio" if server.command else "http",
             "remote_tool": remote.name,
-            "annotations": (
-                annotations.model_dump(mode="json", by_alias=True, exclude_none=True)
-                if annotations is not None
-                else None
-            ),
+            "annotations": declared_annotations,
             "trusted": server.trust_annotations,
             "class": chosen,
             "class_from": source,
             "idempotency_key_argument": self.key_argument,
             "elicitation": self.elicitation,
             "task_support": tasks.task_support(remote),
+            "definition_digest": self.definition_digest,
         }
         # Called as a task when the server runs tool calls as tasks and the tool allows it.
         self.as_task = runs_tasks and tasks.task_support(remote) is not None

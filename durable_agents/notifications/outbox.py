@@ -57,7 +57,9 @@ EVENT_OF_STEP = {
 def asked_of(request: Any) -> str:
     """Which asking of the call a request row is: "" the first time, the arguments' tag
     when it is asked again about others (a new request, told again)."""
-    return "" if request.previous_arguments is None else arguments_tag(request.arguments)
+    if request.previous_arguments is None:
+        return ""
+    return arguments_tag(request.arguments, request.tool_digest)
 
 
 def _wanting(notify: Notify, event: str) -> list[ChannelConfig]:

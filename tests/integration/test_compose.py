@@ -164,6 +164,19 @@ def test_the_image_runs_the_web_command_compose_runs():
     assert command("web")[:2] == ["gunicorn", "example_project.wsgi"]
 
 
+def test_the_image_installs_the_mcp_sdk_the_stock_desk_needs():
+    """The example site loads its stock desk (an MCP server's tools) only when the mcp
+    package is there: an image without the extra would quietly have no stock desk."""
+    [install] = [
+        line
+        for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.startswith("RUN pip install")
+    ]
+    extras = re.search(r"\[([a-z,]+)\]", install)
+    assert extras is not None
+    assert {"mcp", "example", "openai", "anthropic"} <= set(extras.group(1).split(","))
+
+
 @pytest.mark.django_db(transaction=True)
 def test_with_twenty_run_pages_open_the_web_command_answers_a_plain_request_at_once(
     site: dict[str, str], started: Started, tmp_path: Path

@@ -71,6 +71,27 @@ def test_the_api_shows_each_limit_its_slots_and_its_queue():
     assert len(more) == len(few)
 
 
+def test_an_mcp_servers_limits_are_listed_without_starting_it(settings):
+    """The limits an MCP server's tools have are the site's (``ToolOptions``): the page and
+    the API list them from there, never starting the server in the web process, and a
+    server that is down leaves the page whole."""
+    from tests.support.mcp_down_agents import down
+
+    agents = [*settings.DURABLE_AGENTS["AGENTS"], "tests.support.mcp_down_agents"]
+    with override_settings(DURABLE_AGENTS={**settings.DURABLE_AGENTS, "AGENTS": agents}):
+        body = staff_with().get("/limits").json()
+        by_key = {item["key"]: item for item in body["items"]}
+        assert by_key["tool/crm-down__refund"]["limit"] == "2 at once, 5/m"
+        assert by_key["tool/send_mail"]["limit"] == "1 at once"
+        assert "tool/crm-down__lookup" not in by_key
+        assert by_key["tool/one_at_a_time"]["limit"] == "1 at once"  # the others still there
+        viewer = make_user("lv-mcp-viewer", "durable_agents.view_run")
+        page = client_for(viewer).get(reverse("admin:durable_agents_throttle_changelist"))
+        assert page.status_code == 200
+        assert "crm-down__refund" in text_of(page) and "2 at once, 5/m" in text_of(page)
+    assert down._connection is None  # nothing tried to start it
+
+
 def test_the_api_asks_for_the_right_to_read_runs():
     outsider = with_key(make_user("lv-outsider"))
     error(outsider.get("/limits"), 403, "auth.forbidden")

@@ -99,17 +99,20 @@ def test_a_defaulted_argument_taken_away_before_the_decision_asks_again(store, e
         old.close()
 
 
-def test_an_annotation_change_alone_keeps_the_decision_and_fires_once(store, effects_file):
-    """A decision is about the call's arguments, as for a Python tool whose flags change
-    (``read_only=``): a trusted server that now declares ``refund`` read-only changes the
-    class it runs as (today's), not what was approved, so the decision stands and the call
-    fires once, with the approved arguments."""
+def test_an_annotation_change_alone_asks_again_and_fires_once(store, effects_file):
+    """The server is not the site's code: a decision is about the call's arguments *and* the
+    tool as its server declared it when asked. A trusted server that now declares
+    ``refund`` read-only (same schema, same arguments) changes the tool the person approved:
+    the approval does not fire it; the call is asked again about the new definition, and
+    fires once, with the approved arguments, after the second decision."""
     old = stdio(effects_file, name="crm-deploy", tools=GATED, trust_annotations=True)
     try:
         agent = worker("mcp-annotated", old)
         assert agent.tools["crm-deploy__refund"].origin["class"] == "side_effect"
+        before = agent.tools["crm-deploy__refund"].definition_digest
         with pytest.raises(da.ApprovalPending):
             agent.run("a-run", "refund", store=store)
+        assert store.get_approval_request("a-run", "call_1_1").tool_digest == before
     finally:
         old.close()
     new = stdio(
@@ -121,10 +124,24 @@ def test_an_annotation_change_alone_keeps_the_decision_and_fires_once(store, eff
     )
     try:
         agent = worker("mcp-annotated", new)
-        assert agent.tools["crm-deploy__refund"].origin["class"] == "read_only"
+        tool = agent.tools["crm-deploy__refund"]
+        assert tool.origin["class"] == "read_only"
+        assert tool.definition_digest != before
+        da.approve("a-run", "call_1_1", True, by="ann", store=store)
+        assert fired(effects_file, "mcp-annotated") == []
+        again = store.get_approval_request("a-run", "call_1_1")
+        assert (again.status, again.tool_digest) == ("pending", tool.definition_digest)
+        assert (
+            again.previous_arguments
+            == again.arguments
+            == {"order_id": "mcp-annotated", "cents": 900}
+        )
+        assert store.get_run("a-run").status == "awaiting_approval"
         da.approve("a-run", "call_1_1", True, by="ann", store=store)
         assert store.get_run("a-run").status == "finished"
         assert [e["cents"] for e in fired(effects_file, "mcp-annotated")] == [900]
-        assert store.get_approval_request("a-run", "call_1_1").previous_arguments is None
+        # The run's start fingerprinted the server's tools: the resume was drift naming it.
+        [drift] = [r for r in Journal(store).records("a-run") if r.name.startswith("@drift")]
+        assert drift.get("changes")["sources_changed"] == ["crm-deploy"]
     finally:
         new.close()

@@ -163,7 +163,12 @@ def approve(
     )
     approver, eligible, deputy = deciding.approver, deciding.eligible, deciding.deputy
     by_name = approver.username
-    name = decision_name(call_id, request.arguments, again=request.previous_arguments is not None)
+    name = decision_name(
+        call_id,
+        request.arguments,
+        again=request.previous_arguments is not None,
+        tool_digest=request.tool_digest,
+    )
     standing = journal.get(run_id, name) if store.get_run(run_id) is not None else None
     if standing is not None:
         if deadlines.is_expiry(standing):
@@ -292,6 +297,9 @@ def approve(
             "tally": count.to_json(),
             "at": now_ms(),
             "arguments": request.arguments,
+            # The tool's definition it was asked about (an MCP server's tool): a drive finding
+            # the tool changed since asks again (``Driver._decision``).
+            **({"tool_digest": request.tool_digest} if request.tool_digest else {}),
             **_edited(request, decisions, count),
         },
     )
@@ -338,6 +346,7 @@ def approve(
         lifecycle.PERSON,
         if_arguments=request.arguments,
         if_asked_again=request.previous_arguments is not None,
+        if_tool_digest=request.tool_digest,
     )
     cancelled = not (decided and moved) and (
         store.get_run(run_id) is None
@@ -643,6 +652,8 @@ def finish_decision(
         # other, though it may ask about the same arguments (an edit that no longer fits
         # asks again about what its maker was shown).
         if_asked_again=decision.name != names.decision(call_id, None),
+        # And about the definition of its tool it names (an MCP server's), if any.
+        if_tool_digest=decision.get("tool_digest") or None,
     )
     return queued
 

@@ -91,7 +91,10 @@ def _step(store: Store, journal: Journal, request: ApprovalRequestInfo, now: Any
         store.advance_deadline(request.run_id, request.call_id, next_after=None, if_arguments=args)
         return False
     again = request.previous_arguments is not None
-    standing = journal.get(run.run_id, decision_name(request.call_id, args, again=again))
+    standing = journal.get(
+        run.run_id,
+        decision_name(request.call_id, args, again=again, tool_digest=request.tool_digest),
+    )
     if standing is not None:
         # Decided (or expired) before this step: its maker stopped before the rows caught
         # up. Finish it as its maker's next try would; no step is taken after a decision,
@@ -110,7 +113,7 @@ def _step(store: Store, journal: Journal, request: ApprovalRequestInfo, now: Any
             run.run_id, request.call_id, next_after=later[0] if later else None, if_arguments=args
         )
         return False
-    tag = arguments_tag(args) if again else None
+    tag = arguments_tag(args, request.tool_digest) if again else None
     name = names.deadline(request.call_id, step, tag)
     if step == deadlines.EXPIRE:
         return _expire(store, journal, run, request, name, policy)
@@ -174,7 +177,9 @@ def _expire(
     again = request.previous_arguments is not None
     decision, inserted = journal.write(
         run.run_id,
-        decision_name(request.call_id, request.arguments, again=again),
+        decision_name(
+            request.call_id, request.arguments, again=again, tool_digest=request.tool_digest
+        ),
         {
             "kind": "approval",
             "approved": False,

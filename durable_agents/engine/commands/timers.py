@@ -253,7 +253,10 @@ def _finish_stopped_decisions(store: Store, run: RunInfo, records: list[Record])
     queued = False
     for request in pending:
         name = decision_name(
-            request.call_id, request.arguments, again=request.previous_arguments is not None
+            request.call_id,
+            request.arguments,
+            again=request.previous_arguments is not None,
+            tool_digest=request.tool_digest,
         )
         decision = decisions.get(name)
         if decision is not None:
