@@ -184,6 +184,8 @@ class Deployer(Actor):
     def weight(self, w: W.World) -> int:
         if self.aimed_left and _intercepted_pending(w):
             return 10  # lands before the people decide
+        if _remote_payment_pending(w):
+            return 10  # the server's next version, before the people decide (issue 45)
         if not self.left:
             return 0
         # Deploys land more often right after a crash: between a crash and its resume is
@@ -191,6 +193,25 @@ class Deployer(Actor):
         return 4 if w.crashes and w.step - w.last_crash < 20 else 1
 
     def choose(self, w: W.World) -> Op | None:
+        if _remote_payment_pending(w):
+            # Issue 45: the site deploys with the MCP server's next version, which describes
+            # ``crm__pay`` anew (the same arguments): the payment awaiting its decision was
+            # asked about a definition the workers no longer list.
+            service = w.remote
+            assert service is not None
+            service.changes_left -= 1
+            service.aimed.update(_remote_payments_pending(w))
+            if service.version_rng.random() < 0.9:
+                same = w.deploy
+                w.count("MCP server changes aimed at a payment awaiting its decision")
+
+                def server_op() -> str:
+                    service.version += 1
+                    w.deploys.append((w.now, same))
+                    same.activate()
+                    return f"the MCP server's version {service.version}"
+
+                return "deploy (the MCP server's next version)", server_op
         if self.aimed_left and _intercepted_pending(w) and w.aim_rng.random() < 0.8:
             self.aimed_left -= 1
             # Targeted (issue 32): a refund whose signed decision was captured is pending;
@@ -211,6 +232,22 @@ class Deployer(Actor):
             return new.describe()
 
         return f"deploy ({new.describe()})", op
+
+
+def _remote_payment_pending(w: W.World) -> bool:
+    """Whether a gated payment of the MCP server waits for its decision, with a change of
+    the server left to aim at it (only in the casts whose ``crm__pay`` is gated)."""
+    service = w.remote
+    if service is None or not service.gated or not service.changes_left:
+        return False
+    return bool(_remote_payments_pending(w) - service.aimed)
+
+
+def _remote_payments_pending(w: W.World) -> set[tuple[str, str]]:
+    """The gated payments of the MCP server awaiting their decision: (run, call)."""
+    from .remote import PAY
+
+    return {(r.run_id, r.call_id) for r in w.raw.list_approval_requests() if r.tool_name == PAY}
 
 
 class Webhook(Actor):

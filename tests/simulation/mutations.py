@@ -534,6 +534,24 @@ def _transport_error_as_result() -> contextlib.AbstractContextManager[None]:
     return _swapped((McpTool, "invoke", invoke_as_result))
 
 
+def _has_gated_remote(seed: int) -> bool:
+    """Whether a seed's agent calls the MCP server and gates its payments."""
+    from .remote import gates_pay
+
+    return _has_remote(seed) and gates_pay(seed)
+
+
+def _approval_of_any_definition() -> contextlib.AbstractContextManager[None]:
+    """``loop._still_fits`` that takes an approval for the tool whatever its server has
+    declared since (as if every call had been sent under its decision already)."""
+    still_fits = loop._still_fits
+
+    def any_definition(decision: Any, tool: Any, *, sent: bool = False) -> bool:
+        return still_fits(decision, tool, sent=True)
+
+    return _swapped((loop, "_still_fits", any_definition))
+
+
 def _task_sent_again() -> contextlib.AbstractContextManager[None]:
     """``mcp.tasks.call`` that sends ``tools/call`` again on a resume instead of polling
     the task the call's handle names (the journal keeps the first handle; the new task
@@ -868,6 +886,15 @@ MUTATIONS: dict[str, Mutation] = {
             "(TaskCall.wait)",
             _unknown_task_as_failed,
             reaches=_has_remote,
+        ),
+        # Issue 45: a decision bound to the definition its MCP server declared when asked.
+        Mutation(
+            "mcp-approval-of-any-definition",
+            "an approval of an MCP tool's call stands whatever the server declared since it was "
+            "asked (Driver._decision ignores the decision's tool_digest): the call is sent under "
+            "a definition nobody approved",
+            _approval_of_any_definition,
+            reaches=_has_gated_remote,
         ),
         Mutation(
             "repeat-voters",
