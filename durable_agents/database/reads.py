@@ -1,0 +1,118 @@
+"""What the admin and the API read, on the site's database: the one door into this package
+for pages and endpoints.
+
+Each function is a fixed number of queries, whatever it is asked for (the list pages'
+query-plan tests count them); what the rows say is decoded by ``engine.views``, never here
+and never in a page. The rows the pages list themselves (runs, requests, halts) are read
+from ``models`` as before; what lives in the journal is read only here.
+
+* ``journal`` — a run's records in commit order (one query), for its timeline and the API.
+* ``starts`` — each run's ``run:start`` (``engine.views.Start``), for a page of runs.
+* ``children`` — the sub-runs a run's calls started (``engine.views.Child``).
+* ``session`` — a session's agent and log (``engine.session_log.SessionLog``).
+* ``delegations_in_force`` — the delegations in force for some approvers, by the
+  database's clock; ``with_state``/``in_state`` for the delegation lists.
+* ``sse_response``/``last_event_id`` — a run's live events (``database.events``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..engine.journal import Journal
+from ..engine.ports import DelegationInfo
+from ..engine.session_log import SessionLog
+from ..engine.views import CHILD_PREFIX, START_NAME, Child, Record, Start, session_journal
+from ..models import Delegation, JournalEntry
+from .delegations import (
+    ENDED,
+    IN_FORCE,
+    REVOKED,
+    UPCOMING,
+    in_force_now,
+    in_state,
+    to_domain,
+    with_state,
+)
+from .events import last_event_id, sse_response
+from .store import site_store
+
+__all__ = [
+    "ENDED",
+    "IN_FORCE",
+    "REVOKED",
+    "UPCOMING",
+    "SessionRead",
+    "children",
+    "delegations_in_force",
+    "in_state",
+    "journal",
+    "last_event_id",
+    "session",
+    "session_agent",
+    "site_store",
+    "sse_response",
+    "starts",
+    "with_state",
+]
+
+
+def journal(run_id: str) -> list[Record]:
+    """Every record of the run in commit order, the header first, in one read."""
+    return Journal(site_store()).records(run_id)
+
+
+def starts(run_ids: Iterable[str]) -> dict[str, Start]:
+    """Each run's current ``run:start``, in one query (a run without one is left out)."""
+    rows = JournalEntry.objects.filter(run_id__in=set(run_ids), name=START_NAME).values_list(
+        "run_id", "seq", "data"
+    )
+    found = {}
+    for run_id, seq, data in rows:
+        start = Start.of_row(run_id, seq, data)
+        if start is not None:
+            found[run_id] = start
+    return found
+
+
+def children(run_id: str) -> list[Child]:
+    """The sub-runs the run's calls started, in commit order, in one query."""
+    rows = JournalEntry.objects.filter(run_id=run_id, name__startswith=CHILD_PREFIX).values_list(
+        "name", "data"
+    )
+    return [Child.of(name[len(CHILD_PREFIX) :], data) for name, data in rows]
+
+
+@dataclass(frozen=True)
+class SessionRead:
+    """A session as its journal run records it: the agent it talks to, and its log."""
+
+    session_id: str
+    agent: str
+    log: SessionLog
+
+
+def session_agent(session_id: str) -> str | None:
+    """The agent a session talks to, or None for a session not opened yet (one query)."""
+    row = site_store().get_run(session_journal(session_id))
+    return row.agent if row is not None else None
+
+
+def session(session_id: str) -> SessionRead | None:
+    """The session's agent and log (two reads), or None when there is no such session."""
+    store = site_store()
+    journal_id = session_journal(session_id)
+    row = store.get_run(journal_id)
+    if row is None:
+        return None
+    return SessionRead(session_id, row.agent, SessionLog.of(Journal(store).records(journal_id)))
+
+
+def delegations_in_force(approvers: Iterable[str]) -> list[DelegationInfo]:
+    """The delegations in force now for ``approvers``, by the database's clock (one query;
+    none without approvers)."""
+    wanted = set(approvers)
+    if not wanted:
+        return []
+    return [to_domain(d) for d in Delegation.objects.filter(in_force_now(), approver__in=wanted)]
