@@ -223,12 +223,12 @@ class Drift:
     changes: Any
 
     @classmethod
-    def of(cls, entry: Entry) -> Drift:
-        rec = entry.record
+    def of(cls, rec: Record, key: str) -> Drift:
+        """``key``: the name past its prefix (the hash, when the body does not say)."""
         to = rec.body.get("to")
         return cls(
             seq=rec.seq,
             at=rec.created_at,
-            hash=to.get("hash") if isinstance(to, dict) else entry.key,
+            hash=to.get("hash") if isinstance(to, dict) else key,
             changes=rec.body.get("changes"),
         )

@@ -40,11 +40,8 @@ NOT_MOVED_YET = {
     "admin/live.py",
     "admin/queues.py",
     "admin/readable.py",
-    "admin/rule_records.py",
     "admin/runs.py",
     "admin/sessions.py",
-    "admin/timeline.py",
-    "admin/tree.py",
     "admin/waits.py",
 }
 # How many there were when the test came in: the list may only get shorter.
@@ -147,3 +144,15 @@ def test_the_check_sees_every_way_around_the_reader():
     )
     lines = [int(hit.split(":")[0]) for hit in _bypasses(probe, source)]
     assert sorted(lines) == [2, 3, 4, 5, 6, 7, 8, 10, 12]
+
+
+def test_the_timeline_describes_each_kind_the_engine_reads():
+    """Every describer is keyed by a kind ``engine.views`` decodes (a misspelt kind would
+    quietly show its records by name), and every kind of the run's story has one."""
+    from durable_agents.admin.timeline import DESCRIBERS
+    from durable_agents.engine.views import KINDS
+
+    assert set(DESCRIBERS) <= KINDS
+    # Kinds shown by name only: the rule log's, and the waits' and channels' bookkeeping.
+    by_name = {"rule", "deadline", "wait", "input", "signal", "waited", "message", "ack"}
+    assert KINDS - set(DESCRIBERS) == by_name | {"receiving", "other"}
