@@ -40,6 +40,7 @@ from django.utils import timezone
 from django.utils.http import urlencode
 
 from ..database.delegations import in_force_now
+from ..database.reads import asking_live, wait_records
 from ..engine import names
 from ..engine.errors import DurableAgentsError
 from ..engine.ports import (
@@ -61,7 +62,7 @@ from .paging import CAP, counted
 from .queues import progress
 from .readable import edit_changes, origin_of, stated_reason, summary_of, tool_of
 from .rendered import identifying_of, render
-from .waits import asking_live, question_slug, wait_records, waits_of_run
+from .waits import question_slug, waits_of_run
 
 INBOX_SIZE = 100  # cards of each kind read; the page says how many more wait
 

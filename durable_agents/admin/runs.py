@@ -41,7 +41,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from ..celery.dispatch import deferred
-from ..database import audit
+from ..database import audit, reads
 from ..database.store import site_store
 from ..engine import names, sagas
 from ..engine.commands.runs import cancel, delete, hand_over
@@ -111,7 +111,7 @@ class RunChangeList(ChangeList):
         for the whole page, none when no run on it waits on the world."""
         super().get_results(request)
         paused = [r for r in self.result_list if r.status in (AWAITING_INPUT, SLEEPING)]
-        records = waits.wait_records([r.run_id for r in paused]) if paused else {}
+        records = reads.wait_records([r.run_id for r in paused]) if paused else {}
         for row in paused:
             row.waiting_for = "; ".join(
                 describe_wait(w) for w in open_waits(records.get(row.run_id, []))

@@ -9,21 +9,29 @@ from ``models`` as before; what lives in the journal is read only here.
 * ``journal`` — a run's records in commit order (one query), for its timeline and the API.
 * ``starts`` — each run's ``run:start`` (``engine.views.Start``), for a page of runs.
 * ``children`` — the sub-runs a run's calls started (``engine.views.Child``).
+* ``wait_records``, ``asking_live`` — what runs wait for (``engine.waits`` reads it), and
+  the running runs a live MCP call asked a question of.
 * ``session`` — a session's agent and log (``engine.session_log.SessionLog``).
-* ``delegations_in_force`` — the delegations in force for some approvers, by the
-  database's clock; ``with_state``/``in_state`` for the delegation lists.
+* ``delegations_in_force``, ``delegations_to`` — the delegations in force for some
+  approvers, or to a deputy, by the database's clock; ``with_state``/``in_state`` for
+  the delegation lists.
 * ``sse_response``/``last_event_id`` — a run's live events (``database.events``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from django.db.models import Exists, OuterRef, Q
+
+from ..engine import names
+from ..engine.delegation import in_force_to
 from ..engine.journal import Journal
-from ..engine.ports import DelegationInfo
+from ..engine.ports import RUNNING, DelegationInfo
 from ..engine.session_log import SessionLog
 from ..engine.views import CHILD_PREFIX, START_NAME, Child, Record, Start, session_journal
+from ..mcp.elicitation import PREFIX as LIVE_PREFIX
 from ..models import Delegation, JournalEntry
 from .delegations import (
     ENDED,
@@ -44,8 +52,10 @@ __all__ = [
     "REVOKED",
     "UPCOMING",
     "SessionRead",
+    "asking_live",
     "children",
     "delegations_in_force",
+    "delegations_to",
     "in_state",
     "journal",
     "last_event_id",
@@ -54,6 +64,7 @@ __all__ = [
     "site_store",
     "sse_response",
     "starts",
+    "wait_records",
     "with_state",
 ]
 
@@ -107,6 +118,49 @@ def session(session_id: str) -> SessionRead | None:
     if row is None:
         return None
     return SessionRead(session_id, row.agent, SessionLog.of(Journal(store).records(journal_id)))
+
+
+_WAIT_RECORDS = (
+    names.WAIT,
+    names.INPUT,
+    names.SIGNAL,
+    names.WAITED,
+    names.RECEIVING,
+    names.MESSAGE,
+    names.ACK,
+)
+
+
+def wait_records(run_ids: Sequence[str]) -> dict[str, list[Record]]:
+    """The wait records (requests, answers, signals, resolutions, channel messages, acks and
+    receives) of ``run_ids``, in one query, in commit order per run (``engine.waits`` reads
+    them)."""
+    prefixes = Q()
+    for prefix in _WAIT_RECORDS:
+        prefixes |= Q(name__startswith=prefix)
+    rows = (
+        JournalEntry.objects.filter(prefixes, run_id__in=list(run_ids))
+        .order_by("seq")
+        .values_list("run_id", "name", "seq", "data", "created_at")
+    )
+    out: dict[str, list[Record]] = {run_id: [] for run_id in run_ids}
+    for run_id, name, seq, data, at in rows:
+        out[run_id].append(Record(run_id, name, seq, data, at))
+    return out
+
+
+def asking_live() -> Q:
+    """Running runs whose MCP call asked staff a question (an elicitation: a live question,
+    answered while the call waits; docs/mcp.md). An index probe per running run."""
+    asked = JournalEntry.objects.filter(
+        run_id=OuterRef("run_id"), name__startswith=names.wait(LIVE_PREFIX)
+    )
+    return Q(status=RUNNING) & Q(Exists(asked))
+
+
+def delegations_to(deputy: str) -> list[DelegationInfo]:
+    """The delegations to ``deputy`` in force now, by the database's clock (one query)."""
+    return in_force_to(site_store(), deputy)
 
 
 def delegations_in_force(approvers: Iterable[str]) -> list[DelegationInfo]:

@@ -23,17 +23,25 @@ from typing import Any
 
 from . import names
 from .errors import ProtocolError
-from .names import API_CHANNEL, session_journal, validate_session_id, validate_wait_name
-from .records import Record, decode, validate_run_id
+from .names import (
+    API_CHANNEL,
+    SESSION_JOURNAL_SUFFIX,
+    session_journal,
+    validate_session_id,
+    validate_wait_name,
+)
+from .records import Record, decode, encode, validate_run_id
 
 __all__ = [
     "API_CHANNEL",
     "KINDS",
+    "SESSION_JOURNAL_SUFFIX",
     "Child",
     "Drift",
     "Entry",
     "Record",
     "Start",
+    "canonical",
     "read",
     "session_journal",
     "validate_run_id",
@@ -82,6 +90,12 @@ PREFIXES: dict[str, str] = {
 }
 OTHER = "other"
 KINDS = frozenset([*WHOLE.values(), *PREFIXES.values(), OTHER])
+
+
+def canonical(value: Any) -> str:
+    """``value`` as the journal holds it, byte for byte (``ProtocolError`` if it cannot be):
+    two values are the same value when these are."""
+    return encode(value)
 
 
 @dataclass(frozen=True)
