@@ -9,6 +9,7 @@ from ``models`` as before; what lives in the journal is read only here.
 * ``journal`` — a run's records in commit order (one query), for its timeline and the API.
 * ``starts`` — each run's ``run:start`` (``engine.views.Start``), for a page of runs.
 * ``children`` — the sub-runs a run's calls started (``engine.views.Child``).
+* ``model_turns`` — the model turns of some runs (for the reason a model gave for a call).
 * ``wait_records``, ``asking_live`` — what runs wait for (``engine.waits`` reads it), and
   the running runs a live MCP call asked a question of.
 * ``session`` — a session's agent and log (``engine.session_log.SessionLog``).
@@ -28,7 +29,7 @@ from django.db.models import Exists, OuterRef, Q
 from ..engine import names
 from ..engine.delegation import in_force_to
 from ..engine.journal import Journal
-from ..engine.ports import RUNNING, DelegationInfo
+from ..engine.ports import RUNNING, DelegationInfo, LeaseInfo
 from ..engine.session_log import SessionLog
 from ..engine.views import CHILD_PREFIX, START_NAME, Child, Record, Start, session_journal
 from ..mcp.elicitation import PREFIX as LIVE_PREFIX
@@ -55,10 +56,13 @@ __all__ = [
     "asking_live",
     "children",
     "delegations_in_force",
+    "delegations_naming",
     "delegations_to",
     "in_state",
     "journal",
     "last_event_id",
+    "lease",
+    "model_turns",
     "session",
     "session_agent",
     "site_store",
@@ -72,6 +76,11 @@ __all__ = [
 def journal(run_id: str) -> list[Record]:
     """Every record of the run in commit order, the header first, in one read."""
     return Journal(site_store()).records(run_id)
+
+
+def lease(run_id: str) -> LeaseInfo | None:
+    """The run's lease as it stands (one query), or None when no driver holds it."""
+    return site_store().get_lease(run_id)
 
 
 def starts(run_ids: Iterable[str]) -> dict[str, Start]:
@@ -149,6 +158,20 @@ def wait_records(run_ids: Sequence[str]) -> dict[str, list[Record]]:
     return out
 
 
+def model_turns(run_ids: Sequence[str]) -> dict[str, list[Record]]:
+    """The model turns of ``run_ids``, in one query, in commit order per run (a run without
+    any is left out)."""
+    rows = (
+        JournalEntry.objects.filter(run_id__in=list(run_ids), name__startswith=names.MODEL)
+        .order_by("seq")
+        .values_list("run_id", "name", "seq", "data", "created_at")
+    )
+    out: dict[str, list[Record]] = {}
+    for run_id, name, seq, data, at in rows:
+        out.setdefault(run_id, []).append(Record(run_id, name, seq, data, at))
+    return out
+
+
 def asking_live() -> Q:
     """Running runs whose MCP call asked staff a question (an elicitation: a live question,
     answered while the call waits; docs/mcp.md). An index probe per running run."""
@@ -161,6 +184,15 @@ def asking_live() -> Q:
 def delegations_to(deputy: str) -> list[DelegationInfo]:
     """The delegations to ``deputy`` in force now, by the database's clock (one query)."""
     return in_force_to(site_store(), deputy)
+
+
+def delegations_naming(username: str, limit: int = 20) -> list[Delegation]:
+    """The delegations in force now that name ``username`` as deputy or as approver, the
+    first to end first (one query)."""
+    rows = Delegation.objects.filter(in_force_now()).filter(
+        Q(deputy=username) | Q(approver=username)
+    )
+    return list(rows.order_by("ends_at", "pk")[:limit])
 
 
 def delegations_in_force(approvers: Iterable[str]) -> list[DelegationInfo]:

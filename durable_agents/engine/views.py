@@ -42,6 +42,8 @@ __all__ = [
     "Record",
     "Start",
     "canonical",
+    "decided_by",
+    "late_results",
     "read",
     "session_journal",
     "validate_run_id",
@@ -163,6 +165,29 @@ def read(rec: Record) -> Entry:
 
 def entries(records: Iterable[Record]) -> list[Entry]:
     return [read(rec) for rec in records]
+
+
+def decided_by(records: Iterable[Record], call_id: str) -> str:
+    """Who the journal's last decision on the call names ("dora for lena" when a deputy
+    made it), "" when there is none: a call asked again is decided again, under a name per
+    argument set (``approval:<call>:<tag>``)."""
+    first = names.decision(call_id)
+    found = [
+        r
+        for r in records
+        if r.name == first
+        or (r.name.startswith(first + ":") and ":" not in r.name[len(first) + 1 :])
+    ]
+    if not found:
+        return ""
+    return str(found[-1].get("decided_by") or found[-1].get("by") or "")
+
+
+def late_results(records: Iterable[Record], call_id: str) -> list[Record]:
+    """The call's results that arrived after their driver lost the run (``@late/``): kept
+    as evidence, never as the call's result."""
+    prefix = f"{names.LATE}{call_id}/"
+    return [rec for rec in records if rec.name.startswith(prefix)]
 
 
 @dataclass(frozen=True)
