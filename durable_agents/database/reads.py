@@ -16,6 +16,9 @@ from ``models`` as before; what lives in the journal is read only here.
 * ``delegations_in_force``, ``delegations_to`` — the delegations in force for some
   approvers, or to a deputy, by the database's clock; ``with_state``/``in_state`` for
   the delegation lists.
+* ``run_info``, ``runs_below``, ``rows_of_runs`` — a run as the engine sees it, the runs
+  below it, and the rows a delete takes with it.
+* ``verify``, ``sign_head``, ``import_trust`` — the run's audit check (``database.audit``).
 * ``sse_response``/``last_event_id`` — a run's live events (``database.events``).
 """
 
@@ -23,17 +26,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Count, Exists, OuterRef, Q
 
 from ..engine import names
+from ..engine import tree as engine_tree
 from ..engine.delegation import in_force_to
 from ..engine.journal import Journal
-from ..engine.ports import RUNNING, DelegationInfo, LeaseInfo
+from ..engine.ports import RUNNING, DelegationInfo, LeaseInfo, RunInfo
 from ..engine.session_log import SessionLog
 from ..engine.views import CHILD_PREFIX, START_NAME, Child, Record, Start, session_journal
 from ..mcp.elicitation import PREFIX as LIVE_PREFIX
-from ..models import Delegation, JournalEntry
+from ..models import ApprovalRequest, Delegation, Halt, JournalEntry, Lease
+from .audit import import_trust, sign_head, verify
 from .delegations import (
     ENDED,
     IN_FORCE,
@@ -58,16 +64,22 @@ __all__ = [
     "delegations_in_force",
     "delegations_naming",
     "delegations_to",
+    "import_trust",
     "in_state",
     "journal",
     "last_event_id",
     "lease",
     "model_turns",
+    "rows_of_runs",
+    "run_info",
+    "runs_below",
     "session",
     "session_agent",
+    "sign_head",
     "site_store",
     "sse_response",
     "starts",
+    "verify",
     "wait_records",
     "with_state",
 ]
@@ -81,6 +93,36 @@ def journal(run_id: str) -> list[Record]:
 def lease(run_id: str) -> LeaseInfo | None:
     """The run's lease as it stands (one query), or None when no driver holds it."""
     return site_store().get_lease(run_id)
+
+
+def run_info(run_id: str) -> RunInfo | None:
+    """The run as the engine sees it (one query), or None when there is no such run."""
+    return site_store().get_run(run_id)
+
+
+def runs_below(run_id: str) -> list[str]:
+    """Every run below ``run_id`` that is its tree's own (``engine.tree.runs_below``)."""
+    return engine_tree.runs_below(site_store(), run_id)
+
+
+def rows_of_runs(run_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+    """How many journal entries, approval requests, halts and leases each run has (what a
+    delete takes with it): one query per kind of row, whatever the number of runs."""
+    related: list[tuple[Any, str]] = [
+        (JournalEntry, "journal entries"),
+        (ApprovalRequest, "approval requests"),
+        (Halt, "halts"),
+        (Lease, "leases"),
+    ]
+    counts: dict[str, dict[str, int]] = {}
+    for model, label in related:
+        rows = (
+            model._default_manager.filter(run_id__in=run_ids)
+            .values("run_id")
+            .annotate(n=Count("pk"))
+        )
+        counts[label] = {r["run_id"]: r["n"] for r in rows}
+    return counts
 
 
 def starts(run_ids: Iterable[str]) -> dict[str, Start]:

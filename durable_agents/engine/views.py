@@ -45,6 +45,7 @@ __all__ = [
     "decided_by",
     "late_results",
     "read",
+    "saga_aborted",
     "session_journal",
     "validate_run_id",
     "validate_session_id",
@@ -181,6 +182,11 @@ def decided_by(records: Iterable[Record], call_id: str) -> str:
     if not found:
         return ""
     return str(found[-1].get("decided_by") or found[-1].get("by") or "")
+
+
+def saga_aborted(records: Iterable[Record]) -> bool:
+    """Whether the run's saga was aborted (``saga:abort``): it only rolls back from there."""
+    return any(rec.name == names.SAGA_ABORT for rec in records)
 
 
 def late_results(records: Iterable[Record], call_id: str) -> list[Record]:
