@@ -1,7 +1,7 @@
 """Read models: a run's journal as pages and endpoints read it, decoded in one place.
 
-The admin and the API never spell a journal name or decode a record body themselves: they
-read here (``database.reads`` brings the rows). Each record kind has one decoder:
+The admin and the API never spell a journal name or test a record's name themselves: they
+read here (``database.reads`` brings the rows). Each record kind is told in one place:
 
 * ``KINDS`` — the table from a record's name (whole, or its prefix) to its kind; ``read``
   turns a record into an ``Entry``: its kind and the part of its name past the prefix
@@ -9,6 +9,12 @@ read here (``database.reads`` brings the rows). Each record kind has one decoder
 * ``Start`` — a ``run:start`` record: agent, input, fingerprint, which start of the run id.
 * ``Child`` — a ``child:`` record: the sub-run a call started (or, in a fork, its source's).
 * ``Drift`` — an ``@drift/`` record: the fingerprint a run resumed under, and what changed.
+* ``decided_by``, ``late_results``, ``saga_aborted`` — what a page asks of a run's records:
+  who decided a call, the results that came after their driver lost the run, whether its
+  saga was aborted.
+
+``Record`` (a record as read back) is here for the pages' annotations; ``canonical`` is the
+journal's encoding, for comparing two values as the journal would.
 
 Also the checks a reader applies to an id it is handed (a run id, a session id, a wait's
 name): the journal's own rules, so an endpoint refuses what the journal could never hold.
@@ -162,10 +168,6 @@ def read(rec: Record) -> Entry:
     ``ValueError``, as reading its body would)."""
     kind, key = kind_of(rec.name)
     return _KEYS.get(kind, _plain)(kind, key, rec)
-
-
-def entries(records: Iterable[Record]) -> list[Entry]:
-    return [read(rec) for rec in records]
 
 
 def decided_by(records: Iterable[Record], call_id: str) -> str:

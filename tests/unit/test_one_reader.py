@@ -148,3 +148,17 @@ def test_the_timeline_describes_each_kind_the_engine_reads():
     # Kinds shown by name only: the rule log's, and the waits' and channels' bookkeeping.
     by_name = {"rule", "deadline", "wait", "input", "signal", "waited", "message", "ack"}
     assert KINDS - set(DESCRIBERS) == by_name | {"receiving", "other"}
+
+
+def test_admin_and_api_spell_no_journal_name():
+    """Nor do they spell a journal name themselves (``"@late/{call}/"``): the engine's
+    views decode names, the same check the engine's own modules are held to."""
+    from .test_engine_purity import _spelled_names
+
+    spelled = [
+        hit
+        for rel, path in _glue_files().items()
+        if rel not in NOT_MOVED_YET
+        for hit in _spelled_names(path)
+    ]
+    assert spelled == []
