@@ -1,10 +1,11 @@
 """What the admin and the API read, on the site's database: the one door into this package
 for pages and endpoints.
 
-Each function is a fixed number of queries, whatever it is asked for (the list pages'
-query-plan tests count them); what the rows say is decoded by ``engine.views``, never here
-and never in a page. The rows the pages list themselves (runs, requests, halts) are read
-from ``models`` as before; what lives in the journal is read only here.
+What a list page reads here costs a fixed number of queries whatever the page size (the
+query-plan tests count them); what the records say is decoded by ``engine.views`` and the
+engine's readers (``waits``, ``session_log``, ``transcript``), never in a page. The rows
+the pages list themselves (runs, requests, halts) are read from ``models`` as before; what
+lives in the journal is read only here.
 
 * ``journal`` — a run's records in commit order (one query), for its timeline and the API.
 * ``starts`` — each run's ``run:start`` (``engine.views.Start``), for a page of runs.
@@ -36,7 +37,7 @@ from ..engine.delegation import in_force_to
 from ..engine.journal import Journal
 from ..engine.ports import RUNNING, DelegationInfo, LeaseInfo, RunInfo
 from ..engine.session_log import SessionLog
-from ..engine.views import CHILD_PREFIX, START_NAME, Child, Record, Start, session_journal
+from ..engine.views import Child, Record, Start, session_journal
 from ..mcp.elicitation import PREFIX as LIVE_PREFIX
 from ..models import ApprovalRequest, Delegation, Halt, JournalEntry, Lease
 from .audit import import_trust, sign_head, verify
@@ -76,7 +77,6 @@ __all__ = [
     "session",
     "session_agent",
     "sign_head",
-    "site_store",
     "sse_response",
     "starts",
     "verify",
@@ -127,7 +127,7 @@ def rows_of_runs(run_ids: Sequence[str]) -> dict[str, dict[str, int]]:
 
 def starts(run_ids: Iterable[str]) -> dict[str, Start]:
     """Each run's current ``run:start``, in one query (a run without one is left out)."""
-    rows = JournalEntry.objects.filter(run_id__in=set(run_ids), name=START_NAME).values_list(
+    rows = JournalEntry.objects.filter(run_id__in=set(run_ids), name=names.RUN_START).values_list(
         "run_id", "seq", "data"
     )
     found = {}
@@ -140,10 +140,10 @@ def starts(run_ids: Iterable[str]) -> dict[str, Start]:
 
 def children(run_id: str) -> list[Child]:
     """The sub-runs the run's calls started, in commit order, in one query."""
-    rows = JournalEntry.objects.filter(run_id=run_id, name__startswith=CHILD_PREFIX).values_list(
+    rows = JournalEntry.objects.filter(run_id=run_id, name__startswith=names.CHILD).values_list(
         "name", "data"
     )
-    return [Child.of(name[len(CHILD_PREFIX) :], data) for name, data in rows]
+    return [Child.of(name[len(names.CHILD) :], data) for name, data in rows]
 
 
 @dataclass(frozen=True)

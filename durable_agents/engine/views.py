@@ -236,10 +236,6 @@ class Start:
             return None
 
 
-START_NAME = names.RUN_START
-CHILD_PREFIX = names.CHILD
-
-
 @dataclass(frozen=True)
 class Child:
     """A ``child:<call>`` record: the sub-run the call started (``<run>/<call>``), or, in a
