@@ -28,11 +28,11 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 
 from ..celery.dispatch import deferred
-from ..database.store import site_store
+from ..database import reads
 from ..engine import runtime
 from ..engine.approvals import NOT_SHOWN, resolve_approver
 from ..engine.commands.approvals import approve
-from ..engine.delegation import choices, in_force_to
+from ..engine.delegation import choices
 from ..engine.errors import ApprovalEditInvalid, DurableAgentsError
 from ..engine.ports import APPROVAL_PENDING
 from ..models import ApprovalRequest, Decision
@@ -157,7 +157,7 @@ def ways_by_row(request: HttpRequest, rows: Sequence[ApprovalRequest]) -> dict[i
 
     def in_force() -> list[Any]:  # once per page, when needed
         if not delegations:
-            delegations.append(in_force_to(site_store(), actor.username))
+            delegations.append(reads.delegations_to(actor.username))
         return list(delegations[0])
 
     def resolve(name: str) -> Any:  # once per approver on the page

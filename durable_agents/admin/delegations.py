@@ -21,7 +21,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern
 from django.utils.html import format_html
 
-from ..database.delegations import IN_FORCE, UPCOMING, in_state, with_state
+from ..database.reads import IN_FORCE, UPCOMING, in_state, with_state
 from ..engine.commands.delegations import NOTE_MAX, delegate, revoke
 from ..engine.errors import DurableAgentsError
 from ..models import Delegation

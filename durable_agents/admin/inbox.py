@@ -39,8 +39,8 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
-from ..database.delegations import in_force_now
-from ..engine import names
+from ..database import reads
+from ..database.reads import asking_live, wait_records
 from ..engine.errors import DurableAgentsError
 from ..engine.ports import (
     APPROVAL_PENDING,
@@ -49,10 +49,10 @@ from ..engine.ports import (
     HALT_OPEN,
     IMPORTED_INERT,
 )
-from ..engine.records import Record
+from ..engine.views import Record, kind_of
 from ..engine.waits import INTERRUPT
 from ..keys import pending_for
-from ..models import ApprovalRequest, Decision, Delegation, Halt, Inbox, JournalEntry, Run
+from ..models import ApprovalRequest, Decision, Delegation, Halt, Inbox, Run
 from ..rule_state import rule_state
 from .assigned import escalated_to
 from .base import AnyModelAdmin, ReadOnlyAdmin, admin_actor, allows, page, related_count
@@ -61,7 +61,7 @@ from .paging import CAP, counted
 from .queues import progress
 from .readable import edit_changes, origin_of, stated_reason, summary_of, tool_of
 from .rendered import identifying_of, render
-from .waits import asking_live, question_slug, wait_records, waits_of_run
+from .waits import question_slug, waits_of_run
 
 INBOX_SIZE = 100  # cards of each kind read; the page says how many more wait
 
@@ -161,13 +161,8 @@ class _Runs:
         wanted = [r for r in set(run_ids) if r not in self._turns]
         for run_id in wanted:
             self._turns[run_id] = []
-        rows = (
-            JournalEntry.objects.filter(run_id__in=wanted, name__startswith=names.MODEL)
-            .order_by("seq")
-            .values_list("run_id", "name", "seq", "data", "created_at")
-        )
-        for run_id, name, seq, data, at in rows:
-            self._turns[run_id].append(Record(run_id, name, seq, data, at))
+        for run_id, turns in reads.model_turns(wanted).items():
+            self._turns[run_id].extend(turns)
 
     def stated_reason(self, run_id: str, call_id: str) -> str:
         try:
@@ -314,7 +309,7 @@ def question_cards(
         asked = {
             str(r.get("name")): r.created_at
             for r in records
-            if r.name.startswith(names.WAIT) and r.get("kind") == INTERRUPT
+            if kind_of(r.name)[0] == "wait" and r.get("kind") == INTERRUPT
         }
         waits = waits_of_run(run_admin, request, run, records)
         for q in waits["questions"]:
@@ -509,9 +504,7 @@ def inbox_view(admin: AnyModelAdmin, request: HttpRequest) -> HttpResponse:
 
 
 def _delegations(request: HttpRequest) -> list[Delegation]:
-    me = request.user.get_username()
-    rows = Delegation.objects.filter(in_force_now()).filter(Q(deputy=me) | Q(approver=me))
-    return list(rows.order_by("ends_at", "pk")[:20])
+    return reads.delegations_naming(request.user.get_username())
 
 
 @admin.register(Inbox)

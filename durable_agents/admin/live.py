@@ -17,7 +17,7 @@ from django.http import (
     JsonResponse,
 )
 
-from ..database.events import last_event_id, sse_response
+from ..database.reads import last_event_id, sse_response
 from ..engine.follow import ends
 from ..engine.ports import APPROVAL_PENDING
 from ..models import ApprovalRequest, Run

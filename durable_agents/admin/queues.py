@@ -22,13 +22,12 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from ..celery.dispatch import deferred
-from ..database.store import site_store
-from ..engine import names
+from ..database import reads
 from ..engine.approvals import NOT_SHOWN, arguments_digest
 from ..engine.commands.halts import resolve_halt
 from ..engine.errors import ApprovalArgumentsChanged, ApprovalEditInvalid, DurableAgentsError
-from ..engine.journal import Journal
 from ..engine.ports import APPROVAL_PENDING, HALT_OPEN, IMPORTED_INERT
+from ..engine.views import decided_by, late_results
 from ..models import ApprovalRequest, Decision, Halt, Lease
 from ..rule_state import rule_state
 from . import counts, live
@@ -391,7 +390,7 @@ def approval_detail(
     tool = tool_of(obj)
     records: list[Any] = []
     try:  # one read of the journal; a record that cannot be read leaves the rest shown
-        records = Journal(site_store()).records(obj.run_id)
+        records = reads.journal(obj.run_id)
         talk, talk_error = conversation(records, obj.call_id), ""
     except DurableAgentsError as exc:
         talk, talk_error = [], str(exc)
@@ -449,16 +448,7 @@ def _decided_by(records: list[Any], obj: Any) -> str:
     again."""
     if obj.status == APPROVAL_PENDING:
         return ""
-    first = names.decision(obj.call_id)
-    found = [
-        r
-        for r in records
-        if r.name == first
-        or (r.name.startswith(first + ":") and ":" not in r.name[len(first) + 1 :])
-    ]
-    if not found:
-        return ""
-    return str(found[-1].get("decided_by") or found[-1].get("by") or "")
+    return decided_by(records, obj.call_id)
 
 
 def approval_decide_view(
@@ -618,7 +608,7 @@ def halt_detail(
             "reason": obj.reason if isinstance(obj.reason, dict) else None,
             "resolution": pretty(obj.resolution) if obj.resolution is not None else None,
             "late": late_evidence(obj.run_id, obj.op_id),
-            "lease": site_store().get_lease(obj.run_id),
+            "lease": reads.lease(obj.run_id),
             "can_resolve": allows(request, "resolve") and obj.status == HALT_OPEN,
             "form": form or ResolveForm(),
             "resolve_url": admin_url(admin, "resolve", obj.pk),
@@ -629,7 +619,6 @@ def halt_detail(
 def late_evidence(run_id: str, op_id: str) -> list[dict[str, Any]]:
     """What drivers that had lost the run saw when the call settled (``@late/<call>/<k>``
     records): evidence for the person resolving, never the call's result."""
-    prefix = f"@late/{op_id}/"
     return [
         {
             "name": rec.name,
@@ -638,8 +627,7 @@ def late_evidence(run_id: str, op_id: str) -> list[dict[str, Any]]:
             "holder": rec.get("holder"),
             "result": pretty(rec.get("result")),
         }
-        for rec in Journal(site_store()).records(run_id)
-        if rec.name.startswith(prefix)
+        for rec in late_results(reads.journal(run_id), op_id)
     ]
 
 

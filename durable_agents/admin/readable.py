@@ -9,9 +9,9 @@ import logging
 from typing import Any
 
 from ..engine.errors import DurableAgentsError
-from ..engine.records import encode
 from ..engine.registry import get_agent
 from ..engine.transcript import RunState
+from ..engine.views import canonical
 from .rendered import identifying_of, render
 from .timeline import pretty_text
 
@@ -115,7 +115,9 @@ def edit_changes(tool: Any, arguments: Any, edited: Any) -> list[dict[str, Any]]
     argument it left out is listed with ``removed``."""
     if not isinstance(arguments, dict) or not isinstance(edited, dict):
         return []
-    changed = [k for k in edited if k not in arguments or encode(edited[k]) != encode(arguments[k])]
+    changed = [
+        k for k in edited if k not in arguments or canonical(edited[k]) != canonical(arguments[k])
+    ]
     gone = [k for k in arguments if k not in edited]
     schema, first = getattr(tool, "parameters", None), identifying_of(tool)
     now = render(schema, {k: edited[k] for k in changed}, whole=True, first=first).fields

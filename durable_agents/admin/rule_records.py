@@ -14,9 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..engine import names
-from ..engine.records import Record
 from ..engine.rules import at_least, demands_more
+from ..engine.views import Entry
 from ..rule_state import ON_EXPIRY, from_policy
 
 # ``<call>:<tag>``: a record for arguments other than the first (an edit, a deploy's change).
@@ -48,19 +47,18 @@ class RuleLog:
         self.policy: dict[str, dict[str, Any]] = {}
         self.decided: set[str] = set()
 
-    def describe(self, rec: Record) -> Described | None:
+    def describe(self, entry: Entry) -> Described | None:
         """The entry for a rule record, an automatic decision or a deadline step; None for
         any other record (a person's decision is only noted: its call is decided)."""
-        name, body = rec.name, rec.body
-        if name.startswith(names.RULE):
-            return self._rule(name[len(names.RULE) :], body)
-        if name.startswith(names.DEADLINE):
-            return self._deadline(name[len(names.DEADLINE) :], body)
-        if name.startswith(names.APPROVAL):
-            call, _ = _call(name[len(names.APPROVAL) :])
+        if entry.kind == "rule":
+            return self._rule(entry.key, entry.record.body)
+        if entry.kind == "deadline":
+            return self._deadline(entry.key, entry.record.body)
+        if entry.kind == "approval":
+            call, _ = _call(entry.key)
             self.decided.add(call)
-            if body.get("automatic"):
-                return _automatic(call, body)
+            if entry.record.body.get("automatic"):
+                return _automatic(call, entry.record.body)
         return None
 
     def _rule(self, rest: str, body: Any) -> Described:

@@ -19,7 +19,6 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import (
-    Count,
     F,
     Func,
     IntegerField,
@@ -41,12 +40,10 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from ..celery.dispatch import deferred
-from ..database import audit
-from ..database.store import site_store
-from ..engine import names, sagas
+from ..database import reads
+from ..engine import sagas
 from ..engine.commands.runs import cancel, delete, hand_over
 from ..engine.errors import DurableAgentsError
-from ..engine.journal import Journal
 from ..engine.ports import (
     APPROVAL_PENDING,
     AWAITING_APPROVAL,
@@ -62,11 +59,10 @@ from ..engine.ports import (
     TERMINAL_STATUSES,
     THROTTLED,
 )
-from ..engine.records import Record
 from ..engine.registry import get_agent
-from ..engine.tree import runs_below
+from ..engine.views import Record, saga_aborted
 from ..engine.waits import CHANNEL, INTERRUPT, TIMER, OpenWait, open_waits
-from ..models import ActionLog, ApprovalRequest, Halt, JournalEntry, Lease, Run, RunImport, Throttle
+from ..models import ActionLog, ApprovalRequest, Halt, Run, RunImport, Throttle
 from ..transfer import export_lines
 from . import counts, forks, health, live, sessions, tree, waits
 from .base import (
@@ -111,7 +107,7 @@ class RunChangeList(ChangeList):
         for the whole page, none when no run on it waits on the world."""
         super().get_results(request)
         paused = [r for r in self.result_list if r.status in (AWAITING_INPUT, SLEEPING)]
-        records = waits.wait_records([r.run_id for r in paused]) if paused else {}
+        records = reads.wait_records([r.run_id for r in paused]) if paused else {}
         for row in paused:
             row.waiting_for = "; ".join(
                 describe_wait(w) for w in open_waits(records.get(row.run_id, []))
@@ -447,27 +443,13 @@ class RunAdmin(ReadOnlyAdmin):
         the rows that go with a run cannot be deleted on their own."""
         runs = list(objs)
         ids = [r.pk for r in runs]
-        related: list[tuple[Any, str]] = [
-            (JournalEntry, "journal entries"),
-            (ApprovalRequest, "approval requests"),
-            (Halt, "halts"),
-            (Lease, "leases"),
-        ]
-        counts: dict[str, dict[str, int]] = {}
-        for model, label in related:
-            rows = (
-                model._default_manager.filter(run_id__in=ids)
-                .values("run_id")
-                .annotate(n=Count("pk"))
-            )
-            counts[label] = {r["run_id"]: r["n"] for r in rows}
+        counts = reads.rows_of_runs(ids)
         summary = [
             f"Run: {run.run_id} ({', '.join(f'{c.get(run.pk, 0)} {k}' for k, c in counts.items())})"
             for run in runs
         ]
         # The sub-runs below each go with it (``commands.runs.delete``): say so before.
-        store = site_store()
-        below = {rid for run in runs for rid in runs_below(store, run.run_id)} - set(ids)
+        below = {rid for run in runs for rid in reads.runs_below(run.run_id)} - set(ids)
         if below:
             summary.append(f"Sub-runs below them, which go with them: {', '.join(sorted(below))}")
         model_count = {str(Run._meta.verbose_name_plural): len(runs) + len(below)}
@@ -480,11 +462,10 @@ class RunAdmin(ReadOnlyAdmin):
 
 def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[str, Any]:
     """Everything the run page shows beyond its fields (lineage: ``forks.lineage``)."""
-    store = site_store()
     timeline_error = None
     records: list[Record] = []
     try:
-        records = Journal(store).records(run.run_id)
+        records = reads.journal(run.run_id)
     except DurableAgentsError as exc:
         timeline_error = str(exc)
     # An inert import is evidence: shown whole, with nothing on it to act on (no queue
@@ -518,7 +499,7 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
         "timeline_error": timeline_error,
         **agent_drift(records, fallback=run.fingerprint),
         "fork_url": admin_url(admin, "fork", quote(run.run_id)) if can_fork else None,
-        "lease": store.get_lease(run.run_id),
+        "lease": reads.lease(run.run_id),
         "action_log": [
             {"row": a, "payload": json.dumps(a.payload, ensure_ascii=False, default=str)}
             for a in ActionLog.objects.filter(run_id=run.run_id)[:200]
@@ -530,8 +511,7 @@ def run_context(admin: AnyModelAdmin, request: HttpRequest, run: Any) -> dict[st
         "resume_url": admin_url(admin, "resume", quote(run.run_id)),
         "cancel_url": admin_url(admin, "cancel", quote(run.run_id)),
         # "Cancel and compensate": an agent with undos, whose run is not rolling back yet.
-        "can_compensate": _has_undos(run.agent)
-        and not any(r.name == names.SAGA_ABORT for r in records),
+        "can_compensate": _has_undos(run.agent) and not saga_aborted(records),
         "export_url": admin_url(admin, "export", quote(run.run_id)),
         "verify_url": admin_url(admin, "verify", quote(run.run_id)),
     }
@@ -542,7 +522,7 @@ def _imported_panel(run: Any) -> dict[str, Any] | None:
     if not run.imported:
         return None
     found = RunImport.objects.filter(run_id=run.run_id).first()
-    trust = audit.import_trust(run.run_id)
+    trust = reads.import_trust(run.run_id)
     return {
         "inert": run.imported == IMPORTED_INERT,
         "row": found,
@@ -565,16 +545,15 @@ def _has_undos(agent_name: str) -> bool:
 def resume_runs(request: HttpRequest, run_ids: Iterable[str]) -> tuple[list[str], list[str]]:
     """Hand unfinished runs to a driver (the engine's ``hand_over``, which logs each);
     returns (resumed, refused)."""
-    store = site_store()
     resumed, refused = [], []
     for run_id in run_ids:
-        run = store.get_run(run_id)
+        run = reads.run_info(run_id)
         if run is None or run.status in TERMINAL_STATUSES:
             refused.append(f"{run_id} ({'deleted' if run is None else run.status})")
             continue
         try:
             with deferred() as late:
-                hand_over(run_id, by=admin_actor(request), via="admin", store=store)
+                hand_over(run_id, by=admin_actor(request), via="admin")
         except DurableAgentsError as exc:  # its state moved on since it was read
             refused.append(f"{run_id}: {exc}")
             continue
@@ -643,8 +622,8 @@ def run_verify_view(admin: AnyModelAdmin, request: HttpRequest, object_id: str) 
     run = admin.get_object(request, unquote(object_id))
     if run is None or not admin.has_view_permission(request, run):
         return object_gone(admin, request, object_id)
-    chain, actions = audit.verify([run.run_id], actions=True)
-    head = audit.sign_head(run.run_id) if chain.ok else None
+    chain, actions = reads.verify([run.run_id], actions=True)
+    head = reads.sign_head(run.run_id) if chain.ok else None
     return page(
         admin,
         request,

@@ -16,17 +16,15 @@ from django.core.paginator import Paginator
 from django.db.models import Count, Max, Min, Q
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 
-from ..database.store import site_store
-from ..engine import names
+from ..database import reads
 from ..engine.errors import DurableAgentsError
-from ..engine.journal import Journal
-from ..engine.records import Record
 from ..engine.session_log import SessionLog
+from ..engine.views import SESSION_JOURNAL_SUFFIX, Record, session_journal
 from ..models import Run
 from .base import AnyModelAdmin, admin_url, page, run_url
 
 SESSIONS_PER_PAGE = 100
-JOURNAL_SUFFIX = names.SESSION_JOURNAL_SUFFIX
+JOURNAL_SUFFIX = SESSION_JOURNAL_SUFFIX
 
 
 def _check(admin: AnyModelAdmin, request: HttpRequest) -> None:
@@ -93,7 +91,7 @@ def session_view(admin: AnyModelAdmin, request: HttpRequest, session_id: str) ->
     """The session's transcript (from its journal) and its turn runs: two queries."""
     _check(admin, request)
     sid = unquote(session_id)
-    journal_id = names.session_journal(sid)
+    journal_id = session_journal(sid)
     turns = list(
         Run.objects.filter(session_id=sid)
         .exclude(run_id=journal_id)
@@ -102,7 +100,7 @@ def session_view(admin: AnyModelAdmin, request: HttpRequest, session_id: str) ->
     )
     error = None
     try:
-        records = Journal(site_store()).records(journal_id)
+        records = reads.journal(journal_id)
     except DurableAgentsError as exc:
         records, error = [], f"The session's journal cannot be read: {exc} [{exc.code}]"
     if not turns and not records and error is None:

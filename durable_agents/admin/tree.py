@@ -3,27 +3,23 @@ runs list's filter that hides sub-runs. See docs/composition.md."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from ..engine import names
-from ..models import JournalEntry, Run
+from ..database import reads
+from ..models import Run
 from .base import AnyModelAdmin, run_url
 
 
 def tree(admin: AnyModelAdmin, run: Any) -> dict[str, Any]:
     """The run's parent and root, and the sub-runs its calls started with the status of
     each (two queries: its ``child:`` records, then their rows by primary key)."""
-    records = JournalEntry.objects.filter(
-        run_id=run.run_id, name__startswith=names.CHILD
-    ).values_list("data", flat=True)
     # The record names the sub-run: ``<run>/<call>``, or, in a fork, its source's ended
     # child, which the fork references instead of running again.
-    ids = [str(_body(data).get("run_id")) for data in records]
+    ids = [child.run_id for child in reads.children(run.run_id)]
     rows: dict[str, tuple[str, str]] = {
         run_id: (agent, status)
         for run_id, agent, status in Run.objects.filter(run_id__in=ids).values_list(
@@ -49,11 +45,6 @@ def tree(admin: AnyModelAdmin, run: Any) -> dict[str, Any]:
         "tree_root": link(run.root_run_id if run.root_run_id != run.parent_run_id else None),
         "tree_children": children,
     }
-
-
-def _body(data: Any) -> dict[str, Any]:
-    value = json.loads(data) if isinstance(data, (str, bytes)) else data
-    return value if isinstance(value, dict) else {}
 
 
 class TreeFilter(admin.SimpleListFilter):

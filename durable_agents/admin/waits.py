@@ -11,26 +11,26 @@ the run to a driver after commit. A bad answer is a form error and records nothi
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from .. import hints
 from ..celery.dispatch import deferred
-from ..engine import names
+from ..database.reads import asking_live, wait_records
 from ..engine.commands.timers import wake_timer
 from ..engine.commands.waits import answer_interrupt
 from ..engine.errors import DurableAgentsError, InterruptAnswerInvalid
-from ..engine.ports import AWAITING_INPUT, RUNNING, SLEEPING
-from ..engine.records import Record
+from ..engine.ports import AWAITING_INPUT, SLEEPING
+from ..engine.views import Record
 from ..engine.waits import (
     CHANNEL,
     INTERRUPT,
@@ -41,8 +41,7 @@ from ..engine.waits import (
     kept_signals,
     open_waits,
 )
-from ..mcp.elicitation import PREFIX as LIVE_PREFIX
-from ..models import JournalEntry, Run
+from ..models import Run
 from .answerform import AnswerForm
 from .base import (
     BY_RECOVERY,
@@ -59,41 +58,6 @@ from .paging import counted
 from .timeline import pretty
 
 QUEUE_SIZE = 200  # runs shown on the queue page (oldest first: they waited longest)
-_WAIT_RECORDS = (
-    names.WAIT,
-    names.INPUT,
-    names.SIGNAL,
-    names.WAITED,
-    names.RECEIVING,
-    names.MESSAGE,
-    names.ACK,
-)
-
-
-def wait_records(run_ids: Sequence[str]) -> dict[str, list[Record]]:
-    """The wait records (requests, answers, signals, resolutions, channel messages, acks and
-    receives) of ``run_ids``, in one query, in commit order per run."""
-    prefixes = Q()
-    for prefix in _WAIT_RECORDS:
-        prefixes |= Q(name__startswith=prefix)
-    rows = (
-        JournalEntry.objects.filter(prefixes, run_id__in=list(run_ids))
-        .order_by("seq")
-        .values_list("run_id", "name", "seq", "data", "created_at")
-    )
-    out: dict[str, list[Record]] = {run_id: [] for run_id in run_ids}
-    for run_id, name, seq, data, at in rows:
-        out[run_id].append(Record(run_id, name, seq, data, at))
-    return out
-
-
-def asking_live() -> Q:
-    """Running runs whose MCP call asked staff a question (an elicitation: a live question,
-    answered while the call waits; docs/mcp.md). An index probe per running run."""
-    asked = JournalEntry.objects.filter(
-        run_id=OuterRef("run_id"), name__startswith=names.wait(LIVE_PREFIX)
-    )
-    return Q(status=RUNNING) & Q(Exists(asked))
 
 
 def question_slug(run_id: str, name: str) -> str:

@@ -27,8 +27,7 @@ from django.db.models.functions import Now
 from django.http import HttpRequest
 from ninja import Router
 
-from ..database.delegations import in_force_now, to_domain
-from ..engine import names
+from ..database import reads
 from ..engine.approvals import (
     NOT_SHOWN,
     ApprovalOutcome,
@@ -38,9 +37,9 @@ from ..engine.approvals import (
     tally,
 )
 from ..engine.commands.approvals import approve
-from ..engine.ports import IMPORTED_INERT, DecisionInfo
-from ..engine.records import decode
-from ..models import ApprovalRequest, Delegation, JournalEntry
+from ..engine.ports import IMPORTED_INERT, DecisionInfo, DelegationInfo
+from ..engine.views import Start
+from ..models import ApprovalRequest
 from ..people import eligible_approvers
 from ..rule_state import RuleState, rule_state
 from .auth import check, require
@@ -83,36 +82,19 @@ def approvals_out(rows: Sequence[ApprovalRequest]) -> list[ApprovalOut]:
     on the page (for who is eligible), none per request."""
     groups = sorted({g for row in rows for g in _groups(row)})
     eligible = {group: eligible_approvers(group) for group in groups}
-    starts = _incarnations(rows)
-    members = {u for names in eligible.values() for u in names}
+    # Each run's current start (which incarnation the request belongs to), in one query.
+    starts = reads.starts(r.run_id for r in rows)
+    members = {u for users in eligible.values() for u in users}
     # One read of the delegations in force for the page's approvers (none without groups).
-    deputies = (
-        list(Delegation.objects.filter(in_force_now(), approver__in=members)) if members else []
-    )
+    deputies = reads.delegations_in_force(members)
     return [approval_out(row, eligible, starts, deputies) for row in rows]
-
-
-def _incarnations(rows: Sequence[ApprovalRequest]) -> dict[str, tuple[int, str]]:
-    """Each run's current start (seq, incarnation nonce), in one query for the page."""
-    entries = JournalEntry.objects.filter(
-        run_id__in={r.run_id for r in rows}, name=names.RUN_START
-    ).values_list("run_id", "seq", "data")
-    found = {}
-    for run_id, seq, data in entries:
-        try:
-            body = decode(data)
-        except ValueError:
-            continue
-        nonce = body.get("incarnation") if isinstance(body, dict) else None
-        found[run_id] = (seq, str(nonce or ""))
-    return found
 
 
 def approval_out(
     row: ApprovalRequest,
     eligible: Mapping[str, Sequence[str]],
-    starts: Mapping[str, tuple[int, str]],
-    delegations: Sequence[Delegation] = (),
+    starts: Mapping[str, Start],
+    delegations: Sequence[DelegationInfo] = (),
 ) -> ApprovalOut:
     decisions = list(row.decisions.all())
     infos = [
@@ -142,7 +124,7 @@ def approval_out(
             deputies={
                 d.approver: d.deputy
                 for d in delegations
-                if d.approver in count.pending and to_domain(d).covers(row.tool_name, groups)
+                if d.approver in count.pending and d.covers(row.tool_name, groups)
             },
         )
     else:
@@ -157,7 +139,7 @@ def approval_out(
     start = starts.get(row.run_id)
     rule, deadline = _rule(rule_state(row))
     return ApprovalOut(
-        incarnation=start[1] if start is not None and start[0] == row.start_seq else None,
+        incarnation=start.incarnation if start is not None and start.seq == row.start_seq else None,
         arguments_sha256=arguments_digest(row.arguments).hex(),
         run_id=row.run_id,
         call_id=row.call_id,

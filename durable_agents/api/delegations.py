@@ -17,7 +17,7 @@ from django.http import HttpRequest
 from ninja import Path, Router, Status
 from pydantic import Field
 
-from ..database.delegations import in_state, with_state
+from ..database.reads import in_state, with_state
 from ..engine.commands.delegations import delegate, revoke
 from ..engine.identity import Actor
 from ..models import Delegation

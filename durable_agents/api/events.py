@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponseBase
 from ninja import Router
 
-from ..database.events import last_event_id, sse_response
+from ..database.reads import last_event_id, sse_response
 from ..engine.commands.runs import get_run
 from .auth import check
 from .errors import ApiError

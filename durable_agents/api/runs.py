@@ -13,11 +13,10 @@ from django.http import HttpRequest
 from ninja import Router, Status
 
 from ..conf import get_settings
-from ..database.store import site_store
+from ..database import reads
 from ..engine.commands.runs import cancel, get_run, hand_over, start
 from ..engine.definition import AgentDefinition
 from ..engine.errors import ConfigError
-from ..engine.journal import Journal
 from ..engine.ports import HALT_OPEN, TERMINAL_STATUSES
 from ..engine.registry import get_agent
 from ..models import ApprovalRequest, Halt, Run
@@ -146,7 +145,7 @@ def run_journal(
     check(request, "view_runs")
     run_id = checked_run_id(run_id)
     get_run(run_id)
-    records = [r for r in Journal(site_store()).records(run_id) if r.seq > after][:limit]
+    records = [r for r in reads.journal(run_id) if r.seq > after][:limit]
     return JournalOut(
         run_id=run_id,
         records=[

@@ -18,7 +18,7 @@ from django.db.models import Q, QuerySet
 from ninja import Schema
 from pydantic import AfterValidator, ConfigDict, Field, StrictBool
 
-from ..engine.records import validate_run_id
+from ..engine.views import validate_run_id
 from .errors import ApiError
 
 MAX_LIMIT = 500

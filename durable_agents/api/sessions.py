@@ -8,13 +8,10 @@ from django.http import HttpRequest
 from ninja import Router, Status
 
 from ..conf import get_settings
-from ..database.store import site_store
-from ..engine import names
+from ..database import reads
 from ..engine.commands.sessions import Session
 from ..engine.errors import ApprovalPending
-from ..engine.journal import Journal
-from ..engine.names import validate_session_id
-from ..engine.session_log import SessionLog
+from ..engine.views import API_CHANNEL, validate_session_id
 from ..models import ApprovalRequest, Run
 from .approvals import approval_rows, approvals_out
 from .auth import check, require
@@ -36,8 +33,7 @@ def _session(session_id: str, agent_name: str | None) -> Session:
     """The session as the API's channel sees it: one the API opened (or a new one); a
     session of another agent or channel is refused by the engine (409, 403)."""
     validate_session_id(session_id)
-    journal_run = site_store().get_run(names.session_journal(session_id))
-    recorded = journal_run.agent if journal_run is not None else None
+    recorded = reads.session_agent(session_id)
     name = agent_name or recorded
     if not name:
         raise ApiError(
@@ -45,7 +41,7 @@ def _session(session_id: str, agent_name: str | None) -> Session:
             "session.agent_missing",
             f"session {session_id!r} is new: say which agent it talks to ({{'agent': ...}})",
         )
-    return Session(_agent(name), session_id, channel=names.API_CHANNEL)
+    return Session(_agent(name), session_id, channel=API_CHANNEL)
 
 
 def _awaiting(exc: ApprovalPending) -> ApiError:
@@ -104,17 +100,16 @@ def read_session(request: HttpRequest, session_id: str) -> SessionOut:
     (needs ``view_run``)."""
     check(request, "view_runs")
     validate_session_id(session_id)
-    store = site_store()
-    journal_run = store.get_run(names.session_journal(session_id))
-    if journal_run is None:
+    session = reads.session(session_id)
+    if session is None:
         raise ApiError(404, "session.not_found", f"no session {session_id!r}")
-    log = SessionLog.of(Journal(store).records(names.session_journal(session_id)))
+    log = session.log
     open_turns = [s.run_id for s in log.waiting()]
     runs = {r.run_id: r for r in Run.objects.filter(run_id__in=open_turns)}
     pending = ApprovalRequest.objects.filter(run_id__in=open_turns, status="pending")
     return SessionOut(
         session_id=session_id,
-        agent=journal_run.agent,
+        agent=session.agent,
         # As the model reads it: a turn that did not finish says so (not "None").
         transcript=[{"role": m.role, "content": m.content} for m in log.history()],
         open_turns=[

@@ -20,9 +20,9 @@ from datetime import UTC, datetime
 from django.http import HttpRequest
 from ninja import Router
 
-from ..engine import names
 from ..engine.commands.timers import WakeOutcome, wake_timer
 from ..engine.commands.waits import WaitOutcome, answer_interrupt, enqueue, run_waits, signal
+from ..engine.views import validate_wait_name
 from .auth import check, require
 from .schemas import (
     ERRORS,
@@ -43,7 +43,7 @@ router = Router(tags=["waits"])
 
 
 def _name(name: str) -> str:
-    return names.validate_wait_name(name)
+    return validate_wait_name(name)
 
 
 def _at(ms: int | None) -> datetime | None:
