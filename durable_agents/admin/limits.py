@@ -11,7 +11,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse
 
 from ..conf import get_settings
-from ..database.limits import limit_queues
+from ..database.reads import limit_queues
 from ..engine.errors import DurableAgentsError
 from ..engine.ports import THROTTLED
 from ..models import Run, Throttle

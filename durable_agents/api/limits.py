@@ -9,7 +9,7 @@ from django.http import HttpRequest
 from ninja import Router, Schema
 
 from ..conf import get_settings
-from ..database.limits import limit_queues
+from ..database.reads import limit_queues
 from .auth import check
 from .schemas import ERRORS
 

@@ -52,6 +52,7 @@ from .delegations import (
     with_state,
 )
 from .events import last_event_id, sse_response
+from .limits import LimitQueue, limit_queues
 from .store import site_store
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "IN_FORCE",
     "REVOKED",
     "UPCOMING",
+    "LimitQueue",
     "SessionRead",
     "asking_live",
     "children",
@@ -70,6 +72,7 @@ __all__ = [
     "journal",
     "last_event_id",
     "lease",
+    "limit_queues",
     "model_turns",
     "rows_of_runs",
     "run_info",
