@@ -34,7 +34,6 @@ from .leases import HeldLease
 from .ports import (
     CANCELLED,
     COMPENSATED,
-    COMPENSATING,
     FINISHED,
     NOT_IMPORTED,
     RunInfo,
@@ -170,24 +169,21 @@ def stop_now(store: Store, run_id: str, stop: Stop) -> bool:
         if stop.kind == CANCEL:
             if journal.get(run_id, names.SAGA_ABORT) is not None:
                 return False
-            _, inserted = journal.write(
+            _, inserted = lifecycle.record_in(
+                journal,
                 run_id,
                 names.RUN_CANCELLED,
                 cancelled_body(stop),
+                lifecycle.DRIVER,
                 fence=lease.token,
-                run_changes={"status": CANCELLED},
             )
             close_cancelled(store, run_id, lease.token)
             return inserted
         if journal.get(run_id, names.RUN_CANCELLED) is not None:
             return False
         body = abort_body(stop.run_id, abort_message(stop))
-        _, inserted = journal.write(
-            run_id,
-            names.SAGA_ABORT,
-            body,
-            fence=lease.token,
-            run_changes={"status": COMPENSATING, "last_error": body["cause"], "attempts": 0},
+        _, inserted = lifecycle.record_in(
+            journal, run_id, names.SAGA_ABORT, body, lifecycle.DRIVER, fence=lease.token
         )
     withdraw_pending(store, run_id)
     return inserted
