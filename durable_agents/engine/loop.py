@@ -1456,7 +1456,7 @@ class Driver:
         rec, _ = lifecycle.record(
             self.log,
             names.RUN_CANCELLED,
-            {"kind": "cancelled", "by": deadlines.BY, "by_id": "", "reason": reason},
+            names.cancelled_body(deadlines.BY, "", reason),
         )
         self.state.add(rec)
         close_cancelled(self.store, self.run_id, self.fence)

@@ -223,9 +223,7 @@ def abort(driver: Driver, exc: DurableAgentsError) -> NoReturn:
     """Journal the abort (the decision comes before any undo), then roll back."""
     cause = {"code": exc.code, "message": str(exc)}
     plan = [call_id for call_id, _, _ in compensable(driver)]
-    rec, _ = lifecycle.record(
-        driver.log, names.SAGA_ABORT, {"kind": "saga_abort", "cause": cause, "calls": plan}
-    )
+    rec, _ = lifecycle.record(driver.log, names.SAGA_ABORT, names.abort_body(cause, calls=plan))
     driver.state.add(rec)
     failpoints.hit("after-saga-abort")
     rollback(driver)

@@ -123,25 +123,23 @@ def unrecorded_stop(store: Store, run_id: str, parent: str | None) -> Stop | Non
 def cancelled_body(stop: Stop) -> dict[str, Any]:
     """A run's own ``run:cancelled`` under a cancelled ancestor."""
     reason = str(stop.body.get("reason") or "")
-    return {
-        "kind": "cancelled",
-        "by": stop.body.get("by"),
-        "by_id": stop.body.get("by_id"),
-        "reason": f"{stop.describe()}" + (f": {reason}" if reason else ""),
-        "cause": {"code": ANCESTOR_CANCELLED, "run_id": stop.run_id},
-    }
+    return names.cancelled_body(
+        stop.body.get("by"),
+        stop.body.get("by_id"),
+        f"{stop.describe()}" + (f": {reason}" if reason else ""),
+        cause={"code": ANCESTOR_CANCELLED, "run_id": stop.run_id},
+    )
 
 
 def abort_body(stop_run_id: str, message: Any) -> dict[str, Any]:
     """A run's own ``saga:abort`` under an ancestor whose saga aborted (``stop_run_id``)."""
-    return {
-        "kind": "saga_abort",
-        "cause": {
+    return names.abort_body(
+        {
             "code": PARENT_ABORTED,
             "message": f"its parent run {stop_run_id!r} aborted: {message}",
             "parent": stop_run_id,
-        },
-    }
+        }
+    )
 
 
 def abort_message(stop: Stop) -> Any:

@@ -295,7 +295,7 @@ def test_a_record_is_written_with_the_row_change_the_table_gives_it():
     lease = store.acquire_lease("r", "me", "t", 30)
     assert lease is not None
     cause = {"code": "saga.cancelled", "message": "cancelled by ann"}
-    body = {"kind": "saga_abort", "cause": cause, "by": "ann", "by_id": "1", "reason": ""}
+    body = names.abort_body(cause, by="ann", by_id="1", reason="")
     _, inserted = lifecycle.record_in(
         journal, "r", names.SAGA_ABORT, body, lifecycle.PERSON, fence="t"
     )
@@ -320,3 +320,21 @@ def test_a_record_is_written_with_the_row_change_the_table_gives_it():
     assert store.get_run("r").status == COMPENSATING
     with pytest.raises(ValueError):
         lifecycle.created(CANCELLED, run_id="x")
+
+
+def test_a_stop_records_body_is_built_in_one_place():
+    """``run:cancelled`` and ``saga:abort`` bodies come from ``names`` builders alone."""
+    spelled = []
+    for path in sorted(ENGINE.rglob("*.py")):
+        if path.name == "names.py" and path.parent == ENGINE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Dict) and any(
+                isinstance(k, ast.Constant)
+                and k.value == "kind"
+                and isinstance(v, ast.Constant)
+                and v.value in ("cancelled", "saga_abort")
+                for k, v in zip(node.keys, node.values, strict=True)
+            ):
+                spelled.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert spelled == []

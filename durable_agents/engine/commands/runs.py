@@ -465,7 +465,7 @@ def cancel(
             journal,
             run_id,
             names.RUN_CANCELLED,
-            {"kind": "cancelled", "by": actor.username, "by_id": actor.id, "reason": reason},
+            names.cancelled_body(actor.username, actor.id, reason),
         )
         # What the cancel closes first, its log after: a store failing the log leaves no halt
         # open and no request pending on a cancelled run (found by the simulator).
@@ -565,13 +565,7 @@ def _abort_saga(
         journal,
         run_id,
         names.SAGA_ABORT,
-        {
-            "kind": "saga_abort",
-            "cause": cause,
-            "by": actor.username,
-            "by_id": actor.id,
-            "reason": reason,
-        },
+        names.abort_body(cause, by=actor.username, by_id=actor.id, reason=reason),
     )
     if inserted:
         store.log_action(
