@@ -207,7 +207,7 @@ def froms(to: str, by: str) -> tuple[str, ...]:
         if m.to == to and m.by == by:
             found |= m.from_
     if not found:
-        raise ValueError(f"the lifecycle has no move to {to!r} by {by!r}")
+        raise ValueError(f"the lifecycle has no move to {str(to)!r} by {by!r}")
     return tuple(s for s in STATUSES if s in found)
 
 
@@ -268,7 +268,7 @@ def hold(
 def created(to: str, **fields: Any) -> RunInfo:
     """A new run's row, in status ``to`` (one the table creates a run in)."""
     if not any(m.by == CREATE and m.to == to for m in MOVES):
-        raise ValueError(f"the lifecycle creates no run in {to!r}")
+        raise ValueError(f"the lifecycle creates no run in {str(to)!r}")
     return RunInfo(status=to, **fields)
 
 
@@ -335,9 +335,11 @@ def _status_of(name: str, body: Mapping[str, Any], by: str, to: str | None) -> s
     if to is None:
         to = move_.pick(body) if move_.pick is not None else move_.to[0]
         if move_.pick is None and len(move_.to) > 1:
-            raise ValueError(f"record {name!r} moves a run to one of {move_.to}: say which")
+            raise ValueError(
+                f"record {name!r} moves a run to one of {list(map(str, move_.to))}: say which"
+            )
     if to not in move_.to:
-        raise ValueError(f"record {name!r} moves no run to {to!r}")
+        raise ValueError(f"record {name!r} moves no run to {str(to)!r}")
     froms(to, by)  # a move the table does not hold is never written
     return to
 
@@ -574,7 +576,7 @@ def request_froms(to: str, by: str) -> tuple[str, ...]:
         if m.to == to and m.by == by:
             found |= m.from_
     if not found:
-        raise ValueError(f"the lifecycle has no move of a request to {to!r} by {by!r}")
+        raise ValueError(f"the lifecycle has no move of a request to {str(to)!r} by {by!r}")
     return tuple(s for s in APPROVAL_STATUSES if s in found)
 
 

@@ -1244,7 +1244,7 @@ class Driver:
         sleeping = len(timers) == len(pauses)
         # A parent waiting only on sub-runs pauses as its first child did: the tree's pause.
         children = [p for p in pauses if isinstance(p, ChildPending)]
-        status = SLEEPING if sleeping else AWAITING_INPUT
+        status: str = SLEEPING if sleeping else AWAITING_INPUT
         kind: type[Pause] = (
             type(pauses[0])
             if len(pauses) == 1

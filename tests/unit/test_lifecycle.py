@@ -338,3 +338,26 @@ def test_a_stop_records_body_is_built_in_one_place():
             ):
                 spelled.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert spelled == []
+
+
+def test_run_statuses_are_the_strings_a_row_holds():
+    assert list(ports.RunStatus) == list(STATUSES)
+    assert [str(s) for s in STATUSES] == [
+        "queued",
+        "running",
+        "awaiting_approval",
+        "awaiting_input",
+        "sleeping",
+        "throttled",
+        "halted",
+        "compensating",
+        "finished",
+        "compensated",
+        "failed",
+        "cancelled",
+    ]
+    assert ports.QUEUED is ports.RunStatus.QUEUED and ports.QUEUED == "queued"
+    assert f"{ports.HALTED}" == "halted" and "cancelled" in TERMINAL_STATUSES
+    # A row reads back a plain string, from every store alike.
+    row = RunInfo(run_id="x", status=ports.HALTED)
+    assert type(row.status) is str and row.status == "halted"

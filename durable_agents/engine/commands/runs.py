@@ -56,7 +56,7 @@ from ..waits import open_waits
 
 log = logging.getLogger("durable_agents")
 
-_WHY = {
+_WHY: dict[str, str] = {
     QUEUED: "waiting for a driver",
     RUNNING: "being driven, or its driver died (recovered once its lease expires)",
     AWAITING_APPROVAL: "a tool call awaits a staff decision",
