@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from . import names
+from . import lifecycle, names
 from .errors import (
     ConfigError,
     JournalVersionError,
@@ -36,7 +36,7 @@ from .errors import (
     ProtocolError,
     ToolOutcomeUnknown,
 )
-from .ports import FINISHED, KIND_JOURNAL, Entry, RunInfo, Store
+from .ports import FINISHED, KIND_JOURNAL, Entry, Store
 from .records import (
     HEADER_NAME,
     JOURNAL_FORMAT,
@@ -134,7 +134,7 @@ class Journal:
         if self.store.get_run(run_id) is None:
             # A run written only through the journal is a record, not work: finished, and
             # of a kind recovery never hands to a driver.
-            self.store.create_run(RunInfo(run_id=run_id, kind=KIND_JOURNAL, status=FINISHED))
+            self.store.create_run(lifecycle.created(FINISHED, run_id=run_id, kind=KIND_JOURNAL))
         entry, _ = self.store.insert(run_id, *header(), fence=fence)
         self._check_header(run_id, entry)
         self._remember(run_id)

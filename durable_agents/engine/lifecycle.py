@@ -1,11 +1,24 @@
 """A run's lifecycle: its statuses and every move between them, in one table.
 
 The journal is the truth; a run's status is its projection. Each row of ``MOVES`` is a move
-the engine makes: to which status, from which, by whom, and on what. Every conditional
-status write (``Store.update_run(..., if_status=...)``) goes through ``move``, which takes
-its from-statuses from the table, so a move the table does not hold is never written; the
-simulator checks every status change it sees against ``allowed`` (docs/guarantees.md, "A
-run's lifecycle").
+the engine makes: to which status, from which, by whom, and on what. This module is the one
+writer of a run's status (a test holds every other module to that), and it writes none the
+table does not hold:
+
+* ``move`` (and ``hand_over``): every conditional write (``Store.update_run(...,
+  if_status=...)``), its from-statuses taken from the table;
+* ``record`` / ``record_in`` / ``finish_with``: a record and the row change it carries, in
+  one write — ``RECORD_MOVES`` says which status each record (``run:complete``,
+  ``run:cancelled``, ``saga:abort``, ``run:compensated``, ``fork:done``) moves its run to,
+  and which row fields it takes from the record's body;
+* ``project``: a row brought in step with a record its journal already holds (a row a
+  crash left behind), whatever the row said;
+* ``hold``: a fenced write under the run's lease, the lease its condition (a driver's
+  pauses, its taking and giving back the run; a resolution under the lease);
+* ``created``: a new run's row, in a status the table creates runs in.
+
+The simulator checks every status change it sees against ``allowed`` (docs/guarantees.md,
+"A run's lifecycle").
 
 No move leaves ``cancelled`` or ``compensated``; the one move out of ``finished`` is a
 sub-run's rollback, when its parent's saga aborts after it finished. Every status a crash
@@ -35,10 +48,11 @@ no status: the request stays pending, with more people who may decide it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from . import names
 from .ports import (
     APPROVAL_APPROVED,
     APPROVAL_DENIED,
@@ -60,8 +74,10 @@ from .ports import (
     SLEEPING,
     STATUSES,
     THROTTLED,
+    RunInfo,
     Store,
 )
+from .records import Record
 
 # Who moves a run.
 CREATE = "create"  # the write that creates the row
@@ -191,7 +207,7 @@ def froms(to: str, by: str) -> tuple[str, ...]:
         if m.to == to and m.by == by:
             found |= m.from_
     if not found:
-        raise ValueError(f"the lifecycle has no move to {to!r} by {by!r}")
+        raise ValueError(f"the lifecycle has no move to {str(to)!r} by {by!r}")
     return tuple(s for s in STATUSES if s in found)
 
 
@@ -230,6 +246,208 @@ def hand_over(store: Store, run_id: str, by: str, *, only_from: Any = None) -> b
         changes={"attempts": 0, "last_error": None},
         only_from=only_from,
     )
+
+
+def hold(
+    store: Store,
+    run_id: str,
+    to: str,
+    by: str,
+    *,
+    changes: Mapping[str, Any] | None = None,
+    fence: str,
+) -> bool:
+    """Move run ``run_id`` to ``to`` (with ``changes``) under the lease ``fence`` names: a
+    fenced write, not a conditional one (the lease is the condition; a lost lease raises
+    ``LeaseLost``). A driver's pause, its taking the run and its handing it back; a person's
+    resolution under the run's lease."""
+    froms(to, by)  # a move the table does not hold is never written
+    return store.update_run(run_id, {"status": to, **(changes or {})}, fence=fence)
+
+
+def created(to: str, **fields: Any) -> RunInfo:
+    """A new run's row, in status ``to`` (one the table creates a run in)."""
+    if not any(m.by == CREATE and m.to == to for m in MOVES):
+        raise ValueError(f"the lifecycle creates no run in {str(to)!r}")
+    return RunInfo(status=to, **fields)
+
+
+# -- records and the row change each writes with it ---------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordMove:
+    """Record ``name``, written, moves its run to one of ``to`` (``pick`` says which from its
+    body; without it the writer names one), in the same write, with the row fields
+    ``fields`` takes from its body."""
+
+    name: str
+    to: tuple[str, ...]
+    fields: Callable[[Mapping[str, Any]], dict[str, Any]]
+    pick: Callable[[Mapping[str, Any]], str] | None = None
+
+
+def _completed(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "answer": body["answer"],
+        "last_error": None,
+        "attempts": 0,
+        "turns": body["turns"],
+        "usage": body["usage"],
+        "spend": body["spend"],
+    }
+
+
+RECORD_MOVES: Mapping[str, RecordMove] = {
+    m.name: m
+    for m in (
+        # The answer and the totals; no error, no failures in a row.
+        RecordMove(names.RUN_COMPLETE, (FINISHED,), _completed),
+        RecordMove(names.RUN_CANCELLED, (CANCELLED,), lambda body: {}),
+        # The abort's cause is the run's last error while it rolls back.
+        RecordMove(
+            names.SAGA_ABORT,
+            (COMPENSATING,),
+            lambda body: {"last_error": body["cause"], "attempts": 0},
+        ),
+        # Failed when an undo failed (the writer says why in ``last_error``).
+        RecordMove(
+            names.RUN_COMPENSATED,
+            (COMPENSATED, FAILED),
+            lambda body: {"attempts": 0},
+            pick=lambda body: FAILED if body.get("failed") else COMPENSATED,
+        ),
+        # Where the fork's copy stands: queued, halted on a call in flight, or a sub-run
+        # its forked parent drives.
+        RecordMove(
+            names.FORK_DONE,
+            (QUEUED, HALTED, AWAITING_INPUT),
+            lambda body: {"last_error": None, "attempts": 0},
+        ),
+    )
+}
+
+
+def _status_of(name: str, body: Mapping[str, Any], by: str, to: str | None) -> str:
+    move_ = RECORD_MOVES.get(name)
+    if move_ is None:
+        raise ValueError(f"the lifecycle has no row change for record {name!r}")
+    if to is None:
+        to = move_.pick(body) if move_.pick is not None else move_.to[0]
+        if move_.pick is None and len(move_.to) > 1:
+            raise ValueError(
+                f"record {name!r} moves a run to one of {list(map(str, move_.to))}: say which"
+            )
+    if to not in move_.to:
+        raise ValueError(f"record {name!r} moves no run to {str(to)!r}")
+    froms(to, by)  # a move the table does not hold is never written
+    return to
+
+
+def row_change(
+    name: str,
+    body: Mapping[str, Any],
+    by: str,
+    *,
+    to: str | None = None,
+    changes: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run-row change record ``name`` (``body``) is written with, by ``by``: its status
+    and the fields it takes from the body (``RECORD_MOVES``), then ``changes``."""
+    status = _status_of(name, body, by, to)
+    return {"status": status, **RECORD_MOVES[name].fields(body), **(changes or {})}
+
+
+class DriverLog(Protocol):
+    """A driver's log of its run, fenced by its lease (``journal.RunLog``)."""
+
+    def write(
+        self,
+        name: str,
+        body: dict[str, Any],
+        run_changes: dict[str, Any] | None = None,
+        *,
+        release: bool = False,
+        sync: bool = True,
+    ) -> tuple[Record, bool]: ...
+
+    def finish_with(
+        self, records: Sequence[tuple[str, dict[str, Any]]], run_changes: dict[str, Any]
+    ) -> list[Record] | None: ...
+
+
+class JournalWriter(Protocol):
+    """The journal of every run (``journal.Journal``)."""
+
+    def write(
+        self,
+        run_id: str,
+        name: str,
+        body: dict[str, Any],
+        *,
+        fence: str | None = None,
+        run_changes: dict[str, Any] | None = None,
+        release: bool = False,
+        sync: bool = True,
+    ) -> tuple[Record, bool]: ...
+
+
+def record(
+    log: DriverLog,
+    name: str,
+    body: dict[str, Any],
+    by: str = DRIVER,
+    *,
+    to: str | None = None,
+    changes: Mapping[str, Any] | None = None,
+    release: bool = False,
+) -> tuple[Record, bool]:
+    """Write record ``name`` to a driver's log with its row change (``row_change``), both or
+    neither; ``release``: the driver's last write, its lease dropped with it."""
+    run_changes = row_change(name, body, by, to=to, changes=changes)
+    return log.write(name, body, run_changes, release=release)
+
+
+def record_in(
+    journal: JournalWriter,
+    run_id: str,
+    name: str,
+    body: dict[str, Any],
+    by: str,
+    *,
+    fence: str,
+    to: str | None = None,
+) -> tuple[Record, bool]:
+    """Write record ``name`` of run ``run_id`` under the lease ``fence`` names, with its row
+    change (``row_change``), both or neither."""
+    run_changes = row_change(name, body, by, to=to)
+    return journal.write(run_id, name, body, fence=fence, run_changes=run_changes)
+
+
+def finish_with(
+    log: DriverLog, records: Sequence[tuple[str, dict[str, Any]]], by: str = DRIVER
+) -> list[Record] | None:
+    """A driver's last records in one write (``RunLog.finish_with``), with the row change of
+    the last one (its end)."""
+    name, body = records[-1]
+    return log.finish_with(records, row_change(name, body, by))
+
+
+def project(
+    store: Store,
+    run_id: str,
+    name: str,
+    by: str,
+    *,
+    body: Mapping[str, Any] | None = None,
+    changes: Mapping[str, Any] | None = None,
+    fence: str | None = None,
+) -> bool:
+    """Bring run ``run_id``'s row in step with record ``name`` (``body``) its journal holds:
+    the record's status, with ``changes``, whatever the row said (the journal is the truth;
+    a row a crash or a racing writer left behind). Not conditional; fenced with ``fence``."""
+    status = _status_of(name, body or {}, by, None)
+    return store.update_run(run_id, {"status": status, **(changes or {})}, fence=fence)
 
 
 # -- approval requests -------------------------------------------------------------------
@@ -358,7 +576,7 @@ def request_froms(to: str, by: str) -> tuple[str, ...]:
         if m.to == to and m.by == by:
             found |= m.from_
     if not found:
-        raise ValueError(f"the lifecycle has no move of a request to {to!r} by {by!r}")
+        raise ValueError(f"the lifecycle has no move of a request to {str(to)!r} by {by!r}")
     return tuple(s for s in APPROVAL_STATUSES if s in found)
 
 

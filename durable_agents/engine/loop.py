@@ -92,7 +92,6 @@ from .ports import (
     APPROVAL_WITHDRAWN,
     AWAITING_APPROVAL,
     AWAITING_INPUT,
-    CANCELLED,
     COMPENSATING,
     FAILED,
     FINISHED,
@@ -234,10 +233,10 @@ def _drive_read(
             raise
         if not len(log):
             store.create_run(
-                RunInfo(
+                lifecycle.created(
+                    QUEUED,
                     run_id=run_id,
                     agent=agent.name,
-                    status=QUEUED,
                     input=input,
                     fingerprint=agent.fingerprint(),
                     **(meta or {}),
@@ -298,10 +297,10 @@ def _start_new(
         if (meta or {}).get(f"{key}_run_id")
     }
     body = names.start_body(agent.name, input, fingerprint, seed, tree_ids, saga=saga)
-    run = RunInfo(
+    run = lifecycle.created(
+        RUNNING,
         run_id=run_id,
         agent=agent.name,
-        status=RUNNING,
         input=input,
         fingerprint=fingerprint,
         **(meta or {}),
@@ -337,8 +336,9 @@ def _refuse_while_awaiting_approval(store: Store, run_id: str, exc: ConfigError)
 
 
 def _row_of(run_id: str, loaded: Existing) -> RunInfo:
-    """The row fields ``refuse_inert`` reads, from what a start attempt read with the journal."""
-    return RunInfo(run_id=run_id, status=loaded.status, imported=loaded.imported)
+    """The row fields ``refuse_inert`` reads (its id and where it came from), from what a start
+    attempt read with the journal."""
+    return RunInfo(run_id=run_id, imported=loaded.imported)
 
 
 def repair_finished(
@@ -369,10 +369,12 @@ def repair_finished(
     if run.status == FINISHED and run.answer == result.answer and run.turns == result.turns:
         return
     log.warning("run %s: its row said %s; its journal says finished", run_id, run.status)
-    store.update_run(
+    lifecycle.project(
+        store,
         run_id,
-        {
-            "status": FINISHED,
+        names.RUN_COMPLETE,
+        lifecycle.DRIVER,
+        changes={
             "answer": result.answer,
             "turns": result.turns,
             "usage": result.usage.to_json(),
@@ -645,7 +647,7 @@ class Driver:
                 sagas.rollback(self)  # an aborted saga only rolls back, crash or not
             self._check_drift()
             if not self.started:
-                self._update(status=RUNNING)
+                self._hold(RUNNING)
             return self._loop()
         except stops.TreeStopped as stopped:
             self._obey(stopped.stop)
@@ -659,7 +661,7 @@ class Driver:
         except DriveStopped:
             # A rollback stays one: recovery hands a compensating run over, and a queued one
             # would read as going forward.
-            self._update(status=QUEUED if self.state.saga_abort is None else COMPENSATING)
+            self._hold(QUEUED if self.state.saga_abort is None else COMPENSATING)
             raise
         except DurableAgentsError as exc:
             if self.state.compensated is not None:
@@ -1025,14 +1027,10 @@ class Driver:
         )
 
     @staticmethod
-    def _completion(
-        answer: Any, turns: int, usage: Usage, spend: Usage
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``run:complete`` and the run row it projects."""
+    def _completion(answer: Any, turns: int, usage: Usage, spend: Usage) -> dict[str, Any]:
+        """``run:complete`` (the lifecycle projects the run row from it)."""
         totals = {"turns": turns, "usage": usage.to_json(), "spend": spend.to_json()}
-        body = {"kind": "complete", "answer": answer, **totals}
-        changes = {"status": FINISHED, "answer": answer, "last_error": None, "attempts": 0}
-        return body, {**changes, **totals}
+        return {"kind": "complete", "answer": answer, **totals}
 
     def _finish(self, last: Any) -> RunResult:
         sub_usage, sub_spend = self._subtree()
@@ -1040,9 +1038,9 @@ class Driver:
         parent = tree.queue_parent(self.store, self.state.start) or self._queued_parent
         failpoints.hit(f"before-complete:{self.run_id}")
         answer = self.state.assistant(last).content
-        body, changes = self._completion(answer, len(self.state.turns), usage, spend)
+        body = self._completion(answer, len(self.state.turns), usage, spend)
         # The last write: the lease goes with it.
-        rec, inserted = self.log.write(names.RUN_COMPLETE, body, changes, release=True)
+        rec, inserted = lifecycle.record(self.log, names.RUN_COMPLETE, body, release=True)
         if inserted:
             self.lease.dropped()
         self.state.add(rec)
@@ -1060,9 +1058,9 @@ class Driver:
         parent = tree.queue_parent(self.store, self.state.start)
         failpoints.hit(f"before-complete:{self.run_id}")
         answer = Message.from_json(turn["message"]).content
-        body, changes = self._completion(answer, n, usage, spend)
+        body = self._completion(answer, n, usage, spend)
         records = [(names.model(n), turn), (names.RUN_COMPLETE, body)]
-        written = self.log.finish_with(records, changes)
+        written = lifecycle.finish_with(self.log, records)
         if written is None:
             self._queued_parent = parent
             return None
@@ -1193,7 +1191,7 @@ class Driver:
                     asked.append(request)
             # Requests before the status: a crash between them leaves a run recovery drives
             # again (and asks again, the same request), never one awaiting nothing visible.
-            self._update(status=AWAITING_APPROVAL, attempts=0, last_error=None)
+            self._hold(AWAITING_APPROVAL, attempts=0, last_error=None)
             for request in asked:
                 events.announce(
                     self.store,
@@ -1253,7 +1251,7 @@ class Driver:
         sleeping = len(timers) == len(pauses)
         # A parent waiting only on sub-runs pauses as its first child did: the tree's pause.
         children = [p for p in pauses if isinstance(p, ChildPending)]
-        status = SLEEPING if sleeping else AWAITING_INPUT
+        status: str = SLEEPING if sleeping else AWAITING_INPUT
         kind: type[Pause] = (
             type(pauses[0])
             if len(pauses) == 1
@@ -1469,10 +1467,10 @@ class Driver:
         cancel found it busy under this drive, or has not come yet. Recorded under this
         drive's lease as the cancel command would record it, by the deadline."""
         reason = f"nobody decided call {gate.call.id!r} in time: its approval request expired"
-        rec, _ = self.log.write(
+        rec, _ = lifecycle.record(
+            self.log,
             names.RUN_CANCELLED,
-            {"kind": "cancelled", "by": deadlines.BY, "by_id": "", "reason": reason},
-            run_changes={"status": CANCELLED},
+            names.cancelled_body(deadlines.BY, "", reason),
         )
         self.state.add(rec)
         close_cancelled(self.store, self.run_id, self.fence)
@@ -1551,7 +1549,7 @@ class Driver:
                     self.state.add(said)
                 if self.store.save_halt(halt, fence=self.fence):
                     new.append(halt)
-            self._update(status=HALTED, attempts=0, last_error=None)
+            self._hold(HALTED, attempts=0, last_error=None)
         except LeaseLost:
             self._close_untrue_halts(new)
             for gate, attempt, text in self._unknown.values():
@@ -1951,9 +1949,7 @@ class Driver:
         asks: cancelled plainly (its requests withdrawn, its halts orphaned), or aborted and
         rolled back."""
         if stop.kind == stops.CANCEL:
-            rec, _ = self.log.write(
-                names.RUN_CANCELLED, stops.cancelled_body(stop), run_changes={"status": CANCELLED}
-            )
+            rec, _ = lifecycle.record(self.log, names.RUN_CANCELLED, stops.cancelled_body(stop))
             self.state.add(rec)
             close_cancelled(self.store, self.run_id, self.fence)
             failpoints.hit(f"after-cancel:{self.run_id}")
@@ -1962,19 +1958,18 @@ class Driver:
                 f"run {self.run_id!r} was cancelled: {stop.describe()}", code="run.cancelled"
             )
         body = stops.abort_body(stop.run_id, stops.abort_message(stop))
-        rec, _ = self.log.write(
-            names.SAGA_ABORT,
-            body,
-            run_changes={"status": COMPENSATING, "last_error": body["cause"], "attempts": 0},
-        )
+        rec, _ = lifecycle.record(self.log, names.SAGA_ABORT, body)
         self.state.add(rec)
         failpoints.hit(f"after-subrun-abort:{self.run_id}")
         sagas.rollback(self)
 
     # -- the run row ------------------------------------------------------------------
 
-    def _update(self, **changes: Any) -> None:
-        self.store.update_run(self.run_id, changes, fence=self.fence)
+    def _hold(self, to: str, **changes: Any) -> None:
+        """Move the run to ``to`` under this drive's lease (``lifecycle.hold``)."""
+        lifecycle.hold(
+            self.store, self.run_id, to, lifecycle.DRIVER, changes=changes, fence=self.fence
+        )
 
     def _retries_exhausted(self) -> bool:
         """A sub-run's retryable failure that nothing will retry (no attempt left); read

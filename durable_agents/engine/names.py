@@ -331,6 +331,36 @@ def tool_body(
     }
 
 
+def cancelled_body(
+    by: Any, by_id: Any, reason: str, *, cause: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ``run:cancelled`` body: who cancelled the run (a person, the deadline of a
+    request, or an ancestor's canceller) and why; a cancel that came from above also its
+    ``cause``."""
+    body: dict[str, Any] = {"kind": "cancelled", "by": by, "by_id": by_id, "reason": reason}
+    if cause is not None:
+        body["cause"] = cause
+    return body
+
+
+def abort_body(
+    cause: dict[str, Any],
+    *,
+    calls: list[str] | None = None,
+    by: str | None = None,
+    by_id: Any = None,
+    reason: str = "",
+) -> dict[str, Any]:
+    """The ``saga:abort`` body: its ``cause`` (the run's last error while it rolls back); a
+    saga's own abort also the ``calls`` it plans to undo, a person's (``by``) who and why."""
+    body: dict[str, Any] = {"kind": "saga_abort", "cause": cause}
+    if calls is not None:
+        body["calls"] = calls
+    if by is not None:
+        body.update(by=by, by_id=by_id, reason=reason)
+    return body
+
+
 # -- a session's journal and the runs it derives -----------------------------------------
 
 SESSION_FORK = FORK

@@ -52,40 +52,48 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from .errors import ApprovalArgumentsChanged, ApprovalOrphaned
 from .records import encode
 
-# Statuses a run can be in. The journal is the truth; the run row is a projection of it.
-QUEUED = "queued"
-RUNNING = "running"
-AWAITING_APPROVAL = "awaiting_approval"
-AWAITING_INPUT = "awaiting_input"
-SLEEPING = "sleeping"
-# A limit is full (engine.limits): waits for a slot or a rate permit, tried again at a time.
-THROTTLED = "throttled"
-HALTED = "halted"
-COMPENSATING = "compensating"  # a saga aborted and is undoing its completed calls
-FINISHED = "finished"
-FAILED = "failed"
-CANCELLED = "cancelled"
-COMPENSATED = "compensated"  # a saga aborted and undid what it had done
 
-STATUSES = (
-    QUEUED,
-    RUNNING,
-    AWAITING_APPROVAL,
-    AWAITING_INPUT,
-    SLEEPING,
-    THROTTLED,
-    HALTED,
-    COMPENSATING,
-    FINISHED,
-    COMPENSATED,
-    FAILED,
-    CANCELLED,
-)
+class RunStatus(StrEnum):
+    """Statuses a run can be in, in the order the docs list them. The journal is the truth;
+    the run row is a projection of it, and only ``engine.lifecycle`` changes it. Each
+    member is its value (``RunStatus.QUEUED == "queued"``): the strings a row holds."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
+    AWAITING_INPUT = "awaiting_input"
+    SLEEPING = "sleeping"
+    # A limit is full (engine.limits): waits for a slot or a rate permit, tried again at a
+    # time.
+    THROTTLED = "throttled"
+    HALTED = "halted"
+    COMPENSATING = "compensating"  # a saga aborted and is undoing its completed calls
+    FINISHED = "finished"
+    COMPENSATED = "compensated"  # a saga aborted and undid what it had done
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+QUEUED = RunStatus.QUEUED
+RUNNING = RunStatus.RUNNING
+AWAITING_APPROVAL = RunStatus.AWAITING_APPROVAL
+AWAITING_INPUT = RunStatus.AWAITING_INPUT
+SLEEPING = RunStatus.SLEEPING
+THROTTLED = RunStatus.THROTTLED
+HALTED = RunStatus.HALTED
+COMPENSATING = RunStatus.COMPENSATING
+FINISHED = RunStatus.FINISHED
+COMPENSATED = RunStatus.COMPENSATED
+FAILED = RunStatus.FAILED
+CANCELLED = RunStatus.CANCELLED
+
+STATUSES = tuple(RunStatus)
 TERMINAL_STATUSES = frozenset({FINISHED, CANCELLED, COMPENSATED})
 # Paused on a person: recovery leaves these alone.
 HUMAN_WAIT_STATUSES = frozenset({AWAITING_APPROVAL, AWAITING_INPUT, HALTED})
@@ -221,6 +229,12 @@ class RunInfo:
     # Set once, by an import (never among ``RUN_FIELDS``): ``IMPORTED_INERT`` or
     # ``IMPORTED_LIVE``; ``NOT_IMPORTED`` for a run made here.
     imported: str = NOT_IMPORTED
+
+    def __post_init__(self) -> None:
+        # A row holds strings: a status written as a ``RunStatus`` reads back as its value,
+        # from the in-memory store as from a database.
+        if isinstance(self.status, RunStatus):
+            object.__setattr__(self, "status", str(self.status))
 
     @property
     def finished(self) -> bool:

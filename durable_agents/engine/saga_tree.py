@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import failpoints, names, runtime, sagas, stops
+from . import failpoints, lifecycle, names, runtime, sagas, stops
 from .approvals import withdraw_pending
 from .errors import ChildPending, Pause, ProtocolError, RunBusy, SagaAborted
 from .imported import foreign_sub_run
 from .journal import Journal
 from .leases import HeldLease
 from .loop import drive
-from .ports import AWAITING_INPUT, COMPENSATING, NOT_IMPORTED, Store
+from .ports import AWAITING_INPUT, NOT_IMPORTED, Store
 
 if TYPE_CHECKING:
     from .definition import AgentDefinition
@@ -40,12 +40,8 @@ def abort_subrun(store: Store, child_id: str, parent_run_id: str, cause: dict[st
     requests. True if this call wrote the abort (False: it was there already)."""
     body = stops.abort_body(parent_run_id, cause.get("message"))
     with HeldLease(store, child_id, runtime.lease_ttl()) as lease:
-        _, inserted = Journal(store).write(
-            child_id,
-            names.SAGA_ABORT,
-            body,
-            fence=lease.token,
-            run_changes={"status": COMPENSATING, "last_error": body["cause"], "attempts": 0},
+        _, inserted = lifecycle.record_in(
+            Journal(store), child_id, names.SAGA_ABORT, body, lifecycle.DRIVER, fence=lease.token
         )
     withdraw_pending(store, child_id)
     return inserted

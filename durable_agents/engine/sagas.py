@@ -223,11 +223,7 @@ def abort(driver: Driver, exc: DurableAgentsError) -> NoReturn:
     """Journal the abort (the decision comes before any undo), then roll back."""
     cause = {"code": exc.code, "message": str(exc)}
     plan = [call_id for call_id, _, _ in compensable(driver)]
-    rec, _ = driver.log.write(
-        names.SAGA_ABORT,
-        {"kind": "saga_abort", "cause": cause, "calls": plan},
-        run_changes={"status": COMPENSATING, "last_error": cause, "attempts": 0},
-    )
+    rec, _ = lifecycle.record(driver.log, names.SAGA_ABORT, names.abort_body(cause, calls=plan))
     driver.state.add(rec)
     failpoints.hit("after-saga-abort")
     rollback(driver)
@@ -247,7 +243,7 @@ def rollback(driver: Driver) -> NoReturn:
     halts = driver.unknown_halts()
     if halts:
         driver._halt_run(halts)
-    driver._update(status=COMPENSATING)
+    driver._hold(COMPENSATING)
     for call_id, tool, rec in compensable(driver):
         if call_id in state.compensations:
             continue
@@ -408,18 +404,20 @@ def _finish(driver: Driver, abort_rec: Record) -> NoReturn:
             "retryable": False,
             "cause": cause,
         }
-        changes = {"status": FAILED, "last_error": error, "attempts": 0}
+        last_error: dict[str, Any] = error
     else:
-        changes = {"status": COMPENSATED, "last_error": cause, "attempts": 0}
+        last_error = cause
     # What is still open on the run is moot once it is rolled back, as a cancel makes it: a
     # halt an expiry left for a person (an unknown outcome never gets here: the rollback
     # halts on it first). Before the end is written, so a crash in between leaves the
     # rollback to finish, not a halt open on an ended run (found by the simulator).
     driver.store.orphan_halts(driver.run_id)
-    rec, inserted = driver.log.write(
+    # Failed when an undo failed (``lifecycle.RECORD_MOVES``).
+    rec, inserted = lifecycle.record(
+        driver.log,
         names.RUN_COMPENSATED,
         {"kind": "compensated", "cause": cause, "undone": done, "failed": failed, "kept": kept},
-        run_changes=changes,
+        changes={"last_error": last_error},
         release=True,
     )
     if inserted:
@@ -474,5 +472,13 @@ def repair(driver: Driver) -> NoReturn:
     if run is not None and run.status != status:
         error = aborted(driver.run_id, rec)
         last = {"code": error.code, "message": str(error), "retryable": False}
-        driver._update(status=status, last_error=last if status == FAILED else rec.get("cause"))
+        lifecycle.project(
+            driver.store,
+            driver.run_id,
+            names.RUN_COMPENSATED,
+            lifecycle.DRIVER,
+            body=rec.body,
+            changes={"last_error": last if status == FAILED else rec.get("cause")},
+            fence=driver.fence,
+        )
     raise aborted(driver.run_id, rec)

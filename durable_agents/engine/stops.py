@@ -34,7 +34,6 @@ from .leases import HeldLease
 from .ports import (
     CANCELLED,
     COMPENSATED,
-    COMPENSATING,
     FINISHED,
     NOT_IMPORTED,
     RunInfo,
@@ -124,25 +123,23 @@ def unrecorded_stop(store: Store, run_id: str, parent: str | None) -> Stop | Non
 def cancelled_body(stop: Stop) -> dict[str, Any]:
     """A run's own ``run:cancelled`` under a cancelled ancestor."""
     reason = str(stop.body.get("reason") or "")
-    return {
-        "kind": "cancelled",
-        "by": stop.body.get("by"),
-        "by_id": stop.body.get("by_id"),
-        "reason": f"{stop.describe()}" + (f": {reason}" if reason else ""),
-        "cause": {"code": ANCESTOR_CANCELLED, "run_id": stop.run_id},
-    }
+    return names.cancelled_body(
+        stop.body.get("by"),
+        stop.body.get("by_id"),
+        f"{stop.describe()}" + (f": {reason}" if reason else ""),
+        cause={"code": ANCESTOR_CANCELLED, "run_id": stop.run_id},
+    )
 
 
 def abort_body(stop_run_id: str, message: Any) -> dict[str, Any]:
     """A run's own ``saga:abort`` under an ancestor whose saga aborted (``stop_run_id``)."""
-    return {
-        "kind": "saga_abort",
-        "cause": {
+    return names.abort_body(
+        {
             "code": PARENT_ABORTED,
             "message": f"its parent run {stop_run_id!r} aborted: {message}",
             "parent": stop_run_id,
-        },
-    }
+        }
+    )
 
 
 def abort_message(stop: Stop) -> Any:
@@ -170,24 +167,21 @@ def stop_now(store: Store, run_id: str, stop: Stop) -> bool:
         if stop.kind == CANCEL:
             if journal.get(run_id, names.SAGA_ABORT) is not None:
                 return False
-            _, inserted = journal.write(
+            _, inserted = lifecycle.record_in(
+                journal,
                 run_id,
                 names.RUN_CANCELLED,
                 cancelled_body(stop),
+                lifecycle.DRIVER,
                 fence=lease.token,
-                run_changes={"status": CANCELLED},
             )
             close_cancelled(store, run_id, lease.token)
             return inserted
         if journal.get(run_id, names.RUN_CANCELLED) is not None:
             return False
         body = abort_body(stop.run_id, abort_message(stop))
-        _, inserted = journal.write(
-            run_id,
-            names.SAGA_ABORT,
-            body,
-            fence=lease.token,
-            run_changes={"status": COMPENSATING, "last_error": body["cause"], "attempts": 0},
+        _, inserted = lifecycle.record_in(
+            journal, run_id, names.SAGA_ABORT, body, lifecycle.DRIVER, fence=lease.token
         )
     withdraw_pending(store, run_id)
     return inserted

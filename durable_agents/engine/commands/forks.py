@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .. import failpoints, identity, names, runtime
+from .. import failpoints, identity, lifecycle, names, runtime
 from ..errors import ConfigError, Conflict, NotFound, RunBusy, RunIdSpent
 from ..imported import refuse_inert
 from ..journal import Journal
@@ -282,10 +282,10 @@ def fork_run(
     # empty or partial journal as a fresh run.
     new_run_id = _create_fork_run(
         store,
-        RunInfo(
+        lifecycle.created(
+            FAILED,
             run_id=new_run_id or run_id,
             agent=source.agent,
-            status=FAILED,
             last_error=_copying(run_id),
             input=start.get("input"),
             session_id=None,
@@ -362,16 +362,14 @@ def fork_run(
             for halt in unknown_outcomes(RunState.of(journal.records(new_run_id)), new_run_id):
                 if store.save_halt(halt, fence=lease.token):
                     halted.append(halt)
-        journal.write(
+        lifecycle.record_in(
+            journal,
             new_run_id,
             names.FORK_DONE,
             {"kind": "fork-done"},
+            lifecycle.PERSON,
             fence=lease.token,
-            run_changes={
-                "status": HALTED if unknown else (AWAITING_INPUT if place else QUEUED),
-                "last_error": None,
-                "attempts": 0,
-            },
+            to=HALTED if unknown else (AWAITING_INPUT if place else QUEUED),
         )
     finally:
         lease.release()

@@ -211,12 +211,24 @@ def resolve_halt(
         if agent_run:
             # A rollback's halt (a saga that aborted) goes on rolling back: never queued as if
             # it went forward; recovery hands a compensating run over like a queued one.
-            changes: dict[str, Any] = (
-                {"status": COMPENSATING, "attempts": 0}
-                if journal.get(run_id, names.SAGA_ABORT) is not None
-                else {"status": QUEUED, "attempts": 0, "last_error": None}
-            )
-            store.update_run(run_id, changes, fence=lease.token)
+            if journal.get(run_id, names.SAGA_ABORT) is not None:
+                lifecycle.hold(
+                    store,
+                    run_id,
+                    COMPENSATING,
+                    lifecycle.PERSON,
+                    changes={"attempts": 0},
+                    fence=lease.token,
+                )
+            else:
+                lifecycle.hold(
+                    store,
+                    run_id,
+                    QUEUED,
+                    lifecycle.PERSON,
+                    changes={"attempts": 0, "last_error": None},
+                    fence=lease.token,
+                )
         store.resolve_halt_row(run_id, call_id, outcome_of(record), by)
     finally:
         lease.release()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .. import failpoints, identity, names, runtime, sagas, stops, tree
+from .. import failpoints, identity, lifecycle, names, runtime, sagas, stops, tree
 from ..approvals import withdraw_pending
 from ..definition import AgentDefinition, RunResult
 from ..errors import (
@@ -40,7 +40,6 @@ from ..ports import (
     FINISHED,
     HALTED,
     KIND_AGENT,
-    NOT_TERMINAL_STATUSES,
     QUEUED,
     RUNNING,
     SLEEPING,
@@ -57,7 +56,7 @@ from ..waits import open_waits
 
 log = logging.getLogger("durable_agents")
 
-_WHY = {
+_WHY: dict[str, str] = {
     QUEUED: "waiting for a driver",
     RUNNING: "being driven, or its driver died (recovered once its lease expires)",
     AWAITING_APPROVAL: "a tool call awaits a staff decision",
@@ -153,10 +152,10 @@ def create_run(
     validate_run_id(run_id, derived=derived_id)
     refuse_nul(input, "the run's input")  # bad input fails here, before anything is written
     body = names.start_body(agent.name, input, agent.fingerprint(), seed, requester=requester)
-    run = RunInfo(
+    run = lifecycle.created(
+        QUEUED,
         run_id=run_id,
         agent=agent.name,
-        status=QUEUED,
         input=input,
         session_id=session_id,
         fingerprint=agent.fingerprint(),
@@ -318,11 +317,13 @@ def _fail_undriven(store: Store, run: RunInfo, exc: ConfigError) -> None:
         return  # someone is driving it: it is theirs to judge
     error = {"code": exc.code, "message": str(exc), "retryable": False}
     try:
-        failed = store.update_run(
+        failed = lifecycle.move(
+            store,
             run.run_id,
-            {"status": FAILED, "last_error": error, "attempts": run.attempts + 1},
+            FAILED,
+            lifecycle.PERSON,
+            changes={"last_error": error, "attempts": run.attempts + 1},
             fence=lease.token,
-            if_status=NOT_TERMINAL_STATUSES,
         )
     finally:
         lease.release()
@@ -464,8 +465,7 @@ def cancel(
             journal,
             run_id,
             names.RUN_CANCELLED,
-            {"kind": "cancelled", "by": actor.username, "by_id": actor.id, "reason": reason},
-            {"status": CANCELLED},
+            names.cancelled_body(actor.username, actor.id, reason),
         )
         # What the cancel closes first, its log after: a store failing the log leaves no halt
         # open and no request pending on a cancelled run (found by the simulator).
@@ -515,7 +515,6 @@ def _write_under_lease(
     run_id: str,
     name: str,
     body: dict[str, Any],
-    run_changes: dict[str, Any],
 ) -> bool:
     """Write a person's cancel-kind record under the run's own lease, so no driver is
     between steps meanwhile: refused while a driver holds the run, or once it finished.
@@ -546,7 +545,9 @@ def _write_under_lease(
                 "compensate); it cannot be cancelled half-way",
                 code="run.compensating",
             )
-        _, inserted = journal.write(run_id, name, body, fence=lease.token, run_changes=run_changes)
+        _, inserted = lifecycle.record_in(
+            journal, run_id, name, body, lifecycle.PERSON, fence=lease.token
+        )
     finally:
         lease.release()
     return inserted
@@ -564,14 +565,7 @@ def _abort_saga(
         journal,
         run_id,
         names.SAGA_ABORT,
-        {
-            "kind": "saga_abort",
-            "cause": cause,
-            "by": actor.username,
-            "by_id": actor.id,
-            "reason": reason,
-        },
-        {"status": COMPENSATING, "last_error": cause, "attempts": 0},
+        names.abort_body(cause, by=actor.username, by_id=actor.id, reason=reason),
     )
     if inserted:
         store.log_action(

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import failpoints, identity, names, runtime
+from .. import failpoints, identity, lifecycle, names, runtime
 from ..definition import AgentDefinition, RunResult
 from ..errors import (
     ApprovalPending,
@@ -181,12 +181,12 @@ class Session:
             # is a record, never work to drive, and a crash can leave no half-made row (nor
             # a session without an owner) behind.
             created = store.create_run(
-                RunInfo(
+                lifecycle.created(
+                    FINISHED,
                     run_id=self.journal_id,
                     agent=self.agent.name,
                     session_id=self.session_id,
                     input={"session": self.session_id, "channel": self.channel},
-                    status=FINISHED,
                     kind=KIND_SESSION,
                 )
             )
