@@ -346,6 +346,8 @@ class ApprovalRequest(models.Model):
         max_length=64,
         blank=True,
         default="",
+        # Rows written by SQL of their own (a bulk load, an older process mid-deploy) too.
+        db_default="",
         help_text="for an MCP server's tool, its definition when the call was asked",
     )
     created_at = models.DateTimeField(db_default=Now())
