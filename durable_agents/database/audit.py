@@ -35,6 +35,7 @@ from ..engine.audit import (
 )
 from ..engine.errors import ConfigError, DurableAgentsError, NotFound
 from ..engine.sensitive import Redactor, derive_key
+from .factory import store_for
 from .tombstones import (
     latest_unheld,
     prune_marks,
@@ -79,9 +80,8 @@ def verify(
     its last tombstone, or, when a prune row names it and no tombstone does, as broken
     (``tombstones``); ``NotFound`` when nothing knows it."""
     from ..models import Run, Tombstone
-    from .store import DjangoStore
 
-    store = DjangoStore(using)
+    store = store_for(using)
     runs = Run.objects.using(store.using)
     stones = Tombstone.objects.using(store.using)
     if run_ids is None:
@@ -297,9 +297,8 @@ def sign_head(run_id: str, *, using: str | None = None) -> dict[str, Any]:
     head carries the file's own signature (when the chain still ends at the head it
     signed), and ``imported`` says so."""
     from ..conf import get_settings
-    from .store import DjangoStore
 
-    store = DjangoStore(using)
+    store = store_for(using)
     report = verify_links(run_id, store.chain(run_id))
     message = head_message(run_id, report.head, report.links)
     signed: dict[str, Any] = {
@@ -339,9 +338,8 @@ def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
     from ..engine.names import RUN_START
     from ..models import ActionLog, Decision, JournalEntry, Run
     from ..people import approver_keys
-    from .store import DjangoStore
 
-    store = DjangoStore(using)
+    store = store_for(using)
     if not Run.objects.using(store.using).filter(pk=run_id).exists():
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
     entries = JournalEntry.objects.using(store.using).filter(run_id=run_id).order_by("seq")

@@ -54,6 +54,7 @@ from ..models import (
     Tombstone,
 )
 from ..permissions import DELETE_RUN
+from .factory import store_for
 from .spent import retire
 
 __all__ = ["PruneReport", "prune"]
@@ -368,9 +369,7 @@ def _prune_batch(
             for tree in gone:
                 report.kept[tree.root] = KEPT_FORKED
             return
-        from .store import DjangoStore
-
-        DjangoStore(using).log_action(
+        store_for(using).log_action(
             identity.logged(
                 actor,
                 "prune",
