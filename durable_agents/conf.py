@@ -171,7 +171,7 @@ class Settings:
     retention: Retention | None = None
     # Model calls per period a site allows, by model id or provider name (docs/limits.md).
     model_rates: Mapping[str, Rate] = field(default_factory=dict)
-    # Spans and metrics through OpenTelemetry (``durable_agents.telemetry``); off: nothing
+    # Spans and metrics through OpenTelemetry (``durable_agents.otel``); off: nothing
     # of OpenTelemetry is imported.
     telemetry: bool = False
     # Tools from MCP servers: how long a server gets before it is an error (docs/mcp.md).

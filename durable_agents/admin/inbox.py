@@ -51,8 +51,8 @@ from ..engine.ports import (
 )
 from ..engine.views import Record, kind_of
 from ..engine.waits import INTERRUPT
-from ..keys import pending_for
 from ..models import ApprovalRequest, Decision, Delegation, Halt, Inbox, Run
+from ..people_keys import pending_for
 from ..rule_state import rule_state
 from .assigned import escalated_to
 from .base import AnyModelAdmin, ReadOnlyAdmin, admin_actor, allows, page, related_count
