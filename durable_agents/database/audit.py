@@ -36,6 +36,7 @@ from ..engine.audit import (
 from ..engine.errors import ConfigError, DurableAgentsError, NotFound
 from ..engine.sensitive import Redactor, derive_key
 from .factory import store_for
+from .store import DjangoStore
 from .tombstones import (
     latest_unheld,
     prune_marks,
@@ -331,19 +332,33 @@ def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
     An imported run's bundle says so (``imported``: who imported which file, live or inert,
     whether a trusted signed head vouches for its chain, and the action-log rows the file
     carried); its head is signed by this site only when that head is trusted."""
-    from django.contrib.auth import get_user_model
-
-    from ..engine.approvals import decision_bytes
-    from ..engine.journal import Journal
-    from ..engine.names import RUN_START
-    from ..models import ActionLog, Decision, JournalEntry, Run
-    from ..people import approver_keys
+    from ..models import Run
 
     store = store_for(using)
     if not Run.objects.using(store.using).filter(pk=run_id).exists():
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
-    entries = JournalEntry.objects.using(store.using).filter(run_id=run_id).order_by("seq")
     hide = redactor(run_id, using=store.using)
+    records = _bundle_records(run_id, store.using, hide)
+    decisions = _bundle_decisions(run_id, store, hide)
+    actions = _bundle_actions(run_id, store.using, hide)
+    return {
+        "format": BUNDLE_FORMAT,
+        "run_id": run_id,
+        "redacted": hide.active,
+        "records": records,
+        "head": sign_head(run_id, using=store.using),
+        "decisions": decisions,
+        "actions": actions,
+        "action_head": _action_head(store.using),
+        "imported": _imported(run_id, store.using, hide),
+    }
+
+
+def _bundle_records(run_id: str, using: str, hide: Redactor) -> list[dict[str, Any]]:
+    """The run's journal, each record with its hash and the digest of what it held."""
+    from ..models import JournalEntry
+
+    entries = JournalEntry.objects.using(using).filter(run_id=run_id).order_by("seq")
     records = []
     for e in entries:
         shown = hide.redact_text(e.name, e.data)
@@ -352,6 +367,19 @@ def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
              "digest": data_digest(e.data), "redacted": shown != e.data,
              "created_at": e.created_at.isoformat()}
         )  # fmt: skip
+    return records
+
+
+def _bundle_decisions(run_id: str, store: DjangoStore, hide: Redactor) -> list[dict[str, Any]]:
+    """The run's decisions; a signed one with the bytes it signs and its approver's keys."""
+    from django.contrib.auth import get_user_model
+
+    from ..engine.approvals import decision_bytes
+    from ..engine.journal import Journal
+    from ..engine.names import RUN_START
+    from ..models import Decision
+    from ..people import approver_keys
+
     start = Journal(store).get(run_id, RUN_START)
     incarnation = str(start.get("incarnation") or "") if start is not None else ""
     users = get_user_model()
@@ -388,7 +416,21 @@ def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
             item["signed_bytes"] = base64.b64encode(signed).decode()
             item["approver_keys"] = approver_keys(str(user.pk))
         decisions.append(item)
-    log = ActionLog.objects.using(store.using)
+    return decisions
+
+
+def _action_head(using: str) -> str | None:
+    """The hash of the site's last action-log row."""
+    from ..models import ActionLog
+
+    return ActionLog.objects.using(using).order_by("-id").values_list("hash", flat=True).first()
+
+
+def _bundle_actions(run_id: str, using: str, hide: Redactor) -> list[dict[str, Any]]:
+    """The run's action-log rows, each with the hash of the row before it."""
+    from ..models import ActionLog
+
+    log = ActionLog.objects.using(using)
     before = log.order_by("-id").values_list("hash", flat=True)
     actions = []
     for a in log.filter(run_id=run_id).order_by("id"):
@@ -414,17 +456,7 @@ def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
                 "redacted": shown != fields,
             }
         )
-    return {
-        "format": BUNDLE_FORMAT,
-        "run_id": run_id,
-        "redacted": hide.active,
-        "records": records,
-        "head": sign_head(run_id, using=store.using),
-        "decisions": decisions,
-        "actions": actions,
-        "action_head": before.first(),
-        "imported": _imported(run_id, store.using, hide),
-    }
+    return actions
 
 
 def _imported(run_id: str, using: str, hide: Redactor) -> dict[str, Any] | None:
