@@ -60,6 +60,7 @@ from .deciding import (
     tell,
     ways_by_row,
 )
+from .pretty import pretty
 from .readable import (
     conversation,
     edit_changes,
@@ -69,7 +70,6 @@ from .readable import (
     tool_of,
 )
 from .rendered import identifying_of, in_schema_order, render
-from .timeline import pretty
 
 
 class _QueueAdmin(ReadOnlyAdmin):
