@@ -27,7 +27,7 @@ def main() -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     import durable_agents as da
-    from durable_agents import telemetry
+    from durable_agents import otel
     from durable_agents.database.store import site_store
     from durable_agents.engine import telemetry as hooks
     from durable_agents.providers import scripted
@@ -40,7 +40,7 @@ def main() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    observer = telemetry.enable(tracer_provider=provider)  # switched on and off below
+    observer = otel.enable(tracer_provider=provider)  # switched on and off below
 
     @da.tool(read_only=True)
     def noop(n: int) -> int:
@@ -72,7 +72,7 @@ def main() -> None:
                 run_id = f"bo-{tag}-{name[0]}-{int(on)}-{i}"
                 runs.append(timed(lambda a=agent, r=run_id: a.run(r, "go", store=store)))
         exporter.clear()
-    telemetry.disable()
+    otel.disable()
     for name in agents:
         off_raws, off = results[(name, False)]
         on_raws, on_runs = results[(name, True)]

@@ -1,7 +1,9 @@
 """Import paths from before the glue was grouped into ``durable_agents.database`` and
-``durable_agents.celery`` (0.2). They still import — the very same module object, so a
-setting, a monkeypatch or an ``isinstance`` check written against an old path keeps
-working — and warn with ``DeprecationWarning`` naming the new path. They go in 0.4.
+``durable_agents.celery``, and before the top-level modules that shared a name with one in
+``engine/`` or ``admin/`` were renamed for what they are (0.2). They still import — the
+very same module object, so a setting, a monkeypatch or an ``isinstance`` check written
+against an old path keeps working — and warn with ``DeprecationWarning`` naming the new
+path. They go in 0.4.
 
 Settings are where old paths live longest (``CELERY_BROKER_TRANSPORT =
 "durable_agents.celery_transport:Transport"``, ``from durable_agents.schedule import
@@ -33,6 +35,10 @@ MOVED = {
     "durable_agents.schedule": "durable_agents.celery.schedule",
     "durable_agents.shutdown": "durable_agents.celery.shutdown",
     "durable_agents.worker_start": "durable_agents.celery.worker_start",
+    # Renamed apart from engine.registry, engine.telemetry and admin.keys.
+    "durable_agents.registry": "durable_agents.agent_loader",
+    "durable_agents.telemetry": "durable_agents.otel",
+    "durable_agents.keys": "durable_agents.people_keys",
 }
 
 

@@ -10,6 +10,7 @@ class DurableAgentsConfig(AppConfig):
         # checks registers the system checks; audit, the SQL function SQLite's journal
         # trigger calls (on every new connection).
         from . import checks, signals  # noqa: F401
+        from .agent_loader import load_agents
         from .celery import worker_start
         from .celery.dispatch import enqueue
         from .celery.shutdown import shutting_down
@@ -20,7 +21,6 @@ class DurableAgentsConfig(AppConfig):
         from .engine import runtime
         from .notifications import outbox
         from .people import approver_keys, eligible_approvers, resolve_actor
-        from .registry import load_agents
 
         runtime.configure(
             store_factory=site_store,
@@ -56,6 +56,6 @@ def _enable_telemetry() -> None:
 
     settings, problems = parse(getattr(django_settings, "DURABLE_AGENTS", None))
     if settings.telemetry and not problems:
-        from .telemetry import enable
+        from .otel import enable
 
         enable()

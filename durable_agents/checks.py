@@ -48,9 +48,9 @@ from django.conf import settings as django_settings
 from django.core import checks
 
 from . import conf
+from .agent_loader import agents_at
 from .celery.schedule import RECOVER_TASK
 from .engine.errors import AgentPathError
-from .registry import agents_at
 
 SETTINGS_HINT = (
     f"Fix the DURABLE_AGENTS dict in your settings; every key: {conf.DOCS_URL}settings.md"

@@ -171,7 +171,7 @@ class Settings:
     retention: Retention | None = None
     # Model calls per period a site allows, by model id or provider name (docs/limits.md).
     model_rates: Mapping[str, Rate] = field(default_factory=dict)
-    # Spans and metrics through OpenTelemetry (``durable_agents.telemetry``); off: nothing
+    # Spans and metrics through OpenTelemetry (``durable_agents.otel``); off: nothing
     # of OpenTelemetry is imported.
     telemetry: bool = False
     # Tools from MCP servers: how long a server gets before it is an error (docs/mcp.md).
@@ -274,13 +274,37 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
         raw = {}
     if not isinstance(raw, dict):
         return Settings(), [f"DURABLE_AGENTS must be a dict, not {type(raw).__name__}"]
+    values = _known_keys(raw, problems)
+    # Each check drops the values it refuses (their defaults stand) and says why, in order.
+    _check_running(values, problems)
+    _check_database(values, problems)
+    _check_audit(values, problems)
+    _check_switches(values, problems)
+    values["retry"] = _parse_retry(values.pop("retry", None), problems)
+    values["mcp_timeouts"] = _parse_mcp_timeouts(values.pop("mcp_timeouts", None), problems)
+    values["notify"] = _parse_notify(values.pop("notify", None), problems)
+    values["retention"] = _parse_retention(values.pop("retention", None), problems)
+    values["model_rates"] = _parse_model_rates(values.pop("model_rates", None), problems)
+
+    settings = Settings(**values)
+    if settings.lease_ttl < 1:
+        problems.append("DURABLE_AGENTS['LEASE_TTL'] must be at least 1 second")
+    return settings, problems
+
+
+def _known_keys(raw: dict[Any, Any], problems: list[str]) -> dict[str, Any]:
+    """The raw dict's values by ``Settings`` field; an unknown key is a problem."""
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in _KEYS:
             problems.append(f"unknown key DURABLE_AGENTS[{key!r}]{_suggest(str(key), _KEYS)}")
             continue
         values[_KEYS[key]] = value
+    return values
 
+
+def _check_running(values: dict[str, Any], problems: list[str]) -> None:
+    """The agents, how runs are driven and for how long."""
     agents = values.get("agents", ())
     if isinstance(agents, str):
         agents = (agents,)
@@ -327,6 +351,9 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
         )
         values.pop("subagent_depth")
 
+
+def _check_database(values: dict[str, Any], problems: list[str]) -> None:
+    """Instant takeover, the pooler, prepared statements and the direct connection."""
     for key in ("instant_takeover", "transaction_pooling"):
         if not isinstance(values.get(key, True), bool):
             problems.append(f"DURABLE_AGENTS[{key.upper()!r}] must be True or False")
@@ -344,6 +371,9 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
             problems += wrong
             values.pop("direct_database")
 
+
+def _check_audit(values: dict[str, Any], problems: list[str]) -> None:
+    """The audit check, its keys and the webhook secrets."""
     sample = values.get("audit_check_sample", 0)
     if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
         problems.append(
@@ -375,6 +405,9 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
     values["webhook_secrets"] = secrets
     values["trusted_audit_keys"] = _parse_trusted_keys(values.get("trusted_audit_keys"), problems)
 
+
+def _check_switches(values: dict[str, Any], problems: list[str]) -> None:
+    """``TELEMETRY`` and ``PUBLIC_API_DOCS``."""
     telemetry = values.get("telemetry", False)
     if not isinstance(telemetry, bool):
         problems.append("DURABLE_AGENTS['TELEMETRY'] must be True or False")
@@ -390,7 +423,10 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
         problems.append("DURABLE_AGENTS['PUBLIC_API_DOCS'] must be True or False")
         values.pop("public_api_docs")
 
-    retry_raw = values.pop("retry", None) or {}
+
+def _parse_retry(raw: Any, problems: list[str]) -> RetryPolicy:
+    """``RETRY``: a dict of ``MAX_ATTEMPTS``, ``BASE_DELAY``, ``MAX_DELAY``."""
+    retry_raw = raw or {}
     retry_values: dict[str, Any] = {}
     if not isinstance(retry_raw, dict):
         problems.append("DURABLE_AGENTS['RETRY'] must be a dict")
@@ -408,16 +444,7 @@ def parse(raw: Any) -> tuple[Settings, list[str]]:
             retry_values["max_attempts"] = value
         else:
             retry_values[_RETRY_KEYS[key]] = _positive(f"RETRY.{key}", value, problems)
-    values["retry"] = RetryPolicy(**retry_values)
-    values["mcp_timeouts"] = _parse_mcp_timeouts(values.pop("mcp_timeouts", None), problems)
-    values["notify"] = _parse_notify(values.pop("notify", None), problems)
-    values["retention"] = _parse_retention(values.pop("retention", None), problems)
-    values["model_rates"] = _parse_model_rates(values.pop("model_rates", None), problems)
-
-    settings = Settings(**values)
-    if settings.lease_ttl < 1:
-        problems.append("DURABLE_AGENTS['LEASE_TTL'] must be at least 1 second")
-    return settings, problems
+    return RetryPolicy(**retry_values)
 
 
 def _parse_model_rates(raw: Any, problems: list[str]) -> Mapping[str, Rate]:

@@ -524,7 +524,7 @@ class ApiKey(models.Model):
     owner for themselves, it is confirmed at once. A superuser may invite one for someone
     else (``created_by`` says who did): the row then holds no secret at all (empty
     ``prefix`` and ``key_hash``) until its owner confirms it in their own session, which
-    generates the raw key and shows it to the owner once (``durable_agents.keys``). It may
+    generates the raw key and shows it to the owner once (``durable_agents.people_keys``). It may
     expire, records its last use, and is refused from the moment it is revoked."""
 
     user = models.ForeignKey(

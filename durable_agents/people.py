@@ -132,7 +132,7 @@ def approvers(group: str | None = None) -> QuerySet[Any]:
 def approver_keys(user_id: str) -> list[str]:
     """The Ed25519 public keys (base64) registered to the user ``user_id`` that verify
     signatures: revoked ones left out, and pending ones (registered by someone else, not yet
-    confirmed by the user: ``durable_agents.keys``) too. Every path that checks a signed
+    confirmed by the user: ``durable_agents.people_keys``) too. Every path that checks a signed
     decision reads keys through this, so a pending key is refused as an unknown one."""
     try:
         rows = ApproverKey.objects.filter(

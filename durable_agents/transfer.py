@@ -21,8 +21,8 @@ from django.utils import timezone
 from . import __version__
 from .conf import get_settings
 from .database.audit import redactor
+from .database.factory import store_for
 from .database.spent import refuse_spent, spent_decisions
-from .database.store import DjangoStore
 from .engine import identity
 from .engine.audit import action_content, data_digest
 from .engine.errors import ConfigError, Conflict, ImportRefused, NotFound, ProtocolError
@@ -214,13 +214,13 @@ def import_bytes(data: bytes, *, by: Any, live: bool = False) -> list[str]:
     if live:
         _refuse_spent_decisions(using, export)
         for run in export.runs.values():
-            check_live(run, DjangoStore(using))
+            check_live(run, store_for(using))
     imported = IMPORTED_LIVE if live else IMPORTED_INERT
     try:
         with transaction.atomic(using=using):
             for run in export.runs.values():
                 _write_run(run, export.header, using, imported, actor, digest)
-            DjangoStore(using).log_action(
+            store_for(using).log_action(
                 identity.logged(
                     actor,
                     "import",

@@ -43,7 +43,7 @@ from .. import permissions
 from ..engine.identity import Actor
 from ..people import actor_of
 from .paging import CappedPaginator
-from .timeline import pretty
+from .pretty import pretty
 
 if TYPE_CHECKING:
     AnyModelAdmin = admin.ModelAdmin[Any]

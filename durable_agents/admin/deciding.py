@@ -53,6 +53,19 @@ class Decided:
     text: str
 
 
+def progress(policy: Any, approvals: int, denials: int) -> str:
+    """``"1 of 2 approved"`` (quorum) or ``"0 of 1 approved"`` (single)."""
+    policy = policy if isinstance(policy, dict) else {}
+    quorum = policy.get("kind") == "quorum"
+    need = int(policy.get("need", 1)) if quorum else 1
+    text = f"{approvals} of {need} approved"
+    if denials:
+        text += f", {denials} denied"
+    if quorum:
+        text += f" (group {policy.get('group')})"
+    return text
+
+
 def shown_arguments(obj: ApprovalRequest) -> str:
     """The arguments a decision form shows, as it posts them back (``shown``): the decision
     is for those, and the engine refuses it (``approval.arguments_changed``) if the call
@@ -222,8 +235,6 @@ def refusals(request: HttpRequest, rows: list[ApprovalRequest]) -> list[str]:
 
 
 def _row(admin: AnyModelAdmin, obj: Any, mine: dict[int, bool]) -> dict[str, Any]:
-    from .queues import progress  # queues registers the admin that calls this
-
     tool = tool_of(obj)
     summary = summary_of(tool, obj.arguments)
     if summary is None:

@@ -39,7 +39,7 @@ from .base import (
     require,
     run_url,
 )
-from .timeline import pretty
+from .pretty import pretty
 
 _TEXTAREA = {"rows": 3, "cols": 60, "class": "da-mono"}
 

@@ -51,14 +51,13 @@ from ..engine.ports import (
 )
 from ..engine.views import Record, kind_of
 from ..engine.waits import INTERRUPT
-from ..keys import pending_for
 from ..models import ApprovalRequest, Decision, Delegation, Halt, Inbox, Run
+from ..people_keys import pending_for
 from ..rule_state import rule_state
 from .assigned import escalated_to
 from .base import AnyModelAdmin, ReadOnlyAdmin, admin_actor, allows, page, related_count
-from .deciding import shown_arguments, ways_by_row
+from .deciding import progress, shown_arguments, ways_by_row
 from .paging import CAP, counted
-from .queues import progress
 from .readable import edit_changes, origin_of, stated_reason, summary_of, tool_of
 from .rendered import identifying_of, render
 from .waits import question_slug, waits_of_run

@@ -6,7 +6,7 @@ Keys belong to people. Staff create and register keys for themselves only, and s
 revoke only their own; a superuser may do so for anyone, and the key records who created it
 (``created_by``, the action log and the object's admin history say so). A key created for
 someone else is *pending* until its owner confirms it on its confirm page, signed in as
-themselves (``durable_agents.keys``): an approver key by signing a fresh challenge with its
+themselves (``durable_agents.people_keys``): an approver key by signing a fresh challenge with its
 private key, an API key by generating it there, shown to the owner once. The confirm page
 is open to the key's owner whatever their key permissions; to anyone else it is a form
 error. A public key belongs to one user only."""
@@ -27,7 +27,7 @@ from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from .. import keys
+from .. import people_keys
 from ..api.auth import API_KEY_HEADER
 from ..engine.errors import ConfigError
 from ..models import ApiKey, ApproverKey, KeyChallenge
@@ -62,7 +62,7 @@ class ApproverKeyForm(_KeyForm):
 
     def clean_public_key(self) -> str:
         try:
-            return keys.clean_public_key(self.cleaned_data["public_key"])
+            return people_keys.clean_public_key(self.cleaned_data["public_key"])
         except ConfigError as exc:
             raise forms.ValidationError(exc.message) from None
 
@@ -163,9 +163,9 @@ class _KeyAdmin(DurableAdmin):
         if obj.user_id != request.user.pk and not request.user.is_superuser:
             raise PermissionDenied  # the form allows only oneself; never trust it alone
         # The add view's transaction holds the key and its action-log row together.
-        request._da_new_api_key = keys.settle_new_key(obj, request.user)  # type: ignore[attr-defined]
+        request._da_new_api_key = people_keys.settle_new_key(obj, request.user)  # type: ignore[attr-defined]
         super().save_model(request, obj, form, change)
-        keys.log_key(admin_actor(request), keys.CREATE, obj)
+        people_keys.log_key(admin_actor(request), people_keys.CREATE, obj)
 
     def log_addition(self, request: HttpRequest, obj: Any, message: Any) -> Any:
         owner = obj.user.get_username()
@@ -279,7 +279,7 @@ class _KeyAdmin(DurableAdmin):
         # get_queryset already limits staff to their own keys; revoking takes effect on the
         # next request (keys are checked on every request, never cached).
         live = list(queryset.filter(revoked_at__isnull=True).select_related("user"))
-        done = keys.revoke_keys(live, request.user, channel=ADMIN)
+        done = people_keys.revoke_keys(live, request.user, channel=ADMIN)
         for key in live:
             if key.revoked_at is not None:
                 self.log_change(request, key, "Revoked")
@@ -325,7 +325,7 @@ class ApiKeyAdmin(_KeyAdmin):
         error = ""
         if request.method == "POST":
             try:
-                raw = keys.confirm_api_key(key, request.user, channel=ADMIN)
+                raw = people_keys.confirm_api_key(key, request.user, channel=ADMIN)
             except ConfigError as exc:
                 error = _refusal(exc)
             else:
@@ -374,7 +374,7 @@ class ApproverKeyAdmin(_KeyAdmin):
             nonce = str(request.POST.get("nonce") or "")
             signature = str(request.POST.get("signature") or "")
             try:
-                keys.confirm_approver_key(key, request.user, nonce, signature, channel=ADMIN)
+                people_keys.confirm_approver_key(key, request.user, nonce, signature, channel=ADMIN)
             except ConfigError as exc:
                 error = _refusal(exc)
             else:
@@ -390,7 +390,7 @@ class ApproverKeyAdmin(_KeyAdmin):
             )
         challenge = None
         if _may_confirm(key, request):
-            challenge = _usable_challenge(key, request, nonce) or keys.issue_challenge(
+            challenge = _usable_challenge(key, request, nonce) or people_keys.issue_challenge(
                 key, request.user
             )
         return self.confirm_page(
@@ -400,7 +400,7 @@ class ApproverKeyAdmin(_KeyAdmin):
                 "error": error,
                 "may_confirm": challenge is not None,
                 "challenge": challenge,
-                "challenge_text": keys.challenge_text(challenge) if challenge else "",
+                "challenge_text": people_keys.challenge_text(challenge) if challenge else "",
             },
         )
 

@@ -51,7 +51,16 @@ from .base import (
     short_time,
     status_pill,
 )
-from .deciding import Decided, bulk_decide, decide_call, shown_arguments, tell, ways_by_row
+from .deciding import (
+    Decided,
+    bulk_decide,
+    decide_call,
+    progress,
+    shown_arguments,
+    tell,
+    ways_by_row,
+)
+from .pretty import pretty
 from .readable import (
     conversation,
     edit_changes,
@@ -61,7 +70,6 @@ from .readable import (
     tool_of,
 )
 from .rendered import identifying_of, in_schema_order, render
-from .timeline import pretty
 
 
 class _QueueAdmin(ReadOnlyAdmin):
@@ -200,19 +208,6 @@ def editable(obj: ApprovalRequest) -> bool:
     """Whether the call's tool (as loaded here) lets an approver edit its arguments."""
     tool = tool_of(obj)
     return tool is not None and tool.safety.editable
-
-
-def progress(policy: Any, approvals: int, denials: int) -> str:
-    """``"1 of 2 approved"`` (quorum) or ``"0 of 1 approved"`` (single)."""
-    policy = policy if isinstance(policy, dict) else {}
-    quorum = policy.get("kind") == "quorum"
-    need = int(policy.get("need", 1)) if quorum else 1
-    text = f"{approvals} of {need} approved"
-    if denials:
-        text += f", {denials} denied"
-    if quorum:
-        text += f" (group {policy.get('group')})"
-    return text
 
 
 class ApprovalStatusFilter(DefaultStatusFilter):

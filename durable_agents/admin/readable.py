@@ -12,8 +12,8 @@ from ..engine.errors import DurableAgentsError
 from ..engine.registry import get_agent
 from ..engine.transcript import RunState
 from ..engine.views import canonical
+from .pretty import pretty_text
 from .rendered import identifying_of, render
-from .timeline import pretty_text
 
 log = logging.getLogger(__name__)
 

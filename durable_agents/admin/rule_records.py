@@ -17,6 +17,7 @@ from typing import Any
 from ..engine.rules import at_least, demands_more
 from ..engine.views import Entry
 from ..rule_state import ON_EXPIRY, from_policy
+from .pretty import pretty
 
 # ``<call>:<tag>``: a record for arguments other than the first (an edit, a deploy's change).
 _TAGGED = re.compile(r"(.+):([0-9a-f]{16})")
@@ -31,12 +32,6 @@ def _call(rest: str) -> tuple[str, str | None]:
 
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def _pretty(value: Any) -> str:
-    from .timeline import pretty  # the timeline imports this module
-
-    return pretty(value)
 
 
 class RuleLog:
@@ -75,7 +70,7 @@ class RuleLog:
                 f"Call {call} asked under rule {rule}: {said.why} → {said.who}",
                 {"meta": meta},
             )
-        edited = [("edited arguments", _pretty(body.get("arguments")))]
+        edited = [("edited arguments", pretty(body.get("arguments")))]
         if outcome == "deny":
             title = f"An edit of call {call} is refused by rule {rule}: {said.why}"
             extra = {"meta": [*meta, "the edit was not accepted"], "sections": edited}

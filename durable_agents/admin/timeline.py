@@ -7,7 +7,6 @@ Read-only: built from records already read, it never queries on its own.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -16,25 +15,8 @@ from ..engine.errors import DurableAgentsError
 from ..engine.ports import HALT_ORPHANED, HALT_RESOLVED
 from ..engine.transcript import RunState, ToolResult
 from ..engine.views import Drift, Entry, Record, Start, kind_of, read
+from .pretty import pretty, pretty_text
 from .rule_records import RuleLog
-
-
-def pretty(value: Any) -> str:
-    """JSON for people: indented, non-ASCII kept as itself."""
-    try:
-        return json.dumps(value, indent=2, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        return repr(value)
-
-
-def pretty_text(text: Any) -> str:
-    """A JSON text (tool call arguments are sent as text) pretty-printed, or as it is."""
-    if not isinstance(text, str):
-        return pretty(text)
-    try:
-        return pretty(json.loads(text))
-    except ValueError:
-        return text
 
 
 def _ms(value: Any) -> datetime | None:

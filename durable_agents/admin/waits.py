@@ -55,7 +55,7 @@ from .base import (
     run_url,
 )
 from .paging import counted
-from .timeline import pretty
+from .pretty import pretty
 
 QUEUE_SIZE = 200  # runs shown on the queue page (oldest first: they waited longest)
 

@@ -7,7 +7,7 @@
   compared in constant time. A revoked or expired key, or one whose user is inactive or not
   staff, is refused; the check runs on every request, so a revocation takes effect at once.
   A key created for someone else is pending until its owner confirms it in their own
-  session (``durable_agents.keys``): it holds no secret and is refused as an unknown key.
+  session (``durable_agents.people_keys``): it holds no secret and is refused as an unknown key.
   The key acts as its user: the same permissions, and the user's name on every decision and
   history row, with the channel ``api-key:<prefix>``.
 
@@ -32,11 +32,11 @@ from ninja.security import APIKeyCookie, APIKeyHeader
 
 from .. import permissions
 from ..engine.identity import Actor
-from ..keys import PREFIX_LENGTH, hash_key
-from ..keys import issue_api_key as issue_api_key  # where callers have always found them
-from ..keys import new_key as new_key
 from ..models import ApiKey
 from ..people import ActorNotStaff, actor_of, staff_refusal
+from ..people_keys import PREFIX_LENGTH, hash_key
+from ..people_keys import issue_api_key as issue_api_key  # where callers have always found them
+from ..people_keys import new_key as new_key
 from .errors import AUTH_FAILURE_ATTR, ApiError, AuthFailure
 
 API_KEY_HEADER = "X-API-Key"

@@ -66,7 +66,7 @@ def enqueue(run_id: str) -> None:
 
 
 def send_to_celery(run_id: str) -> None:
-    from ..telemetry import handover_headers
+    from ..otel import handover_headers
     from .site_app import task
     from .tasks import DRIVE_RUN
 

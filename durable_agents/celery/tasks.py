@@ -28,7 +28,7 @@ from django.db import close_old_connections
 from ..conf import get_settings
 from ..engine.commands import runs
 from ..engine.errors import DurableAgentsError, Pause
-from ..telemetry import HEADER, handed_over
+from ..otel import HEADER, handed_over
 from .site_app import task
 
 log = logging.getLogger("durable_agents.tasks")

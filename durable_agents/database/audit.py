@@ -22,6 +22,8 @@ from typing import Any
 from django.db.backends.signals import connection_created
 from django.dispatch import receiver
 
+from ..conf import get_settings
+from ..engine.approvals import decision_bytes
 from ..engine.audit import (
     BUNDLE_FORMAT,
     ChainReport,
@@ -34,7 +36,23 @@ from ..engine.audit import (
     verify_run,
 )
 from ..engine.errors import ConfigError, DurableAgentsError, NotFound
+from ..engine.journal import Journal
+from ..engine.names import RUN_START
+from ..engine.registry import get_agent
 from ..engine.sensitive import Redactor, derive_key
+from ..models import (
+    ActionLog,
+    ApprovalRequest,
+    Decision,
+    Halt,
+    JournalEntry,
+    Run,
+    RunImport,
+    Tombstone,
+)
+from ..people import approver_keys
+from .factory import store_for
+from .store import DjangoStore
 from .tombstones import (
     latest_unheld,
     prune_marks,
@@ -78,10 +96,7 @@ def verify(
     when ``actions``; one report each, in that order. A run id no run holds is reported by
     its last tombstone, or, when a prune row names it and no tombstone does, as broken
     (``tombstones``); ``NotFound`` when nothing knows it."""
-    from ..models import Run, Tombstone
-    from .store import DjangoStore
-
-    store = DjangoStore(using)
+    store = store_for(using)
     runs = Run.objects.using(store.using)
     stones = Tombstone.objects.using(store.using)
     if run_ids is None:
@@ -119,8 +134,6 @@ def sample_check(size: int, *, using: str | None = None) -> list[ChainReport]:
     an imported run no trusted head vouches for is not broken, only unverified), the
     broken ones among the ``size`` latest tombstones, and the runs the latest prune rows
     name that no tombstone holds."""
-    from ..models import Run, Tombstone
-
     using = using or _database()
     runs = Run.objects.using(using).order_by("-updated_at")
     broken = [
@@ -155,8 +168,6 @@ class ImportTrust:
 def trusted_keys() -> set[str]:
     """The public keys (base64) whose signed heads vouch for an imported run: the setting
     ``TRUSTED_AUDIT_KEYS``, and the site's own signing key."""
-    from ..conf import get_settings
-
     settings = get_settings()
     keys = set(settings.trusted_audit_keys)
     if settings.audit_signing_key:
@@ -168,8 +179,6 @@ def import_trust(run_id: str, *, using: str | None = None) -> ImportTrust | None
     """None for a run made here; else whether its imported chain is vouched for."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-    from ..models import JournalEntry, RunImport
 
     using = using or _database()
     found = RunImport.objects.using(using).filter(run_id=run_id).first()
@@ -220,8 +229,6 @@ def _vouched(report: ChainReport, using: str) -> ChainReport:
 
 
 def _database() -> str:
-    from ..conf import get_settings
-
     return get_settings().database
 
 
@@ -230,10 +237,6 @@ def redactor(run_id: str, *, using: str | None = None) -> Redactor:
     (as defined today; an agent this process does not load has none), the values they took
     in the run, and the key derived from ``AUDIT_SALT_KEY`` (else ``SECRET_KEY``)."""
     from django.conf import settings
-
-    from ..conf import get_settings
-    from ..engine.registry import get_agent
-    from ..models import ApprovalRequest, Decision, Halt, JournalEntry, Run
 
     using = using or _database()
     agent_name = Run.objects.using(using).filter(pk=run_id).values_list("agent", flat=True).first()
@@ -296,10 +299,7 @@ def sign_head(run_id: str, *, using: str | None = None) -> dict[str, Any]:
     An imported run no trusted head vouches for is never signed with the site's key: its
     head carries the file's own signature (when the chain still ends at the head it
     signed), and ``imported`` says so."""
-    from ..conf import get_settings
-    from .store import DjangoStore
-
-    store = DjangoStore(using)
+    store = store_for(using)
     report = verify_links(run_id, store.chain(run_id))
     message = head_message(run_id, report.head, report.links)
     signed: dict[str, Any] = {
@@ -332,20 +332,29 @@ def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
     An imported run's bundle says so (``imported``: who imported which file, live or inert,
     whether a trusted signed head vouches for its chain, and the action-log rows the file
     carried); its head is signed by this site only when that head is trusted."""
-    from django.contrib.auth import get_user_model
-
-    from ..engine.approvals import decision_bytes
-    from ..engine.journal import Journal
-    from ..engine.names import RUN_START
-    from ..models import ActionLog, Decision, JournalEntry, Run
-    from ..people import approver_keys
-    from .store import DjangoStore
-
-    store = DjangoStore(using)
+    store = store_for(using)
     if not Run.objects.using(store.using).filter(pk=run_id).exists():
         raise NotFound(f"no run {run_id!r}", code="run.not_found")
-    entries = JournalEntry.objects.using(store.using).filter(run_id=run_id).order_by("seq")
     hide = redactor(run_id, using=store.using)
+    records = _bundle_records(run_id, store.using, hide)
+    decisions = _bundle_decisions(run_id, store, hide)
+    actions = _bundle_actions(run_id, store.using, hide)
+    return {
+        "format": BUNDLE_FORMAT,
+        "run_id": run_id,
+        "redacted": hide.active,
+        "records": records,
+        "head": sign_head(run_id, using=store.using),
+        "decisions": decisions,
+        "actions": actions,
+        "action_head": _action_head(store.using),
+        "imported": _imported(run_id, store.using, hide),
+    }
+
+
+def _bundle_records(run_id: str, using: str, hide: Redactor) -> list[dict[str, Any]]:
+    """The run's journal, each record with its hash and the digest of what it held."""
+    entries = JournalEntry.objects.using(using).filter(run_id=run_id).order_by("seq")
     records = []
     for e in entries:
         shown = hide.redact_text(e.name, e.data)
@@ -354,6 +363,13 @@ def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
              "digest": data_digest(e.data), "redacted": shown != e.data,
              "created_at": e.created_at.isoformat()}
         )  # fmt: skip
+    return records
+
+
+def _bundle_decisions(run_id: str, store: DjangoStore, hide: Redactor) -> list[dict[str, Any]]:
+    """The run's decisions; a signed one with the bytes it signs and its approver's keys."""
+    from django.contrib.auth import get_user_model
+
     start = Journal(store).get(run_id, RUN_START)
     incarnation = str(start.get("incarnation") or "") if start is not None else ""
     users = get_user_model()
@@ -390,7 +406,17 @@ def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
             item["signed_bytes"] = base64.b64encode(signed).decode()
             item["approver_keys"] = approver_keys(str(user.pk))
         decisions.append(item)
-    log = ActionLog.objects.using(store.using)
+    return decisions
+
+
+def _action_head(using: str) -> str | None:
+    """The hash of the site's last action-log row."""
+    return ActionLog.objects.using(using).order_by("-id").values_list("hash", flat=True).first()
+
+
+def _bundle_actions(run_id: str, using: str, hide: Redactor) -> list[dict[str, Any]]:
+    """The run's action-log rows, each with the hash of the row before it."""
+    log = ActionLog.objects.using(using)
     before = log.order_by("-id").values_list("hash", flat=True)
     actions = []
     for a in log.filter(run_id=run_id).order_by("id"):
@@ -416,22 +442,10 @@ def bundle(run_id: str, *, using: str | None = None) -> dict[str, Any]:
                 "redacted": shown != fields,
             }
         )
-    return {
-        "format": BUNDLE_FORMAT,
-        "run_id": run_id,
-        "redacted": hide.active,
-        "records": records,
-        "head": sign_head(run_id, using=store.using),
-        "decisions": decisions,
-        "actions": actions,
-        "action_head": before.first(),
-        "imported": _imported(run_id, store.using, hide),
-    }
+    return actions
 
 
 def _imported(run_id: str, using: str, hide: Redactor) -> dict[str, Any] | None:
-    from ..models import RunImport
-
     found = RunImport.objects.using(using).filter(run_id=run_id).first()
     trust = import_trust(run_id, using=using)
     if found is None or trust is None:

@@ -265,8 +265,8 @@ class LimitQueue:
 
 def declared_limits() -> dict[str, tuple[str, int | None]]:
     """Every limit the site declares, by key: its text and, for a slot, its size."""
+    from ..agent_loader import configured_agents
     from ..conf import get_settings
-    from ..registry import configured_agents
 
     settings = get_settings()
     found: dict[str, tuple[str, int | None]] = {}

@@ -38,7 +38,7 @@ from ..engine import failpoints, identity
 from ..engine import retention as rules
 from ..engine.audit import tombstone_message
 from ..engine.errors import ConfigError
-from ..engine.ports import KIND_AGENT, TERMINAL_STATUSES
+from ..engine.ports import KIND_AGENT, TERMINAL_STATUSES, ActionInfo
 from ..engine.spent import PRUNED
 from ..models import (
     ApprovalRequest,
@@ -54,6 +54,7 @@ from ..models import (
     Tombstone,
 )
 from ..permissions import DELETE_RUN
+from .factory import store_for
 from .spent import retire
 
 __all__ = ["PruneReport", "prune"]
@@ -263,6 +264,19 @@ def _write_export(folder: Path, run_ids: list[str], stamp: str) -> tuple[Path, s
     return name, digest.hexdigest()
 
 
+@dataclass
+class _Batch:
+    """A batch as judged and exported, before its transaction: what the tombstones state."""
+
+    trees: list[_Tree]
+    every: list[str]  # every run of the trees
+    seen: dict[str, dict[str, Any]]  # run id -> its row as judged
+    chains: dict[str, tuple[int, str | None, int]]  # run id -> (records, head, unchained)
+    pruned_at: datetime
+    file_name: str = ""
+    sha256: str = ""
+
+
 def _prune_batch(
     using: str,
     trees: list[_Tree],
@@ -271,92 +285,18 @@ def _prune_batch(
     folder: Path | None,
     report: PruneReport,
 ) -> None:
-    file_name, sha256 = "", ""
-    while True:
-        # Another prune may have taken a tree since it was judged, even while this one
-        # exports it: drop what is gone and export again.
-        trees = _present(using, trees)
-        if not trees:
-            return
-        every = [rid for t in trees for rid in t.run_ids]
-        seen = {m["run_id"]: m for t in trees for m in t.members}
-        chains = _chains(using, every)
-        pruned_at = timezone.now()
-        if folder is None:
-            break
-        try:
-            path, sha256 = _write_export(folder, every, pruned_at.strftime("%Y%m%dT%H%M%S%fZ"))
-        except Run.DoesNotExist:
-            continue
-        file_name = path.name
-        failpoints.hit("prune-after-export")
-        break
-    settings = get_settings()
-    key = None
-    if settings.audit_signing_key:
-        from .audit import _load_key, _public
-
-        key = _load_key(settings.audit_signing_key)
+    batch = _exported(using, trees, folder)
+    if batch is None:
+        return
+    signer = _signer()
     postgres = connections[using].vendor == "postgresql"
     with transaction.atomic(using=using):
-        locked = _lock(using, every, postgres)
-        gone: list[_Tree] = []
-        for tree in trees:
-            why = ""
-            if not Run.objects.using(using).filter(pk__in=tree.run_ids).exists():
-                continue  # another prune took it since the export
-            if not set(tree.run_ids) <= locked:
-                why = KEPT_BUSY
-            else:
-                now = {
-                    r["run_id"]: r
-                    for r in Run.objects.using(using).filter(pk__in=tree.run_ids).values(*_FIELDS)
-                }
-                again = _chains(using, tree.run_ids)
-                if any(
-                    rid not in now
-                    or now[rid]["updated_at"] != seen[rid]["updated_at"]
-                    or again[rid] != chains[rid]
-                    for rid in tree.run_ids
-                ):
-                    why = KEPT_CHANGED
-                why = why or _why_kept(_Tree(tree.root, list(now.values())), cutoff, {})
-                if not why and Lease.objects.using(using).filter(run_id__in=tree.run_ids).exists():
-                    why = KEPT_BUSY
-            if why:
-                report.kept[tree.root] = why
-            else:
-                gone.append(tree)
+        locked = _lock(using, batch.every, postgres)
+        gone = _still_prunable(using, batch, locked, cutoff, report)
         if not gone:
             return
         ids = [rid for t in gone for rid in t.run_ids]
-        stones = []
-        for rid in ids:
-            records, head, unchained = chains[rid]
-            stone = Tombstone(
-                run_id=rid,
-                agent=seen[rid]["agent"],
-                status=seen[rid]["status"],
-                root_run_id=seen[rid]["root_run_id"],
-                finished_at=seen[rid]["finished_at"],
-                head=head,
-                records=records,
-                unchained=unchained,
-                pruned_at=pruned_at,
-                pruned_by=actor.username,
-                pruned_by_id=actor.id,
-                export_file=file_name,
-                export_sha256=sha256,
-            )
-            if key is not None:
-                message = tombstone_message(
-                    rid, head, records, export_sha256=sha256,
-                    pruned_at=pruned_at.isoformat(), pruned_by=actor.username,
-                )  # fmt: skip
-                stone.signature = base64.b64encode(key.sign(message)).decode()
-                stone.public_key = _public(key)
-            stones.append(stone)
-        Tombstone.objects.using(using).bulk_create(stones)
+        Tombstone.objects.using(using).bulk_create(_tombstones(batch, ids, actor, signer))
         failpoints.hit("prune-after-tombstones")
         _delete(using, ids)
         # The delete is the last write: only now, holding the rows, is a fork made of them
@@ -368,39 +308,152 @@ def _prune_batch(
             for tree in gone:
                 report.kept[tree.root] = KEPT_FORKED
             return
-        from .store import DjangoStore
-
-        DjangoStore(using).log_action(
-            identity.logged(
-                actor,
-                "prune",
-                "",
-                file_name,
-                {
-                    "finished_before": cutoff.isoformat(),
-                    "runs": ids,
-                    "trees": len(gone),
-                    "records": sum(chains[rid][0] for rid in ids),
-                    "export": {"file": file_name, "sha256": sha256} if file_name else None,
-                    # What each tombstone states, in the chained log: ``verify`` holds every
-                    # tombstone to the row that wrote it (``database.tombstones``).
-                    "pruned_at": pruned_at.isoformat(),
-                    "tombstones": {
-                        rid: {
-                            "head": chains[rid][1],
-                            "records": chains[rid][0],
-                            "unchained": chains[rid][2],
-                        }
-                        for rid in ids
-                    },
-                },
-            )
-        )
+        store_for(using).log_action(_logged_prune(actor, cutoff, batch, ids, len(gone)))
         failpoints.hit("prune-before-commit")
     report.batches += 1
     report.pruned += ids
-    if file_name:
-        report.files.append({"file": file_name, "sha256": sha256, "runs": len(every)})
+    if batch.file_name:
+        report.files.append(
+            {"file": batch.file_name, "sha256": batch.sha256, "runs": len(batch.every)}
+        )
+
+
+def _exported(using: str, trees: list[_Tree], folder: Path | None) -> _Batch | None:
+    """The trees still here, judged as they are now, and exported under ``folder`` when
+    given; None when none is left."""
+    while True:
+        # Another prune may have taken a tree since it was judged, even while this one
+        # exports it: drop what is gone and export again.
+        trees = _present(using, trees)
+        if not trees:
+            return None
+        every = [rid for t in trees for rid in t.run_ids]
+        seen = {m["run_id"]: m for t in trees for m in t.members}
+        batch = _Batch(trees, every, seen, _chains(using, every), timezone.now())
+        if folder is None:
+            return batch
+        stamp = batch.pruned_at.strftime("%Y%m%dT%H%M%S%fZ")
+        try:
+            path, batch.sha256 = _write_export(folder, every, stamp)
+        except Run.DoesNotExist:
+            continue
+        batch.file_name = path.name
+        failpoints.hit("prune-after-export")
+        return batch
+
+
+def _signer() -> tuple[Any, str] | None:
+    """The site's ``AUDIT_SIGNING_KEY`` and its public key (base64), or None."""
+    settings = get_settings()
+    if not settings.audit_signing_key:
+        return None
+    from .audit import _load_key, _public
+
+    key = _load_key(settings.audit_signing_key)
+    return key, _public(key)
+
+
+def _still_prunable(
+    using: str, batch: _Batch, locked: set[str], cutoff: datetime, report: PruneReport
+) -> list[_Tree]:
+    """The batch's trees to delete, judged again under the lock; why each other one stays
+    goes in ``report`` (a tree another prune took since the export is neither)."""
+    gone: list[_Tree] = []
+    for tree in batch.trees:
+        why = ""
+        if not Run.objects.using(using).filter(pk__in=tree.run_ids).exists():
+            continue  # another prune took it since the export
+        if not set(tree.run_ids) <= locked:
+            why = KEPT_BUSY
+        else:
+            now = {
+                r["run_id"]: r
+                for r in Run.objects.using(using).filter(pk__in=tree.run_ids).values(*_FIELDS)
+            }
+            again = _chains(using, tree.run_ids)
+            if any(
+                rid not in now
+                or now[rid]["updated_at"] != batch.seen[rid]["updated_at"]
+                or again[rid] != batch.chains[rid]
+                for rid in tree.run_ids
+            ):
+                why = KEPT_CHANGED
+            why = why or _why_kept(_Tree(tree.root, list(now.values())), cutoff, {})
+            if not why and Lease.objects.using(using).filter(run_id__in=tree.run_ids).exists():
+                why = KEPT_BUSY
+        if why:
+            report.kept[tree.root] = why
+        else:
+            gone.append(tree)
+    return gone
+
+
+def _tombstones(
+    batch: _Batch, ids: list[str], actor: identity.Actor, signer: tuple[Any, str] | None
+) -> list[Tombstone]:
+    """A tombstone for each run of ``ids``, signed when the site has a signing key."""
+    stones = []
+    for rid in ids:
+        records, head, unchained = batch.chains[rid]
+        row = batch.seen[rid]
+        stone = Tombstone(
+            run_id=rid,
+            agent=row["agent"],
+            status=row["status"],
+            root_run_id=row["root_run_id"],
+            finished_at=row["finished_at"],
+            head=head,
+            records=records,
+            unchained=unchained,
+            pruned_at=batch.pruned_at,
+            pruned_by=actor.username,
+            pruned_by_id=actor.id,
+            export_file=batch.file_name,
+            export_sha256=batch.sha256,
+        )
+        if signer is not None:
+            key, public_key = signer
+            message = tombstone_message(
+                rid, head, records, export_sha256=batch.sha256,
+                pruned_at=batch.pruned_at.isoformat(), pruned_by=actor.username,
+            )  # fmt: skip
+            stone.signature = base64.b64encode(key.sign(message)).decode()
+            stone.public_key = public_key
+        stones.append(stone)
+    return stones
+
+
+def _logged_prune(
+    actor: identity.Actor, cutoff: datetime, batch: _Batch, ids: list[str], trees: int
+) -> ActionInfo:
+    """The action-log row of a batch deleted."""
+    chains = batch.chains
+    return identity.logged(
+        actor,
+        "prune",
+        "",
+        batch.file_name,
+        {
+            "finished_before": cutoff.isoformat(),
+            "runs": ids,
+            "trees": trees,
+            "records": sum(chains[rid][0] for rid in ids),
+            "export": {"file": batch.file_name, "sha256": batch.sha256}
+            if batch.file_name
+            else None,
+            # What each tombstone states, in the chained log: ``verify`` holds every
+            # tombstone to the row that wrote it (``database.tombstones``).
+            "pruned_at": batch.pruned_at.isoformat(),
+            "tombstones": {
+                rid: {
+                    "head": chains[rid][1],
+                    "records": chains[rid][0],
+                    "unchained": chains[rid][2],
+                }
+                for rid in ids
+            },
+        },
+    )
 
 
 def _lock(using: str, run_ids: list[str], postgres: bool) -> set[str]:

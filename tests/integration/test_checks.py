@@ -66,7 +66,7 @@ def test_a_module_path_finds_every_agent_in_it():
 
 
 def test_runtime_loading_refuses_the_same_conflicts():
-    from durable_agents.registry import configured_agents
+    from durable_agents.agent_loader import configured_agents
 
     with pytest.raises(da.ConfigError, match="two agents are named 'check-twin'") as info:
         configured_agents(["tests.support.check_agents"])

@@ -565,7 +565,7 @@ def test_a_deputys_signed_decision_imports_live_only_under_a_delegation_here(peo
     from Lena to Dora covers it here; then driven, firing once."""
     from durable_agents.engine.approvals import incarnation_of
     from durable_agents.engine.errors import ImportRefused
-    from durable_agents.keys import register_approver_key
+    from durable_agents.people_keys import register_approver_key
     from durable_agents.transfer import export_lines, import_lines
     from tests.support.agents import gated
     from tests.support.wiring import wired

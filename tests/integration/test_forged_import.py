@@ -29,7 +29,6 @@ from durable_agents.engine.audit import ACTION_NAME, action_content, chain_hash
 from durable_agents.engine.commands import runs
 from durable_agents.engine.commands.recovery import recover
 from durable_agents.engine.errors import RunImported
-from durable_agents.keys import register_approver_key
 from durable_agents.models import (
     ActionLog,
     ApprovalRequest,
@@ -40,6 +39,7 @@ from durable_agents.models import (
     Run,
     RunImport,
 )
+from durable_agents.people_keys import register_approver_key
 from tests.support.agents import count_effects, gated
 from tests.support.forging import rehashed, signed_approval_held
 from tests.support.people import make_user

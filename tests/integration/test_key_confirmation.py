@@ -27,7 +27,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 import durable_agents as da
-from durable_agents import keys
+from durable_agents import people_keys
 from durable_agents.database.audit import bundle
 from durable_agents.engine.errors import ApprovalBadSignature, ConfigError
 from durable_agents.models import ActionLog, ApiKey, ApproverKey, KeyChallenge, Run
@@ -167,7 +167,7 @@ def test_a_superuser_cannot_be_a_whole_quorum_through_keys_in_others_names(finan
     assert "does not verify" in page_error(response)
     assert key_state(made["ann"])[0] is None
     for victim, key in (("ann", made["ann"]), ("bob", made["bob"])):
-        keys.revoke_keys([key], User.objects.get(username=victim), channel="admin")
+        people_keys.revoke_keys([key], User.objects.get(username=victim), channel="admin")
     assert key_rows("revoke_key") == [("ann", "ann", True), ("bob", "bob", True)]
 
     # The honest path: each makes a key pair and hands root only the public key; root
@@ -216,7 +216,7 @@ def test_a_superuser_cannot_be_a_whole_quorum_through_keys_in_others_names(finan
 def test_a_confirmation_refuses_a_wrong_used_or_expired_challenge(finance):
     ann, root = finance["ann"], finance["root"]
     private, public = keypair()
-    key = keys.register_approver_key(ann, public, by=root)
+    key = people_keys.register_approver_key(ann, public, by=root)
     url = confirm_url("approverkey", key.pk)
     as_ann = browser(ann)
 
@@ -251,7 +251,7 @@ def test_a_confirmation_refuses_a_wrong_used_or_expired_challenge(finance):
 
     # A revoked key is never confirmed, whatever is signed.
     text, nonce = challenge_on(as_ann.get(url))
-    keys.revoke_keys([key], root, channel="admin")
+    people_keys.revoke_keys([key], root, channel="admin")
     response = form_post(as_ann, url, {"nonce": nonce, "signature": signature(private, text)})
     assert "revoked" in page_error(response) and key_state(key)[0] is None
     assert not ActionLog.objects.filter(action="confirm_key").exists()
@@ -272,9 +272,9 @@ def test_an_api_key_minted_for_someone_else_is_theirs_alone(finance):
 
     # Nothing authenticates as the invitation, not even a hash forced onto its row: it is
     # refused exactly as a key nobody issued.
-    raw, prefix, digest = keys.new_key()
+    raw, prefix, digest = people_keys.new_key()
     ApiKey.objects.filter(pk=key.pk).update(prefix=prefix, key_hash=digest)
-    nobodys = {"X-API-Key": keys.new_key()[0]}
+    nobodys = {"X-API-Key": people_keys.new_key()[0]}
     unknown = error(Client().get(API + "/runs", headers=nobodys), 401, "auth.invalid_key")
     for header in ({"X-API-Key": raw}, {"Authorization": f"Bearer {raw}"}):
         assert (
@@ -306,37 +306,37 @@ def test_the_python_paths_follow_the_same_rule(finance):
     ann, bob, root = finance["ann"], finance["bob"], finance["root"]
     _, public = keypair()
     with pytest.raises(ConfigError) as refused:
-        keys.register_approver_key(bob, public, by=ann)
+        people_keys.register_approver_key(bob, public, by=ann)
     assert refused.value.code == "key.forbidden"
     with pytest.raises(ConfigError) as refused:
-        keys.register_approver_key(ann, "bm90IGEga2V5", by=ann)
+        people_keys.register_approver_key(ann, "bm90IGEga2V5", by=ann)
     assert refused.value.code == "key.invalid"
-    mine = keys.register_approver_key(ann, public, by=ann)
+    mine = people_keys.register_approver_key(ann, public, by=ann)
     assert mine.confirmed_at is not None  # her own: in effect at once
     with pytest.raises(ConfigError) as refused:
-        keys.register_approver_key(bob, public, by=root)
+        people_keys.register_approver_key(bob, public, by=root)
     assert refused.value.code == "key.taken"
 
     with pytest.raises(ConfigError) as refused:
-        keys.issue_api_key(ann, "for ann", created_by=root)
+        people_keys.issue_api_key(ann, "for ann", created_by=root)
     assert refused.value.code == "key.not_owner"
     with pytest.raises(ConfigError) as refused:
-        keys.invite_api_key(bob, "from ann", by=ann)
+        people_keys.invite_api_key(bob, "from ann", by=ann)
     assert refused.value.code == "key.forbidden"
-    invited = keys.invite_api_key(ann, "from root", by=root)
+    invited = people_keys.invite_api_key(ann, "from root", by=root)
     with pytest.raises(ConfigError) as refused:
-        keys.confirm_api_key(invited, root)
+        people_keys.confirm_api_key(invited, root)
     assert refused.value.code == "key.not_owner"
-    raw = keys.confirm_api_key(invited, ann)
-    assert keys.hash_key(raw) == ApiKey.objects.get(pk=invited.pk).key_hash
+    raw = people_keys.confirm_api_key(invited, ann)
+    assert people_keys.hash_key(raw) == ApiKey.objects.get(pk=invited.pk).key_hash
 
     # An invitation that expired or was revoked before its owner came is never confirmed.
-    late = keys.invite_api_key(ann, "late", by=root, expires_at=timezone.now())
-    dropped = keys.invite_api_key(ann, "dropped", by=root)
-    keys.revoke_keys([dropped], root, channel="python")
+    late = people_keys.invite_api_key(ann, "late", by=root, expires_at=timezone.now())
+    dropped = people_keys.invite_api_key(ann, "dropped", by=root)
+    people_keys.revoke_keys([dropped], root, channel="python")
     for key, code in ((late, "key.expired"), (dropped, "key.revoked")):
         with pytest.raises(ConfigError) as refused:
-            keys.confirm_api_key(key, ann)
+            people_keys.confirm_api_key(key, ann)
         assert refused.value.code == code
         assert key_state(key)[0] is None and key_state(key)[2] == ""
 
@@ -347,18 +347,20 @@ def test_the_documented_one_liner_signs_a_challenge(finance, tmp_path):
     private = Ed25519PrivateKey.generate()
     pem = tmp_path / "approver.pem"
     pem.write_bytes(private.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
-    key = keys.register_approver_key(ann, public_text(private), by=root)
-    challenge = keys.issue_challenge(key, ann)
+    key = people_keys.register_approver_key(ann, public_text(private), by=root)
+    challenge = people_keys.issue_challenge(key, ann)
     text = (ROOT / "docs" / "admin.md").read_text()
     line = re.search(r"<!-- confirm-one-liner -->\n *```sh\n *(.*?)\n *```", text, re.S)
     assert line, "docs/admin.md lost its confirmation one-liner"
-    command = line.group(1).replace("'CHALLENGE'", "'" + keys.challenge_text(challenge) + "'")
+    command = line.group(1).replace(
+        "'CHALLENGE'", "'" + people_keys.challenge_text(challenge) + "'"
+    )
     done = subprocess.run(
         command, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=60,
         env={"PATH": f"{sys.exec_prefix}/bin"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    keys.confirm_approver_key(key, ann, challenge.nonce, done.stdout.strip())
+    people_keys.confirm_approver_key(key, ann, challenge.nonce, done.stdout.strip())
     assert ApproverKey.objects.get(pk=key.pk).confirmed_at is not None
 
 

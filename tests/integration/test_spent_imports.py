@@ -19,7 +19,6 @@ from django.urls import reverse
 
 import durable_agents as da
 from durable_agents.engine.errors import DurableAgentsError
-from durable_agents.keys import register_approver_key
 from durable_agents.models import (
     ActionLog,
     ApprovalRequest,
@@ -30,6 +29,7 @@ from durable_agents.models import (
     SpentDecision,
     SpentRunId,
 )
+from durable_agents.people_keys import register_approver_key
 from durable_agents.transfer import import_bytes
 from tests.support.agents import count_effects, gated
 from tests.support.forging import rehashed, signed_approval_held

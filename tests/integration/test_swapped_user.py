@@ -27,7 +27,7 @@ call_command("makemigrations", "durable_agents", check=True, dry_run=True)
 
 import durable_agents as da
 from durable_agents.api.auth import issue_api_key, new_key
-from durable_agents.keys import register_approver_key
+from durable_agents.people_keys import register_approver_key
 from durable_agents.models import ActionLog, ApiKey, ApprovalRequest, ApproverKey, Run
 from durable_agents.people import eligible_approvers, resolve_actor
 from durable_agents.providers import scripted

@@ -28,7 +28,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import durable_agents as da
 import durable_agents.tasks
-from durable_agents import conf, telemetry
+from durable_agents import conf
+from durable_agents import otel as wiring
 from durable_agents.conf import parse
 from durable_agents.database.store import DjangoStore
 from durable_agents.engine import telemetry as hooks
@@ -82,11 +83,11 @@ class Otel:
 @pytest.fixture
 def otel() -> Iterator[Otel]:
     otel = Otel()
-    telemetry.enable(otel.tracer_provider, otel.meter_provider)
+    wiring.enable(otel.tracer_provider, otel.meter_provider)
     try:
         yield otel
     finally:
-        telemetry.disable()
+        wiring.disable()
         otel.tracer_provider.shutdown()
         otel.meter_provider.shutdown()
 
@@ -406,7 +407,7 @@ def test_metrics_count_what_waits_on_people_and_takeovers(otel, monkeypatch):
 
     # A backlog past the cap reads as the cap: a collection stays a bounded read.
     store.create_run(RunInfo("otel-m-queued-2", agent="echo", input="where is order 7?"))
-    monkeypatch.setattr(telemetry, "COUNT_CAP", 1)
+    monkeypatch.setattr(wiring, "COUNT_CAP", 1)
     points = otel.metrics()
     assert _value(points["durable_agents.runs"], **{"durable_agents.status": "queued"}) == 1
     monkeypatch.undo()
@@ -429,9 +430,9 @@ def test_metrics_count_what_waits_on_people_and_takeovers(otel, monkeypatch):
 
 
 def test_no_telemetry_no_row(otel):
-    telemetry.disable()
+    wiring.disable()
     assert type(hooks.observer()) is hooks.Observer
     assert echo.run("otel-disabled", "where is order 7?").answer == "order 7 shipped"
     assert otel.spans() == []
     assert not RunTrace.objects.filter(run_id="otel-disabled").exists()
-    assert json.dumps(telemetry.handover_headers()) == "{}"
+    assert json.dumps(wiring.handover_headers()) == "{}"

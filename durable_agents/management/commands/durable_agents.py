@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,6 +46,216 @@ _GLOBAL_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 ]
 
 
+# Adds one subcommand's parser (its name, its help) and returns it.
+_Command = Callable[[str, str], CommandParser]
+
+
+def _add_listing(command: _Command) -> None:
+    """``runs``, and the passes Celery beat runs: ``recover``, ``notify``."""
+    runs = command("runs", "list unfinished runs, why each one waits, and the calls to act on")
+    runs.add_argument(
+        "--status", action="append", choices=UNFINISHED, help="only runs in this status"
+    )
+    runs.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    runs.add_argument("--limit", type=int, default=1000)
+    runs.add_argument(
+        "--stalled",
+        action="store_true",
+        help="only runs queued for several recovery intervals with no driver",
+    )
+    runs.add_argument(
+        "--by",
+        help="the username the printed commands act as (default: your login name, "
+        "if it names an active user here)",
+    )
+
+    command("recover", "one recovery pass: hand runs nobody drives to a driver")
+    command(
+        "notify",
+        "one pass of the notification outbox: write the rows missing for facts, then send "
+        "what is due (what Celery beat runs every NOTIFY['INTERVAL'] seconds)",
+    )
+
+
+def _add_deciding(command: _Command) -> None:
+    """Deciding a run's fate: ``approve``, ``deny``, ``cancel``, ``resume``."""
+    for verb, what in (("approve", "approve"), ("deny", "deny")):
+        p = command(verb, f"{what} a gated call, as a user who may decide it")
+        p.add_argument("run_id")
+        p.add_argument("call_id")
+        p.add_argument(
+            "--by", required=True, help=f"the username deciding; needs {needs('decide')}"
+        )
+        p.add_argument("--note", default="", help="why (shown to the model on a denial)")
+        p.add_argument(
+            "--for",
+            dest="for_approver",
+            default=None,
+            metavar="USER",
+            help="decide as USER's deputy (a delegation in force): the decision is "
+            "USER's, made by --by",
+        )
+        if verb == "approve":
+            p.add_argument(
+                "--edit",
+                default=None,
+                help="approve with edits: the arguments that run instead, as a JSON "
+                "object (checked against the tool's schema)",
+            )
+
+    cancel = command("cancel", "cancel an unfinished run; it is never driven again")
+    cancel.add_argument("run_id")
+    cancel.add_argument(
+        "--by", required=True, help=f"the username cancelling; needs {needs('cancel')}"
+    )
+    cancel.add_argument("--reason", default="")
+
+    resume = command(
+        "resume",
+        "hand an unfinished run (a failed one too) to a driver again, once what stopped it "
+        "is fixed",
+    )
+    resume.add_argument("run_id")
+    resume.add_argument(
+        "--by", required=True, help=f"the username resuming; needs {needs('resume')}"
+    )
+
+
+def _add_waking(command: _Command) -> None:
+    """What a waiting run waits for: ``answer``, ``signal``, ``send``, ``wake``."""
+    answer = command("answer", "answer a question a run asks (an interrupt)")
+    answer.add_argument("run_id")
+    answer.add_argument("name", help="the interrupt's name")
+    answer.add_argument(
+        "--value", required=True, help="the answer, as JSON (checked against its schema)"
+    )
+    answer.add_argument(
+        "--by", required=True, help=f"the username answering; needs {needs('answer')}"
+    )
+
+    sig = command("signal", "deliver a signal a run waits for (the first payload wins)")
+    sig.add_argument("run_id")
+    sig.add_argument("name", help="the signal's name")
+    sig.add_argument("--payload", default="null", help="the payload, as JSON")
+    sig.add_argument(
+        "--by", required=True, help=f"the username sending it; needs {needs('signal')}"
+    )
+
+    send = command("send", "put a message on a run's channel (deduplicated by key)")
+    send.add_argument("run_id")
+    send.add_argument("channel")
+    send.add_argument("key", help="the message's key: a second message with it is ignored")
+    send.add_argument("--payload", default="null", help="the message, as JSON")
+    send.add_argument(
+        "--by", required=True, help=f"the username sending it; needs {needs('enqueue')}"
+    )
+
+    wake = command("wake", "wake a sleeping run's timer now, before its time")
+    wake.add_argument("run_id")
+    wake.add_argument("name", help="the timer's name")
+    wake.add_argument("--by", required=True, help=f"the username waking it; needs {needs('wake')}")
+
+
+def _add_repairing(command: _Command) -> None:
+    """Settling a halted call, and a session's channel: ``resolve``, ``session-channel``."""
+    resolve = command(
+        "resolve", "record what really happened to a halted call, and continue the run"
+    )
+    resolve.add_argument("run_id")
+    resolve.add_argument("call_id")
+    resolve.add_argument("--result", required=True, help="the call's outcome, as JSON")
+    resolve.add_argument("--error", action="store_true", help="the outcome is a failure")
+    resolve.add_argument("--evidence", help="what you checked, as JSON")
+    resolve.add_argument(
+        "--by", required=True, help=f"the username who verified it; needs {needs('resolve')}"
+    )
+    resolve.add_argument("--min-age", type=float, help="refuse halts younger than this (s)")
+
+    owner = command(
+        "session-channel",
+        "give a session to another channel from now on: the webhook view, the API or "
+        "the site's code its messages may come from (docs/sessions.md)",
+    )
+    owner.add_argument("session_id")
+    owner.add_argument("channel", help="e.g. webhook:SENDER_A_SECRET, api, site")
+    owner.add_argument(
+        "--by", required=True, help=f"the username giving it; needs {needs('cancel')}"
+    )
+
+
+def _add_moving(command: _Command) -> None:
+    """Runs in and out of the site: ``export``, ``import``, ``prune``."""
+    export = command("export", "write a run as JSON lines on stdout (docs/replay.md)")
+    export.add_argument("run_id")
+    export.add_argument("--with-forks", action="store_true", help="its forks too, and theirs")
+    imp = command(
+        "import",
+        "import runs from an export file, as inert evidence unless --live; refuses run "
+        "ids the site already has (docs/replay.md, 'Imports')",
+    )
+    imp.add_argument("file", help="the export file, or - for stdin")
+    imp.add_argument("--by", required=True, help=f"the username importing; needs {needs('import')}")
+    imp.add_argument(
+        "--live",
+        action="store_true",
+        help="import runs this site may drive and decide: every decision in the file "
+        "must carry a signature by an approver key registered here, or nothing is imported",
+    )
+    prune = command(
+        "prune",
+        "export, then delete, runs finished before a date, leaving a signed tombstone "
+        "each (docs/retention.md)",
+    )
+    prune.add_argument(
+        "--finished-before",
+        required=True,
+        metavar="DATE",
+        help="prune runs finished before this: YYYY-MM-DD or an ISO 8601 time (UTC when "
+        "it names no zone); never in the future",
+    )
+    prune.add_argument(
+        "--export",
+        metavar="DIR",
+        help="write each batch's export file here (fsynced) before deleting it; without "
+        "it, nothing but the tombstones keeps what was deleted",
+    )
+    prune.add_argument("--by", required=True, help=f"the username pruning; needs {needs('delete')}")
+    prune.add_argument("--batch", type=int, default=500, help="trees per transaction")
+    prune.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say what would go and what stays; delete nothing",
+    )
+
+
+def _add_checking(command: _Command) -> None:
+    """Checking the record: ``verify``, ``bundle``, ``replay``."""
+    verify = command(
+        "verify",
+        "recompute the audit hash chains (docs/audit.md) and report the first broken record "
+        "of each run; exit status 1 if any is broken",
+    )
+    verify.add_argument("run_ids", nargs="*", metavar="RUN")
+    verify.add_argument("--all", action="store_true", help="every run, and the site's action log")
+    verify.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    bundle = command(
+        "bundle",
+        "write one run's audit bundle (journal, signed head, decisions, action log) as JSON "
+        "on stdout; docs/audit.md has a script that checks it without Django",
+    )
+    bundle.add_argument("run_id")
+    replay = command(
+        "replay",
+        "re-drive recorded runs against today's agent code, calling no model and no tool "
+        "(docs/replay.md); exit status 1 if any diverges",
+    )
+    replay.add_argument("run_ids", nargs="+", metavar="RUN")
+    replay.add_argument(
+        "--agent", help="replay against this registered agent (default: the run's own)"
+    )
+    replay.add_argument("--json", action="store_true", help="one JSON document on stdout")
+
+
 class Command(BaseCommand):
     help = (
         "Operate durable agent runs: runs, approve, deny, cancel, resume, resolve, answer, "
@@ -62,200 +273,16 @@ class Command(BaseCommand):
                 p.add_argument(*flags, default=argparse.SUPPRESS, **kwargs)
             return p
 
-        runs = command("runs", "list unfinished runs, why each one waits, and the calls to act on")
-        runs.add_argument(
-            "--status", action="append", choices=UNFINISHED, help="only runs in this status"
-        )
-        runs.add_argument("--json", action="store_true", help="one JSON document on stdout")
-        runs.add_argument("--limit", type=int, default=1000)
-        runs.add_argument(
-            "--stalled",
-            action="store_true",
-            help="only runs queued for several recovery intervals with no driver",
-        )
-        runs.add_argument(
-            "--by",
-            help="the username the printed commands act as (default: your login name, "
-            "if it names an active user here)",
-        )
-
-        command("recover", "one recovery pass: hand runs nobody drives to a driver")
-        command(
-            "notify",
-            "one pass of the notification outbox: write the rows missing for facts, then send "
-            "what is due (what Celery beat runs every NOTIFY['INTERVAL'] seconds)",
-        )
-
-        for verb, what in (("approve", "approve"), ("deny", "deny")):
-            p = command(verb, f"{what} a gated call, as a user who may decide it")
-            p.add_argument("run_id")
-            p.add_argument("call_id")
-            p.add_argument(
-                "--by", required=True, help=f"the username deciding; needs {needs('decide')}"
-            )
-            p.add_argument("--note", default="", help="why (shown to the model on a denial)")
-            p.add_argument(
-                "--for",
-                dest="for_approver",
-                default=None,
-                metavar="USER",
-                help="decide as USER's deputy (a delegation in force): the decision is "
-                "USER's, made by --by",
-            )
-            if verb == "approve":
-                p.add_argument(
-                    "--edit",
-                    default=None,
-                    help="approve with edits: the arguments that run instead, as a JSON "
-                    "object (checked against the tool's schema)",
-                )
-
-        cancel = command("cancel", "cancel an unfinished run; it is never driven again")
-        cancel.add_argument("run_id")
-        cancel.add_argument(
-            "--by", required=True, help=f"the username cancelling; needs {needs('cancel')}"
-        )
-        cancel.add_argument("--reason", default="")
-
-        resume = command(
-            "resume",
-            "hand an unfinished run (a failed one too) to a driver again, once what stopped it "
-            "is fixed",
-        )
-        resume.add_argument("run_id")
-        resume.add_argument(
-            "--by", required=True, help=f"the username resuming; needs {needs('resume')}"
-        )
-
-        answer = command("answer", "answer a question a run asks (an interrupt)")
-        answer.add_argument("run_id")
-        answer.add_argument("name", help="the interrupt's name")
-        answer.add_argument(
-            "--value", required=True, help="the answer, as JSON (checked against its schema)"
-        )
-        answer.add_argument(
-            "--by", required=True, help=f"the username answering; needs {needs('answer')}"
-        )
-
-        sig = command("signal", "deliver a signal a run waits for (the first payload wins)")
-        sig.add_argument("run_id")
-        sig.add_argument("name", help="the signal's name")
-        sig.add_argument("--payload", default="null", help="the payload, as JSON")
-        sig.add_argument(
-            "--by", required=True, help=f"the username sending it; needs {needs('signal')}"
-        )
-
-        send = command("send", "put a message on a run's channel (deduplicated by key)")
-        send.add_argument("run_id")
-        send.add_argument("channel")
-        send.add_argument("key", help="the message's key: a second message with it is ignored")
-        send.add_argument("--payload", default="null", help="the message, as JSON")
-        send.add_argument(
-            "--by", required=True, help=f"the username sending it; needs {needs('enqueue')}"
-        )
-
-        wake = command("wake", "wake a sleeping run's timer now, before its time")
-        wake.add_argument("run_id")
-        wake.add_argument("name", help="the timer's name")
-        wake.add_argument(
-            "--by", required=True, help=f"the username waking it; needs {needs('wake')}"
-        )
-
-        resolve = command(
-            "resolve", "record what really happened to a halted call, and continue the run"
-        )
-        resolve.add_argument("run_id")
-        resolve.add_argument("call_id")
-        resolve.add_argument("--result", required=True, help="the call's outcome, as JSON")
-        resolve.add_argument("--error", action="store_true", help="the outcome is a failure")
-        resolve.add_argument("--evidence", help="what you checked, as JSON")
-        resolve.add_argument(
-            "--by", required=True, help=f"the username who verified it; needs {needs('resolve')}"
-        )
-        resolve.add_argument("--min-age", type=float, help="refuse halts younger than this (s)")
-
-        owner = command(
-            "session-channel",
-            "give a session to another channel from now on: the webhook view, the API or "
-            "the site's code its messages may come from (docs/sessions.md)",
-        )
-        owner.add_argument("session_id")
-        owner.add_argument("channel", help="e.g. webhook:SENDER_A_SECRET, api, site")
-        owner.add_argument(
-            "--by", required=True, help=f"the username giving it; needs {needs('cancel')}"
-        )
-
-        export = command("export", "write a run as JSON lines on stdout (docs/replay.md)")
-        export.add_argument("run_id")
-        export.add_argument("--with-forks", action="store_true", help="its forks too, and theirs")
-        imp = command(
-            "import",
-            "import runs from an export file, as inert evidence unless --live; refuses run "
-            "ids the site already has (docs/replay.md, 'Imports')",
-        )
-        imp.add_argument("file", help="the export file, or - for stdin")
-        imp.add_argument(
-            "--by", required=True, help=f"the username importing; needs {needs('import')}"
-        )
-        imp.add_argument(
-            "--live",
-            action="store_true",
-            help="import runs this site may drive and decide: every decision in the file "
-            "must carry a signature by an approver key registered here, or nothing is imported",
-        )
-        prune = command(
-            "prune",
-            "export, then delete, runs finished before a date, leaving a signed tombstone "
-            "each (docs/retention.md)",
-        )
-        prune.add_argument(
-            "--finished-before",
-            required=True,
-            metavar="DATE",
-            help="prune runs finished before this: YYYY-MM-DD or an ISO 8601 time (UTC when "
-            "it names no zone); never in the future",
-        )
-        prune.add_argument(
-            "--export",
-            metavar="DIR",
-            help="write each batch's export file here (fsynced) before deleting it; without "
-            "it, nothing but the tombstones keeps what was deleted",
-        )
-        prune.add_argument(
-            "--by", required=True, help=f"the username pruning; needs {needs('delete')}"
-        )
-        prune.add_argument("--batch", type=int, default=500, help="trees per transaction")
-        prune.add_argument(
-            "--dry-run",
-            action="store_true",
-            help="say what would go and what stays; delete nothing",
-        )
-        verify = command(
-            "verify",
-            "recompute the audit hash chains (docs/audit.md) and report the first broken record "
-            "of each run; exit status 1 if any is broken",
-        )
-        verify.add_argument("run_ids", nargs="*", metavar="RUN")
-        verify.add_argument(
-            "--all", action="store_true", help="every run, and the site's action log"
-        )
-        verify.add_argument("--json", action="store_true", help="one JSON document on stdout")
-        bundle = command(
-            "bundle",
-            "write one run's audit bundle (journal, signed head, decisions, action log) as JSON "
-            "on stdout; docs/audit.md has a script that checks it without Django",
-        )
-        bundle.add_argument("run_id")
-        replay = command(
-            "replay",
-            "re-drive recorded runs against today's agent code, calling no model and no tool "
-            "(docs/replay.md); exit status 1 if any diverges",
-        )
-        replay.add_argument("run_ids", nargs="+", metavar="RUN")
-        replay.add_argument(
-            "--agent", help="replay against this registered agent (default: the run's own)"
-        )
-        replay.add_argument("--json", action="store_true", help="one JSON document on stdout")
+        # In this order: ``--help`` lists the subcommands as they were added.
+        for add in (
+            _add_listing,
+            _add_deciding,
+            _add_waking,
+            _add_repairing,
+            _add_moving,
+            _add_checking,
+        ):
+            add(command)
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]

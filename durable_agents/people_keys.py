@@ -194,7 +194,7 @@ def issue_api_key(
     if created_by is not None and created_by.pk != user.pk:
         raise ConfigError(
             "an API key created for someone else holds no usable secret until its owner "
-            "confirms it: use durable_agents.keys.invite_api_key",
+            "confirms it: use durable_agents.people_keys.invite_api_key",
             code="key.not_owner",
         )
     key = ApiKey(user=user, name=name, expires_at=expires_at)

@@ -27,6 +27,7 @@ from typing import Any
 from .engine import ports
 from .engine import telemetry as hooks
 
+# The logger keeps the module's old name: sites name it in LOGGING.
 log = logging.getLogger("durable_agents.telemetry")
 
 SCOPE = "durable_agents"
