@@ -22,6 +22,7 @@ from django.db.models.functions import Now
 from ..engine.limits import agent_key, continued, model_key, tool_key
 from ..engine.ports import THROTTLED, ThrottleInfo
 from ..models import Lease, RateBucket, Run, Slot, Throttle
+from .liveness import LOCK_HELD
 
 _S = Slot._meta.db_table
 _L = Lease._meta.db_table
@@ -53,13 +54,11 @@ class Limits:
         """SQL: lease ``alias`` is live — unexpired, and with instant takeover its holder's
         liveness lock is held: looked up in ``held`` (a CTE of the advisory locks, read once
         per statement) when given, else in pg_locks."""
-        from .store import _LOCK_HELD
-
         if not self._instant:
             return f"{alias}.expires_at > {self.dialect.now}"
         if held is None:
             return (
-                f"{alias}.expires_at > {self.dialect.now} AND {_LOCK_HELD.format(f'{alias}.token')}"
+                f"{alias}.expires_at > {self.dialect.now} AND {LOCK_HELD.format(f'{alias}.token')}"
             )
         token = f"{alias}.token"
         return (

@@ -39,9 +39,17 @@ import psycopg
 from django.db import connections
 
 log = logging.getLogger("durable_agents.liveness")
-# The advisory lock key of a lease token: its md5's first 64 bits (``storage._LOCK_HELD``
-# probes the same two halves in pg_locks).
+# The advisory lock key of a lease token: its md5's first 64 bits (``LOCK_HELD`` probes the
+# same two halves in pg_locks).
 KEY = "('x' || substr(md5({}), 1, 16))::bit(64)::bigint"
+# SQL: the liveness lock of the lease token in column ``{0}`` is held by some session (the
+# store's and the limits' queries judge a lease live by it under instant takeover).
+LOCK_HELD = (
+    "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted "
+    "AND classid = ('x' || substr(md5({0}), 1, 8))::bit(32)::bigint::oid "
+    "AND objid = ('x' || substr(md5({0}), 9, 8))::bit(32)::bigint::oid "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
+)
 # How often a heartbeat checks that the connection (and so every lock) is still there.
 _CHECK_EVERY = 1.0
 # How long the connection stays open holding nothing: runs driven back to back reuse it; an

@@ -104,7 +104,7 @@ from ..models import (
 from ..notifications import outbox as notifications
 from .delegations import Delegations
 from .limits import Limits
-from .liveness import KEY, Liveness, liveness_for
+from .liveness import KEY, LOCK_HELD, Liveness, liveness_for
 from .prepared import Prepared
 from .spent import retire, spent_ids
 
@@ -181,19 +181,11 @@ def _by_seq(row: Sequence[Any]) -> int:
 _SPENT = "@spent:"
 
 
-_LOCK_HELD = (
-    "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted "
-    "AND classid = ('x' || substr(md5({0}), 1, 8))::bit(32)::bigint::oid "
-    "AND objid = ('x' || substr(md5({0}), 9, 8))::bit(32)::bigint::oid "
-    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
-)
-
-
 class _HolderAlive(Func):
-    """``_LOCK_HELD`` over a lease's token column, for ORM queries (the column's alias is
+    """``LOCK_HELD`` over a lease's token column, for ORM queries (the column's alias is
     the query's to choose)."""
 
-    template = _LOCK_HELD.format("%(expressions)s")
+    template = LOCK_HELD.format("%(expressions)s")
     output_field = BooleanField()
 
 
@@ -1283,7 +1275,7 @@ class DjangoStore(Delegations, Limits):
         instant = self._instant
         # With instant takeover, a live lease whose holder's lock nobody holds (its
         # connection is gone: the process died) is taken too.
-        gone = f" OR NOT {_LOCK_HELD.format(f'{_L}.token')}" if instant else ""
+        gone = f" OR NOT {LOCK_HELD.format(f'{_L}.token')}" if instant else ""
         upsert = (
             f"INSERT INTO {_L} (run_id, holder, token, expires_at, renewed_at) "
             f"SELECT %s, %s, %s, {d.later()}, {d.now} "

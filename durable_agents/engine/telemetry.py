@@ -2,7 +2,7 @@
 run created, a lease taken over. The engine calls these hooks; it imports no tracing
 library. The default observer does nothing (a method call and an empty ``with`` per step);
 the Django app installs one built on OpenTelemetry when ``DURABLE_AGENTS["TELEMETRY"]`` is
-on (``durable_agents.telemetry``, docs/telemetry.md).
+on (``durable_agents.otel``, docs/telemetry.md).
 
 A hook must not change what the engine does: an observer that raises is the observer's
 bug (the OpenTelemetry one catches its own errors where it touches the database)."""

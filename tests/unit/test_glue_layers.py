@@ -210,8 +210,8 @@ def test_the_scan_sees_an_import_against_the_layers():
 # Remove a module once it is on none; never add one.
 ON_A_CYCLE = {
     # The store, the prune and the audit checks: the store prunes, the prune writes through
-    # a store and verifies; the limits take the liveness test's SQL from the store.
-    "database.audit", "database.factory", "database.limits", "database.retention",
+    # a store and verifies.
+    "database.audit", "database.factory", "database.retention",
     "database.store", "database.tombstones", "notifications.outbox", "transfer",
     # Dispatch, the tasks and the notifications: a task delivers, a delivery is a task.
     "celery.dispatch", "celery.tasks", "notifications", "notifications.channels",
