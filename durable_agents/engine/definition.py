@@ -14,7 +14,7 @@ from typing import Any
 
 from . import durability as dial
 from .errors import ConfigError
-from .fingerprint import fingerprint
+from .fingerprint import fingerprint, tools_digest
 from .limits import check_limit
 from .model import Model, Usage
 from .tools import Tool, ToolSource, is_tool_source
@@ -125,6 +125,7 @@ class AgentDefinition:
         )
         self._specs: list[Any] | None = None
         self._fingerprint: dict[str, Any] | None = None
+        self._tools_digest: str | None = None
 
     @property
     def tools(self) -> dict[str, Tool]:
@@ -190,6 +191,14 @@ class AgentDefinition:
         if self._specs is None:
             self._specs = [t.spec() for t in self.tools.values()]
         return self._specs
+
+    def tools_digest(self) -> str:
+        """The digest of the tool specs the model is shown (each turn records it; replay
+        compares it). Not the fingerprint's tools: a tool the site did not write is hashed
+        whole there, its server's definition included. Computed once per agent."""
+        if self._tools_digest is None:
+            self._tools_digest = tools_digest(self.tool_specs())
+        return self._tools_digest
 
     def fingerprint(self) -> dict[str, Any]:
         if self._fingerprint is None:

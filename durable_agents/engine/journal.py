@@ -60,6 +60,11 @@ def header() -> tuple[str, str]:
     return HEADER_NAME, encode({"kind": "header", "format": JOURNAL_FORMAT})
 
 
+# The header's text as this version writes it: a journal that starts with it needs no decoding
+# to be read (``Journal._check_header``).
+_HEADER_TEXT = header()[1]
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -94,7 +99,7 @@ class Journal:
 
     @staticmethod
     def _check_header(run_id: str, first: Entry | None) -> None:
-        if first is None:
+        if first is None or (first.name == HEADER_NAME and first.data == _HEADER_TEXT):
             return
         if first.name != HEADER_NAME:
             raise JournalVersionError(

@@ -73,7 +73,7 @@ from .errors import (
     ToolResultError,
     WaitError,
 )
-from .fingerprint import diff, tools_digest
+from .fingerprint import diff
 from .handles import CallRecords
 from .imported import NEW_REQUEST_FIX, SUB_RUN_FIX, refuse_inert
 from .journal import Journal, RunLog, header, now_ms
@@ -548,7 +548,9 @@ class Driver:
         # written one by one must still hand it over (queueing it again finds it queued).
         self._queued_parent: str | None = None
         self._fresh_calls: set[str] = set()  # calls of model turns this drive recorded
-        self._tools_digest = tools_digest(agent.tool_specs())
+        # What each model turn records of the tools it was shown (``tools_digest`` of the
+        # specs: replay compares it; computed once per agent)
+        self._tools_digest = agent.tools_digest()
         # Idempotency keys derive from the call's origin: the run a fork was taken from (and
         # its origin), so a run and all its forks give one call one key.
         fork = self.state.fork

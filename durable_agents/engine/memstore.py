@@ -7,6 +7,7 @@ cannot do is coordinate processes: everything lives in this process's memory.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,7 +50,9 @@ from .records import encode
 from .spent import DELETED, PRUNED, refusal
 
 
+@functools.lru_cache(maxsize=256)
 def _dt(ts: float) -> datetime:
+    # (a virtual clock reads the same instant many times over; datetimes are immutable)
     return datetime.fromtimestamp(ts, tz=UTC)
 
 
@@ -93,6 +96,9 @@ class InMemoryStore:
         self._slots: dict[str, dict[str, tuple[str, str]]] = {}
         self._buckets: dict[str, float] = {}
         self._throttles: dict[str, ThrottleInfo] = {}
+        # ``list_unfinished``'s copy of each row it listed: (the row, lease_expired, the copy).
+        # Rows are frozen and replaced on every change, so a copy serves until then.
+        self._listed: dict[str, tuple[RunInfo, bool, RunInfo]] = {}
 
     def now(self) -> datetime:
         """This store's clock (what stands in for the database clock)."""
@@ -621,11 +627,13 @@ class InMemoryStore:
         self, *, status: str | None = APPROVAL_PENDING, run_id: str | None = None
     ) -> Sequence[ApprovalRequestInfo]:
         with self._lock:
+            requests = self._requests
+            if run_id is not None:
+                keys = sorted(key for key in requests if key[0] == run_id)
+            else:
+                keys = [key for key in sorted(requests) if not self._inert(key[0])]
             return [
-                r
-                for key, r in sorted(self._requests.items())
-                if (status is None or r.status == status)
-                and (key[0] == run_id if run_id is not None else not self._inert(key[0]))
+                requests[key] for key in keys if status is None or requests[key].status == status
             ]
 
     def save_decision(self, decision: DecisionInfo) -> bool:
@@ -751,7 +759,10 @@ class InMemoryStore:
                 free = lease is None or lease[2] <= now
                 if lease_free and not free:
                     continue
-                found.append(replace(run, lease_expired=free))
+                listed = self._listed.get(run_id)
+                if listed is None or listed[0] is not run or listed[1] != free:
+                    listed = self._listed[run_id] = (run, free, replace(run, lease_expired=free))
+                found.append(listed[2])
                 if len(found) >= limit:
                     break
             return found

@@ -8,6 +8,7 @@ the engine's public commands.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -45,7 +46,7 @@ from durable_agents.engine.ports import (
     THROTTLED,
     RunInfo,
 )
-from durable_agents.engine.records import encode
+from durable_agents.engine.records import Record, encode
 from durable_agents.engine.waits import latest_question, open_waits
 
 from . import world as W
@@ -1091,6 +1092,23 @@ def _asleep(w: W.World) -> tuple[str, str] | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
+def _confirms(start: str) -> tuple[int, ...]:
+    """The orders a run's plan asks to confirm, from the text of its ``run:start`` (the
+    actors ask at every step; a text is parsed once)."""
+    plan = Record("", RUN_START, 0, start).get("input")
+    if not isinstance(plan, str) or not plan.startswith("plan:"):
+        return ()
+    return tuple(order for step in parse_plan(plan) for tool, order, _ in step if tool == "confirm")
+
+
+@functools.lru_cache(maxsize=4096)
+def _errands(turn: str) -> tuple[str, ...]:
+    """The ids of the errand calls a model turn asks for, from the text of its record."""
+    calls = (Record("", "model:", 0, turn).get("message") or {}).get("tool_calls") or ()
+    return tuple(str(call.get("id")) for call in calls if call.get("name") == ERRAND)
+
+
 class Answerer(Actor):
     """Staff answering a run's questions, and the payment provider sending its callbacks:
     early (before the run waits), late (after it finished or was cancelled), twice (the same
@@ -1111,11 +1129,8 @@ class Answerer(Actor):
         targets = []
         for run_id in w.runs:
             start = Journal(w.raw).get(run_id, "run:start") if is_agent_run(run_id) else None
-            plan = start.get("input") if start is not None else None
-            if not isinstance(plan, str) or not plan.startswith("plan:"):
-                continue
-            for step in parse_plan(plan):
-                targets += [(run_id, order) for tool, order, _ in step if tool == "confirm"]
+            if start is not None:
+                targets += [(run_id, order) for order in _confirms(start.data)]
         return targets
 
     def _racing(self, w: W.World, targets: list[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -1269,9 +1284,8 @@ class Importer(Actor):
             for name, rec in names.items():
                 if not name.startswith("model:"):
                     continue
-                for call in (rec.get("message") or {}).get("tool_calls") or ():
-                    call_id = str(call.get("id"))
-                    if call.get("name") != ERRAND or f"tool:{call_id}" in names:
+                for call_id in _errands(rec.data):
+                    if f"tool:{call_id}" in names:
                         continue
                     child = names.get(f"child:{call_id}")
                     sub = str(child.get("run_id")) if child is not None else f"{run_id}/{call_id}"
