@@ -16,9 +16,6 @@ from durable_agents.engine.ports import ActionInfo
 from durable_agents.engine.records import encode
 from tests.support import tamper
 from tests.support.procs import in_threads
-from tests.support.stores import DB
-
-pytestmark = DB
 
 
 def _write(store, run_id: str, n: int = 4) -> list[str]:

@@ -22,9 +22,6 @@ from durable_agents.engine.ports import ApprovalRequestInfo, DecisionInfo
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support import wiring
-from tests.support.stores import DB
-
-pytestmark = DB
 
 SOON = {"remind": 0.2, "escalate": 0.4, "escalate_to": "oncall", "expire": 0.6}
 

@@ -10,9 +10,6 @@ from datetime import timedelta
 
 from durable_agents.engine.ports import ActionInfo, DelegationInfo
 from tests.support.procs import in_threads
-from tests.support.stores import DB
-
-pytestmark = DB
 
 
 def _log(who: str = "lena") -> ActionInfo:

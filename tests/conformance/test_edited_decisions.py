@@ -21,9 +21,6 @@ from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support import wiring
 from tests.support.doubles import Crash, hooks_at_points
-from tests.support.stores import DB
-
-pytestmark = DB
 
 paid: list[dict] = []
 FINANCE = ["ann", "bob", "cat"]

@@ -20,9 +20,6 @@ from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support import wiring
 from tests.support.procs import in_threads
-from tests.support.stores import DB
-
-pytestmark = DB
 
 
 @pytest.fixture

@@ -20,9 +20,6 @@ from durable_agents.engine.ports import (
     HaltInfo,
     RunInfo,
 )
-from tests.support.stores import DB
-
-pytestmark = DB
 
 
 def _run(store, imported: str, status: str = AWAITING_APPROVAL) -> str:

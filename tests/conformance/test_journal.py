@@ -9,9 +9,6 @@ from durable_agents.engine.errors import ConfigError, JournalVersionError, Proto
 from durable_agents.engine.journal import Journal
 from durable_agents.engine.records import HEADER_NAME, JOURNAL_FORMAT, encode
 from tests.support.procs import in_threads
-from tests.support.stores import DB
-
-pytestmark = DB
 
 
 @pytest.fixture

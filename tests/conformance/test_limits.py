@@ -10,9 +10,6 @@ from datetime import timedelta
 
 from durable_agents.engine.ports import QUEUED, THROTTLED, RunInfo, ThrottleInfo
 from tests.support.procs import in_threads
-from tests.support.stores import DB
-
-pytestmark = DB
 
 
 def _leased(store, n: int, ttl: float = 30.0) -> list[tuple[str, str]]:

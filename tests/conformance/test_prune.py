@@ -15,9 +15,6 @@ from durable_agents.engine import retention
 from durable_agents.engine.errors import RunPruned
 from durable_agents.engine.ports import FINISHED, RUNNING, RunInfo
 from durable_agents.testing import InMemoryStore
-from tests.support.stores import DB
-
-pytestmark = DB
 
 DAY = 86400.0
 

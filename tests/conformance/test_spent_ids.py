@@ -17,10 +17,7 @@ from durable_agents.engine.ports import RUNNING, HaltInfo, RunInfo
 from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 from tests.support import wiring
-from tests.support.stores import DB
 from tests.support.trees import LEAF_CALL, fork_tree, leaf_of, middle_of
-
-pytestmark = DB
 
 RECORDS = [("@journal", '{"kind":"header"}'), ("run:start", '{"kind":"start","input":"hi"}')]
 

@@ -13,9 +13,6 @@ from durable_agents.engine.audit import verify_run
 from durable_agents.engine.errors import ConfigError, LeaseLost
 from durable_agents.engine.ports import FINISHED, RUNNING, RunInfo
 from tests.support.procs import in_threads
-from tests.support.stores import DB
-
-pytestmark = DB
 
 RECORDS = [("@journal", '{"kind":"header"}'), ("run:start", '{"kind":"start","input":"hi"}')]
 

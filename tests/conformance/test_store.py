@@ -17,8 +17,6 @@ from durable_agents.models import Run
 from tests.support.procs import in_threads, start
 from tests.support.stores import DB
 
-pytestmark = DB
-
 
 def test_insert_if_absent_first_writer_wins(store, run_id):
     first, inserted = store.insert(run_id, "a", '{"v":1}')
@@ -38,6 +36,7 @@ def test_sixteen_threads_one_winner(store, run_id):
     assert [e.name for e in store.load(run_id)] == ["race"]
 
 
+@DB
 @pytest.mark.parametrize("store_kind", ["postgres", "sqlite"])
 def test_four_processes_one_winner(store, run_id, store_kind):
     alias = "default" if store_kind == "postgres" else "sqlite"
@@ -661,6 +660,7 @@ def test_a_record_and_its_run_changes_are_stored_together_or_not_at_all(store, r
     assert store.get_run(run_id).turns == 2
 
 
+@DB
 @pytest.mark.parametrize("store_kind", ["postgres", "sqlite"])
 @pytest.mark.parametrize("prepared", [True, False])
 def test_a_failed_run_update_takes_its_record_with_it(store_kind, prepared):

@@ -15,10 +15,7 @@ from durable_agents.engine import names, tree
 from durable_agents.engine.commands.runs import drive_quietly
 from durable_agents.engine.journal import Journal
 from tests.support import wiring
-from tests.support.stores import DB
 from tests.support.trees import MIDDLE_CALL, fork_tree, leaf_of, middle_of
-
-pytestmark = DB
 
 SEND_CALL = "call_2_1"  # the leaf's gated receipt
 
