@@ -146,6 +146,7 @@ def approval_out(
         tool_name=row.tool_name,
         arguments=row.arguments,
         previous_arguments=row.previous_arguments,
+        tool_digest=row.tool_digest,
         policy=row.policy or {},
         status=row.status,
         created_at=row.created_at,

@@ -339,7 +339,14 @@ class ApprovalOut(Schema):
     previous_arguments: Any = Field(
         None,
         description="set when the call was approved with other arguments than it would now "
-        "run with: it is asked again, and only ``arguments`` will run",
+        "run with, or for a tool its MCP server has changed since (then equal to "
+        "``arguments``): it is asked again, and only ``arguments`` will run",
+    )
+    tool_digest: str = Field(
+        "",
+        description="for an MCP server's tool, the digest of its definition (schema, "
+        "description, annotations) the call is asked about; a decision is for that "
+        "definition only. Empty for a Python tool",
     )
     policy: dict[str, Any]
     status: str

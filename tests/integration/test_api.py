@@ -415,10 +415,19 @@ def test_a_decision_can_say_which_arguments_it_was_shown():
     recorded; with what the call asks now, the decision is taken."""
     gated.start("refund order 7", run_id="ap-shown")
     caller = staff_with("durable_agents.approve_toolcall")
-    seen = caller.get("/approvals").json()["items"][0]["arguments"]
+    [item] = [i for i in caller.get("/approvals").json()["items"] if i["run_id"] == "ap-shown"]
+    seen = item["arguments"]
+    assert item["tool_digest"] == ""  # a Python tool: its decision is about the arguments
     store = DjangoStore()
     asked = store.get_approval_request("ap-shown", "call_1_1")
     now = {"order_id": "7", "cents": 900}
+    store.save_approval_request(replace(asked, arguments=now, previous_arguments=asked.arguments))
+    # Asked again about an MCP tool's next definition: the list says which one.
+    store.save_approval_request(
+        replace(asked, arguments=now, previous_arguments=now, tool_digest="v2")
+    )
+    [item] = [i for i in caller.get("/approvals").json()["items"] if i["run_id"] == "ap-shown"]
+    assert (item["tool_digest"], item["previous_arguments"]) == ("v2", now)
     store.save_approval_request(replace(asked, arguments=now, previous_arguments=asked.arguments))
     before = snapshot()
     url = "/runs/ap-shown/approvals/call_1_1"
