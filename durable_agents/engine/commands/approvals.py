@@ -3,8 +3,9 @@ policy (``engine.approvals``), journaled when final, and the run handed back to 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, overload
+from typing import Any, NoReturn, overload
 
 from .. import (
     deadlines,
@@ -30,7 +31,7 @@ from ..approvals import (
     tally,
     verify_signature,
 )
-from ..delegation import deciding_as, in_force_to, shown
+from ..delegation import Deciding, deciding_as, in_force_to, shown
 from ..errors import (
     ActorError,
     ApprovalAlreadyDecided,
@@ -61,7 +62,7 @@ from ..ports import (
     Store,
     asked_again,
 )
-from ..records import encode, refuse_nul
+from ..records import Record, encode, refuse_nul
 from ..rules import Outcome
 from .expiry import finish_expiry
 
@@ -123,6 +124,55 @@ def approve(
     refuse_nul({"note": note}, "the decision")
     store = store or runtime.store()
     journal = Journal(store)
+    request = _request_as_shown(store, run_id, call_id, arguments)
+    if edit is not None:
+        edit = _validated_edit(store, request, approved, edit)
+    actor = resolve_approver(by)
+    principal = _principal(for_approver, actor)
+    if signature is not None:  # before anything is read as this approver's, or written
+        _verify(store, run_id, request, actor, approved, note, signature, edit, principal)
+    policy = dict(request.policy)
+    deciding = deciding_as(
+        actor,
+        request,
+        policy,
+        for_approver=principal,
+        delegations=lambda: in_force_to(store, actor.username),
+        voted=lambda: {d.approver for d in store.list_decisions(run_id, call_id)},
+        own_only=signature is not None,
+    )
+    name = decision_name(
+        call_id,
+        request.arguments,
+        again=request.previous_arguments is not None,
+        tool_digest=request.tool_digest,
+    )
+    standing = journal.get(run_id, name) if store.get_run(run_id) is not None else None
+    if standing is not None:
+        return _finish_standing(
+            store, journal, run_id, call_id, request, standing, actor, approved, edit
+        )
+    return _vote(
+        store,
+        journal,
+        run_id,
+        call_id,
+        request,
+        name,
+        actor,
+        deciding,
+        policy,
+        approved,
+        note,
+        signature,
+        edit,
+    )
+
+
+def _request_as_shown(
+    store: Store, run_id: str, call_id: str, arguments: Any
+) -> ApprovalRequestInfo:
+    """The call's open request, refused if it asks about other arguments than were shown."""
     refuse_inert(store.get_run(run_id), "decide a call")
     request = store.get_approval_request(run_id, call_id)
     if request is None:
@@ -135,71 +185,79 @@ def approve(
             arguments=request.arguments,
             shown=arguments,
         )
-    if edit is not None:
-        edit = _validated_edit(store, request, approved, edit)
-    actor = resolve_approver(by)
-    principal = _principal(for_approver, actor)
-    if signature is not None:  # before anything is read as this approver's, or written
-        incarnation = incarnation_of(store, run_id)
-        verify_signature(
-            request,
-            actor,
-            approved,
-            note,
-            signature,
-            incarnation=incarnation,
-            edited=edit,
-            for_approver=principal,
-        )
-    policy = dict(request.policy)
-    deciding = deciding_as(
-        actor,
+    return request
+
+
+def _verify(
+    store: Store,
+    run_id: str,
+    request: ApprovalRequestInfo,
+    actor: Actor,
+    approved: bool,
+    note: str,
+    signature: str,
+    edit: Any,
+    principal: Actor | None,
+) -> None:
+    """Check a signed decision against the keys registered to its maker."""
+    incarnation = incarnation_of(store, run_id)
+    verify_signature(
         request,
-        policy,
+        actor,
+        approved,
+        note,
+        signature,
+        incarnation=incarnation,
+        edited=edit,
         for_approver=principal,
-        delegations=lambda: in_force_to(store, actor.username),
-        voted=lambda: {d.approver for d in store.list_decisions(run_id, call_id)},
-        own_only=signature is not None,
     )
+
+
+def _finish_standing(
+    store: Store,
+    journal: Journal,
+    run_id: str,
+    call_id: str,
+    request: ApprovalRequestInfo,
+    standing: Record,
+    actor: Actor,
+    approved: bool,
+    edit: Any,
+) -> ApprovalOutcome:
+    """A decision the journal holds already: finish moving the rows after it, and answer it."""
+    if deadlines.is_expiry(standing):
+        _refuse_expired(store, request, standing)
+    if request.status == APPROVAL_WITHDRAWN:
+        # Journaled, but its maker stopped before moving the run on, and the run ended
+        # (cancelled, or its saga aborted) before anyone did: it never takes effect.
+        _refuse_orphans(store, journal, request, actor)
+    if finish_decision(store, run_id, call_id, standing):
+        runtime.dispatch(run_id)
+    return _standing(request, standing, approved, edit)
+
+
+def _vote(
+    store: Store,
+    journal: Journal,
+    run_id: str,
+    call_id: str,
+    request: ApprovalRequestInfo,
+    name: str,
+    actor: Actor,
+    deciding: Deciding,
+    policy: dict[str, Any],
+    approved: bool,
+    note: str,
+    signature: str | None,
+    edit: Any,
+) -> ApprovalOutcome:
+    """Count a decision on a call no final decision stands for yet; journal it when final."""
     approver, eligible, deputy = deciding.approver, deciding.eligible, deciding.deputy
     by_name = approver.username
-    name = decision_name(
-        call_id,
-        request.arguments,
-        again=request.previous_arguments is not None,
-        tool_digest=request.tool_digest,
-    )
-    standing = journal.get(run_id, name) if store.get_run(run_id) is not None else None
-    if standing is not None:
-        if deadlines.is_expiry(standing):
-            _refuse_expired(store, request, standing)
-        if request.status == APPROVAL_WITHDRAWN:
-            # Journaled, but its maker stopped before moving the run on, and the run ended
-            # (cancelled, or its saga aborted) before anyone did: it never takes effect.
-            _refuse_orphans(store, journal, request, actor)
-        if finish_decision(store, run_id, call_id, standing):
-            runtime.dispatch(run_id)
-        return _standing(request, standing, approved, edit)
     _refuse_orphans(store, journal, request, actor)
-    moved_to = (policy.get("moved_by_edit") or {}).get("arguments")
-    if approved and moved_to is not None and encode(edit or request.arguments) != encode(moved_to):
-        # An edit moved the call under the rule of its arguments: those are what is decided.
-        raise ApprovalArgumentsDisagree(
-            f"an edit moved call {call_id!r} under the approval rule of the arguments "
-            f"{encode(moved_to)}; approve those (edit=...) or deny",
-            approved_arguments=moved_to,
-        )
-    if policy.get("kind") == "quorum":
-        _refuse_second_hand(store, request, actor, by_name)
-    if approved and policy.get("kind") == "quorum":
-        _refuse_disagreeing(store, request, by_name, edit, eligible)
-    if edit is not None:
-        # An edit is decided under the rule of the arguments it would run with: a request
-        # moves to a stricter rule before this vote is counted, never to a laxer one.
-        stricter = _policy_for_edit(store, journal, request, edit, policy)
-        if stricter is not None:
-            policy, request = stricter, replace(request, policy=stricter)
-            eligible = eligible_for(policy, approver)
+    policy, request, eligible = _policy_to_count(
+        store, journal, call_id, request, actor, approver, approved, edit, policy, eligible
+    )
     # A quorum's votes are counted from the request's rows: one must never land on a request
     # asked again under it (the store checks). A single decision is journaled for exactly
     # the arguments its maker was shown, whatever the row says by then: it stands.
@@ -225,50 +283,156 @@ def approve(
         return _closed_meanwhile(store, journal, run_id, call_id, name, actor, approved, edit)
     failpoints.hit(f"after-vote:{call_id}")
     if not recorded:
-        mine = next(
-            (d for d in store.list_decisions(run_id, call_id) if d.approver == by_name), None
+        _refuse_other_vote(
+            store, run_id, call_id, request, decision, by_name, deputy, approved, edit
         )
-        if mine is None:
-            # Asked again between the two reads, which clears the votes: nothing written.
-            current = store.get_approval_request(run_id, call_id)
-            raise asked_again(replace(decision, request=request), current)
-        if mine.deputy != deputy:
-            # The approver's own vote and their deputy's for them are one vote: whoever
-            # made it first made it.
-            verb = "approved" if mine.approved else "denied"
-            raise ApprovalAlreadyDecided(
-                f"{shown(by_name, mine.deputy)} already {verb} this call"
-                + (f" for {by_name!r}" if mine.deputy else "")
-                + f"; {by_name!r} counts once, whoever decides for them",
-                standing={"approved": mine.approved, "by": by_name, "deputy": mine.deputy},
-            )
-        if mine.approved != approved or encode(mine.arguments) != encode(edit):
-            raise ApprovalAlreadyDecided(
-                f"{by_name!r} already {'approved' if mine.approved else 'denied'} this call; a "
-                "decision cannot be changed",
-                standing={"approved": mine.approved, "by": by_name},
-            )
     decisions = store.list_decisions(run_id, call_id)
     if policy.get("kind") != "quorum":
         decisions = [d for d in decisions if d.approver == by_name]
     count = tally(policy, decisions, eligible)
     if recorded:  # an approver repeating the same decision is not a new action
-        store.log_action(
-            identity.logged(
-                actor,
-                "approve" if approved else "deny",
-                run_id,
-                call_id,
-                {
-                    "note": note,
-                    "signed": signature is not None,
-                    **({"edited": edit} if edit is not None else {}),
-                    **({"for": by_name} if deputy else {}),
-                },
-            )
-        )
+        _log_vote(store, actor, run_id, call_id, approved, note, signature, edit, by_name, deputy)
     if not (count.passed or count.unreachable):
         return ApprovalOutcome(run_id, call_id, APPROVAL_PENDING, count.to_json())
+    return _decide(
+        store,
+        journal,
+        run_id,
+        call_id,
+        request,
+        name,
+        actor,
+        deciding,
+        policy,
+        decisions,
+        count,
+        recorded,
+        approved,
+        note,
+        edit,
+    )
+
+
+def _policy_to_count(
+    store: Store,
+    journal: Journal,
+    call_id: str,
+    request: ApprovalRequestInfo,
+    actor: Actor,
+    approver: Actor,
+    approved: bool,
+    edit: Any,
+    policy: dict[str, Any],
+    eligible: list[str],
+) -> tuple[dict[str, Any], ApprovalRequestInfo, list[str]]:
+    """Refuse a vote the call's rule does not take; the rule it is counted under."""
+    by_name = approver.username
+    moved_to = (policy.get("moved_by_edit") or {}).get("arguments")
+    if approved and moved_to is not None and encode(edit or request.arguments) != encode(moved_to):
+        # An edit moved the call under the rule of its arguments: those are what is decided.
+        raise ApprovalArgumentsDisagree(
+            f"an edit moved call {call_id!r} under the approval rule of the arguments "
+            f"{encode(moved_to)}; approve those (edit=...) or deny",
+            approved_arguments=moved_to,
+        )
+    if policy.get("kind") == "quorum":
+        _refuse_second_hand(store, request, actor, by_name)
+    if approved and policy.get("kind") == "quorum":
+        _refuse_disagreeing(store, request, by_name, edit, eligible)
+    if edit is not None:
+        # An edit is decided under the rule of the arguments it would run with: a request
+        # moves to a stricter rule before this vote is counted, never to a laxer one.
+        stricter = _policy_for_edit(store, journal, request, edit, policy)
+        if stricter is not None:
+            policy, request = stricter, replace(request, policy=stricter)
+            eligible = eligible_for(policy, approver)
+    return policy, request, eligible
+
+
+def _refuse_other_vote(
+    store: Store,
+    run_id: str,
+    call_id: str,
+    request: ApprovalRequestInfo,
+    decision: DecisionInfo,
+    by_name: str,
+    deputy: str,
+    approved: bool,
+    edit: Any,
+) -> None:
+    """A vote the store did not record: refused unless it repeats the approver's own."""
+    mine = next((d for d in store.list_decisions(run_id, call_id) if d.approver == by_name), None)
+    if mine is None:
+        # Asked again between the two reads, which clears the votes: nothing written.
+        current = store.get_approval_request(run_id, call_id)
+        raise asked_again(replace(decision, request=request), current)
+    if mine.deputy != deputy:
+        # The approver's own vote and their deputy's for them are one vote: whoever
+        # made it first made it.
+        verb = "approved" if mine.approved else "denied"
+        raise ApprovalAlreadyDecided(
+            f"{shown(by_name, mine.deputy)} already {verb} this call"
+            + (f" for {by_name!r}" if mine.deputy else "")
+            + f"; {by_name!r} counts once, whoever decides for them",
+            standing={"approved": mine.approved, "by": by_name, "deputy": mine.deputy},
+        )
+    if mine.approved != approved or encode(mine.arguments) != encode(edit):
+        raise ApprovalAlreadyDecided(
+            f"{by_name!r} already {'approved' if mine.approved else 'denied'} this call; a "
+            "decision cannot be changed",
+            standing={"approved": mine.approved, "by": by_name},
+        )
+
+
+def _log_vote(
+    store: Store,
+    actor: Actor,
+    run_id: str,
+    call_id: str,
+    approved: bool,
+    note: str,
+    signature: str | None,
+    edit: Any,
+    by_name: str,
+    deputy: str,
+) -> None:
+    """Log a vote the store recorded as its maker's action."""
+    store.log_action(
+        identity.logged(
+            actor,
+            "approve" if approved else "deny",
+            run_id,
+            call_id,
+            {
+                "note": note,
+                "signed": signature is not None,
+                **({"edited": edit} if edit is not None else {}),
+                **({"for": by_name} if deputy else {}),
+            },
+        )
+    )
+
+
+def _decide(
+    store: Store,
+    journal: Journal,
+    run_id: str,
+    call_id: str,
+    request: ApprovalRequestInfo,
+    name: str,
+    actor: Actor,
+    deciding: Deciding,
+    policy: dict[str, Any],
+    decisions: Sequence[DecisionInfo],
+    count: Tally,
+    recorded: bool,
+    approved: bool,
+    note: str,
+    edit: Any,
+) -> ApprovalOutcome:
+    """Journal a final decision (the first writer wins), then move the rows after it."""
+    approver, deputy = deciding.approver, deciding.deputy
+    by_name = approver.username
     note = _final_note(policy, count, note)
     decider = _decider(policy, count, by_name)
     # Who made the decider's vote, when a deputy did (``engine.delegation``).
@@ -276,32 +440,9 @@ def approve(
     final, inserted = journal.write(
         run_id,
         name,
-        {
-            "kind": "approval",
-            "approved": count.passed,
-            "by": decider,
-            "by_id": approver.id if decider == by_name else None,
-            **(
-                {"deputy": decider_deputy, "decided_by": shown(decider, decider_deputy)}
-                if decider_deputy
-                else {}
-            ),
-            **({"deputy_id": actor.id} if decider == by_name and deputy else {}),
-            **(
-                {"recorded_by": by_name, "recorded_by_id": approver.id}
-                if decider != by_name
-                else {}
-            ),
-            **({"recorded_by_deputy": deputy} if decider != by_name and deputy else {}),
-            "note": note,
-            "tally": count.to_json(),
-            "at": now_ms(),
-            "arguments": request.arguments,
-            # The tool's definition it was asked about (an MCP server's tool): a drive finding
-            # the tool changed since asks again (``Driver._decision``).
-            **({"tool_digest": request.tool_digest} if request.tool_digest else {}),
-            **_edited(request, decisions, count),
-        },
+        _decision_body(
+            request, actor, approver, deputy, decisions, count, decider, decider_deputy, note
+        ),
     )
     if not inserted:
         if deadlines.is_expiry(final):
@@ -322,14 +463,84 @@ def approve(
     if _claimed_under_another(journal, run_id, call_id, runs_with if count.passed else None):
         # A worker on other code claimed the call under an earlier decision after the check
         # above: this one is journaled but can never take effect. Say so; nothing more.
-        lifecycle.move_request(store, run_id, call_id, APPROVAL_WITHDRAWN, lifecycle.PERSON)
-        why = "the call is already being run under an earlier decision"
-        store.log_action(identity.logged(actor, "withdraw", run_id, call_id, {"why": why}))
-        raise ApprovalOrphaned(
-            f"the approval of call {call_id!r} in run {run_id!r} is orphaned ({why}); "
-            "nothing was run"
+        _withdraw_orphaned(
+            store, actor, run_id, call_id, "the call is already being run under an earlier decision"
         )
     status = APPROVAL_APPROVED if count.passed else APPROVAL_DENIED
+    moved, cancelled = _move_rows(store, journal, run_id, call_id, request, status)
+    # Otherwise the run or the request had moved on already: another approver's repeated
+    # decision, or a drive, carried this decision on from the journal. It stands.
+    if cancelled:
+        why = (
+            "the run was cancelled, its saga aborted, or the call got its result under "
+            "another decision, while the decision was being recorded"
+        )
+        _withdraw_orphaned(store, actor, run_id, call_id, why)
+    _announce_decision(
+        store, run_id, call_id, request, decisions, count, decider, decider_deputy, note
+    )
+    if moved and _still_queued(store, run_id):
+        runtime.dispatch(run_id)
+    return ApprovalOutcome(
+        run_id, call_id, APPROVAL_APPROVED if count.passed else APPROVAL_DENIED, count.to_json()
+    )
+
+
+def _decision_body(
+    request: ApprovalRequestInfo,
+    actor: Actor,
+    approver: Actor,
+    deputy: str,
+    decisions: Sequence[DecisionInfo],
+    count: Tally,
+    decider: str,
+    decider_deputy: str,
+    note: str,
+) -> dict[str, Any]:
+    """The journal record of a final decision: who decided, who recorded it, on what."""
+    by_name = approver.username
+    return {
+        "kind": "approval",
+        "approved": count.passed,
+        "by": decider,
+        "by_id": approver.id if decider == by_name else None,
+        **(
+            {"deputy": decider_deputy, "decided_by": shown(decider, decider_deputy)}
+            if decider_deputy
+            else {}
+        ),
+        **({"deputy_id": actor.id} if decider == by_name and deputy else {}),
+        **({"recorded_by": by_name, "recorded_by_id": approver.id} if decider != by_name else {}),
+        **({"recorded_by_deputy": deputy} if decider != by_name and deputy else {}),
+        "note": note,
+        "tally": count.to_json(),
+        "at": now_ms(),
+        "arguments": request.arguments,
+        # The tool's definition it was asked about (an MCP server's tool): a drive finding
+        # the tool changed since asks again (``Driver._decision``).
+        **({"tool_digest": request.tool_digest} if request.tool_digest else {}),
+        **_edited(request, decisions, count),
+    }
+
+
+def _withdraw_orphaned(store: Store, actor: Actor, run_id: str, call_id: str, why: str) -> NoReturn:
+    """Withdraw the request of a journaled decision that can never take effect, and say so."""
+    lifecycle.move_request(store, run_id, call_id, APPROVAL_WITHDRAWN, lifecycle.PERSON)
+    store.log_action(identity.logged(actor, "withdraw", run_id, call_id, {"why": why}))
+    raise ApprovalOrphaned(
+        f"the approval of call {call_id!r} in run {run_id!r} is orphaned ({why}); nothing was run"
+    )
+
+
+def _move_rows(
+    store: Store,
+    journal: Journal,
+    run_id: str,
+    call_id: str,
+    request: ApprovalRequestInfo,
+    status: str,
+) -> tuple[bool, bool]:
+    """Move the run and the request after a journaled decision: (moved, cancelled)."""
     # Queued, not awaiting approval: if the hand-over below fails (a broker down), recovery
     # picks the run up. Only while the run is unfinished: a cancel that landed since the
     # check above keeps the run cancelled, and the decision is refused as orphaned. The run
@@ -356,19 +567,21 @@ def approve(
         # (``Driver._mark_decided``); a drive carrying this one out marks it decided.
         or (not decided and _withdrawn(store, run_id, call_id))
     )
-    # Otherwise the run or the request had moved on already: another approver's repeated
-    # decision, or a drive, carried this decision on from the journal. It stands.
-    if cancelled:
-        lifecycle.move_request(store, run_id, call_id, APPROVAL_WITHDRAWN, lifecycle.PERSON)
-        why = (
-            "the run was cancelled, its saga aborted, or the call got its result under "
-            "another decision, while the decision was being recorded"
-        )
-        store.log_action(identity.logged(actor, "withdraw", run_id, call_id, {"why": why}))
-        raise ApprovalOrphaned(
-            f"the approval of call {call_id!r} in run {run_id!r} is orphaned ({why}); "
-            "nothing was run"
-        )
+    return moved, cancelled
+
+
+def _announce_decision(
+    store: Store,
+    run_id: str,
+    call_id: str,
+    request: ApprovalRequestInfo,
+    decisions: Sequence[DecisionInfo],
+    count: Tally,
+    decider: str,
+    decider_deputy: str,
+    note: str,
+) -> None:
+    """Announce a final decision (``events.APPROVAL_DECIDED``)."""
     edited = _edited(request, decisions, count).get("edited")
     run = store.get_run(run_id)
     # Before the hand-over: an inline drive could finish the run before this returns.
@@ -387,11 +600,6 @@ def approve(
         arguments=edited["arguments"] if edited else request.arguments,
         original_arguments=request.arguments if edited else None,
         tally=count.to_json(),
-    )
-    if moved and _still_queued(store, run_id):
-        runtime.dispatch(run_id)
-    return ApprovalOutcome(
-        run_id, call_id, APPROVAL_APPROVED if count.passed else APPROVAL_DENIED, count.to_json()
     )
 
 

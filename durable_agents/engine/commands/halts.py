@@ -151,32 +151,8 @@ def resolve_halt(
             f"call {call_id!r} of run {run_id!r} has no attempt whose outcome is unknown; "
             "there is nothing to resolve"
         )
-    required = max(runtime.halt_min_age(), float(min_age or 0))
-    # A resolution's own claim ran no effect (a resolution that stopped half-way), nor did
-    # a call whose request expired: no wait.
-    if attempt.marker is not None and (
-        not attempt.marker.get("resolution") and attempt.age_seconds < required
-    ):
-        claimed = attempt.marker.created_at
-        if claimed is None:
-            when = "in " + f"{required - attempt.age_seconds:.0f}s"
-        else:
-            when = (claimed + timedelta(seconds=required)).isoformat(timespec="seconds")
-        raise HaltTooYoung(
-            f"the attempt of call {call_id!r} is {attempt.age_seconds:.0f}s old; it can be "
-            f"resolved from {when} ({required:.0f}s after it was claimed: by then a driver "
-            "that only stalled has lost the run, and the provider's records have settled)",
-            age=attempt.age_seconds,
-            min_age=required,
-            resolvable_at=when,
-        )
-    try:
-        lease = HeldLease(store, run_id, runtime.lease_ttl()).acquire()
-    except RunBusy:
-        raise HaltInFlight(
-            f"a driver holds run {run_id!r} right now and may be running call {call_id!r}; "
-            "resolve it once that driver has finished (its lease released or expired)"
-        ) from None
+    _refuse_if_too_young(attempt, call_id, min_age)
+    lease = _lease_or_in_flight(store, run_id, call_id)
     agent_run = run.kind == KIND_AGENT
     try:
         # Under the lease nobody else writes: cancel and drivers take it too.
@@ -209,26 +185,7 @@ def resolve_halt(
         # drives, and the drive closes the row (never a closed halt on a run that stays
         # halted with nothing to resolve).
         if agent_run:
-            # A rollback's halt (a saga that aborted) goes on rolling back: never queued as if
-            # it went forward; recovery hands a compensating run over like a queued one.
-            if journal.get(run_id, names.SAGA_ABORT) is not None:
-                lifecycle.hold(
-                    store,
-                    run_id,
-                    COMPENSATING,
-                    lifecycle.PERSON,
-                    changes={"attempts": 0},
-                    fence=lease.token,
-                )
-            else:
-                lifecycle.hold(
-                    store,
-                    run_id,
-                    QUEUED,
-                    lifecycle.PERSON,
-                    changes={"attempts": 0, "last_error": None},
-                    fence=lease.token,
-                )
+            _continue_run(store, journal, run_id, lease.token)
         store.resolve_halt_row(run_id, call_id, outcome_of(record), by)
     finally:
         lease.release()
@@ -240,6 +197,64 @@ def resolve_halt(
     if agent_run:  # a plain journal's step is read by its caller, not driven
         runtime.dispatch(run_id)
     return record
+
+
+def _refuse_if_too_young(attempt: LiveAttempt, call_id: str, min_age: float | None) -> None:
+    """Refuse a resolution before the attempt is old enough (``HaltTooYoung``)."""
+    required = max(runtime.halt_min_age(), float(min_age or 0))
+    # A resolution's own claim ran no effect (a resolution that stopped half-way), nor did
+    # a call whose request expired: no wait.
+    if attempt.marker is not None and (
+        not attempt.marker.get("resolution") and attempt.age_seconds < required
+    ):
+        claimed = attempt.marker.created_at
+        if claimed is None:
+            when = "in " + f"{required - attempt.age_seconds:.0f}s"
+        else:
+            when = (claimed + timedelta(seconds=required)).isoformat(timespec="seconds")
+        raise HaltTooYoung(
+            f"the attempt of call {call_id!r} is {attempt.age_seconds:.0f}s old; it can be "
+            f"resolved from {when} ({required:.0f}s after it was claimed: by then a driver "
+            "that only stalled has lost the run, and the provider's records have settled)",
+            age=attempt.age_seconds,
+            min_age=required,
+            resolvable_at=when,
+        )
+
+
+def _lease_or_in_flight(store: Store, run_id: str, call_id: str) -> HeldLease:
+    """The run's lease, or ``HaltInFlight`` while a driver holds it."""
+    try:
+        return HeldLease(store, run_id, runtime.lease_ttl()).acquire()
+    except RunBusy:
+        raise HaltInFlight(
+            f"a driver holds run {run_id!r} right now and may be running call {call_id!r}; "
+            "resolve it once that driver has finished (its lease released or expired)"
+        ) from None
+
+
+def _continue_run(store: Store, journal: Journal, run_id: str, fence: str) -> None:
+    """Hand a resolved agent run on, under the resolution's lease."""
+    # A rollback's halt (a saga that aborted) goes on rolling back: never queued as if
+    # it went forward; recovery hands a compensating run over like a queued one.
+    if journal.get(run_id, names.SAGA_ABORT) is not None:
+        lifecycle.hold(
+            store,
+            run_id,
+            COMPENSATING,
+            lifecycle.PERSON,
+            changes={"attempts": 0},
+            fence=fence,
+        )
+    else:
+        lifecycle.hold(
+            store,
+            run_id,
+            QUEUED,
+            lifecycle.PERSON,
+            changes={"attempts": 0, "last_error": None},
+            fence=fence,
+        )
 
 
 def finish_resolution(store: Store, run: RunInfo, op_id: str, outcome: Record) -> bool:
