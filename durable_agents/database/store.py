@@ -882,17 +882,59 @@ class DjangoStore(Delegations, Limits):
     ) -> tuple[list[Entry] | None, Existing | None]:
         if not records:
             raise ConfigError("start_run needs at least one record", code="config.records")
-        leased = token is not None
         if not self.dialect.postgres:
-            with transaction.atomic(using=self.using):
-                if not self.create_run(run):  # refuses a spent id
-                    return None, None  # read as usual: SQLite is local, a read is cheap
-                if token is not None:
-                    self.acquire_lease(run.run_id, str(holder), token, float(ttl or 0))
-                return [self.insert(run.run_id, n, dt, fence=token)[0] for n, dt in records], None
-        # The row as RunInfo names it, up to the columns the database sets (created_at…).
-        columns = _RUN_COLUMNS[: _RUN_COLUMNS.index("created_at")]
-        values = [
+            return self._start_local(run, holder, token, ttl, records)
+        sql, params, lock = self._start_statement(run, holder, token, ttl, records, load=load)
+        first = token if self._instant and self.pooled else None
+        if first is not None:
+            self._lock_first(first)
+        found: list[Any] = []
+        rows: list[Any] = []
+        try:
+            rows = list(self._execute(sql, params, "all"))
+            if load:
+                found = sorted((row[:5] for row in rows if row[6]), key=_by_seq)  # inserted
+            else:
+                found = [row[:5] for row in rows if row[0] is not None]
+        finally:
+            if first is not None and not found and (liveness := self.liveness) is not None:
+                liveness.release(first)  # no run was started: nothing to keep locked
+        if not found:
+            for row in rows:
+                if row[0] is None and str(row[1] or "").startswith(_SPENT):
+                    raise refusal(run.run_id, str(row[1])[len(_SPENT) :])
+            return None, self._existing(run.run_id, rows) if load else None
+        if token is not None:
+            seq, *_, last_hash = found[-1]
+            self._remember_tail(token, run.run_id, int(seq), last_hash)
+        if lock and token is not None:
+            self._held_lock(token)
+            if (liveness := self.liveness) is not None:
+                # Locked on this connection by the statement; on the library's own by the
+                # next fenced write (a one-turn run's finish is its next: it never is).
+                liveness.defer(token)
+        return [Entry(run.run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at, _ in found], None
+
+    def _start_local(
+        self,
+        run: RunInfo,
+        holder: str | None,
+        token: str | None,
+        ttl: float | None,
+        records: Sequence[tuple[str, str]],
+    ) -> tuple[list[Entry] | None, Existing | None]:
+        """``_start`` on SQLite: the row, the lease and the records in one transaction."""
+        with transaction.atomic(using=self.using):
+            if not self.create_run(run):  # refuses a spent id
+                return None, None  # read as usual: SQLite is local, a read is cheap
+            if token is not None:
+                self.acquire_lease(run.run_id, str(holder), token, float(ttl or 0))
+            return [self.insert(run.run_id, n, dt, fence=token)[0] for n, dt in records], None
+
+    @staticmethod
+    def _start_values(run: RunInfo) -> list[Any]:
+        """The row as RunInfo names it, up to the columns the database sets (created_at…)."""
+        return [
             run.run_id,
             run.agent,
             run.status,
@@ -911,19 +953,12 @@ class DjangoStore(Delegations, Limits):
             run.forked_step,
             run.kind,
         ]
-        # Once, with the lease row: a RETURNING expression runs once per row inserted.
-        lock = (
-            f", pg_try_advisory_lock_shared({_LOCK_KEY.format('token')})"
-            if self._driver_locks and leased
-            else ""
-        )
-        lease = (
-            f"l AS (INSERT INTO {_L} (run_id, holder, token, expires_at, renewed_at) "
-            "SELECT run_id, %s, %s, now() + make_interval(secs => %s), now() FROM r "
-            f"RETURNING run_id{lock}), "
-            if leased
-            else ""
-        )
+
+    @staticmethod
+    def _start_journal(
+        records: Sequence[tuple[str, str]], leased: bool
+    ) -> tuple[list[str], list[Any]]:
+        """The statement's inserts of the records, and their parameters."""
         # The records, hashed here (a new run's chain starts empty and nobody else can
         # write to a run this statement creates): each inserted only after the one before
         # it, whose seq it names as ``prev_seq``.
@@ -942,6 +977,37 @@ class DjangoStore(Delegations, Limits):
                 f"RETURNING run_id, seq, name, data, created_at, hash, {_NOTIFY_FOLLOWERS})"
             )
             record_params += [name, data, prev_hash]
+        return journal, record_params
+
+    def _start_statement(
+        self,
+        run: RunInfo,
+        holder: str | None,
+        token: str | None,
+        ttl: float | None,
+        records: Sequence[tuple[str, str]],
+        *,
+        load: bool,
+    ) -> tuple[str, list[Any], str]:
+        """``_start``'s one statement on PostgreSQL, its parameters, and the lock it takes
+        (empty: none)."""
+        leased = token is not None
+        columns = _RUN_COLUMNS[: _RUN_COLUMNS.index("created_at")]
+        values = self._start_values(run)
+        # Once, with the lease row: a RETURNING expression runs once per row inserted.
+        lock = (
+            f", pg_try_advisory_lock_shared({_LOCK_KEY.format('token')})"
+            if self._driver_locks and leased
+            else ""
+        )
+        lease = (
+            f"l AS (INSERT INTO {_L} (run_id, holder, token, expires_at, renewed_at) "
+            "SELECT run_id, %s, %s, now() + make_interval(secs => %s), now() FROM r "
+            f"RETURNING run_id{lock}), "
+            if leased
+            else ""
+        )
+        journal, record_params = self._start_journal(records, leased)
         # The row's fields a re-entry checks: none on the records this statement wrote.
         no_row = ", NULL::text, NULL::text, NULL::integer, NULL::text"
         union = " UNION ALL ".join(
@@ -988,35 +1054,7 @@ class DjangoStore(Delegations, Limits):
         if load:
             params += [run.run_id, run.run_id]
         params += [run.run_id, run.run_id]
-        first = token if self._instant and self.pooled else None
-        if first is not None:
-            self._lock_first(first)
-        found: list[Any] = []
-        rows: list[Any] = []
-        try:
-            rows = list(self._execute(sql, params, "all"))
-            if load:
-                found = sorted((row[:5] for row in rows if row[6]), key=_by_seq)  # inserted
-            else:
-                found = [row[:5] for row in rows if row[0] is not None]
-        finally:
-            if first is not None and not found and (liveness := self.liveness) is not None:
-                liveness.release(first)  # no run was started: nothing to keep locked
-        if not found:
-            for row in rows:
-                if row[0] is None and str(row[1] or "").startswith(_SPENT):
-                    raise refusal(run.run_id, str(row[1])[len(_SPENT) :])
-            return None, self._existing(run.run_id, rows) if load else None
-        if token is not None:
-            seq, *_, last_hash = found[-1]
-            self._remember_tail(token, run.run_id, int(seq), last_hash)
-        if lock and token is not None:
-            self._held_lock(token)
-            if (liveness := self.liveness) is not None:
-                # Locked on this connection by the statement; on the library's own by the
-                # next fenced write (a one-turn run's finish is its next: it never is).
-                liveness.defer(token)
-        return [Entry(run.run_id, n, int(seq), dt, _aware(at)) for seq, n, dt, at, _ in found], None
+        return sql, params, lock
 
     def _existing(self, run_id: str, rows: list[Any]) -> Existing | None:
         """What ``_start`` read of a run that exists; None when its row was not in the

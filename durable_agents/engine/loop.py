@@ -1106,16 +1106,7 @@ class Driver:
                 continue
             tool = self.agent.tools.get(call.name)
             if tool is None:
-                started_with = (
-                    (self.state.start.get("fingerprint") or {}) if self.state.start else {}
-                )
-                if call.name in (started_with.get("tools") or {}):
-                    raise ResumeToolMissing(
-                        f"run {self.run_id!r} has a pending call {call.id!r} to tool "
-                        f"{call.name!r}, which agent {self.agent.name!r} no longer has; "
-                        "deploy the tool again to resume, or cancel the run",
-                    )
-                self._record_result(call, _unknown_tool(call, self.agent), is_error=True)
+                self._settle_missing_tool(call)
                 continue
             try:
                 args = tool.validate(call.arguments)
@@ -1123,33 +1114,8 @@ class Driver:
                 self._record_result(call, {"error": str(exc)}, is_error=True)
                 continue
             gate = _Gate(call, tool, args)
-            if tool.safety.gated:
-                decision, gate.previous = self._decision(call, args, tool)
-                if decision is None:
-                    # The rules decide whether anyone is asked: once, journaled, read back.
-                    decision, gate.policy = self._by_rule(gate)
-                if decision is None:
-                    gates.append(gate)
-                    continue
-                self._mark_decided(call, args, decision)
-                if deadlines.is_expiry(decision):
-                    on_expiry = decision.get("on_expiry")
-                    if on_expiry == deadlines.ON_EXPIRY_HALT:
-                        halts.append(self._expired(gate, decision))
-                        continue
-                    if on_expiry == deadlines.ON_EXPIRY_CANCEL:
-                        self._cancel_expired(gate, decision)
-                if not decision.get("approved"):
-                    self._record_result(call, _rejection(decision), is_error=True)
-                    continue
-                gate.approval = decision
-                edited = decision.get("edited")
-                if edited:  # the approver's edit is exactly what runs (``_still_fits``)
-                    short = self._edit_short_of_rules(gate, edited.get("arguments"), decision)
-                    if short is not None:
-                        self._record_result(call, short, is_error=True)
-                        continue
-                    gate.args = tool.validate(encode(edited.get("arguments")))
+            if tool.safety.gated and not self._pass_gate(gate, call, tool, args, gates, halts):
+                continue
             attempt = 0
             if not tool.safety.retry_safe:
                 attempt, live = self._attempt_state(call.id)
@@ -1173,72 +1139,132 @@ class Driver:
         if self._pauses and not gates:
             self._pause_on_waits()
         if gates:
-            assert self.state.start is not None
-            self._check_tree()  # no new request under a stopped tree
-            self._withdraw_moot_requests()
-            asked = []
-            for g in gates:
-                request = ApprovalRequestInfo(
-                    run_id=self.run_id,
-                    call_id=g.call.id,
-                    tool_name=g.tool.name,
-                    arguments=g.args,
-                    policy=g.policy
-                    or policy_for(g.tool.safety.approval, deadline=g.tool.safety.deadline),
-                    start_seq=self.state.start.seq,
-                    previous_arguments=g.previous,
+            self._await_approvals(gates)
+
+    def _settle_missing_tool(self, call: ToolCall) -> None:
+        """A call to a tool the agent does not have: refuse to resume when the run started
+        with it, or give the call an error result."""
+        started_with = (self.state.start.get("fingerprint") or {}) if self.state.start else {}
+        if call.name in (started_with.get("tools") or {}):
+            raise ResumeToolMissing(
+                f"run {self.run_id!r} has a pending call {call.id!r} to tool "
+                f"{call.name!r}, which agent {self.agent.name!r} no longer has; "
+                "deploy the tool again to resume, or cancel the run",
+            )
+        self._record_result(call, _unknown_tool(call, self.agent), is_error=True)
+
+    def _pass_gate(
+        self,
+        gate: _Gate,
+        call: ToolCall,
+        tool: Tool,
+        args: dict[str, Any],
+        gates: list[_Gate],
+        halts: list[HaltInfo],
+    ) -> bool:
+        """Decide a gated call: True when it goes on to run (approved, as edited); False when
+        it was settled, halted, or waits for a decision (in ``gates``)."""
+        decision, gate.previous = self._decision(call, args, tool)
+        if decision is None:
+            # The rules decide whether anyone is asked: once, journaled, read back.
+            decision, gate.policy = self._by_rule(gate)
+        if decision is None:
+            gates.append(gate)
+            return False
+        self._mark_decided(call, args, decision)
+        if deadlines.is_expiry(decision):
+            on_expiry = decision.get("on_expiry")
+            if on_expiry == deadlines.ON_EXPIRY_HALT:
+                halts.append(self._expired(gate, decision))
+                return False
+            if on_expiry == deadlines.ON_EXPIRY_CANCEL:
+                self._cancel_expired(gate, decision)
+        if not decision.get("approved"):
+            self._record_result(call, _rejection(decision), is_error=True)
+            return False
+        gate.approval = decision
+        edited = decision.get("edited")
+        if edited:  # the approver's edit is exactly what runs (``_still_fits``)
+            short = self._edit_short_of_rules(gate, edited.get("arguments"), decision)
+            if short is not None:
+                self._record_result(call, short, is_error=True)
+                return False
+            gate.args = tool.validate(encode(edited.get("arguments")))
+        return True
+
+    def _await_approvals(self, gates: list[_Gate]) -> NoReturn:
+        """Ask about the calls waiting for a decision, hold the run for them, and raise
+        ``ApprovalPending``."""
+        assert self.state.start is not None
+        self._check_tree()  # no new request under a stopped tree
+        self._withdraw_moot_requests()
+        asked = []
+        for g in gates:
+            request = ApprovalRequestInfo(
+                run_id=self.run_id,
+                call_id=g.call.id,
+                tool_name=g.tool.name,
+                arguments=g.args,
+                policy=g.policy
+                or policy_for(g.tool.safety.approval, deadline=g.tool.safety.deadline),
+                start_seq=self.state.start.seq,
+                previous_arguments=g.previous,
+                tool_digest=g.tool.definition_digest or "",
+            )
+            if self.store.save_approval_request(request, fence=self.fence):  # not asked yet
+                asked.append(request)
+        # Requests before the status: a crash between them leaves a run recovery drives
+        # again (and asks again, the same request), never one awaiting nothing visible.
+        self._hold(AWAITING_APPROVAL, attempts=0, last_error=None)
+        for request in asked:
+            events.announce(
+                self.store,
+                events.APPROVAL_REQUESTED,
+                run_id=self.run_id,
+                agent=self.agent.name,
+                call_id=request.call_id,
+                tool=request.tool_name,
+                arguments=request.arguments,
+                policy=dict(request.policy),
+                previous_arguments=request.previous_arguments,
+            )
+        raise self._approval_pending(gates)
+
+    def _approval_pending(self, gates: list[_Gate]) -> ApprovalPending:
+        """The ``ApprovalPending`` for the calls waiting for a decision."""
+        listed = ", ".join(f"{g.call.id!r} ({g.tool.name})" for g in gates)
+        again = [g for g in gates if g.previous is not None]
+        note = (
+            " (approved before with other arguments than the call would now run with, or "
+            "for a tool its server has changed since; it is asked about again, showing both)"
+            if again
+            else ""
+        )
+        return ApprovalPending(
+            f"run {self.run_id!r} awaits approval of call {listed}{note}; decide it with "
+            "durable_agents.approve(...), in the admin, or with a command `python manage.py "
+            "durable_agents runs` prints",
+            run_id=self.run_id,
+            calls=[g.call.id for g in gates],
+            decisions=[
+                decision_name(
+                    g.call.id,
+                    g.args,
+                    again=g.previous is not None,
                     tool_digest=g.tool.definition_digest or "",
                 )
-                if self.store.save_approval_request(request, fence=self.fence):  # not asked yet
-                    asked.append(request)
-            # Requests before the status: a crash between them leaves a run recovery drives
-            # again (and asks again, the same request), never one awaiting nothing visible.
-            self._hold(AWAITING_APPROVAL, attempts=0, last_error=None)
-            for request in asked:
-                events.announce(
-                    self.store,
-                    events.APPROVAL_REQUESTED,
-                    run_id=self.run_id,
-                    agent=self.agent.name,
-                    call_id=request.call_id,
-                    tool=request.tool_name,
-                    arguments=request.arguments,
-                    policy=dict(request.policy),
-                    previous_arguments=request.previous_arguments,
-                )
-            listed = ", ".join(f"{g.call.id!r} ({g.tool.name})" for g in gates)
-            again = [g for g in gates if g.previous is not None]
-            note = (
-                " (approved before with other arguments than the call would now run with, or "
-                "for a tool its server has changed since; it is asked about again, showing both)"
-                if again
-                else ""
-            )
-            raise ApprovalPending(
-                f"run {self.run_id!r} awaits approval of call {listed}{note}; decide it with "
-                "durable_agents.approve(...), in the admin, or with a command `python manage.py "
-                "durable_agents runs` prints",
-                run_id=self.run_id,
-                calls=[g.call.id for g in gates],
-                decisions=[
-                    decision_name(
-                        g.call.id,
-                        g.args,
-                        again=g.previous is not None,
-                        tool_digest=g.tool.definition_digest or "",
-                    )
-                    for g in gates
-                ],
-                requests=[
-                    {
-                        "call_id": g.call.id,
-                        "tool": g.tool.name,
-                        "arguments": g.args,
-                        "previous_arguments": g.previous,
-                    }
-                    for g in gates
-                ],
-            )
+                for g in gates
+            ],
+            requests=[
+                {
+                    "call_id": g.call.id,
+                    "tool": g.tool.name,
+                    "arguments": g.args,
+                    "previous_arguments": g.previous,
+                }
+                for g in gates
+            ],
+        )
 
     def _pause_on_waits(self) -> None:
         """Every call that could settle did; the others wait for an answer or a signal."""

@@ -216,32 +216,8 @@ def fork(
     return new_run_id
 
 
-def fork_run(
-    store: Store,
-    run_id: str,
-    from_step: int | None,
-    patch: Patch,
-    new_run_id: str | None,
-    place: Mapping[str, str] | None = None,
-) -> tuple[str, dict[str, str]]:
-    """Make the fork (``from_step`` None: at the source's latest step) and return its id and
-    the sub-runs it references or forked, by call id (``tree_forks``). ``place``: the parent
-    and root of a sub-run's fork, made by its forked parent."""
-    journal = Journal(store)
-    source = store.get_run(run_id)
-    if source is None:
-        raise NotFound(f"no run {run_id!r}", code="run.not_found")
-    # A fork would carry the import's records (its decisions among them) into a run driven
-    # here: only a live import, whose decisions were verified, may be forked.
-    refuse_inert(source, "fork it")
-    records = journal.records(run_id)
-    state = RunState.of(records)
-    if from_step is None:
-        from_step = len(state.turns)
-    check_step(run_id, from_step, len(state.turns))
-    kept = prefix(records, from_step)
-    kept_state = RunState.of(kept)
-    calls = {c.id: c for turn in kept_state.turns for c in kept_state.calls(turn)}
+def _check_patch(patch: Patch, calls: Mapping[str, Any], run_id: str, from_step: int) -> None:
+    """Refuse a patch that names calls outside the kept steps, or that is malformed."""
     unknown = sorted(set(patch.tool_results) - set(calls))
     if unknown:
         raise ConfigError(
@@ -259,28 +235,25 @@ def fork_run(
     if patch.append_user is not None and not isinstance(patch.append_user, str):
         raise ConfigError("append_user must be a string", code="history.patch")
     encode(patch.to_json())  # a patch that does not encode fails before anything is written
-    if source.kind != KIND_AGENT:
-        raise ConfigError(
-            f"run {run_id!r} is a {source.kind} journal, not an agent run; fork the session "
-            "or the turn instead",
-            code="history.not_an_agent_run",
-        )
-    start = state.start
-    if start is None:
-        raise ConfigError(f"run {run_id!r} has not started", code="history.not_started")
-    # Calls whose outcome is unknown up to the fork point, and that the patch leaves so.
-    unknown = sorted(set(kept_state.live_attempts()) - set(patch.tool_results))
-    subruns = tree_forks.plan(
-        store, records, calls, set(kept_state.results) | set(patch.tool_results), source.imported
-    )
-    fork_record = state.fork
-    origin = (fork_record.get("origin") or fork_record.get("source")) if fork_record else run_id
+
+
+def _make_fork_row(
+    store: Store,
+    source: Any,
+    start: Record,
+    run_id: str,
+    new_run_id: str | None,
+    from_step: int,
+    kept_state: RunState,
+    place: Mapping[str, str] | None,
+) -> str:
+    """Create the fork's row, refusing to be driven until ``fork:done``; return its id."""
     # The row is created refusing to be driven (failed, not retryable: recovery leaves it
     # alone) and the copy is written under the fork's lease (a driver handed the id finds it
     # busy; a cancel waits). Only ``fork:done`` makes it runnable, in the same write. A fork
     # whose maker died half-way stays failed, saying so, instead of being driven from an
     # empty or partial journal as a fresh run.
-    new_run_id = _create_fork_run(
+    return _create_fork_run(
         store,
         lifecycle.created(
             FAILED,
@@ -300,7 +273,10 @@ def fork_run(
         ),
         explicit=new_run_id is not None,
     )
-    failpoints.hit("after-fork-row")
+
+
+def _refuse_if_pruned(store: Store, run_id: str, new_run_id: str) -> None:
+    """Delete the fork's row and refuse when its source was pruned after it was read."""
     if not store.run_held(run_id):
         # Its source was pruned after it was read: the fork would reference sub-runs that
         # are gone. ``prune`` sees a fork row committed before it deletes, so this is the
@@ -310,6 +286,15 @@ def fork_run(
             f"run {run_id!r} was pruned while it was being forked; nothing was forked",
             code="run.not_found",
         )
+
+
+def _fork_subruns(
+    store: Store,
+    subruns: Sequence[tree_forks.SubRun],
+    new_run_id: str,
+    place: Mapping[str, str] | None,
+) -> None:
+    """Fork the sub-runs the fork gets of its own, before it is runnable."""
     # The sub-runs the fork gets of its own, before it is runnable (a fork driven before its
     # child exists would start that child afresh, doing its recorded steps again). Each
     # waits for its parent to drive it (``awaiting_input``: recovery leaves it alone), so
@@ -325,6 +310,24 @@ def fork_run(
                 child_run_id(new_run_id, sub.call_id),
                 {"parent": new_run_id, "root": root},
             )
+
+
+def _fill_fork(
+    store: Store,
+    journal: Journal,
+    new_run_id: str,
+    run_id: str,
+    from_step: int,
+    origin: str,
+    patch: Patch,
+    kept: Sequence[Record],
+    calls: Mapping[str, Any],
+    place: Mapping[str, str] | None,
+    subruns: Sequence[tree_forks.SubRun],
+    unknown: list[str],
+) -> list[Any]:
+    """Copy the journal into the fork under its lease and make it runnable (or halted);
+    return the halts it saved."""
     try:
         lease = HeldLease(store, new_run_id, runtime.lease_ttl()).acquire()
     except RunBusy:
@@ -373,6 +376,72 @@ def fork_run(
         )
     finally:
         lease.release()
+    return halted
+
+
+def fork_run(
+    store: Store,
+    run_id: str,
+    from_step: int | None,
+    patch: Patch,
+    new_run_id: str | None,
+    place: Mapping[str, str] | None = None,
+) -> tuple[str, dict[str, str]]:
+    """Make the fork (``from_step`` None: at the source's latest step) and return its id and
+    the sub-runs it references or forked, by call id (``tree_forks``). ``place``: the parent
+    and root of a sub-run's fork, made by its forked parent."""
+    journal = Journal(store)
+    source = store.get_run(run_id)
+    if source is None:
+        raise NotFound(f"no run {run_id!r}", code="run.not_found")
+    # A fork would carry the import's records (its decisions among them) into a run driven
+    # here: only a live import, whose decisions were verified, may be forked.
+    refuse_inert(source, "fork it")
+    records = journal.records(run_id)
+    state = RunState.of(records)
+    if from_step is None:
+        from_step = len(state.turns)
+    check_step(run_id, from_step, len(state.turns))
+    kept = prefix(records, from_step)
+    kept_state = RunState.of(kept)
+    calls = {c.id: c for turn in kept_state.turns for c in kept_state.calls(turn)}
+    _check_patch(patch, calls, run_id, from_step)
+    if source.kind != KIND_AGENT:
+        raise ConfigError(
+            f"run {run_id!r} is a {source.kind} journal, not an agent run; fork the session "
+            "or the turn instead",
+            code="history.not_an_agent_run",
+        )
+    start = state.start
+    if start is None:
+        raise ConfigError(f"run {run_id!r} has not started", code="history.not_started")
+    # Calls whose outcome is unknown up to the fork point, and that the patch leaves so.
+    unknown = sorted(set(kept_state.live_attempts()) - set(patch.tool_results))
+    subruns = tree_forks.plan(
+        store, records, calls, set(kept_state.results) | set(patch.tool_results), source.imported
+    )
+    fork_record = state.fork
+    origin = (fork_record.get("origin") or fork_record.get("source")) if fork_record else run_id
+    new_run_id = _make_fork_row(
+        store, source, start, run_id, new_run_id, from_step, kept_state, place
+    )
+    failpoints.hit("after-fork-row")
+    _refuse_if_pruned(store, run_id, new_run_id)
+    _fork_subruns(store, subruns, new_run_id, place)
+    halted = _fill_fork(
+        store,
+        journal,
+        new_run_id,
+        run_id,
+        from_step,
+        origin,
+        patch,
+        kept,
+        calls,
+        place,
+        subruns,
+        unknown,
+    )
     announce_halts(store, source.agent, halted)
     return new_run_id, {
         sub.call_id: str(tree_forks.child_record(sub, new_run_id)["run_id"]) for sub in subruns
