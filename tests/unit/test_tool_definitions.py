@@ -17,10 +17,10 @@ from durable_agents.providers import scripted
 from durable_agents.providers.scripted import ScriptedModel
 
 
-def remote_agent(fired, digest, *, name="defs", approval=True):
+def remote_agent(fired, digest, *, name="defs", approval=True, deadline=None):
     """The agent as a worker loads it, with ``pay`` declared as ``digest`` by its server."""
 
-    @da.tool(requires_approval=approval)
+    @da.tool(requires_approval=approval, deadline=deadline)
     def pay(cents: int) -> str:
         """Pay out."""
         fired.append(cents)
@@ -201,3 +201,30 @@ def test_a_decision_never_marks_the_request_about_a_newer_definition(store, fire
     assert store.get_run("r7").status == "awaiting_approval"
     da.approve("r7", "call_1_1", True, by="ann", store=store)
     assert fired == [5] and store.get_run("r7").status == "finished"
+
+
+def test_an_expiry_never_marks_the_request_about_a_newer_definition(store, fired, at_point, clock):
+    """The sweep expires the call asked about v2 while a worker under v3 asks again about the
+    same arguments (between the expiry's record and its row): the v3 request stays pending
+    for a person, never marked expired by v2's expiry."""
+    from durable_agents.engine.commands.runs import drive_quietly
+    from durable_agents.engine.commands.timers import wake_timers
+
+    soon = da.Deadline(expire=60)
+    with pytest.raises(da.ApprovalPending):
+        remote_agent(fired, "v1", deadline=soon).run("r8", "pay", store=store)
+    deploy(remote_agent(fired, "v2", deadline=soon))
+    da.approve("r8", "call_1_1", True, by="ann", store=store)  # asked again about v2
+    assert store.get_approval_request("r8", "call_1_1").tool_digest == "v2"
+
+    def newer_worker_asks_again():
+        deploy(remote_agent(fired, "v3", deadline=soon))
+        drive_quietly("r8", store=store)
+
+    at_point("after-expiry-decision:call_1_1", newer_worker_asks_again)
+    clock.advance(120)
+    wake_timers(store=store)
+    request = store.get_approval_request("r8", "call_1_1")
+    assert (request.status, request.tool_digest) == ("pending", "v3")
+    assert store.get_run("r8").status == "awaiting_approval"
+    assert fired == []

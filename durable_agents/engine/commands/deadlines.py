@@ -190,6 +190,7 @@ def _expire(
             "rule": policy.get("rule"),
             "note": deadlines.expiry_note(policy),
             "arguments": request.arguments,
+            **({"tool_digest": request.tool_digest} if request.tool_digest else {}),
             "at": now_ms(),
         },
     )

@@ -57,6 +57,9 @@ def finish_expiry(
         by,
         if_arguments=decision.get("arguments"),
         if_asked_again=decision.name != names.decision(call_id, None),
+        # Only the request about the definition of its tool it names (an MCP server's): a
+        # worker under a newer one may have asked again, about the same arguments, meanwhile.
+        if_tool_digest=decision.get("tool_digest") or None,
     )
     if marked:
         failpoints.hit(f"after-expiry:{call_id}")
